@@ -1,0 +1,98 @@
+/* tupper agent protocol, version 1.
+ *
+ * One byte stream (an inherited socketpair for the linux backend) carries
+ * frames in both directions.  Everything is little endian.
+ *
+ *   header (12 bytes): u32 len | u8 version | u8 type | u16 flags | u32 id
+ *   payload (len bytes): a sequence of fields
+ *   field: u16 tag | u32 len | len bytes
+ *
+ * Integer fields are exactly 8 bytes (u64 or i64, two's complement).
+ * String fields carry no NUL byte; the decoder rejects embedded NULs for
+ * tags marked as strings.  Repeated tags are allowed only where noted.
+ * A frame whose len exceeds TP_FRAME_MAX, whose version differs, whose
+ * type is unknown, or whose fields do not parse is a protocol error: the
+ * receiver closes the channel (the host then destroys the box).
+ *
+ * Requests (host -> agent) carry a non-zero id chosen by the host; the agent
+ * answers every request exactly once, with TP_MSG_OK or TP_MSG_ERR and the
+ * same id.  Events (agent -> host) carry id 0.
+ */
+#ifndef TP_PROTO_H
+#define TP_PROTO_H
+
+#include <stdint.h>
+
+#define TP_PROTO_VERSION 1
+#define TP_FRAME_HDR 12
+#define TP_CHUNK_MAX (1024u * 1024u)                 /* data bytes per frame */
+#define TP_FRAME_MAX (TP_CHUNK_MAX + 64u * 1024u)    /* payload bytes per frame */
+#define TP_STDIN_QUEUE_MAX (4u * 1024u * 1024u)      /* agent-side stdin backlog */
+#define TP_ARGS_MAX 4096                             /* ARG + ENV fields per exec */
+#define TP_PATH_MAX 4096
+#define TP_LIST_MAX 10000                            /* entries per FS_LIST reply */
+
+enum tp_msg_type {
+  /* agent -> host events (id 0) */
+  TP_MSG_READY = 1,        /* VERSION, PID (agent's own pid in the box) */
+  TP_MSG_OUTPUT = 2,       /* PID, STREAM, DATA */
+  TP_MSG_EXIT = 3,         /* PID, CODE (exit status or -1), SIGNAL (0 or signo) */
+  /* agent -> host replies (id = request id) */
+  TP_MSG_OK = 10,          /* fields depend on the request */
+  TP_MSG_ERR = 11,         /* ERRNO, MSG */
+  /* host -> agent requests */
+  TP_MSG_EXEC = 20,        /* ARG+ ENV* CWD? FLAGS? -> OK(PID) */
+  TP_MSG_STDIN = 21,       /* PID DATA -> OK */
+  TP_MSG_STDIN_CLOSE = 22, /* PID -> OK */
+  TP_MSG_SIGNAL = 23,      /* PID SIGNAL -> OK (signals the process group) */
+  TP_MSG_FS_READ = 30,     /* PATH OFFSET? LENGTH? -> OK(DATA SIZE) */
+  TP_MSG_FS_WRITE = 31,    /* PATH DATA OFFSET? FLAGS? MODE? -> OK(SIZE) */
+  TP_MSG_FS_STAT = 32,     /* PATH -> OK(TYPE SIZE MODE MTIME UID GID LINK?) */
+  TP_MSG_FS_LIST = 33,     /* PATH -> OK(ENTRY*) , ENTRY = nested NAME TYPE SIZE MODE MTIME */
+  TP_MSG_FS_MKDIR = 34,    /* PATH MODE? FLAGS? -> OK(CREATED) */
+  TP_MSG_FS_REMOVE = 35,   /* PATH FLAGS? -> OK */
+  TP_MSG_FS_RENAME = 36,   /* PATH PATH2 -> OK */
+};
+
+enum tp_tag {
+  TP_TAG_VERSION = 1,  /* int */
+  TP_TAG_PID = 2,      /* int */
+  TP_TAG_STREAM = 3,   /* int: 1 stdout, 2 stderr */
+  TP_TAG_DATA = 4,     /* bytes, <= TP_CHUNK_MAX */
+  TP_TAG_CODE = 5,     /* int */
+  TP_TAG_SIGNAL = 6,   /* int */
+  TP_TAG_ERRNO = 7,    /* int */
+  TP_TAG_MSG = 8,      /* string */
+  TP_TAG_ARG = 9,      /* string, repeated */
+  TP_TAG_ENV = 10,     /* string "K=V", repeated */
+  TP_TAG_CWD = 11,     /* string */
+  TP_TAG_FLAGS = 12,   /* int, bit set per request (TP_F_*) */
+  TP_TAG_PATH = 13,    /* string */
+  TP_TAG_PATH2 = 14,   /* string */
+  TP_TAG_OFFSET = 15,  /* int */
+  TP_TAG_LENGTH = 16,  /* int */
+  TP_TAG_SIZE = 17,    /* int */
+  TP_TAG_MODE = 18,    /* int (permission bits) */
+  TP_TAG_MTIME = 19,   /* int (seconds since epoch) */
+  TP_TAG_UID = 20,     /* int */
+  TP_TAG_GID = 21,     /* int */
+  TP_TAG_TYPE = 22,    /* int: TP_FT_* */
+  TP_TAG_NAME = 23,    /* string */
+  TP_TAG_LINK = 24,    /* string (symlink target) */
+  TP_TAG_ENTRY = 25,   /* nested fields, repeated */
+  TP_TAG_CREATED = 26, /* int 0/1 */
+  TP_TAG_MAX_ = 27
+};
+
+/* FLAGS bits */
+#define TP_F_EXEC_STDIN 0x1u      /* EXEC: keep a stdin pipe open (else /dev/null) */
+#define TP_F_WRITE_TRUNC 0x1u     /* FS_WRITE: create/truncate before writing */
+#define TP_F_WRITE_APPEND 0x2u    /* FS_WRITE: append */
+#define TP_F_WRITE_PARENTS 0x4u   /* FS_WRITE: create missing parent dirs */
+#define TP_F_MKDIR_PARENTS 0x1u   /* FS_MKDIR: like mkdir -p */
+#define TP_F_REMOVE_RECURSIVE 0x1u
+
+/* file types (TYPE) */
+enum tp_file_type { TP_FT_FILE = 1, TP_FT_DIR = 2, TP_FT_SYMLINK = 3, TP_FT_OTHER = 4 };
+
+#endif

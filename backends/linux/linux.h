@@ -1,0 +1,67 @@
+/* tupper linux backend: one box = one set of namespaces around the agent.
+ *
+ * Design (docs/architecture.md): the daemon (host root) clones a child into new
+ * mount, PID, UTS, IPC, network and cgroup namespaces.  As real root, still in
+ * the host user namespace, the child builds the rootfs (overlayfs over the
+ * read-only image, per-box upper dir), mounts a fresh /proc, a minimal /dev and
+ * a read-only /sys, sets the hostname, brings `lo` up and pivot_roots.  Only
+ * then does it unshare a user namespace, whose uid/gid maps the parent writes
+ * (0..count-1 inside -> base..base+count-1 on the host), become root in it and
+ * exec the agent from a sealed memfd as PID 1, with the channel at fd 3.
+ * So every namespace but the user one is owned by the host user namespace:
+ * root in the box holds no capability over its own mounts, network or
+ * hostname, and maps to an unprivileged host uid. */
+#ifndef TP_LINUX_H
+#define TP_LINUX_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "error.h"
+
+#define TP_AGENT_FD 3 /* the channel's fd number inside the box */
+
+typedef struct tp_box_spec_s {
+  const char *id;        /* sandbox id: [a-z0-9-]{1,63}; also the hostname */
+  const char *image_dir; /* read-only rootfs (overlay lower dir), owned by the mapped range */
+  const char *box_dir;   /* per-box dir, must not exist; created here (upper/, work/, rootfs/) */
+  int agent_fd;          /* executable fd (sealed memfd) run as PID 1 in the box */
+  uid_t uid_base;        /* host uid of root in the box */
+  gid_t gid_base;
+  uint32_t id_count;     /* size of the mapped range */
+} tp_box_spec_t;
+
+typedef struct tp_box_s {
+  pid_t pid;    /* host pid of the box's PID 1 (the agent) */
+  int pidfd;    /* pidfd of pid (CLOEXEC); readable when it exits */
+  int chan_fd;  /* host end of the agent channel (CLOEXEC, non-blocking) */
+} tp_box_t;
+
+/* Creates box_dir and starts the box.  On failure nothing is left behind (no
+ * process, no directory) and err says which step failed. */
+int tp_linux_box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err);
+
+/* Kills the box's PID 1 (the kernel then kills every process of its PID
+ * namespace), reaps it, closes the fds and removes box_dir.  Safe to call on a
+ * box whose PID 1 already exited.  Mounts need no cleanup: they live only in
+ * the box's own mount namespace, which dies with its last process. */
+int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err);
+
+/* rm -rf of dir_path without ever following a symlink (openat + O_NOFOLLOW +
+ * unlinkat); crossing into another filesystem is refused.  ENOENT is success. */
+int tp_rmtree(const char *dir_path, tp_error_t *err);
+
+/* Lays out the embedded default image (busybox) at `rootfs` if it is not
+ * there yet (atomically: built in a temp dir next to it, then renamed):
+ * /bin/busybox plus one symlink per applet (applets: busybox --list-full
+ * output, one path per line), /etc/passwd, /etc/group, /etc/hostname,
+ * /etc/resolv.conf, /root, /tmp (1777), /home/user, /proc, /dev, /sys.
+ * Every file is owned by uid_base/gid_base (root in the box). */
+int tp_image_default_ensure(const char *rootfs, const void *busybox, size_t busybox_len,
+                            const char *applets, size_t applets_len, uid_t uid_base,
+                            gid_t gid_base, tp_error_t *err);
+
+/* A sealed, executable memfd holding the agent binary (for spec.agent_fd). */
+int tp_agent_memfd(const void *bin, size_t len, tp_error_t *err);
+
+#endif
