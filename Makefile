@@ -1,0 +1,36 @@
+# A thin front over CMake (the way neovim does it).  `make demo` and
+# `make test` work on a fresh Debian 12 machine as root: both install what
+# they need first (bootstrap.sh).
+BUILD ?= build
+CMAKE_FLAGS ?=
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: all build demo test bench clean
+
+all: build
+
+$(BUILD)/Makefile: CMakeLists.txt
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+
+build:
+	@./bootstrap.sh build
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# The main job on the embedded default image: a private daemon in a temp
+# dir, one sandbox that shows what it sees, then everything is torn down.
+demo: build
+	@BUILD=$(BUILD) tests/demo.sh
+
+test:
+	@./bootstrap.sh test
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+	@BUILD=$(BUILD) tests/run.sh
+
+bench: build
+	@./bootstrap.sh bench
+	@BUILD=$(BUILD) bench/startup
+
+clean:
+	rm -rf $(BUILD)

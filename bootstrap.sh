@@ -1,0 +1,33 @@
+#!/bin/sh
+# Installs what tupper needs to build and test, from Debian's archive only.
+# Idempotent: packages already present are left alone, and apt is not even
+# consulted when nothing is missing.  Usage: ./bootstrap.sh [build|test|bench]
+set -eu
+
+what=${1:-build}
+
+pkgs="gcc make cmake pkg-config lua5.4 liblua5.4-dev libuv1-dev lua-luv lua-luv-dev
+lua-cjson lua-cjson-dev busybox-static"
+case "$what" in
+  test) pkgs="$pkgs lua-busted iproute2 procps" ;;
+  bench) pkgs="$pkgs hyperfine bubblewrap crun podman" ;;
+esac
+
+missing=""
+for p in $pkgs; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing="$missing $p"
+  fi
+done
+
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "bootstrap: missing packages:$missing (run as root, or install them with apt-get)" >&2
+    exit 1
+  fi
+  echo "bootstrap: installing$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi

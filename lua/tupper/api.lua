@@ -1,0 +1,250 @@
+--- The socket API's methods.  Each handler runs in its own coroutine with
+-- validated params (tupper.schema) and returns a result table, or nil, code,
+-- message[, data] for a JSON-RPC error.
+local core = require("tupper.core")
+local json = require("tupper.json")
+local rpc = require("tupper.rpc")
+local schema = require("tupper.schema")
+
+local MSG = core.MSG
+local M = {}
+
+local ERRNO_NAMES = { [1] = "EPERM", [2] = "ENOENT", [3] = "ESRCH", [5] = "EIO", [11] = "EAGAIN",
+  [13] = "EACCES", [16] = "EBUSY", [17] = "EEXIST", [20] = "ENOTDIR", [21] = "EISDIR",
+  [22] = "EINVAL", [27] = "EFBIG", [28] = "ENOSPC", [36] = "ENAMETOOLONG", [39] = "ENOTEMPTY",
+  [40] = "ELOOP", [12] = "ENOMEM", [7] = "E2BIG", [8] = "ENOEXEC" }
+local FILE_TYPES = { "file", "dir", "symlink", "other" }
+
+local function errno_data(errno)
+  errno = math.tointeger(errno) or 0
+  return { errno = errno, code = ERRNO_NAMES[errno] or ("E" .. errno) }
+end
+
+local function decode_data(data, encoding)
+  if encoding == "utf8" then return data end
+  local raw, err = core.b64decode(data)
+  if not raw then return nil, err end
+  return raw
+end
+
+--- Bytes for a client: as text when it asked for utf8 and they are valid
+-- UTF-8, else base64.  Returns data, encoding.
+function M.encode_data(data, encoding)
+  if encoding == "utf8" and utf8.len(data) then return data, "utf8" end
+  return core.b64encode(data), "base64"
+end
+
+local function abs_path(p)
+  if p:sub(1, 1) ~= "/" then p = "/" .. p end
+  return p
+end
+
+local function join(dir, name)
+  return dir:sub(-1) == "/" and dir .. name or dir .. "/" .. name
+end
+
+local h = {}
+M.handlers = h
+
+function h.hello(d, conn, p)
+  if p.protocol and p.protocol ~= schema.PROTOCOL then
+    return nil, rpc.INVALID_PARAMS, ("protocol %d is not supported; this daemon speaks %d")
+      :format(p.protocol, schema.PROTOCOL)
+  end
+  local names = {}
+  for name in pairs(schema.methods) do names[#names + 1] = name end
+  table.sort(names)
+  return { protocol = schema.PROTOCOL, server = "tupper", version = core.version, methods = names }
+end
+
+function h.sandbox_create(d, conn, p)
+  local sb, err = d:create_sandbox(p)
+  if not sb then return nil, rpc.SANDBOX_ERROR, err end
+  return sb:info()
+end
+
+local function get_sandbox(d, id)
+  local sb = d.sandboxes[id]
+  if not sb or sb.state ~= "running" then
+    return nil, rpc.NOT_FOUND, ("no sandbox '%s'"):format(id)
+  end
+  return sb
+end
+
+function h.sandbox_get(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.id)
+  if not sb then return nil, code, msg end
+  return sb:info()
+end
+
+function h.sandbox_list(d, conn, p)
+  local list = {}
+  for _, sb in pairs(d.sandboxes) do
+    if sb.state == "running" then list[#list + 1] = sb:info() end
+  end
+  table.sort(list, function(a, b) return a.created_at < b.created_at or (a.created_at == b.created_at and a.id < b.id) end)
+  return { sandboxes = json.array(list) }
+end
+
+function h.sandbox_kill(d, conn, p)
+  return { killed = d:kill_sandbox(p.id) }
+end
+
+function h.process_start(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local argv = p.argv or { "/bin/sh", "-c", p.cmd }
+  local proc, err, errno = sb:exec(argv, p.env, p.cwd and abs_path(p.cwd), p.stdin, conn)
+  if not proc then return nil, rpc.PROCESS_ERROR, err, errno_data(errno) end
+  proc.encoding = p.encoding or "base64"
+  return { pid = proc.pid }
+end
+
+local function get_proc(d, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  if not sb.procs[p.pid] then
+    return nil, rpc.NOT_FOUND, ("no process %d in sandbox '%s'"):format(p.pid, p.sandbox)
+  end
+  return sb
+end
+
+local function agent_call(sb, type_, fields, code)
+  local r, err, errno = sb:request(type_, fields)
+  if not r then return nil, code or rpc.PROCESS_ERROR, err, errno_data(errno) end
+  return r
+end
+
+function h.process_stdin(d, conn, p)
+  local sb, code, msg = get_proc(d, p)
+  if not sb then return nil, code, msg end
+  local data, err = decode_data(p.data, p.encoding)
+  if not data then return nil, rpc.INVALID_PARAMS, "'data': " .. err end
+  local r, c, m, x = agent_call(sb, MSG.STDIN, { pid = p.pid, data = data })
+  if not r then return nil, c, m, x end
+  return {}
+end
+
+function h.process_close_stdin(d, conn, p)
+  local sb, code, msg = get_proc(d, p)
+  if not sb then return nil, code, msg end
+  local r, c, m, x = agent_call(sb, MSG.STDIN_CLOSE, { pid = p.pid })
+  if not r then return nil, c, m, x end
+  return {}
+end
+
+function h.process_signal(d, conn, p)
+  local sb, code, msg = get_proc(d, p)
+  if not sb then return nil, code, msg end
+  local r, c, m, x = agent_call(sb, MSG.SIGNAL, { pid = p.pid, signal = p.signal or 9 })
+  if not r then return nil, c, m, x end
+  return {}
+end
+
+function h.process_list(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local list = {}
+  for pid, proc in pairs(sb.procs) do
+    list[#list + 1] = { pid = pid, argv = proc.argv, cwd = proc.cwd, started_at = proc.started_at }
+  end
+  table.sort(list, function(a, b) return a.pid < b.pid end)
+  return { processes = json.array(list) }
+end
+
+function h.fs_read(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local offset = p.offset or 0
+  local r, c, m, x = agent_call(sb, MSG.FS_READ, { path = abs_path(p.path), offset = offset,
+    length = p.length or core.CHUNK_MAX }, rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  local data = r.data or ""
+  local out, enc = M.encode_data(data, p.encoding)
+  local size = math.tointeger(r.size) or 0
+  return { data = out, encoding = enc, size = size, eof = offset + #data >= size }
+end
+
+function h.fs_write(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local data, err = decode_data(p.data, p.encoding)
+  if not data then return nil, rpc.INVALID_PARAMS, "'data': " .. err end
+  if #data > core.CHUNK_MAX then
+    return nil, rpc.INVALID_PARAMS, ("'data' is over %d bytes: write in chunks"):format(core.CHUNK_MAX)
+  end
+  local offset = p.offset or 0
+  local truncate = p.truncate
+  if truncate == nil then truncate = offset == 0 and not p.append end
+  local flags = 4 | (truncate and 1 or 0) | (p.append and 2 or 0)
+  local r, c, m, x = agent_call(sb, MSG.FS_WRITE, { path = abs_path(p.path), data = data,
+    offset = offset, flags = flags, mode = p.mode or 420 }, rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  return { size = math.tointeger(r.size) or 0 }
+end
+
+local function stat_result(path, f)
+  return { name = path:match("([^/]*)/*$") or path, path = path,
+           type = FILE_TYPES[f.type] or "other", size = f.size, mode = f.mode, mtime = f.mtime,
+           uid = f.uid, gid = f.gid, link = f.link }
+end
+
+function h.fs_stat(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local path = abs_path(p.path)
+  local r, c, m, x = agent_call(sb, MSG.FS_STAT, { path = path }, rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  return stat_result(path, r)
+end
+
+function h.fs_list(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local path = abs_path(p.path)
+  local r, c, m, x = agent_call(sb, MSG.FS_LIST, { path = path }, rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  local entries = {}
+  for i, e in ipairs(r.entries or {}) do
+    if type(e.name) ~= "string" or e.name == "" or e.name:find("/", 1, true) or e.name == "." or e.name == ".." then
+      sb:_hostile("bad directory entry name")
+      return nil, rpc.SANDBOX_ERROR, "sandbox agent misbehaved"
+    end
+    entries[i] = stat_result(join(path, e.name), e)
+  end
+  return { entries = json.array(entries), truncated = (r.flags or 0) & 1 == 1 }
+end
+
+function h.fs_mkdir(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local r, c, m, x = agent_call(sb, MSG.FS_MKDIR, { path = abs_path(p.path), mode = p.mode or 493,
+    flags = p.parents and 1 or 0 }, rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  return { created = r.created == 1 }
+end
+
+function h.fs_remove(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local r, c, m, x = agent_call(sb, MSG.FS_REMOVE, { path = abs_path(p.path),
+    flags = p.recursive and 1 or 0 }, rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  return {}
+end
+
+function h.fs_rename(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local r, c, m, x = agent_call(sb, MSG.FS_RENAME, { path = abs_path(p.from), path2 = abs_path(p.to) }, rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  return {}
+end
+
+--- The handler for a method name ("sandbox.create" -> h.sandbox_create).
+function M.lookup(method)
+  if not schema.methods[method] then return nil end
+  return h[(method:gsub("%.", "_"))]
+end
+
+return M

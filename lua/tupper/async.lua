@@ -1,0 +1,48 @@
+--- Coroutines over the libuv loop: a request handler runs in its own
+-- coroutine and waits for callbacks (agent replies, timers) without blocking
+-- the loop.
+local M = {}
+
+local function report(co, ok, err)
+  if not ok then
+    io.stderr:write("tupper: task failed: ", debug.traceback(co, tostring(err)), "\n")
+  end
+end
+
+--- Runs fn(...) in a new coroutine now.
+function M.spawn(fn, ...)
+  local co = coroutine.create(fn)
+  report(co, coroutine.resume(co, ...))
+  return co
+end
+
+--- Waits inside a coroutine until start's callback fires; returns the values
+-- given to the callback.  start(cb) must call cb exactly once (it may call it
+-- at once).
+function M.wait(start)
+  local co = assert(coroutine.running(), "async.wait outside a coroutine")
+  local sync, done, res = true, false, nil
+  start(function(...)
+    if done then return end
+    done = true
+    if sync then
+      res = table.pack(...)
+    else
+      report(co, coroutine.resume(co, ...))
+    end
+  end)
+  sync = false
+  if res then return table.unpack(res, 1, res.n) end
+  return coroutine.yield()
+end
+
+--- Sleeps ms milliseconds inside a coroutine.
+function M.sleep(ms)
+  local uv = require("luv")
+  return M.wait(function(cb)
+    local t = uv.new_timer()
+    t:start(ms, 0, function() t:close(); cb() end)
+  end)
+end
+
+return M

@@ -1,0 +1,355 @@
+--- The `tupper` command line: client verbs over the socket API.
+local uv = require("luv")
+local core = require("tupper.core")
+local async = require("tupper.async")
+local client = require("tupper.client")
+local json = require("tupper.json")
+local schema = require("tupper.schema")
+
+local M = {}
+
+local USAGE = [[
+usage: tupper [--socket PATH] [--state-dir DIR] COMMAND [ARGS]
+
+Sandboxes for AI agents, on your own machine.
+
+commands:
+  run [OPTIONS] [--] CMD...     run CMD in a new sandbox, then remove it
+  create [OPTIONS]              create a sandbox and print its id
+  exec [OPTIONS] ID [--] CMD... run CMD in a sandbox
+  ls [--json]                   list sandboxes
+  cp SRC DST                    copy a file: FILE ID:/path or ID:/path FILE
+  kill ID...                    kill sandboxes and remove them
+  daemon [--socket PATH] [--state-dir DIR] [--log FILE]
+                                run the daemon in the foreground
+  schema                        print the socket API's schema (JSON)
+  version                       print the version
+
+options of run, create and exec:
+  -i, --interactive     pass stdin through (run, exec)
+  -e, --env K=V         set an environment variable (repeatable)
+  -w, --workdir DIR     working directory (run, exec; create: the default)
+  --image NAME          image (run, create; default: the embedded 'default')
+  --metadata K=V        attach metadata (run, create; repeatable)
+  --rm                  remove the sandbox after run (the default)
+
+The client finds the daemon through --socket, $TUPPER_SOCKET or the default
+socket, and starts one when none is listening.
+]]
+
+local function die(fmt, ...)
+  io.stderr:write("tupper: ", fmt:format(...), "\n")
+  return 125
+end
+
+-- Parses options shared by run/create/exec; returns opts, rest or nil, err.
+local function parse_opts(args, i, allowed)
+  local o = { env = {}, metadata = {}, interactive = false }
+  while i <= #args do
+    local a = args[i]
+    local function value()
+      i = i + 1
+      if args[i] == nil then error(("option %s needs a value"):format(a), 0) end
+      return args[i]
+    end
+    local function kv(t, s)
+      local k, v = s:match("^([^=]+)=(.*)$")
+      if not k then error(("%s wants K=V, got %q"):format(a, s), 0) end
+      t[k] = v
+    end
+    if a == "--" then
+      i = i + 1
+      break
+    elseif a:sub(1, 1) ~= "-" or a == "-" then
+      break
+    elseif not allowed[a] then
+      error(("unknown option %s"):format(a), 0)
+    elseif a == "-i" or a == "--interactive" then o.interactive = true
+    elseif a == "-e" or a == "--env" then kv(o.env, value())
+    elseif a == "--metadata" then kv(o.metadata, value())
+    elseif a == "-w" or a == "--workdir" then o.workdir = value()
+    elseif a == "--image" then o.image = value()
+    elseif a == "--rm" then o.rm = true
+    elseif a == "--json" then o.json = true
+    end
+    i = i + 1
+  end
+  local rest = {}
+  for k = i, #args do rest[#rest + 1] = args[k] end
+  return o, rest
+end
+
+local RUN_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
+  ["--workdir"] = 1, ["--image"] = 1, ["--metadata"] = 1, ["--rm"] = 1 }
+local CREATE_OPTS = { ["-e"] = 1, ["--env"] = 1, ["--image"] = 1, ["--metadata"] = 1,
+  ["-w"] = 1, ["--workdir"] = 1 }
+local EXEC_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
+  ["--workdir"] = 1 }
+
+local function errmsg(e)
+  return type(e) == "table" and tostring(e.message) or tostring(e)
+end
+
+local function write_out(stream, p)
+  local data = p.data
+  if p.encoding ~= "utf8" then data = core.b64decode(data) or "" end
+  local f = stream == "stderr" and io.stderr or io.stdout
+  f:write(data)
+  f:flush()
+end
+
+-- Feeds the CLI's stdin to the process, then closes its stdin.
+local function pump_stdin(c, sandbox, pid)
+  local function send(chunk)
+    return c:call("process.stdin", { sandbox = sandbox, pid = pid, data = core.b64encode(chunk) })
+  end
+  local kind = uv.guess_handle(0)
+  if kind == "file" or kind == "unknown" then
+    while true do
+      local chunk = io.stdin:read(65536)
+      if not chunk then break end
+      if not send(chunk) then return end
+    end
+  else
+    local h = kind == "tty" and uv.new_tty(0, true) or uv.new_pipe(false)
+    if kind ~= "tty" then h:open(0) end
+    local queue, waiting, eof = {}, nil, false
+    h:read_start(function(err, chunk)
+      if err or not chunk then eof = true else queue[#queue + 1] = chunk end
+      if waiting then local w = waiting; waiting = nil; w() end
+    end)
+    while true do
+      if #queue == 0 and not eof then async.wait(function(cb) waiting = cb end) end
+      if #queue > 0 then
+        local chunk = table.remove(queue, 1)
+        if not send(chunk) then break end
+      elseif eof then
+        break
+      end
+    end
+    h:read_stop()
+    h:close()
+  end
+  c:call("process.close_stdin", { sandbox = sandbox, pid = pid })
+end
+
+-- Runs argv in sandbox id, streaming output; returns the exit code.
+local function run_in(c, id, argv, o)
+  local exited
+  local done_cb
+  local pid
+  c:on("process.output", function(p)
+    if p.sandbox == id and p.pid == pid then write_out(p.stream, p) end
+  end)
+  c:on("process.exit", function(p)
+    if p.sandbox == id and p.pid == pid then
+      exited = p
+      if done_cb then done_cb() end
+    end
+  end)
+  c.on_close = function() if done_cb then done_cb() end end
+  local r, err = c:call("process.start", { sandbox = id, argv = argv, env = o.env,
+    cwd = o.workdir, stdin = o.interactive })
+  if not r then
+    io.stderr:write("tupper: ", errmsg(err), "\n")
+    local code = type(err) == "table" and err.data and err.data.code
+    return (code == "ENOENT") and 127 or (code == "EACCES" and 126 or 125)
+  end
+  pid = r.pid
+  -- forward ^C and friends to the process, as docker run does
+  local sigs = {}
+  for _, name in ipairs({ "sigint", "sigterm", "sighup" }) do
+    local s = uv.new_signal()
+    s:start(name, function(signame)
+      async.spawn(function()
+        c:call("process.signal", { sandbox = id, pid = pid, signal = signame:upper():sub(4) })
+      end)
+    end)
+    sigs[#sigs + 1] = s
+  end
+  if o.interactive then async.spawn(pump_stdin, c, id, pid) end
+  if not exited and not c.closed then async.wait(function(cb) done_cb = cb end) end
+  for _, s in ipairs(sigs) do s:close() end
+  if not exited then
+    io.stderr:write("tupper: lost the connection to the daemon\n")
+    return 125
+  end
+  if exited.signal and exited.signal > 0 then return 128 + exited.signal end
+  return exited.exit_code
+end
+
+local verbs = {}
+
+function verbs.run(c, args)
+  local o, rest = parse_opts(args, 1, RUN_OPTS)
+  if #rest == 0 then rest = { "/bin/sh" } end
+  local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
+    metadata = next(o.metadata) and o.metadata or nil })
+  if not sb then return die("%s", errmsg(err)) end
+  local code = run_in(c, sb.id, rest, o)
+  if not c.closed then c:call("sandbox.kill", { id = sb.id }) end
+  return code
+end
+
+function verbs.create(c, args)
+  local o, rest = parse_opts(args, 1, CREATE_OPTS)
+  if #rest > 0 then return die("create takes no arguments") end
+  local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
+    metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir })
+  if not sb then return die("%s", errmsg(err)) end
+  print(sb.id)
+  return 0
+end
+
+function verbs.exec(c, args)
+  local o, rest = parse_opts(args, 1, EXEC_OPTS)
+  local id = table.remove(rest, 1)
+  if not id then return die("exec needs a sandbox id") end
+  if rest[1] == "--" then table.remove(rest, 1) end
+  if #rest == 0 then return die("exec needs a command") end
+  return run_in(c, id, rest, o)
+end
+
+function verbs.ls(c, args)
+  local as_json = false
+  for _, a in ipairs(args) do
+    if a == "--json" then as_json = true else return die("ls: unknown argument %s", a) end
+  end
+  local r, err = c:call("sandbox.list", {})
+  if not r then return die("%s", errmsg(err)) end
+  if as_json then
+    print(json.encode(json.array(r.sandboxes)))
+    return 0
+  end
+  print(("%-14s %-10s %-9s %-20s %s"):format("ID", "IMAGE", "STATE", "CREATED", "PROCESSES"))
+  for _, s in ipairs(r.sandboxes) do
+    print(("%-14s %-10s %-9s %-20s %d"):format(s.id, s.image, s.state, s.created_at, s.processes))
+  end
+  return 0
+end
+
+function verbs.kill(c, args)
+  if #args == 0 then return die("kill needs a sandbox id") end
+  local code = 0
+  for _, id in ipairs(args) do
+    local r, err = c:call("sandbox.kill", { id = id })
+    if not r then
+      code = die("kill %s: %s", id, errmsg(err))
+    elseif not r.killed then
+      code = die("kill %s: no such sandbox", id)
+    else
+      print(id)
+    end
+  end
+  return code
+end
+
+local function split_remote(s)
+  local id, path = s:match("^([a-z0-9][a-z0-9-]*):(.+)$")
+  return id, path
+end
+
+function verbs.cp(c, args)
+  if #args ~= 2 then return die("cp wants SRC DST") end
+  local sid, spath = split_remote(args[1])
+  local did, dpath = split_remote(args[2])
+  if (sid and did) or (not sid and not did) then
+    return die("cp copies between the host and a sandbox: FILE ID:/path or ID:/path FILE")
+  end
+  local chunk = core.CHUNK_MAX
+  if did then
+    local f, err = io.open(args[1], "rb")
+    if not f then return die("%s", err) end
+    local offset = 0
+    repeat
+      local data = f:read(chunk) or ""
+      local r, e = c:call("fs.write", { sandbox = did, path = dpath, data = core.b64encode(data),
+        offset = offset, truncate = offset == 0 })
+      if not r then f:close(); return die("cp: %s", errmsg(e)) end
+      offset = offset + #data
+    until #data < chunk
+    f:close()
+    return 0
+  end
+  local st, serr = c:call("fs.stat", { sandbox = sid, path = spath })
+  if not st then return die("cp: %s", errmsg(serr)) end
+  if st.type ~= "file" then return die("cp: %s is a %s; only files are copied", spath, st.type) end
+  local f, err = io.open(args[2], "wb")
+  if not f then return die("%s", err) end
+  local offset = 0
+  while true do
+    local r, e = c:call("fs.read", { sandbox = sid, path = spath, offset = offset, length = chunk })
+    if not r then f:close(); return die("cp: %s", errmsg(e)) end
+    local data = core.b64decode(r.data) or ""
+    f:write(data)
+    offset = offset + #data
+    if r.eof or #data == 0 then break end
+  end
+  f:close()
+  return 0
+end
+
+local function client_main(verb, args, g)
+  local code = 125
+  async.spawn(function()
+    local c, err = client.connect({ socket = g.socket, state_dir = g.state_dir })
+    if not c then
+      code = die("%s", err)
+      return
+    end
+    local ok, res = pcall(verbs[verb], c, args)
+    if not ok then code = die("%s", tostring(res)) else code = res end
+    c:close()
+  end)
+  uv.run()
+  uv.walk(function(h) if not h:is_closing() then h:close() end end)
+  uv.run()
+  return code
+end
+
+--- Entry point: argv as given to main (argv[0] is the program).
+function M.main(argv)
+  local g, i = {}, 1
+  while argv[i] and argv[i]:sub(1, 2) == "--" do
+    local a = argv[i]
+    if a == "--socket" then g.socket = argv[i + 1]; i = i + 2
+    elseif a == "--state-dir" then g.state_dir = argv[i + 1]; i = i + 2
+    elseif a == "--help" then io.stdout:write(USAGE); return 0
+    elseif a == "--version" then print("tupper " .. core.version); return 0
+    else return die("unknown option %s (see tupper --help)", a) end
+  end
+  local verb = argv[i]
+  local args = {}
+  for k = i + 1, #argv do args[#args + 1] = argv[k] end
+  if verb == nil or verb == "help" then
+    io.stdout:write(USAGE)
+    return verb == nil and 2 or 0
+  elseif verb == "version" then
+    print("tupper " .. core.version)
+    return 0
+  elseif verb == "schema" then
+    print(json.pretty(schema.export()))
+    return 0
+  elseif verb == "daemon" then
+    local o = { socket = g.socket, state_dir = g.state_dir }
+    local k = 1
+    while k <= #args do
+      local a, v = args[k], args[k + 1]
+      if a == "--socket" then o.socket = v
+      elseif a == "--state-dir" then o.state_dir = v
+      elseif a == "--log" then o.log = v
+      elseif a == "--uid-base" then o.uid_base = math.tointeger(tonumber(v))
+      else return die("daemon: unknown option %s", a) end
+      if v == nil then return die("daemon: %s needs a value", a) end
+      k = k + 2
+    end
+    return require("tupper.daemon").run(o)
+  elseif verbs[verb] then
+    local ok, code = pcall(client_main, verb, args, g)
+    if not ok then return die("%s", tostring(code)) end
+    return code
+  end
+  return die("unknown command '%s' (see tupper --help)", verb)
+end
+
+return M

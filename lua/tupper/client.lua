@@ -1,0 +1,128 @@
+--- The Lua client of the socket API, used by the CLI (and later the REPL).
+-- Calls are asynchronous: use them from a coroutine (tupper.async).
+local uv = require("luv")
+local async = require("tupper.async")
+local rpc = require("tupper.rpc")
+local schema = require("tupper.schema")
+local paths = require("tupper.paths")
+
+local M = {}
+
+M.START_TIMEOUT_MS = 10000
+
+local Client = {}
+Client.__index = Client
+
+local function try_connect(path)
+  local pipe = uv.new_pipe(false)
+  local err = async.wait(function(cb) pipe:connect(path, function(e) cb(e) end) end)
+  if err then
+    pipe:close()
+    return nil, err
+  end
+  return pipe
+end
+
+-- Starts `tupper daemon` in the background (its own session, log in its
+-- state dir) and waits until its socket answers.
+local function start_daemon(socket, state_dir)
+  local state = state_dir or paths.state_dir()
+  local args = { "daemon", "--socket", socket, "--log", state .. "/daemon.log" }
+  if state_dir then
+    args[#args + 1] = "--state-dir"
+    args[#args + 1] = state_dir
+  end
+  local handle, err = uv.spawn(uv.exepath(), { args = args, detached = true }, function() end)
+  if not handle then return nil, "cannot start the daemon: " .. tostring(err) end
+  handle:unref()
+  local deadline = uv.now() + M.START_TIMEOUT_MS
+  local delay = 2
+  while uv.now() < deadline do
+    local pipe = try_connect(socket)
+    if pipe then
+      handle:close()
+      return pipe
+    end
+    if not handle:is_active() then break end -- the daemon exited
+    async.sleep(delay)
+    delay = math.min(delay * 2, 50)
+  end
+  handle:close()
+  return nil, ("the daemon did not start (see %s/daemon.log)"):format(state)
+end
+
+--- Connects to the daemon.  opts: socket, state_dir, autostart (default true).
+-- Returns the client or nil, err.
+function M.connect(opts)
+  opts = opts or {}
+  local socket = opts.socket or paths.socket()
+  local pipe, err = try_connect(socket)
+  if not pipe then
+    if opts.autostart == false or (err ~= "ENOENT" and err ~= "ECONNREFUSED") then
+      return nil, ("cannot reach the daemon at %s: %s"):format(socket, err)
+    end
+    pipe, err = start_daemon(socket, opts.state_dir)
+    if not pipe then return nil, err end
+  end
+  local self = setmetatable({ next_id = 1, pending = {}, subs = {}, closed = false }, Client)
+  self.conn = rpc.wrap(pipe, {
+    message = function(_, msg) self:_message(msg) end,
+    close = function() self:_closed() end,
+  })
+  local hello, herr = self:call("hello", { protocol = schema.PROTOCOL, client = "tupper-lua" })
+  if not hello then
+    self:close()
+    return nil, "hello: " .. herr.message
+  end
+  self.server = hello
+  return self
+end
+
+function Client:_message(msg)
+  if msg == nil then return end
+  if msg.method then
+    local fn = self.subs[msg.method]
+    if fn then fn(msg.params) end
+    return
+  end
+  local id = math.tointeger(msg.id)
+  local cb = id and self.pending[id]
+  if not cb then return end
+  self.pending[id] = nil
+  if msg.error then cb(nil, msg.error) else cb(msg.result) end
+end
+
+function Client:_closed()
+  self.closed = true
+  local pending = self.pending
+  self.pending = {}
+  for _, cb in pairs(pending) do cb(nil, { code = -1, message = "connection to the daemon lost" }) end
+  if self.on_close then self.on_close() end
+end
+
+--- Calls method; returns the result, or nil and the error object
+-- ({code, message, data}).
+function Client:call(method, params)
+  if self.closed then return nil, { code = -1, message = "not connected" } end
+  local id = self.next_id
+  self.next_id = id + 1
+  return async.wait(function(cb)
+    self.pending[id] = cb
+    local ok, err = self.conn:send({ jsonrpc = "2.0", id = id, method = method, params = params or {} })
+    if not ok then
+      self.pending[id] = nil
+      cb(nil, { code = -1, message = err })
+    end
+  end)
+end
+
+--- Subscribes fn(params) to a notification method (one subscriber each).
+function Client:on(method, fn)
+  self.subs[method] = fn
+end
+
+function Client:close()
+  if not self.closed then self.conn:close() end
+end
+
+return M

@@ -1,0 +1,227 @@
+--- `tupper daemon`: owns every sandbox on the host and serves the socket API.
+local uv = require("luv")
+local core = require("tupper.core")
+local async = require("tupper.async")
+local json = require("tupper.json")
+local rpc = require("tupper.rpc")
+local schema = require("tupper.schema")
+local api = require("tupper.api")
+local sandbox = require("tupper.sandbox")
+local paths = require("tupper.paths")
+
+local M = {}
+
+M.UID_BASE = 100000000
+M.ID_COUNT = 65536
+M.MAX_SANDBOXES = 1024
+M.MAX_CLIENTS = 1024
+
+local Daemon = {}
+Daemon.__index = Daemon
+
+local function log(fmt, ...)
+  io.stderr:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), fmt:format(...), "\n")
+end
+M.log = log
+
+local function mkdirs(path, mode)
+  local acc = ""
+  for part in path:gmatch("[^/]+") do
+    acc = acc .. "/" .. part
+    local ok, err, name = uv.fs_mkdir(acc, mode)
+    if not ok and name ~= "EEXIST" then return nil, err end
+  end
+  return true
+end
+
+function Daemon:create_sandbox(p)
+  local image = p.image or "default"
+  if image ~= "default" then
+    return nil, ("image '%s' is not available (this daemon has only the embedded 'default' image)"):format(image)
+  end
+  local count = 0
+  for _ in pairs(self.sandboxes) do count = count + 1 end
+  if count >= M.MAX_SANDBOXES then return nil, "too many sandboxes" end
+  local id
+  repeat id = core.random_hex(6) until not self.sandboxes[id]
+  self.sandboxes[id] = { state = "starting" } -- reserve the id
+  local sb, err = sandbox.start({
+    id = id, image = image, image_dir = self.default_image, dir = self.boxes .. "/" .. id,
+    uid_base = self.uid_base, id_count = M.ID_COUNT, env = p.env, metadata = p.metadata,
+    cwd = p.cwd,
+    on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
+    on_exit = function(s, proc) self:_exit(s, proc) end,
+    on_down = function(s, reason) self:_sandbox_down(s, reason) end,
+  })
+  if not sb then
+    self.sandboxes[id] = nil
+    log("create failed: %s", err)
+    return nil, err
+  end
+  self.sandboxes[id] = sb
+  log("sandbox %s created", id)
+  return sb
+end
+
+function Daemon:kill_sandbox(id)
+  local sb = self.sandboxes[id]
+  if not sb or not sb.destroy then return false end
+  self.sandboxes[id] = nil
+  local ok, err = sb:destroy()
+  if not ok then log("sandbox %s: cleanup: %s", id, tostring(err)) end
+  log("sandbox %s killed", id)
+  return true
+end
+
+-- A box died on its own (its agent exited or misbehaved): remove it.
+function Daemon:_sandbox_down(sb, reason)
+  log("sandbox %s went down: %s", sb.id, reason)
+  async.spawn(function() self:kill_sandbox(sb.id) end)
+end
+
+function Daemon:_output(sb, proc, stream, data)
+  local conn = proc.owner
+  if not conn or conn.closed then return end
+  local out, enc = api.encode_data(data, proc.encoding)
+  conn:notify("process.output", { sandbox = sb.id, pid = proc.pid, stream = stream, data = out, encoding = enc })
+end
+
+function Daemon:_exit(sb, proc)
+  local conn = proc.owner
+  if not conn or conn.closed then return end
+  conn:notify("process.exit", { sandbox = sb.id, pid = proc.pid, exit_code = proc.exit_code,
+                                signal = proc.signal })
+end
+
+function Daemon:_request(conn, msg)
+  local id = msg.id
+  local is_call = id ~= nil
+  if is_call and type(id) ~= "string" and type(id) ~= "number" and id ~= json.null then
+    return conn:error(nil, rpc.INVALID_REQUEST, "'id' must be a string or a number")
+  end
+  if msg.jsonrpc ~= "2.0" or type(msg.method) ~= "string" then
+    return conn:error(id, rpc.INVALID_REQUEST, "not a JSON-RPC 2.0 request")
+  end
+  local handler = api.lookup(msg.method)
+  if not handler then
+    if is_call then return conn:error(id, rpc.METHOD_NOT_FOUND, ("unknown method '%s'"):format(msg.method:sub(1, 100))) end
+    return
+  end
+  local params, err = schema.validate(msg.method, msg.params)
+  if not params then
+    if is_call then return conn:error(id, rpc.INVALID_PARAMS, msg.method .. ": " .. err) end
+    return
+  end
+  async.spawn(function()
+    local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
+    if not is_call then return end
+    if not ok then
+      log("internal error in %s: %s", msg.method, tostring(res))
+      return conn:error(id, rpc.INTERNAL_ERROR, "internal error")
+    end
+    if res == nil then return conn:error(id, code or rpc.INTERNAL_ERROR, message or "failed", data) end
+    conn:reply(id, res)
+  end)
+end
+
+function Daemon:_accept()
+  local client = uv.new_pipe(false)
+  if not self.server:accept(client) then client:close(); return end
+  if self.nclients >= M.MAX_CLIENTS then client:close(); return end
+  self.nclients = self.nclients + 1
+  local conn
+  conn = rpc.wrap(client, {
+    message = function(c, msg, err)
+      if not msg then return c:error(nil, rpc.PARSE_ERROR, "parse error: " .. tostring(err)) end
+      if msg[1] ~= nil then return c:error(nil, rpc.INVALID_REQUEST, "batch requests are not supported") end
+      self:_request(c, msg)
+    end,
+    close = function() self.nclients = self.nclients - 1; self.clients[conn] = nil end,
+  })
+  self.clients[conn] = true
+end
+
+function Daemon:shutdown()
+  if self.stopping then return end
+  self.stopping = true
+  log("shutting down")
+  async.spawn(function()
+    if self.server and not self.server:is_closing() then self.server:close() end
+    uv.fs_unlink(self.socket)
+    for id, sb in pairs(self.sandboxes) do
+      if sb.destroy then self:kill_sandbox(id) end
+    end
+    for conn in pairs(self.clients) do conn:close() end
+    for _, s in ipairs(self.signals) do s:close() end
+    if self.lock then uv.fs_close(self.lock); self.lock = nil end
+  end)
+end
+
+local function listen(path)
+  local probe = uv.new_pipe(false)
+  local live = async.wait(function(cb)
+    probe:connect(path, function(err) cb(err == nil) end)
+  end)
+  probe:close()
+  if live then return nil, "a daemon already listens on " .. path end
+  uv.fs_unlink(path)
+  local server = uv.new_pipe(false)
+  local old = core.umask(tonumber("177", 8))
+  local ok, err = server:bind(path)
+  core.umask(old)
+  if not ok then server:close(); return nil, ("bind %s: %s"):format(path, err) end
+  uv.fs_chmod(path, tonumber("600", 8))
+  return server
+end
+
+--- Runs the daemon until SIGTERM/SIGINT.  opts: socket, state_dir, uid_base.
+-- Returns the exit code.
+function M.run(opts)
+  local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {},
+    socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
+    uid_base = opts.uid_base or M.UID_BASE }, Daemon)
+  local code = 0
+  async.spawn(function()
+    local ok, err = mkdirs(self.state, tonumber("711", 8))
+    if ok then ok, err = uv.fs_chmod(self.state, tonumber("711", 8)) end
+    if ok then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
+    if ok and opts.log then ok, err = core.log_to(opts.log) end
+    if ok then
+      self.lock, err = core.lock(self.state .. "/lock")
+      ok = self.lock ~= nil
+    end
+    if ok then
+      self.boxes = self.state .. "/boxes"
+      -- a previous daemon's boxes died with it (their PID 1 has a
+      -- parent-death signal); only their directories can be left
+      ok, err = core.rmtree(self.boxes)
+      if ok then ok, err = mkdirs(self.boxes, tonumber("711", 8)) end
+    end
+    if ok then ok, err = mkdirs(self.state .. "/images/default", tonumber("711", 8)) end
+    if ok then
+      self.default_image = self.state .. "/images/default/rootfs"
+      ok, err = core.default_image(self.default_image, self.uid_base, self.uid_base)
+    end
+    if ok then
+      self.server, err = listen(self.socket)
+      ok = self.server ~= nil
+    end
+    if not ok then
+      io.stderr:write("tupper daemon: ", tostring(err), "\n")
+      code = 1
+      if self.lock then uv.fs_close(self.lock) end
+      return
+    end
+    self.server:listen(128, function(e) if not e then self:_accept() end end)
+    for _, name in ipairs({ "sigint", "sigterm" }) do
+      local s = uv.new_signal()
+      s:start(name, function() self:shutdown() end)
+      self.signals[#self.signals + 1] = s
+    end
+    log("tupper daemon %s listening on %s (state %s)", core.version, self.socket, self.state)
+  end)
+  uv.run()
+  return code
+end
+
+return M

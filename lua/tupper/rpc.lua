@@ -1,0 +1,136 @@
+--- JSON-RPC 2.0 over a byte stream, one JSON object per line (NDJSON).
+-- Used by both ends: the daemon wraps each accepted connection, the Lua
+-- client wraps its socket.  Every line is bounded (MAX_LINE); a peer that
+-- sends more is answered with an error and disconnected, and a peer that
+-- does not read its replies is disconnected before they pile up past
+-- MAX_BACKLOG.
+local json = require("tupper.json")
+
+local M = {}
+
+M.MAX_LINE = 16 * 1024 * 1024
+M.MAX_BACKLOG = 64 * 1024 * 1024
+
+M.PARSE_ERROR = -32700
+M.INVALID_REQUEST = -32600
+M.METHOD_NOT_FOUND = -32601
+M.INVALID_PARAMS = -32602
+M.INTERNAL_ERROR = -32603
+-- application errors (docs/protocol.md)
+M.NOT_FOUND = -32000
+M.SANDBOX_ERROR = -32001
+M.FS_ERROR = -32002
+M.PROCESS_ERROR = -32003
+M.BUSY = -32004
+
+local Conn = {}
+Conn.__index = Conn
+
+--- Wraps a luv stream.  handlers.message(conn, msg, err) gets every decoded
+-- object (or nil and an error for a bad line); handlers.close(conn) runs once.
+function M.wrap(stream, handlers, opts)
+  local self = setmetatable({
+    stream = stream,
+    handlers = handlers,
+    parts = {},
+    size = 0,
+    closed = false,
+    max_line = opts and opts.max_line or M.MAX_LINE,
+  }, Conn)
+  stream:read_start(function(err, chunk)
+    if err or not chunk then
+      self:close()
+      return
+    end
+    self:_feed(chunk)
+  end)
+  return self
+end
+
+function Conn:_line(line)
+  if line:match("^%s*$") then return end
+  local msg, err = json.decode(line)
+  if msg == nil or type(msg) ~= "table" then
+    self.handlers.message(self, nil, err or "not a JSON object")
+  else
+    self.handlers.message(self, msg)
+  end
+end
+
+function Conn:_feed(chunk)
+  local start = 1
+  while not self.closed do
+    local nl = chunk:find("\n", start, true)
+    if not nl then break end
+    local piece = chunk:sub(start, nl - 1)
+    if self.size + #piece > self.max_line then
+      return self:_too_long()
+    end
+    if #self.parts > 0 then
+      self.parts[#self.parts + 1] = piece
+      piece = table.concat(self.parts)
+      self.parts, self.size = {}, 0
+    end
+    self:_line(piece)
+    start = nl + 1
+  end
+  if self.closed or start > #chunk then return end
+  local rest = chunk:sub(start)
+  self.size = self.size + #rest
+  if self.size > self.max_line then return self:_too_long() end
+  self.parts[#self.parts + 1] = rest
+end
+
+function Conn:_too_long()
+  self.parts, self.size = {}, 0
+  self:send({ jsonrpc = "2.0", id = json.null,
+    error = { code = M.INVALID_REQUEST, message = ("message longer than %d bytes"):format(self.max_line) } })
+  self:close()
+end
+
+--- Sends one object; returns true, or nil and an error.
+function Conn:send(obj)
+  if self.closed then return nil, "connection closed" end
+  local text, err = json.encode(obj)
+  if not text then return nil, err end
+  if self.stream:get_write_queue_size() > M.MAX_BACKLOG then
+    -- the peer does not read: drop it rather than buffer without bound
+    self:close()
+    return nil, "peer is not reading"
+  end
+  self.stream:write(text .. "\n")
+  return true
+end
+
+function Conn:reply(id, result)
+  return self:send({ jsonrpc = "2.0", id = id, result = result })
+end
+
+function Conn:error(id, code, message, data)
+  return self:send({ jsonrpc = "2.0", id = id == nil and json.null or id,
+    error = { code = code, message = message, data = data } })
+end
+
+function Conn:notify(method, params)
+  return self:send({ jsonrpc = "2.0", method = method, params = params })
+end
+
+function Conn:backlog()
+  return self.closed and 0 or self.stream:get_write_queue_size()
+end
+
+function Conn:close()
+  if self.closed then return end
+  self.closed = true
+  if not self.stream:is_closing() then
+    self.stream:read_stop()
+    -- let queued replies go out before the close
+    local req = self.stream:shutdown(function()
+      if not self.stream:is_closing() then self.stream:close() end
+    end)
+    if not req then self.stream:close() end
+  end
+  if self.handlers.close then self.handlers.close(self) end
+end
+
+return M

@@ -1,0 +1,176 @@
+--- A sandbox as the daemon sees it: a box of the linux backend, the agent
+-- inside it, and the processes started through the API.  Requests to the
+-- agent are asynchronous: call them from a coroutine (tupper.async).
+local core = require("tupper.core")
+local async = require("tupper.async")
+local uv = require("luv")
+
+local MSG = core.MSG
+local M = {}
+
+M.READY_TIMEOUT_MS = 10000
+M.REQUEST_TIMEOUT_MS = 120000
+M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+local Sandbox = {}
+Sandbox.__index = Sandbox
+
+local function now_iso()
+  return os.date("!%Y-%m-%dT%H:%M:%SZ")
+end
+
+--- Starts a box and waits for its agent.  opts: id, image (name), image_dir,
+-- dir, uid_base, id_count, env, metadata, cwd, on_exit(sb, proc), on_output(sb,
+-- proc, stream, data), on_down(sb, reason).  Returns the sandbox or nil, err.
+function M.start(opts)
+  local box, err = core.box_start({ id = opts.id, image = opts.image_dir, dir = opts.dir,
+    uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count })
+  if not box then return nil, err end
+  local self = setmetatable({
+    id = opts.id, image = opts.image, box = box, state = "starting",
+    created_at = now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
+    cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, hooks = opts,
+  }, Sandbox)
+  local ready
+  box:on(function(t, id, f) self:_frame(t, id, f) end,
+         function(reason) self:_down(reason) end)
+  local ok, why = async.wait(function(cb)
+    ready = cb
+    self._ready = cb
+    self._ready_timer = uv.new_timer()
+    self._ready_timer:start(M.READY_TIMEOUT_MS, 0, function() cb(false, "agent did not start in time") end)
+  end)
+  self._ready = nil
+  if self._ready_timer then self._ready_timer:close(); self._ready_timer = nil end
+  if not ok then
+    self:destroy()
+    return nil, "start sandbox " .. opts.id .. ": " .. tostring(why)
+  end
+  self.state = "running"
+  return self
+end
+
+function Sandbox:_frame(t, id, f)
+  if t == MSG.READY then
+    if self._ready then
+      if f.version ~= core.AGENT_PROTO then
+        self._ready(false, "agent speaks protocol " .. tostring(f.version))
+      else
+        self._ready(true)
+      end
+    end
+  elseif t == MSG.OK or t == MSG.ERR then
+    local p = self.pending[id]
+    if not p then return self:_hostile("reply to an unknown request " .. id) end
+    self.pending[id] = nil
+    p.timer:stop(); p.timer:close()
+    if t == MSG.OK then p.cb(f) else p.cb(nil, f.msg or "agent error", f.errno or 0) end
+  elseif t == MSG.OUTPUT then
+    local proc = self.procs[f.pid]
+    if not proc or type(f.data) ~= "string" or (f.stream ~= 1 and f.stream ~= 2) then
+      return self:_hostile("bad output frame")
+    end
+    if self.hooks.on_output then self.hooks.on_output(self, proc, f.stream == 1 and "stdout" or "stderr", f.data) end
+  elseif t == MSG.EXIT then
+    local proc = self.procs[f.pid]
+    if not proc then return self:_hostile("exit of an unknown process") end
+    self.procs[f.pid] = nil
+    proc.exit_code = math.tointeger(f.code) or -1
+    proc.signal = math.tointeger(f.signal) or 0
+    if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
+  end
+end
+
+-- The agent said something it must not: the box may be compromised.  It is
+-- destroyed; clients see it go away.
+function Sandbox:_hostile(why)
+  io.stderr:write(("tupper: sandbox %s: agent protocol violation (%s): destroying it\n"):format(self.id, why))
+  self:_down("agent protocol violation: " .. why)
+end
+
+function Sandbox:_down(reason)
+  if self.state == "down" or self.state == "killing" then return end
+  if self._ready then return self._ready(false, reason) end
+  self.state = "down"
+  self.down_reason = reason
+  self:_fail_all(reason)
+  if self.hooks.on_down then self.hooks.on_down(self, reason) end
+end
+
+function Sandbox:_fail_all(reason)
+  local pending = self.pending
+  self.pending = {}
+  for _, p in pairs(pending) do
+    p.timer:stop(); p.timer:close()
+    p.cb(nil, "sandbox stopped: " .. reason, 0)
+  end
+  local procs = self.procs
+  self.procs = {}
+  for _, proc in pairs(procs) do
+    proc.exit_code, proc.signal = -1, 9
+    if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
+  end
+end
+
+--- Sends one request to the agent and waits for its reply: returns the
+-- reply's fields, or nil, msg, errno.
+function Sandbox:request(type_, fields)
+  if self.state ~= "running" then return nil, "sandbox is " .. self.state, 0 end
+  local id = self.next_id
+  self.next_id = id < 0x7fffffff and id + 1 or 1
+  local ok, err = self.box:send(type_, id, fields)
+  if not ok then return nil, err, 0 end
+  return async.wait(function(cb)
+    local timer = uv.new_timer()
+    self.pending[id] = { cb = cb, timer = timer }
+    timer:start(M.REQUEST_TIMEOUT_MS, 0, function()
+      if self.pending[id] then
+        self.pending[id] = nil
+        timer:close()
+        cb(nil, "the agent did not answer in time", 0)
+      end
+    end)
+  end)
+end
+
+--- Starts a process; returns the process record or nil, msg, errno.
+function Sandbox:exec(argv, env, cwd, stdin, owner)
+  local envl = {}
+  local merged = { PATH = M.DEFAULT_PATH, HOME = "/root", HOSTNAME = self.id, TERM = "xterm" }
+  for k, v in pairs(self.env) do merged[k] = v end
+  for k, v in pairs(env or {}) do merged[k] = v end
+  for k, v in pairs(merged) do envl[#envl + 1] = k .. "=" .. v end
+  table.sort(envl)
+  local r, err, errno = self:request(MSG.EXEC, { args = argv, env = envl, cwd = cwd or self.cwd,
+                                                  flags = stdin and 1 or 0 })
+  if not r then return nil, err, errno end
+  local pid = math.tointeger(r.pid)
+  if not pid or pid < 1 or self.procs[pid] then
+    self:_hostile("bad pid in exec reply")
+    return nil, "agent sent a bad pid", 0
+  end
+  local proc = { pid = pid, argv = argv, cwd = cwd or self.cwd, owner = owner,
+                 started_at = now_iso(), stdin = stdin }
+  self.procs[pid] = proc
+  return proc
+end
+
+function Sandbox:info()
+  local n = 0
+  for _ in pairs(self.procs) do n = n + 1 end
+  return { id = self.id, image = self.image, state = self.state, created_at = self.created_at,
+           metadata = self.metadata, processes = n }
+end
+
+--- Kills everything in the box and removes it; waits until done.
+function Sandbox:destroy()
+  if self.state == "killing" or self.state == "gone" then return true end
+  local reason = "killed"
+  self.state = "killing"
+  self:_fail_all(reason)
+  local ok, err = async.wait(function(cb) self.box:destroy(cb) end)
+  self.state = "gone"
+  return ok, err
+end
+
+return M

@@ -1,0 +1,249 @@
+--- The socket API's one source of truth: every method, its parameters and
+-- its result fields.  The daemon validates requests against it, `tupper
+-- schema` prints it as JSON (docs/protocol.schema.json), and the tests check
+-- that docs/protocol.md documents each method and that the daemon answers
+-- each of them.
+local M = {}
+
+M.PROTOCOL = 1
+
+local ID = { type = "string", pattern = "^[a-z0-9][a-z0-9-]*$", max = 63 }
+local PATH = { type = "string", min = 1, max = 4096 }
+local MAP = { type = "map", max = 1024, key_max = 1024, value_max = 131072 }
+local ENCODING = { type = "enum", values = { "base64", "utf8" } }
+
+M.methods = {
+  ["hello"] = {
+    doc = "Negotiates the protocol version; the first call of a session.",
+    params = { protocol = { type = "integer", min = 1, max = 1000 },
+               client = { type = "string", max = 256 } },
+    result = { "protocol", "server", "version", "methods" },
+  },
+  ["sandbox.create"] = {
+    doc = "Creates and starts a sandbox.",
+    params = { image = { type = "string", min = 1, max = 256 },
+               env = MAP, metadata = MAP,
+               cwd = PATH },
+    result = { "id", "image", "state", "created_at", "metadata" },
+  },
+  ["sandbox.get"] = {
+    doc = "Describes one sandbox.",
+    params = { id = ID, required = { "id" } },
+    result = { "id", "image", "state", "created_at", "metadata", "processes" },
+  },
+  ["sandbox.list"] = {
+    doc = "Lists the sandboxes.",
+    params = {},
+    result = { "sandboxes" },
+  },
+  ["sandbox.kill"] = {
+    doc = "Kills every process of a sandbox and removes it; false when unknown.",
+    params = { id = ID, required = { "id" } },
+    result = { "killed" },
+  },
+  ["process.start"] = {
+    doc = "Starts a process: argv, or cmd run by /bin/sh -c.  Output and exit arrive as notifications.",
+    params = { sandbox = ID, argv = { type = "array", min = 1, max = 4096, item_max = 131072 },
+               cmd = { type = "string", min = 1, max = 131072 }, env = MAP, cwd = PATH,
+               stdin = { type = "boolean" }, encoding = ENCODING,
+               required = { "sandbox" }, one_of = { "argv", "cmd" } },
+    result = { "pid" },
+  },
+  ["process.stdin"] = {
+    doc = "Writes to a process's stdin (started with stdin = true).",
+    params = { sandbox = ID, pid = { type = "integer", min = 1, max = 4194304 },
+               data = { type = "string", max = 1398104 }, encoding = ENCODING,
+               required = { "sandbox", "pid", "data" } },
+    result = {},
+  },
+  ["process.close_stdin"] = {
+    doc = "Closes a process's stdin once what was written is delivered.",
+    params = { sandbox = ID, pid = { type = "integer", min = 1, max = 4194304 },
+               required = { "sandbox", "pid" } },
+    result = {},
+  },
+  ["process.signal"] = {
+    doc = "Sends a signal to a process and its whole process group.",
+    params = { sandbox = ID, pid = { type = "integer", min = 1, max = 4194304 },
+               signal = { type = "signal" }, required = { "sandbox", "pid" } },
+    result = {},
+  },
+  ["process.list"] = {
+    doc = "Lists the running processes started through the API.",
+    params = { sandbox = ID, required = { "sandbox" } },
+    result = { "processes" },
+  },
+  ["fs.read"] = {
+    doc = "Reads up to length bytes (at most 1 MiB) of a file from offset.",
+    params = { sandbox = ID, path = PATH, offset = { type = "integer", min = 0, max = 2^53 },
+               length = { type = "integer", min = 0, max = 1048576 }, encoding = ENCODING,
+               required = { "sandbox", "path" } },
+    result = { "data", "encoding", "size", "eof" },
+  },
+  ["fs.write"] = {
+    doc = "Writes data (at most 1 MiB) to a file at offset, or appends; creates missing parents.",
+    params = { sandbox = ID, path = PATH, data = { type = "string", max = 1398104 },
+               encoding = ENCODING, offset = { type = "integer", min = 0, max = 2^53 },
+               append = { type = "boolean" }, truncate = { type = "boolean" },
+               mode = { type = "integer", min = 0, max = 4095 },
+               required = { "sandbox", "path", "data" } },
+    result = { "size" },
+  },
+  ["fs.list"] = {
+    doc = "Lists a directory, sorted by name.",
+    params = { sandbox = ID, path = PATH, required = { "sandbox", "path" } },
+    result = { "entries", "truncated" },
+  },
+  ["fs.stat"] = {
+    doc = "Describes a file without following a final symlink.",
+    params = { sandbox = ID, path = PATH, required = { "sandbox", "path" } },
+    result = { "name", "path", "type", "size", "mode", "mtime", "uid", "gid" },
+  },
+  ["fs.mkdir"] = {
+    doc = "Makes a directory (parents too with parents = true); created is false when it existed.",
+    params = { sandbox = ID, path = PATH, parents = { type = "boolean" },
+               mode = { type = "integer", min = 0, max = 4095 }, required = { "sandbox", "path" } },
+    result = { "created" },
+  },
+  ["fs.remove"] = {
+    doc = "Removes a file or directory (recursive = true for a non-empty one).",
+    params = { sandbox = ID, path = PATH, recursive = { type = "boolean" },
+               required = { "sandbox", "path" } },
+    result = {},
+  },
+  ["fs.rename"] = {
+    doc = "Renames a file or directory.",
+    params = { sandbox = ID, from = PATH, to = PATH, required = { "sandbox", "from", "to" } },
+    result = {},
+  },
+}
+
+M.notifications = {
+  ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
+  ["process.exit"] = { "sandbox", "pid", "exit_code", "signal" },
+}
+
+local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15,
+                  CONT = 18, STOP = 19, TSTP = 20, WINCH = 28 }
+M.SIGNALS = SIGNALS
+
+local function check(name, spec, v)
+  local t = spec.type
+  if t == "string" or t == "enum" then
+    if type(v) ~= "string" then return ("'%s' must be a string"):format(name) end
+    if t == "enum" then
+      for _, ok in ipairs(spec.values) do if v == ok then return nil, v end end
+      return ("'%s' must be one of: %s"):format(name, table.concat(spec.values, ", "))
+    end
+    if spec.min and #v < spec.min then return ("'%s' is too short"):format(name) end
+    if spec.max and #v > spec.max then return ("'%s' is longer than %d bytes"):format(name, spec.max) end
+    if spec.pattern and not v:match(spec.pattern) then return ("'%s' is malformed"):format(name) end
+    if spec == PATH and v:find("\0", 1, true) then return ("'%s' contains a NUL byte"):format(name) end
+    return nil, v
+  elseif t == "integer" then
+    local i = type(v) == "number" and math.tointeger(v)
+    if not i then return ("'%s' must be an integer"):format(name) end
+    if (spec.min and i < spec.min) or (spec.max and i > spec.max) then
+      return ("'%s' is out of range"):format(name)
+    end
+    return nil, i
+  elseif t == "boolean" then
+    if type(v) ~= "boolean" then return ("'%s' must be a boolean"):format(name) end
+    return nil, v
+  elseif t == "signal" then
+    if type(v) == "string" then
+      local n = SIGNALS[v:upper():gsub("^SIG", "")]
+      if not n then return ("'%s': unknown signal %q"):format(name, v) end
+      return nil, n
+    end
+    local i = type(v) == "number" and math.tointeger(v)
+    if not i or i < 1 or i > 64 then return ("'%s' must be a signal name or 1..64"):format(name) end
+    return nil, i
+  elseif t == "array" then
+    if type(v) ~= "table" then return ("'%s' must be an array of strings"):format(name) end
+    local n = #v
+    for k in pairs(v) do
+      if math.type(k) ~= "integer" or k < 1 or k > n then
+        return ("'%s' must be an array of strings"):format(name)
+      end
+    end
+    if n < (spec.min or 0) then return ("'%s' must not be empty"):format(name) end
+    if n > spec.max then return ("'%s' has more than %d items"):format(name, spec.max) end
+    for i = 1, n do
+      if type(v[i]) ~= "string" or #v[i] > spec.item_max or v[i]:find("\0", 1, true) then
+        return ("'%s[%d]' must be a string without NUL bytes"):format(name, i)
+      end
+    end
+    return nil, v
+  elseif t == "map" then
+    if type(v) ~= "table" then return ("'%s' must be an object of strings"):format(name) end
+    local n = 0
+    for k, x in pairs(v) do
+      n = n + 1
+      if type(k) ~= "string" or type(x) ~= "string" or #k == 0 or #k > spec.key_max
+         or #x > spec.value_max or k:find("[=%z]") or x:find("\0", 1, true) then
+        return ("'%s' must map names to strings (no '=' or NUL in names)"):format(name)
+      end
+    end
+    if n > spec.max then return ("'%s' has more than %d entries"):format(name, spec.max) end
+    return nil, v
+  end
+  error("schema: unknown type " .. tostring(t))
+end
+
+--- Validates params of method; returns the normalised params, or nil, err.
+function M.validate(method, params)
+  local m = M.methods[method]
+  if not m then return nil, "unknown method" end
+  if params == nil then params = {} end
+  if type(params) ~= "table" then return nil, "params must be an object" end
+  local out = {}
+  for k, v in pairs(params) do
+    local spec = type(k) == "string" and k ~= "required" and k ~= "one_of" and m.params[k]
+    if not spec then return nil, ("unknown parameter '%s'"):format(tostring(k)) end
+    local err, val = check(k, spec, v)
+    if err then return nil, err end
+    out[k] = val
+  end
+  for _, k in ipairs(m.params.required or {}) do
+    if out[k] == nil then return nil, ("missing parameter '%s'"):format(k) end
+  end
+  if m.params.one_of then
+    local n = 0
+    for _, k in ipairs(m.params.one_of) do if out[k] ~= nil then n = n + 1 end end
+    if n ~= 1 then
+      return nil, ("exactly one of '%s' is required"):format(table.concat(m.params.one_of, "', '"))
+    end
+  end
+  return out
+end
+
+--- The schema as a plain table for JSON (`tupper schema`).
+function M.export()
+  local json = require("tupper.json")
+  local out = { protocol = M.PROTOCOL, methods = {}, notifications = {} }
+  local names = {}
+  for name in pairs(M.methods) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local m = M.methods[name]
+    local params = {}
+    for k, spec in pairs(m.params) do
+      if k ~= "required" and k ~= "one_of" then
+        local p = {}
+        for sk, sv in pairs(spec) do p[sk] = type(sv) == "table" and json.array(sv) or sv end
+        params[k] = p
+      end
+    end
+    out.methods[#out.methods + 1] = {
+      name = name, doc = m.doc, params = params,
+      required = json.array(m.params.required or {}),
+      one_of = m.params.one_of and json.array(m.params.one_of) or nil,
+      result = json.array(m.result),
+    }
+  end
+  for name, fields in pairs(M.notifications) do out.notifications[name] = fields end
+  return out
+end
+
+return M

@@ -1,0 +1,770 @@
+/* tupper.core: the C functions the Lua side calls.
+ *
+ * A box is a running sandbox of the linux backend seen from Lua: start it,
+ * receive its agent's frames as Lua tables, send requests, destroy it.  The
+ * frame bytes never reach Lua: C reassembles, bounds and validates them
+ * (frame.c) and hands over decoded fields.  Bindings check every argument
+ * before they take a C resource (STYLE 12). */
+#include <errno.h>
+#include <lauxlib.h>
+#include <luv/luv.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base64.h"
+#include "embed.h"
+#include "error.h"
+#include "frame.h"
+#include "linux.h"
+#include "tupper.h"
+#include "utils.h"
+
+#define TP_BOX_MT "tupper.box"
+#define TP_CTX_KEY "tupper.core.ctx"
+
+/* ---------------------------------------------------------------- helpers */
+
+static int tp__push_err(lua_State *L, const tp_error_t *err) {
+  lua_pushnil(L);
+  lua_pushstring(L, err->msg);
+  lua_pushinteger(L, err->code);
+  return 3;
+}
+
+/* Field names as Lua sees them; repeated tags become arrays. */
+static const char *const tp__tag_names[TP_TAG_MAX_] = {
+    [TP_TAG_VERSION] = "version", [TP_TAG_PID] = "pid",       [TP_TAG_STREAM] = "stream",
+    [TP_TAG_DATA] = "data",       [TP_TAG_CODE] = "code",     [TP_TAG_SIGNAL] = "signal",
+    [TP_TAG_ERRNO] = "errno",     [TP_TAG_MSG] = "msg",       [TP_TAG_ARG] = "args",
+    [TP_TAG_ENV] = "env",         [TP_TAG_CWD] = "cwd",       [TP_TAG_FLAGS] = "flags",
+    [TP_TAG_PATH] = "path",       [TP_TAG_PATH2] = "path2",   [TP_TAG_OFFSET] = "offset",
+    [TP_TAG_LENGTH] = "length",   [TP_TAG_SIZE] = "size",     [TP_TAG_MODE] = "mode",
+    [TP_TAG_MTIME] = "mtime",     [TP_TAG_UID] = "uid",       [TP_TAG_GID] = "gid",
+    [TP_TAG_TYPE] = "type",       [TP_TAG_NAME] = "name",     [TP_TAG_LINK] = "link",
+    [TP_TAG_ENTRY] = "entries",   [TP_TAG_CREATED] = "created",
+};
+
+static int tp__tag_repeated(unsigned tag) {
+  return tag == TP_TAG_ARG || tag == TP_TAG_ENV || tag == TP_TAG_ENTRY;
+}
+
+/* Pushes a table for fields[0..n).  nested: 1 inside an ENTRY.  Returns -1
+ * (nothing pushed) for a hostile payload: a duplicated single field, an
+ * ENTRY inside an ENTRY, a nested group that does not parse. */
+static int tp__push_fields(lua_State *L, const tp_field_t *fs, int n, int nested,
+                           tp_field_t *scratch, int scratch_max) {
+  uint32_t seen = 0;
+  lua_createtable(L, 0, n < 8 ? n : 8);
+  for (int i = 0; i < n; i++) {
+    const tp_field_t *f = &fs[i];
+    const char *name = tp__tag_names[f->tag];
+    if (!tp__tag_repeated(f->tag)) {
+      if (seen & (1u << f->tag))
+        goto bad;
+      seen |= 1u << f->tag;
+    }
+    switch (tp_tag_kind(f->tag)) {
+    case TP_KIND_INT: {
+      int64_t v;
+      tp_field_int(f, &v);
+      lua_pushinteger(L, (lua_Integer) v);
+      lua_setfield(L, -2, name);
+      break;
+    }
+    case TP_KIND_STR:
+    case TP_KIND_BYTES:
+      if (tp__tag_repeated(f->tag)) {
+        if (lua_getfield(L, -1, name) != LUA_TTABLE) {
+          lua_pop(L, 1);
+          lua_newtable(L);
+          lua_pushvalue(L, -1);
+          lua_setfield(L, -3, name);
+        }
+        lua_pushlstring(L, (const char *) f->val, f->len);
+        lua_rawseti(L, -2, (lua_Integer) luaL_len(L, -2) + 1);
+        lua_pop(L, 1);
+      } else {
+        lua_pushlstring(L, (const char *) f->val, f->len);
+        lua_setfield(L, -2, name);
+      }
+      break;
+    case TP_KIND_NESTED: {
+      int m;
+      if (nested)
+        goto bad;
+      m = tp_fields_parse(f->val, f->len, scratch, scratch_max);
+      if (m < 0)
+        goto bad;
+      if (lua_getfield(L, -1, name) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, -3, name);
+      }
+      if (tp__push_fields(L, scratch, m, 1, NULL, 0) < 0) {
+        lua_pop(L, 1);
+        goto bad;
+      }
+      lua_rawseti(L, -2, (lua_Integer) luaL_len(L, -2) + 1);
+      lua_pop(L, 1);
+      break;
+    }
+    default:
+      goto bad;
+    }
+  }
+  return 0;
+bad:
+  lua_pop(L, 1);
+  return -1;
+}
+
+/* ------------------------------------------------------------------ boxes */
+
+typedef struct tp_lbox_s {
+  lua_State *L;         /* main thread */
+  tp_box_t box;
+  char *dir;
+  uv_pipe_t chan;
+  uv_poll_t exitp;
+  uv_work_t work;
+  int open_handles;     /* initialised handles whose close callback is pending */
+  int work_pending;
+  int started;          /* on() called: handles exist */
+  int down;             /* on_down delivered */
+  int destroyed;        /* destroy() or __gc ran */
+  int ud_dead;          /* the Lua userdata is gone: never call into Lua */
+  int ref_frame, ref_down, ref_destroy;
+  uint8_t *rbuf;
+  size_t rlen, rcap;
+  tp_field_t *fields;   /* TP_FIELDS_MAX, then as many for nested groups */
+  tp_error_t werr;
+  int wret;
+} tp_lbox_t;
+
+typedef struct tp_core_ctx_s {
+  int agent_fd;
+} tp_core_ctx_t;
+
+static void tp__lbox_maybe_free(tp_lbox_t *b) {
+  if (b->open_handles > 0 || b->work_pending || !b->ud_dead)
+    return;
+  free(b->rbuf);
+  free(b->fields);
+  free(b->dir);
+  free(b);
+}
+
+static void tp__lbox_close_cb(uv_handle_t *h) {
+  tp_lbox_t *b = h->data;
+  b->open_handles--;
+  tp__lbox_maybe_free(b);
+}
+
+static void tp__lbox_unref(tp_lbox_t *b) {
+  if (b->L == NULL)
+    return;
+  luaL_unref(b->L, LUA_REGISTRYINDEX, b->ref_frame);
+  luaL_unref(b->L, LUA_REGISTRYINDEX, b->ref_down);
+  b->ref_frame = b->ref_down = LUA_NOREF;
+}
+
+static void tp__lbox_stop(tp_lbox_t *b) {
+  if (!b->started)
+    return;
+  b->started = 0;
+  uv_read_stop((uv_stream_t *) &b->chan);
+  uv_close((uv_handle_t *) &b->chan, tp__lbox_close_cb); /* closes chan_fd */
+  b->box.chan_fd = -1;
+  uv_close((uv_handle_t *) &b->exitp, tp__lbox_close_cb);
+}
+
+/* The box is unusable from now on: tell Lua once. */
+static void tp__lbox_down(tp_lbox_t *b, const char *reason) {
+  if (b->down)
+    return;
+  b->down = 1;
+  if (b->started) {
+    uv_read_stop((uv_stream_t *) &b->chan);
+    uv_poll_stop(&b->exitp);
+  }
+  if (b->ud_dead || b->ref_down == LUA_NOREF)
+    return;
+  lua_rawgeti(b->L, LUA_REGISTRYINDEX, b->ref_down);
+  lua_pushstring(b->L, reason);
+  tp_lua_pcall(b->L, 1, 0, 0);
+}
+
+static void tp__lbox_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  tp_lbox_t *b = h->data;
+  size_t max = TP_FRAME_HDR + TP_FRAME_MAX;
+  (void) suggested;
+  if (b->rcap - b->rlen < 65536 && b->rcap < max) {
+    size_t cap = b->rcap ? b->rcap * 2 : 131072;
+    if (cap > max)
+      cap = max;
+    uint8_t *p = realloc(b->rbuf, cap);
+    if (p != NULL) {
+      b->rbuf = p;
+      b->rcap = cap;
+    }
+  }
+  buf->base = (char *) b->rbuf + b->rlen;
+  buf->len = b->rcap - b->rlen;
+}
+
+/* Delivers every complete frame in rbuf; returns -1 on a protocol error. */
+static int tp__lbox_dispatch(tp_lbox_t *b) {
+  size_t off = 0;
+  int ret = 0;
+  while (!b->down && !b->destroyed) {
+    tp_frame_t f;
+    long n = tp_frame_parse_header(b->rbuf + off, b->rlen - off, &f);
+    if (n == 0)
+      break;
+    if (n < 0 || f.type == TP_MSG_EXEC || f.type >= TP_MSG_EXEC) {
+      ret = -1;
+      break;
+    }
+    int m = tp_fields_parse(f.payload, f.len, b->fields, TP_FIELDS_MAX);
+    if (m < 0) {
+      ret = -1;
+      break;
+    }
+    lua_State *L = b->L;
+    if (!b->ud_dead && b->ref_frame != LUA_NOREF) {
+      lua_rawgeti(L, LUA_REGISTRYINDEX, b->ref_frame);
+      lua_pushinteger(L, f.type);
+      lua_pushinteger(L, (lua_Integer) f.id);
+      if (tp__push_fields(L, b->fields, m, 0, b->fields + TP_FIELDS_MAX, TP_FIELDS_MAX) < 0) {
+        lua_pop(L, 3);
+        ret = -1;
+        break;
+      }
+      off += (size_t) n; /* consumed before the call: it may destroy the box */
+      tp_lua_pcall(L, 3, 0, 0);
+      continue;
+    }
+    off += (size_t) n;
+  }
+  if (b->rbuf != NULL && off > 0) {
+    memmove(b->rbuf, b->rbuf + off, b->rlen - off);
+    b->rlen -= off;
+  }
+  return ret;
+}
+
+static void tp__lbox_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  tp_lbox_t *b = s->data;
+  (void) buf;
+  if (nread < 0) {
+    tp__lbox_down(b, nread == UV_EOF ? "agent channel closed" : uv_strerror((int) nread));
+    return;
+  }
+  b->rlen += (size_t) nread;
+  if (tp__lbox_dispatch(b) < 0)
+    tp__lbox_down(b, "agent protocol error: malformed frame");
+}
+
+static void tp__lbox_exit_cb(uv_poll_t *p, int status, int events) {
+  tp_lbox_t *b = p->data;
+  (void) status;
+  (void) events;
+  tp__lbox_down(b, "box init exited");
+}
+
+static tp_lbox_t *tp__check_box(lua_State *L) {
+  tp_lbox_t **pb = luaL_checkudata(L, 1, TP_BOX_MT);
+  if (*pb == NULL)
+    luaL_error(L, "box is gone");
+  return *pb;
+}
+
+static tp_core_ctx_t *tp__ctx(lua_State *L) {
+  tp_core_ctx_t *c;
+  lua_getfield(L, LUA_REGISTRYINDEX, TP_CTX_KEY);
+  c = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return c;
+}
+
+/* core.box_start{ id=, image=, dir=, uid_base=, gid_base=, id_count= } */
+static int tp_lcore_box_start(lua_State *L) {
+  tp_box_spec_t spec;
+  tp_error_t err = {0};
+  tp_core_ctx_t *ctx = tp__ctx(L);
+  tp_lbox_t *b;
+  tp_lbox_t **pb;
+
+  luaL_checktype(L, 1, LUA_TTABLE);
+  memset(&spec, 0, sizeof(spec));
+  lua_getfield(L, 1, "id");
+  spec.id = luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "image");
+  spec.image_dir = luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "dir");
+  spec.box_dir = luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "uid_base");
+  spec.uid_base = (uid_t) luaL_checkinteger(L, -1);
+  lua_getfield(L, 1, "gid_base");
+  spec.gid_base = (gid_t) luaL_optinteger(L, -1, spec.uid_base);
+  lua_getfield(L, 1, "id_count");
+  spec.id_count = (uint32_t) luaL_optinteger(L, -1, 65536);
+
+  if (ctx->agent_fd < 0) {
+    ctx->agent_fd = tp_agent_memfd(tp_blob_agent_start, TP_BLOB_SIZE(agent), &err);
+    if (ctx->agent_fd < 0)
+      return tp__push_err(L, &err);
+  }
+  spec.agent_fd = ctx->agent_fd;
+
+  /* Lua allocations first (they may raise), C resources after. */
+  pb = lua_newuserdatauv(L, sizeof(*pb), 0);
+  *pb = NULL;
+  luaL_setmetatable(L, TP_BOX_MT);
+
+  b = calloc(1, sizeof(*b));
+  if (b == NULL || (b->dir = strdup(spec.box_dir)) == NULL ||
+      (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
+    if (b != NULL) {
+      free(b->dir);
+      free(b);
+    }
+    tp_error_set(&err, ENOMEM, "start box: out of memory");
+    return tp__push_err(L, &err);
+  }
+  b->ref_frame = b->ref_down = b->ref_destroy = LUA_NOREF;
+  b->box.pidfd = b->box.chan_fd = -1;
+  if (tp_linux_box_start(&spec, &b->box, &err) < 0) {
+    free(b->fields);
+    free(b->dir);
+    free(b);
+    return tp__push_err(L, &err);
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  b->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  *pb = b;
+  return 1;
+}
+
+/* box:on(on_frame(type, id, fields), on_down(reason)): starts delivery. */
+static int tp_lbox_on(lua_State *L) {
+  tp_lbox_t *b = tp__check_box(L);
+  uv_loop_t *loop = luv_loop(L);
+  int r;
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  if (b->started || b->destroyed)
+    return luaL_error(L, "box: on() called twice or after destroy");
+  if ((r = uv_pipe_init(loop, &b->chan, 0)) < 0 || (r = uv_pipe_open(&b->chan, b->box.chan_fd)) < 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "box channel: %s", uv_strerror(r));
+    return 2;
+  }
+  b->chan.data = b;
+  b->open_handles++;
+  uv_poll_init(loop, &b->exitp, b->box.pidfd);
+  b->exitp.data = b;
+  b->open_handles++;
+  b->started = 1;
+  lua_pushvalue(L, 2);
+  b->ref_frame = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, 3);
+  b->ref_down = luaL_ref(L, LUA_REGISTRYINDEX);
+  uv_read_start((uv_stream_t *) &b->chan, tp__lbox_alloc_cb, tp__lbox_read_cb);
+  uv_poll_start(&b->exitp, UV_READABLE, tp__lbox_exit_cb);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+typedef struct tp_wreq_s {
+  uv_write_t req;
+  tp_buf_t buf;
+} tp_wreq_t;
+
+static void tp__write_cb(uv_write_t *req, int status) {
+  tp_wreq_t *w = (tp_wreq_t *) req;
+  (void) status; /* a failed write shows up as EOF on the read side */
+  tp_buf_free(&w->buf);
+  free(w);
+}
+
+/* Validates one value of fields table t for tag; raises on a wrong type. */
+static void tp__check_field(lua_State *L, unsigned tag, int idx) {
+  const char *name = tp__tag_names[tag];
+  size_t len;
+  switch (tp_tag_kind(tag)) {
+  case TP_KIND_INT:
+    if (!lua_isinteger(L, idx))
+      luaL_error(L, "field '%s' must be an integer", name);
+    break;
+  case TP_KIND_STR:
+  case TP_KIND_BYTES: {
+    const char *s = lua_tolstring(L, idx, &len);
+    if (s == NULL || lua_type(L, idx) != LUA_TSTRING)
+      luaL_error(L, "field '%s' must be a string", name);
+    if (len > TP_CHUNK_MAX)
+      luaL_error(L, "field '%s' is longer than %d bytes", name, (int) TP_CHUNK_MAX);
+    if (tp_tag_kind(tag) == TP_KIND_STR && memchr(s, '\0', len) != NULL)
+      luaL_error(L, "field '%s' contains a NUL byte", name);
+    break;
+  }
+  default:
+    luaL_error(L, "field '%s' cannot be sent", name);
+  }
+}
+
+/* box:send(type, id, fields) -> true | nil, msg */
+static int tp_lbox_send(lua_State *L) {
+  tp_lbox_t *b = tp__check_box(L);
+  lua_Integer type = luaL_checkinteger(L, 2);
+  lua_Integer id = luaL_checkinteger(L, 3);
+  tp_wreq_t *w;
+  uv_buf_t ub;
+  int r;
+
+  luaL_checktype(L, 4, LUA_TTABLE);
+  if (!tp_msg_type_valid((unsigned) type) || type < TP_MSG_EXEC)
+    return luaL_error(L, "send: not a request type: %d", (int) type);
+  if (id <= 0 || id > (lua_Integer) UINT32_MAX)
+    return luaL_error(L, "send: bad request id");
+  /* pass 1: every value has the right type (may raise: nothing held yet) */
+  for (unsigned tag = 1; tag < TP_TAG_MAX_; tag++) {
+    if (lua_getfield(L, 4, tp__tag_names[tag]) != LUA_TNIL) {
+      if (tp__tag_repeated(tag)) {
+        luaL_checktype(L, -1, LUA_TTABLE);
+        lua_Integer n = (lua_Integer) luaL_len(L, -1);
+        if (n > TP_ARGS_MAX)
+          return luaL_error(L, "field '%s' has too many items", tp__tag_names[tag]);
+        for (lua_Integer i = 1; i <= n; i++) {
+          lua_rawgeti(L, -1, i);
+          tp__check_field(L, TP_TAG_ARG, -1);
+          lua_pop(L, 1);
+        }
+      } else {
+        tp__check_field(L, tag, -1);
+      }
+    }
+    lua_pop(L, 1);
+  }
+  if (!b->started || b->down || b->destroyed) {
+    lua_pushnil(L);
+    lua_pushstring(L, "box is not running");
+    return 2;
+  }
+  /* pass 2: encode (no Lua error can happen while w is held) */
+  w = calloc(1, sizeof(*w));
+  if (w == NULL)
+    return luaL_error(L, "out of memory");
+  tp_frame_begin(&w->buf, (uint8_t) type, (uint32_t) id);
+  for (unsigned tag = 1; tag < TP_TAG_MAX_; tag++) {
+    lua_getfield(L, 4, tp__tag_names[tag]);
+    if (lua_isnil(L, -1)) {
+      lua_pop(L, 1);
+      continue;
+    }
+    if (tp__tag_repeated(tag)) {
+      lua_Integer n = (lua_Integer) luaL_len(L, -1);
+      for (lua_Integer i = 1; i <= n; i++) {
+        size_t len;
+        lua_rawgeti(L, -1, i);
+        const char *s = lua_tolstring(L, -1, &len);
+        tp_frame_add(&w->buf, (uint16_t) tag, s, (uint32_t) len);
+        lua_pop(L, 1);
+      }
+    } else if (tp_tag_kind(tag) == TP_KIND_INT) {
+      tp_frame_add_int(&w->buf, (uint16_t) tag, (int64_t) lua_tointeger(L, -1));
+    } else {
+      size_t len;
+      const char *s = lua_tolstring(L, -1, &len);
+      tp_frame_add(&w->buf, (uint16_t) tag, s, (uint32_t) len);
+    }
+    lua_pop(L, 1);
+  }
+  if (tp_frame_end(&w->buf) < 0) {
+    tp_buf_free(&w->buf);
+    free(w);
+    lua_pushnil(L);
+    lua_pushstring(L, "request too large for one frame");
+    return 2;
+  }
+  ub = uv_buf_init((char *) w->buf.data, (unsigned) w->buf.len);
+  r = uv_write(&w->req, (uv_stream_t *) &b->chan, &ub, 1, tp__write_cb);
+  if (r < 0) {
+    tp_buf_free(&w->buf);
+    free(w);
+    lua_pushnil(L);
+    lua_pushfstring(L, "box channel: %s", uv_strerror(r));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tp_lbox_pid(lua_State *L) {
+  lua_pushinteger(L, tp__check_box(L)->box.pid);
+  return 1;
+}
+
+static int tp_lbox_queued(lua_State *L) {
+  tp_lbox_t *b = tp__check_box(L);
+  lua_pushinteger(L, b->started ? (lua_Integer) uv_stream_get_write_queue_size((uv_stream_t *) &b->chan) : 0);
+  return 1;
+}
+
+static void tp__destroy_work(uv_work_t *req) {
+  tp_lbox_t *b = req->data;
+  b->wret = tp_linux_box_destroy(&b->box, b->dir, &b->werr);
+}
+
+static void tp__destroy_after(uv_work_t *req, int status) {
+  tp_lbox_t *b = req->data;
+  lua_State *L = b->L;
+  int ref = b->ref_destroy;
+  (void) status;
+  b->work_pending = 0;
+  b->ref_destroy = LUA_NOREF;
+  if (!b->ud_dead && ref != LUA_NOREF) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, ref);
+    if (b->wret < 0) {
+      lua_pushnil(L);
+      lua_pushstring(L, b->werr.msg);
+    } else {
+      lua_pushboolean(L, 1);
+      lua_pushnil(L);
+    }
+    tp_lua_pcall(L, 2, 0, 0);
+  }
+  tp__lbox_maybe_free(b);
+}
+
+/* box:destroy(cb(ok, err)): kills every process of the box and removes its
+ * directory in the thread pool; cb runs on the loop when done. */
+static int tp_lbox_destroy(lua_State *L) {
+  tp_lbox_t *b = tp__check_box(L);
+  int r;
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  if (b->destroyed)
+    return luaL_error(L, "box already destroyed");
+  b->destroyed = 1;
+  b->down = 1;
+  tp__lbox_stop(b);
+  tp__lbox_unref(b);
+  if (b->box.pid > 0)
+    kill(b->box.pid, SIGKILL); /* at once; reaping and rm happen in the pool */
+  lua_pushvalue(L, 2);
+  b->ref_destroy = luaL_ref(L, LUA_REGISTRYINDEX);
+  b->work.data = b;
+  r = uv_queue_work(luv_loop(L), &b->work, tp__destroy_work, tp__destroy_after);
+  if (r < 0) {
+    tp_error_t err = {0};
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_destroy);
+    b->ref_destroy = LUA_NOREF;
+    if (tp_linux_box_destroy(&b->box, b->dir, &err) < 0)
+      return tp__push_err(L, &err);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  b->work_pending = 1;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tp_lbox_gc(lua_State *L) {
+  tp_lbox_t **pb = luaL_checkudata(L, 1, TP_BOX_MT);
+  tp_lbox_t *b = *pb;
+  *pb = NULL;
+  if (b == NULL)
+    return 0;
+  b->ud_dead = 1;
+  if (!b->destroyed) {
+    tp_error_t err = {0};
+    b->destroyed = 1;
+    tp__lbox_stop(b);
+    tp__lbox_unref(b);
+    tp_linux_box_destroy(&b->box, b->dir, &err);
+  } else if (b->ref_destroy != LUA_NOREF) {
+    luaL_unref(L, LUA_REGISTRYINDEX, b->ref_destroy);
+    b->ref_destroy = LUA_NOREF;
+  }
+  tp__lbox_maybe_free(b);
+  return 0;
+}
+
+/* ------------------------------------------------------------ utilities */
+
+static int tp_lcore_b64encode(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  luaL_Buffer B;
+  char *out = luaL_buffinitsize(L, &B, tp_b64_enclen(n));
+  luaL_pushresultsize(&B, tp_b64_encode((const unsigned char *) s, n, out));
+  return 1;
+}
+
+static int tp_lcore_b64decode(lua_State *L) {
+  size_t n, m;
+  const char *s = luaL_checklstring(L, 1, &n);
+  luaL_Buffer B;
+  unsigned char *out = (unsigned char *) luaL_buffinitsize(L, &B, n / 4 * 3 + 1);
+  m = tp_b64_decode(s, n, out);
+  if (m == (size_t) -1) {
+    lua_pushnil(L);
+    lua_pushstring(L, "invalid base64");
+    return 2;
+  }
+  luaL_pushresultsize(&B, m);
+  return 1;
+}
+
+/* core.default_image(rootfs, uid_base, gid_base) */
+static int tp_lcore_default_image(lua_State *L) {
+  const char *rootfs = luaL_checkstring(L, 1);
+  uid_t uid = (uid_t) luaL_checkinteger(L, 2);
+  gid_t gid = (gid_t) luaL_optinteger(L, 3, uid);
+  tp_error_t err = {0};
+  if (tp_image_default_ensure(rootfs, tp_blob_busybox_start, TP_BLOB_SIZE(busybox),
+                              (const char *) tp_blob_applets_start, TP_BLOB_SIZE(applets), uid,
+                              gid, &err) < 0)
+    return tp__push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tp_lcore_rmtree(lua_State *L) {
+  tp_error_t err = {0};
+  if (tp_rmtree(luaL_checkstring(L, 1), &err) < 0)
+    return tp__push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tp_lcore_umask(lua_State *L) {
+  lua_pushinteger(L, umask((mode_t) luaL_checkinteger(L, 1)));
+  return 1;
+}
+
+/* core.random_hex(nbytes): lowercase hex of nbytes random bytes. */
+static int tp_lcore_random_hex(lua_State *L) {
+  unsigned char raw[32];
+  char hex[65];
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, n >= 1 && n <= 32, 1, "1..32 bytes");
+  if (getrandom(raw, (size_t) n, 0) != (ssize_t) n)
+    return luaL_error(L, "getrandom failed");
+  for (lua_Integer i = 0; i < n; i++)
+    snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+  lua_pushlstring(L, hex, (size_t) (2 * n));
+  return 1;
+}
+
+/* core.lock(path): an exclusive flock on path, held by the returned fd
+ * (close it with uv.fs_close); nil, msg when someone else holds it. */
+static int tp_lcore_lock(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  tp_error_t err = {0};
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    tp_error_errno(&err, errno, "open '%s'", path);
+    return tp__push_err(L, &err);
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    int e = errno;
+    close(fd);
+    if (e == EWOULDBLOCK)
+      tp_error_set(&err, e, "'%s' is locked: another daemon uses this state directory", path);
+    else
+      tp_error_errno(&err, e, "lock '%s'", path);
+    return tp__push_err(L, &err);
+  }
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+/* core.log_to(path): points stdout and stderr at path (appending). */
+static int tp_lcore_log_to(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  tp_error_t err = {0};
+  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    tp_error_errno(&err, errno, "open '%s'", path);
+    return tp__push_err(L, &err);
+  }
+  fflush(stdout);
+  fflush(stderr);
+  dup2(fd, 1);
+  dup2(fd, 2);
+  close(fd);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tp_lcore_ctx_gc(lua_State *L) {
+  tp_core_ctx_t *c = lua_touserdata(L, 1);
+  if (c->agent_fd >= 0)
+    close(c->agent_fd);
+  c->agent_fd = -1;
+  return 0;
+}
+
+int luaopen_tupper_core(lua_State *L) {
+  static const luaL_Reg box_methods[] = {
+      {"on", tp_lbox_on},       {"send", tp_lbox_send},       {"pid", tp_lbox_pid},
+      {"queued", tp_lbox_queued}, {"destroy", tp_lbox_destroy}, {NULL, NULL}};
+  static const luaL_Reg funcs[] = {
+      {"box_start", tp_lcore_box_start},   {"b64encode", tp_lcore_b64encode},
+      {"b64decode", tp_lcore_b64decode},   {"default_image", tp_lcore_default_image},
+      {"rmtree", tp_lcore_rmtree},         {"umask", tp_lcore_umask},
+      {"random_hex", tp_lcore_random_hex}, {"lock", tp_lcore_lock},
+      {"log_to", tp_lcore_log_to},         {NULL, NULL}};
+  static const struct { const char *name; int v; } msgs[] = {
+      {"READY", TP_MSG_READY}, {"OUTPUT", TP_MSG_OUTPUT}, {"EXIT", TP_MSG_EXIT},
+      {"OK", TP_MSG_OK}, {"ERR", TP_MSG_ERR}, {"EXEC", TP_MSG_EXEC}, {"STDIN", TP_MSG_STDIN},
+      {"STDIN_CLOSE", TP_MSG_STDIN_CLOSE}, {"SIGNAL", TP_MSG_SIGNAL},
+      {"FS_READ", TP_MSG_FS_READ}, {"FS_WRITE", TP_MSG_FS_WRITE}, {"FS_STAT", TP_MSG_FS_STAT},
+      {"FS_LIST", TP_MSG_FS_LIST}, {"FS_MKDIR", TP_MSG_FS_MKDIR},
+      {"FS_REMOVE", TP_MSG_FS_REMOVE}, {"FS_RENAME", TP_MSG_FS_RENAME}};
+
+  if (luaL_newmetatable(L, TP_BOX_MT)) {
+    luaL_newlib(L, box_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, tp_lbox_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+
+  if (lua_getfield(L, LUA_REGISTRYINDEX, TP_CTX_KEY) == LUA_TNIL) {
+    tp_core_ctx_t *c = lua_newuserdatauv(L, sizeof(*c), 0);
+    c->agent_fd = -1;
+    lua_newtable(L);
+    lua_pushcfunction(L, tp_lcore_ctx_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, TP_CTX_KEY);
+  }
+  lua_pop(L, 1);
+
+  luaL_newlib(L, funcs);
+  lua_newtable(L);
+  for (size_t i = 0; i < TP_ARRAY_SIZE(msgs); i++) {
+    lua_pushinteger(L, msgs[i].v);
+    lua_setfield(L, -2, msgs[i].name);
+  }
+  lua_setfield(L, -2, "MSG");
+  lua_pushinteger(L, TP_PROTO_VERSION);
+  lua_setfield(L, -2, "AGENT_PROTO");
+  lua_pushinteger(L, TP_CHUNK_MAX);
+  lua_setfield(L, -2, "CHUNK_MAX");
+  lua_pushstring(L, "0.1.0");
+  lua_setfield(L, -2, "version");
+  return 1;
+}

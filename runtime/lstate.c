@@ -1,0 +1,137 @@
+/* The Lua state shared with the libuv loop (luv), and the process entry. */
+#include "tupper.h"
+
+#include <lauxlib.h>
+#include <lua-cjson.h>
+#include <lualib.h>
+#include <luv/luv.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "embed.h"
+
+int tp_lua_pcall(lua_State *L, int nargs, int nresults, int flags) {
+  int base = lua_gettop(L) - nargs; /* index of the function */
+  int ret;
+  (void) flags;
+  lua_getglobal(L, "debug");
+  lua_getfield(L, -1, "traceback");
+  lua_remove(L, -2);
+  lua_insert(L, base);
+  ret = lua_pcall(L, nargs, nresults, base);
+  if (ret != LUA_OK) {
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "tupper: error in callback: %s\n", msg ? msg : "(not a string)");
+    lua_pop(L, 1);
+    lua_remove(L, base);
+    return -ret;
+  }
+  lua_remove(L, base);
+  if (nresults == LUA_MULTRET)
+    nresults = lua_gettop(L) - base + 1;
+  return nresults;
+}
+
+/* package.searchers entry: finds modules compiled into the binary.  The
+ * environment variable TUPPER_LUA_DIR, when set, wins (development). */
+static int tp__embedded_searcher(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  for (size_t i = 0; i < tp_lua_sources_count; i++) {
+    if (strcmp(tp_lua_sources[i].name, name) == 0) {
+      char chunk[256];
+      snprintf(chunk, sizeof(chunk), "@embedded:%s", name);
+      if (luaL_loadbufferx(L, tp_lua_sources[i].src, tp_lua_sources[i].len, chunk, "t") != LUA_OK)
+        return lua_error(L);
+      lua_pushstring(L, chunk);
+      return 2;
+    }
+  }
+  lua_pushfstring(L, "no embedded module '%s'", name);
+  return 1;
+}
+
+static int tp__open_luv(lua_State *L) { return luaopen_luv(L); }
+
+lua_State *tp_lua_new(uv_loop_t *loop) {
+  lua_State *L = luaL_newstate();
+  if (L == NULL)
+    return NULL;
+  luaL_openlibs(L);
+  luv_set_loop(L, loop);
+  luv_set_callback(L, tp_lua_pcall);
+
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  lua_pushcfunction(L, tp__open_luv);
+  lua_setfield(L, -2, "luv");
+  lua_pushcfunction(L, luaopen_cjson);
+  lua_setfield(L, -2, "cjson");
+  lua_pushcfunction(L, luaopen_tupper_core);
+  lua_setfield(L, -2, "tupper.core");
+  lua_pop(L, 1);
+
+  /* embedded modules go right after the preload searcher, unless a
+   * development directory is given */
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "searchers");
+  if (getenv("TUPPER_LUA_DIR") == NULL) {
+    lua_Integer n = (lua_Integer) luaL_len(L, -1);
+    for (lua_Integer i = n; i >= 2; i--) {
+      lua_rawgeti(L, -1, i);
+      lua_rawseti(L, -2, i + 1);
+    }
+    lua_pushcfunction(L, tp__embedded_searcher);
+    lua_rawseti(L, -2, 2);
+  } else {
+    lua_pushfstring(L, "%s/?.lua", getenv("TUPPER_LUA_DIR"));
+    lua_setfield(L, -3, "path");
+  }
+  lua_pop(L, 2);
+  return L;
+}
+
+static void tp__close_walk_cb(uv_handle_t *h, void *arg) {
+  (void) arg;
+  if (!uv_is_closing(h))
+    uv_close(h, NULL);
+}
+
+int tp_main(int argc, char **argv) {
+  uv_loop_t loop;
+  lua_State *L;
+  int code = 1;
+
+  if (uv_loop_init(&loop) != 0) {
+    fprintf(stderr, "tupper: cannot initialise the event loop\n");
+    return 1;
+  }
+  L = tp_lua_new(&loop);
+  if (L == NULL) {
+    fprintf(stderr, "tupper: out of memory\n");
+    uv_loop_close(&loop);
+    return 1;
+  }
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "tupper.main");
+  if (tp_lua_pcall(L, 1, 1, 0) == 1) {
+    lua_newtable(L);
+    for (int i = 0; i < argc; i++) {
+      lua_pushstring(L, argv[i]);
+      lua_rawseti(L, -2, i);
+    }
+    if (tp_lua_pcall(L, 1, 1, 0) == 1) {
+      code = lua_isinteger(L, -1) ? (int) lua_tointeger(L, -1) : 0;
+      lua_pop(L, 1);
+    }
+  }
+  /* Shutdown order: Lua's main has closed its handles and drained the loop;
+   * closing the state collects what is left (a box's __gc kills it), the
+   * loop runs the close callbacks, then any stray handle is closed. */
+  lua_close(L);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_walk(&loop, tp__close_walk_cb, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  if (uv_loop_close(&loop) != 0)
+    fprintf(stderr, "tupper: event loop still busy at exit\n");
+  return code;
+}

@@ -1,0 +1,57 @@
+#!/bin/sh
+# The test suite: C unit tests (ctest), Lua specs and integration specs
+# against a real daemon (busted), then a check that nothing was left behind:
+# processes, mounts, cgroups, network namespaces, files outside the suite's
+# temp dir.  Slow suites run when TUPPER_SLOW=1 (CI sets it).
+set -u
+BUILD=${BUILD:-build}
+BUILD=$(cd "$BUILD" && pwd)
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+traces() {
+  {
+    grep -E 'tupper' /proc/self/mountinfo 2>/dev/null | awk '{print "mount " $5}'
+    find /sys/fs/cgroup -maxdepth 4 -type d -name '*tupper*' 2>/dev/null | sed 's/^/cgroup /'
+    ip netns list 2>/dev/null | grep -i tupper | sed 's/^/netns /'
+    pgrep -a -f 'tupper-agent|tupper daemon' 2>/dev/null | sed 's/^/process /'
+    # any process running as a sandbox uid (the default range)
+    ps -eo uid=,pid=,comm= 2>/dev/null | awk '$1 >= 100000000 && $1 < 100065536 {print "process " $2 " " $3}'
+    ls -d /tmp/tupper* /run/tupper-test* 2>/dev/null | sed 's/^/file /'
+  } | sort
+}
+
+before=$(traces)
+TMPDIR=$(mktemp -d /tmp/tupper-test.XXXXXX)
+export TMPDIR
+export TUPPER_BIN="$BUILD/tupper" TUPPER_AGENT="$BUILD/tupper-agent" TUPPER_ROOT="$ROOT"
+
+passed=0
+failed=0
+suite() {
+  name=$1
+  shift
+  echo "=== $name"
+  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "=== $name FAILED"; fi
+}
+
+suite "C unit tests" sh -c "cd '$BUILD' && ctest --output-on-failure"
+suite "Lua specs" lua5.4 /usr/bin/busted --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" \
+  -o utfTerminal tests/spec
+
+rm -rf "$TMPDIR"
+after=$(traces)
+leaks=$(printf "%s\n" "$after" | BEFORE="$before" awk '
+  BEGIN { n = split(ENVIRON["BEFORE"], b, "\n"); for (i = 1; i <= n; i++) seen[b[i]] = 1 }
+  NF && !seen[$0]')
+echo "=== leak check"
+if [ -n "$leaks" ]; then
+  echo "the suite left traces behind:"
+  printf '%s\n' "$leaks"
+  failed=$((failed + 1))
+else
+  echo "nothing left behind"
+  passed=$((passed + 1))
+fi
+echo "suites: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
