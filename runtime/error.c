@@ -41,16 +41,30 @@ int tp_error_errno(tp_error_t *err, int code, const char *fmt, ...) {
 }
 
 int tp_error_prefix(tp_error_t *err, const char *fmt, ...) {
-  char prefix[TP_ERROR_MSG_MAX];
   char old[TP_ERROR_MSG_MAX];
+  size_t n, oldlen;
   va_list ap;
   if (err == NULL)
     return -1;
-  va_start(ap, fmt);
-  vsnprintf(prefix, sizeof(prefix), fmt, ap);
-  va_end(ap);
   memcpy(old, err->msg, sizeof(old));
-  snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+  old[sizeof(old) - 1] = '\0';
+  va_start(ap, fmt);
+  int r = vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+  va_end(ap);
+  n = r < 0 ? 0 : (size_t) r;
+  if (n > sizeof(err->msg) - 1)
+    n = sizeof(err->msg) - 1;
+  /* append ": old", truncated to fit */
+  oldlen = strlen(old);
+  if (n + 2 < sizeof(err->msg)) {
+    err->msg[n++] = ':';
+    err->msg[n++] = ' ';
+    if (oldlen > sizeof(err->msg) - 1 - n)
+      oldlen = sizeof(err->msg) - 1 - n;
+    memcpy(err->msg + n, old, oldlen);
+    n += oldlen;
+  }
+  err->msg[n] = '\0';
   return -1;
 }
 

@@ -184,6 +184,10 @@ static void tp__lbox_stop(tp_lbox_t *b) {
   uv_close((uv_handle_t *) &b->chan, tp__lbox_close_cb); /* closes chan_fd */
   b->box.chan_fd = -1;
   uv_close((uv_handle_t *) &b->exitp, tp__lbox_close_cb);
+  /* uv_poll made the pidfd non-blocking; destroy waits on it */
+  int fl = fcntl(b->box.pidfd, F_GETFL);
+  if (fl >= 0)
+    fcntl(b->box.pidfd, F_SETFL, fl & ~O_NONBLOCK);
 }
 
 /* The box is unusable from now on: tell Lua once. */
@@ -655,7 +659,7 @@ static int tp_lcore_umask(lua_State *L) {
 
 /* core.random_hex(nbytes): lowercase hex of nbytes random bytes. */
 static int tp_lcore_random_hex(lua_State *L) {
-  unsigned char raw[32];
+  unsigned char raw[64];
   char hex[65];
   lua_Integer n = luaL_checkinteger(L, 1);
   luaL_argcheck(L, n >= 1 && n <= 32, 1, "1..32 bytes");

@@ -120,7 +120,9 @@ int tp_main(int argc, char **argv) {
       lua_rawseti(L, -2, i);
     }
     if (tp_lua_pcall(L, 1, 1, 0) == 1) {
-      code = lua_isinteger(L, -1) ? (int) lua_tointeger(L, -1) : 0;
+      int isnum = 0;
+      lua_Integer v = lua_tointegerx(L, -1, &isnum);
+      code = isnum ? (int) (v & 0xff) : 0;
       lua_pop(L, 1);
     }
   }

@@ -30,7 +30,7 @@ end
 --- Bytes for a client: as text when it asked for utf8 and they are valid
 -- UTF-8, else base64.  Returns data, encoding.
 function M.encode_data(data, encoding)
-  if encoding == "utf8" and utf8.len(data) then return data, "utf8" end
+  if encoding == "utf8" and utf8.len(data) and not data:find("\0", 1, true) then return data, "utf8" end
   return core.b64encode(data), "base64"
 end
 

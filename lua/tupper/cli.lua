@@ -174,8 +174,9 @@ local function run_in(c, id, argv, o)
     io.stderr:write("tupper: lost the connection to the daemon\n")
     return 125
   end
-  if exited.signal and exited.signal > 0 then return 128 + exited.signal end
-  return exited.exit_code
+  local sig = math.tointeger(exited.signal) or 0
+  if sig > 0 then return 128 + sig end
+  return math.tointeger(exited.exit_code) or 125
 end
 
 local verbs = {}

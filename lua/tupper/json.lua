@@ -1,37 +1,31 @@
 --- JSON for the socket API: lua-cjson with the two gaps of its 2.1.0 release
 -- closed.  Empty arrays encode as `[]` (mark them with `json.array`), and
--- numbers print with 16 significant digits so integers below 2^53 survive.
+-- numbers print with 14 significant digits (the most lua-cjson 2.1.0 offers),
+-- so integers are exact below 10^14: sizes and offsets are capped below it.
 local cjson = require("cjson")
 
 local M = {}
 
 local codec = cjson.new()
-codec.encode_number_precision(16)
-codec.encode_sparse_array(false, 1, 1)
+codec.encode_number_precision(14)
 codec.decode_max_depth(64)
 codec.encode_max_depth(64)
 
 local EMPTY = "\0tupper-empty-array\0"
 local EMPTY_JSON = codec.encode(EMPTY)
-local used_empty = false
+local EMPTY_PATTERN = EMPTY_JSON:gsub("%p", "%%%0")
 
 --- Marks t as a JSON array: an empty table then encodes as `[]`.
 function M.array(t)
-  if next(t) == nil then
-    used_empty = true
-    return EMPTY
-  end
+  if next(t) == nil then return EMPTY end
   return t
 end
 
 --- Encodes v; returns the text or nil, err.
 function M.encode(v)
-  used_empty = false
   local ok, s = pcall(codec.encode, v)
   if not ok then return nil, s end
-  if used_empty then
-    s = s:gsub(EMPTY_JSON:gsub("%p", "%%%0"), "[]")
-  end
+  if s:find(EMPTY_JSON, 1, true) then s = s:gsub(EMPTY_PATTERN, "[]") end
   return s
 end
 

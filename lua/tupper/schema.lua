@@ -75,7 +75,7 @@ M.methods = {
   },
   ["fs.read"] = {
     doc = "Reads up to length bytes (at most 1 MiB) of a file from offset.",
-    params = { sandbox = ID, path = PATH, offset = { type = "integer", min = 0, max = 2^53 },
+    params = { sandbox = ID, path = PATH, offset = { type = "integer", min = 0, max = 99999999999999 },
                length = { type = "integer", min = 0, max = 1048576 }, encoding = ENCODING,
                required = { "sandbox", "path" } },
     result = { "data", "encoding", "size", "eof" },
@@ -83,7 +83,7 @@ M.methods = {
   ["fs.write"] = {
     doc = "Writes data (at most 1 MiB) to a file at offset, or appends; creates missing parents.",
     params = { sandbox = ID, path = PATH, data = { type = "string", max = 1398104 },
-               encoding = ENCODING, offset = { type = "integer", min = 0, max = 2^53 },
+               encoding = ENCODING, offset = { type = "integer", min = 0, max = 99999999999999 },
                append = { type = "boolean" }, truncate = { type = "boolean" },
                mode = { type = "integer", min = 0, max = 4095 },
                required = { "sandbox", "path", "data" } },

@@ -1,0 +1,395 @@
+-- Integration specs: a real daemon in a temp dir, real sandboxes, the socket
+-- API and the CLI.  Isolation is asserted from inside the box, and every
+-- sandbox is checked to leave nothing behind.
+local uv = require("luv")
+local async = require("tupper.async")
+local schema = require("tupper.schema")
+local helper = require("helper")
+
+local sync = helper.sync
+
+local function host_hostname()
+  return (helper.read_file("/proc/sys/kernel/hostname") or ""):gsub("%s+$", "")
+end
+
+describe("the daemon", function()
+  local d, c
+
+  setup(function()
+    d = helper.start_daemon()
+    c = assert(d.connect())
+  end)
+
+  teardown(function()
+    if c then c:close() end
+    sync(function() async.sleep(1) end)
+    if d then assert.are.equal(0, d.stop()) end
+    helper.drain()
+  end)
+
+  local function call(method, params)
+    return sync(function() return c:call(method, params) end)
+  end
+
+  local function create()
+    local sb = assert(call("sandbox.create", {}))
+    assert.are.equal("running", sb.state)
+    return sb.id
+  end
+
+  local function run(id, argv, opts)
+    return sync(function() return helper.run(c, id, argv, opts) end)
+  end
+
+  it("negotiates the protocol with hello", function()
+    local r = assert(call("hello", { protocol = schema.PROTOCOL }))
+    assert.are.equal(schema.PROTOCOL, r.protocol)
+    assert.are.equal("tupper", r.server)
+    local _, err = call("hello", { protocol = 99 })
+    assert.are.equal(-32602, err.code)
+  end)
+
+  it("runs a command and reports its output and exit code", function()
+    local id = create()
+    local r = run(id, { "/bin/sh", "-c", "echo out; echo err >&2; exit 3" })
+    assert.are.equal("out\n", r.stdout)
+    assert.are.equal("err\n", r.stderr)
+    assert.are.equal(3, r.exit_code)
+    r = run(id, "echo $FOO-$HOME", { env = { FOO = "bar" } })
+    assert.are.equal("bar-/root\n", r.stdout)
+    r = run(id, { "pwd" }, { cwd = "/tmp" })
+    assert.are.equal("/tmp\n", r.stdout)
+    r = run(id, { "cat" }, { stdin = "piped\n" })
+    assert.are.equal("piped\n", r.stdout)
+    local _, err = sync(function() return helper.run(c, id, { "/no/such/binary" }) end)
+    assert.are.equal(-32003, err.code)
+    assert.are.equal("ENOENT", err.data.code)
+    assert.truthy(call("sandbox.kill", { id = id }).killed)
+  end)
+
+  it("isolates the box from the host", function()
+    local id = create()
+    local marker = d.dir .. "/host-only-file"
+    assert(io.open(marker, "w")):close()
+    local r = run(id, [[
+      echo "host=$(hostname)"
+      echo "uid=$(id -u)"
+      echo "map=$(cat /proc/self/uid_map | tr -s ' ' ' ')"
+      echo "nets=$(ls /sys/class/net | tr '\n' ' ')"
+      echo "pids=$(ls /proc | grep -c '^[0-9]')"
+      echo "pid1=$(cat /proc/1/cmdline | tr '\0' ' ')"
+      test -e ']] .. marker .. [[' && echo "marker=visible" || echo "marker=invisible"
+      mount -t tmpfs x /mnt 2>/dev/null && echo "mount=allowed" || echo "mount=denied"
+      echo "dev=$(ls /dev | tr '\n' ' ')"
+    ]])
+    assert.are.equal(0, r.exit_code, r.stderr)
+    local out = r.stdout
+    assert.are.equal(id, out:match("host=(%S+)"))
+    assert.are_not.equal(host_hostname(), out:match("host=(%S+)"))
+    assert.are.equal("0", out:match("uid=(%S+)"))
+    local inside, outside = out:match("map= ?0 (%d+) (%d+)")
+    assert.are.equal("100000000", inside, "root in the box must map to an unprivileged host uid")
+    assert.are.equal("lo ", out:match("nets=([^\n]*)"))
+    assert.truthy(tonumber(out:match("pids=(%d+)")) < 10, "host processes are visible")
+    assert.truthy(out:match("pid1=tupper%-agent"))
+    assert.are.equal("invisible", out:match("marker=(%S+)"))
+    assert.are.equal("denied", out:match("mount=(%S+)"))
+    for name in out:match("dev=([^\n]*)"):gmatch("%S+") do
+      assert.truthy(({ null = 1, zero = 1, full = 1, random = 1, urandom = 1, tty = 1, pts = 1,
+        shm = 1, ptmx = 1, fd = 1, stdin = 1, stdout = 1, stderr = 1 })[name], "unexpected /dev/" .. name)
+    end
+    assert(call("sandbox.kill", { id = id }))
+  end)
+
+  it("leaves nothing behind after kill", function()
+    local id = create()
+    local r = run(id, "sleep 1000 & sleep 1000 & echo started")
+    assert.are.equal("started\n", r.stdout)
+    local box_dir = d.state .. "/boxes/" .. id
+    assert.truthy(uv.fs_stat(box_dir))
+    -- host pids of every process of the box: they run as the sandbox uid range
+    local function box_pids()
+      local p = io.popen("ps -eo pid=,uid=,stat=,args= | awk '$2 >= 100000000 && $2 < 100065536'")
+      local n, text = 0, p:read("a")
+      p:close()
+      for _ in text:gmatch("[^\n]+") do n = n + 1 end
+      return n, text
+    end
+    assert.truthy(box_pids() >= 3)
+    assert.truthy(call("sandbox.kill", { id = id }).killed)
+    local n, text = box_pids()
+    assert.are.equal(0, n, text)
+    assert.is_nil(uv.fs_stat(box_dir))
+    local mounts = helper.read_file("/proc/self/mountinfo")
+    assert.is_nil(mounts:find(box_dir, 1, true))
+    assert.is_false(call("sandbox.kill", { id = id }).killed)
+    local _, err = call("sandbox.get", { id = id })
+    assert.are.equal(-32000, err.code)
+  end)
+
+  it("lists and describes sandboxes", function()
+    local id = assert(call("sandbox.create", { metadata = { owner = "spec" } })).id
+    local info = assert(call("sandbox.get", { id = id }))
+    assert.are.equal("spec", info.metadata.owner)
+    assert.are.equal("default", info.image)
+    local found = false
+    for _, s in ipairs(call("sandbox.list", {}).sandboxes) do found = found or s.id == id end
+    assert.truthy(found)
+    assert(call("sandbox.kill", { id = id }))
+  end)
+
+  it("reads, writes and manages files inside the box", function()
+    local id = create()
+    local big = string.rep("0123456789abcdef", 65536 * 3) -- 3 MiB
+    local off = 0
+    while off < #big do
+      local chunk = big:sub(off + 1, off + 1048576)
+      assert(call("fs.write", { sandbox = id, path = "/data/big.bin", data = helper.b64encode(chunk),
+        offset = off }))
+      off = off + #chunk
+    end
+    local got, eof = {}, false
+    off = 0
+    while not eof do
+      local r = assert(call("fs.read", { sandbox = id, path = "/data/big.bin", offset = off }))
+      local data = helper.b64decode(r.data)
+      got[#got + 1] = data
+      off = off + #data
+      eof = r.eof
+    end
+    assert.are.equal(#big, #table.concat(got))
+    assert.truthy(table.concat(got) == big)
+    assert(call("fs.write", { sandbox = id, path = "notes.txt", data = "hello", encoding = "utf8" }))
+    local r = assert(call("fs.read", { sandbox = id, path = "/notes.txt", encoding = "utf8" }))
+    assert.are.equal("hello", r.data)
+    local st = assert(call("fs.stat", { sandbox = id, path = "/data/big.bin" }))
+    assert.are.equal("file", st.type)
+    assert.are.equal(#big, st.size)
+    assert.is_true(call("fs.mkdir", { sandbox = id, path = "/data/a/b", parents = true }).created)
+    assert.is_false(call("fs.mkdir", { sandbox = id, path = "/data/a/b" }).created)
+    local l = assert(call("fs.list", { sandbox = id, path = "/data" }))
+    assert.are.equal(2, #l.entries)
+    assert.are.equal("a", l.entries[1].name)
+    assert.are.equal("dir", l.entries[1].type)
+    assert.are.equal("/data/big.bin", l.entries[2].path)
+    assert(call("fs.rename", { sandbox = id, from = "/data/big.bin", to = "/data/a/moved" }))
+    local _, err = call("fs.stat", { sandbox = id, path = "/data/big.bin" })
+    assert.are.equal("ENOENT", err.data.code)
+    _, err = call("fs.remove", { sandbox = id, path = "/data" })
+    assert.truthy(err)
+    assert(call("fs.remove", { sandbox = id, path = "/data", recursive = true }))
+    -- a symlink to an absolute path resolves inside the box, never on the host
+    local host_file = d.dir .. "/target"
+    local f = assert(io.open(host_file, "w"))
+    f:write("HOST")
+    f:close()
+    assert(call("fs.write", { sandbox = id, path = host_file, data = "BOX", encoding = "utf8" }))
+    assert.are.equal(0, run(id, { "ln", "-s", host_file, "/link" }).exit_code)
+    r = assert(call("fs.read", { sandbox = id, path = "/link", encoding = "utf8" }))
+    assert.are.equal("BOX", r.data)
+    assert(call("fs.write", { sandbox = id, path = "/link", data = "OVER", encoding = "utf8" }))
+    assert.are.equal("HOST", helper.read_file(host_file))
+    assert(call("sandbox.kill", { id = id }))
+  end)
+
+  it("signals a process and its whole group", function()
+    local id = create()
+    local outputs, exits, waiter = {}, {}, nil
+    c:on("process.exit", function(p) exits[p.pid] = p; if waiter then waiter() end end)
+    c:on("process.output", function(p) outputs[p.pid] = true end)
+    local r = assert(call("process.start", { sandbox = id, cmd = "sleep 300 & echo up; wait", encoding = "utf8" }))
+    local pid = r.pid
+    local list = assert(call("process.list", { sandbox = id }))
+    assert.are.equal(pid, list.processes[1].pid)
+    sync(function() while not outputs[pid] do async.sleep(5) end end)
+    assert(call("process.signal", { sandbox = id, pid = pid, signal = "TERM" }))
+    sync(function() while not exits[pid] do async.wait(function(cb) waiter = cb end) end end)
+    assert.are.equal(15, exits[pid].signal)
+    local ps = run(id, "ps -o pid,comm | grep -c sleep || true")
+    assert.are.equal("0\n", ps.stdout)
+    assert(call("sandbox.kill", { id = id }))
+  end)
+
+  describe("with hostile clients", function()
+    local function raw(lines, want)
+      return sync(function()
+        local pipe = uv.new_pipe(false)
+        assert.is_nil(async.wait(function(cb) pipe:connect(d.socket, cb) end))
+        local buf, got = "", {}
+        local waiter
+        pipe:read_start(function(err, chunk)
+          if chunk then buf = buf .. chunk else got.eof = true end
+          for line in buf:gmatch("([^\n]*)\n") do got[#got + 1] = line end
+          buf = buf:match("[^\n]*$")
+          if waiter and (#got >= want or got.eof) then local w = waiter; waiter = nil; w() end
+        end)
+        for _, l in ipairs(lines) do pipe:write(l) end
+        if #got < want and not got.eof then async.wait(function(cb) waiter = cb end) end
+        pipe:close()
+        return got
+      end)
+    end
+
+    it("answers malformed JSON, unknown methods and bad params with JSON-RPC errors", function()
+      local got = raw({ "{nope\n", '{"jsonrpc":"2.0","id":1,"method":"no.such"}\n',
+        '{"jsonrpc":"2.0","id":2,"method":"sandbox.get","params":{"id":5}}\n',
+        '{"jsonrpc":"1.0","id":3,"method":"hello"}\n',
+        '[1,2]\n', '{"jsonrpc":"2.0","id":4,"method":"hello"}\n' }, 6)
+      local json = require("tupper.json")
+      local codes = {}
+      for i = 1, 6 do codes[i] = json.decode(got[i]) end
+      assert.are.equal(-32700, codes[1].error.code)
+      assert.are.equal(-32601, codes[2].error.code)
+      assert.are.equal(-32602, codes[3].error.code)
+      assert.are.equal(-32600, codes[4].error.code)
+      assert.are.equal(-32600, codes[5].error.code)
+      assert.are.equal("tupper", codes[6].result.server)
+    end)
+
+    it("closes a connection whose line exceeds the cap, and keeps serving others", function()
+      local huge = string.rep("x", 17 * 1024 * 1024)
+      local got = raw({ '{"jsonrpc":"2.0","id":1,"method":"hello","params":{"client":"' .. huge }, 1)
+      assert.truthy(got[1] and got[1]:find("-32600", 1, true))
+      assert.truthy(call("hello", {}))
+    end)
+
+    it("survives a client that disconnects while its process streams output", function()
+      local id = create()
+      sync(function()
+        local pipe = uv.new_pipe(false)
+        async.wait(function(cb) pipe:connect(d.socket, cb) end)
+        pipe:write('{"jsonrpc":"2.0","id":1,"method":"process.start","params":{"sandbox":"' .. id ..
+          '","cmd":"yes | head -c 50000000"}}\n')
+        async.sleep(50)
+        pipe:close()
+      end)
+      local r = run(id, "echo still-here")
+      assert.are.equal("still-here\n", r.stdout)
+      assert(call("sandbox.kill", { id = id }))
+    end)
+  end)
+
+  it("answers every method in the schema with its documented result fields", function()
+    local id = create()
+    assert(call("fs.write", { sandbox = id, path = "/f", data = "x", encoding = "utf8" }))
+    local r = assert(call("process.start", { sandbox = id, cmd = "cat", stdin = true }))
+    local samples = {
+      ["hello"] = {}, ["sandbox.create"] = {}, ["sandbox.get"] = { id = id }, ["sandbox.list"] = {},
+      ["process.stdin"] = { sandbox = id, pid = r.pid, data = "eA==" },
+      ["process.list"] = { sandbox = id },
+      ["process.close_stdin"] = { sandbox = id, pid = r.pid },
+      ["fs.read"] = { sandbox = id, path = "/f" }, ["fs.stat"] = { sandbox = id, path = "/f" },
+      ["fs.list"] = { sandbox = id, path = "/" }, ["fs.mkdir"] = { sandbox = id, path = "/d" },
+      ["fs.write"] = { sandbox = id, path = "/g", data = "eA==" },
+      ["fs.rename"] = { sandbox = id, from = "/g", to = "/h" },
+      ["fs.remove"] = { sandbox = id, path = "/h" },
+    }
+    local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "process.stdin",
+      "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
+      "fs.rename", "fs.remove" }
+    local extra
+    for _, m in ipairs(order) do
+      local res, err = call(m, samples[m])
+      assert.truthy(res, m .. ": " .. tostring(err and err.message))
+      for _, field in ipairs(schema.methods[m].result) do
+        assert.is_not_nil(res[field], m .. " lacks " .. field)
+      end
+      if m == "sandbox.create" then extra = res.id end
+    end
+    -- the remaining two take effect last
+    local p2 = assert(call("process.start", { sandbox = id, cmd = "sleep 100" }))
+    assert(call("process.signal", { sandbox = id, pid = p2.pid }))
+    assert.truthy(call("sandbox.kill", { id = extra }).killed)
+    assert.truthy(call("sandbox.kill", { id = id }).killed)
+    for name in pairs(schema.methods) do
+      assert.truthy(samples[name] or name == "process.start" or name == "process.signal"
+        or name == "sandbox.kill", name .. " is not exercised")
+    end
+  end)
+end)
+
+describe("the CLI", function()
+  local d, env
+
+  setup(function()
+    d = helper.start_daemon()
+    env = { "TUPPER_SOCKET=" .. d.socket, "PATH=" .. os.getenv("PATH") }
+  end)
+  teardown(function()
+    if d then d.stop() end
+    helper.drain()
+  end)
+
+  local function cli(args, opts)
+    opts = opts or {}
+    opts.env = env
+    return helper.cli(args, opts)
+  end
+
+  it("runs a command and propagates its exit code", function()
+    local code, out = cli({ "run", "--", "sh", "-c", "echo hi; exit 3" })
+    assert.are.equal(3, code)
+    assert.are.equal("hi\n", out)
+    local _, ls = cli({ "ls", "--json" })
+    assert.are.equal("[]\n", ls) -- --rm is the default
+  end)
+
+  it("passes stdin through with -i", function()
+    local code, out = cli({ "run", "-i", "--", "tr", "a-z", "A-Z" }, { stdin = "shout\n" })
+    assert.are.equal(0, code)
+    assert.are.equal("SHOUT\n", out)
+  end)
+
+  it("creates, execs, lists, copies and kills", function()
+    local code, out = cli({ "create" })
+    assert.are.equal(0, code)
+    local id = out:match("^(%S+)\n$")
+    assert.truthy(id)
+    code, out = cli({ "exec", id, "--", "sh", "-c", "hostname; exit 7" })
+    assert.are.equal(7, code)
+    assert.are.equal(id .. "\n", out)
+    code, out = cli({ "exec", "-i", id, "cat" }, { stdin = "in\n" })
+    assert.are.equal("in\n", out)
+    code, out = cli({ "ls" })
+    assert.truthy(out:find(id, 1, true))
+    code, out = cli({ "ls", "--json" })
+    assert.truthy(out:find('"id":"' .. id .. '"', 1, true))
+    local src = d.dir .. "/src.bin"
+    local f = assert(io.open(src, "wb"))
+    local payload = string.rep("\0\1\2binary", 300000)
+    f:write(payload)
+    f:close()
+    assert.are.equal(0, (cli({ "cp", src, id .. ":/in.bin" })))
+    code, out = cli({ "exec", id, "--", "wc", "-c", "/in.bin" })
+    assert.truthy(out:find(tostring(#payload), 1, true))
+    assert.are.equal(0, (cli({ "cp", id .. ":/in.bin", d.dir .. "/back.bin" })))
+    assert.truthy(helper.read_file(d.dir .. "/back.bin") == payload)
+    code = cli({ "exec", id, "--", "/nope" })
+    assert.are.equal(127, code)
+    assert.are.equal(0, (cli({ "kill", id })))
+    code = cli({ "kill", id })
+    assert.are_not.equal(0, code)
+  end)
+end)
+
+describe("the CLI without a daemon", function()
+  it("starts one on demand", function()
+    local dir = helper.tmpdir()
+    local socket = dir .. "/s.sock"
+    local code, out, err = helper.cli({ "--state-dir", dir .. "/state", "run", "--", "echo", "auto" },
+      { env = { "TUPPER_SOCKET=" .. socket, "PATH=" .. os.getenv("PATH") } })
+    assert.are.equal(0, code, err)
+    assert.are.equal("auto\n", out)
+    -- stop the daemon it started
+    local p = io.popen("pgrep -f 'tupper daemon --socket " .. socket .. "'")
+    local pid = p:read("a"):match("%d+")
+    p:close()
+    assert.truthy(pid, "no daemon was started")
+    uv.kill(tonumber(pid), "sigterm")
+    sync(function()
+      while uv.fs_stat("/proc/" .. pid) do async.sleep(5) end
+    end)
+    helper.rmrf(dir)
+    helper.drain()
+  end)
+end)

@@ -1,0 +1,188 @@
+--- Test helpers: run coroutines to completion on the luv loop, start a real
+-- daemon in a private temp dir, run the tupper CLI, decode base64.
+local uv = require("luv")
+local async = require("tupper.async")
+local client = require("tupper.client")
+
+local M = {}
+
+M.BIN = os.getenv("TUPPER_BIN") or "build/tupper"
+M.ROOT = os.getenv("TUPPER_ROOT") or "."
+M.TIMEOUT_MS = 30000
+
+--- Runs fn(...) in a coroutine and drives the loop until it returns.
+function M.sync(fn, ...)
+  local res
+  local args = table.pack(...)
+  async.spawn(function() res = table.pack(fn(table.unpack(args, 1, args.n))) end)
+  local deadline = uv.now() + M.TIMEOUT_MS
+  local guard = uv.new_timer()
+  guard:start(100, 100, function() end) -- wakes uv.run("once") to check the deadline
+  while not res do
+    uv.run("once")
+    if uv.now() > deadline then
+      guard:close()
+      error("timed out", 2)
+    end
+  end
+  guard:close()
+  return table.unpack(res, 1, res.n)
+end
+
+--- Closes every handle still open and runs the loop until they are gone:
+-- call at the end of a spec file so the Lua state closes with no live handle.
+function M.drain()
+  uv.walk(function(h) if not h:is_closing() then h:close() end end)
+  uv.run()
+end
+
+function M.tmpdir()
+  local base = os.getenv("TMPDIR") or "/tmp"
+  return assert(uv.fs_mkdtemp(base .. "/tupper-spec-XXXXXX"))
+end
+
+function M.rmrf(path)
+  os.execute("rm -rf '" .. path .. "'")
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+M.read_file = read_file
+
+--- Starts `tupper daemon` on a private socket and state dir.  Returns a
+-- daemon object: socket, state, dir, pid, stop().
+function M.start_daemon()
+  local dir = M.tmpdir()
+  local d = { dir = dir, socket = dir .. "/tupper.sock", state = dir .. "/state", log = dir .. "/daemon.log" }
+  local handle, pid = uv.spawn(M.BIN, { args = { "daemon", "--socket", d.socket, "--state-dir", d.state,
+    "--log", d.log } }, function(code) d.exit_code = code end)
+  assert(handle, pid)
+  d.handle, d.pid = handle, pid
+  M.sync(function()
+    local deadline = uv.now() + 10000
+    while uv.now() < deadline do
+      if uv.fs_stat(d.socket) then return end
+      if d.exit_code then break end
+      async.sleep(5)
+    end
+    error("daemon did not start: " .. tostring(read_file(d.log)))
+  end)
+  function d.connect()
+    return M.sync(client.connect, { socket = d.socket, autostart = false })
+  end
+  function d.stop()
+    if not d.exit_code then
+      uv.kill(d.pid, "sigterm")
+      M.sync(function()
+        while not d.exit_code do async.sleep(5) end
+      end)
+    end
+    d.handle:close()
+    M.rmrf(dir)
+    return d.exit_code
+  end
+  return d
+end
+
+--- Runs the tupper CLI; returns exit code, stdout, stderr.  opts: stdin
+-- (string), env (list of "K=V"), args before the verb.
+function M.cli(args, opts)
+  opts = opts or {}
+  local out, err = {}, {}
+  local stdout, stderr = uv.new_pipe(false), uv.new_pipe(false)
+  local stdin = opts.stdin and uv.new_pipe(false) or nil
+  local code, done
+  local env = opts.env
+  local handle, perr = uv.spawn(M.BIN, { args = args, env = env, stdio = { stdin, stdout, stderr } },
+    function(c, sig) code = sig ~= 0 and 128 + sig or c end)
+  assert(handle, perr)
+  local open = 2
+  local function reader(t) return function(e, chunk)
+    if chunk then t[#t + 1] = chunk else open = open - 1 end
+  end end
+  stdout:read_start(reader(out))
+  stderr:read_start(reader(err))
+  if stdin then
+    stdin:write(opts.stdin)
+    stdin:shutdown(function() stdin:close() end)
+  end
+  local deadline = uv.now() + M.TIMEOUT_MS
+  local guard = uv.new_timer()
+  guard:start(100, 100, function() end)
+  while (code == nil or open > 0) and uv.now() < deadline do uv.run("once") end
+  guard:close()
+  done = code ~= nil
+  if not done then uv.process_kill(handle, "sigkill") end
+  handle:close()
+  stdout:close()
+  stderr:close()
+  uv.run("nowait") -- let the close callbacks run
+  assert(done, "tupper " .. table.concat(args, " ") .. " timed out")
+  return code, table.concat(out), table.concat(err)
+end
+
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+local REV = {}
+for i = 1, 64 do REV[B64:byte(i)] = i - 1 end
+
+function M.b64decode(s)
+  local out = {}
+  for i = 1, #s, 4 do
+    local a, b, c, d = s:byte(i, i + 3)
+    local n = REV[a] << 18 | REV[b] << 12 | (REV[c] or 0) << 6 | (REV[d] or 0)
+    out[#out + 1] = string.char(n >> 16 & 255)
+    if c ~= 61 then out[#out + 1] = string.char(n >> 8 & 255) end
+    if d ~= 61 then out[#out + 1] = string.char(n & 255) end
+  end
+  return table.concat(out)
+end
+
+function M.b64encode(s)
+  local out = {}
+  for i = 1, #s, 3 do
+    local a, b, c = s:byte(i, i + 2)
+    local n = a << 16 | (b or 0) << 8 | (c or 0)
+    local function ch(k) return B64:sub((n >> k & 63) + 1, (n >> k & 63) + 1) end
+    out[#out + 1] = ch(18) .. ch(12) .. (b and ch(6) or "=") .. (c and ch(0) or "=")
+  end
+  return table.concat(out)
+end
+
+--- Runs a command in a sandbox through the API and collects its output.
+-- Returns { stdout, stderr, exit_code, signal }.
+function M.run(c, sandbox, argv, opts)
+  opts = opts or {}
+  local out, err = {}, {}
+  local exit, waiter, pid
+  c:on("process.output", function(p)
+    if p.sandbox ~= sandbox or p.pid ~= pid then return end
+    local data = p.encoding == "utf8" and p.data or M.b64decode(p.data)
+    if p.stream == "stdout" then out[#out + 1] = data else err[#err + 1] = data end
+  end)
+  c:on("process.exit", function(p)
+    if p.sandbox == sandbox and p.pid == pid then
+      exit = p
+      if waiter then waiter() end
+    end
+  end)
+  local params = { sandbox = sandbox, argv = argv, encoding = "utf8", env = opts.env, cwd = opts.cwd,
+                   stdin = opts.stdin ~= nil }
+  if type(argv) == "string" then params.argv, params.cmd = nil, argv end
+  local r, e = c:call("process.start", params)
+  if not r then return nil, e end
+  pid = r.pid
+  if opts.stdin then
+    assert(c:call("process.stdin", { sandbox = sandbox, pid = pid, data = opts.stdin, encoding = "utf8" }))
+    assert(c:call("process.close_stdin", { sandbox = sandbox, pid = pid }))
+  end
+  if not exit then async.wait(function(cb) waiter = cb end) end
+  return { stdout = table.concat(out), stderr = table.concat(err), exit_code = exit.exit_code,
+           signal = exit.signal, pid = pid }
+end
+
+return M
