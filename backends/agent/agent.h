@@ -21,7 +21,7 @@
 #include "error.h"
 #include "frame.h"
 
-#define AGENT_CHAN_FD 3                     /* must match TP_AGENT_FD (linux.h) */
+#define AGENT_CHAN_FD TP_AGENT_FD
 #define AGENT_PROC_MAX 1024                 /* live (unreaped) processes */
 #define AGENT_OUTPUT_CHUNK (64u * 1024u)    /* DATA bytes per OUTPUT frame */
 #define AGENT_DRAIN_MAX TP_CHUNK_MAX        /* per stream, once its process exited */

@@ -169,7 +169,7 @@ int tp_fields_parse(const uint8_t *p, uint32_t len, tp_field_t *out, int max) {
         return -1;
       break;
     case TP_KIND_STR:
-      if (flen > TP_PATH_MAX * 8 || memchr(p + off, '\0', flen) != NULL)
+      if (flen > TP_STR_MAX || memchr(p + off, '\0', flen) != NULL)
         return -1;
       break;
     case TP_KIND_BYTES:

@@ -38,9 +38,9 @@ void tp_buf_free(tp_buf_t *b);
 void tp_buf_reset(tp_buf_t *b);
 int tp_buf_append(tp_buf_t *b, const void *p, size_t n);
 
-/* Encoding: begin a frame, add fields, end it (patches the length).
- * Returns 0, or -1 when the buffer ran out of memory or the payload grew past
- * TP_FRAME_MAX. */
+/* Encoding: begin a frame, add fields, end it.  tp_frame_end patches the
+ * length and returns 0, or -1 when the buffer ran out of memory or the
+ * payload grew past TP_FRAME_MAX (the frame is then dropped). */
 void tp_frame_begin(tp_buf_t *b, uint8_t type, uint32_t id);
 void tp_frame_add(tp_buf_t *b, uint16_t tag, const void *val, uint32_t len);
 void tp_frame_add_str(tp_buf_t *b, uint16_t tag, const char *s);

@@ -30,7 +30,9 @@
 #define TP_STDIN_QUEUE_MAX (4u * 1024u * 1024u)      /* agent-side stdin backlog */
 #define TP_ARGS_MAX 4096                             /* ARG + ENV fields per exec */
 #define TP_PATH_MAX 4096
-#define TP_LIST_MAX 10000                            /* entries per FS_LIST reply */
+#define TP_LIST_MAX 4000    /* entries per FS_LIST reply (below TP_FIELDS_MAX) */
+#define TP_STR_MAX (TP_PATH_MAX * 8)                 /* bytes in any string field (ARG, ENV, ...) */
+#define TP_AGENT_FD 3                                /* the channel's fd number inside the box */
 
 enum tp_msg_type {
   /* agent -> host events (id 0) */

@@ -19,7 +19,7 @@
 
 #include "error.h"
 
-#define TP_AGENT_FD 3 /* the channel's fd number inside the box */
+#include "proto.h" /* TP_AGENT_FD */
 
 typedef struct tp_box_spec_s {
   const char *id;        /* sandbox id: [a-z0-9-]{1,63}; also the hostname */
