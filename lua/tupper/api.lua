@@ -86,6 +86,13 @@ function h.sandbox_list(d, conn, p)
   return { sandboxes = json.array(list) }
 end
 
+function h.sandbox_set_timeout(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.id)
+  if not sb then return nil, code, msg end
+  d:set_timeout(sb, p.timeout)
+  return { timeout = p.timeout, expires_at = sb:info().expires_at }
+end
+
 function h.sandbox_kill(d, conn, p)
   return { killed = d:kill_sandbox(p.id) }
 end
@@ -97,6 +104,19 @@ function h.process_start(d, conn, p)
   local proc, err, errno = sb:exec(argv, p.env, p.cwd and abs_path(p.cwd), p.stdin, conn)
   if not proc then return nil, rpc.PROCESS_ERROR, err, errno_data(errno) end
   proc.encoding = p.encoding or "base64"
+  if p.timeout and p.timeout > 0 then
+    -- the process (and its group) is killed when its time is up
+    local uv = require("luv")
+    proc.timer = uv.new_timer()
+    proc.timer:start(math.ceil(p.timeout * 1000), 0, function()
+      proc.timer:close()
+      proc.timer = nil
+      proc.timed_out = true
+      require("tupper.async").spawn(function()
+        sb:request(MSG.SIGNAL, { pid = proc.pid, signal = 9 })
+      end)
+    end)
+  end
   return { pid = proc.pid }
 end
 

@@ -32,6 +32,12 @@ options of run, create and exec:
   --image NAME          image (run, create; default: the embedded 'default')
   --metadata K=V        attach metadata (run, create; repeatable)
   --rm                  remove the sandbox after run (the default)
+  --memory SIZE         memory limit, e.g. 256M (run, create)
+  --cpus N              CPU quota in cores, e.g. 0.5 (run, create)
+  --pids N              most processes at once (run, create)
+  --disk SIZE           most the box can write, e.g. 1G (run, create)
+  --timeout DURATION    lifetime, e.g. 10m; 0 = until killed (create: 5m,
+                        run: none)
 
 The client finds the daemon through --socket, $TUPPER_SOCKET or the default
 socket, and starts one when none is listening.
@@ -44,7 +50,7 @@ end
 
 -- Parses options shared by run/create/exec; returns opts, rest or nil, err.
 local function parse_opts(args, i, allowed)
-  local o = { env = {}, metadata = {}, interactive = false }
+  local o = { env = {}, metadata = {}, interactive = false, limits = {} }
   while i <= #args do
     local a = args[i]
     local function value()
@@ -70,6 +76,14 @@ local function parse_opts(args, i, allowed)
     elseif a == "-w" or a == "--workdir" then o.workdir = value()
     elseif a == "--image" then o.image = value()
     elseif a == "--rm" then o.rm = true
+    elseif a == "--memory" or a == "--disk" then o.limits[a:sub(3)] = value()
+    elseif a == "--cpus" then
+      o.limits.cpus = tonumber(value()) or error("--cpus wants a number, e.g. 0.5", 0)
+    elseif a == "--pids" then
+      o.limits.pids = math.tointeger(tonumber(value())) or error("--pids wants a whole number", 0)
+    elseif a == "--timeout" then
+      local v = value()
+      o.limits.timeout = tonumber(v) or v
     elseif a == "--json" then o.json = true
     end
     i = i + 1
@@ -79,10 +93,12 @@ local function parse_opts(args, i, allowed)
   return o, rest
 end
 
+local LIMIT_OPTS = { "--memory", "--cpus", "--pids", "--disk", "--timeout" }
 local RUN_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
   ["--workdir"] = 1, ["--image"] = 1, ["--metadata"] = 1, ["--rm"] = 1 }
 local CREATE_OPTS = { ["-e"] = 1, ["--env"] = 1, ["--image"] = 1, ["--metadata"] = 1,
   ["-w"] = 1, ["--workdir"] = 1 }
+for _, o in ipairs(LIMIT_OPTS) do RUN_OPTS[o] = 1; CREATE_OPTS[o] = 1 end
 local EXEC_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
   ["--workdir"] = 1 }
 
@@ -184,8 +200,10 @@ local verbs = {}
 function verbs.run(c, args)
   local o, rest = parse_opts(args, 1, RUN_OPTS)
   if #rest == 0 then rest = { "/bin/sh" } end
+  -- a run box lives as long as its command, as with docker run
+  if o.limits.timeout == nil then o.limits.timeout = 0 end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
-    metadata = next(o.metadata) and o.metadata or nil })
+    metadata = next(o.metadata) and o.metadata or nil, limits = o.limits })
   if not sb then return die("%s", errmsg(err)) end
   local code = run_in(c, sb.id, rest, o)
   if not c.closed then c:call("sandbox.kill", { id = sb.id }) end
@@ -196,7 +214,8 @@ function verbs.create(c, args)
   local o, rest = parse_opts(args, 1, CREATE_OPTS)
   if #rest > 0 then return die("create takes no arguments") end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
-    metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir })
+    metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir,
+    limits = next(o.limits) and o.limits or nil })
   if not sb then return die("%s", errmsg(err)) end
   print(sb.id)
   return 0

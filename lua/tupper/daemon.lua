@@ -39,6 +39,11 @@ function Daemon:create_sandbox(p)
   if image ~= "default" then
     return nil, ("image '%s' is not available (this daemon has only the embedded 'default' image)"):format(image)
   end
+  for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
+    if p.limits and p.limits[name] and not self.enforces[name] then
+      return nil, ("the '%s' limit cannot be enforced on this host yet"):format(name)
+    end
+  end
   local count = 0
   for _ in pairs(self.sandboxes) do count = count + 1 end
   if count >= M.MAX_SANDBOXES then return nil, "too many sandboxes" end
@@ -59,14 +64,39 @@ function Daemon:create_sandbox(p)
     return nil, err
   end
   self.sandboxes[id] = sb
+  sb.limits = p.limits or {}
+  local timeout = sb.limits.timeout
+  if timeout == nil then timeout = schema.DEFAULT_TIMEOUT end
+  sb.limits.timeout = nil
+  self:set_timeout(sb, timeout)
   log("sandbox %s created", id)
   return sb
+end
+
+--- Sets a sandbox's remaining lifetime to seconds from now (0: none).
+function Daemon:set_timeout(sb, seconds)
+  if sb.life_timer then
+    sb.life_timer:stop()
+    sb.life_timer:close()
+    sb.life_timer = nil
+  end
+  sb.timeout = seconds
+  sb.expires_at = nil
+  if seconds and seconds > 0 then
+    sb.expires_at = os.time() + math.ceil(seconds)
+    sb.life_timer = uv.new_timer()
+    sb.life_timer:start(math.ceil(seconds * 1000), 0, function()
+      log("sandbox %s reached its timeout", sb.id)
+      async.spawn(function() self:kill_sandbox(sb.id) end)
+    end)
+  end
 end
 
 function Daemon:kill_sandbox(id)
   local sb = self.sandboxes[id]
   if not sb or not sb.destroy then return false end
   self.sandboxes[id] = nil
+  self:set_timeout(sb, 0)
   local ok, err = sb:destroy()
   if not ok then log("sandbox %s: cleanup: %s", id, tostring(err)) end
   log("sandbox %s killed", id)
@@ -90,7 +120,7 @@ function Daemon:_exit(sb, proc)
   local conn = proc.owner
   if not conn or conn.closed then return end
   conn:notify("process.exit", { sandbox = sb.id, pid = proc.pid, exit_code = proc.exit_code,
-                                signal = proc.signal })
+                                signal = proc.signal, timed_out = proc.timed_out or nil })
 end
 
 function Daemon:_request(conn, msg)
@@ -177,7 +207,7 @@ end
 --- Runs the daemon until SIGTERM/SIGINT.  opts: socket, state_dir, uid_base.
 -- Returns the exit code.
 function M.run(opts)
-  local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {},
+  local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
   local code = 0

@@ -15,6 +15,14 @@ M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 local Sandbox = {}
 Sandbox.__index = Sandbox
 
+local function release(proc)
+  if proc.timer then
+    proc.timer:stop()
+    proc.timer:close()
+    proc.timer = nil
+  end
+end
+
 local function now_iso()
   return os.date("!%Y-%m-%dT%H:%M:%SZ")
 end
@@ -75,6 +83,7 @@ function Sandbox:_frame(t, id, f)
     local proc = self.procs[f.pid]
     if not proc then return self:_hostile("exit of an unknown process") end
     self.procs[f.pid] = nil
+    release(proc)
     proc.exit_code = math.tointeger(f.code) or -1
     proc.signal = math.tointeger(f.signal) or 0
     if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
@@ -107,6 +116,7 @@ function Sandbox:_fail_all(reason)
   local procs = self.procs
   self.procs = {}
   for _, proc in pairs(procs) do
+    release(proc)
     proc.exit_code, proc.signal = -1, 9
     if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
   end
@@ -159,7 +169,9 @@ function Sandbox:info()
   local n = 0
   for _ in pairs(self.procs) do n = n + 1 end
   return { id = self.id, image = self.image, state = self.state, created_at = self.created_at,
-           metadata = self.metadata, processes = n }
+           metadata = self.metadata, processes = n, limits = self.limits or {},
+           timeout = self.timeout or 0,
+           expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
 end
 
 --- Kills everything in the box and removes it; waits until done.

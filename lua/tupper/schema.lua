@@ -3,6 +3,8 @@
 -- schema` prints it as JSON (docs/protocol.schema.json), and the tests check
 -- that docs/protocol.md documents each method and that the daemon answers
 -- each of them.
+local units = require("tupper.units")
+
 local M = {}
 
 M.PROTOCOL = 1
@@ -11,7 +13,15 @@ local ID = { type = "string", pattern = "^[a-z0-9][a-z0-9-]*$", max = 63 }
 local PATH = { type = "string", min = 1, max = 4096 }
 local MAP = { type = "map", max = 1024, key_max = 1024, value_max = 131072 }
 local ENCODING = { type = "enum", values = { "base64", "utf8" } }
-
+local DURATION = { type = "duration" }
+local LIMITS = { type = "object", fields = {
+  memory = { type = "size", min = 4194304 },
+  cpus = { type = "number", min = 0.01, max = 1024 },
+  pids = { type = "integer", min = 1, max = 4194304 },
+  disk = { type = "size", min = 1048576 },
+  timeout = DURATION,
+} }
+M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B
 M.methods = {
   ["hello"] = {
     doc = "Negotiates the protocol version; the first call of a session.",
@@ -22,14 +32,18 @@ M.methods = {
   ["sandbox.create"] = {
     doc = "Creates and starts a sandbox.",
     params = { image = { type = "string", min = 1, max = 256 },
-               env = MAP, metadata = MAP,
-               cwd = PATH },
-    result = { "id", "image", "state", "created_at", "metadata" },
+               env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS },
+    result = { "id", "image", "state", "created_at", "metadata", "limits", "timeout" },
   },
   ["sandbox.get"] = {
     doc = "Describes one sandbox.",
     params = { id = ID, required = { "id" } },
-    result = { "id", "image", "state", "created_at", "metadata", "processes" },
+    result = { "id", "image", "state", "created_at", "metadata", "processes", "limits", "timeout" },
+  },
+  ["sandbox.set_timeout"] = {
+    doc = "Sets how long from now the sandbox lives (0: until killed).",
+    params = { id = ID, timeout = DURATION, required = { "id", "timeout" } },
+    result = { "timeout" },
   },
   ["sandbox.list"] = {
     doc = "Lists the sandboxes.",
@@ -45,7 +59,7 @@ M.methods = {
     doc = "Starts a process: argv, or cmd run by /bin/sh -c.  Output and exit arrive as notifications.",
     params = { sandbox = ID, argv = { type = "array", min = 1, max = 4096, item_max = 131072 },
                cmd = { type = "string", min = 1, max = 131072 }, env = MAP, cwd = PATH,
-               stdin = { type = "boolean" }, encoding = ENCODING,
+               stdin = { type = "boolean" }, encoding = ENCODING, timeout = DURATION,
                required = { "sandbox" }, one_of = { "argv", "cmd" } },
     result = { "pid" },
   },
@@ -120,14 +134,15 @@ M.methods = {
 
 M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
-  ["process.exit"] = { "sandbox", "pid", "exit_code", "signal" },
+  ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out" },
 }
 
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15,
                   CONT = 18, STOP = 19, TSTP = 20, WINCH = 28 }
 M.SIGNALS = SIGNALS
 
-local function check(name, spec, v)
+local check
+function check(name, spec, v)
   local t = spec.type
   if t == "string" or t == "enum" then
     if type(v) ~= "string" then return ("'%s' must be a string"):format(name) end
@@ -159,6 +174,32 @@ local function check(name, spec, v)
     local i = type(v) == "number" and math.tointeger(v)
     if not i or i < 1 or i > 64 then return ("'%s' must be a signal name or 1..64"):format(name) end
     return nil, i
+  elseif t == "number" then
+    if type(v) ~= "number" or v ~= v then return ("'%s' must be a number"):format(name) end
+    if (spec.min and v < spec.min) or (spec.max and v > spec.max) then
+      return ("'%s' is out of range"):format(name)
+    end
+    return nil, v
+  elseif t == "size" then
+    local n, err = units.size(v)
+    if not n then return ("'%s': %s"):format(name, err) end
+    if spec.min and n < spec.min then return ("'%s' must be at least %s"):format(name, units.format_size(spec.min)) end
+    return nil, n
+  elseif t == "duration" then
+    local n, err = units.duration(v)
+    if not n then return ("'%s': %s"):format(name, err) end
+    return nil, n
+  elseif t == "object" then
+    if type(v) ~= "table" then return ("'%s' must be an object"):format(name) end
+    local out = {}
+    for k, x in pairs(v) do
+      local sub = type(k) == "string" and spec.fields[k]
+      if not sub then return ("'%s' has an unknown field '%s'"):format(name, tostring(k)) end
+      local err, val = check(name .. "." .. k, sub, x)
+      if err then return err end
+      out[k] = val
+    end
+    return nil, out
   elseif t == "array" then
     if type(v) ~= "table" then return ("'%s' must be an array of strings"):format(name) end
     local n = #v

@@ -275,6 +275,7 @@ describe("the daemon", function()
     local r = assert(call("process.start", { sandbox = id, cmd = "cat", stdin = true }))
     local samples = {
       ["hello"] = {}, ["sandbox.create"] = {}, ["sandbox.get"] = { id = id }, ["sandbox.list"] = {},
+      ["sandbox.set_timeout"] = { id = id, timeout = "10m" },
       ["process.stdin"] = { sandbox = id, pid = r.pid, data = "eA==" },
       ["process.list"] = { sandbox = id },
       ["process.close_stdin"] = { sandbox = id, pid = r.pid },
@@ -284,7 +285,7 @@ describe("the daemon", function()
       ["fs.rename"] = { sandbox = id, from = "/g", to = "/h" },
       ["fs.remove"] = { sandbox = id, path = "/h" },
     }
-    local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "process.stdin",
+    local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "sandbox.set_timeout", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
       "fs.rename", "fs.remove" }
     local extra

@@ -1,0 +1,71 @@
+-- Sandbox lifetimes and process timeouts, enforced by the daemon.
+local uv = require("luv")
+local async = require("tupper.async")
+local helper = require("helper")
+
+local sync = helper.sync
+
+describe("timeouts", function()
+  local d, c
+
+  setup(function()
+    d = helper.start_daemon()
+    c = assert(d.connect())
+  end)
+  teardown(function()
+    c:close()
+    d.stop()
+    helper.drain()
+  end)
+
+  local function call(method, params)
+    return sync(function() return c:call(method, params) end)
+  end
+
+  local function wait_gone(id, ms)
+    return sync(function()
+      local deadline = uv.now() + ms
+      while uv.now() < deadline do
+        local _, err = c:call("sandbox.get", { id = id })
+        if err then return true end
+        async.sleep(20)
+      end
+      return false
+    end)
+  end
+
+  it("gives a sandbox five minutes by default", function()
+    local sb = assert(call("sandbox.create", {}))
+    assert.are.equal(300, sb.timeout)
+    assert.truthy(sb.expires_at)
+    assert(call("sandbox.kill", { id = sb.id }))
+  end)
+
+  it("kills a sandbox when its lifetime ends, and leaves nothing", function()
+    local sb = assert(call("sandbox.create", { limits = { timeout = "300ms" } }))
+    assert.truthy(wait_gone(sb.id, 5000))
+    assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. sb.id))
+  end)
+
+  it("set_timeout extends and removes the deadline", function()
+    local sb = assert(call("sandbox.create", { limits = { timeout = "300ms" } }))
+    local r = assert(call("sandbox.set_timeout", { id = sb.id, timeout = 0 }))
+    assert.are.equal(0, r.timeout)
+    assert.is_false(wait_gone(sb.id, 600))
+    assert(call("sandbox.set_timeout", { id = sb.id, timeout = "200ms" }))
+    assert.truthy(wait_gone(sb.id, 5000))
+  end)
+
+  it("kills a process that outlives its timeout", function()
+    local sb = assert(call("sandbox.create", {}))
+    local exit, waiter
+    c:on("process.exit", function(p) exit = p; if waiter then waiter() end end)
+    local t0 = uv.now()
+    assert(call("process.start", { sandbox = sb.id, argv = { "sleep", "100" }, timeout = 0.3 }))
+    sync(function() if not exit then async.wait(function(cb) waiter = cb end) end end)
+    assert.are.equal(9, exit.signal)
+    assert.is_true(exit.timed_out)
+    assert.truthy(uv.now() - t0 < 5000)
+    assert(call("sandbox.kill", { id = sb.id }))
+  end)
+end)
