@@ -1,0 +1,216 @@
+/* tp_linux_box_start / tp_linux_box_destroy: the parent side.  See linux.h
+ * for the design and box_child.c for what the child does. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "linux_int.h"
+#include "utils.h"
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+static void cleanup_planp(tp__plan_t *p) { tp__plan_free(p); }
+#define cleanup_plan __attribute__((cleanup(cleanup_planp)))
+
+/* Removes a half-made box dir on any early return; set to NULL to keep it. */
+static void cleanup_box_dirp(const char **dir) {
+  if (*dir != NULL) {
+    int saved = errno;
+    tp_rmtree(*dir, NULL);
+    errno = saved;
+  }
+}
+#define cleanup_box_dir __attribute__((cleanup(cleanup_box_dirp)))
+
+/* box_dir (root, 0700) holds upper/ (the box's /, so owned by its root),
+ * work/ (overlay's, used with the mounter's credentials) and rootfs/. */
+static int make_box_subdirs(const tp_box_spec_t *s, tp_error_t *err) {
+  cleanup_close int dfd = open(s->box_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return tp_error_errno(err, errno, "open '%s'", s->box_dir);
+  if (mkdirat(dfd, "upper", 0755) < 0 || fchmodat(dfd, "upper", 0755, 0) < 0 ||
+      fchownat(dfd, "upper", s->uid_base, s->gid_base, AT_SYMLINK_NOFOLLOW) < 0)
+    return tp_error_errno(err, errno, "make '%s/upper'", s->box_dir);
+  if (mkdirat(dfd, "work", 0700) < 0)
+    return tp_error_errno(err, errno, "mkdir '%s/work'", s->box_dir);
+  if (mkdirat(dfd, "rootfs", 0755) < 0)
+    return tp_error_errno(err, errno, "mkdir '%s/rootfs'", s->box_dir);
+  return 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+/* A previous child's frames may have left ASan poison on an address range
+ * this mmap reuses (the child never returns to unpoison them). */
+#define TP__UNPOISON(p, n) __asan_unpoison_memory_region((p), (n))
+#else
+#define TP__UNPOISON(p, n) ((void) 0)
+#endif
+
+/* Stacks for the child and its id-map helper, each above a guard page. */
+#define TP__STACK_SIZE (64 * 1024)
+#define TP__GUARD_SIZE 4096
+
+typedef struct stacks_s {
+  char *base;
+  size_t len;
+} stacks_t;
+
+static void cleanup_stacksp(stacks_t *s) {
+  if (s->base != NULL)
+    munmap(s->base, s->len);
+}
+#define cleanup_stacks __attribute__((cleanup(cleanup_stacksp)))
+
+static int stacks_map(stacks_t *s, tp_error_t *err) {
+  const size_t slot = TP__GUARD_SIZE + TP__STACK_SIZE;
+  s->len = 2 * slot;
+  s->base = mmap(NULL, s->len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (s->base == MAP_FAILED) {
+    s->base = NULL;
+    return tp_error_errno(err, errno, "mmap child stacks");
+  }
+  if (mprotect(s->base + TP__GUARD_SIZE, TP__STACK_SIZE, PROT_READ | PROT_WRITE) < 0 ||
+      mprotect(s->base + slot + TP__GUARD_SIZE, TP__STACK_SIZE, PROT_READ | PROT_WRITE) < 0)
+    return tp_error_errno(err, errno, "mprotect child stacks");
+  TP__UNPOISON(s->base, s->len);
+  return 0;
+}
+/* Stacks grow down: hand out the top of each slot. */
+static void *stack_top(const stacks_t *s, int i) {
+  return s->base + (size_t) (i + 1) * (TP__GUARD_SIZE + TP__STACK_SIZE);
+}
+
+static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) {
+  cleanup_plan tp__plan_t plan;
+  cleanup_box_dir const char *dir_guard = NULL; /* declared early: runs after the reap */
+  cleanup_stacks stacks_t stacks = {NULL, 0};
+  cleanup_close int chan_p = -1, chan_c = -1;
+  cleanup_close int pidfd = -1;
+  cleanup_pid pid_t pid = -1;
+  tp__child_t child;
+  int pair[2], pfd = -1;
+  sigset_t all, old;
+  siginfo_t si;
+  pid_t ret;
+
+  if (tp__plan_build(&plan, spec, err) < 0)
+    return -1;
+  if (mkdir(spec->box_dir, 0700) < 0)
+    return tp_error_errno(err, errno, "mkdir '%s'", spec->box_dir);
+  dir_guard = spec->box_dir;
+  if (make_box_subdirs(spec, err) < 0)
+    return -1;
+  if (stacks_map(&stacks, err) < 0)
+    return -1;
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+    return tp_error_errno(err, errno, "socketpair");
+  chan_p = pair[0];
+  chan_c = pair[1];
+
+  memset(&child, 0, sizeof(child));
+  child.plan = &plan;
+  child.chan = chan_c;
+  child.agent = spec->agent_fd;
+  child.helper_stack = stack_top(&stacks, 0);
+  child.sync_r = child.sync_w = -1;
+
+  /* No handler of the daemon may run in the child: block everything across
+   * the clone; the child resets dispositions before unblocking.  With
+   * CLONE_VFORK this returns once the child exec'd the agent or died. */
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  ret = clone(tp__box_child, stack_top(&stacks, 1),
+              CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS |
+                  CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWCGROUP | SIGCHLD,
+              &child, &pfd);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (ret < 0)
+    return tp_error_errno(err, errno, "clone");
+  pid = ret;
+  pidfd = pfd;
+
+  if (child.report.err != 0) {
+    child.report.msg[sizeof(child.report.msg) - 1] = '\0';
+    return tp_error_errno(err, child.report.err, "%s", child.report.msg);
+  }
+  /* No report: it exec'd, unless a signal killed it first. */
+  memset(&si, 0, sizeof(si));
+  if (waitid((idtype_t) P_PIDFD, (id_t) pidfd, &si, WEXITED | WNOHANG | WNOWAIT) < 0)
+    return tp_error_errno(err, errno, "waitid");
+  if (si.si_pid != 0)
+    return tp_error_set(err, ECHILD, "box exited during start (%s %d)",
+                        si.si_code == CLD_EXITED ? "status" : "signal", si.si_status);
+  if (fcntl(chan_p, F_SETFL, O_NONBLOCK) < 0)
+    return tp_error_errno(err, errno, "fcntl channel");
+
+  box->pid = pid;
+  box->pidfd = pidfd;
+  box->chan_fd = chan_p;
+  pid = -1;
+  pidfd = -1;
+  chan_p = -1;
+  dir_guard = NULL;
+  return 0;
+}
+
+int tp_linux_box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) {
+  tp_error_t local;
+  if (err == NULL)
+    err = &local;
+  box->pid = 0;
+  box->pidfd = -1;
+  box->chan_fd = -1;
+  if (box_start(spec, box, err) < 0) {
+    /* The id was validated unless the plan said otherwise; print it safely. */
+    return tp_error_prefix(err, "start box %.63s", spec->id ? spec->id : "(null)");
+  }
+  return 0;
+}
+
+int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err) {
+  siginfo_t si;
+  int r;
+
+  if (box->pidfd >= 0) {
+    /* Killing PID 1 of the box takes its whole PID namespace down; waitid
+     * returns once PID 1 is reaped, i.e. after every other box process. */
+    if (syscall(SYS_pidfd_send_signal, box->pidfd, SIGKILL, NULL, 0) < 0 && errno != ESRCH)
+      return tp_error_errno(err, errno, "destroy box: kill pid %d", (int) box->pid);
+    for (;;) {
+      r = waitid((idtype_t) P_PIDFD, (id_t) box->pidfd, &si, WEXITED);
+      if (r == 0 || (errno != EINTR && errno != EAGAIN))
+        break;
+      if (errno == EAGAIN) { /* the pidfd was made non-blocking (uv_poll) */
+        struct pollfd p = {.fd = box->pidfd, .events = POLLIN};
+        poll(&p, 1, -1);
+      }
+    }
+    if (r < 0 && errno != ECHILD) /* ECHILD: someone else reaped it */
+      return tp_error_errno(err, errno, "destroy box: wait for pid %d", (int) box->pid);
+    close(box->pidfd);
+    box->pidfd = -1;
+  }
+  box->pid = 0;
+  if (box->chan_fd >= 0) {
+    close(box->chan_fd);
+    box->chan_fd = -1;
+  }
+  if (box_dir != NULL && tp_rmtree(box_dir, err) < 0)
+    return tp_error_prefix(err, "destroy box");
+  return 0;
+}

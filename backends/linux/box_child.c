@@ -1,0 +1,256 @@
+/* The cloned child of tp_linux_box_start.  It runs in the daemon's memory
+ * (CLONE_VM | CLONE_VFORK) while the calling thread is suspended and the
+ * daemon's other threads keep running, so only async-signal-safe calls are
+ * allowed: plain syscall wrappers, no malloc, no stdio, nothing that takes a
+ * lock.  glibc's setresuid & co. would try to signal the daemon's threads
+ * (setxid broadcast): use syscall().  Of the shared memory it writes only
+ * its own fields of tp__child_t, the report last, just before _exit(127). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "linux_int.h"
+
+#define TP__HIGH_FD 10 /* fds are parked at or above this while being arranged */
+#define TP__AGENT_EXEC_FD (TP_AGENT_FD + 1) /* where the agent's fd waits for execveat */
+_Static_assert(TP_AGENT_FD > 2 && TP__AGENT_EXEC_FD + 1 < TP__HIGH_FD, "fd layout");
+
+/* Bounded copy; returns the new end.  No strlcpy/snprintf here. */
+static size_t put(char *buf, size_t off, size_t cap, const char *s) {
+  while (s != NULL && *s != '\0' && off + 1 < cap)
+    buf[off++] = *s++;
+  buf[off] = '\0';
+  return off;
+}
+
+static void report(tp__child_report_t *r, int code, const char *step, const char *path) {
+  size_t off;
+  off = put(r->msg, 0, sizeof(r->msg), step);
+  if (path != NULL) {
+    off = put(r->msg, off, sizeof(r->msg), " '");
+    off = put(r->msg, off, sizeof(r->msg), path);
+    put(r->msg, off, sizeof(r->msg), "'");
+  }
+  r->err = code ? code : EIO; /* err != 0 is what marks a report */
+}
+
+__attribute__((noreturn)) static void fail(tp__child_t *c, int code, const char *step,
+                                           const char *path) {
+  report(&c->report, code, step, path);
+  _exit(127);
+}
+
+static int lo_up(void) {
+  struct ifreq ifr;
+  int ret = -1, saved;
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  memset(&ifr, 0, sizeof(ifr));
+  memcpy(ifr.ifr_name, "lo", 3);
+  if (ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
+    ifr.ifr_flags |= IFF_UP;
+    ret = ioctl(fd, SIOCSIFFLAGS, &ifr);
+  }
+  saved = errno;
+  close(fd);
+  errno = saved;
+  return ret;
+}
+
+/* mkdir dst unless present; either way it must be a directory and not a
+ * symlink, so no mount below can be redirected by the image. */
+static int real_dir(const char *dst, mode_t mode) {
+  int fd;
+  if (mkdir(dst, mode) < 0 && errno != EEXIST)
+    return -1;
+  fd = open(dst, O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  close(fd);
+  return 0;
+}
+
+static int run_op(const tp__op_t *op) {
+  int fd;
+  switch (op->kind) {
+  case TP__OP_MOUNT:
+    return mount(op->src, op->dst, op->fstype, op->flags, op->data);
+  case TP__OP_DIR:
+    return real_dir(op->dst, op->mode);
+  case TP__OP_FILE:
+    fd = open(op->dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, op->mode);
+    if (fd < 0)
+      return -1;
+    close(fd);
+    return 0;
+  case TP__OP_SYMLINK:
+    return symlink(op->src, op->dst);
+  case TP__OP_HOSTNAME:
+    return sethostname(op->src, strlen(op->src));
+  case TP__OP_LO_UP:
+    return lo_up();
+  case TP__OP_PIVOT:
+    /* pivot_root(".", "."): the old root ends up stacked on the new one and
+     * is detached at once; no put_old directory is needed. */
+    if (chdir(op->dst) < 0 || syscall(SYS_pivot_root, ".", ".") < 0)
+      return -1;
+    if (umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+      return -1;
+    return 0;
+  }
+  errno = EINVAL;
+  return -1;
+}
+
+static void reset_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; sig++)
+    if (sig != SIGKILL && sig != SIGSTOP)
+      sigaction(sig, &sa, NULL); /* fails harmlessly for libc-reserved signals */
+}
+
+static int park(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, TP__HIGH_FD); }
+
+static int write_map(const char *path, const char *map) {
+  size_t len = strlen(map);
+  ssize_t n;
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  n = write(fd, map, len);
+  if (n >= 0 && (size_t) n != len) {
+    n = -1;
+    errno = EIO;
+  }
+  close(fd);
+  return n < 0 ? -1 : 0;
+}
+
+/* The id-map helper: PID 2 of the box, real root of the host user
+ * namespace, sharing the child's memory.  It waits until PID 1 (the child)
+ * has its user namespace, writes the maps and exits. */
+static int helper(void *arg) {
+  tp__child_t *c = arg;
+  char b;
+  ssize_t n;
+  close(c->sync_w);
+  do
+    n = read(c->sync_r, &b, 1);
+  while (n < 0 && errno == EINTR);
+  if (n != 1)
+    _exit(1); /* the child failed first and reports why */
+  if (write_map("/proc/1/uid_map", c->plan->uid_map) < 0) {
+    report(&c->helper_report, errno, "write uid_map", NULL);
+    _exit(2);
+  }
+  if (write_map("/proc/1/gid_map", c->plan->gid_map) < 0) {
+    report(&c->helper_report, errno, "write gid_map", NULL);
+    _exit(2);
+  }
+  _exit(0);
+}
+
+/* unshare a user namespace and have the helper map it (root -> uid_base). */
+static void enter_user_ns(tp__child_t *c) {
+  int p[2], status, e;
+  pid_t h;
+  ssize_t n;
+
+  if (pipe2(p, O_CLOEXEC) < 0)
+    fail(c, errno, "pipe", NULL);
+  c->sync_r = p[0];
+  c->sync_w = p[1];
+  /* Cloned before the unshare, so it keeps CAP_SETUID over the host user
+   * namespace.  Signals are blocked and stay so in the helper. */
+  h = clone(helper, c->helper_stack, CLONE_VM | SIGCHLD, c);
+  if (h < 0)
+    fail(c, errno, "clone id-map helper", NULL);
+  close(p[0]);
+  if (unshare(CLONE_NEWUSER) < 0) {
+    e = errno;
+    close(p[1]); /* the helper sees EOF and leaves */
+    waitpid(h, &status, 0);
+    fail(c, e, "unshare user namespace", NULL);
+  }
+  do
+    n = write(p[1], "u", 1);
+  while (n < 0 && errno == EINTR);
+  e = errno;
+  close(p[1]);
+  while (waitpid(h, &status, 0) < 0 && errno == EINTR)
+    ;
+  if (n != 1)
+    fail(c, e, "wake id-map helper", NULL);
+  if (c->helper_report.err != 0) {
+    c->report = c->helper_report;
+    _exit(127);
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fail(c, ECHILD, "id-map helper died", NULL);
+}
+
+int tp__box_child(void *arg) {
+  tp__child_t *c = arg;
+  const tp__plan_t *plan = c->plan;
+  char *const argv[] = {"tupper-agent", NULL};
+  char *const envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+  int chan, agent, null_fd;
+  sigset_t none;
+
+  /* Signals stay blocked (the parent blocked them around clone) until exec;
+   * the daemon's handlers must never run in this copy of its thread. */
+  reset_signals();
+
+  for (int i = 0; i < plan->n_ops; i++)
+    if (run_op(&plan->ops[i]) < 0)
+      fail(c, errno, plan->ops[i].step, plan->ops[i].dst);
+
+  /* Only now, with every mount in place, the user namespace: the mount, net,
+   * UTS... namespaces stay owned by the host one. */
+  enter_user_ns(c);
+  if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setgroups, 0, NULL) < 0 ||
+      syscall(SYS_setresuid, 0, 0, 0) < 0)
+    fail(c, errno, "become root in the user namespace", NULL);
+  /* Leave the daemon's session: /dev/tty must not reach its terminal. */
+  if (setsid() < 0)
+    fail(c, errno, "setsid", NULL);
+  /* The box dies with the daemon (docs/architecture.md).  Set only now: a
+   * change of credentials (the setresuid above) clears it.  It fires when
+   * the thread that cloned us exits, so start boxes from a long-lived one. */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+    fail(c, errno, "set parent-death signal", NULL);
+
+  /* Arrange 0-2 = /dev/null, TP_AGENT_FD = channel, the next = agent (close
+   * on exec), close the rest: the daemon's fds.  Park everything high first
+   * so no dup2 clobbers a source. */
+  null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null_fd < 0)
+    fail(c, errno, "open /dev/null", NULL);
+  if ((null_fd = park(null_fd)) < 0 || (chan = park(c->chan)) < 0 || (agent = park(c->agent)) < 0)
+    fail(c, errno, "arrange fds", NULL);
+  if (dup2(null_fd, 0) < 0 || dup2(null_fd, 1) < 0 || dup2(null_fd, 2) < 0 ||
+      dup2(chan, TP_AGENT_FD) < 0 || dup3(agent, TP__AGENT_EXEC_FD, O_CLOEXEC) < 0 ||
+      syscall(SYS_close_range, TP__AGENT_EXEC_FD + 1, ~0U, 0) < 0)
+    fail(c, errno, "arrange fds", NULL);
+
+  umask(022);
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  syscall(SYS_execveat, TP__AGENT_EXEC_FD, "", argv, envp, AT_EMPTY_PATH);
+  fail(c, errno, "exec agent", NULL);
+}
