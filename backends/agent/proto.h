@@ -43,10 +43,12 @@ enum tp_msg_type {
   TP_MSG_OK = 10,          /* fields depend on the request */
   TP_MSG_ERR = 11,         /* ERRNO, MSG */
   /* host -> agent requests */
-  TP_MSG_EXEC = 20,        /* ARG+ ENV* CWD? FLAGS? -> OK(PID) */
+  TP_MSG_EXEC = 20,        /* ARG+ ENV* CWD? FLAGS? UID? GID? -> OK(PID) */
   TP_MSG_STDIN = 21,       /* PID DATA -> OK */
   TP_MSG_STDIN_CLOSE = 22, /* PID -> OK */
   TP_MSG_SIGNAL = 23,      /* PID SIGNAL -> OK (signals the process group) */
+  TP_MSG_RELEASE = 24,     /* PID -> OK: lets a child held by TP_F_EXEC_HOLD exec */
+  TP_MSG_PS = 25,          /* -> OK(ENTRY*), ENTRY = nested PID ARG* : live processes */
   TP_MSG_FS_READ = 30,     /* PATH OFFSET? LENGTH? -> OK(DATA SIZE) */
   TP_MSG_FS_WRITE = 31,    /* PATH DATA OFFSET? FLAGS? MODE? -> OK(SIZE) */
   TP_MSG_FS_STAT = 32,     /* PATH -> OK(TYPE SIZE MODE MTIME UID GID LINK?) */
@@ -88,6 +90,8 @@ enum tp_tag {
 
 /* FLAGS bits */
 #define TP_F_EXEC_STDIN 0x1u      /* EXEC: keep a stdin pipe open (else /dev/null) */
+#define TP_F_EXEC_HOLD 0x2u       /* EXEC: the child waits for RELEASE before it execs (the
+                                     host moves it into its own cgroup meanwhile) */
 #define TP_F_WRITE_TRUNC 0x1u     /* FS_WRITE: create/truncate before writing */
 #define TP_F_WRITE_APPEND 0x2u    /* FS_WRITE: append */
 #define TP_F_WRITE_PARENTS 0x4u   /* FS_WRITE: create missing parent dirs */

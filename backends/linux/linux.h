@@ -16,6 +16,7 @@
 #define TP_LINUX_H
 
 #include <stdint.h>
+#include <linux/filter.h>
 #include <sys/types.h>
 
 #include "error.h"
@@ -30,6 +31,12 @@ typedef struct tp_box_spec_s {
   uid_t uid_base;        /* host uid of root in the box */
   gid_t gid_base;
   uint32_t id_count;     /* size of the mapped range */
+  /* NULL-terminated list of cgroup.procs (v2) / tasks (v1) files that the
+   * box's PID 1 joins, written "0" by the child while still real root, before
+   * anything of the box runs; NULL = none. */
+  const char *const *cgroup_procs;
+  int64_t disk_bytes;    /* 0 = no cap; else upper/ and work/ live on an ext4 image of this size */
+  const struct sock_fprog *seccomp; /* NULL = none; loaded with no_new_privs just before the agent's exec */
 } tp_box_spec_t;
 
 typedef struct tp_box_s {
