@@ -1,0 +1,1172 @@
+/* Box cgroups on v2 or v1: see cgroup.h for the layout and the rules.
+ *
+ * A cgroup object is a set of directories, one per hierarchy (one on v2, up
+ * to five on v1, fewer when controllers share a mount).  Most operations are
+ * "for each distinct directory, do X", so cg_dirs() lists them once.
+ * Waits are bounded by TP_CGROUP_TIMEOUT_MS: on v2 they sleep in poll() on
+ * cgroup.events (the kernel signals POLLPRI on change), on v1 the kernel
+ * offers no event and they poll the file with short, growing naps. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/magic.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cgroup.h"
+#include "utils.h"
+
+#define CG_MAX_DEPTH 8      /* subs are one level deep; anything deeper is refused */
+#define CG_BUSY_RETRIES 100 /* rmdir EBUSY right after the last exit: retry, 1 ms apart */
+#define CG_PIN_BATCH 128    /* pidfds held at once while killing */
+
+static const char *const ctrl_name[TP_CG_NCTRL] = {"memory", "pids", "cpu", "cpuacct", "freezer"};
+
+typedef struct cg_dirs_s {
+  const char *d[TP_CG_NCTRL];
+  int n;
+} cg_dirs_t;
+
+static void dirs_add(cg_dirs_t *ds, const char *d) {
+  if (d == NULL)
+    return;
+  for (int i = 0; i < ds->n; i++)
+    if (strcmp(ds->d[i], d) == 0)
+      return;
+  ds->d[ds->n++] = d;
+}
+
+/* The distinct directories of cg, one per hierarchy. */
+static void cg_dirs(const tp_cgroup_t *cg, cg_dirs_t *ds) {
+  ds->n = 0;
+  if (cg->version == 2) {
+    dirs_add(ds, cg->path_v2);
+    return;
+  }
+  for (int c = 0; c < TP_CG_NCTRL; c++)
+    dirs_add(ds, cg->path_v1[c]);
+}
+
+/* The distinct mount points of root. */
+static void root_mounts(const tp_cgroup_root_t *root, cg_dirs_t *ds) {
+  ds->n = 0;
+  if (root->version == 2) {
+    dirs_add(ds, root->v2);
+    return;
+  }
+  for (int c = 0; c < TP_CG_NCTRL; c++)
+    dirs_add(ds, root->v1[c]);
+}
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void nap_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+int tp_cgroup_valid_name(const char *name) {
+  size_t i;
+  if (name == NULL || !((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= '0' && name[0] <= '9')))
+    return 0;
+  for (i = 1; name[i] != '\0'; i++) {
+    char ch = name[i];
+    if (i > 62 || !((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-'))
+      return 0;
+  }
+  return 1;
+}
+
+/* ---- files ------------------------------------------------------------------------ */
+
+/* Writes val to dir/file.  With `optional`, a missing file returns 1. */
+static int cg_write(const char *dir, const char *file, const char *val, int optional,
+                    tp_error_t *err) {
+  cleanup_free char *p = NULL;
+  cleanup_close int fd = -1;
+  size_t len = strlen(val);
+  ssize_t w;
+
+  if (asprintf(&p, "%s/%s", dir, file) < 0) {
+    p = NULL;
+    return tp_error_errno(err, ENOMEM, "write '%s/%s'", dir, file);
+  }
+  fd = open(p, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (optional && errno == ENOENT)
+      return 1;
+    return tp_error_errno(err, errno, "open '%s'", p);
+  }
+  do
+    w = write(fd, val, len);
+  while (w < 0 && errno == EINTR);
+  if (w < 0)
+    return tp_error_errno(err, errno, "write '%s' to '%s'", val, p);
+  if ((size_t) w != len)
+    return tp_error_set(err, EIO, "short write of '%s' to '%s'", val, p);
+  return 0;
+}
+
+/* Reads fd whole into a NUL-terminated buffer; NULL with errno set. */
+static char *read_fd(int fd) {
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap), *nb;
+  ssize_t r;
+
+  if (buf == NULL)
+    return NULL;
+  for (;;) {
+    if (len + 1 >= cap) {
+      nb = cap < (64u << 20) ? realloc(buf, cap * 2) : NULL;
+      if (nb == NULL) {
+        free(buf);
+        errno = ENOMEM;
+        return NULL;
+      }
+      buf = nb;
+      cap *= 2;
+    }
+    r = read(fd, buf + len, cap - len - 1);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0) {
+      int e = errno;
+      free(buf);
+      errno = e;
+      return NULL;
+    }
+    if (r == 0)
+      break;
+    len += (size_t) r;
+  }
+  buf[len] = '\0';
+  return buf;
+}
+
+/* dir/file whole; NULL with errno set (and err, if given). */
+static char *cg_read(const char *dir, const char *file, tp_error_t *err) {
+  cleanup_free char *p = NULL;
+  cleanup_close int fd = -1;
+  char *text;
+  int e;
+
+  if (asprintf(&p, "%s/%s", dir, file) < 0) {
+    p = NULL;
+    tp_error_errno(err, ENOMEM, "read '%s/%s'", dir, file);
+    errno = ENOMEM;
+    return NULL;
+  }
+  fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd >= 0 && (text = read_fd(fd)) != NULL)
+    return text;
+  e = errno;
+  tp_error_errno(err, e, "read '%s'", p);
+  errno = e;
+  return NULL;
+}
+
+/* The value of "key <n>" in a flat keyed file's text, or -1. */
+static int64_t keyed(const char *text, const char *key) {
+  size_t kl = strlen(key);
+  const char *line = text;
+  while (line != NULL && *line != '\0') {
+    if (strncmp(line, key, kl) == 0 && line[kl] == ' ')
+      return strtoll(line + kl + 1, NULL, 10);
+    line = strchr(line, '\n');
+    if (line != NULL)
+      line++;
+  }
+  return -1;
+}
+
+/* 1 if word is one of the space-separated words of text. */
+static int has_word(const char *text, const char *word) {
+  size_t wl = strlen(word);
+  const char *p = text;
+  while ((p = strstr(p, word)) != NULL) {
+    int start = p == text || p[-1] == ' ' || p[-1] == '\n';
+    int end = p[wl] == '\0' || p[wl] == ' ' || p[wl] == '\n';
+    if (start && end)
+      return 1;
+    p += wl;
+  }
+  return 0;
+}
+
+/* A single number (or "max") from dir/file, or -1 if unreadable. */
+static int64_t read_num(const char *dir, const char *file) {
+  cleanup_free char *text = dir ? cg_read(dir, file, NULL) : NULL;
+  if (text == NULL)
+    return -1;
+  if (strncmp(text, "max", 3) == 0)
+    return INT64_MAX;
+  return strtoll(text, NULL, 10);
+}
+
+static int64_t read_keyed(const char *dir, const char *file, const char *key) {
+  cleanup_free char *text = dir ? cg_read(dir, file, NULL) : NULL;
+  return text ? keyed(text, key) : -1;
+}
+
+/* ---- detection -------------------------------------------------------------------- */
+
+/* Decodes mountinfo's octal escapes (\040 for a space) in place. */
+static void unescape(char *s) {
+  char *o = s;
+  for (; *s; s++) {
+    if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
+        s[3] >= '0' && s[3] <= '7') {
+      *o++ = (char) ((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+      s += 3;
+    } else {
+      *o++ = *s;
+    }
+  }
+  *o = '\0';
+}
+
+static int under(const char *path, const char *dir) {
+  size_t n = strlen(dir);
+  if (strcmp(dir, "/") == 0)
+    return 1;
+  return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+/* One mountinfo line: if it is a v1 cgroup mount below dir, take its controllers. */
+static int v1_line(char *line, tp_cgroup_root_t *root) {
+  char *field[16], *save = NULL, *tok, *opts;
+  int n = 0, sep = -1;
+
+  for (tok = strtok_r(line, " \n", &save); tok != NULL && n < 16; tok = strtok_r(NULL, " \n", &save)) {
+    if (sep < 0 && n >= 6 && strcmp(tok, "-") == 0)
+      sep = n;
+    field[n++] = tok;
+  }
+  if (sep < 0 || sep + 3 >= n || strcmp(field[sep + 1], "cgroup") != 0)
+    return 0;
+  unescape(field[4]);
+  if (!under(field[4], root->dir))
+    return 0;
+  opts = field[sep + 3];
+  for (tok = strtok_r(opts, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save))
+    for (int c = 0; c < TP_CG_NCTRL; c++)
+      if (strcmp(tok, ctrl_name[c]) == 0 && root->v1[c] == NULL) {
+        root->v1[c] = strdup(field[4]);
+        if (root->v1[c] == NULL)
+          return -1;
+        root->avail |= 1u << c;
+      }
+  return 0;
+}
+
+static int detect_v1(tp_cgroup_root_t *root, tp_error_t *err) {
+  FILE *f = fopen("/proc/self/mountinfo", "re");
+  char *line = NULL;
+  size_t cap = 0;
+  int ret = 0;
+
+  if (f == NULL)
+    return tp_error_errno(err, errno, "open /proc/self/mountinfo");
+  while (getline(&line, &cap, f) > 0)
+    if (v1_line(line, root) < 0) {
+      ret = tp_error_errno(err, ENOMEM, "parse /proc/self/mountinfo");
+      break;
+    }
+  free(line);
+  fclose(f);
+  if (ret == 0 && root->avail == 0)
+    ret = tp_error_set(err, ENOTSUP,
+                       "no cgroup2 mount and no v1 memory, pids, cpu or freezer hierarchy at '%s'",
+                       root->dir);
+  return ret;
+}
+
+void tp_cgroup_root_free(tp_cgroup_root_t *root) {
+  free(root->dir);
+  free(root->v2);
+  for (int c = 0; c < TP_CG_NCTRL; c++)
+    free(root->v1[c]);
+  memset(root, 0, sizeof(*root));
+}
+
+int tp_cgroup_detect(const char *root_dir, tp_cgroup_root_t *root, tp_error_t *err) {
+  struct statfs sfs;
+  memset(root, 0, sizeof(*root));
+  if (root_dir == NULL)
+    root_dir = TP_CGROUP_ROOT;
+  root->dir = realpath(root_dir, NULL);
+  if (root->dir == NULL)
+    return tp_error_errno(err, errno, "cgroup root '%s'", root_dir);
+  if (statfs(root->dir, &sfs) < 0) {
+    tp_error_errno(err, errno, "statfs '%s'", root->dir);
+    tp_cgroup_root_free(root);
+    return -1;
+  }
+  if (sfs.f_type == CGROUP2_SUPER_MAGIC) {
+    cleanup_free char *ctl = cg_read(root->dir, "cgroup.controllers", err);
+    root->version = 2;
+    root->v2 = strdup(root->dir);
+    if (ctl == NULL || root->v2 == NULL) {
+      if (root->v2 == NULL)
+        tp_error_errno(err, ENOMEM, "cgroup root");
+      tp_cgroup_root_free(root);
+      return -1;
+    }
+    for (int c = TP_CG_MEMORY; c <= TP_CG_CPU; c++)
+      if (has_word(ctl, ctrl_name[c]))
+        root->avail |= 1u << c;
+    return 0;
+  }
+  root->version = 1;
+  if (detect_v1(root, err) < 0) {
+    tp_cgroup_root_free(root);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- objects ---------------------------------------------------------------------- */
+
+void tp_cgroup_free(tp_cgroup_t *cg) {
+  free(cg->id);
+  free(cg->sub);
+  free(cg->path_v2);
+  for (int c = 0; c < TP_CG_NCTRL; c++)
+    free(cg->path_v1[c]);
+  memset(cg, 0, sizeof(*cg));
+}
+
+/* out's paths = each base that is set + "/" + rel. */
+static int set_paths(tp_cgroup_t *out, const char *base_v2, char *const base_v1[TP_CG_NCTRL],
+                     const char *rel, tp_error_t *err) {
+  if (out->version == 2) {
+    if (asprintf(&out->path_v2, "%s/%s", base_v2, rel) < 0) {
+      out->path_v2 = NULL;
+      return tp_error_errno(err, ENOMEM, "cgroup path");
+    }
+    return 0;
+  }
+  for (int c = 0; c < TP_CG_NCTRL; c++)
+    if (base_v1[c] != NULL && asprintf(&out->path_v1[c], "%s/%s", base_v1[c], rel) < 0) {
+      out->path_v1[c] = NULL;
+      return tp_error_errno(err, ENOMEM, "cgroup path");
+    }
+  return 0;
+}
+
+/* Fills cg for box id under root (no kernel access). */
+static int box_init(tp_cgroup_t *cg, const tp_cgroup_root_t *root, const char *id,
+                    tp_error_t *err) {
+  cleanup_free char *rel = NULL;
+  memset(cg, 0, sizeof(*cg));
+  if (!tp_cgroup_valid_name(id))
+    return tp_error_set(err, EINVAL, "invalid box id '%s' (want [a-z0-9][a-z0-9-]{0,62})",
+                        id ? id : "(null)");
+  if (root == NULL || (root->version != 1 && root->version != 2))
+    return tp_error_set(err, EINVAL, "cgroup root not detected");
+  cg->version = root->version;
+  cg->id = strdup(id);
+  if (cg->id == NULL || asprintf(&rel, TP_CGROUP_PARENT "/%s", id) < 0) {
+    rel = NULL;
+    tp_cgroup_free(cg);
+    return tp_error_errno(err, ENOMEM, "cgroup %s", id);
+  }
+  if (set_paths(cg, root->v2, root->v1, rel, err) < 0) {
+    tp_cgroup_free(cg);
+    return -1;
+  }
+  return 0;
+}
+
+static int is_dir(const char *p) {
+  struct stat st;
+  return lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* dir's parent, as a fresh string. */
+static char *parent_of(const char *dir) {
+  const char *slash = strrchr(dir, '/');
+  return strndup(dir, slash && slash != dir ? (size_t) (slash - dir) : 1);
+}
+
+/* ---- create ----------------------------------------------------------------------- */
+
+static int check_limits(const tp_cgroup_limits_t *lim, tp_error_t *err) {
+  if (lim->memory < 0 || lim->pids < 0 || lim->cpu_quota < 0 || lim->cpu_period < 0)
+    return tp_error_set(err, EINVAL, "negative cgroup limit");
+  if (lim->cpu_period != 0 && (lim->cpu_period < 1000 || lim->cpu_period > 1000000))
+    return tp_error_set(err, EINVAL, "cpu period %" PRId64 " us out of 1000..1000000",
+                        lim->cpu_period);
+  if (lim->cpu_quota != 0 && lim->cpu_quota < 1000)
+    return tp_error_set(err, EINVAL, "cpu quota %" PRId64 " us below 1000", lim->cpu_quota);
+  return 0;
+}
+
+/* Controllers the nonzero limits need. */
+static unsigned limits_need(const tp_cgroup_limits_t *lim) {
+  return (lim->memory ? 1u << TP_CG_MEMORY : 0) | (lim->pids ? 1u << TP_CG_PIDS : 0) |
+         (lim->cpu_quota ? 1u << TP_CG_CPU : 0);
+}
+
+/* v2: enables controllers `want` for dir's children; a failure matters only
+ * for those in `need`. */
+static int v2_enable(const char *dir, unsigned want, unsigned need, tp_error_t *err) {
+  cleanup_free char *avail = cg_read(dir, "cgroup.controllers", err);
+  cleanup_free char *on = avail ? cg_read(dir, "cgroup.subtree_control", err) : NULL;
+  char val[16];
+
+  if (on == NULL)
+    return -1;
+  for (int c = TP_CG_MEMORY; c <= TP_CG_CPU; c++) {
+    if (!(want & (1u << c)) || has_word(on, ctrl_name[c]))
+      continue;
+    if (!has_word(avail, ctrl_name[c])) {
+      if (need & (1u << c))
+        return tp_error_set(err, EOPNOTSUPP, "the %s controller is not available in '%s'",
+                            ctrl_name[c], dir);
+      continue;
+    }
+    snprintf(val, sizeof(val), "+%s", ctrl_name[c]);
+    if (cg_write(dir, "cgroup.subtree_control", val, 0, err) < 0 && (need & (1u << c))) {
+      if (err != NULL && err->code == EBUSY)
+        tp_error_prefix(err, "'%s' holds processes of its own, move them to a child cgroup first",
+                        dir);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int write_limits_v2(const tp_cgroup_t *cg, const tp_cgroup_limits_t *lim, int64_t period,
+                           tp_error_t *err) {
+  char v[64];
+  if (lim->memory) {
+    snprintf(v, sizeof(v), "%" PRId64, lim->memory);
+    if (cg_write(cg->path_v2, "memory.max", v, 0, err) < 0 ||
+        cg_write(cg->path_v2, "memory.swap.max", "0", 1, err) < 0)
+      return -1;
+  }
+  if (lim->pids) {
+    snprintf(v, sizeof(v), "%" PRId64, lim->pids);
+    if (cg_write(cg->path_v2, "pids.max", v, 0, err) < 0)
+      return -1;
+  }
+  if (lim->cpu_quota) {
+    snprintf(v, sizeof(v), "%" PRId64 " %" PRId64, lim->cpu_quota, period);
+    if (cg_write(cg->path_v2, "cpu.max", v, 0, err) < 0)
+      return -1;
+  }
+  return 0;
+}
+
+static int write_limits_v1(const tp_cgroup_t *cg, const tp_cgroup_limits_t *lim, int64_t period,
+                           tp_error_t *err) {
+  char v[32];
+  if (lim->memory) {
+    /* memsw must stay >= the memory limit: memory first (memsw is unlimited now) */
+    snprintf(v, sizeof(v), "%" PRId64, lim->memory);
+    if (cg_write(cg->path_v1[TP_CG_MEMORY], "memory.limit_in_bytes", v, 0, err) < 0 ||
+        cg_write(cg->path_v1[TP_CG_MEMORY], "memory.memsw.limit_in_bytes", v, 1, err) < 0)
+      return -1;
+  }
+  if (lim->pids) {
+    snprintf(v, sizeof(v), "%" PRId64, lim->pids);
+    if (cg_write(cg->path_v1[TP_CG_PIDS], "pids.max", v, 0, err) < 0)
+      return -1;
+  }
+  if (lim->cpu_quota) {
+    snprintf(v, sizeof(v), "%" PRId64, period);
+    if (cg_write(cg->path_v1[TP_CG_CPU], "cpu.cfs_period_us", v, 0, err) < 0)
+      return -1;
+    snprintf(v, sizeof(v), "%" PRId64, lim->cpu_quota);
+    if (cg_write(cg->path_v1[TP_CG_CPU], "cpu.cfs_quota_us", v, 0, err) < 0)
+      return -1;
+  }
+  return 0;
+}
+
+/* mkdir that reports whether it made the dir (1) or found it (0). */
+static int mkdir_made(const char *p, tp_error_t *err) {
+  if (mkdir(p, 0755) == 0)
+    return 1;
+  if (errno == EEXIST && is_dir(p))
+    return 0;
+  return tp_error_errno(err, errno, "mkdir '%s'", p);
+}
+
+/* Makes dir ds->d[i]; with made_parent (a box), its parent on demand too, on
+ * v2 with controllers `want` enabled for its children.  err->code is ENOENT
+ * if a concurrent prune removed the parent under us. */
+static int make_one(const cg_dirs_t *ds, int i, int version, unsigned want, unsigned need,
+                    int made_parent[], int made[], tp_error_t *err) {
+  cleanup_free char *parent = parent_of(ds->d[i]);
+  int r;
+  if (parent == NULL)
+    return tp_error_errno(err, ENOMEM, "mkdir '%s'", ds->d[i]);
+  if (made_parent != NULL) {
+    r = mkdir_made(parent, err);
+    if (r < 0)
+      return -1;
+    made_parent[i] |= r;
+    if (version == 2 && v2_enable(parent, want, need, err) < 0)
+      return -1;
+  }
+  if (mkdir(ds->d[i], 0755) < 0)
+    return tp_error_errno(err, errno, "mkdir '%s'", ds->d[i]);
+  made[i] = 1;
+  return 0;
+}
+
+/* Makes every dir of ds (see make_one), recording what it made; an existing
+ * one is EEXIST.  The empty "tupper" parent may be pruned by another process
+ * between its mkdir and ours: that is retried. */
+static int make_dirs(const cg_dirs_t *ds, int version, unsigned want, unsigned need,
+                     int made_parent[], int made[], tp_error_t *err) {
+  for (int i = 0; i < ds->n; i++) {
+    tp_error_t e = {0};
+    int r, tries = 0;
+    while ((r = make_one(ds, i, version, want, need, made_parent, made, &e)) < 0 &&
+           e.code == ENOENT && made_parent != NULL && ++tries < 3)
+      ;
+    if (r < 0) {
+      if (err != NULL)
+        *err = e;
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static void unmake_dirs(const cg_dirs_t *ds, const int made_parent[], const int made[]) {
+  int saved = errno;
+  for (int i = ds->n - 1; i >= 0; i--) {
+    if (made[i])
+      rmdir(ds->d[i]);
+    if (made_parent && made_parent[i]) {
+      char *parent = parent_of(ds->d[i]);
+      if (parent != NULL)
+        rmdir(parent);
+      free(parent);
+    }
+  }
+  errno = saved;
+}
+
+int tp_cgroup_create(const tp_cgroup_root_t *root, const char *id, const tp_cgroup_limits_t *lim,
+                     tp_cgroup_t *cg, tp_error_t *err) {
+  static const tp_cgroup_limits_t none;
+  unsigned need, want = 0;
+  int made_parent[TP_CG_NCTRL] = {0}, made[TP_CG_NCTRL] = {0};
+  int64_t period;
+  cg_dirs_t ds;
+
+  if (lim == NULL)
+    lim = &none;
+  if (box_init(cg, root, id, err) < 0)
+    return -1;
+  if (check_limits(lim, err) < 0)
+    goto fail;
+  period = lim->cpu_period ? lim->cpu_period : 100000;
+  need = limits_need(lim);
+  for (int c = TP_CG_MEMORY; c <= TP_CG_CPU; c++)
+    if ((need & (1u << c)) && !(root->avail & (1u << c))) {
+      tp_error_set(err, EOPNOTSUPP, "a %s limit needs the %s controller, which %s '%s' lacks",
+                   ctrl_name[c], ctrl_name[c], root->version == 2 ? "the cgroup2 mount" : "the v1 root",
+                   root->dir);
+      goto fail;
+    }
+  if (root->version == 2) {
+    want = root->avail & ((1u << TP_CG_MEMORY) | (1u << TP_CG_PIDS) | (1u << TP_CG_CPU));
+    if (v2_enable(root->v2, want, need, err) < 0)
+      goto fail;
+  }
+  cg_dirs(cg, &ds);
+  if (make_dirs(&ds, root->version, want, need, made_parent, made, err) < 0)
+    goto undo;
+  if ((root->version == 2 ? write_limits_v2(cg, lim, period, err)
+                          : write_limits_v1(cg, lim, period, err)) < 0)
+    goto undo;
+  return 0;
+
+undo:
+  unmake_dirs(&ds, made_parent, made);
+fail:
+  tp_error_prefix(err, "create cgroup %s", id);
+  tp_cgroup_free(cg);
+  return -1;
+}
+
+int tp_cgroup_open(const tp_cgroup_root_t *root, const char *id, tp_cgroup_t *cg,
+                   tp_error_t *err) {
+  int found = 0;
+  if (box_init(cg, root, id, err) < 0)
+    return -1;
+  if (cg->version == 2) {
+    found = is_dir(cg->path_v2);
+  } else {
+    for (int c = 0; c < TP_CG_NCTRL; c++) {
+      if (cg->path_v1[c] != NULL && !is_dir(cg->path_v1[c])) {
+        free(cg->path_v1[c]);
+        cg->path_v1[c] = NULL;
+      }
+      found |= cg->path_v1[c] != NULL;
+    }
+  }
+  if (!found) {
+    tp_cgroup_free(cg);
+    return tp_error_set(err, ENOENT, "open cgroup %s: no " TP_CGROUP_PARENT "/%s under '%s'", id,
+                        id, root->dir);
+  }
+  return 0;
+}
+
+int tp_cgroup_sub(const tp_cgroup_t *cg, const char *name, tp_cgroup_t *sub, tp_error_t *err) {
+  int made[TP_CG_NCTRL] = {0};
+  cg_dirs_t ds;
+
+  memset(sub, 0, sizeof(*sub));
+  if (cg->id == NULL || cg->sub != NULL)
+    return tp_error_set(err, EINVAL, "sub cgroup '%s': parent is not a box cgroup",
+                        name ? name : "(null)");
+  if (!tp_cgroup_valid_name(name))
+    return tp_error_set(err, EINVAL, "invalid sub cgroup name '%s'", name ? name : "(null)");
+  sub->version = cg->version;
+  sub->id = strdup(cg->id);
+  sub->sub = strdup(name);
+  if (sub->id == NULL || sub->sub == NULL) {
+    tp_cgroup_free(sub);
+    return tp_error_errno(err, ENOMEM, "sub cgroup %s/%s", cg->id, name);
+  }
+  if (set_paths(sub, cg->path_v2, cg->path_v1, name, err) < 0)
+    goto fail;
+  cg_dirs(sub, &ds);
+  if (make_dirs(&ds, sub->version, 0, 0, NULL, made, err) < 0) {
+    unmake_dirs(&ds, NULL, made);
+    goto fail;
+  }
+  return 0;
+fail:
+  tp_error_prefix(err, "sub cgroup %s/%s", cg->id, name);
+  tp_cgroup_free(sub);
+  return -1;
+}
+
+/* ---- processes -------------------------------------------------------------------- */
+
+int tp_cgroup_attach(const tp_cgroup_t *cg, pid_t pid, tp_error_t *err) {
+  char v[24];
+  cg_dirs_t ds;
+  cg_dirs(cg, &ds);
+  if (pid <= 0 || ds.n == 0)
+    return tp_error_set(err, EINVAL, "attach pid %d: no such cgroup or pid", (int) pid);
+  snprintf(v, sizeof(v), "%d", (int) pid);
+  for (int i = 0; i < ds.n; i++)
+    if (cg_write(ds.d[i], "cgroup.procs", v, 0, err) < 0)
+      return tp_error_prefix(err, "attach pid %d", (int) pid);
+  return 0;
+}
+
+int tp_cgroup_enter_fds(const tp_cgroup_t *cg, int fds[TP_CG_NCTRL], tp_error_t *err) {
+  cg_dirs_t ds;
+  cg_dirs(cg, &ds);
+  for (int i = 0; i < TP_CG_NCTRL; i++)
+    fds[i] = -1;
+  for (int i = 0; i < ds.n; i++) {
+    cleanup_free char *p = NULL;
+    if (asprintf(&p, "%s/cgroup.procs", ds.d[i]) < 0) {
+      p = NULL;
+      errno = ENOMEM;
+    } else {
+      fds[i] = open(p, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+    }
+    if (fds[i] < 0) {
+      tp_error_errno(err, errno, "open '%s/cgroup.procs'", ds.d[i]);
+      for (int j = 0; j < i; j++) {
+        close(fds[j]);
+        fds[j] = -1;
+      }
+      return -1;
+    }
+  }
+  return ds.n;
+}
+
+typedef struct pidset_s {
+  pid_t *v;
+  size_t n, cap;
+} pidset_t;
+
+static int pidset_add_text(pidset_t *s, const char *text) {
+  const char *p = text;
+  while (*p != '\0') {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p) {
+      p++;
+      continue;
+    }
+    p = end;
+    if (v <= 0 || v > INT_MAX)
+      continue;
+    if (s->n == s->cap) {
+      size_t cap = s->cap ? s->cap * 2 : 64;
+      pid_t *nv = realloc(s->v, cap * sizeof(*nv));
+      if (nv == NULL)
+        return -1;
+      s->v = nv;
+      s->cap = cap;
+    }
+    s->v[s->n++] = (pid_t) v;
+  }
+  return 0;
+}
+
+/* Adds the pids of dir's cgroup.procs and of every cgroup below it. */
+static int collect(pidset_t *s, const char *dir, int depth, tp_error_t *err) {
+  cleanup_free char *text = NULL;
+  DIR *d;
+  struct dirent *e;
+  int ret = 0;
+
+  if (depth > CG_MAX_DEPTH)
+    return tp_error_set(err, ELOOP, "cgroup tree too deep at '%s'", dir);
+  text = cg_read(dir, "cgroup.procs", NULL);
+  if (text == NULL)
+    return errno == ENOENT ? 0 : tp_error_errno(err, errno, "read '%s/cgroup.procs'", dir);
+  if (pidset_add_text(s, text) < 0)
+    return tp_error_errno(err, ENOMEM, "pids of '%s'", dir);
+  d = opendir(dir);
+  if (d == NULL)
+    return errno == ENOENT ? 0 : tp_error_errno(err, errno, "opendir '%s'", dir);
+  while (ret == 0 && (e = readdir(d)) != NULL) {
+    char *sub;
+    if (e->d_type != DT_DIR || strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    if (asprintf(&sub, "%s/%s", dir, e->d_name) < 0)
+      ret = tp_error_errno(err, ENOMEM, "walk '%s'", dir);
+    else {
+      ret = collect(s, sub, depth + 1, err);
+      free(sub);
+    }
+  }
+  closedir(d);
+  return ret;
+}
+
+static int pid_cmp(const void *a, const void *b) {
+  pid_t x = *(const pid_t *) a, y = *(const pid_t *) b;
+  return (x > y) - (x < y);
+}
+
+int tp_cgroup_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *err) {
+  pidset_t s = {NULL, 0, 0};
+  size_t out = 0;
+  cg_dirs_t ds;
+
+  *pids = NULL;
+  *n = 0;
+  cg_dirs(cg, &ds);
+  for (int i = 0; i < ds.n; i++)
+    if (collect(&s, ds.d[i], 0, err) < 0) {
+      free(s.v);
+      return -1;
+    }
+  if (s.n > 0) {
+    qsort(s.v, s.n, sizeof(*s.v), pid_cmp);
+    for (size_t i = 0; i < s.n; i++)
+      if (out == 0 || s.v[out - 1] != s.v[i])
+        s.v[out++] = s.v[i];
+  }
+  *pids = s.v;
+  *n = out;
+  return 0;
+}
+
+/* ---- freeze ----------------------------------------------------------------------- */
+
+/* v2: waits until cgroup.events of dir says key == want. */
+static int v2_wait_event(const char *dir, const char *key, int64_t want, long long deadline,
+                         tp_error_t *err) {
+  cleanup_free char *p = NULL;
+  cleanup_close int fd = -1;
+  char buf[512];
+
+  if (asprintf(&p, "%s/cgroup.events", dir) < 0) {
+    p = NULL;
+    return tp_error_errno(err, ENOMEM, "wait on '%s'", dir);
+  }
+  fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return tp_error_errno(err, errno, "open '%s'", p);
+  for (;;) {
+    struct pollfd pfd = {fd, POLLPRI, 0};
+    ssize_t r = pread(fd, buf, sizeof(buf) - 1, 0);
+    long long left;
+    if (r < 0)
+      return tp_error_errno(err, errno, "read '%s'", p);
+    buf[r] = '\0';
+    if (keyed(buf, key) == want)
+      return 0;
+    left = deadline - now_ms();
+    if (left <= 0)
+      return tp_error_set(err, ETIMEDOUT, "'%s' still not %s %" PRId64 " after %d ms", p, key,
+                          want, TP_CGROUP_TIMEOUT_MS);
+    /* woken by the kernel's notification; re-read at least every 50 ms anyway */
+    if (poll(&pfd, 1, left < 50 ? (int) left : 50) < 0 && errno != EINTR)
+      return tp_error_errno(err, errno, "poll '%s'", p);
+  }
+}
+
+/* v1: waits until freezer.state of dir reads want. */
+static int v1_wait_state(const char *dir, const char *want, long long deadline, tp_error_t *err) {
+  long ms = 1;
+  for (;;) {
+    cleanup_free char *st = cg_read(dir, "freezer.state", err);
+    if (st == NULL)
+      return -1;
+    st[strcspn(st, "\n")] = '\0';
+    if (strcmp(st, want) == 0)
+      return 0;
+    if (now_ms() >= deadline)
+      return tp_error_set(err, ETIMEDOUT, "'%s/freezer.state' still %s after %d ms", dir, st,
+                          TP_CGROUP_TIMEOUT_MS);
+    nap_ms(ms);
+    if (ms < 16)
+      ms *= 2;
+  }
+}
+
+int tp_cgroup_freeze(const tp_cgroup_t *cg, int frozen, tp_error_t *err) {
+  long long deadline = now_ms() + TP_CGROUP_TIMEOUT_MS;
+  const char *dir = cg->version == 2 ? cg->path_v2 : cg->path_v1[TP_CG_FREEZER];
+  const char *what = frozen ? "freeze" : "thaw";
+
+  if (dir == NULL)
+    return tp_error_set(err, ENOTSUP, "%s cgroup %s: no freezer hierarchy", what,
+                        cg->id ? cg->id : "(closed)");
+  if (cg->version == 2) {
+    if (cg_write(dir, "cgroup.freeze", frozen ? "1" : "0", 0, err) < 0 ||
+        v2_wait_event(dir, "frozen", frozen ? 1 : 0, deadline, err) < 0)
+      goto fail;
+    return 0;
+  }
+  if (cg_write(dir, "freezer.state", frozen ? "FROZEN" : "THAWED", 0, err) < 0 ||
+      v1_wait_state(dir, frozen ? "FROZEN" : "THAWED", deadline, err) < 0)
+    goto fail;
+  return 0;
+fail:
+  if (frozen) /* do not leave it half frozen */
+    cg_write(dir, cg->version == 2 ? "cgroup.freeze" : "freezer.state",
+             cg->version == 2 ? "0" : "THAWED", 0, NULL);
+  return tp_error_prefix(err, "%s cgroup %s", what, cg->id);
+}
+
+/* ---- kill ------------------------------------------------------------------------- */
+
+/* A sorted pid list contains pid. */
+static int listed_in(const pid_t *pids, size_t n, pid_t pid) {
+  return n > 0 && bsearch(&pid, pids, n, sizeof(pid), pid_cmp) != NULL;
+}
+
+/* SIGKILLs every pid listed in cg; *left = how many were listed.  A listed
+ * process may exit and be reaped, and its pid reused by an unrelated one,
+ * before the signal: so each is pinned with a pidfd first and signalled only
+ * if its pid is still listed after that (if the pid was reused by then, the
+ * pidfd refers to the dead process and the signal goes nowhere). */
+static int kill_listed(const tp_cgroup_t *cg, size_t *left, tp_error_t *err) {
+  cleanup_free pid_t *pids = NULL;
+  size_t n;
+  if (tp_cgroup_pids(cg, &pids, &n, err) < 0)
+    return -1;
+  *left = n;
+  for (size_t i = 0; i < n; i += CG_PIN_BATCH) {
+    size_t m = n - i < CG_PIN_BATCH ? n - i : CG_PIN_BATCH, again_n;
+    cleanup_free pid_t *again = NULL;
+    int fd[CG_PIN_BATCH];
+    for (size_t j = 0; j < m; j++) {
+      fd[j] = (int) syscall(SYS_pidfd_open, pids[i + j], 0);
+      if (fd[j] < 0 && errno == ENOSYS) /* before linux 5.3: the racy way */
+        kill(pids[i + j], SIGKILL);
+    }
+    if (tp_cgroup_pids(cg, &again, &again_n, NULL) < 0)
+      again_n = 0; /* signal none of this batch: the caller lists and retries */
+    for (size_t j = 0; j < m; j++) {
+      if (fd[j] < 0)
+        continue;
+      if (listed_in(again, again_n, pids[i + j]))
+        syscall(SYS_pidfd_send_signal, fd[j], SIGKILL, NULL, 0);
+      close(fd[j]);
+    }
+  }
+  return 0;
+}
+
+/* Without cgroup.kill: freeze so nothing forks under us, signal every
+ * listed pid, thaw so v1 tasks can die, then signal whatever is still listed
+ * until none is (without a freezer, only this loop). */
+static int kill_by_signal(const tp_cgroup_t *cg, long long deadline, tp_error_t *err) {
+  int frozen = (cg->version == 2 || cg->path_v1[TP_CG_FREEZER] != NULL) &&
+               tp_cgroup_freeze(cg, 1, NULL) == 0;
+  size_t left;
+  long ms = 1;
+  int r = kill_listed(cg, &left, err);
+
+  if (frozen && tp_cgroup_freeze(cg, 0, r < 0 ? NULL : err) < 0)
+    r = -1;
+  while (r == 0) {
+    if (kill_listed(cg, &left, err) < 0)
+      return -1;
+    if (left == 0)
+      return 0;
+    if (now_ms() >= deadline)
+      return tp_error_set(err, ETIMEDOUT, "%zu processes still alive after %d ms", left,
+                          TP_CGROUP_TIMEOUT_MS);
+    nap_ms(ms);
+    if (ms < 16)
+      ms *= 2;
+  }
+  return -1;
+}
+
+int tp_cgroup_kill(const tp_cgroup_t *cg, tp_error_t *err) {
+  long long deadline = now_ms() + TP_CGROUP_TIMEOUT_MS;
+  int any = 0, r;
+  cg_dirs_t ds;
+
+  cg_dirs(cg, &ds);
+  for (int i = 0; i < ds.n; i++)
+    any |= is_dir(ds.d[i]);
+  if (!any)
+    return 0; /* nothing left to kill */
+  if (cg->version == 2) {
+    r = cg_write(cg->path_v2, "cgroup.kill", "1", 1, err);
+    if (r == 0)
+      r = v2_wait_event(cg->path_v2, "populated", 0, deadline, err);
+    else if (r == 1) /* before linux 5.14 */
+      r = kill_by_signal(cg, deadline, err);
+    if (r == 0) /* the v1 path ends thawed: so does this one */
+      r = cg_write(cg->path_v2, "cgroup.freeze", "0", 1, err) < 0 ? -1 : 0;
+  } else {
+    r = kill_by_signal(cg, deadline, err);
+  }
+  return r < 0 ? tp_error_prefix(err, "kill cgroup %s%s%s", cg->id, cg->sub ? "/" : "",
+                                 cg->sub ? cg->sub : "")
+               : 0;
+}
+
+/* ---- stats ------------------------------------------------------------------------ */
+
+int tp_cgroup_stats(const tp_cgroup_t *cg, tp_cgroup_stats_t *st, tp_error_t *err) {
+  cg_dirs_t ds;
+  int64_t v;
+
+  cg_dirs(cg, &ds);
+  if (ds.n == 0)
+    return tp_error_set(err, EINVAL, "stats: cgroup closed");
+  for (int i = 0; i < ds.n; i++)
+    if (!is_dir(ds.d[i]))
+      return tp_error_set(err, ENOENT, "stats of cgroup %s: '%s' is gone", cg->id, ds.d[i]);
+  if (cg->version == 2) {
+    const char *d = cg->path_v2;
+    cleanup_free char *cpu = cg_read(d, "cpu.stat", NULL);
+    st->memory_current = read_num(d, "memory.current");
+    st->memory_peak = read_num(d, "memory.peak");
+    st->cpu_usage_usec = cpu ? keyed(cpu, "usage_usec") : -1;
+    st->nr_throttled = cpu ? keyed(cpu, "nr_throttled") : -1;
+    st->throttled_usec = cpu ? keyed(cpu, "throttled_usec") : -1;
+    st->pids_current = read_num(d, "pids.current");
+    st->oom_kills = read_keyed(d, "memory.events", "oom_kill");
+    return 0;
+  }
+  st->memory_current = read_num(cg->path_v1[TP_CG_MEMORY], "memory.usage_in_bytes");
+  st->memory_peak = read_num(cg->path_v1[TP_CG_MEMORY], "memory.max_usage_in_bytes");
+  v = read_num(cg->path_v1[TP_CG_CPUACCT], "cpuacct.usage");
+  st->cpu_usage_usec = v < 0 ? -1 : v / 1000;
+  st->nr_throttled = read_keyed(cg->path_v1[TP_CG_CPU], "cpu.stat", "nr_throttled");
+  v = read_keyed(cg->path_v1[TP_CG_CPU], "cpu.stat", "throttled_time");
+  st->throttled_usec = v < 0 ? -1 : v / 1000;
+  st->pids_current = read_num(cg->path_v1[TP_CG_PIDS], "pids.current");
+  st->oom_kills = read_keyed(cg->path_v1[TP_CG_MEMORY], "memory.oom_control", "oom_kill");
+  return 0;
+}
+
+/* ---- destroy ---------------------------------------------------------------------- */
+
+/* rmdir dir after the cgroups below it; ENOENT is success.  The kernel may
+ * still be tearing down the last exited task: EBUSY is retried briefly. */
+static int rmdir_tree(const char *dir, int depth, tp_error_t *err) {
+  DIR *d;
+  struct dirent *e;
+  int ret = 0;
+
+  if (depth > CG_MAX_DEPTH)
+    return tp_error_set(err, ELOOP, "cgroup tree too deep at '%s'", dir);
+  d = opendir(dir);
+  if (d == NULL)
+    return errno == ENOENT ? 0 : tp_error_errno(err, errno, "opendir '%s'", dir);
+  while (ret == 0 && (e = readdir(d)) != NULL) {
+    char *sub;
+    if (e->d_type != DT_DIR || strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    if (asprintf(&sub, "%s/%s", dir, e->d_name) < 0)
+      ret = tp_error_errno(err, ENOMEM, "remove '%s'", dir);
+    else {
+      ret = rmdir_tree(sub, depth + 1, err);
+      free(sub);
+    }
+  }
+  closedir(d);
+  for (int i = 0; ret == 0; i++) {
+    if (rmdir(dir) == 0 || errno == ENOENT)
+      break;
+    if (errno != EBUSY || i == CG_BUSY_RETRIES)
+      ret = tp_error_errno(err, errno, "rmdir '%s'", dir);
+    else
+      nap_ms(1);
+  }
+  return ret;
+}
+
+int tp_cgroup_destroy(tp_cgroup_t *cg, tp_error_t *err) {
+  cg_dirs_t ds;
+  cg_dirs(cg, &ds);
+  if (ds.n == 0) {
+    tp_cgroup_free(cg);
+    return 0;
+  }
+  if (tp_cgroup_kill(cg, err) < 0)
+    return tp_error_prefix(err, "destroy");
+  for (int i = 0; i < ds.n; i++)
+    if (rmdir_tree(ds.d[i], 0, err) < 0)
+      return tp_error_prefix(err, "destroy cgroup %s", cg->id);
+  tp_cgroup_free(cg);
+  return 0;
+}
+
+/* ---- the parent dir --------------------------------------------------------------- */
+
+static int str_cmp(const void *a, const void *b) {
+  return strcmp(*(char *const *) a, *(char *const *) b);
+}
+
+void tp_cgroup_list_free(char **ids, size_t n) {
+  for (size_t i = 0; ids != NULL && i < n; i++)
+    free(ids[i]);
+  free(ids);
+}
+
+/* Adds the valid names of subdirs of dir to *ids. */
+static int list_dir(const char *dir, char ***ids, size_t *n, size_t *cap, tp_error_t *err) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  if (d == NULL)
+    return errno == ENOENT ? 0 : tp_error_errno(err, errno, "opendir '%s'", dir);
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_type != DT_DIR || !tp_cgroup_valid_name(e->d_name))
+      continue;
+    if (*n == *cap) {
+      size_t nc = *cap ? *cap * 2 : 16;
+      char **nv = realloc(*ids, nc * sizeof(*nv));
+      if (nv == NULL)
+        break;
+      *ids = nv;
+      *cap = nc;
+    }
+    if (((*ids)[*n] = strdup(e->d_name)) == NULL)
+      break;
+    (*n)++;
+  }
+  closedir(d);
+  return e == NULL ? 0 : tp_error_errno(err, ENOMEM, "list '%s'", dir);
+}
+
+int tp_cgroup_list(const tp_cgroup_root_t *root, char ***ids, size_t *n, tp_error_t *err) {
+  size_t cap = 0, out = 0;
+  cg_dirs_t ms;
+
+  *ids = NULL;
+  *n = 0;
+  root_mounts(root, &ms);
+  for (int i = 0; i < ms.n; i++) {
+    cleanup_free char *p = NULL;
+    if (asprintf(&p, "%s/" TP_CGROUP_PARENT, ms.d[i]) < 0) {
+      p = NULL;
+      tp_error_errno(err, ENOMEM, "list cgroups");
+      goto fail;
+    }
+    if (list_dir(p, ids, n, &cap, err) < 0)
+      goto fail;
+  }
+  if (*n > 0) {
+    qsort(*ids, *n, sizeof(**ids), str_cmp);
+    for (size_t i = 0; i < *n; i++) {
+      if (out > 0 && strcmp((*ids)[out - 1], (*ids)[i]) == 0)
+        free((*ids)[i]);
+      else
+        (*ids)[out++] = (*ids)[i];
+    }
+    *n = out;
+  }
+  return 0;
+fail:
+  tp_cgroup_list_free(*ids, *n);
+  *ids = NULL;
+  *n = 0;
+  return -1;
+}
+
+int tp_cgroup_prune(const tp_cgroup_root_t *root, tp_error_t *err) {
+  cg_dirs_t ms;
+  root_mounts(root, &ms);
+  for (int i = 0; i < ms.n; i++) {
+    cleanup_free char *p = NULL;
+    if (asprintf(&p, "%s/" TP_CGROUP_PARENT, ms.d[i]) < 0) {
+      p = NULL;
+      return tp_error_errno(err, ENOMEM, "prune cgroups");
+    }
+    if (rmdir(p) < 0 && errno != ENOENT && errno != ENOTEMPTY && errno != EBUSY)
+      return tp_error_errno(err, errno, "rmdir '%s'", p);
+  }
+  return 0;
+}
+
+/* ---- OOM -------------------------------------------------------------------------- */
+
+int tp_oom_protect(pid_t pid, tp_error_t *err) {
+  char p[64];
+  cleanup_close int fd = -1;
+  ssize_t w;
+
+  snprintf(p, sizeof(p), "/proc/%d/oom_score_adj", (int) pid);
+  if (pid <= 0)
+    return tp_error_set(err, EINVAL, "oom protect: bad pid %d", (int) pid);
+  fd = open(p, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return tp_error_errno(err, errno, "open '%s'", p);
+  do
+    w = write(fd, "-1000", 5);
+  while (w < 0 && errno == EINTR);
+  if (w < 0 && errno == EACCES)
+    return tp_error_set(err, EACCES,
+                        "write -1000 to '%s': permission denied (lowering it needs CAP_SYS_RESOURCE)", p);
+  if (w < 0)
+    return tp_error_errno(err, errno, "write -1000 to '%s'", p);
+  if (w != 5)
+    return tp_error_set(err, EIO, "short write to '%s'", p);
+  return 0;
+}
