@@ -25,6 +25,7 @@ before=$(traces)
 TMPDIR=$(mktemp -d /tmp/tupper-test.XXXXXX)
 export TMPDIR
 export TUPPER_BIN="$BUILD/tupper" TUPPER_AGENT="$BUILD/tupper-agent" TUPPER_ROOT="$ROOT"
+export TUPPER_PROBE="$BUILD/tupper-probe"
 
 passed=0
 failed=0
