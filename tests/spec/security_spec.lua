@@ -1,0 +1,448 @@
+-- Security specs (issue 3): a static probe (tests/probe/probe.c) runs inside
+-- a real box and tries what a box must not do; every denial is one test.
+-- Then the limits, driven through the socket API: pids, memory, disk, cpu,
+-- the sandbox timeout, the process timeout, pause and resume.
+--
+-- These are written to issue 3 and docs/protocol.md, not to what the daemon
+-- does today: a test of a layer that is still being built fails until it
+-- lands, with a message that says what the probe saw.
+local uv = require("luv")
+local async = require("tupper.async")
+local helper = require("helper")
+
+local sync = helper.sync
+
+local PROBE = os.getenv("TUPPER_PROBE") or "build/tupper-probe"
+local PROBE_IN_BOX = "/usr/local/bin/tupper-probe"
+local CHUNK = 1048576
+local MiB = 1048576
+
+--- Lines of probe output as a table: check name -> the rest of its line
+-- (a name printed twice keeps its last line).
+local function parse(out)
+  local res = {}
+  for line in out:gmatch("[^\n]+") do
+    local name, rest = line:match("^(%S+)%s*(.-)%s*$")
+    if name then res[name] = rest end
+  end
+  return res
+end
+
+describe("a box", function()
+  local d, c
+  local boxes = {}
+
+  setup(function()
+    d = helper.start_daemon()
+    c = assert(d.connect())
+  end)
+
+  teardown(function()
+    if c then
+      for id in pairs(boxes) do sync(function() return c:call("sandbox.kill", { id = id }) end) end
+      c:close()
+    end
+    sync(function() async.sleep(1) end)
+    if d then assert.are.equal(0, d.stop()) end
+    helper.drain()
+  end)
+
+  local function call(method, params)
+    return sync(function() return c:call(method, params) end)
+  end
+
+  local function kill(id)
+    if id and boxes[id] then
+      call("sandbox.kill", { id = id })
+      boxes[id] = nil
+    end
+  end
+
+  local function run(id, argv, opts)
+    return sync(function() return helper.run(c, id, argv, opts) end)
+  end
+
+  --- Creates a sandbox (with limits when given) and copies the probe in.
+  local function create(limits)
+    local sb, err = call("sandbox.create", { limits = limits })
+    assert(sb, "sandbox.create: " .. tostring(err and err.message))
+    boxes[sb.id] = true
+    local f = assert(io.open(PROBE, "rb"),
+      "no probe at " .. PROBE .. " (build tupper-probe, set TUPPER_PROBE)")
+    local bin = f:read("a")
+    f:close()
+    local off = 0
+    while off < #bin do
+      local chunk = bin:sub(off + 1, off + CHUNK)
+      assert(call("fs.write", { sandbox = sb.id, path = PROBE_IN_BOX, data = helper.b64encode(chunk),
+        offset = off }))
+      off = off + #chunk
+    end
+    local r = run(sb.id, { "chmod", "755", PROBE_IN_BOX })
+    assert.are.equal(0, r.exit_code, r.stderr)
+    return sb.id
+  end
+
+  --- Runs the probe in box id; returns the parsed lines and the run.
+  local function probe(id, ...)
+    local r = assert(run(id, { PROBE_IN_BOX, ... }))
+    return parse(r.stdout), r
+  end
+
+  ---------------------------------------------------------------------------
+  describe("probed from inside", function()
+    local id, res, raw
+
+    setup(function()
+      id = create()
+      local r
+      res, r = probe(id, "all")
+      raw = r.stdout
+      -- the whole report, for whoever reads a failure
+      io.stderr:write("\n--- probe all:\n", raw, r.stderr, "---\n")
+    end)
+
+    teardown(function() kill(id) end)
+
+    local function line(name)
+      local v = res[name]
+      assert(v, "the probe printed no line for '" .. name .. "'")
+      return v
+    end
+
+    --- The check was refused (DENIED with errno, when given, or any), or
+    -- its process was killed (seccomp's SIGSYS, ...).
+    local function refused(name, errno)
+      local v = line(name)
+      if v:match("^KILLED") then return end
+      assert(v:match("^DENIED"), name .. " was not denied: " .. name .. " " .. v)
+      if errno then
+        assert.are.equal(errno, v:match("^DENIED (%S+)"), name .. ": " .. v)
+      end
+    end
+
+    local function refused_all(names, errno)
+      local bad = {}
+      for _, n in ipairs(names) do
+        local ok = pcall(refused, n, errno)
+        if not ok then bad[#bad + 1] = n .. " " .. tostring(res[n]) end
+      end
+      assert(#bad == 0, "not denied:\n  " .. table.concat(bad, "\n  "))
+    end
+
+    it("cannot mount with mount(2)", function()
+      refused_all({ "mount", "umount" })
+    end)
+
+    it("cannot mount with the new mount API", function()
+      refused_all({ "fsopen", "fsmount", "open_tree", "move_mount", "fspick", "mount_setattr" })
+    end)
+
+    it("cannot create namespaces with unshare", function()
+      refused_all({ "unshare-user", "unshare-mnt", "unshare-net", "unshare-mount" })
+    end)
+
+    it("cannot enter namespaces with setns", function()
+      refused_all({ "setns-mnt", "setns-net", "setns-pid", "setns-user" })
+    end)
+
+    it("cannot create a user namespace with a raw clone", function()
+      refused("clone-newuser")
+    end)
+
+    it("gets ENOSYS from clone3, so libc falls back to clone", function()
+      assert.are.equal("DENIED ENOSYS", line("clone3"))
+    end)
+
+    it("cannot use the kernel keyring", function()
+      refused_all({ "keyctl", "add_key", "request_key" })
+    end)
+
+    it("cannot use bpf", function() refused("bpf") end)
+
+    it("cannot use perf_event_open", function() refused("perf_event_open") end)
+
+    it("cannot use userfaultfd", function() refused("userfaultfd") end)
+
+    it("cannot use io_uring", function() refused("io_uring_setup") end)
+
+    it("cannot load a kexec kernel", function()
+      refused_all({ "kexec_load", "kexec_file_load" })
+    end)
+
+    it("cannot load or unload kernel modules", function()
+      refused_all({ "init_module", "finit_module", "delete_module" })
+    end)
+
+    it("cannot reboot", function() refused("reboot") end)
+
+    it("cannot swapon", function() refused("swapon") end)
+
+    it("cannot set the clock", function()
+      refused_all({ "settimeofday", "clock_settime" })
+    end)
+
+    it("cannot set the hostname", function() refused("sethostname") end)
+
+    it("cannot ptrace the agent or read its memory", function()
+      refused_all({ "ptrace", "process_vm_readv" })
+    end)
+
+    it("cannot open files by handle", function() refused("open_by_handle_at") end)
+
+    it("cannot switch to a weakening personality", function()
+      refused_all({ "personality-rie", "personality-norandom" })
+    end)
+
+    it("cannot raise its I/O privilege", function()
+      refused_all({ "iopl", "ioperm" })
+    end)
+
+    it("cannot switch process accounting", function() refused("acct") end)
+
+    it("cannot read the kernel log with syslog", function() refused("syslog") end)
+
+    it("cannot escape the filter through the i386 (int 0x80) or x32 ABIs", function()
+      refused_all({ "int80-getpid", "int80-unshare", "x32-getpid", "x32-unshare" })
+    end)
+
+    it("cannot create device nodes", function()
+      refused("mknod-dev")
+    end)
+
+    it("cannot write /proc/sys or /proc/sysrq-trigger", function()
+      refused_all({ "proc-sys-write", "sysrq-trigger" })
+    end)
+
+    it("cannot read masked /proc files", function()
+      local bad = {}
+      for _, n in ipairs({ "proc-kcore", "proc-keys", "proc-timer_list", "proc-sched_debug",
+                           "proc-latency_stats", "proc-kmsg" }) do
+        local v = line(n)
+        if not (v:match("^DENIED") or v == "EMPTY" or v == "MASKED") then bad[#bad + 1] = n .. " " .. v end
+      end
+      assert(#bad == 0, "readable:\n  " .. table.concat(bad, "\n  "))
+    end)
+
+    it("cannot read the agent's environment", function()
+      local v = line("agent-environ")
+      assert(v:match("^DENIED") or v == "EMPTY" or v == "MASKED", "agent-environ " .. v)
+    end)
+
+    it("inherits no descriptor beyond 0-2", function()
+      assert.are.equal("ok", line("fds"))
+    end)
+
+    it("holds no capability", function()
+      local v = line("caps")
+      for _, set in ipairs({ "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb" }) do
+        local mask = v:match(set .. "=(%x+)")
+        assert(mask, "no " .. set .. " in: " .. v)
+        assert(tonumber(mask, 16) == 0, set .. " is " .. mask .. " (" .. v .. ")")
+      end
+    end)
+
+    it("runs with no_new_privs", function()
+      assert.are.equal("1", line("caps"):match("NoNewPrivs=(%d+)"), line("caps"))
+    end)
+
+    it("runs under a seccomp filter", function()
+      assert.are.equal("2", line("caps"):match("Seccomp=(%d+)"), line("caps"))
+    end)
+
+    it("sees /sys read-only", function()
+      refused_all({ "sys-write", "sys-mkdir" })
+      local v = line("sys-write")
+      assert(v:match("EROFS") or v:match("EACCES") or v:match("EPERM") or v:match("^KILLED"), v)
+    end)
+
+    it("has a minimal /dev", function()
+      local allowed = { null = 1, zero = 1, full = 1, random = 1, urandom = 1, tty = 1, pts = 1, shm = 1,
+        ptmx = 1, fd = 1, stdin = 1, stdout = 1, stderr = 1, console = 1, mqueue = 1 }
+      local extra = {}
+      for name in line("dev"):gmatch("%S+") do
+        if not allowed[name] then extra[#extra + 1] = name end
+      end
+      assert(#extra == 0, "unexpected in /dev: " .. table.concat(extra, " "))
+    end)
+
+    it("runs as root of its own user namespace, mapped to an unprivileged host range", function()
+      local v = line("ids")
+      local inside, outside = v:match("uid_map=(%d+):(%d+):%d+")
+      assert.are.equal("0", inside, v)
+      assert(tonumber(outside) and tonumber(outside) >= 100000,
+        "box root maps to host uid " .. tostring(outside))
+    end)
+  end)
+
+  ---------------------------------------------------------------------------
+  -- Limits.  One box per test, with only the limit under test.
+
+  describe("with a pids limit", function()
+    local id
+    after_each(function() kill(id); id = nil end)
+
+    it("stops a fork bomb at the limit", function()
+      id = create({ pids = 64 })
+      local res = probe(id, "forkbomb", "2000")
+      local v = assert(res.forkbomb, "no forkbomb line")
+      local count, errno = v:match("^STOPPED count=(%d+) errno=(%S+)")
+      assert(count, "the fork bomb was not stopped: forkbomb " .. v)
+      assert.are.equal("EAGAIN", errno)
+      assert(tonumber(count) < 64, "forked " .. count .. " processes under a limit of 64")
+      assert.are.equal("alive\n", run(id, { "echo", "alive" }).stdout)
+    end)
+  end)
+
+  describe("with a memory limit", function()
+    local id
+    after_each(function() kill(id); id = nil end)
+
+    it("OOM-kills a memory bomb while the box keeps answering", function()
+      id = create({ memory = "64M" })
+      local res, r = probe(id, "membomb", "256")
+      local v = res.membomb or ""
+      assert(not v:match("^ALLOCATED"), "allocated 256 MB under a 64M limit: membomb " .. v)
+      assert(v == "KILLED SIGKILL" or r.signal == 9,
+        "membomb " .. v .. ", exit signal " .. tostring(r.signal))
+      assert.are.equal("alive\n", run(id, { "echo", "alive" }).stdout)
+    end)
+  end)
+
+  describe("with a disk limit", function()
+    local id
+    after_each(function() kill(id); id = nil end)
+
+    it("stops a disk fill with ENOSPC", function()
+      id = create({ disk = "64M" })
+      local res = probe(id, "diskfill", "/fill.bin", "256")
+      local v = assert(res.diskfill, "no diskfill line")
+      local bytes, errno = v:match("^STOPPED bytes=(%d+) errno=(%S+)")
+      assert(bytes, "the disk fill was not stopped: diskfill " .. v)
+      assert(errno == "ENOSPC" or errno == "EDQUOT", "diskfill " .. v)
+      assert(tonumber(bytes) <= 64 * MiB, "wrote " .. bytes .. " bytes under a 64M limit")
+      -- the space comes back once the file is gone
+      local again = probe(id, "diskfill", "/fill2.bin", "8")
+      assert.are.equal("CAPPED bytes=" .. 8 * MiB, again.diskfill)
+    end)
+  end)
+
+  describe("with a cpu limit", function()
+    local id
+    after_each(function() kill(id); id = nil end)
+
+    it("throttles a CPU burn to its share", function()
+      id = create({ cpus = 0.5 })
+      local res = probe(id, "cpuburn", "3000")
+      local v = assert(res.cpuburn, "no cpuburn line")
+      local ratio = tonumber(v:match("ratio=([%d.]+)"))
+      assert(ratio, v)
+      assert(ratio <= 0.75, "used " .. ratio .. " of a core under cpus = 0.5 (" .. v .. ")")
+    end)
+
+    it("reports the throttling in sandbox.metrics", function()
+      local hello = assert(call("hello", {}))
+      local has = false
+      for _, m in ipairs(hello.methods or {}) do has = has or m == "sandbox.metrics" end
+      if not has then pending("needs sandbox.metrics") return end
+      id = create({ cpus = 0.5 })
+      probe(id, "cpuburn", "1500")
+      local m = assert(call("sandbox.metrics", { id = id }))
+      local function find(t, key, depth)
+        if type(t) ~= "table" or depth > 4 then return nil end
+        if t[key] ~= nil then return t[key] end
+        for _, v in pairs(t) do
+          local x = find(v, key, depth + 1)
+          if x ~= nil then return x end
+        end
+      end
+      local n = find(m, "nr_throttled", 0)
+      assert(tonumber(n), "no nr_throttled in sandbox.metrics")
+      assert(tonumber(n) > 0, "nr_throttled is " .. tostring(n) .. " after a burn at cpus = 0.5")
+    end)
+  end)
+
+  describe("with a sandbox timeout", function()
+    local id
+    after_each(function() kill(id); id = nil end)
+
+    it("kills the box when its time is up", function()
+      local t0 = uv.now()
+      local sb, err = call("sandbox.create", { limits = { timeout = 2 } })
+      assert(sb, "sandbox.create: " .. tostring(err and err.message))
+      id = sb.id
+      boxes[id] = true
+      assert.are.equal("started\n", run(id, "sleep 1000 & echo started").stdout)
+      local gone_at
+      sync(function()
+        local deadline = uv.now() + 15000
+        while uv.now() < deadline do
+          local _, e = c:call("sandbox.get", { id = id })
+          if e and e.code == -32000 then gone_at = uv.now(); return end
+          async.sleep(100)
+        end
+      end)
+      assert(gone_at, "the box outlived its 2 s timeout by more than 13 s")
+      assert(gone_at - t0 >= 1500, "the box went away after " .. (gone_at - t0) .. " ms, before its timeout")
+      local box_dir = d.state .. "/boxes/" .. id
+      sync(function()
+        local deadline = uv.now() + 5000
+        while uv.fs_stat(box_dir) and uv.now() < deadline do async.sleep(50) end
+      end)
+      assert.is_nil(uv.fs_stat(box_dir), "the box directory is still there")
+      boxes[id] = nil
+    end)
+  end)
+
+  describe("with a process timeout", function()
+    local id
+    after_each(function() kill(id); id = nil end)
+
+    it("kills a process that outlives its timeout", function()
+      id = create()
+      local exit
+      c:on("process.exit", function(p) if p.sandbox == id then exit = p end end)
+      local t0 = uv.now()
+      local r, err = call("process.start", { sandbox = id, argv = { "sleep", "100" }, timeout = 1 })
+      assert(r, "process.start: " .. tostring(err and err.message))
+      sync(function()
+        local deadline = uv.now() + 10000
+        while not exit and uv.now() < deadline do async.sleep(20) end
+      end)
+      assert(exit, "sleep 100 still runs 10 s after its 1 s timeout")
+      assert.are.equal(r.pid, exit.pid)
+      assert.are.equal(9, exit.signal)
+      assert.is_true(exit.timed_out)
+      assert(uv.now() - t0 >= 900, "killed before its timeout")
+    end)
+  end)
+
+  describe("paused", function()
+    local id
+    after_each(function() kill(id); id = nil end)
+
+    it("stops running until it is resumed", function()
+      local hello = assert(call("hello", {}))
+      local has = false
+      for _, m in ipairs(hello.methods or {}) do has = has or m == "sandbox.pause" end
+      assert(has, "the daemon has no sandbox.pause (issue 3)")
+      id = create()
+      local lines = 0
+      c:on("process.output", function(p) if p.sandbox == id then lines = lines + 1 end end)
+      assert(call("process.start", { sandbox = id, cmd = "while true; do echo tick; sleep 0.05; done",
+        encoding = "utf8" }))
+      sync(function() while lines < 3 do async.sleep(10) end end)
+      assert(call("sandbox.pause", { id = id }))
+      sync(function() async.sleep(200) end) -- output already on its way
+      local frozen = lines
+      sync(function() async.sleep(500) end)
+      assert.are.equal(frozen, lines, "the box kept running while paused")
+      assert(call("sandbox.resume", { id = id }))
+      sync(function()
+        local deadline = uv.now() + 5000
+        while lines == frozen and uv.now() < deadline do async.sleep(10) end
+      end)
+      assert(lines > frozen, "the box did not run again after resume")
+    end)
+  end)
+end)
