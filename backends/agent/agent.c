@@ -1,10 +1,21 @@
-/* tupper-agent: PID 1 of every box.  Main loop, channel and request dispatch.
+/* tupper-agent: PID 1 of every box.  Main loop, channel and request dispatch,
+ * detaching from a lost daemon and re-attaching to the next one.
  *
- * Usage: tupper-agent [--fd N]   (the channel, default fd 3)
+ * Usage: tupper-agent [--fd N] [--grace SECONDS]
+ *   --fd     the channel (default fd 3)
+ *   --grace  how long to wait for a new daemon once the channel is lost
+ *            (default 60), when fd TP_AGENT_LISTEN_FD is a listening socket
  *
  * Every frame from the host is hostile: a frame whose header does not parse
  * (version, length, type) ends the agent, since the stream can no longer be
- * trusted to be in sync; a frame with bad fields gets ERR EINVAL. */
+ * trusted to be in sync; a frame with bad fields gets ERR EINVAL.
+ *
+ * EOF on the channel is the host's way to say stop, unless the box was given
+ * a listening socket: then the daemon may only have crashed, and the agent
+ * keeps the box running for the grace period (see agent.h).  One daemon at a
+ * time: while attached, further connections are accepted and closed at
+ * once, so no second client can ever take over a live channel, and none
+ * waits in the backlog to take over the next one. */
 #define _GNU_SOURCE
 #include "agent.h"
 
@@ -18,8 +29,12 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+#define LISTEN_PAUSE_MS 1000 /* after an accept that failed for want of fds or memory */
 
 void agent_log(const char *fmt, ...) {
   va_list ap;
@@ -63,7 +78,7 @@ int agent_send(agent_t *a) {
     tp_buf_reset(&a->out);
     return -1;
   }
-  if (a->dead)
+  if (a->dead || a->chan < 0)
     return -1;
   if (write_all(a->chan, a->out.data, a->out.len) < 0) {
     agent_log("channel write: %s", strerror(errno));
@@ -72,6 +87,12 @@ int agent_send(agent_t *a) {
   }
   tp_buf_reset(&a->out);
   return 0;
+}
+
+long long agent_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ---- request helpers ------------------------------------------------------ */
@@ -125,6 +146,8 @@ static agent_handler_t handler_for(uint8_t type) {
   case TP_MSG_STDIN: return agent_proc_stdin;
   case TP_MSG_STDIN_CLOSE: return agent_proc_stdin_close;
   case TP_MSG_SIGNAL: return agent_proc_signal;
+  case TP_MSG_RELEASE: return agent_proc_release;
+  case TP_MSG_PS: return agent_proc_ps;
   case TP_MSG_FS_READ: return agent_fs_read;
   case TP_MSG_FS_WRITE: return agent_fs_write;
   case TP_MSG_FS_STAT: return agent_fs_stat;
@@ -224,10 +247,35 @@ static void close_fds(unsigned lo, unsigned hi) {
     close((int) fd);
 }
 
-static void close_inherited_fds(int keep) {
-  if (keep > 3)
-    close_fds(3, (unsigned) keep - 1);
-  close_fds(keep >= 3 ? (unsigned) keep + 1 : 3, ~0u);
+/* Closes every fd from 3 up but keep1 and keep2 (either may be -1). */
+static void close_inherited_fds(int keep1, int keep2) {
+  int keep[2] = {keep1 < keep2 ? keep1 : keep2, keep1 < keep2 ? keep2 : keep1};
+  unsigned lo = 3;
+  for (int i = 0; i < 2; i++) {
+    if (keep[i] < (int) lo)
+      continue;
+    if ((unsigned) keep[i] > lo)
+      close_fds(lo, (unsigned) keep[i] - 1);
+    lo = (unsigned) keep[i] + 1;
+  }
+  close_fds(lo, ~0u);
+}
+
+static int sockopt_is(int fd, int opt, int want) {
+  int v = 0;
+  socklen_t len = sizeof(v);
+  return getsockopt(fd, SOL_SOCKET, opt, &v, &len) == 0 && v == want;
+}
+
+/* TP_AGENT_LISTEN_FD when it is a listening unix stream socket (and not the
+ * channel), else -1: then it is just another inherited fd, closed with the
+ * rest. */
+static int find_listener(int chan) {
+  const int fd = TP_AGENT_LISTEN_FD;
+  if (chan == fd || !sockopt_is(fd, SO_ACCEPTCONN, 1) || !sockopt_is(fd, SO_DOMAIN, AF_UNIX) ||
+      !sockopt_is(fd, SO_TYPE, SOCK_STREAM))
+    return -1;
+  return fd;
 }
 
 /* Fds 0-2 must be open so that no pipe lands there and gets clobbered by the
@@ -251,29 +299,40 @@ static void ensure_std_fds(void) {
   }
 }
 
-static int agent_init(agent_t *a, int chan, tp_error_t *err) {
+static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) {
   sigset_t set;
   struct rlimit rl;
   int fl;
 
   a->chan = chan;
   a->sigfd = -1;
+  a->grace_ms = grace_s * 1000;
   for (int i = 0; i < AGENT_PROC_MAX; i++)
-    a->procs[i] = (agent_proc_t){.out_fd = -1, .err_fd = -1, .in_fd = -1};
+    a->procs[i] = (agent_proc_t){.out_fd = -1, .err_fd = -1, .in_fd = -1, .hold_fd = -1,
+                                 .status_fd = -1};
   tp_buf_init(&a->out);
 
   if (fcntl(chan, F_GETFD) < 0)
     return tp_error_errno(err, errno, "channel fd %d", chan);
-  close_inherited_fds(chan);
+  a->listen_fd = find_listener(chan);
+  close_inherited_fds(chan, a->listen_fd);
   ensure_std_fds();
   if (fcntl(chan, F_SETFD, FD_CLOEXEC) < 0)
     return tp_error_errno(err, errno, "channel cloexec");
   fl = fcntl(chan, F_GETFL);
   if (fl >= 0 && (fl & O_NONBLOCK))
     fcntl(chan, F_SETFL, fl & ~O_NONBLOCK);
+  /* Non-blocking: a connection that goes away between poll and accept must
+   * not hang the loop. */
+  if (a->listen_fd >= 0 && (fcntl(a->listen_fd, F_SETFD, FD_CLOEXEC) < 0 ||
+                            fcntl(a->listen_fd, F_SETFL, O_NONBLOCK) < 0))
+    return tp_error_errno(err, errno, "listening socket");
 
   signal(SIGPIPE, SIG_IGN);
-  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  /* Nothing in the box may read our memory, environment or fds (the
+   * listener) through /proc/1, nor ptrace us. */
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+    return tp_error_errno(err, errno, "prctl PR_SET_DUMPABLE");
   /* As PID 1 orphans come to us anyway; as an ordinary process (tests) this
    * makes the background children of our children ours to reap too. */
   prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
@@ -309,66 +368,147 @@ static void drain_sigfd(agent_t *a) {
     ;
 }
 
-static int agent_run(agent_t *a) {
+static void send_ready(agent_t *a) {
   agent_event_begin(a, TP_MSG_READY);
   tp_frame_add_int(&a->out, TP_TAG_VERSION, TP_PROTO_VERSION);
   tp_frame_add_int(&a->out, TP_TAG_PID, getpid());
   agent_send(a);
+}
 
-  while (!a->dead) {
-    int n;
+/* The channel is gone but a daemon may come back: keep the box running. */
+static void detach(agent_t *a) {
+  close(a->chan);
+  a->chan = -1;
+  a->dead = 0;
+  a->rlen = 0; /* a request cut in half by the crash */
+  tp_buf_reset(&a->out);
+  a->deadline = agent_now_ms() + a->grace_ms;
+  agent_log("channel lost: detached, waiting %lld s for a daemon", a->grace_ms / 1000);
+}
+
+/* A connection on the listener: the new channel when detached, refused
+ * (closed unread) while attached. */
+static void listener_accept(agent_t *a) {
+  int fd = accept4(a->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
+      return;
+    agent_log("accept: %s", strerror(errno));
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      a->listen_pause = agent_now_ms() + LISTEN_PAUSE_MS; /* retry later, no busy loop */
+    } else { /* the socket itself is broken: no re-adoption from now on */
+      close(a->listen_fd);
+      a->listen_fd = -1;
+    }
+    return;
+  }
+  if (a->chan >= 0) {
+    agent_log("refusing a second connection: a daemon is attached");
+    close(fd);
+    return;
+  }
+  a->chan = fd;
+  agent_log("re-attached");
+  send_ready(a);
+  agent_proc_flush_exits(a);
+}
+
+/* The poll timeout: until the grace period or a listener pause ends. */
+static int poll_timeout(const agent_t *a, long long now, int listen_paused) {
+  long long t = -1;
+  if (a->chan < 0)
+    t = a->deadline - now;
+  if (listen_paused && (t < 0 || a->listen_pause - now < t))
+    t = a->listen_pause - now;
+  if (t > 60000)
+    t = 60000;
+  return t < 0 ? -1 : (int) t;
+}
+
+static int agent_run(agent_t *a) {
+  send_ready(a);
+
+  for (;;) {
+    long long now;
+    int n, paused;
+    if (a->dead) {
+      if (a->listen_fd < 0)
+        return 0;
+      detach(a);
+    }
+    now = agent_now_ms();
+    if (a->chan < 0 && (now >= a->deadline || a->listen_fd < 0)) {
+      agent_log("no daemon within %lld s: stopping", a->grace_ms / 1000);
+      return 0;
+    }
+    paused = a->listen_fd >= 0 && now < a->listen_pause;
     a->pfds[0] = (struct pollfd){.fd = a->chan, .events = POLLIN};
     a->pfds[1] = (struct pollfd){.fd = a->sigfd, .events = POLLIN};
-    n = agent_proc_poll_fill(a, 2);
-    if (poll(a->pfds, (nfds_t) n, -1) < 0) {
+    a->pfds[2] = (struct pollfd){.fd = paused ? -1 : a->listen_fd, .events = POLLIN};
+    n = agent_proc_poll_fill(a, AGENT_POLL_FIRST);
+    if (poll(a->pfds, (nfds_t) n, poll_timeout(a, now, paused)) < 0) {
       if (errno == EINTR)
         continue;
       agent_log("poll: %s", strerror(errno));
       return -1;
     }
     /* Output first, then reaping (which drains and sends EXIT), then new
-     * requests, which may reuse the slots freed by reaping. */
-    agent_proc_poll_handle(a, 2, n);
+     * requests, which may reuse the slots freed by reaping, then a new
+     * connection. */
+    agent_proc_poll_handle(a, AGENT_POLL_FIRST, n);
     if (a->pfds[1].revents) {
       drain_sigfd(a);
       agent_proc_reap(a);
     }
-    if (a->pfds[0].revents && channel_read(a) < 0)
+    if (a->pfds[0].revents && a->chan >= 0 && channel_read(a) < 0)
       return -1;
+    if (a->pfds[2].revents) {
+      if (a->dead) /* lost in this same round: the caller may be the new daemon */
+        detach(a);
+      listener_accept(a);
+    }
   }
+}
+
+static int parse_num(const char *opt, const char *s, long max, long *out) {
+  char *end;
+  long v;
+  errno = 0;
+  v = strtol(s, &end, 10);
+  if (errno || *end || end == s || v < 0 || v > max) {
+    agent_log("bad %s value '%s'", opt, s);
+    return -1;
+  }
+  *out = v;
   return 0;
 }
 
 int main(int argc, char **argv) {
   static agent_t agent;
   tp_error_t err;
-  int chan = AGENT_CHAN_FD;
+  long chan = AGENT_CHAN_FD, grace = AGENT_GRACE_DEFAULT_S;
   int rc;
 
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--fd") == 0 && i + 1 < argc) {
-      char *end;
-      long v;
-      errno = 0;
-      v = strtol(argv[++i], &end, 10);
-      if (errno || *end || end == argv[i] || v < 0 || v > INT_MAX) {
-        agent_log("bad --fd value '%s'", argv[i]);
+      if (parse_num("--fd", argv[++i], INT_MAX, &chan) < 0)
         return 2;
-      }
-      chan = (int) v;
+    } else if (strcmp(argv[i], "--grace") == 0 && i + 1 < argc) {
+      if (parse_num("--grace", argv[++i], AGENT_GRACE_MAX_S, &grace) < 0)
+        return 2;
     } else {
-      agent_log("usage: tupper-agent [--fd N]");
+      agent_log("usage: tupper-agent [--fd N] [--grace SECONDS]");
       return 2;
     }
   }
   tp_error_clear(&err);
-  if (agent_init(&agent, chan, &err) < 0) {
+  if (agent_init(&agent, (int) chan, grace, &err) < 0) {
     agent_log("%s", err.msg);
     return 1;
   }
   rc = agent_run(&agent);
-  /* EOF is the host's way to say stop: take every process group with us
-   * (as PID 1 of a PID namespace our exit kills the rest anyway). */
+  /* Stopping: take every process group with us (as PID 1 of a PID
+   * namespace our exit kills the rest anyway). */
   agent_proc_kill_all(&agent);
   return rc < 0 ? 1 : 0;
 }

@@ -1,14 +1,22 @@
 /* tupper-agent: internal API shared by agent.c (main loop, channel, request
- * dispatch), agent_proc.c (exec, stdin, signals, reaping) and agent_fs.c
+ * dispatch, detaching and re-attaching), agent_proc.c (exec, stdin, signals,
+ * reaping), agent_cred.c (what a child drops before it execs) and agent_fs.c
  * (file operations).
  *
  * The agent is single threaded: one poll() loop over the channel, a signalfd
- * for SIGCHLD and the pipes of the processes it started.  All its state lives
- * in one agent_t owned by main().  A request handler adds its reply fields to
- * a->out, where the dispatcher has already begun an OK frame; on failure it
- * fills err and returns -1, and the dispatcher answers ERR instead.  Events
- * (OUTPUT, EXIT) are only sent from the loop, never while a handler runs, so
- * the OK carrying a pid always precedes that pid's events. */
+ * for SIGCHLD, the listening socket (if the box has one) and the pipes of the
+ * processes it started.  All its state lives in one agent_t owned by main().
+ * A request handler adds its reply fields to a->out, where the dispatcher has
+ * already begun an OK frame; on failure it fills err and returns -1, and the
+ * dispatcher answers ERR instead.  Events (OUTPUT, EXIT) are only sent from
+ * the loop, never while a handler runs, so the OK carrying a pid always
+ * precedes that pid's events.
+ *
+ * Detached: with a listening socket at TP_AGENT_LISTEN_FD, losing the channel
+ * does not end the box.  chan is then -1: processes keep running, output is
+ * read and dropped (so no child blocks on a full pipe), EXIT events are
+ * queued, and the first connection within the grace period becomes the new
+ * channel (READY, then the queued EXITs). */
 #ifndef TP_AGENT_H
 #define TP_AGENT_H
 
@@ -25,7 +33,11 @@
 #define AGENT_PROC_MAX 1024                 /* live (unreaped) processes */
 #define AGENT_OUTPUT_CHUNK (64u * 1024u)    /* DATA bytes per OUTPUT frame */
 #define AGENT_DRAIN_MAX TP_CHUNK_MAX        /* per stream, once its process exited */
-#define AGENT_POLL_MAX (2 + 3 * AGENT_PROC_MAX)
+#define AGENT_POLL_FIRST 3                  /* channel, signalfd, listener; then pipes */
+#define AGENT_POLL_MAX (AGENT_POLL_FIRST + 3 * AGENT_PROC_MAX)
+#define AGENT_EXITQ_MAX 1024                /* EXIT events kept while detached */
+#define AGENT_GRACE_DEFAULT_S 60            /* detached: wait this long for a daemon */
+#define AGENT_GRACE_MAX_S 86400
 #define AGENT_DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 /* One queued piece of a process's stdin. */
@@ -42,10 +54,20 @@ typedef struct agent_proc_s {
   int err_fd;                 /* read end of its stderr, -1 once closed */
   int in_fd;                  /* write end of its stdin, -1 if none or closed */
   int in_close;               /* close in_fd once the queue drained */
+  int hold_fd;                /* held (TP_F_EXEC_HOLD): write end of its hold pipe, else -1 */
+  int status_fd;              /* held: read end of its exec status pipe, else -1 */
+  char **argv;                /* ARG fields as given (PS, messages) */
   agent_chunk_t *q_head;
   agent_chunk_t *q_tail;
   size_t queued;              /* bytes not yet written */
 } agent_proc_t;
+
+/* An EXIT event that could not be sent (no channel). */
+typedef struct agent_exit_s {
+  pid_t pid;
+  int code;                   /* exit status or -1 */
+  int sig;                    /* 0 or signo */
+} agent_exit_t;
 
 /* A validated request: header fields plus its top-level fields. */
 typedef struct agent_req_s {
@@ -62,9 +84,13 @@ typedef struct agent_pollref_s {
 } agent_pollref_t;
 
 typedef struct agent_s {
-  int chan;                   /* the channel (SOCK_STREAM) */
+  int chan;                   /* the channel (SOCK_STREAM), -1 while detached */
   int sigfd;                  /* signalfd for SIGCHLD */
   int dead;                   /* the channel reached EOF or failed */
+  int listen_fd;              /* listening socket for a new daemon, or -1 */
+  long long grace_ms;         /* how long to stay detached */
+  long long deadline;         /* detached: when to give up (CLOCK_MONOTONIC ms) */
+  long long listen_pause;     /* accept failed for want of resources: retry after this */
   uint8_t *rbuf;              /* TP_FRAME_HDR + TP_FRAME_MAX bytes */
   size_t rlen;
   tp_buf_t out;               /* the frame being built and sent */
@@ -73,6 +99,9 @@ typedef struct agent_s {
   mode_t umask;               /* umask as inherited, restored in children */
   int nprocs;
   agent_proc_t procs[AGENT_PROC_MAX];
+  int exitq_head;             /* oldest queued EXIT */
+  int exitq_len;
+  agent_exit_t exitq[AGENT_EXITQ_MAX];
   tp_field_t fields[TP_FIELDS_MAX];
   struct pollfd pfds[AGENT_POLL_MAX];
   agent_pollref_t prefs[AGENT_POLL_MAX];
@@ -84,8 +113,11 @@ void agent_log(const char *fmt, ...) TP_PRINTF(1, 2);
 /* Begins an event frame (id 0) in a->out. */
 void agent_event_begin(agent_t *a, uint8_t type);
 /* Ends the frame in a->out and writes it whole; on a channel error marks
- * the agent dead.  Returns 0 or -1. */
+ * the agent dead.  Returns 0, or -1 (also while detached: the frame is
+ * dropped). */
 int agent_send(agent_t *a);
+/* CLOCK_MONOTONIC in milliseconds. */
+long long agent_now_ms(void);
 
 /* Checks that every field of r has a tag in `allowed` (a bit per tag) and that
  * only tags in `repeated` occur more than once. */
@@ -105,15 +137,40 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_stdin(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_stdin_close(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_signal(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_proc_release(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_proc_ps(agent_t *a, const agent_req_t *r, tp_error_t *err);
 /* Adds the pipes of live processes to a->pfds from index `first`; returns
  * the new count. */
 int agent_proc_poll_fill(agent_t *a, int first);
 /* Handles readiness of entries first..n-1 (output, stdin writes). */
 void agent_proc_poll_handle(agent_t *a, int first, int n);
-/* Reaps every exited child: EXIT for ours, silently for orphans. */
+/* Reaps every exited child: EXIT for ours (queued while detached),
+ * silently for orphans. */
 void agent_proc_reap(agent_t *a);
+/* Sends the EXIT events queued while detached, oldest first. */
+void agent_proc_flush_exits(agent_t *a);
 /* Channel gone: SIGKILLs every process group, reaps what it can. */
 void agent_proc_kill_all(agent_t *a);
+
+/* Where a child's set-up stopped, as it reports on its status pipe. */
+enum agent_stage {
+  AGENT_STAGE_SETUP = 1,      /* session, stdio, closing fds */
+  AGENT_STAGE_OOM,            /* oom_score_adj */
+  AGENT_STAGE_SECUREBITS,
+  AGENT_STAGE_IDS,            /* setgroups, setresgid, setresuid */
+  AGENT_STAGE_CAPS,           /* bounding set, ambient set, capset */
+  AGENT_STAGE_NNP,            /* no_new_privs */
+  AGENT_STAGE_CHDIR,
+  AGENT_STAGE_HELD,           /* not a failure: set up, waiting for RELEASE */
+  AGENT_STAGE_EXEC,
+};
+
+/* agent_cred.c: in a forked child, before exec; async-signal-safe only.
+ * Resets oom_score_adj, locks the securebits, switches to uid/gid (groups =
+ * {gid}), empties every capability set (bounding and ambient too) and sets
+ * no_new_privs.  Returns 0, or -1 with errno set and *stage naming the step
+ * that failed. */
+int agent_cred_drop(uid_t uid, gid_t gid, int *stage);
 
 /* agent_fs.c */
 int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err);

@@ -1,9 +1,13 @@
 /* tupper-agent: processes.  EXEC starts a child in its own session and
  * process group with stdout/stderr pipes (and a stdin pipe on request); the
- * child reports a failed chdir/execve over a close-on-exec status pipe, so
- * the host gets ERR instead of OK.  The loop streams OUTPUT as the pipes
- * fill, writes queued STDIN as the child reads, and sends EXIT when the child
- * is reaped, without waiting for grandchildren that keep a pipe open. */
+ * child drops every privilege (agent_cred.c) and reports a failed set-up or
+ * execve over a close-on-exec status pipe, so the host gets ERR instead of
+ * OK.  With TP_F_EXEC_HOLD the child stops right before execve, all its
+ * set-up done, until RELEASE: the host meanwhile moves it into a cgroup of
+ * its own, so nothing it will ever run starts outside.  The loop streams
+ * OUTPUT as the pipes fill, writes queued STDIN as the child reads, and
+ * sends EXIT when the child is reaped, without waiting for grandchildren
+ * that keep a pipe open. */
 #define _GNU_SOURCE
 #include "agent.h"
 
@@ -18,11 +22,19 @@
 
 #include "utils.h"
 
-enum { STAGE_SETUP = 1, STAGE_CHDIR = 2, STAGE_EXEC = 3 };
+#define EXEC_ID_MAX 65535          /* the box maps 65536 ids */
+#define STATUS_TICK_MS 50          /* how often a wait for a child checks it is not stopped */
+#define STAGE_STOPPED 0            /* parent side only: we killed a stopped child */
+/* PS: each ENTRY is one top-level field (one more for FLAGS); an ENTRY is at
+ * least a group header and a PID. */
+#define PS_MAX (TP_LIST_MAX < TP_FIELDS_MAX - 1 ? TP_LIST_MAX : TP_FIELDS_MAX - 1)
+#define PS_PAYLOAD_MAX (TP_FRAME_MAX - 64u * 1024u)
+#define PS_ENTRY_MIN (6u + 6u + 8u)
 
-/* What a child writes on its status pipe when it cannot exec. */
+/* What a child writes on its status pipe: a failure, or (held) that it is
+ * ready and waiting. */
 typedef struct exec_status_s {
-  int stage;
+  int stage;                 /* enum agent_stage */
   int err;
 } exec_status_t;
 
@@ -37,6 +49,9 @@ typedef struct exec_spec_s {
   int out_fd;         /* child's stdout */
   int err_fd;         /* child's stderr */
   int status_fd;      /* write end of the status pipe (CLOEXEC) */
+  int hold_fd;        /* read end of the hold pipe (CLOEXEC), or -1 */
+  uid_t uid;
+  gid_t gid;
   const struct rlimit *nofile;
   mode_t umask;
 } exec_spec_t;
@@ -69,11 +84,22 @@ static void stdin_drop(agent_proc_t *p) {
   close_fd(&p->in_fd);
 }
 
+static void strv_free(char **v) {
+  if (v == NULL)
+    return;
+  for (char **s = v; *s != NULL; s++)
+    free(*s);
+  free(v);
+}
+
 static void proc_free(agent_t *a, agent_proc_t *p) {
   stdin_drop(p);
   close_fd(&p->out_fd);
   close_fd(&p->err_fd);
-  *p = (agent_proc_t){.out_fd = -1, .err_fd = -1, .in_fd = -1};
+  close_fd(&p->hold_fd);
+  close_fd(&p->status_fd);
+  strv_free(p->argv);
+  *p = (agent_proc_t){.out_fd = -1, .err_fd = -1, .in_fd = -1, .hold_fd = -1, .status_fd = -1};
   a->nprocs--;
 }
 
@@ -92,14 +118,6 @@ static agent_proc_t *proc_lookup(agent_t *a, const agent_req_t *r, const char *w
 }
 
 /* ---- exec ------------------------------------------------------------------ */
-
-static void strv_free(char **v) {
-  if (v == NULL)
-    return;
-  for (char **s = v; *s != NULL; s++)
-    free(*s);
-  free(v);
-}
 
 static void strv_freep(char ***v) { strv_free(*v); }
 #define cleanup_strv __attribute__((cleanup(strv_freep)))
@@ -170,8 +188,30 @@ static char *resolve_program(const char *prog, char *const *envp, tp_error_t *er
   return NULL;
 }
 
+/* Closes every fd from 3 up except keep1 and keep2 (either may be -1). */
+static int close_fds_except(int keep1, int keep2) {
+  int keep[2] = {keep1 < keep2 ? keep1 : keep2, keep1 < keep2 ? keep2 : keep1};
+  unsigned lo = 3;
+  for (int i = 0; i < 2; i++) {
+    if (keep[i] < (int) lo)
+      continue;
+    if ((unsigned) keep[i] > lo && close_range(lo, (unsigned) keep[i] - 1, 0) < 0)
+      return -1;
+    lo = (unsigned) keep[i] + 1;
+  }
+  return close_range(lo, ~0u, 0);
+}
+
+static void status_write(int fd, const exec_status_t *st) {
+  while (write(fd, st, sizeof(*st)) < 0 && errno == EINTR)
+    ;
+}
+
+/* The order matters: credentials before chdir and the access check, so both
+ * are judged as the user the program will run as; signals reset before the
+ * hold, so a held child dies of a signal like any other process. */
 __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
-  exec_status_t st = {.stage = STAGE_SETUP};
+  exec_status_t st = {.stage = AGENT_STAGE_SETUP};
   struct sigaction sa;
   sigset_t none;
 
@@ -179,10 +219,20 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
     goto fail;
   if (dup2(s->in_fd, 0) < 0 || dup2(s->out_fd, 1) < 0 || dup2(s->err_fd, 2) < 0)
     goto fail;
-  st.stage = STAGE_CHDIR;
+  /* Only 0-2 reach the program.  Closed now, not at exec: a held child must
+   * not keep the channel, the listener or other processes' pipes open. */
+  if (close_fds_except(s->status_fd, s->hold_fd) < 0)
+    goto fail;
+  if (agent_cred_drop(s->uid, s->gid, &st.stage) < 0)
+    goto fail;
+  st.stage = AGENT_STAGE_CHDIR;
   if (chdir(s->cwd) < 0)
     goto fail;
-  st.stage = STAGE_EXEC;
+  /* With no capability left, access() judges as execve will: a program this
+   * user cannot run fails here, in EXEC's reply, even when held. */
+  st.stage = AGENT_STAGE_EXEC;
+  if (access(s->path, X_OK) < 0)
+    goto fail;
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; sig++)
@@ -191,13 +241,21 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
   sigprocmask(SIG_SETMASK, &none, NULL);
   umask(s->umask);
   setrlimit(RLIMIT_NOFILE, s->nofile);
-  /* Our fds are all CLOEXEC already; this also covers any that are not. */
-  close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+  if (s->hold_fd >= 0) {
+    exec_status_t held = {.stage = AGENT_STAGE_HELD, .err = 0};
+    char c;
+    ssize_t n;
+    status_write(s->status_fd, &held);
+    do
+      n = read(s->hold_fd, &c, 1);
+    while (n < 0 && errno == EINTR);
+    if (n != 1) /* the agent is gone without releasing us: never exec */
+      _exit(127);
+  }
   execve(s->path, s->argv, s->envp);
 fail:
   st.err = errno;
-  while (write(s->status_fd, &st, sizeof(st)) < 0 && errno == EINTR)
-    ;
+  status_write(s->status_fd, &st);
   _exit(127);
 }
 
@@ -229,46 +287,97 @@ static int null_stdin(tp_error_t *err) {
   return rd;
 }
 
-/* Waits for the child's verdict: 0 once it exec'd (EOF on the status pipe),
- * else -1 with err set (the child has then been reaped). */
-static int exec_wait_status(pid_t pid, int status_fd, const char *prog, const char *cwd,
-                            tp_error_t *err) {
-  exec_status_t st;
-  ssize_t n;
-  do
-    n = read(status_fd, &st, sizeof(st));
-  while (n < 0 && errno == EINTR);
-  if (n == 0)
-    return 0;
-  if (n != (ssize_t) sizeof(st)) {
-    st.stage = STAGE_SETUP;
-    st.err = n < 0 ? errno : EIO;
-    kill(pid, SIGKILL);
+/* Reads the child's next status record into *st: 1 when one arrived, 0 on
+ * EOF (it exec'd, or died).  A child stopped meanwhile (anything in the box
+ * running as the same user can send it SIGSTOP) would block the agent for
+ * good: it is killed instead, and this returns 1 with STAGE_STOPPED. */
+static int status_wait(pid_t pid, int status_fd, exec_status_t *st) {
+  for (;;) {
+    struct pollfd pfd = {.fd = status_fd, .events = POLLIN};
+    siginfo_t si;
+    ssize_t n;
+    int r = poll(&pfd, 1, STATUS_TICK_MS);
+    if (r < 0 && errno != EINTR) {
+      *st = (exec_status_t){.stage = AGENT_STAGE_SETUP, .err = errno};
+      kill(pid, SIGKILL);
+      return 1;
+    }
+    if (r > 0) {
+      do
+        n = read(status_fd, st, sizeof(*st));
+      while (n < 0 && errno == EINTR);
+      if (n == 0)
+        return 0;
+      if (n != (ssize_t) sizeof(*st)) {
+        *st = (exec_status_t){.stage = AGENT_STAGE_SETUP, .err = n < 0 ? errno : EIO};
+        kill(pid, SIGKILL);
+      }
+      return 1;
+    }
+    si.si_pid = 0;
+    if (waitid(P_PID, (id_t) pid, &si, WSTOPPED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid &&
+        (si.si_code == CLD_STOPPED || si.si_code == CLD_TRAPPED)) {
+      kill(pid, SIGKILL);
+      *st = (exec_status_t){.stage = STAGE_STOPPED, .err = ECANCELED};
+      return 1;
+    }
   }
-  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-    ;
-  if (st.stage == STAGE_CHDIR)
-    return tp_error_errno(err, st.err, "exec '%s': chdir '%s'", prog, cwd);
-  if (st.stage == STAGE_EXEC)
-    return tp_error_errno(err, st.err, "exec '%s'", prog);
-  return tp_error_errno(err, st.err, "exec '%s': child set-up", prog);
+}
+
+static const char *stage_name(int stage) {
+  switch (stage) {
+  case STAGE_STOPPED: return "stopped before exec, killed";
+  case AGENT_STAGE_OOM: return "reset oom_score_adj";
+  case AGENT_STAGE_SECUREBITS: return "set securebits";
+  case AGENT_STAGE_IDS: return "switch uid/gid";
+  case AGENT_STAGE_CAPS: return "drop capabilities";
+  case AGENT_STAGE_NNP: return "set no_new_privs";
+  case AGENT_STAGE_HELD: return "held without HOLD";
+  default: return "child set-up";
+  }
+}
+
+/* err from a child's failure record. */
+static int status_error(const exec_status_t *st, const char *what, const char *prog, const char *cwd,
+                        tp_error_t *err) {
+  if (st->stage == AGENT_STAGE_EXEC)
+    return tp_error_errno(err, st->err, "%s '%s'", what, prog);
+  if (st->stage == AGENT_STAGE_CHDIR)
+    return tp_error_errno(err, st->err, "%s '%s': chdir '%s'", what, prog, cwd);
+  return tp_error_errno(err, st->err ? st->err : EIO, "%s '%s': %s", what, prog,
+                        stage_name(st->stage));
+}
+
+/* An integer field in 0..EXEC_ID_MAX, or 0 when absent. */
+static int exec_id(const agent_req_t *r, uint16_t tag, const char *name, unsigned *out,
+                   tp_error_t *err) {
+  int64_t v = agent_req_int(r, tag, 0);
+  if (v < 0 || v > EXEC_ID_MAX)
+    return tp_error_set(err, EINVAL, "exec: %s %lld out of range 0..%d", name, (long long) v,
+                        EXEC_ID_MAX);
+  *out = (unsigned) v;
+  return 0;
 }
 
 int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   const uint32_t allowed = AGENT_TAG(TP_TAG_ARG) | AGENT_TAG(TP_TAG_ENV) | AGENT_TAG(TP_TAG_CWD) |
-                           AGENT_TAG(TP_TAG_FLAGS);
+                           AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_UID) | AGENT_TAG(TP_TAG_GID);
   cleanup_strv char **argv = NULL;
   cleanup_strv char **envp = NULL;
   cleanup_free char *path = NULL;
   cleanup_close int in_r = -1, in_w = -1, out_r = -1, out_w = -1, err_r = -1, err_w = -1;
-  cleanup_close int st_r = -1, st_w = -1;
+  cleanup_close int st_r = -1, st_w = -1, hold_r = -1, hold_w = -1;
   char cwd[TP_PATH_MAX + 1] = "/";
   int nargs = tp_fields_count(r->fields, r->n, TP_TAG_ARG);
   int nenv = tp_fields_count(r->fields, r->n, TP_TAG_ENV);
   int64_t flags = agent_req_int(r, TP_TAG_FLAGS, 0);
+  int hold = (flags & TP_F_EXEC_HOLD) != 0;
+  unsigned uid, gid;
   agent_proc_t *p = NULL;
+  exec_status_t st;
   exec_spec_t spec;
   pid_t pid;
+  int rc;
 
   if (agent_req_check(r, allowed, AGENT_TAG(TP_TAG_ARG) | AGENT_TAG(TP_TAG_ENV), "exec", err) < 0)
     return -1;
@@ -276,8 +385,10 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return tp_error_set(err, EINVAL, "exec: no ARG");
   if (nargs + nenv > TP_ARGS_MAX)
     return tp_error_set(err, E2BIG, "exec: more than %d ARG and ENV fields", TP_ARGS_MAX);
-  if (flags & ~(int64_t) TP_F_EXEC_STDIN)
+  if (flags & ~(int64_t) (TP_F_EXEC_STDIN | TP_F_EXEC_HOLD))
     return tp_error_set(err, EINVAL, "exec: unknown FLAGS 0x%llx", (unsigned long long) flags);
+  if (exec_id(r, TP_TAG_UID, "UID", &uid, err) < 0 || exec_id(r, TP_TAG_GID, "GID", &gid, err) < 0)
+    return -1;
   if (agent_req_get(r, TP_TAG_CWD) != NULL && agent_req_path(r, TP_TAG_CWD, "exec", cwd, err) < 0)
     return -1;
   for (int i = 0; i < AGENT_PROC_MAX && p == NULL; i++)
@@ -303,11 +414,12 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return -1;
   }
   if (pipe_cloexec(&out_r, &out_w, err) < 0 || pipe_cloexec(&err_r, &err_w, err) < 0 ||
-      pipe_cloexec(&st_r, &st_w, err) < 0)
+      pipe_cloexec(&st_r, &st_w, err) < 0 || (hold && pipe_cloexec(&hold_r, &hold_w, err) < 0))
     return -1;
 
   spec = (exec_spec_t){.path = path, .argv = argv, .envp = envp, .cwd = cwd, .in_fd = in_r,
-                       .out_fd = out_w, .err_fd = err_w, .status_fd = st_w, .nofile = &a->nofile,
+                       .out_fd = out_w, .err_fd = err_w, .status_fd = st_w, .hold_fd = hold_r,
+                       .uid = (uid_t) uid, .gid = (gid_t) gid, .nofile = &a->nofile,
                        .umask = a->umask};
   pid = fork();
   if (pid < 0)
@@ -316,17 +428,96 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     child_exec(&spec);
 
   close_fd(&st_w); /* so that the read below sees EOF once the child exec'd */
-  if (exec_wait_status(pid, st_r, argv[0], cwd, err) < 0)
-    return -1;
+  close_fd(&hold_r);
+  /* Without HOLD, EOF means it exec'd; with HOLD, it must say it is held. */
+  rc = status_wait(pid, st_r, &st);
+  if (hold ? rc != 1 || st.stage != AGENT_STAGE_HELD : rc != 0) {
+    if (rc == 0) /* held, but EOF: it died before it got there */
+      st = (exec_status_t){.stage = AGENT_STAGE_SETUP, .err = ECHILD};
+    kill(pid, SIGKILL); /* a failed child exits anyway; never wait on a stopped one */
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+      ;
+    return status_error(&st, "exec", argv[0], cwd, err);
+  }
 
   set_nonblock(out_r);
   set_nonblock(err_r);
-  *p = (agent_proc_t){.pid = pid, .out_fd = out_r, .err_fd = err_r, .in_fd = in_w};
-  out_r = err_r = in_w = -1;
+  *p = (agent_proc_t){.pid = pid, .out_fd = out_r, .err_fd = err_r, .in_fd = in_w,
+                      .hold_fd = hold_w, .status_fd = hold ? st_r : -1, .argv = argv};
+  out_r = err_r = in_w = hold_w = -1;
+  if (hold)
+    st_r = -1;
+  argv = NULL;
   if (p->in_fd >= 0)
     set_nonblock(p->in_fd);
   a->nprocs++;
   tp_frame_add_int(&a->out, TP_TAG_PID, pid);
+  return 0;
+}
+
+int agent_proc_release(agent_t *a, const agent_req_t *r, tp_error_t *err) {
+  exec_status_t st;
+  agent_proc_t *p;
+
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_PID), 0, "release", err) < 0)
+    return -1;
+  if ((p = proc_lookup(a, r, "release", err)) == NULL)
+    return -1;
+  if (p->hold_fd < 0)
+    return tp_error_set(err, EINVAL, "release: process %d is not held", (int) p->pid);
+  /* EPIPE: it died while held; its EXIT follows as for any process. */
+  while (write(p->hold_fd, "r", 1) < 0 && errno == EINTR)
+    ;
+  close_fd(&p->hold_fd);
+  if (status_wait(p->pid, p->status_fd, &st) == 0) {
+    close_fd(&p->status_fd);
+    return 0;
+  }
+  close_fd(&p->status_fd);
+  /* The child exits 127 (or was killed): EXIT comes from the loop. */
+  return status_error(&st, "release: exec", p->argv[0], "", err);
+}
+
+static int cmp_proc_pid(const void *x, const void *y) {
+  pid_t a = (*(agent_proc_t *const *) x)->pid, b = (*(agent_proc_t *const *) y)->pid;
+  return (a > b) - (a < b);
+}
+
+/* One ENTRY (PID ARG*) per live process, by pid.  A reply that would not
+ * fit is cut (FLAGS 1, as for FS_LIST): every PID still goes out first,
+ * the ARG lists only while there is room. */
+int agent_proc_ps(agent_t *a, const agent_req_t *r, tp_error_t *err) {
+  agent_proc_t *live[AGENT_PROC_MAX];
+  int n = 0, truncated = 0;
+
+  if (agent_req_check(r, 0, 0, "ps", err) < 0)
+    return -1;
+  for (int i = 0; i < AGENT_PROC_MAX; i++)
+    if (a->procs[i].pid > 0)
+      live[n++] = &a->procs[i];
+  if (n > 1)
+    qsort(live, (size_t) n, sizeof(*live), cmp_proc_pid);
+  if (n > PS_MAX) {
+    n = PS_MAX;
+    truncated = 1;
+  }
+  for (int i = 0; i < n; i++) {
+    size_t g = tp_frame_group_begin(&a->out, TP_TAG_ENTRY);
+    size_t reserve = (size_t) (n - i - 1) * PS_ENTRY_MIN;
+    tp_frame_add_int(&a->out, TP_TAG_PID, live[i]->pid);
+    for (char **s = live[i]->argv; s != NULL && *s != NULL; s++) {
+      size_t payload = a->out.len - a->out.frame_start - TP_FRAME_HDR;
+      size_t len = strlen(*s);
+      if (payload + 6 + len + reserve > PS_PAYLOAD_MAX) {
+        truncated = 1;
+        break;
+      }
+      tp_frame_add(&a->out, TP_TAG_ARG, *s, (uint32_t) len);
+    }
+    tp_frame_group_end(&a->out, g);
+  }
+  if (truncated)
+    tp_frame_add_int(&a->out, TP_TAG_FLAGS, 1);
   return 0;
 }
 
@@ -496,16 +687,45 @@ void agent_proc_poll_handle(agent_t *a, int first, int n) {
   }
 }
 
+static int send_exit(agent_t *a, const agent_exit_t *e) {
+  agent_event_begin(a, TP_MSG_EXIT);
+  tp_frame_add_int(&a->out, TP_TAG_PID, e->pid);
+  tp_frame_add_int(&a->out, TP_TAG_CODE, e->code);
+  tp_frame_add_int(&a->out, TP_TAG_SIGNAL, e->sig);
+  return agent_send(a);
+}
+
+/* Keeps an EXIT for the next daemon; when full, the oldest goes. */
+static void exit_queue(agent_t *a, const agent_exit_t *e) {
+  if (a->exitq_len == AGENT_EXITQ_MAX) {
+    agent_log("dropping the EXIT of process %d: queue full", (int) a->exitq[a->exitq_head].pid);
+    a->exitq_head = (a->exitq_head + 1) % AGENT_EXITQ_MAX;
+    a->exitq_len--;
+  }
+  a->exitq[(a->exitq_head + a->exitq_len) % AGENT_EXITQ_MAX] = *e;
+  a->exitq_len++;
+}
+
+void agent_proc_flush_exits(agent_t *a) {
+  while (a->exitq_len > 0 && send_exit(a, &a->exitq[a->exitq_head]) == 0) {
+    a->exitq_head = (a->exitq_head + 1) % AGENT_EXITQ_MAX;
+    a->exitq_len--;
+  }
+}
+
 /* The child is gone: send what its pipes still hold (a grandchild keeping
- * them open must not delay EXIT, hence non-blocking and bounded), then EXIT. */
+ * them open must not delay EXIT, hence non-blocking and bounded), then EXIT,
+ * or queue it when there is no channel to send it on. */
 static void proc_exited(agent_t *a, agent_proc_t *p, int status) {
+  agent_exit_t e = {.pid = p->pid, .code = WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                    .sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0};
   read_output(a, p, 1, AGENT_DRAIN_MAX);
   read_output(a, p, 2, AGENT_DRAIN_MAX);
-  agent_event_begin(a, TP_MSG_EXIT);
-  tp_frame_add_int(&a->out, TP_TAG_PID, p->pid);
-  tp_frame_add_int(&a->out, TP_TAG_CODE, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  tp_frame_add_int(&a->out, TP_TAG_SIGNAL, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  agent_send(a);
+  /* Earlier ones first: EXIT order is reap order. */
+  if (a->exitq_len > 0)
+    agent_proc_flush_exits(a);
+  if (a->exitq_len > 0 || send_exit(a, &e) < 0)
+    exit_queue(a, &e);
   proc_free(a, p);
 }
 

@@ -33,6 +33,7 @@
 #define TP_LIST_MAX 4000    /* entries per FS_LIST reply (below TP_FIELDS_MAX) */
 #define TP_STR_MAX (TP_PATH_MAX * 8)                 /* bytes in any string field (ARG, ENV, ...) */
 #define TP_AGENT_FD 3                                /* the channel's fd number inside the box */
+#define TP_AGENT_LISTEN_FD 4 /* listening unix socket for a restarted daemon's new channel */
 
 enum tp_msg_type {
   /* agent -> host events (id 0) */

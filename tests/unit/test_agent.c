@@ -1,8 +1,11 @@
 /* Drives the real tupper-agent (env TUPPER_AGENT) as an ordinary process over
- * a socketpair, playing the host: processes, stdin, signals, file operations
- * and hostile frames.  Every wait is a poll with a deadline, never a sleep.
- * The test is a child subreaper, so whatever the agent leaves behind comes to
- * us; at the end it checks that nothing is left running. */
+ * a socketpair, playing the host: processes, held exec and release, the
+ * privileges a child drops, stdin, signals, file operations, hostile frames,
+ * and detaching from a lost channel and re-attaching through a listening
+ * socket.  Every wait is a poll with a deadline, never a sleep.  The test is
+ * a child subreaper, so whatever the agent leaves behind comes to us; at the
+ * end it checks that nothing is left running.  It must run as root (the
+ * agent switches uid/gid and drops capabilities it must first have). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -15,8 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -81,6 +86,7 @@ typedef struct host_s {
   int stray_events;     /* events for pids without an OK, or after EXIT */
   int ready_count;
   int64_t ready_version, ready_pid;
+  int first_event;      /* type of the first event received, 0 before */
   uint8_t *rbuf;
   size_t rlen;
   uint32_t next_id, cur_id;
@@ -134,6 +140,8 @@ static tproc_t *tproc_get(host_t *h, int64_t pid) {
 
 static void on_event(host_t *h, const msg_t *m) {
   tproc_t *p;
+  if (h->first_event == 0)
+    h->first_event = m->type;
   if (m->type == TP_MSG_READY) {
     h->ready_count++;
     h->ready_version = msg_int(m, TP_TAG_VERSION, -1);
@@ -301,33 +309,64 @@ static int out_is(const tproc_t *p, int stream, const char *s) {
 
 /* ---- starting and stopping agents ------------------------------------------------- */
 
-/* Starts the agent with its channel at fd 10 and a stray inherited fd 11
- * (the write end of *stray_rd), which the agent must close. */
-static int agent_start(host_t *h, const char *agent, const char *cwd, int *stray_rd) {
-  int sv[2], stray[2];
+static void host_init(host_t *h, int fd) {
   memset(h, 0, sizeof(*h));
   tp_buf_init(&h->req);
   h->rbuf = malloc(TP_FRAME_HDR + TP_FRAME_MAX);
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 || pipe2(stray, O_CLOEXEC) < 0)
+  h->fd = fd;
+  h->agent = -1;
+  fcntl(h->fd, F_SETFL, O_NONBLOCK);
+}
+
+/* Pretends the host knew pid from an EXEC (a new daemon after PS). */
+static tproc_t *host_track(host_t *h, int64_t pid) {
+  tproc_t *p = &h->procs[h->nprocs++];
+  memset(p, 0, sizeof(*p));
+  p->pid = pid;
+  return p;
+}
+
+/* Starts the agent with its channel at fd 10.  stray_rd != NULL: a stray
+ * inherited pipe at fds 11 and TP_AGENT_LISTEN_FD (its write end; *stray_rd
+ * gets the read end), which the agent must close.  listen_fd >= 0: a
+ * listening socket at TP_AGENT_LISTEN_FD.  grace: "--grace" value or NULL.
+ * The agent runs with oom_score_adj 300, which its children must not get. */
+static int agent_start_opts(host_t *h, const char *agent, const char *cwd, int *stray_rd,
+                            int listen_fd, const char *grace) {
+  int sv[2], stray[2] = {-1, -1};
+  host_init(h, -1);
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 ||
+      (stray_rd != NULL && pipe2(stray, O_CLOEXEC) < 0))
     return -1;
   h->agent = fork();
   if (h->agent < 0)
     return -1;
   if (h->agent == 0) {
-    if (chdir(cwd) < 0 || dup2(sv[1], 10) < 0 || dup2(stray[1], 11) < 0)
+    int oom = open("/proc/self/oom_score_adj", O_WRONLY);
+    int lfd = listen_fd >= 0 ? fcntl(listen_fd, F_DUPFD_CLOEXEC, 100) : -1;
+    if (oom < 0 || write(oom, "300", 3) != 3 || chdir(cwd) < 0 || dup2(sv[1], 10) < 0 ||
+        (listen_fd >= 0 && (lfd < 0 || dup2(lfd, TP_AGENT_LISTEN_FD) < 0)) ||
+        (stray_rd != NULL &&
+         (dup2(stray[1], 11) < 0 || dup2(11, TP_AGENT_LISTEN_FD) < 0)))
       _exit(126);
-    execl(agent, agent, "--fd", "10", (char *) NULL);
+    if (grace != NULL)
+      execl(agent, agent, "--fd", "10", "--grace", grace, (char *) NULL);
+    else
+      execl(agent, agent, "--fd", "10", (char *) NULL);
     _exit(127);
   }
   close(sv[1]);
-  close(stray[1]);
-  if (stray_rd != NULL)
+  if (stray_rd != NULL) {
+    close(stray[1]);
     *stray_rd = stray[0];
-  else
-    close(stray[0]);
+  }
   h->fd = sv[0];
   fcntl(h->fd, F_SETFL, O_NONBLOCK);
   return 0;
+}
+
+static int agent_start(host_t *h, const char *agent, const char *cwd, int *stray_rd) {
+  return agent_start_opts(h, agent, cwd, stray_rd, -1, NULL);
 }
 
 /* Waits for the agent to exit; returns its wait status or -1 on timeout. */
@@ -345,6 +384,33 @@ static int agent_wait(host_t *h) {
     }
     poll(NULL, 0, 10);
   }
+}
+
+/* The host's side of a listening socket at `path`, or -1. */
+static int listener_make(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || strlen(path) >= sizeof(sa.sun_path))
+    goto fail;
+  strcpy(sa.sun_path, path);
+  if (bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0 || listen(fd, 8) < 0)
+    goto fail;
+  return fd;
+fail:
+  if (fd >= 0)
+    close(fd);
+  return -1;
+}
+
+static int connect_to(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  strcpy(sa.sun_path, path);
+  if (fd >= 0 && connect(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 static void host_free(host_t *h) {
@@ -377,6 +443,32 @@ static int wait_gone(pid_t target) {
 }
 
 /* ---- request helpers ---------------------------------------------------------------- */
+
+#define NO_ID INT64_MIN /* leave UID/GID out */
+
+/* EXEC with UID and GID fields unless NO_ID. */
+static msg_t *exec_as(host_t *h, const char *const *argv, const char *cwd, int flags, int64_t uid,
+                      int64_t gid) {
+  tp_buf_t *b = req_begin(h, TP_MSG_EXEC);
+  for (; argv && *argv; argv++)
+    tp_frame_add_str(b, TP_TAG_ARG, *argv);
+  if (cwd)
+    tp_frame_add_str(b, TP_TAG_CWD, cwd);
+  if (flags)
+    tp_frame_add_int(b, TP_TAG_FLAGS, flags);
+  if (uid != NO_ID)
+    tp_frame_add_int(b, TP_TAG_UID, uid);
+  if (gid != NO_ID)
+    tp_frame_add_int(b, TP_TAG_GID, gid);
+  return req_call(h);
+}
+
+static int64_t run_as(host_t *h, const char *const *argv, int flags, int64_t uid, int64_t gid) {
+  msg_t *m = exec_as(h, argv, NULL, flags, uid, gid);
+  int64_t pid = msg_is_ok(m) ? msg_int(m, TP_TAG_PID, -EPROTO) : m ? -msg_errno(m) : -ETIMEDOUT;
+  msg_free(m);
+  return pid;
+}
 
 static msg_t *exec_req(host_t *h, const char *const *argv, const char *const *env, const char *cwd,
                        int flags) {
@@ -1060,6 +1152,444 @@ static void test_hostile_header(const char *agent, const char *tmp, uint32_t len
   host_free(&h);
 }
 
+/* ---- privileges, held exec, PS -------------------------------------------------------- */
+
+/* Copies the value of the "key:" line of a /proc/<pid>/status text into out. */
+static int status_field(const char *text, size_t len, const char *key, char *out, size_t outlen) {
+  size_t klen = strlen(key);
+  for (size_t i = 0; i + klen + 1 < len; i++) {
+    size_t j, n = 0;
+    if ((i > 0 && text[i - 1] != '\n') || memcmp(text + i, key, klen) != 0 || text[i + klen] != ':')
+      continue;
+    for (j = i + klen + 1; j < len && (text[j] == '\t' || text[j] == ' '); j++)
+      ;
+    while (j < len && text[j] != '\n' && n + 1 < outlen)
+      out[n++] = text[j++];
+    while (n > 0 && out[n - 1] == ' ') /* the Groups line ends with a blank */
+      n--;
+    out[n] = '\0';
+    return 0;
+  }
+  out[0] = '\0';
+  return -1;
+}
+
+static int field_is(const char *text, size_t len, const char *key, const char *want) {
+  char v[256];
+  return text != NULL && status_field(text, len, key, v, sizeof(v)) == 0 && strcmp(v, want) == 0;
+}
+
+/* Reads a small file into buf (NUL-terminated); returns its length or -1. */
+static ssize_t slurp(const char *path, char *buf, size_t cap) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  size_t n = 0;
+  ssize_t r = 0;
+  buf[0] = '\0';
+  if (fd < 0)
+    return -1;
+  while (n + 1 < cap && (r = read(fd, buf + n, cap - 1 - n)) > 0)
+    n += (size_t) r;
+  close(fd);
+  buf[n] = '\0';
+  return r < 0 ? -1 : (ssize_t) n;
+}
+
+/* Every capability set empty and no_new_privs, in a status text. */
+static int caps_all_dropped(const char *t, size_t n) {
+  const char *zero = "0000000000000000";
+  return field_is(t, n, "CapInh", zero) && field_is(t, n, "CapPrm", zero) &&
+         field_is(t, n, "CapEff", zero) && field_is(t, n, "CapBnd", zero) &&
+         field_is(t, n, "CapAmb", zero) && field_is(t, n, "NoNewPrivs", "1");
+}
+
+static int count_fds(pid_t pid) {
+  char path[64];
+  DIR *d;
+  struct dirent *e;
+  int n = 0;
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
+  if ((d = opendir(path)) == NULL)
+    return -1;
+  while ((e = readdir(d)) != NULL)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* The state letter in /proc/<pid>/stat, or 0. */
+static char proc_state(pid_t pid) {
+  char path[64], buf[512], *rp;
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+  if (slurp(path, buf, sizeof(buf)) < 0 || (rp = strrchr(buf, ')')) == NULL || rp[1] != ' ')
+    return 0;
+  return rp[2];
+}
+
+static void test_creds(host_t *h, const char *tmp) {
+  const char *status[] = {"/bin/cat", "/proc/self/status", NULL};
+  const char *oom[] = {"/bin/cat", "/proc/self/oom_score_adj", NULL};
+  const char *tru[] = {"/bin/true", NULL};
+  char path[64], agent_oom[32];
+  int64_t pid;
+  tproc_t *p;
+  msg_t *m;
+
+  snprintf(path, sizeof(path), "/proc/%d/oom_score_adj", (int) h->agent);
+  slurp(path, agent_oom, sizeof(agent_oom));
+  check(strcmp(agent_oom, "300\n") == 0, "the agent runs with oom_score_adj 300");
+  pid = run(h, oom, NULL, NULL, 0);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  check(p != NULL && out_is(p, 1, "0\n"), "the child's oom_score_adj is reset to 0");
+
+  pid = run(h, status, NULL, NULL, 0);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  check(p != NULL && field_is((char *) p->out[1].data, p->out[1].len, "Uid", "0\t0\t0\t0") &&
+            field_is((char *) p->out[1].data, p->out[1].len, "Gid", "0\t0\t0\t0") &&
+            field_is((char *) p->out[1].data, p->out[1].len, "Groups", "0"),
+        "without UID/GID the child is uid 0, gid 0, groups {0}");
+  check(p != NULL && caps_all_dropped((char *) p->out[1].data, p->out[1].len),
+        "as uid 0: CapInh/Prm/Eff/Bnd/Amb all 0, NoNewPrivs 1");
+
+  pid = run_as(h, status, 0, 1000, 1001);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  check(p != NULL && field_is((char *) p->out[1].data, p->out[1].len, "Uid", "1000\t1000\t1000\t1000") &&
+            field_is((char *) p->out[1].data, p->out[1].len, "Gid", "1001\t1001\t1001\t1001") &&
+            field_is((char *) p->out[1].data, p->out[1].len, "Groups", "1001"),
+        "UID 1000 GID 1001: real, effective, saved and fs ids, groups {1001}");
+  check(p != NULL && caps_all_dropped((char *) p->out[1].data, p->out[1].len),
+        "as uid 1000: every capability set empty, NoNewPrivs 1");
+
+  pid = run_as(h, tru, 0, 65535, 65535);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  check(p != NULL && p->code == 0, "UID/GID 65535 (the top of the mapped range) runs");
+  expect_err(exec_as(h, tru, NULL, 0, 65536, NO_ID), EINVAL, "UID 65536");
+  expect_err(exec_as(h, tru, NULL, 0, -1, NO_ID), EINVAL, "UID -1");
+  expect_err(exec_as(h, tru, NULL, 0, NO_ID, 70000), EINVAL, "GID 70000");
+  /* tmp is root's and 0700: chdir is judged as the new user, without caps. */
+  m = exec_as(h, tru, tmp, 0, 1000, 1000);
+  check(msg_errno(m) == EACCES && msg_has_text(m, "chdir"),
+        "uid 1000 cannot chdir into root's 0700 dir -> ERR EACCES (chdir)");
+  msg_free(m);
+}
+
+static msg_t *release_req(host_t *h, int64_t pid) { return pid_req(h, TP_MSG_RELEASE, pid, 0, 0); }
+
+static void test_hold(host_t *h, const char *agent, const char *tmp) {
+  const char *echo[] = {"/bin/sh", "-c", "echo released", NULL};
+  const char *sleeper[] = {"/bin/sleep", "100", NULL};
+  char prog[PATH_MAX], exe[PATH_MAX], want[PATH_MAX], path[64], st[4096];
+  const char *progv[] = {prog, NULL};
+  long long deadline;
+  ssize_t n;
+  int64_t pid;
+  tproc_t *p;
+  msg_t *m;
+  int fd;
+
+  pid = run_as(h, echo, TP_F_EXEC_HOLD, 1000, 1000);
+  check(pid > 0, "EXEC with HOLD -> OK with PID at once");
+  if (pid <= 0)
+    return;
+  p = tproc_get(h, pid);
+  snprintf(path, sizeof(path), "/proc/%d/exe", (int) pid);
+  n = readlink(path, exe, sizeof(exe) - 1);
+  exe[n > 0 ? n : 0] = '\0';
+  check(realpath(agent, want) != NULL && strcmp(exe, want) == 0,
+        "the held child has not exec'd (its exe is still the agent)");
+  snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
+  n = slurp(path, st, sizeof(st));
+  check(n > 0 && caps_all_dropped(st, (size_t) n) &&
+            field_is(st, (size_t) n, "Uid", "1000\t1000\t1000\t1000"),
+        "the held child already runs as uid 1000 without capabilities");
+  n = count_fds((pid_t) pid);
+  check(n == 5, "the held child has only 0-2 and its status and hold pipes (%d fds)", (int) n);
+  deadline = now_ms() + 200;
+  while (pump(h, deadline) == 0)
+    ;
+  check(p->out[1].len == 0 && !p->exited, "no output and no EXIT before RELEASE");
+  expect_ok(release_req(h, pid), "RELEASE");
+  p = wait_exit(h, pid);
+  check(p != NULL && p->code == 0 && out_is(p, 1, "released\n"),
+        "after RELEASE it runs: its output, then EXIT 0");
+  expect_err(release_req(h, pid), ESRCH, "RELEASE of a reaped pid");
+  expect_err(release_req(h, 999999999), ESRCH, "RELEASE of an unknown pid");
+  req_begin(h, TP_MSG_RELEASE);
+  expect_err(req_call(h), EINVAL, "RELEASE without PID");
+
+  pid = run(h, sleeper, NULL, NULL, 0);
+  expect_err(release_req(h, pid), EINVAL, "RELEASE of a process that is not held");
+  expect_ok(pid_req(h, TP_MSG_SIGNAL, pid, TP_TAG_SIGNAL, SIGKILL), "SIGNAL 9 to it");
+  wait_exit(h, pid);
+
+  /* The program goes away between EXEC and RELEASE: the exec error comes in
+   * RELEASE's reply, then the child exits 127. */
+  join(prog, tmp, "/vanishing.sh");
+  fd = open(prog, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+  check(fd >= 0 && write(fd, "#!/bin/sh\n", 10) == 10 && close(fd) == 0, "write a script");
+  pid = run(h, progv, NULL, NULL, TP_F_EXEC_HOLD);
+  check(pid > 0 && unlink(prog) == 0, "EXEC HOLD of the script -> OK; then the script is removed");
+  m = release_req(h, pid);
+  check(msg_errno(m) == ENOENT && msg_has_text(m, "release: exec"),
+        "RELEASE -> ERR ENOENT for the exec that failed (got %d)", msg_errno(m));
+  msg_free(m);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  check(p != NULL && p->code == 127 && p->sig == 0, "then EXIT CODE 127");
+
+  /* A held child dies of a signal like any other. */
+  pid = run(h, sleeper, NULL, NULL, TP_F_EXEC_HOLD);
+  expect_ok(pid_req(h, TP_MSG_SIGNAL, pid, TP_TAG_SIGNAL, SIGTERM), "SIGNAL 15 to a held child");
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  check(p != NULL && p->code == -1 && p->sig == SIGTERM, "the held child's EXIT has SIGNAL 15");
+  expect_err(release_req(h, pid), ESRCH, "RELEASE after it died");
+
+  /* Errors found before the hold still come in EXEC's reply. */
+  m = exec_as(h, sleeper, "/nonexistent-dir", TP_F_EXEC_HOLD, NO_ID, NO_ID);
+  check(msg_errno(m) == ENOENT && msg_has_text(m, "chdir"),
+        "EXEC HOLD with a missing CWD -> ERR ENOENT (chdir) in EXEC's reply");
+  msg_free(m);
+
+  /* Something stops a held child (anything in the box running as the same
+   * user can): RELEASE must not hang the agent on it. */
+  pid = run(h, sleeper, NULL, NULL, TP_F_EXEC_HOLD);
+  check(pid > 0 && kill((pid_t) pid, SIGSTOP) == 0, "SIGSTOP a held child");
+  deadline = now_ms() + TIMEOUT_MS;
+  while (pid > 0 && proc_state((pid_t) pid) != 'T' && now_ms() < deadline)
+    poll(NULL, 0, 5);
+  m = release_req(h, pid);
+  check(msg_errno(m) == ECANCELED && msg_has_text(m, "stopped"),
+        "RELEASE of a stopped child -> ERR ECANCELED, no hang (got %d)", msg_errno(m));
+  msg_free(m);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  check(p != NULL && p->sig == SIGKILL, "the stopped child was killed: EXIT SIGNAL 9");
+}
+
+/* The ENTRY groups of a PS reply: pids and, for each, its ARGs joined by ' '. */
+static int ps_entries(const msg_t *m, int64_t *pids, char (*args)[128], int max) {
+  int k = 0;
+  for (int i = 0; m != NULL && i < m->n && k < max; i++) {
+    tp_field_t sub[16];
+    int n;
+    if (m->f[i].tag != TP_TAG_ENTRY)
+      continue;
+    n = tp_fields_parse(m->f[i].val, m->f[i].len, sub, 16);
+    pids[k] = -1;
+    args[k][0] = '\0';
+    for (int j = 0; j < n; j++) {
+      size_t used = strlen(args[k]);
+      if (sub[j].tag == TP_TAG_PID)
+        tp_field_int(&sub[j], &pids[k]);
+      else if (sub[j].tag == TP_TAG_ARG)
+        snprintf(args[k] + used, 128 - used, "%s%.*s", used ? " " : "", (int) sub[j].len,
+                 (const char *) sub[j].val);
+    }
+    k++;
+  }
+  return k;
+}
+
+static msg_t *ps_req(host_t *h) {
+  req_begin(h, TP_MSG_PS);
+  return req_call(h);
+}
+
+static void test_ps(host_t *h) {
+  const char *a1[] = {"/bin/sleep", "100", NULL};
+  const char *a2[] = {"/bin/sh", "-c", "exec sleep 101", NULL};
+  int64_t p1 = run(h, a1, NULL, NULL, 0), p2 = run(h, a2, NULL, NULL, TP_F_EXEC_HOLD);
+  int first = p1 < p2 ? 0 : 1;
+  const char *want[2] = {"/bin/sleep 100", "/bin/sh -c exec sleep 101"};
+  int64_t pids[8];
+  char args[8][128];
+  tp_buf_t *b;
+  msg_t *m;
+  int k;
+
+  check(p1 > 0 && p2 > 0, "start a sleep and a held shell");
+  m = ps_req(h);
+  k = ps_entries(m, pids, args, 8);
+  check(msg_is_ok(m) && k == 2 && pids[0] == (first ? p2 : p1) && pids[1] == (first ? p1 : p2) &&
+            strcmp(args[0], want[first]) == 0 && strcmp(args[1], want[!first]) == 0 &&
+            msg_get(m, TP_TAG_FLAGS) == NULL,
+        "PS -> one ENTRY per live process (held too), by pid, with its ARGs");
+  msg_free(m);
+  b = req_begin(h, TP_MSG_PS);
+  tp_frame_add_int(b, TP_TAG_PID, p1);
+  expect_err(req_call(h), EINVAL, "PS with a field");
+  expect_ok(pid_req(h, TP_MSG_SIGNAL, p1, TP_TAG_SIGNAL, SIGKILL), "SIGNAL 9 to the sleep");
+  expect_ok(pid_req(h, TP_MSG_SIGNAL, p2, TP_TAG_SIGNAL, SIGKILL), "SIGNAL 9 to the held shell");
+  wait_exit(h, p1);
+  wait_exit(h, p2);
+  m = ps_req(h);
+  check(msg_is_ok(m) && ps_entries(m, pids, args, 8) == 0, "PS once they were reaped -> no ENTRY");
+  msg_free(m);
+}
+
+/* ---- detaching and re-attaching --------------------------------------------------------- */
+
+/* Connects to the agent's listener, as a host that already knows the
+ * processes pids[0..n), and waits for READY. */
+static int host_connect(host_t *h, const char *sock, const int64_t *pids, int n) {
+  long long deadline = now_ms() + TIMEOUT_MS;
+  host_init(h, connect_to(sock));
+  for (int i = 0; i < n; i++)
+    host_track(h, pids[i]);
+  if (h->fd < 0)
+    return -1;
+  while (h->ready_count == 0 && pump(h, deadline) == 0)
+    ;
+  return h->ready_count == 1 ? 0 : -1;
+}
+
+/* Leaves nothing of an agent behind: SIGKILL, reap, reap what came to us. */
+static void agent_stop(host_t *h) {
+  if (h->agent > 0) {
+    kill(h->agent, SIGKILL);
+    waitpid(h->agent, NULL, 0);
+  }
+  while (waitpid(-1, NULL, WNOHANG) > 0)
+    ;
+}
+
+static void test_detach(const char *agent, const char *tmp) {
+  const char *sleeper[] = {"/bin/sleep", "100", NULL};
+  const char *noisy[] = {"/bin/sh", "-c", "read x; head -c 4000000 /dev/zero; exit 7", NULL};
+  const char *fds[] = {"/bin/sh", "-c", "ls /proc/self/fd | wc -l", NULL};
+  char sock[PATH_MAX], buf[64];
+  int64_t pid, sleep_pid, noisy_pid, pids[8];
+  char args[8][128];
+  host_t h, h2;
+  long long deadline;
+  struct pollfd pfd;
+  tproc_t *p;
+  msg_t *m;
+  int lfd, c2, k, r;
+  ssize_t n;
+
+  join(sock, tmp, "/agent.sock");
+  lfd = listener_make(sock);
+  if (lfd < 0 || agent_start_opts(&h, agent, tmp, NULL, lfd, "5") < 0) {
+    check(0, "start an agent with a listening socket");
+    return;
+  }
+  close(lfd); /* only the agent holds it now */
+  deadline = now_ms() + TIMEOUT_MS;
+  while (h.ready_count == 0 && pump(&h, deadline) == 0)
+    ;
+  check(h.ready_count == 1, "the agent with a listener sends READY");
+  pid = run(&h, fds, NULL, NULL, 0);
+  p = pid > 0 ? wait_exit(&h, pid) : NULL;
+  check(p != NULL && out_is(p, 1, "4\n"), "its children do not inherit the listener (only fds 0-2)");
+  sleep_pid = run(&h, sleeper, NULL, NULL, 0);
+  noisy_pid = run(&h, noisy, NULL, NULL, TP_F_EXEC_STDIN);
+  check(sleep_pid > 0 && noisy_pid > 0, "start a sleep and a shell that writes 4 MB once told");
+  expect_ok(stdin_req(&h, noisy_pid, "go\n", 3), "tell it to go");
+  close(h.fd); /* the daemon crashes */
+  h.fd = -1;
+  /* Its 4 MB go nowhere: it can only finish (and be reaped) if the agent
+   * keeps draining its pipe while detached. */
+  check(wait_gone((pid_t) noisy_pid) == 0, "the noisy shell ran to its end while detached");
+  check(kill((pid_t) sleep_pid, 0) == 0 && waitpid(h.agent, NULL, WNOHANG) == 0,
+        "the agent and the sleep are still alive");
+
+  pids[0] = sleep_pid;
+  pids[1] = noisy_pid;
+  r = host_connect(&h2, sock, pids, 2);
+  check(r == 0 && h2.first_event == TP_MSG_READY && h2.ready_pid == h.agent,
+        "a new connection gets READY first, with the agent's pid");
+  p = wait_exit(&h2, noisy_pid);
+  check(p != NULL && p->code == 7 && p->sig == 0, "then the EXIT kept while detached (CODE 7)");
+  m = ps_req(&h2);
+  k = ps_entries(m, pids, args, 8);
+  check(msg_is_ok(m) && k == 1 && pids[0] == sleep_pid && strcmp(args[0], "/bin/sleep 100") == 0,
+        "PS on the new channel lists the sleep");
+  msg_free(m);
+
+  /* A second client while attached: closed at once, never READY. */
+  c2 = connect_to(sock);
+  pfd = (struct pollfd){.fd = c2, .events = POLLIN};
+  n = c2 >= 0 && poll(&pfd, 1, TIMEOUT_MS) == 1 ? read(c2, buf, sizeof(buf)) : -1;
+  check(n == 0, "a second connection while attached is closed without a byte (read %zd)", n);
+  if (c2 >= 0)
+    close(c2);
+  m = ps_req(&h2);
+  check(msg_is_ok(m), "the attached channel still answers");
+  msg_free(m);
+  expect_ok(pid_req(&h2, TP_MSG_SIGNAL, sleep_pid, TP_TAG_SIGNAL, SIGKILL), "SIGNAL 9 to the sleep");
+  p = wait_exit(&h2, sleep_pid);
+  check(p != NULL && p->sig == SIGKILL, "its EXIT arrives on the new channel");
+  check(h2.stray_events == 0 && h2.bad_frames == 0, "no stray event or bad frame on the new channel");
+
+  /* Lost again: a client that goes away at once leaves the agent waiting
+   * for the next one. */
+  close(h2.fd);
+  h2.fd = -1;
+  host_free(&h2);
+  c2 = connect_to(sock);
+  if (c2 >= 0)
+    close(c2);
+  r = host_connect(&h2, sock, NULL, 0);
+  check(r == 0, "after another loss and a client that left at once, the next one gets READY");
+  host_free(&h2);
+  agent_stop(&h);
+  host_free(&h);
+  unlink(sock);
+}
+
+static void test_grace(const char *agent, const char *tmp) {
+  const char *tree[] = {"/bin/sh", "-c", "sleep 100 & exec sleep 100", NULL};
+  char sock[PATH_MAX];
+  long long deadline, t0;
+  int64_t pid;
+  host_t h;
+  int lfd, status, r, c;
+
+  join(sock, tmp, "/grace.sock");
+  lfd = listener_make(sock);
+  if (lfd < 0 || agent_start_opts(&h, agent, tmp, NULL, lfd, "1") < 0) {
+    check(0, "start an agent with a listening socket and --grace 1");
+    return;
+  }
+  close(lfd);
+  pid = run(&h, tree, NULL, NULL, 0);
+  check(pid > 0, "start a process tree");
+  t0 = now_ms();
+  close(h.fd);
+  h.fd = -1;
+  status = agent_wait(&h);
+  check(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "with no daemon back within the grace period the agent exits 0 (status 0x%x)", status);
+  check(now_ms() - t0 >= 900, "but not before the grace period (%lld ms)", now_ms() - t0);
+  r = pid > 0 ? wait_gone(-(pid_t) pid) : -1;
+  check(r == 0, "and its process group is gone");
+  deadline = now_ms() + TIMEOUT_MS;
+  while ((r = waitpid(-1, NULL, WNOHANG)) >= 0 && now_ms() < deadline)
+    if (r == 0)
+      poll(NULL, 0, 10);
+  check(r < 0 && errno == ECHILD, "no process of it remains");
+  c = connect_to(sock);
+  check(c < 0, "the listener died with the agent");
+  if (c >= 0)
+    close(c);
+  host_free(&h);
+  unlink(sock);
+}
+
+static void test_bad_args(const char *agent, const char *tmp) {
+  const char *bad[] = {"x", "-1", "86401", ""};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+    host_t h;
+    int status;
+    if (agent_start_opts(&h, agent, tmp, NULL, -1, bad[i]) < 0) {
+      check(0, "start an agent");
+      continue;
+    }
+    status = agent_wait(&h);
+    check(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 2,
+          "--grace '%s' -> usage error, exit 2", bad[i]);
+    host_free(&h);
+  }
+}
+
 static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
   (void) st;
   (void) ftw;
@@ -1080,6 +1610,10 @@ int main(void) {
     printf("1..0 # SKIP TUPPER_AGENT is not set\n");
     return 77;
   }
+  if (geteuid() != 0) { /* the agent must be able to switch ids and drop capabilities */
+    printf("1..0 # SKIP needs root\n");
+    return 77;
+  }
   signal(SIGPIPE, SIG_IGN);
   umask(027); /* the agent must apply MODE exactly, and hand this to children */
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 || mkdtemp(tmpl) == NULL ||
@@ -1097,6 +1631,9 @@ int main(void) {
   test_stdin(&h);
   test_signal(&h);
   test_background(&h);
+  test_creds(&h, tmp);
+  test_hold(&h, agent, tmp);
+  test_ps(&h);
   test_fs(&h, tmp);
   test_bad_requests(&h, tmp);
   check(h.stray_events == 0, "no event for a pid before its OK or after its EXIT (%d)", h.stray_events);
@@ -1120,6 +1657,9 @@ int main(void) {
     kill(-(pid_t) pid, SIGKILL);
   host_free(&h);
 
+  test_detach(agent, tmp);
+  test_grace(agent, tmp);
+  test_bad_args(agent, tmp);
   test_hostile_fields(agent, tmp);
   test_hostile_header(agent, tmp, 0, TP_PROTO_VERSION + 1, TP_MSG_FS_STAT, "bad version");
   test_hostile_header(agent, tmp, TP_FRAME_MAX + 1, TP_PROTO_VERSION, TP_MSG_FS_STAT, "oversized len");

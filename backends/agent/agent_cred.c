@@ -1,0 +1,100 @@
+/* tupper-agent: what every process the agent starts gives up before it
+ * execs.  Runs in the forked child, so only raw system calls.
+ *
+ * The agent is root of the box's user namespace with every capability in
+ * it; a box process gets none of that: no capability in any set (so not
+ * even uid 0 can chown, kill across users or bind low ports), securebits
+ * locked so that exec cannot hand root its capabilities back, and
+ * no_new_privs so that no setuid binary or file capability can either. */
+#define _GNU_SOURCE
+#include "agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/securebits.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* NOROOT: uid 0 gains no capability at exec.  NO_SETUID_FIXUP: a change of
+ * uid leaves the capability sets alone (we clear them ourselves, below).
+ * KEEP_CAPS stays off.  All locked, so nothing in the box can turn them back. */
+#define AGENT_SECUREBITS                                                                           \
+  (SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED | \
+   SECBIT_KEEP_CAPS_LOCKED)
+#define AGENT_CAP_GUARD 256 /* far above any kernel's CAP_LAST_CAP */
+
+/* A process of the box starts at 0, not with the agent's own setting (the
+ * host may shield the agent from the OOM killer).  EACCES: lowering it below
+ * what the host fixed needs a capability we do not have; keep the value. */
+static int oom_reset(void) {
+  int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  ssize_t n;
+  if (fd < 0)
+    return errno == EACCES ? 0 : -1;
+  do
+    n = write(fd, "0", 1);
+  while (n < 0 && errno == EINTR);
+  if (n < 0 && errno != EACCES) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  close(fd);
+  return 0;
+}
+
+static int ids_switch(uid_t uid, gid_t gid) {
+  if (syscall(SYS_setgroups, 1, &gid) < 0 || syscall(SYS_setresgid, gid, gid, gid) < 0 ||
+      syscall(SYS_setresuid, uid, uid, uid) < 0)
+    return -1;
+  return 0;
+}
+
+static int caps_clear(void) {
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {{0, 0, 0}};
+  int cap;
+
+  /* The bounding set: the kernel answers EINVAL past its last capability. */
+  for (cap = 0; cap < AGENT_CAP_GUARD; cap++)
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+      if (errno == EINVAL && cap > 0)
+        break;
+      return -1;
+    }
+  if (cap == AGENT_CAP_GUARD) {
+    errno = E2BIG;
+    return -1;
+  }
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
+    return -1;
+  return (int) syscall(SYS_capset, &hdr, data);
+}
+
+int agent_cred_drop(uid_t uid, gid_t gid, int *stage) {
+  *stage = AGENT_STAGE_OOM;
+  if (oom_reset() < 0)
+    return -1;
+  /* Securebits need CAP_SETPCAP, and with NO_SETUID_FIXUP set first the
+   * switch to a non-zero uid keeps it for the drops that follow. */
+  *stage = AGENT_STAGE_SECUREBITS;
+  if (prctl(PR_SET_SECUREBITS, AGENT_SECUREBITS, 0, 0, 0) < 0)
+    return -1;
+  /* Still a copy of the agent's memory (recent requests, other processes'
+   * environments) until exec: a change of ids may make it dumpable again
+   * (fs.suid_dumpable), and then anything in the box with the same uid could
+   * read it.  exec makes the program dumpable as usual. */
+  *stage = AGENT_STAGE_IDS;
+  if (ids_switch(uid, gid) < 0 || prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+    return -1;
+  *stage = AGENT_STAGE_CAPS;
+  if (caps_clear() < 0)
+    return -1;
+  *stage = AGENT_STAGE_NNP;
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+    return -1;
+  return 0;
+}
