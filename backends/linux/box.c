@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "linux_int.h"
@@ -22,6 +23,8 @@
 #ifndef P_PIDFD
 #define P_PIDFD 3
 #endif
+
+#define TP__DESTROY_TIMEOUT_MS 10000 /* a SIGKILLed box that is not our child */
 
 static void cleanup_planp(tp__plan_t *p) { tp__plan_free(p); }
 #define cleanup_plan __attribute__((cleanup(cleanup_planp)))
@@ -37,16 +40,20 @@ static void cleanup_box_dirp(const char **dir) {
 #define cleanup_box_dir __attribute__((cleanup(cleanup_box_dirp)))
 
 /* box_dir (root, 0700) holds upper/ (the box's /, so owned by its root),
- * work/ (overlay's, used with the mounter's credentials) and rootfs/. */
-static int make_box_subdirs(const tp_box_spec_t *s, tp_error_t *err) {
-  cleanup_close int dfd = open(s->box_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0)
-    return tp_error_errno(err, errno, "open '%s'", s->box_dir);
-  if (mkdirat(dfd, "upper", 0755) < 0 || fchmodat(dfd, "upper", 0755, 0) < 0 ||
-      fchownat(dfd, "upper", s->uid_base, s->gid_base, AT_SYMLINK_NOFOLLOW) < 0)
-    return tp_error_errno(err, errno, "make '%s/upper'", s->box_dir);
-  if (mkdirat(dfd, "work", 0700) < 0)
-    return tp_error_errno(err, errno, "mkdir '%s/work'", s->box_dir);
+ * work/ (overlay's, used with the mounter's credentials) and rootfs/.  With
+ * a disk cap, upper/ and work/ are made by the child on the disk image,
+ * mounted at disk/.  The child adds agent.sock. */
+static int make_box_subdirs(int dfd, const tp_box_spec_t *s, tp_error_t *err) {
+  if (s->disk_bytes > 0) {
+    if (mkdirat(dfd, "disk", 0700) < 0)
+      return tp_error_errno(err, errno, "mkdir '%s/disk'", s->box_dir);
+  } else {
+    if (mkdirat(dfd, "upper", 0755) < 0 || fchmodat(dfd, "upper", 0755, 0) < 0 ||
+        fchownat(dfd, "upper", s->uid_base, s->gid_base, AT_SYMLINK_NOFOLLOW) < 0)
+      return tp_error_errno(err, errno, "make '%s/upper'", s->box_dir);
+    if (mkdirat(dfd, "work", 0700) < 0)
+      return tp_error_errno(err, errno, "mkdir '%s/work'", s->box_dir);
+  }
   if (mkdirat(dfd, "rootfs", 0755) < 0)
     return tp_error_errno(err, errno, "mkdir '%s/rootfs'", s->box_dir);
   return 0;
@@ -95,9 +102,47 @@ static void *stack_top(const stacks_t *s, int i) {
   return s->base + (size_t) (i + 1) * (TP__GUARD_SIZE + TP__STACK_SIZE);
 }
 
+#define TP__EXEC_WAIT_MS 5000 /* bound of await_exec */
+
+/* Did the child exec the agent, or is it dying?  CLONE_VFORK wakes us as
+ * early in an exit as in an exec (the child is killed by a signal, say the
+ * seccomp filter refusing execveat): in both it happens before the child's
+ * mm is switched, so right now its /proc/<pid>/exe may still be ours.  Wait
+ * until it is the agent's file (exec'd: 0) or the child is a zombie (< 0,
+ * si filled in).  A /proc that cannot tell (not ENOENT) counts as exec'd. */
+static int await_exec(pid_t pid, int pidfd, int agent_fd, siginfo_t *si, tp_error_t *err) {
+  struct stat want, st;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/exe", (int) pid);
+  if (fstat(agent_fd, &want) < 0)
+    return 0;
+  for (int i = 0; i < 64 + TP__EXEC_WAIT_MS; i++) {
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    if (stat(path, &st) == 0 ? st.st_dev == want.st_dev && st.st_ino == want.st_ino
+                             : errno != ENOENT)
+      return 0;
+    memset(si, 0, sizeof(*si));
+    if (waitid((idtype_t) P_PIDFD, (id_t) pidfd, si, WEXITED | WNOHANG | WNOWAIT) < 0)
+      return tp_error_errno(err, errno, "waitid");
+    if (si->si_pid != 0)
+      return tp_error_set(err, ECHILD, "box exited during start (%s %d)",
+                          si->si_code == CLD_EXITED ? "status" : "signal", si->si_status);
+    if (i < 64)
+      sched_yield(); /* the switch is a matter of microseconds */
+    else
+      poll(&p, 1, 1);
+  }
+  return tp_error_set(err, ETIMEDOUT, "box neither exec'd nor exited in %d ms",
+                      TP__EXEC_WAIT_MS);
+}
+
 static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) {
   cleanup_plan tp__plan_t plan;
   cleanup_box_dir const char *dir_guard = NULL; /* declared early: runs after the reap */
+  cleanup_close int dfd = -1;
+  /* The disk's loop device: held until the child has mounted it (AUTOCLEAR
+   * would detach it on this last close otherwise), released on return. */
+  cleanup_close int loop_fd = -1;
   cleanup_stacks stacks_t stacks = {NULL, 0};
   cleanup_close int chan_p = -1, chan_c = -1;
   cleanup_close int pidfd = -1;
@@ -113,8 +158,17 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
   if (mkdir(spec->box_dir, 0700) < 0)
     return tp_error_errno(err, errno, "mkdir '%s'", spec->box_dir);
   dir_guard = spec->box_dir;
-  if (make_box_subdirs(spec, err) < 0)
+  dfd = open(spec->box_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return tp_error_errno(err, errno, "open '%s'", spec->box_dir);
+  if (make_box_subdirs(dfd, spec, err) < 0)
     return -1;
+  if (spec->disk_bytes > 0) {
+    loop_fd = tp__disk_make(dfd, spec->box_dir, spec->disk_bytes, plan.disk_dev,
+                            sizeof(plan.disk_dev), err);
+    if (loop_fd < 0)
+      return tp_error_prefix(err, "disk cap");
+  }
   if (stacks_map(&stacks, err) < 0)
     return -1;
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
@@ -128,15 +182,18 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
   child.agent = spec->agent_fd;
   child.helper_stack = stack_top(&stacks, 0);
   child.sync_r = child.sync_w = -1;
+  child.listen = -1;
 
   /* No handler of the daemon may run in the child: block everything across
    * the clone; the child resets dispositions before unblocking.  With
-   * CLONE_VFORK this returns once the child exec'd the agent or died. */
+   * CLONE_VFORK this returns once the child exec'd the agent or died.  The
+   * cgroup namespace comes later (a plan step): after the child has joined
+   * the box's cgroups, so that it is rooted there. */
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   ret = clone(tp__box_child, stack_top(&stacks, 1),
               CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS |
-                  CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWCGROUP | SIGCHLD,
+                  CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD,
               &child, &pfd);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (ret < 0)
@@ -149,12 +206,8 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
     return tp_error_errno(err, child.report.err, "%s", child.report.msg);
   }
   /* No report: it exec'd, unless a signal killed it first. */
-  memset(&si, 0, sizeof(si));
-  if (waitid((idtype_t) P_PIDFD, (id_t) pidfd, &si, WEXITED | WNOHANG | WNOWAIT) < 0)
-    return tp_error_errno(err, errno, "waitid");
-  if (si.si_pid != 0)
-    return tp_error_set(err, ECHILD, "box exited during start (%s %d)",
-                        si.si_code == CLD_EXITED ? "status" : "signal", si.si_status);
+  if (await_exec(pid, pidfd, spec->agent_fd, &si, err) < 0)
+    return -1;
   if (fcntl(chan_p, F_SETFL, O_NONBLOCK) < 0)
     return tp_error_errno(err, errno, "fcntl channel");
 
@@ -182,6 +235,30 @@ int tp_linux_box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err
   return 0;
 }
 
+/* Waits until the process of pidfd has exited: its pidfd turns readable
+ * (whether or not it has been reaped).  ETIMEDOUT after timeout_ms. */
+static int poll_exit(int pidfd, int timeout_ms) {
+  struct pollfd p = {.fd = pidfd, .events = POLLIN};
+  struct timespec t0, t;
+  int left = timeout_ms, r;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    r = poll(&p, 1, left);
+    if (r > 0)
+      return 0;
+    if (r == 0) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    if (errno != EINTR)
+      return -1;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    left = timeout_ms - (int) ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+    if (left < 0)
+      left = 0;
+  }
+}
+
 int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err) {
   siginfo_t si;
   int r;
@@ -200,7 +277,13 @@ int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err) {
         poll(&p, 1, -1);
       }
     }
-    if (r < 0 && errno != ECHILD) /* ECHILD: someone else reaped it */
+    /* ECHILD: not our child (adopted after a daemon restart: the box was
+     * reparented to init or a subreaper) or reaped elsewhere.  Its pidfd
+     * turns readable once PID 1 has exited, and PID 1 exits last: after
+     * every other box process, with the box's mounts gone. */
+    if (r < 0 && errno == ECHILD && poll_exit(box->pidfd, TP__DESTROY_TIMEOUT_MS) == 0)
+      r = 0;
+    if (r < 0)
       return tp_error_errno(err, errno, "destroy box: wait for pid %d", (int) box->pid);
     close(box->pidfd);
     box->pidfd = -1;

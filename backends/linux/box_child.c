@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/seccomp.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -15,17 +16,22 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "linux_int.h"
 
 #define TP__HIGH_FD 10 /* fds are parked at or above this while being arranged */
-#define TP__AGENT_EXEC_FD (TP_AGENT_FD + 1) /* where the agent's fd waits for execveat */
-_Static_assert(TP_AGENT_FD > 2 && TP__AGENT_EXEC_FD + 1 < TP__HIGH_FD, "fd layout");
+#define TP__AGENT_EXEC_FD (TP_AGENT_LISTEN_FD + 1) /* the agent's fd, waiting for execveat */
+#define TP__NOFILE_MAX 1048576 /* RLIMIT_NOFILE of the box, if the daemon's hard limit is higher */
+_Static_assert(TP_AGENT_FD > 2 && TP_AGENT_LISTEN_FD == TP_AGENT_FD + 1 &&
+                   TP__AGENT_EXEC_FD + 1 < TP__HIGH_FD,
+               "fd layout");
 
 /* Bounded copy; returns the new end.  No strlcpy/snprintf here. */
 static size_t put(char *buf, size_t off, size_t cap, const char *s) {
@@ -70,6 +76,59 @@ static int lo_up(void) {
   return ret;
 }
 
+/* Writes all of text to an existing file (cgroup.procs, uid_map...). */
+static int write_file(const char *path, const char *text) {
+  size_t len = strlen(text);
+  ssize_t n;
+  int saved, fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  n = write(fd, text, len);
+  if (n >= 0 && (size_t) n != len) {
+    n = -1;
+    errno = EIO;
+  }
+  saved = errno;
+  close(fd);
+  errno = saved;
+  return n < 0 ? -1 : 0;
+}
+
+/* The agent's listening socket, bound as op->src relative to op->dst (our
+ * own cwd: no CLONE_FS), so the length of box_dir does not matter. */
+static int agent_listen(tp__child_t *c, const tp__op_t *op) {
+  struct sockaddr_un sa;
+  size_t n = strlen(op->src);
+  mode_t old;
+  int fd, r, saved;
+
+  if (n >= sizeof(sa.sun_path)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  if (chdir(op->dst) < 0)
+    return -1;
+  fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, op->src, n);
+  old = umask(0777 & ~op->mode); /* the socket file is made with the mode already */
+  r = bind(fd, (struct sockaddr *) &sa, sizeof(sa));
+  umask(old);
+  if (r == 0)
+    r = listen(fd, 4);
+  if (r < 0) {
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+  }
+  c->listen = fd;
+  return 0;
+}
+
 /* mkdir dst unless present; either way it must be a directory and not a
  * symlink, so no mount below can be redirected by the image. */
 static int real_dir(const char *dst, mode_t mode) {
@@ -83,13 +142,23 @@ static int real_dir(const char *dst, mode_t mode) {
   return 0;
 }
 
-static int run_op(const tp__op_t *op) {
+static int run_op(tp__child_t *c, const tp__op_t *op) {
   int fd;
   switch (op->kind) {
+  case TP__OP_CGROUP:
+    return write_file(op->dst, "0");
+  case TP__OP_UNSHARE:
+    return unshare((int) op->flags);
+  case TP__OP_LISTEN:
+    return agent_listen(c, op);
   case TP__OP_MOUNT:
     return mount(op->src, op->dst, op->fstype, op->flags, op->data);
   case TP__OP_DIR:
     return real_dir(op->dst, op->mode);
+  case TP__OP_OWN:
+    if (fchownat(AT_FDCWD, op->dst, op->uid, op->gid, AT_SYMLINK_NOFOLLOW) < 0)
+      return -1;
+    return chmod(op->dst, op->mode);
   case TP__OP_FILE:
     fd = open(op->dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, op->mode);
     if (fd < 0)
@@ -126,19 +195,16 @@ static void reset_signals(void) {
 
 static int park(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, TP__HIGH_FD); }
 
-static int write_map(const char *path, const char *map) {
-  size_t len = strlen(map);
-  ssize_t n;
-  int fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0)
+/* Only ever lowers (root here may lack CAP_SYS_RESOURCE): no core files,
+ * and as many fds as the daemon may have, at most TP__NOFILE_MAX. */
+static int lower_rlimits(void) {
+  struct rlimit core = {0, 0}, nofile;
+  if (setrlimit(RLIMIT_CORE, &core) < 0 || getrlimit(RLIMIT_NOFILE, &nofile) < 0)
     return -1;
-  n = write(fd, map, len);
-  if (n >= 0 && (size_t) n != len) {
-    n = -1;
-    errno = EIO;
-  }
-  close(fd);
-  return n < 0 ? -1 : 0;
+  if (nofile.rlim_max > TP__NOFILE_MAX)
+    nofile.rlim_max = TP__NOFILE_MAX;
+  nofile.rlim_cur = nofile.rlim_max;
+  return setrlimit(RLIMIT_NOFILE, &nofile);
 }
 
 /* The id-map helper: PID 2 of the box, real root of the host user
@@ -154,11 +220,11 @@ static int helper(void *arg) {
   while (n < 0 && errno == EINTR);
   if (n != 1)
     _exit(1); /* the child failed first and reports why */
-  if (write_map("/proc/1/uid_map", c->plan->uid_map) < 0) {
+  if (write_file("/proc/1/uid_map", c->plan->uid_map) < 0) {
     report(&c->helper_report, errno, "write uid_map", NULL);
     _exit(2);
   }
-  if (write_map("/proc/1/gid_map", c->plan->gid_map) < 0) {
+  if (write_file("/proc/1/gid_map", c->plan->gid_map) < 0) {
     report(&c->helper_report, errno, "write gid_map", NULL);
     _exit(2);
   }
@@ -209,7 +275,7 @@ int tp__box_child(void *arg) {
   const tp__plan_t *plan = c->plan;
   char *const argv[] = {"tupper-agent", NULL};
   char *const envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
-  int chan, agent, null_fd;
+  int chan, listen_fd, agent, null_fd;
   sigset_t none;
 
   /* Signals stay blocked (the parent blocked them around clone) until exec;
@@ -217,7 +283,7 @@ int tp__box_child(void *arg) {
   reset_signals();
 
   for (int i = 0; i < plan->n_ops; i++)
-    if (run_op(&plan->ops[i]) < 0)
+    if (run_op(c, &plan->ops[i]) < 0)
       fail(c, errno, plan->ops[i].step, plan->ops[i].dst);
 
   /* Only now, with every mount in place, the user namespace: the mount, net,
@@ -226,31 +292,40 @@ int tp__box_child(void *arg) {
   if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setgroups, 0, NULL) < 0 ||
       syscall(SYS_setresuid, 0, 0, 0) < 0)
     fail(c, errno, "become root in the user namespace", NULL);
-  /* Leave the daemon's session: /dev/tty must not reach its terminal. */
+  /* Leave the daemon's session: /dev/tty must not reach its terminal.  No
+   * parent-death signal: a box outlives a crashed daemon, and the next one
+   * re-adopts it through the agent socket (docs/architecture.md). */
   if (setsid() < 0)
     fail(c, errno, "setsid", NULL);
-  /* The box dies with the daemon (docs/architecture.md).  Set only now: a
-   * change of credentials (the setresuid above) clears it.  It fires when
-   * the thread that cloned us exits, so start boxes from a long-lived one. */
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
-    fail(c, errno, "set parent-death signal", NULL);
 
-  /* Arrange 0-2 = /dev/null, TP_AGENT_FD = channel, the next = agent (close
-   * on exec), close the rest: the daemon's fds.  Park everything high first
-   * so no dup2 clobbers a source. */
+  /* Arrange 0-2 = /dev/null, TP_AGENT_FD = channel, TP_AGENT_LISTEN_FD =
+   * the agent socket, the next = agent (close on exec), close the rest: the
+   * daemon's fds.  Park everything high first so no dup2 clobbers a source. */
   null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null_fd < 0)
     fail(c, errno, "open /dev/null", NULL);
-  if ((null_fd = park(null_fd)) < 0 || (chan = park(c->chan)) < 0 || (agent = park(c->agent)) < 0)
+  if ((null_fd = park(null_fd)) < 0 || (chan = park(c->chan)) < 0 ||
+      (listen_fd = park(c->listen)) < 0 || (agent = park(c->agent)) < 0)
     fail(c, errno, "arrange fds", NULL);
   if (dup2(null_fd, 0) < 0 || dup2(null_fd, 1) < 0 || dup2(null_fd, 2) < 0 ||
-      dup2(chan, TP_AGENT_FD) < 0 || dup3(agent, TP__AGENT_EXEC_FD, O_CLOEXEC) < 0 ||
+      dup2(chan, TP_AGENT_FD) < 0 || dup2(listen_fd, TP_AGENT_LISTEN_FD) < 0 ||
+      dup3(agent, TP__AGENT_EXEC_FD, O_CLOEXEC) < 0 ||
       syscall(SYS_close_range, TP__AGENT_EXEC_FD + 1, ~0U, 0) < 0)
     fail(c, errno, "arrange fds", NULL);
 
   umask(022);
+  if (lower_rlimits() < 0)
+    fail(c, errno, "lower rlimits", NULL);
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
+  /* The very last step: from here on only execveat (and exit_group, should
+   * it fail) must pass the filter. */
+  if (plan->seccomp != NULL) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+      fail(c, errno, "set no_new_privs", NULL);
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, plan->seccomp) < 0)
+      fail(c, errno, "load seccomp filter", NULL);
+  }
   syscall(SYS_execveat, TP__AGENT_EXEC_FD, "", argv, envp, AT_EMPTY_PATH);
   fail(c, errno, "exec agent", NULL);
 }

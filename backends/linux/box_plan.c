@@ -3,15 +3,18 @@
  * allocate or format (see linux_int.h). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 
 #include "linux_int.h"
 
-#define TP__PATH_MAX_LEN 1024 /* keeps the overlay option string under a page */
+/* A bind mount's flags, made read-only (the remount after the bind). */
+#define TP__RO_REMOUNT (MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 typedef struct builder_s {
   tp__plan_t *p;
@@ -50,12 +53,21 @@ static void op(builder_t *b, enum tp__op_kind kind, const char *step, const char
     b->failed = E2BIG;
     return;
   }
-  b->p->ops[b->p->n_ops++] = (tp__op_t){kind, step, src, dst, fstype, flags, data, mode};
+  b->p->ops[b->p->n_ops++] = (tp__op_t){kind, step, src, dst, fstype, flags, data, mode, 0, 0};
 }
 
 static void mnt(builder_t *b, const char *step, const char *src, const char *dst,
                 const char *fstype, unsigned long flags, const char *data) {
   op(b, TP__OP_MOUNT, step, src, dst, fstype, flags, data, 0);
+}
+
+static void own(builder_t *b, const char *step, const char *dst, uid_t uid, gid_t gid,
+                mode_t mode) {
+  op(b, TP__OP_OWN, step, NULL, dst, NULL, 0, NULL, mode);
+  if (!b->failed) {
+    b->p->ops[b->p->n_ops - 1].uid = uid;
+    b->p->ops[b->p->n_ops - 1].gid = gid;
+  }
 }
 
 static int valid_id(const char *id) {
@@ -95,7 +107,63 @@ static int check_spec(const tp_box_spec_t *s, tp_error_t *err) {
   if ((uint64_t) s->uid_base + s->id_count > UINT32_MAX ||
       (uint64_t) s->gid_base + s->id_count > UINT32_MAX)
     return tp_error_set(err, ERANGE, "uid/gid range past 2^32-1");
+  for (int i = 0; s->cgroup_procs != NULL && s->cgroup_procs[i] != NULL; i++) {
+    const char *cg = s->cgroup_procs[i];
+    if (i == TP__CGROUPS_MAX)
+      return tp_error_set(err, E2BIG, "more than %d cgroup_procs", TP__CGROUPS_MAX);
+    if (cg[0] != '/' || strlen(cg) > TP__PATH_MAX_LEN)
+      return tp_error_set(err, EINVAL,
+                          "cgroup_procs: '%.64s' is not an absolute path of at most %d bytes", cg,
+                          TP__PATH_MAX_LEN);
+  }
+  if (s->disk_bytes < 0 || (s->disk_bytes > 0 && s->disk_bytes < TP__DISK_MIN))
+    return tp_error_set(err, EINVAL, "disk_bytes must be 0 (no cap) or at least %d",
+                        TP__DISK_MIN);
+  if (s->seccomp != NULL &&
+      (s->seccomp->filter == NULL || s->seccomp->len == 0 || s->seccomp->len > BPF_MAXINSNS))
+    return tp_error_set(err, EINVAL, "seccomp filter must have 1..%d instructions",
+                        BPF_MAXINSNS);
   return 0;
+}
+
+/* /proc of the box, hardened as container runtimes do.  The box's proc is
+ * the host kernel's, so what exists is decided here by looking at the
+ * daemon's /proc: a name the kernel lacks is skipped, not an error. */
+static const char *const proc_masked[] = {"kcore",      "keys",       "key-users",
+                                          "timer_list", "sched_debug", "kmsg",
+                                          "latency_stats", "sysrq-trigger", "config.gz"};
+static const char *const proc_emptied[] = {"acpi", "scsi", "asound", "firmware"};
+static const char *const proc_readonly[] = {"sys", "bus", "fs", "irq"};
+
+static int host_proc_has(const char *name, int dir) {
+  char path[64];
+  struct stat st;
+  snprintf(path, sizeof(path), "/proc/%s", name);
+  return stat(path, &st) == 0 && (S_ISDIR(st.st_mode) != 0) == (dir != 0);
+}
+
+static void plan_proc(builder_t *b, const char *proc) {
+  /* Files: /dev/null over them, read-only and nodev, so opening fails. */
+  for (size_t i = 0; i < sizeof(proc_masked) / sizeof(proc_masked[0]); i++) {
+    if (!host_proc_has(proc_masked[i], 0))
+      continue;
+    const char *dst = str(b, "%s/%s", proc, proc_masked[i]);
+    mnt(b, "mask /proc file", "/dev/null", dst, NULL, MS_BIND, NULL);
+    mnt(b, "make /proc mask read-only", NULL, dst, NULL, TP__RO_REMOUNT, NULL);
+  }
+  /* Hardware dirs: an empty read-only tmpfs over them. */
+  for (size_t i = 0; i < sizeof(proc_emptied) / sizeof(proc_emptied[0]); i++)
+    if (host_proc_has(proc_emptied[i], 1))
+      mnt(b, "hide /proc dir", "tmpfs", str(b, "%s/%s", proc, proc_emptied[i]), "tmpfs",
+          MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k,nr_inodes=1");
+  /* Kernel knobs: readable, never writable (a self-bind made read-only). */
+  for (size_t i = 0; i < sizeof(proc_readonly) / sizeof(proc_readonly[0]); i++) {
+    if (!host_proc_has(proc_readonly[i], 1))
+      continue;
+    const char *dst = str(b, "%s/%s", proc, proc_readonly[i]);
+    mnt(b, "bind /proc dir", dst, dst, NULL, MS_BIND, NULL);
+    mnt(b, "make /proc dir read-only", NULL, dst, NULL, TP__RO_REMOUNT, NULL);
+  }
 }
 
 static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
@@ -122,6 +190,7 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
   for (size_t i = 0; i < sizeof(dev_nodes) / sizeof(dev_nodes[0]); i++) {
     const char *dst = str(b, "%s/dev/%s", rootfs, dev_nodes[i]);
     op(b, TP__OP_FILE, "create dev node", NULL, dst, NULL, 0, NULL, 0666);
+    /* The only mounts without nodev: each is one host device node. */
     mnt(b, "bind dev node", str(b, "/dev/%s", dev_nodes[i]), dst, NULL, MS_BIND, NULL);
   }
 
@@ -131,40 +200,77 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
     pts_opts = str(b, "newinstance,ptmxmode=0666,mode=0620,gid=%u", (unsigned) s->gid_base + 5);
   else
     pts_opts = "newinstance,ptmxmode=0666,mode=0620";
+  /* Not nodev (its nodes are the box's ptys); the box cannot create any. */
   mnt(b, "mount /dev/pts", "devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, pts_opts);
 
   op(b, TP__OP_DIR, "mkdir /dev/shm", NULL, shm, NULL, 0, NULL, 01777);
-  mnt(b, "mount /dev/shm", "tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV,
-      str(b, "mode=1777,uid=%u,gid=%u", (unsigned) s->uid_base, (unsigned) s->gid_base));
+  mnt(b, "mount /dev/shm", "tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+      str(b, "mode=1777,size=64m,uid=%u,gid=%u", (unsigned) s->uid_base,
+          (unsigned) s->gid_base));
 
   for (size_t i = 0; i < sizeof(dev_links) / sizeof(dev_links[0]); i++)
     op(b, TP__OP_SYMLINK, "symlink in /dev", dev_links[i].target,
        str(b, "%s/dev/%s", rootfs, dev_links[i].name), NULL, 0, NULL, 0);
 }
 
+/* The disk cap: the ext4 image (attached by the parent, which fills in
+ * disk_dev) mounted at <box_dir>/disk, holding upper/ and work/. */
+static void plan_disk(builder_t *b, const tp_box_spec_t *s, const char **upper,
+                      const char **work) {
+  *upper = str(b, "%s/disk/upper", s->box_dir);
+  *work = str(b, "%s/disk/work", s->box_dir);
+  /* noinit_itable: the image is a fresh sparse file whose inode tables read
+   * as zeros already; no kernel thread needs to write them out. */
+  mnt(b, "mount disk", b->p->disk_dev, str(b, "%s/disk", s->box_dir), "ext4",
+      MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable");
+  op(b, TP__OP_DIR, "mkdir disk upper", NULL, *upper, NULL, 0, NULL, 0755);
+  own(b, "own disk upper", *upper, s->uid_base, s->gid_base, 0755);
+  op(b, TP__OP_DIR, "mkdir disk work", NULL, *work, NULL, 0, NULL, 0700);
+}
+
 int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   builder_t b = {p, 0};
-  const char *rootfs, *proc, *sys;
+  const char *rootfs, *proc, *sys, *upper, *work;
 
   memset(p, 0, sizeof(*p));
   if (check_spec(s, err) < 0)
     return -1;
+  p->seccomp = s->seccomp;
 
   rootfs = str(&b, "%s/rootfs", s->box_dir);
   proc = str(&b, "%s/proc", rootfs);
   sys = str(&b, "%s/sys", rootfs);
 
+  /* Into the box's cgroups first, before anything of the box runs (the
+   * mounts below are charged there already), then a cgroup namespace rooted
+   * at them: inside, /proc/self/cgroup says "/". */
+  for (int i = 0; s->cgroup_procs != NULL && s->cgroup_procs[i] != NULL; i++)
+    op(&b, TP__OP_CGROUP, "join cgroup", NULL, s->cgroup_procs[i], NULL, 0, NULL, 0);
+  op(&b, TP__OP_UNSHARE, "unshare cgroup namespace", NULL, NULL, NULL, CLONE_NEWCGROUP, NULL,
+     0);
+  /* Bound as host root while box_dir is still visible: a restarted daemon
+   * connects there (tp_linux_box_adopt); the box never sees it. */
+  op(&b, TP__OP_LISTEN, "bind agent socket", TP__AGENT_SOCK, s->box_dir, NULL, 0, NULL, 0600);
+
   /* Nothing we mount may propagate back to the host. */
   mnt(&b, "make / private", "", "/", NULL, MS_REC | MS_PRIVATE, NULL);
+  if (s->disk_bytes > 0) {
+    plan_disk(&b, s, &upper, &work);
+  } else {
+    upper = str(&b, "%s/upper", s->box_dir);
+    work = str(&b, "%s/work", s->box_dir);
+  }
   /* The upper dir is thrown away with the box: no need for overlay to sync
-   * it (volatile).  Mounted by real root, so no userxattr.  nodev: a device
-   * node smuggled into an image must not open a host device. */
-  mnt(&b, "mount overlay", "overlay", rootfs, "overlay", MS_NODEV,
-      str(&b, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work,index=off,xino=off,volatile",
-          s->image_dir, s->box_dir, s->box_dir));
+   * it (volatile).  Mounted by real root, so no userxattr.  nodev and
+   * nosuid, as every writable mount: a device node or a setuid file
+   * smuggled into an image must not open a host device or raise anything. */
+  mnt(&b, "mount overlay", "overlay", rootfs, "overlay", MS_NODEV | MS_NOSUID,
+      str(&b, "lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off,volatile", s->image_dir,
+          upper, work));
 
   op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 0, NULL, 0555);
   mnt(&b, "mount /proc", "proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+  plan_proc(&b, proc);
 
   plan_dev(&b, s, rootfs);
 

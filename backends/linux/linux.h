@@ -11,7 +11,16 @@
  * PID 1, with the channel at fd 3.
  * So every namespace but the user one is owned by the host user namespace:
  * root in the box holds no capability over its own mounts, network or
- * hostname, and maps to an unprivileged host uid. */
+ * hostname, and maps to an unprivileged host uid.
+ *
+ * A box outlives the daemon that started it (no parent-death signal): the
+ * child also binds <box_dir>/agent.sock (host root, 0600) and hands it,
+ * listening, to the agent at TP_AGENT_LISTEN_FD; a restarted daemon connects
+ * there with tp_linux_box_adopt.  The cgroup namespace is unshared by the
+ * child right after it joined cgroup_procs, so it is rooted at the box's
+ * cgroups.  Every writable mount is nosuid and nodev (but the device nodes
+ * of /dev and /dev/pts); /proc's kernel files are masked or read-only;
+ * RLIMIT_CORE is 0 and RLIMIT_NOFILE at most 2^20. */
 #ifndef TP_LINUX_H
 #define TP_LINUX_H
 
@@ -54,6 +63,16 @@ int tp_linux_box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err
  * box whose PID 1 already exited.  Mounts need no cleanup: they live only in
  * the box's own mount namespace, which dies with its last process. */
 int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err);
+/* (For an adopted box, which is not our child, destroy waits up to 10 s for
+ * its pidfd to turn readable instead of reaping it: ETIMEDOUT after that,
+ * with the box left as it was for a retry.) */
+
+/* Takes over a live box started by an earlier daemon: opens a pidfd of pid
+ * and connects to <box_dir>/agent.sock, whose listener must be pid (checked
+ * with SO_PEERCRED).  box->chan_fd is the new channel (CLOEXEC, non-blocking);
+ * the agent accepts it once its previous channel has closed.  ESRCH if pid
+ * is gone or is not that box's agent, ECONNREFUSED if nothing listens. */
+int tp_linux_box_adopt(const char *box_dir, pid_t pid, tp_box_t *box, tp_error_t *err);
 
 /* rm -rf of dir_path without ever following a symlink (openat + O_NOFOLLOW +
  * unlinkat); crossing into another filesystem is refused.  ENOENT is success. */

@@ -22,8 +22,13 @@
 #include "linux.h"
 
 enum tp__op_kind {
+  TP__OP_CGROUP,   /* write "0" to dst (a cgroup.procs or tasks file): join that cgroup */
+  TP__OP_UNSHARE,  /* unshare(flags) */
+  TP__OP_LISTEN,   /* unix stream socket bound at dst/src (0600), listening: the
+                      agent's TP_AGENT_LISTEN_FD */
   TP__OP_MOUNT,    /* mount(src, dst, fstype, flags, data) */
   TP__OP_DIR,      /* mkdir dst (EEXIST is fine), then insist it is a real dir */
+  TP__OP_OWN,      /* chown dst to uid:gid, then chmod it to mode */
   TP__OP_FILE,     /* create an empty file dst (a bind mount target) */
   TP__OP_SYMLINK,  /* symlink(src, dst) */
   TP__OP_HOSTNAME, /* sethostname(src) */
@@ -40,10 +45,16 @@ typedef struct tp__op_s {
   unsigned long flags;
   const char *data;
   mode_t mode;
+  uid_t uid; /* TP__OP_OWN */
+  gid_t gid;
 } tp__op_t;
 
-#define TP__OPS_MAX 48
-#define TP__STRS_MAX 48
+#define TP__OPS_MAX 128
+#define TP__STRS_MAX 96
+#define TP__CGROUPS_MAX 16    /* entries of spec.cgroup_procs */
+#define TP__PATH_MAX_LEN 1024 /* box_dir, image_dir, cgroup files; keeps overlay's options short */
+#define TP__DISK_MIN (1 << 20)
+#define TP__AGENT_SOCK "agent.sock" /* in box_dir: the agent's listening socket */
 
 typedef struct tp__plan_s {
   tp__op_t ops[TP__OPS_MAX];
@@ -52,12 +63,23 @@ typedef struct tp__plan_s {
   int n_strs;
   char *uid_map; /* "0 <base> <count>\n", written by the id-map helper */
   char *gid_map;
+  char disk_dev[32]; /* "/dev/loopN" of the disk cap, filled in by the parent after
+                        tp__disk_make; the "mount disk" op's source */
+  const struct sock_fprog *seccomp; /* spec's filter, or NULL */
 } tp__plan_t;
 
 /* Validates the parts of spec the plan depends on and fills plan; on failure
  * the plan is freed.  tp__plan_free is idempotent. */
 int tp__plan_build(tp__plan_t *plan, const tp_box_spec_t *spec, tp_error_t *err);
 void tp__plan_free(tp__plan_t *plan);
+
+/* The disk cap: creates <box_dir>/disk.img (sparse, `bytes` long; box_dfd is
+ * box_dir opened), formats it ext4 (mkfs.ext4) and attaches it to a free loop
+ * device with LO_FLAGS_AUTOCLEAR.  Returns the loop device's fd (CLOEXEC) and
+ * its path in dev.  Keep the fd open until the child has mounted the device:
+ * closing it before detaches it (disk.c). */
+int tp__disk_make(int box_dfd, const char *box_dir, int64_t bytes, char *dev, size_t dev_len,
+                  tp_error_t *err);
 
 /* A failed step, as the child (or its helper) leaves it for the parent. */
 typedef struct tp__child_report_s {
@@ -67,8 +89,8 @@ typedef struct tp__child_report_s {
 
 /* Shared by the parent and the child: the child runs with CLONE_VM |
  * CLONE_VFORK, so it lives in the parent's memory while the parent waits
- * (suspended) for its exec or exit.  Only the report fields are written by
- * the child side, and only just before it exits. */
+ * (suspended) for its exec or exit.  The child writes only its own fields
+ * (sync_*, listen) and, just before it exits, the reports. */
 typedef struct tp__child_s {
   const tp__plan_t *plan;
   int chan;           /* child end of the agent channel -> TP_AGENT_FD */
@@ -76,13 +98,15 @@ typedef struct tp__child_s {
   void *helper_stack; /* top of the id-map helper's stack */
   int sync_r;         /* child -> helper: "the user ns exists" */
   int sync_w;
+  int listen;         /* the agent socket (TP__OP_LISTEN) -> TP_AGENT_LISTEN_FD */
   tp__child_report_t report;        /* set by a failed child step */
   tp__child_report_t helper_report; /* set by a failed helper step */
 } tp__child_t;
 
 /* Entry point for clone(): runs the plan, enters a user namespace (its maps
  * are written by a helper it clones first, still in the host one), becomes
- * root in it and execs the agent.  Returns only through _exit. */
+ * root in it, lowers its rlimits, loads the seccomp filter and execs the
+ * agent.  Returns only through _exit. */
 int tp__box_child(void *child);
 
 #endif

@@ -1,17 +1,23 @@
 /* Unit tests for the linux backend (backends/linux): tp_rmtree, the sealed
  * agent memfd, the default image, and boxes started with the real agent
- * (TUPPER_AGENT), asserting isolation from inside and a clean host after
- * destroy.  TAP-ish output; exit 0 pass, 1 fail, 77 skip (not root, no user
- * namespaces, or no agent). */
+ * (TUPPER_AGENT), asserting isolation and hardening from inside (masked
+ * /proc, mount flags, rlimits, cgroups, seccomp, the disk cap), survival of
+ * a dead daemon, adoption by another process, and a clean host after
+ * destroy (no mount, loop device, process or file left).  TAP-ish output;
+ * exit 0 pass, 1 fail, 77 skip (not root, no user namespaces, or no agent). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +27,9 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -447,7 +455,7 @@ static int conn_send(conn_t *c, tp_buf_t *b) {
 /* Runs `sh -c script` in the box; returns its exit code (or -1) and its
  * stdout in *out (malloc'ed).  *pid_out, if set, gets the box-side pid and
  * the call returns as soon as the command started (no output collected). */
-static int box_sh(conn_t *c, const char *script, char **out, int64_t *pid_out) {
+static int box_sh_as(conn_t *c, const char *script, int64_t uid, char **out, int64_t *pid_out) {
   tp_buf_t b;
   uint32_t id = ++c->next_id;
   int64_t pid = -1;
@@ -461,6 +469,10 @@ static int box_sh(conn_t *c, const char *script, char **out, int64_t *pid_out) {
   tp_frame_add_str(&b, TP_TAG_ARG, "/bin/sh");
   tp_frame_add_str(&b, TP_TAG_ARG, "-c");
   tp_frame_add_str(&b, TP_TAG_ARG, script);
+  if (uid >= 0) {
+    tp_frame_add_int(&b, TP_TAG_UID, uid);
+    tp_frame_add_int(&b, TP_TAG_GID, uid);
+  }
   if (conn_send(c, &b) < 0) {
     tp_buf_free(&b);
     free(o);
@@ -502,6 +514,11 @@ static int box_sh(conn_t *c, const char *script, char **out, int64_t *pid_out) {
   return code;
 }
 
+/* As root in the box. */
+static int box_sh(conn_t *c, const char *script, char **out, int64_t *pid_out) {
+  return box_sh_as(c, script, -1, out, pid_out);
+}
+
 /* Output of a command, trailing newline removed; "" on failure. */
 static char *box_out(conn_t *c, const char *script) {
   char *o = NULL;
@@ -522,8 +539,112 @@ typedef struct env_s {
 } env_t;
 
 static tp_box_spec_t spec_for(const env_t *e, const char *id, const char *box_dir) {
-  tp_box_spec_t s = {id, e->image, box_dir, e->agent_fd, UID_BASE, UID_BASE, ID_COUNT};
+  tp_box_spec_t s = {.id = id,
+                     .image_dir = e->image,
+                     .box_dir = box_dir,
+                     .agent_fd = e->agent_fd,
+                     .uid_base = UID_BASE,
+                     .gid_base = UID_BASE,
+                     .id_count = ID_COUNT};
   return s;
+}
+
+/* Loop devices whose backing file is under `dir` (what losetup -a reads). */
+static int loops_backed_by(const char *dir) {
+  DIR *d = opendir("/sys/block");
+  struct dirent *e;
+  int n = 0;
+  while (d != NULL && (e = readdir(d)) != NULL) {
+    char path[300], *text;
+    size_t len;
+    if (strncmp(e->d_name, "loop", 4) != 0)
+      continue;
+    snprintf(path, sizeof(path), "/sys/block/%s/loop/backing_file", e->d_name);
+    text = slurp(path, &len);
+    if (text != NULL && strstr(text, dir) != NULL)
+      n++;
+    free(text);
+  }
+  if (d != NULL)
+    closedir(d);
+  return n;
+}
+
+/* ------------------------------------------------------------ mountinfo */
+
+typedef struct mnt_s {
+  char mp[256];
+  char opts[256];  /* per-mount options */
+  char fstype[64];
+  char super[512]; /* superblock options */
+} mnt_t;
+
+static int parse_mnt(const char *line, mnt_t *m) {
+  const char *sep = strstr(line, " - ");
+  memset(m, 0, sizeof(*m));
+  if (sep == NULL || sscanf(line, "%*s %*s %*s %*s %255s %255s", m->mp, m->opts) != 2 ||
+      sscanf(sep + 3, "%63s %*s %511s", m->fstype, m->super) < 1)
+    return -1;
+  return 0;
+}
+
+/* 1 if the comma-separated list has `opt` (exactly, or as "opt=..."). */
+static int has_opt(const char *opts, const char *opt) {
+  size_t n = strlen(opt);
+  for (const char *p = opts; p != NULL; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+    if (strncmp(p, opt, n) == 0 && (p[n] == ',' || p[n] == '\0' || p[n] == '='))
+      return 1;
+  return 0;
+}
+
+/* The topmost mount at `mp` in mountinfo text; 0 if found. */
+static int find_mnt(const char *mi, const char *mp, mnt_t *out) {
+  char *text = strdup(mi), *save = NULL;
+  int found = -1;
+  memset(out, 0, sizeof(*out));
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    mnt_t m;
+    if (parse_mnt(line, &m) == 0 && strcmp(m.mp, mp) == 0) {
+      *out = m;
+      found = 0;
+    }
+  }
+  free(text);
+  return found;
+}
+
+/* Every writable mount must be nosuid and nodev; only the device-node binds
+ * of /dev (nodes of the host's /dev) and devpts (the box's ptys, nosuid and
+ * noexec) may carry devices.  Offenders are listed in bad. */
+static int audit_mounts(const char *mi, char *bad, size_t cap) {
+  static const char *const dev_nodes[] = {"/dev/null",   "/dev/zero",    "/dev/full",
+                                          "/dev/random", "/dev/urandom", "/dev/tty"};
+  char *text = strdup(mi), *save = NULL;
+  int n_bad = 0, n = 0;
+  bad[0] = '\0';
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    mnt_t m;
+    int ok, dev = 0;
+    if (parse_mnt(line, &m) < 0) {
+      n_bad++;
+      continue;
+    }
+    n++;
+    for (size_t i = 0; i < sizeof(dev_nodes) / sizeof(dev_nodes[0]); i++)
+      dev |= strcmp(m.mp, dev_nodes[i]) == 0;
+    if (strcmp(m.fstype, "devpts") == 0)
+      ok = has_opt(m.opts, "nosuid") && has_opt(m.opts, "noexec");
+    else if (dev)
+      ok = 1;
+    else
+      ok = has_opt(m.opts, "ro") || (has_opt(m.opts, "nosuid") && has_opt(m.opts, "nodev"));
+    if (!ok) {
+      n_bad++;
+      snprintf(bad + strlen(bad), cap - strlen(bad), "%s(%s %s) ", m.mp, m.fstype, m.opts);
+    }
+  }
+  free(text);
+  return n < 10 ? -1 : n_bad; /* a box has well over 10 mounts: else parsing failed */
 }
 
 /* Entries of tmp_root named like a box dir of test_box_threads. */
@@ -567,6 +688,94 @@ static pid_t find_child(pid_t ppid, const char *comm) {
   if (d != NULL)
     closedir(d);
   return found;
+}
+
+/* /proc masks, read-only kernel knobs, mount flags and rlimits, from
+ * inside a box with default settings. */
+static void test_box_hardening(conn_t *c, const char *id) {
+  static const char *const masked[] = {"kcore", "keys", "key-users", "timer_list", "sched_debug",
+                                       "kmsg", "latency_stats", "sysrq-trigger", "config.gz"};
+  static const char *const emptied[] = {"acpi", "scsi", "asound", "firmware"};
+  char want[1024] = "", path[64], bad[2048], *o, *mi;
+  struct stat st;
+  struct rlimit nofile;
+  mnt_t m;
+  int code, n_masked = 0;
+
+  for (size_t i = 0; i < sizeof(masked) / sizeof(masked[0]); i++) {
+    snprintf(path, sizeof(path), "/proc/%s", masked[i]);
+    if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode)) {
+      snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s 0 1:3 denied\n", masked[i]);
+      n_masked++;
+    }
+  }
+  o = box_out(c, "for f in kcore keys key-users timer_list sched_debug kmsg latency_stats "
+                 "sysrq-trigger config.gz; do [ -e /proc/$f ] || continue; "
+                 "echo \"$f $(cat /proc/$f 2>/dev/null | wc -c) $(stat -c %t:%T /proc/$f) "
+                 "$( (echo 1 >/proc/$f) 2>/dev/null && echo written || echo denied)\"; done");
+  want[strlen(want) > 0 ? strlen(want) - 1 : 0] = '\0';
+  check(strcmp(o, want) == 0 && n_masked > 0,
+        "inside: %d masked /proc files are /dev/null, read nothing, refuse writes ('%s')",
+        n_masked, o);
+  free(o);
+
+  want[0] = '\0';
+  for (size_t i = 0; i < sizeof(emptied) / sizeof(emptied[0]); i++) {
+    snprintf(path, sizeof(path), "/proc/%s", emptied[i]);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+      snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s 0 denied\n", emptied[i]);
+  }
+  want[strlen(want) > 0 ? strlen(want) - 1 : 0] = '\0';
+  o = box_out(c, "for d in acpi scsi asound firmware; do [ -d /proc/$d ] || continue; "
+                 "echo \"$d $(ls -A /proc/$d | wc -l) "
+                 "$(touch /proc/$d/x 2>/dev/null && echo written || echo denied)\"; "
+                 "done");
+  check(strcmp(o, want) == 0, "inside: /proc hardware dirs empty and read-only ('%s')", o);
+  free(o);
+
+  code = box_sh(c, "echo evil > /proc/sys/kernel/hostname", NULL, NULL);
+  o = box_out(c, "cat /proc/sys/kernel/hostname; hostname");
+  snprintf(want, sizeof(want), "%s\n%s", id, id);
+  check(code != 0 && strcmp(o, want) == 0,
+        "inside: writing /proc/sys/kernel/hostname fails (exit %d, '%s')", code, o);
+  free(o);
+
+  mi = box_out(c, "cat /proc/self/mountinfo");
+  code = audit_mounts(mi, bad, sizeof(bad));
+  check(code == 0, "inside: every writable mount is nosuid,nodev (%d offenders: %s)", code, bad);
+  for (const char *const *d = (const char *const[]){"/proc/sys", "/proc/bus", "/proc/fs",
+                                                    "/proc/irq", "/sys", NULL};
+       *d; d++) {
+    if (strncmp(*d, "/proc/", 6) == 0 && stat(*d, &st) < 0)
+      continue; /* this kernel has none (the box's /proc is the host kernel's) */
+    check(find_mnt(mi, *d, &m) == 0 && has_opt(m.opts, "ro") && has_opt(m.opts, "nosuid") &&
+              has_opt(m.opts, "nodev") && has_opt(m.opts, "noexec"),
+          "inside: %s mounted ro,nosuid,nodev,noexec ('%s')", *d, m.opts);
+  }
+  check(find_mnt(mi, "/dev/shm", &m) == 0 && has_opt(m.opts, "rw") &&
+            has_opt(m.opts, "nosuid") && has_opt(m.opts, "nodev") &&
+            has_opt(m.opts, "noexec") && strstr(m.super, "size=65536k") != NULL,
+        "inside: /dev/shm rw,nosuid,nodev,noexec, 64 MiB ('%s' '%s')", m.opts, m.super);
+  check(find_mnt(mi, "/dev", &m) == 0 && has_opt(m.opts, "noexec") && has_opt(m.opts, "nodev"),
+        "inside: /dev nodev,noexec ('%s')", m.opts);
+  check(find_mnt(mi, "/", &m) == 0 && strcmp(m.fstype, "overlay") == 0 &&
+            has_opt(m.opts, "nosuid") && has_opt(m.opts, "nodev"),
+        "inside: / (overlay) nosuid,nodev ('%s')", m.opts);
+  free(mi);
+
+  getrlimit(RLIMIT_NOFILE, &nofile);
+  if (nofile.rlim_max > 1048576)
+    nofile.rlim_max = 1048576;
+  o = box_out(c, "ulimit -c; ulimit -Hc; ulimit -n; ulimit -Hn; "
+                 "grep '^Max core' /proc/1/limits | tr -s ' '");
+  snprintf(want, sizeof(want), "0\n0\n%llu\n%llu\nMax core file size 0 0 bytes ",
+           (unsigned long long) nofile.rlim_max, (unsigned long long) nofile.rlim_max);
+  check(strcmp(o, want) == 0, "inside: RLIMIT_CORE 0 (agent too), RLIMIT_NOFILE %llu ('%s')",
+        (unsigned long long) nofile.rlim_max, o);
+  free(o);
+  o = box_out(c, "grep '^Seccomp:' /proc/1/status | tr -d '\\t'");
+  check(strcmp(o, "Seccomp:0") == 0, "inside: no seccomp filter unless asked ('%s')", o);
+  free(o);
 }
 
 static void test_box(const env_t *e) {
@@ -653,9 +862,25 @@ static void test_box(const env_t *e) {
   check(code != 0, "inside: network config denied (exit %d)", code);
   code = box_sh(&c, "echo 1 > /proc/sys/kernel/panic", NULL, NULL);
   check(code != 0, "inside: /proc/sys not writable (exit %d)", code);
+  test_box_hardening(&c, id);
 
-  code = box_sh(&c, "echo data > /newfile && echo more > /home/user/f && chown 1000 /home/user/f",
-                NULL, NULL);
+  p = path_in(box_dir, "agent.sock");
+  {
+    struct stat st;
+    char fd4[300], link[64] = "";
+    ssize_t n;
+    check(lstat(p, &st) == 0 && S_ISSOCK(st.st_mode) && (st.st_mode & 07777) == 0600 &&
+              st.st_uid == 0 && st.st_gid == 0,
+          "box: agent.sock in box_dir, a socket, 0600, host root's");
+    snprintf(fd4, sizeof(fd4), "/proc/%d/fd/%d", (int) box.pid, TP_AGENT_LISTEN_FD);
+    n = readlink(fd4, link, sizeof(link) - 1);
+    link[n > 0 ? n : 0] = '\0';
+    diag("the agent %s fd %d (%s)", strncmp(link, "socket:", 7) == 0 ? "keeps" : "closed",
+         TP_AGENT_LISTEN_FD, link);
+  }
+  free(p);
+
+  code = box_sh(&c, "echo data > /newfile", NULL, NULL);
   p = path_in(box_dir, "upper/newfile");
   {
     size_t len;
@@ -667,10 +892,13 @@ static void test_box(const env_t *e) {
     free(text);
   }
   free(p);
+  code = box_sh_as(&c, "echo more > /home/user/f", 1000, NULL, NULL);
   p = path_in(box_dir, "upper/home/user/f");
   {
     struct stat st;
-    check(stat(p, &st) == 0 && st.st_uid == UID_BASE + 1000, "box: copy-up and chown inside work");
+    check(code == 0 && stat(p, &st) == 0 && st.st_uid == UID_BASE + 1000 &&
+              st.st_gid == UID_BASE + 1000,
+          "box: copy-up works, uid 1000 inside is base+1000 on the host");
   }
   free(p);
   p = path_in(e->image, "newfile");
@@ -768,48 +996,417 @@ static void test_box_failures(const env_t *e) {
   free(box_dir);
 }
 
-/* The box dies with the thread that started it (PR_SET_PDEATHSIG). */
-static void test_box_parent_death(const env_t *e) {
-  char *box_dir = path_in(tmp_root, "orphan");
-  int p[2];
-  pid_t kid, box_pid = -1;
-  int status, pidfd = -1;
-  tp_error_t err = {0};
+/* ------------------------------------------------------------ limits */
 
-  if (pipe(p) < 0)
+/* A test filter (the real one is seccomp.c's): mknod and mknodat answer
+ * EXFULL, a code nothing else returns; everything else passes. */
+static struct sock_filter test_filter[] = {
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, 4),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mknodat, 2, 0),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 133 /* x86_64 mknod */, 1, 0),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EXFULL),
+};
+
+/* A throwaway cgroup at the root of the v1 pids hierarchy and one at the
+ * root of the cgroup2 hierarchy, whichever exist: their cgroup.procs paths
+ * go in procs[] (NULL-terminated), their dirs in dirs[]. */
+static int make_test_cgroups(char *dirs[2], char *procs[3]) {
+  static const char *const roots[] = {"/sys/fs/cgroup/pids", "/sys/fs/cgroup",
+                                      "/sys/fs/cgroup/unified"};
+  struct statfs sf;
+  int n = 0, v2 = 0;
+  for (size_t i = 0; i < sizeof(roots) / sizeof(roots[0]); i++) {
+    char name[64];
+    if (statfs(roots[i], &sf) < 0 || (i > 0 && v2))
+      continue;
+    if (i == 0 ? sf.f_type != 0x27e0eb /* CGROUP_SUPER_MAGIC */
+               : sf.f_type != 0x63677270 /* CGROUP2_SUPER_MAGIC */)
+      continue;
+    v2 = i > 0;
+    snprintf(name, sizeof(name), "tupper-test-%d", (int) getpid());
+    dirs[n] = path_in(roots[i], name);
+    if (mkdir(dirs[n], 0755) < 0) {
+      free(dirs[n]);
+      continue;
+    }
+    procs[n] = path_in(dirs[n], "cgroup.procs");
+    n++;
+  }
+  procs[n] = NULL;
+  return n;
+}
+
+/* Cgroups, seccomp and the disk cap, in one box. */
+static void test_box_limits(const env_t *e) {
+  tp_error_t err = {0};
+  char *box_dir = path_in(tmp_root, "lbox");
+  char *dirs[2] = {NULL, NULL}, *procs[3] = {NULL, NULL, NULL};
+  struct sock_fprog prog = {sizeof(test_filter) / sizeof(test_filter[0]), test_filter};
+  char *o, path[300], want[300];
+  tp_box_spec_t s = spec_for(e, "limits", box_dir);
+  tp_box_t box;
+  conn_t c = {-1, NULL, 0, 0, 0};
+  int n_cg = make_test_cgroups(dirs, procs), r, loops;
+  size_t len;
+
+  s.cgroup_procs = (const char *const *) procs;
+  s.seccomp = &prog;
+  s.disk_bytes = 64 << 20;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r == 0, "limits: box with %d cgroups, seccomp and a 64 MiB disk started (%s)", n_cg,
+        r < 0 ? err.msg : "ok");
+  if (r < 0)
+    goto out;
+  c.fd = box.chan_fd;
+
+  snprintf(path, sizeof(path), "/proc/%d/cgroup", (int) box.pid);
+  o = slurp(path, &len);
+  for (int i = 0; i < n_cg; i++) {
+    int v1 = strncmp(dirs[i], "/sys/fs/cgroup/pids/", 20) == 0;
+    snprintf(want, sizeof(want), "%s/tupper-test-%d\n", v1 ? ":pids:" : "\n0::", (int) getpid());
+    check(o != NULL && strstr(o, want) != NULL, "cgroup: PID 1 joined %s", dirs[i]);
+  }
+  free(o);
+  o = box_out(&c, "grep -vc ':/$' /proc/self/cgroup");
+  check(strcmp(o, "0") == 0, "cgroup: the box's cgroup namespace is rooted at its cgroups (%s)",
+        o);
+  free(o);
+
+  o = box_out(&c, "grep -E '^(NoNewPrivs|Seccomp):' /proc/1/status | tr -d '\\t'");
+  check(strcmp(o, "NoNewPrivs:1\nSeccomp:2") == 0,
+        "seccomp: agent runs filtered, no_new_privs ('%s')", o);
+  free(o);
+  o = box_out(&c, "mkfifo /tmp/fifo 2>&1; test -e /tmp/fifo || echo absent");
+  check(strstr(o, "Exchange full") != NULL && strstr(o, "absent") != NULL,
+        "seccomp: the filter answers for the box's processes ('%s')", o);
+  free(o);
+
+  loops = loops_backed_by(box_dir);
+  check(loops == 1, "disk: one loop device backed by the box's disk.img (%d)", loops);
+  o = box_out(&c, "dd if=/dev/zero of=/big bs=1M count=100 2>&1 | grep -o 'No space left on device'"
+                  " | head -1; rm /big; head -c 4000000 /dev/zero > /ok && echo ok-after");
+  check(strcmp(o, "No space left on device\nok-after") == 0,
+        "disk: writing past 64 MiB gets ENOSPC, freeing makes room ('%s')", o);
+  free(o);
+  snprintf(path, sizeof(path), "%s/disk", box_dir);
+  check(mounts_matching(path) == 0, "disk: its mount is not in the host's mount table");
+
+  r = tp_linux_box_destroy(&box, box_dir, &err);
+  check(r == 0, "limits: destroyed (%s)", r < 0 ? err.msg : "ok");
+  loops = loops_backed_by(box_dir);
+  check(loops == 0 && !exists(box_dir), "disk: after destroy no loop device refers to it (%d), "
+        "no file left", loops);
+out:
+  for (int i = 0; i < n_cg; i++) {
+    check(rmdir(dirs[i]) == 0, "cgroup: %s empty after destroy, removed", dirs[i]);
+    free(dirs[i]);
+    free(procs[i]);
+  }
+  free(c.buf);
+  free(box_dir);
+}
+
+/* Start failures of the new steps: named, nothing left behind. */
+static void test_limits_failures(const env_t *e) {
+  tp_error_t err = {0};
+  char *box_dir = path_in(tmp_root, "lfail");
+  char missing[128];
+  const char *procs[] = {missing, NULL};
+  struct sock_filter ret_kill = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+  struct sock_fprog empty = {0, test_filter}, kill_all = {1, &ret_kill};
+  tp_box_spec_t s;
+  tp_box_t box;
+  int r;
+
+  snprintf(missing, sizeof(missing), "/sys/fs/cgroup/pids/tupper-none-%d/cgroup.procs",
+           (int) getpid());
+  s = spec_for(e, "lfail", box_dir);
+  s.cgroup_procs = procs;
+  s.disk_bytes = 16 << 20;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r < 0 && err.code == ENOENT && strstr(err.msg, "join cgroup") && strstr(err.msg, missing),
+        "start: a missing cgroup fails the start, step named (%s)", err.msg);
+  check(!exists(box_dir) && no_children_left() && loops_backed_by(box_dir) == 0,
+        "start: ...leaving no dir, process or loop device");
+
+  s = spec_for(e, "lfail", box_dir);
+  s.disk_bytes = 4096;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r < 0 && err.code == EINVAL && !exists(box_dir), "start: a 4 KiB disk refused (%s)",
+        err.msg);
+  s = spec_for(e, "lfail", box_dir);
+  s.seccomp = &empty;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r < 0 && err.code == EINVAL && !exists(box_dir), "start: an empty filter refused (%s)",
+        err.msg);
+  /* A filter that kills even execveat: the child dies, no report. */
+  s = spec_for(e, "lfail", box_dir);
+  s.seccomp = &kill_all;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r < 0 && strstr(err.msg, "exited during start") && !exists(box_dir) && no_children_left(),
+        "start: a filter that forbids the exec fails the start cleanly (%s)",
+        r < 0 ? err.msg : "started");
+  if (r == 0)
+    tp_linux_box_destroy(&box, box_dir, &err);
+  free(box_dir);
+}
+
+/* ------------------------------------------------------------ daemon death, adoption */
+
+static int send_fd(int sock, int fd, pid_t pid) {
+  char cbuf[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {&pid, sizeof(pid)};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                      .msg_controllen = sizeof(cbuf)};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  return sendmsg(sock, &mh, 0) == sizeof(pid) ? 0 : -1;
+}
+
+static int recv_fd(int sock, pid_t *pid) {
+  char cbuf[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {pid, sizeof(*pid)};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                      .msg_controllen = sizeof(cbuf)};
+  struct cmsghdr *cm;
+  int fd = -1;
+  if (recvmsg(sock, &mh, MSG_CMSG_CLOEXEC) != sizeof(*pid))
+    return -1;
+  cm = CMSG_FIRSTHDR(&mh);
+  if (cm != NULL && cm->cmsg_type == SCM_RIGHTS)
+    memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+  return fd;
+}
+
+/* No parent-death signal: the box outlives the process that started it.
+ * That process hands us the channel (as a daemon's successor would find
+ * the box), dies, and the box still answers. */
+static void test_box_outlives_daemon(const env_t *e) {
+  char *box_dir = path_in(tmp_root, "orphan");
+  tp_error_t err = {0};
+  tp_box_t box = {-1, -1, -1};
+  conn_t c = {-1, NULL, 0, 0, 0};
+  pid_t kid;
+  int sp[2], status, r;
+  char *o, path[64], *st;
+  size_t len;
+
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
     return;
   /* The orphaned box is reparented to us, so we reap it, not host init. */
   prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   kid = fork();
   if (kid == 0) {
     tp_box_spec_t s = spec_for(e, "orphan", box_dir);
-    tp_box_t box;
+    tp_box_t b;
     tp_error_t e2 = {0};
-    close(p[0]);
-    if (tp_linux_box_start(&s, &box, &e2) < 0)
-      _exit(1);
-    if (write(p[1], &box.pid, sizeof(box.pid)) != sizeof(box.pid))
+    if (tp_linux_box_start(&s, &b, &e2) < 0 || send_fd(sp[1], b.chan_fd, b.pid) < 0)
       _exit(1);
     pause();
     _exit(0);
   }
-  close(p[1]);
-  if (read(p[0], &box_pid, sizeof(box_pid)) == sizeof(box_pid))
-    pidfd = (int) syscall(SYS_pidfd_open, box_pid, 0);
-  close(p[0]);
+  close(sp[1]);
+  box.chan_fd = recv_fd(sp[0], &box.pid);
+  close(sp[0]);
+  if (box.chan_fd >= 0)
+    box.pidfd = (int) syscall(SYS_pidfd_open, box.pid, 0);
   kill(kid, SIGKILL);
   waitpid(kid, &status, 0);
-  if (pidfd >= 0) {
-    struct pollfd pf = {.fd = pidfd, .events = POLLIN};
-    check(poll(&pf, 1, 5000) == 1, "pdeathsig: the box dies with its daemon");
-    close(pidfd);
-    waitpid(box_pid, &status, 0);
-  } else {
-    check(0, "pdeathsig: box started in the child");
-  }
+  check(box.pidfd >= 0, "orphan: box started by a process that is now dead");
+  if (box.pidfd < 0)
+    goto out;
+  c.fd = box.chan_fd;
+  o = box_out(&c, "echo alive");
+  check(strcmp(o, "alive") == 0, "orphan: the box outlives its daemon and still answers ('%s')", o);
+  free(o);
+  snprintf(path, sizeof(path), "/proc/%d/status", (int) box.pid);
+  st = slurp(path, &len);
+  snprintf(path, sizeof(path), "\nPPid:\t%d\n", (int) getpid());
+  check(st != NULL && strstr(st, path) != NULL, "orphan: reparented to the subreaper");
+  free(st);
+  r = tp_linux_box_destroy(&box, box_dir, &err);
+  check(r == 0 && !exists(box_dir), "orphan: destroyed by its new parent (%s)",
+        r < 0 ? err.msg : "ok");
+out:
   prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
-  check(no_children_left(), "pdeathsig: the orphaned box reaped");
-  check(tp_rmtree(box_dir, &err) == 0 && !exists(box_dir), "pdeathsig: its dir can be removed");
+  check(no_children_left(), "orphan: reaped, nothing left");
+  tp_rmtree(box_dir, &err);
+  free(c.buf);
+  free(box_dir);
+}
+
+/* Adoption against a stand-in agent (a process listening on agent.sock),
+ * from a process that is not its parent: the exact situation of a
+ * restarted daemon, whatever the agent does with its socket. */
+static void test_adopt(void) {
+  char *dir = path_in(tmp_root, "adopt");
+  char *sock_path = path_in(dir, "agent.sock");
+  tp_error_t err = {0};
+  tp_box_t b;
+  int p[2], status = 0, r;
+  pid_t listener, adopter;
+  char ready;
+
+  mkdir(dir, 0700);
+  if (pipe2(p, O_CLOEXEC) < 0)
+    return;
+  listener = fork();
+  if (listener == 0) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock_path);
+    if (fd < 0 || bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0 || listen(fd, 4) < 0)
+      _exit(1);
+    if (write(p[1], "r", 1) != 1)
+      _exit(1);
+    for (;;)
+      pause();
+  }
+  close(p[1]);
+  r = (int) read(p[0], &ready, 1);
+  close(p[0]);
+  check(r == 1, "adopt: stand-in agent listening");
+
+  adopter = fork();
+  if (adopter == 0) {
+    tp_error_t e2 = {0};
+    siginfo_t si;
+    if (tp_linux_box_adopt(dir, getppid(), &b, &e2) == 0 || e2.code != ESRCH)
+      _exit(10); /* the socket is not the test process's */
+    if (tp_linux_box_adopt(dir, listener, &b, &e2) < 0)
+      _exit(11);
+    if (b.pid != listener || !(fcntl(b.chan_fd, F_GETFL) & O_NONBLOCK) ||
+        !(fcntl(b.chan_fd, F_GETFD) & FD_CLOEXEC) || !(fcntl(b.pidfd, F_GETFD) & FD_CLOEXEC))
+      _exit(12);
+    if (waitid((idtype_t) 3 /* P_PIDFD */, (id_t) b.pidfd, &si, WEXITED | WNOHANG) == 0 ||
+        errno != ECHILD)
+      _exit(13); /* not ours to reap: destroy must take the other path */
+    if (tp_linux_box_destroy(&b, dir, &e2) < 0)
+      _exit(14);
+    if (exists(dir) || b.pidfd != -1 || b.chan_fd != -1)
+      _exit(15);
+    _exit(0);
+  }
+  waitpid(adopter, &status, 0);
+  check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "adopt: a non-parent adopts (pidfd, connect, SO_PEERCRED), refuses a wrong pid, "
+        "destroys via the pidfd (exit %d)",
+        WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  waitpid(listener, &status, 0);
+  check(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "adopt: the adopted pid was killed");
+  r = tp_linux_box_adopt(dir, listener, &b, &err);
+  check(r < 0 && err.code == ESRCH && b.pidfd == -1 && b.chan_fd == -1,
+        "adopt: a gone pid is ESRCH (%s)", err.msg);
+  mkdir(dir, 0700);
+  r = tp_linux_box_adopt(dir, getpid(), &b, &err);
+  check(r < 0 && err.code == ENOENT, "adopt: no agent.sock is ENOENT (%s)", err.msg);
+  rmdir(dir);
+  free(sock_path);
+  free(dir);
+}
+
+/* A restarted daemon's view of a real box: adopt it (the agent answers
+ * READY on the new channel, a command runs) and destroy it from a
+ * process that is not its parent.  The first connect may come while the
+ * agent still holds its old channel (it then closes the newcomer at once):
+ * retried for up to 2 s. */
+static int adopt_and_talk(const char *box_dir, pid_t pid, tp_box_t *b) {
+  tp_error_t err = {0};
+  for (int i = 0; i < 200; i++) {
+    conn_t c = {-1, NULL, 0, 0, 0};
+    msg_t m;
+    char *o;
+    int r;
+    if (tp_linux_box_adopt(box_dir, pid, b, &err) < 0)
+      return 11;
+    c.fd = b->chan_fd;
+    r = conn_next(&c, &m);
+    if (r == 1 && m.type == TP_MSG_READY) {
+      free(m.payload);
+      o = box_out(&c, "echo adopted");
+      r = strcmp(o, "adopted") == 0 ? 0 : 12;
+      free(o);
+      free(c.buf);
+      return r;
+    }
+    if (r == 1)
+      free(m.payload);
+    free(c.buf);
+    close(b->chan_fd);
+    close(b->pidfd);
+    usleep(10000);
+  }
+  return 13;
+}
+
+/* A real box (with a disk cap) after its daemon "crashed" (closed the
+ * channel), adopted and destroyed by a process that is not its parent; with
+ * an agent that does not keep its listening socket, destroyed from a bare
+ * pidfd.  Its loop device must go all the same. */
+static void test_box_readopt(const env_t *e) {
+  tp_error_t err = {0};
+  char *box_dir = path_in(tmp_root, "rabox");
+  tp_box_spec_t s = spec_for(e, "readopt", box_dir);
+  tp_box_t box;
+  conn_t c = {-1, NULL, 0, 0, 0};
+  msg_t m;
+  char fd4[64], link[64] = "";
+  int r, status = 0, keeps;
+  pid_t kid;
+  double t0;
+
+  s.disk_bytes = 32 << 20;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r == 0, "readopt: box with a disk started (%s)", r < 0 ? err.msg : "ok");
+  if (r < 0)
+    goto out;
+  c.fd = box.chan_fd;
+  r = conn_next(&c, &m); /* the agent has set itself up (and kept or closed fds) */
+  check(r == 1 && m.type == TP_MSG_READY, "readopt: agent READY");
+  if (r == 1)
+    free(m.payload);
+  snprintf(fd4, sizeof(fd4), "/proc/%d/fd/%d", (int) box.pid, TP_AGENT_LISTEN_FD);
+  r = (int) readlink(fd4, link, sizeof(link) - 1);
+  link[r > 0 ? r : 0] = '\0';
+  keeps = strncmp(link, "socket:", 7) == 0;
+  if (keeps) {
+    close(box.chan_fd); /* the daemon is gone: the agent detaches */
+    box.chan_fd = -1;
+  } else {
+    diag("the agent closed fd %d: destroying from a bare pidfd, not an adopted box",
+         TP_AGENT_LISTEN_FD);
+  }
+  t0 = now_ms();
+  kid = fork();
+  if (kid == 0) {
+    tp_box_t b = {box.pid, -1, -1};
+    tp_error_t e2 = {0};
+    if (keeps) {
+      if ((r = adopt_and_talk(box_dir, box.pid, &b)) != 0)
+        _exit(r);
+    } else if ((b.pidfd = (int) syscall(SYS_pidfd_open, box.pid, 0)) < 0) {
+      _exit(14);
+    }
+    _exit(tp_linux_box_destroy(&b, box_dir, &e2) == 0 ? 0 : 15);
+  }
+  waitpid(kid, &status, 0);
+  check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "readopt: %s, destroyed by a non-parent in %.1f ms (exit %d)",
+        keeps ? "adopted after the channel closed, the agent answers" : "from a pidfd",
+        now_ms() - t0, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  check(loops_backed_by(box_dir) == 0 && !exists(box_dir),
+        "readopt: by then no loop device and no file left");
+  r = tp_linux_box_destroy(&box, box_dir, &err); /* reaps the zombie */
+  check(r == 0 && no_children_left(), "readopt: the parent's destroy still works after (%s)",
+        r < 0 ? err.msg : "ok");
+out:
+  free(c.buf);
   free(box_dir);
 }
 
@@ -830,6 +1427,8 @@ static void *worker_main(void *arg) {
     snprintf(dir, sizeof(dir), "%s/thread-%d-%d", tmp_root, w->index, i);
     snprintf(id, sizeof(id), "thread-%d-%d", w->index, i);
     s = spec_for(w->e, id, dir);
+    if (w->index < 2)
+      s.disk_bytes = 32 << 20; /* loop devices taken concurrently */
     if (tp_linux_box_start(&s, &box, &err) < 0 || tp_linux_box_destroy(&box, dir, &err) < 0) {
       diag("thread %d: %s", w->index, err.msg);
       w->failures++;
@@ -851,32 +1450,57 @@ static void test_box_threads(const env_t *e) {
     failures += w[i].failures;
   }
   check(failures == 0 && leftover_boxes() == 0 && no_children_left() &&
-            mounts_matching(tmp_root) == 0,
-        "threads: 4 threads x 5 boxes started and destroyed concurrently, nothing left");
+            mounts_matching(tmp_root) == 0 && loops_backed_by(tmp_root) == 0,
+        "threads: 4 threads x 5 boxes (10 with disks) started and destroyed concurrently, "
+        "nothing left");
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *) a, y = *(const double *) b;
+  return x < y ? -1 : x > y;
+}
+
+/* Start and destroy times, without and with a disk cap (1 GiB, sparse).
+ * TUPPER_TIME_RUNS sets the number of boxes of each (default 10). */
 static void time_boxes(const env_t *e) {
-  const int runs = 10;
-  double start = 0, destroy = 0;
-  int ok = 1;
-  for (int i = 0; i < runs && ok; i++) {
-    char dir[300];
-    tp_box_spec_t s;
-    tp_box_t box;
-    tp_error_t err = {0};
-    double t0, t1;
-    snprintf(dir, sizeof(dir), "%s/timed-%d", tmp_root, i);
-    s = spec_for(e, "timed", dir);
-    t0 = now_ms();
-    ok = tp_linux_box_start(&s, &box, &err) == 0;
-    t1 = now_ms();
-    ok = ok && tp_linux_box_destroy(&box, dir, &err) == 0;
-    start += t1 - t0;
-    destroy += now_ms() - t1;
+  const char *env = getenv("TUPPER_TIME_RUNS");
+  int runs = env != NULL && atoi(env) > 0 ? atoi(env) : 10;
+  double *t_start = calloc((size_t) runs, sizeof(double));
+  double *t_destroy = calloc((size_t) runs, sizeof(double));
+
+  for (int disk = 0; disk < 2; disk++) {
+    double start = 0, destroy = 0;
+    int ok = 1, n = 0;
+    for (int i = 0; i < runs && ok; i++, n++) {
+      char dir[300];
+      tp_box_spec_t s;
+      tp_box_t box;
+      tp_error_t err = {0};
+      double t0, t1;
+      snprintf(dir, sizeof(dir), "%s/timed-%d", tmp_root, i);
+      s = spec_for(e, "timed", dir);
+      s.disk_bytes = disk ? (int64_t) 1 << 30 : 0;
+      t0 = now_ms();
+      ok = tp_linux_box_start(&s, &box, &err) == 0;
+      t1 = now_ms();
+      ok = ok && tp_linux_box_destroy(&box, dir, &err) == 0;
+      if (!ok)
+        diag("timing: %s", err.msg);
+      t_start[i] = t1 - t0;
+      t_destroy[i] = now_ms() - t1;
+      start += t_start[i];
+      destroy += t_destroy[i];
+    }
+    check(ok, "timing: %d boxes %s started and destroyed", runs,
+          disk ? "with a 1 GiB disk cap" : "without a disk cap");
+    qsort(t_start, (size_t) n, sizeof(double), cmp_double);
+    qsort(t_destroy, (size_t) n, sizeof(double), cmp_double);
+    diag("%s: start mean %.2f median %.2f ms, destroy mean %.2f median %.2f ms",
+         disk ? "disk cap 1 GiB" : "no disk cap", start / n, t_start[n / 2], destroy / n,
+         t_destroy[n / 2]);
   }
-  check(ok, "timing: %d boxes started and destroyed", runs);
-  diag("mean start %.2f ms, destroy %.2f ms (box dirs under %s)", start / runs, destroy / runs,
-       tmp_root);
+  free(t_start);
+  free(t_destroy);
 }
 
 /* ------------------------------------------------------------ main */
@@ -952,13 +1576,19 @@ int main(void) {
     if (env.agent_fd >= 0) {
       test_box(&env);
       test_box_failures(&env);
-      test_box_parent_death(&env);
+      test_box_limits(&env);
+      test_limits_failures(&env);
+      test_box_outlives_daemon(&env);
+      test_adopt();
+      test_box_readopt(&env);
       test_box_threads(&env);
       time_boxes(&env);
       close(env.agent_fd);
     }
   }
 
+  check(loops_backed_by(tmp_root) == 0 && mounts_matching(tmp_root) == 0,
+        "no loop device and no mount left under %s", tmp_root);
   if (tp_rmtree(tmp_root, &err) < 0)
     check(0, "clean up %s: %s", tmp_root, err.msg);
   free(image);

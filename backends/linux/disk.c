@@ -1,0 +1,134 @@
+/* The disk cap of a box (spec.disk_bytes): a sparse ext4 image in the box dir,
+ * attached to a loop device that the box's child mounts under upper/ and
+ * work/.  Everything here runs in the parent, before the clone.
+ *
+ * Lifetime: the loop device is configured with LO_FLAGS_AUTOCLEAR, so the
+ * kernel detaches it on its last close.  The parent holds the loop fd only
+ * until the child has exec'd (mounting opened the device too); from then on
+ * the box's ext4 mount is the only opener, and it goes when the box's mount
+ * namespace dies with its last process.  No detach call is ever needed, not
+ * even after a daemon crash. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "linux_int.h"
+#include "utils.h"
+
+#define TP__MKFS "/sbin/mkfs.ext4"
+#define TP__LOOP_TRIES 16 /* LOOP_CTL_GET_FREE races with other attachers */
+
+/* Runs mkfs.ext4 on path; its stderr (first bytes) goes into the error. */
+static int mkfs(const char *path, tp_error_t *err) {
+  char *const argv[] = {"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E",
+                        "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-m", "0", "-b",
+                        "4096", (char *) path, NULL};
+  char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", NULL};
+  cleanup_close int rd = -1;
+  cleanup_pid pid_t pid = -1;
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  sigset_t none, all;
+  char msg[200];
+  size_t len = 0;
+  int p[2], r, status;
+  ssize_t n;
+
+  if (pipe2(p, O_CLOEXEC) < 0)
+    return tp_error_errno(err, errno, "pipe");
+  rd = p[0];
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  r = posix_spawn(&pid, TP__MKFS, &fa, &attr, argv, envp);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  close(p[1]);
+  if (r != 0) {
+    pid = -1;
+    return tp_error_errno(err, r, "run %s (apt install e2fsprogs)", TP__MKFS);
+  }
+  /* Read to EOF (keeping the start) so mkfs never blocks on a full pipe. */
+  for (;;) {
+    char buf[512];
+    n = read(rd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    for (ssize_t i = 0; i < n && len + 1 < sizeof(msg); i++)
+      msg[len++] = buf[i] == '\n' ? ' ' : buf[i];
+  }
+  msg[len] = '\0';
+  while ((r = (int) waitpid(pid, &status, 0)) < 0 && errno == EINTR)
+    ;
+  if (r < 0)
+    return tp_error_errno(err, errno, "wait for %s", TP__MKFS);
+  pid = -1; /* reaped */
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return tp_error_set(err, EIO, "%s '%s' failed (%s %d): %s", TP__MKFS, path,
+                        WIFEXITED(status) ? "status" : "signal",
+                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), msg);
+  return 0;
+}
+
+/* Binds the image to a free loop device; returns the device's fd. */
+static int loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err) {
+  cleanup_close int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+  struct loop_config cfg;
+
+  if (ctl < 0)
+    return tp_error_errno(err, errno, "open /dev/loop-control");
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.fd = (uint32_t) img;
+  cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+  for (int i = 0; i < TP__LOOP_TRIES; i++) {
+    int fd, n = ioctl(ctl, LOOP_CTL_GET_FREE);
+    if (n < 0)
+      return tp_error_errno(err, errno, "LOOP_CTL_GET_FREE");
+    snprintf(dev, dev_len, "/dev/loop%d", n);
+    fd = open(dev, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+      return tp_error_errno(err, errno, "open '%s'", dev);
+    if (ioctl(fd, LOOP_CONFIGURE, &cfg) == 0)
+      return fd;
+    int e = errno;
+    close(fd);
+    if (e != EBUSY) /* EBUSY: another attacher took it first */
+      return tp_error_errno(err, e, "LOOP_CONFIGURE '%s'", dev);
+  }
+  return tp_error_set(err, EBUSY, "no free loop device after %d tries", TP__LOOP_TRIES);
+}
+
+int tp__disk_make(int box_dfd, const char *box_dir, int64_t bytes, char *dev, size_t dev_len,
+                  tp_error_t *err) {
+  cleanup_close int img = -1;
+  char path[TP__PATH_MAX_LEN + 16];
+
+  snprintf(path, sizeof(path), "%s/disk.img", box_dir);
+  img = openat(box_dfd, "disk.img", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (img < 0)
+    return tp_error_errno(err, errno, "create '%s'", path);
+  if (ftruncate(img, (off_t) bytes) < 0)
+    return tp_error_errno(err, errno, "size '%s' to %lld bytes", path, (long long) bytes);
+  if (mkfs(path, err) < 0)
+    return -1;
+  return loop_attach(img, dev, dev_len, err);
+}
