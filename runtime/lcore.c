@@ -19,6 +19,9 @@
 #include <unistd.h>
 
 #include "base64.h"
+#include "cgroup.h"
+#include "nspid.h"
+#include "tp_seccomp.h"
 #include "embed.h"
 #include "error.h"
 #include "frame.h"
@@ -147,11 +150,41 @@ typedef struct tp_lbox_s {
   tp_field_t *fields;   /* TP_FIELDS_MAX, then as many for nested groups */
   tp_error_t werr;
   int wret;
+  int has_cg;           /* cg is a live box cgroup */
+  tp_cgroup_t cg;
+  struct tp_lsub_s *subs; /* process trees, each in a sub cgroup */
 } tp_lbox_t;
+
+/* One process tree of a box: a sub cgroup named after its first pid. */
+typedef struct tp_lsub_s {
+  struct tp_lsub_s *next;
+  char name[32];
+  tp_cgroup_t cg;
+} tp_lsub_t;
 
 typedef struct tp_core_ctx_s {
   int agent_fd;
+  int has_cgroups;
+  tp_cgroup_root_t cgroot;
+  int has_seccomp;
+  struct sock_fprog seccomp; /* built once, loaded into every box */
 } tp_core_ctx_t;
+
+/* Removes the box's cgroups (after its processes are dead). */
+static void tp__lbox_drop_cgroups(tp_lbox_t *b, tp_error_t *err) {
+  while (b->subs != NULL) {
+    tp_lsub_t *s = b->subs;
+    b->subs = s->next;
+    tp_cgroup_destroy(&s->cg, err);
+    tp_cgroup_free(&s->cg);
+    free(s);
+  }
+  if (b->has_cg) {
+    if (tp_cgroup_destroy(&b->cg, err) < 0)
+      tp_cgroup_free(&b->cg);
+    b->has_cg = 0;
+  }
+}
 
 static void tp__lbox_maybe_free(tp_lbox_t *b) {
   if (b->open_handles > 0 || b->work_pending || !b->ud_dead)
@@ -299,16 +332,34 @@ static tp_core_ctx_t *tp__ctx(lua_State *L) {
   return c;
 }
 
-/* core.box_start{ id=, image=, dir=, uid_base=, gid_base=, id_count= } */
+static int64_t tp__opt_int(lua_State *L, int t, const char *k) {
+  int64_t v;
+  lua_getfield(L, t, k);
+  v = (int64_t) luaL_optinteger(L, -1, 0);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* core.box_start{ id=, image=, dir=, uid_base=, gid_base=, id_count=, cgroup=,
+ *                 limits = { memory=, pids=, cpu_quota=, cpu_period=, disk= } }
+ * cgroup names the box's cgroup (default: id); the daemon prefixes it with a
+ * tag of its state dir so that two daemons never touch each other's.
+ * With cgroups (core.cgroup_init), the box gets tupper/<id> carrying the
+ * limits; its PID 1 joins it before anything of the box runs. */
 static int tp_lcore_box_start(lua_State *L) {
   tp_box_spec_t spec;
+  tp_cgroup_limits_t lim;
   tp_error_t err = {0};
   tp_core_ctx_t *ctx = tp__ctx(L);
   tp_lbox_t *b;
   tp_lbox_t **pb;
+  char procs[TP_CG_NCTRL][4200];
+  const char *procs_list[TP_CG_NCTRL + 1];
+  int nprocs = 0;
 
   luaL_checktype(L, 1, LUA_TTABLE);
   memset(&spec, 0, sizeof(spec));
+  memset(&lim, 0, sizeof(lim));
   lua_getfield(L, 1, "id");
   spec.id = luaL_checkstring(L, -1);
   lua_getfield(L, 1, "image");
@@ -321,6 +372,21 @@ static int tp_lcore_box_start(lua_State *L) {
   spec.gid_base = (gid_t) luaL_optinteger(L, -1, spec.uid_base);
   lua_getfield(L, 1, "id_count");
   spec.id_count = (uint32_t) luaL_optinteger(L, -1, 65536);
+  lua_getfield(L, 1, "cgroup");
+  const char *cgname = luaL_optstring(L, -1, spec.id);
+  if (lua_getfield(L, 1, "limits") == LUA_TTABLE) {
+    int t = lua_gettop(L);
+    lim.memory = tp__opt_int(L, t, "memory");
+    lim.pids = tp__opt_int(L, t, "pids");
+    lim.cpu_quota = tp__opt_int(L, t, "cpu_quota");
+    lim.cpu_period = tp__opt_int(L, t, "cpu_period");
+    spec.disk_bytes = tp__opt_int(L, t, "disk");
+  }
+  if ((lim.memory || lim.pids || lim.cpu_quota) && !ctx->has_cgroups) {
+    lua_pushnil(L);
+    lua_pushstring(L, "limits need cgroups, and none are usable on this host");
+    return 2;
+  }
 
   if (ctx->agent_fd < 0) {
     ctx->agent_fd = tp_agent_memfd(tp_blob_agent_start, TP_BLOB_SIZE(agent), &err);
@@ -328,6 +394,12 @@ static int tp_lcore_box_start(lua_State *L) {
       return tp__push_err(L, &err);
   }
   spec.agent_fd = ctx->agent_fd;
+  if (!ctx->has_seccomp) {
+    if (tp_seccomp_build(&ctx->seccomp, &err) < 0)
+      return tp__push_err(L, &err); /* no box runs without its filter */
+    ctx->has_seccomp = 1;
+  }
+  spec.seccomp = &ctx->seccomp;
 
   /* Lua allocations first (they may raise), C resources after. */
   pb = lua_newuserdatauv(L, sizeof(*pb), 0);
@@ -346,17 +418,104 @@ static int tp_lcore_box_start(lua_State *L) {
   }
   b->ref_frame = b->ref_down = b->ref_destroy = LUA_NOREF;
   b->box.pidfd = b->box.chan_fd = -1;
-  if (tp_linux_box_start(&spec, &b->box, &err) < 0) {
-    free(b->fields);
-    free(b->dir);
-    free(b);
-    return tp__push_err(L, &err);
+  if (ctx->has_cgroups) {
+    if (tp_cgroup_create(&ctx->cgroot, cgname, &lim, &b->cg, &err) < 0)
+      goto fail;
+    b->has_cg = 1;
+    for (int c = 0; c < TP_CG_NCTRL; c++) {
+      const char *dir = b->cg.version == 2 ? (c == 0 ? b->cg.path_v2 : NULL) : b->cg.path_v1[c];
+      int dup = 0;
+      if (dir == NULL)
+        continue;
+      for (int k = 0; k < c; k++)
+        if (b->cg.version == 1 && b->cg.path_v1[k] != NULL && strcmp(b->cg.path_v1[k], dir) == 0)
+          dup = 1;
+      if (dup)
+        continue;
+      snprintf(procs[nprocs], sizeof(procs[nprocs]), "%s/cgroup.procs", dir);
+      procs_list[nprocs] = procs[nprocs];
+      nprocs++;
+    }
+    procs_list[nprocs] = NULL;
+    spec.cgroup_procs = procs_list;
   }
+  if (tp_linux_box_start(&spec, &b->box, &err) < 0)
+    goto fail;
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   b->L = lua_tothread(L, -1);
   lua_pop(L, 1);
   *pb = b;
   return 1;
+
+fail:
+  if (b->has_cg) {
+    tp_error_t e2 = {0};
+    if (tp_cgroup_destroy(&b->cg, &e2) < 0)
+      tp_cgroup_free(&b->cg);
+  }
+  free(b->fields);
+  free(b->dir);
+  free(b);
+  return tp__push_err(L, &err);
+}
+
+/* core.box_adopt{ id=, dir=, pid=, cgroup= }: reconnects to the agent of a
+ * box a previous daemon started (after a crash), and re-opens its cgroup. */
+static int tp_lcore_box_adopt(lua_State *L) {
+  tp_core_ctx_t *ctx = tp__ctx(L);
+  tp_error_t err = {0};
+  tp_lbox_t *b;
+  tp_lbox_t **pb;
+  const char *id, *dir, *cgname;
+  pid_t pid;
+
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "id");
+  id = luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "dir");
+  dir = luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "pid");
+  pid = (pid_t) luaL_checkinteger(L, -1);
+  lua_getfield(L, 1, "cgroup");
+  cgname = luaL_optstring(L, -1, id);
+  if (!tp_cgroup_valid_name(id) || pid < 1)
+    return luaL_error(L, "box_adopt: bad id or pid");
+
+  pb = lua_newuserdatauv(L, sizeof(*pb), 0);
+  *pb = NULL;
+  luaL_setmetatable(L, TP_BOX_MT);
+  b = calloc(1, sizeof(*b));
+  if (b == NULL || (b->dir = strdup(dir)) == NULL ||
+      (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
+    if (b != NULL) {
+      free(b->dir);
+      free(b);
+    }
+    tp_error_set(&err, ENOMEM, "adopt box: out of memory");
+    return tp__push_err(L, &err);
+  }
+  b->ref_frame = b->ref_down = b->ref_destroy = LUA_NOREF;
+  b->box.pidfd = b->box.chan_fd = -1;
+  if (ctx->has_cgroups) {
+    if (tp_cgroup_open(&ctx->cgroot, cgname, &b->cg, &err) < 0)
+      goto fail;
+    b->has_cg = 1;
+  }
+  if (tp_linux_box_adopt(dir, pid, &b->box, &err) < 0)
+    goto fail;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  b->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  *pb = b;
+  return 1;
+
+fail:
+  if (b->has_cg)
+    tp_cgroup_free(&b->cg);
+  free(b->fields);
+  free(b->dir);
+  free(b);
+  return tp__push_err(L, &err);
 }
 
 /* box:on(on_frame(type, id, fields), on_down(reason)): starts delivery. */
@@ -513,6 +672,160 @@ static int tp_lbox_send(lua_State *L) {
   return 1;
 }
 
+static tp_lbox_t *tp__check_cg(lua_State *L) {
+  tp_lbox_t *b = tp__check_box(L);
+  if (!b->has_cg || b->destroyed)
+    luaL_error(L, "box has no cgroup");
+  return b;
+}
+
+/* box:freeze(true|false) -> true | nil, msg */
+static int tp_lbox_freeze(lua_State *L) {
+  tp_lbox_t *b = tp__check_cg(L);
+  tp_error_t err = {0};
+  if (tp_cgroup_freeze(&b->cg, lua_toboolean(L, 2), &err) < 0)
+    return tp__push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* box:stats() -> { memory_current=, ... } (fields the kernel lacks are absent) */
+static int tp_lbox_stats(lua_State *L) {
+  tp_lbox_t *b = tp__check_cg(L);
+  tp_cgroup_stats_t st;
+  tp_error_t err = {0};
+  if (tp_cgroup_stats(&b->cg, &st, &err) < 0)
+    return tp__push_err(L, &err);
+  lua_createtable(L, 0, 7);
+#define TP_STAT(f)                          \
+  if (st.f >= 0) {                          \
+    lua_pushinteger(L, (lua_Integer) st.f); \
+    lua_setfield(L, -2, #f);                \
+  }
+  TP_STAT(memory_current)
+  TP_STAT(memory_peak)
+  TP_STAT(cpu_usage_usec)
+  TP_STAT(nr_throttled)
+  TP_STAT(throttled_usec)
+  TP_STAT(pids_current)
+  TP_STAT(oom_kills)
+#undef TP_STAT
+  return 1;
+}
+
+static tp_lsub_t *tp__find_sub(tp_lbox_t *b, const char *name) {
+  for (tp_lsub_t *s = b->subs; s != NULL; s = s->next)
+    if (strcmp(s->name, name) == 0)
+      return s;
+  return NULL;
+}
+
+/* box:tree(name, box_pid): moves process box_pid (as the box sees it) into a
+ * new sub cgroup `name`, so that its whole tree can be signalled or killed,
+ * setsid and double-fork included.  true | nil, msg */
+static int tp_lbox_tree(lua_State *L) {
+  tp_lbox_t *b = tp__check_cg(L);
+  const char *name = luaL_checkstring(L, 2);
+  pid_t bpid = (pid_t) luaL_checkinteger(L, 3);
+  tp_error_t err = {0};
+  cleanup_free pid_t *pids = NULL;
+  size_t n = 0;
+  pid_t host;
+  tp_lsub_t *s;
+  luaL_argcheck(L, strlen(name) < sizeof(s->name) && tp_cgroup_valid_name(name), 2, "bad name");
+  if (tp__find_sub(b, name) != NULL)
+    return luaL_error(L, "tree '%s' exists", name);
+  if (tp_cgroup_pids(&b->cg, &pids, &n, &err) < 0 ||
+      tp_linux_host_pid(pids, n, bpid, &host, &err) < 0)
+    return tp__push_err(L, &err);
+  s = calloc(1, sizeof(*s));
+  if (s == NULL) {
+    tp_error_set(&err, ENOMEM, "tree: out of memory");
+    return tp__push_err(L, &err);
+  }
+  snprintf(s->name, sizeof(s->name), "%s", name);
+  if (tp_cgroup_sub(&b->cg, name, &s->cg, &err) < 0) {
+    free(s);
+    return tp__push_err(L, &err);
+  }
+  if (tp_cgroup_attach(&s->cg, host, &err) < 0) {
+    tp_error_t e2 = {0};
+    tp_cgroup_destroy(&s->cg, &e2);
+    tp_cgroup_free(&s->cg);
+    free(s);
+    return tp__push_err(L, &err);
+  }
+  s->next = b->subs;
+  b->subs = s;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* box:tree_signal(name, sig): sig to every process of the tree; SIGKILL
+ * kills it whole and waits until it is gone.  -> number signalled | nil, msg */
+static int tp_lbox_tree_signal(lua_State *L) {
+  tp_lbox_t *b = tp__check_cg(L);
+  tp_lsub_t *s = tp__find_sub(b, luaL_checkstring(L, 2));
+  int sig = (int) luaL_checkinteger(L, 3);
+  tp_error_t err = {0};
+  cleanup_free pid_t *pids = NULL;
+  size_t n = 0;
+  luaL_argcheck(L, sig >= 1 && sig <= 64, 3, "bad signal");
+  if (s == NULL)
+    return luaL_error(L, "no such tree");
+  if (tp_cgroup_pids(&s->cg, &pids, &n, &err) < 0)
+    return tp__push_err(L, &err);
+  if (sig == SIGKILL) {
+    if (tp_cgroup_kill(&s->cg, &err) < 0)
+      return tp__push_err(L, &err);
+  } else {
+    for (size_t i = 0; i < n; i++)
+      kill(pids[i], sig);
+  }
+  lua_pushinteger(L, (lua_Integer) n);
+  return 1;
+}
+
+/* box:tree_count(name) -> processes left in the tree */
+static int tp_lbox_tree_count(lua_State *L) {
+  tp_lbox_t *b = tp__check_cg(L);
+  tp_lsub_t *s = tp__find_sub(b, luaL_checkstring(L, 2));
+  tp_error_t err = {0};
+  cleanup_free pid_t *pids = NULL;
+  size_t n = 0;
+  if (s == NULL)
+    return luaL_error(L, "no such tree");
+  if (tp_cgroup_pids(&s->cg, &pids, &n, &err) < 0)
+    return tp__push_err(L, &err);
+  lua_pushinteger(L, (lua_Integer) n);
+  return 1;
+}
+
+/* box:tree_remove(name): kills what is left of the tree, removes its cgroup. */
+static int tp_lbox_tree_remove(lua_State *L) {
+  tp_lbox_t *b = tp__check_cg(L);
+  const char *name = luaL_checkstring(L, 2);
+  tp_error_t err = {0};
+  for (tp_lsub_t **pp = &b->subs; *pp != NULL; pp = &(*pp)->next) {
+    if (strcmp((*pp)->name, name) == 0) {
+      tp_lsub_t *s = *pp;
+      if (tp_cgroup_destroy(&s->cg, &err) < 0)
+        return tp__push_err(L, &err);
+      *pp = s->next;
+      free(s);
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+  }
+  return luaL_error(L, "no such tree");
+}
+
+static int tp_lbox_has_cgroup(lua_State *L) {
+  tp_lbox_t *b = tp__check_box(L);
+  lua_pushboolean(L, b->has_cg && !b->destroyed);
+  return 1;
+}
+
 static int tp_lbox_pid(lua_State *L) {
   lua_pushinteger(L, tp__check_box(L)->box.pid);
   return 1;
@@ -526,7 +839,13 @@ static int tp_lbox_queued(lua_State *L) {
 
 static void tp__destroy_work(uv_work_t *req) {
   tp_lbox_t *b = req->data;
+  tp_error_t cgerr = {0};
   b->wret = tp_linux_box_destroy(&b->box, b->dir, &b->werr);
+  tp__lbox_drop_cgroups(b, &cgerr);
+  if (b->wret == 0 && cgerr.code != 0) {
+    b->werr = cgerr;
+    b->wret = -1;
+  }
 }
 
 static void tp__destroy_after(uv_work_t *req, int status) {
@@ -573,7 +892,9 @@ static int tp_lbox_destroy(lua_State *L) {
     tp_error_t err = {0};
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_destroy);
     b->ref_destroy = LUA_NOREF;
-    if (tp_linux_box_destroy(&b->box, b->dir, &err) < 0)
+    int r2 = tp_linux_box_destroy(&b->box, b->dir, &err);
+    tp__lbox_drop_cgroups(b, &err);
+    if (r2 < 0)
       return tp__push_err(L, &err);
     lua_pushboolean(L, 1);
     return 1;
@@ -596,6 +917,7 @@ static int tp_lbox_gc(lua_State *L) {
     tp__lbox_stop(b);
     tp__lbox_unref(b);
     tp_linux_box_destroy(&b->box, b->dir, &err);
+    tp__lbox_drop_cgroups(b, &err);
   } else if (b->ref_destroy != LUA_NOREF) {
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_destroy);
     b->ref_destroy = LUA_NOREF;
@@ -712,8 +1034,97 @@ static int tp_lcore_log_to(lua_State *L) {
   return 1;
 }
 
+/* core.cgroup_init([root]) -> { version=, memory=, pids=, cpu=, freezer= }
+ * | nil, msg: finds the cgroup filesystems; boxes started after it get a
+ * cgroup each. */
+static int tp_lcore_cgroup_init(lua_State *L) {
+  tp_core_ctx_t *ctx = tp__ctx(L);
+  const char *root = luaL_optstring(L, 1, NULL);
+  tp_error_t err = {0};
+  if (ctx->has_cgroups) {
+    tp_cgroup_root_free(&ctx->cgroot);
+    ctx->has_cgroups = 0;
+  }
+  if (tp_cgroup_detect(root, &ctx->cgroot, &err) < 0)
+    return tp__push_err(L, &err);
+  ctx->has_cgroups = 1;
+  lua_createtable(L, 0, 5);
+  lua_pushinteger(L, ctx->cgroot.version);
+  lua_setfield(L, -2, "version");
+  static const struct { const char *name; int c; } ctrls[] = {
+      {"memory", TP_CG_MEMORY}, {"pids", TP_CG_PIDS}, {"cpu", TP_CG_CPU}, {"freezer", TP_CG_FREEZER}};
+  for (size_t i = 0; i < TP_ARRAY_SIZE(ctrls); i++) {
+    int ok = (ctx->cgroot.avail & (1u << ctrls[i].c)) != 0;
+    if (ctrls[i].c == TP_CG_FREEZER && ctx->cgroot.version == 2)
+      ok = 1; /* cgroup.freeze is a core file on v2 */
+    lua_pushboolean(L, ok);
+    lua_setfield(L, -2, ctrls[i].name);
+  }
+  return 1;
+}
+
+/* core.cgroup_orphans() -> { id, ... }: box cgroups present on the host. */
+static int tp_lcore_cgroup_orphans(lua_State *L) {
+  tp_core_ctx_t *ctx = tp__ctx(L);
+  tp_error_t err = {0};
+  char **ids = NULL;
+  size_t n = 0;
+  lua_newtable(L);
+  if (!ctx->has_cgroups)
+    return 1;
+  if (tp_cgroup_list(&ctx->cgroot, &ids, &n, &err) < 0)
+    return tp__push_err(L, &err);
+  for (size_t i = 0; i < n; i++) {
+    lua_pushstring(L, ids[i]);
+    lua_rawseti(L, -2, (lua_Integer) i + 1);
+  }
+  tp_cgroup_list_free(ids, n);
+  return 1;
+}
+
+/* core.cgroup_remove(id): kills everything in tupper/<id> and removes it. */
+static int tp_lcore_cgroup_remove(lua_State *L) {
+  tp_core_ctx_t *ctx = tp__ctx(L);
+  const char *id = luaL_checkstring(L, 1);
+  tp_error_t err = {0};
+  tp_cgroup_t cg;
+  if (!ctx->has_cgroups || !tp_cgroup_valid_name(id))
+    return luaL_error(L, "cgroup_remove: no cgroups or bad id");
+  if (tp_cgroup_open(&ctx->cgroot, id, &cg, &err) < 0) {
+    if (err.code == ENOENT) {
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    return tp__push_err(L, &err);
+  }
+  if (tp_cgroup_destroy(&cg, &err) < 0) {
+    tp_cgroup_free(&cg);
+    return tp__push_err(L, &err);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.cgroup_prune(): removes the empty tupper parents (daemon shutdown). */
+static int tp_lcore_cgroup_prune(lua_State *L) {
+  tp_core_ctx_t *ctx = tp__ctx(L);
+  tp_error_t err = {0};
+  if (ctx->has_cgroups && tp_cgroup_prune(&ctx->cgroot, &err) < 0)
+    return tp__push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int tp_lcore_ctx_gc(lua_State *L) {
   tp_core_ctx_t *c = lua_touserdata(L, 1);
+  if (c->has_cgroups) {
+    tp_cgroup_root_free(&c->cgroot);
+    c->has_cgroups = 0;
+  }
+  if (c->has_seccomp) {
+    tp_seccomp_free(&c->seccomp);
+    c->has_seccomp = 0;
+  }
   if (c->agent_fd >= 0)
     close(c->agent_fd);
   c->agent_fd = -1;
@@ -723,13 +1134,19 @@ static int tp_lcore_ctx_gc(lua_State *L) {
 int luaopen_tupper_core(lua_State *L) {
   static const luaL_Reg box_methods[] = {
       {"on", tp_lbox_on},       {"send", tp_lbox_send},       {"pid", tp_lbox_pid},
-      {"queued", tp_lbox_queued}, {"destroy", tp_lbox_destroy}, {NULL, NULL}};
+      {"queued", tp_lbox_queued}, {"destroy", tp_lbox_destroy}, {"freeze", tp_lbox_freeze},
+      {"stats", tp_lbox_stats}, {"tree", tp_lbox_tree}, {"tree_signal", tp_lbox_tree_signal},
+      {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
+      {"has_cgroup", tp_lbox_has_cgroup}, {NULL, NULL}};
   static const luaL_Reg funcs[] = {
-      {"box_start", tp_lcore_box_start},   {"b64encode", tp_lcore_b64encode},
+      {"box_start", tp_lcore_box_start},   {"box_adopt", tp_lcore_box_adopt},
+      {"b64encode", tp_lcore_b64encode},
       {"b64decode", tp_lcore_b64decode},   {"default_image", tp_lcore_default_image},
       {"rmtree", tp_lcore_rmtree},         {"umask", tp_lcore_umask},
       {"random_hex", tp_lcore_random_hex}, {"lock", tp_lcore_lock},
-      {"log_to", tp_lcore_log_to},         {NULL, NULL}};
+      {"log_to", tp_lcore_log_to},         {"cgroup_init", tp_lcore_cgroup_init},
+      {"cgroup_orphans", tp_lcore_cgroup_orphans}, {"cgroup_remove", tp_lcore_cgroup_remove},
+      {"cgroup_prune", tp_lcore_cgroup_prune}, {NULL, NULL}};
   static const struct { const char *name; int v; } msgs[] = {
       {"READY", TP_MSG_READY}, {"OUTPUT", TP_MSG_OUTPUT}, {"EXIT", TP_MSG_EXIT},
       {"OK", TP_MSG_OK}, {"ERR", TP_MSG_ERR}, {"EXEC", TP_MSG_EXEC}, {"STDIN", TP_MSG_STDIN},
@@ -750,6 +1167,8 @@ int luaopen_tupper_core(lua_State *L) {
   if (lua_getfield(L, LUA_REGISTRYINDEX, TP_CTX_KEY) == LUA_TNIL) {
     tp_core_ctx_t *c = lua_newuserdatauv(L, sizeof(*c), 0);
     c->agent_fd = -1;
+    c->has_cgroups = 0;
+    c->has_seccomp = 0;
     lua_newtable(L);
     lua_pushcfunction(L, tp_lcore_ctx_gc);
     lua_setfield(L, -2, "__gc");

@@ -63,16 +63,52 @@ function h.sandbox_create(d, conn, p)
   return sb:info()
 end
 
-local function get_sandbox(d, id)
+-- A sandbox by id; `any_state` also returns a paused one.
+local function get_sandbox(d, id, any_state)
   local sb = d.sandboxes[id]
-  if not sb or sb.state ~= "running" then
+  if not sb or (sb.state ~= "running" and sb.state ~= "paused") then
     return nil, rpc.NOT_FOUND, ("no sandbox '%s'"):format(id)
+  end
+  if sb.state == "paused" and not any_state then
+    return nil, rpc.SANDBOX_ERROR, ("sandbox '%s' is paused: resume it first"):format(id)
   end
   return sb
 end
 
+function h.sandbox_pause(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.id, true)
+  if not sb then return nil, code, msg end
+  if sb.state == "paused" then return { state = "paused" } end
+  local ok, err = sb:freeze(true)
+  if not ok then return nil, rpc.SANDBOX_ERROR, err end
+  d:pause_timeout(sb)
+  d:save(sb)
+  return { state = "paused" }
+end
+
+function h.sandbox_resume(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.id, true)
+  if not sb then return nil, code, msg end
+  if sb.state == "running" then return { state = "running" } end
+  local ok, err = sb:freeze(false)
+  if not ok then return nil, rpc.SANDBOX_ERROR, err end
+  d:resume_timeout(sb)
+  d:save(sb)
+  return { state = "running" }
+end
+
+function h.sandbox_metrics(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.id, true)
+  if not sb then return nil, code, msg end
+  local st, err = sb:stats()
+  if not st then return nil, rpc.SANDBOX_ERROR, err end
+  return { cpu_usage_usec = st.cpu_usage_usec, memory_bytes = st.memory_current,
+           memory_peak = st.memory_peak, pids = st.pids_current, nr_throttled = st.nr_throttled,
+           throttled_usec = st.throttled_usec, oom_kills = st.oom_kills }
+end
+
 function h.sandbox_get(d, conn, p)
-  local sb, code, msg = get_sandbox(d, p.id)
+  local sb, code, msg = get_sandbox(d, p.id, true)
   if not sb then return nil, code, msg end
   return sb:info()
 end
@@ -80,14 +116,14 @@ end
 function h.sandbox_list(d, conn, p)
   local list = {}
   for _, sb in pairs(d.sandboxes) do
-    if sb.state == "running" then list[#list + 1] = sb:info() end
+    if sb.state == "running" or sb.state == "paused" then list[#list + 1] = sb:info() end
   end
   table.sort(list, function(a, b) return a.created_at < b.created_at or (a.created_at == b.created_at and a.id < b.id) end)
   return { sandboxes = json.array(list) }
 end
 
 function h.sandbox_set_timeout(d, conn, p)
-  local sb, code, msg = get_sandbox(d, p.id)
+  local sb, code, msg = get_sandbox(d, p.id, true)
   if not sb then return nil, code, msg end
   d:set_timeout(sb, p.timeout)
   return { timeout = p.timeout, expires_at = sb:info().expires_at }
@@ -112,9 +148,7 @@ function h.process_start(d, conn, p)
       proc.timer:close()
       proc.timer = nil
       proc.timed_out = true
-      require("tupper.async").spawn(function()
-        sb:request(MSG.SIGNAL, { pid = proc.pid, signal = 9 })
-      end)
+      require("tupper.async").spawn(function() sb:signal(proc, 9) end)
     end)
   end
   return { pid = proc.pid }
@@ -156,8 +190,8 @@ end
 function h.process_signal(d, conn, p)
   local sb, code, msg = get_proc(d, p)
   if not sb then return nil, code, msg end
-  local r, c, m, x = agent_call(sb, MSG.SIGNAL, { pid = p.pid, signal = p.signal or 9 })
-  if not r then return nil, c, m, x end
+  local ok, err, errno = sb:signal(sb.procs[p.pid], p.signal or 9)
+  if not ok then return nil, rpc.PROCESS_ERROR, err, errno_data(errno) end
   return {}
 end
 

@@ -20,6 +20,8 @@ commands:
   ls [--json]                   list sandboxes
   cp SRC DST                    copy a file: FILE ID:/path or ID:/path FILE
   kill ID...                    kill sandboxes and remove them
+  pause ID... / resume ID...    freeze and thaw every process of sandboxes
+  stats [--json] ID             resource counters of a sandbox
   daemon [--socket PATH] [--state-dir DIR] [--log FILE]
                                 run the daemon in the foreground
   schema                        print the socket API's schema (JSON)
@@ -243,7 +245,8 @@ function verbs.ls(c, args)
   end
   print(("%-14s %-10s %-9s %-20s %s"):format("ID", "IMAGE", "STATE", "CREATED", "PROCESSES"))
   for _, s in ipairs(r.sandboxes) do
-    print(("%-14s %-10s %-9s %-20s %d"):format(s.id, s.image, s.state, s.created_at, s.processes))
+    print(("%-14s %-10s %-9s %-20s %d"):format(s.id, s.image, s.state, s.created_at,
+      math.tointeger(s.processes) or 0))
   end
   return 0
 end
@@ -262,6 +265,33 @@ function verbs.kill(c, args)
     end
   end
   return code
+end
+
+local function each_id(c, args, method, verb)
+  if #args == 0 then return die("%s needs a sandbox id", verb) end
+  local code = 0
+  for _, id in ipairs(args) do
+    local r, err = c:call(method, { id = id })
+    if not r then code = die("%s %s: %s", verb, id, errmsg(err)) else print(id) end
+  end
+  return code
+end
+
+function verbs.pause(c, args) return each_id(c, args, "sandbox.pause", "pause") end
+function verbs.resume(c, args) return each_id(c, args, "sandbox.resume", "resume") end
+
+function verbs.stats(c, args)
+  local as_json = args[1] == "--json"
+  if as_json then table.remove(args, 1) end
+  if #args ~= 1 then return die("stats wants one sandbox id") end
+  local r, err = c:call("sandbox.metrics", { id = args[1] })
+  if not r then return die("%s", errmsg(err)) end
+  if as_json then print(json.encode(r)); return 0 end
+  local keys = {}
+  for k in pairs(r) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do print(("%-16s %s"):format(k, tostring(math.tointeger(r[k]) or r[k]))) end
+  return 0
 end
 
 local function split_remote(s)

@@ -19,6 +19,15 @@ M.MAX_CLIENTS = 1024
 local Daemon = {}
 Daemon.__index = Daemon
 
+--- An 8-hex-digit tag of a path (FNV-1a), naming this daemon's cgroups.
+function M.tag(path)
+  local h = 0xcbf29ce484222325
+  for i = 1, #path do
+    h = (h ~ path:byte(i)) * 0x100000001b3
+  end
+  return ("%08x"):format(h & 0xffffffff)
+end
+
 local function log(fmt, ...)
   io.stderr:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), fmt:format(...), "\n")
 end
@@ -50,10 +59,15 @@ function Daemon:create_sandbox(p)
   local id
   repeat id = core.random_hex(6) until not self.sandboxes[id]
   self.sandboxes[id] = { state = "starting" } -- reserve the id
+  local lim = p.limits or {}
   local sb, err = sandbox.start({
     id = id, image = image, image_dir = self.default_image, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = M.ID_COUNT, env = p.env, metadata = p.metadata,
-    cwd = p.cwd,
+    cwd = p.cwd, cgroup = self.tag .. "-" .. id,
+    limits_info = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus },
+    limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk,
+               cpu_quota = lim.cpus and math.max(1000, math.floor(lim.cpus * 100000)) or nil,
+               cpu_period = lim.cpus and 100000 or nil },
     on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
     on_exit = function(s, proc) self:_exit(s, proc) end,
     on_down = function(s, reason) self:_sandbox_down(s, reason) end,
@@ -64,13 +78,28 @@ function Daemon:create_sandbox(p)
     return nil, err
   end
   self.sandboxes[id] = sb
-  sb.limits = p.limits or {}
-  local timeout = sb.limits.timeout
+  local timeout = lim.timeout
   if timeout == nil then timeout = schema.DEFAULT_TIMEOUT end
-  sb.limits.timeout = nil
-  self:set_timeout(sb, timeout)
+  self:set_timeout(sb, timeout) -- also writes the record
   log("sandbox %s created", id)
   return sb
+end
+
+-- The record of a live sandbox, <state>/boxes/<id>.json, written atomically:
+-- what a restarted daemon needs to re-adopt it after a crash.
+function Daemon:save(sb)
+  if sb.state ~= "running" and sb.state ~= "paused" then return end
+  local path = self.boxes .. "/" .. sb.id .. ".json"
+  local text = json.encode(sb:record())
+  local fd = uv.fs_open(path .. ".tmp", "w", tonumber("600", 8))
+  if not fd then return end
+  uv.fs_write(fd, text)
+  uv.fs_close(fd)
+  uv.fs_rename(path .. ".tmp", path)
+end
+
+function Daemon:unsave(id)
+  uv.fs_unlink(self.boxes .. "/" .. id .. ".json")
 end
 
 --- Sets a sandbox's remaining lifetime to seconds from now (0: none).
@@ -90,6 +119,7 @@ function Daemon:set_timeout(sb, seconds)
       async.spawn(function() self:kill_sandbox(sb.id) end)
     end)
   end
+  self:save(sb)
 end
 
 function Daemon:kill_sandbox(id)
@@ -97,6 +127,7 @@ function Daemon:kill_sandbox(id)
   if not sb or not sb.destroy then return false end
   self.sandboxes[id] = nil
   self:set_timeout(sb, 0)
+  self:unsave(id)
   local ok, err = sb:destroy()
   if not ok then log("sandbox %s: cleanup: %s", id, tostring(err)) end
   log("sandbox %s killed", id)
@@ -171,6 +202,108 @@ function Daemon:_accept()
   self.clients[conn] = true
 end
 
+--- A paused sandbox's lifetime stands still: its timer stops, keeping what
+-- was left, and runs on at resume.
+function Daemon:pause_timeout(sb)
+  if not sb.expires_at then return end
+  local left = math.max(1, sb.expires_at - os.time())
+  self:set_timeout(sb, 0)
+  sb.paused_left = left
+end
+
+function Daemon:resume_timeout(sb)
+  if sb.paused_left then
+    self:set_timeout(sb, sb.paused_left)
+    sb.paused_left = nil
+  end
+end
+
+local function read_json(path)
+  local fd = uv.fs_open(path, "r", 0)
+  if not fd then return nil end
+  local st = uv.fs_fstat(fd)
+  local text = st and st.size < 1048576 and uv.fs_read(fd, st.size, 0)
+  uv.fs_close(fd)
+  return text and json.decode(text)
+end
+
+-- After a crash: re-adopts the boxes a previous daemon left that are still
+-- whole, and removes everything else it left in boxes/ (directories,
+-- records, cgroups).
+function Daemon:_recover()
+  local names = {}
+  local dir = uv.fs_scandir(self.boxes)
+  while dir do
+    local name = uv.fs_scandir_next(dir)
+    if not name then break end
+    names[#names + 1] = name
+  end
+  local seen = {}
+  for _, name in ipairs(names) do
+    local id = name:match("^([a-z0-9]+)%.json$")
+    if id and not seen[id] then
+      seen[id] = true
+      local rec = read_json(self.boxes .. "/" .. name)
+      local sb, err
+      if type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
+        sb, err = sandbox.adopt({ id = id, image = rec.image, dir = self.boxes .. "/" .. id,
+          pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
+          metadata = rec.metadata, env = rec.env, cwd = rec.cwd, limits_info = rec.limits,
+          on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
+          on_exit = function(s, proc) self:_exit(s, proc) end,
+          on_down = function(s, reason) self:_sandbox_down(s, reason) end })
+      else
+        err = "unreadable record"
+      end
+      if sb then
+        self.sandboxes[id] = sb
+        if rec.paused then sb.state = "paused" end
+        local left = rec.expires_at and (rec.expires_at - os.time())
+        if rec.expires_at then
+          self:set_timeout(sb, math.max(1, left))
+          if rec.paused then self:pause_timeout(sb) end
+        else
+          self:set_timeout(sb, 0)
+        end
+        log("sandbox %s re-adopted (%d processes)", id, (function()
+          local n = 0
+          for _ in pairs(sb.procs) do n = n + 1 end
+          return n
+        end)())
+      else
+        log("sandbox %s cannot be re-adopted (%s): removing it", id, tostring(err))
+        self:unsave(id)
+      end
+    end
+  end
+  -- what is left: boxes nobody re-adopted, half-made ones, stray files
+  for _, name in ipairs(names) do
+    local id = name:match("^([a-z0-9]+)") or name
+    if not self.sandboxes[id] and not name:match("%.json$") then
+      if self.cgroups then core.cgroup_remove(self.tag .. "-" .. id) end
+      local path = self.boxes .. "/" .. name
+      local st = uv.fs_lstat(path)
+      local ok, err = true, nil
+      if st and st.type == "directory" then ok, err = core.rmtree(path)
+      elseif st then ok, err = uv.fs_unlink(path) end
+      if not ok then log("cannot remove %s: %s", name, err) end
+    end
+  end
+end
+
+-- Removes the cgroups of this daemon's boxes that no live sandbox owns: a
+-- previous daemon's, after a crash.  Other daemons' cgroups (another state
+-- dir) carry another tag and are left alone.
+function Daemon:_sweep_cgroups()
+  local prefix = self.tag .. "-"
+  for _, name in ipairs(core.cgroup_orphans()) do
+    if name:sub(1, #prefix) == prefix and not self.sandboxes[name:sub(#prefix + 1)] then
+      local ok, err = core.cgroup_remove(name)
+      if not ok then log("cannot remove stale cgroup %s: %s", name, err) end
+    end
+  end
+end
+
 function Daemon:shutdown()
   if self.stopping then return end
   self.stopping = true
@@ -182,6 +315,7 @@ function Daemon:shutdown()
       if sb.destroy then self:kill_sandbox(id) end
     end
     for conn in pairs(self.clients) do conn:close() end
+    core.cgroup_prune()
     for _, s in ipairs(self.signals) do s:close() end
     if self.lock then uv.fs_close(self.lock); self.lock = nil end
   end)
@@ -222,15 +356,32 @@ function M.run(opts)
     end
     if ok then
       self.boxes = self.state .. "/boxes"
-      -- a previous daemon's boxes died with it (their PID 1 has a
-      -- parent-death signal); only their directories can be left
-      ok, err = core.rmtree(self.boxes)
-      if ok then ok, err = mkdirs(self.boxes, tonumber("711", 8)) end
+      ok, err = mkdirs(self.boxes, tonumber("711", 8))
+    end
+    if ok then
+      -- cgroups of boxes carry a tag of the state dir: two daemons on one
+      -- host never touch each other's boxes
+      self.tag = M.tag(uv.fs_realpath(self.state) or self.state)
+      local info, cgerr = core.cgroup_init(opts.cgroup_root)
+      if info then
+        self.cgroups = info
+        self.enforces = { memory = info.memory, pids = info.pids, cpus = info.cpu,
+                          pause = info.freezer }
+      else
+        log("no usable cgroups (%s): limits, pause and whole-tree kill are off", cgerr)
+      end
+      -- the disk cap puts the box's writable layer on an ext4 image
+      self.enforces.disk = uv.fs_access("/dev/loop-control", "rw") and
+        (uv.fs_access("/sbin/mkfs.ext4", "x") or uv.fs_access("/usr/sbin/mkfs.ext4", "x")) or nil
     end
     if ok then ok, err = mkdirs(self.state .. "/images/default", tonumber("711", 8)) end
     if ok then
       self.default_image = self.state .. "/images/default/rootfs"
       ok, err = core.default_image(self.default_image, self.uid_base, self.uid_base)
+    end
+    if ok then
+      self:_recover()
+      if self.cgroups then self:_sweep_cgroups() end
     end
     if ok then
       self.server, err = listen(self.socket)

@@ -27,23 +27,17 @@ local function now_iso()
   return os.date("!%Y-%m-%dT%H:%M:%SZ")
 end
 
---- Starts a box and waits for its agent.  opts: id, image (name), image_dir,
--- dir, uid_base, id_count, env, metadata, cwd, on_exit(sb, proc), on_output(sb,
--- proc, stream, data), on_down(sb, reason).  Returns the sandbox or nil, err.
-function M.start(opts)
-  local box, err = core.box_start({ id = opts.id, image = opts.image_dir, dir = opts.dir,
-    uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count })
-  if not box then return nil, err end
+-- Wraps a started (or re-adopted) box and waits for its agent's READY.
+local function attach(box, opts)
   local self = setmetatable({
-    id = opts.id, image = opts.image, box = box, state = "starting",
-    created_at = now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
+    id = opts.id, image = opts.image, box = box, state = "starting", cgroup = opts.cgroup,
+    created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
     cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, hooks = opts,
+    limits = opts.limits_info, pid = box:pid(),
   }, Sandbox)
-  local ready
   box:on(function(t, id, f) self:_frame(t, id, f) end,
          function(reason) self:_down(reason) end)
   local ok, why = async.wait(function(cb)
-    ready = cb
     self._ready = cb
     self._ready_timer = uv.new_timer()
     self._ready_timer:start(M.READY_TIMEOUT_MS, 0, function() cb(false, "agent did not start in time") end)
@@ -52,10 +46,53 @@ function M.start(opts)
   if self._ready_timer then self._ready_timer:close(); self._ready_timer = nil end
   if not ok then
     self:destroy()
-    return nil, "start sandbox " .. opts.id .. ": " .. tostring(why)
+    return nil, "sandbox " .. opts.id .. ": " .. tostring(why)
   end
   self.state = "running"
   return self
+end
+
+--- Starts a box and waits for its agent.  opts: id, image (name), image_dir,
+-- dir, uid_base, id_count, cgroup, limits, env, metadata, cwd, on_exit(sb,
+-- proc), on_output(sb, proc, stream, data), on_down(sb, reason).  Returns the
+-- sandbox or nil, err.
+function M.start(opts)
+  local box, err = core.box_start({ id = opts.id, image = opts.image_dir, dir = opts.dir,
+    uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
+    cgroup = opts.cgroup, limits = opts.limits })
+  if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
+  return attach(box, opts)
+end
+
+--- Re-adopts a box a previous daemon started (after a crash): reconnects to
+-- its agent, which keeps its processes alive for a grace period, and learns
+-- which processes still run.  opts as for start, plus pid (the agent's host
+-- pid).  Returns the sandbox or nil, err.
+function M.adopt(opts)
+  local box, err = core.box_adopt({ id = opts.id, dir = opts.dir, pid = opts.pid, cgroup = opts.cgroup })
+  if not box then return nil, "adopt sandbox " .. opts.id .. ": " .. tostring(err) end
+  local self, aerr = attach(box, opts)
+  if not self then return nil, aerr end
+  local r, perr = self:request(MSG.PS, {})
+  if not r then
+    self:destroy()
+    return nil, "adopt sandbox " .. opts.id .. ": " .. tostring(perr)
+  end
+  for _, e in ipairs(r.entries or {}) do
+    local pid = math.tointeger(e.pid)
+    if pid and pid > 0 then
+      -- no client owns them any more; they can be listed, signalled, killed
+      self.procs[pid] = { pid = pid, argv = e.args or {}, cwd = "?", started_at = "?" }
+    end
+  end
+  return self
+end
+
+--- What a restarted daemon needs to re-adopt this sandbox.
+function Sandbox:record()
+  return { id = self.id, image = self.image, created_at = self.created_at, metadata = self.metadata,
+           env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
+           timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil }
 end
 
 function Sandbox:_frame(t, id, f)
@@ -84,6 +121,7 @@ function Sandbox:_frame(t, id, f)
     if not proc then return self:_hostile("exit of an unknown process") end
     self.procs[f.pid] = nil
     release(proc)
+    self:_tree_done(proc)
     proc.exit_code = math.tointeger(f.code) or -1
     proc.signal = math.tointeger(f.signal) or 0
     if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
@@ -143,7 +181,10 @@ function Sandbox:request(type_, fields)
   end)
 end
 
---- Starts a process; returns the process record or nil, msg, errno.
+--- Starts a process; returns the process record or nil, msg, errno.  With
+-- a cgroup, the child is held before its exec until it sits in a cgroup of
+-- its own, so that its whole tree (setsid and double-fork included) can be
+-- signalled and killed.
 function Sandbox:exec(argv, env, cwd, stdin, owner)
   local envl = {}
   local merged = { PATH = M.DEFAULT_PATH, HOME = "/root", HOSTNAME = self.id, TERM = "xterm" }
@@ -151,8 +192,9 @@ function Sandbox:exec(argv, env, cwd, stdin, owner)
   for k, v in pairs(env or {}) do merged[k] = v end
   for k, v in pairs(merged) do envl[#envl + 1] = k .. "=" .. v end
   table.sort(envl)
+  local hold = self.box:has_cgroup()
   local r, err, errno = self:request(MSG.EXEC, { args = argv, env = envl, cwd = cwd or self.cwd,
-                                                  flags = stdin and 1 or 0 })
+                                                  flags = (stdin and 1 or 0) | (hold and 2 or 0) })
   if not r then return nil, err, errno end
   local pid = math.tointeger(r.pid)
   if not pid or pid < 1 or self.procs[pid] then
@@ -162,7 +204,59 @@ function Sandbox:exec(argv, env, cwd, stdin, owner)
   local proc = { pid = pid, argv = argv, cwd = cwd or self.cwd, owner = owner,
                  started_at = now_iso(), stdin = stdin }
   self.procs[pid] = proc
+  if hold then
+    self.tree_seq = (self.tree_seq or 0) + 1
+    local tree = "p" .. self.tree_seq
+    local ok, terr = self.box:tree(tree, pid)
+    if not ok then
+      proc.owner = nil -- nobody learns of this pid: no notifications
+      self:request(MSG.SIGNAL, { pid = pid, signal = 9 })
+      return nil, "cannot give the process its cgroup: " .. tostring(terr), 0
+    end
+    proc.tree = tree
+    local rr, rerr, rerrno = self:request(MSG.RELEASE, { pid = pid })
+    if not rr then
+      proc.owner = nil
+      return nil, rerr, rerrno
+    end
+  end
   return proc
+end
+
+--- Signals a process: its whole tree where it has a cgroup, else its
+-- process group.  Returns true or nil, msg, errno.
+function Sandbox:signal(proc, sig)
+  if proc.tree and self.box:has_cgroup() then
+    local n, err = self.box:tree_signal(proc.tree, sig)
+    if not n then return nil, err, 0 end
+    return true
+  end
+  local r, err, errno = self:request(MSG.SIGNAL, { pid = proc.pid, signal = sig })
+  if not r then return nil, err, errno end
+  return true
+end
+
+-- A process ended: its tree's cgroup goes once nothing of the tree is left
+-- (background children keep it until they end or the box is destroyed).
+function Sandbox:_tree_done(proc)
+  if not proc.tree or not self.box:has_cgroup() then return end
+  local n = self.box:tree_count(proc.tree)
+  if n == 0 then self.box:tree_remove(proc.tree) end
+end
+
+--- Freezes (true) or thaws every process of the box.
+function Sandbox:freeze(frozen)
+  if not self.box:has_cgroup() then return nil, "pause needs cgroups, and this host has none usable" end
+  local ok, err = self.box:freeze(frozen)
+  if not ok then return nil, err end
+  self.state = frozen and "paused" or "running"
+  return true
+end
+
+--- cgroup counters of the box, or nil, msg.
+function Sandbox:stats()
+  if not self.box:has_cgroup() then return nil, "metrics need cgroups, and this host has none usable" end
+  return self.box:stats()
 end
 
 function Sandbox:info()
@@ -178,6 +272,7 @@ end
 function Sandbox:destroy()
   if self.state == "killing" or self.state == "gone" then return true end
   local reason = "killed"
+  if self.state == "paused" then self.box:freeze(false) end -- a frozen task cannot die
   self.state = "killing"
   self:_fail_all(reason)
   local ok, err = async.wait(function(cb) self.box:destroy(cb) end)

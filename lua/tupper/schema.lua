@@ -40,6 +40,21 @@ M.methods = {
     params = { id = ID, required = { "id" } },
     result = { "id", "image", "state", "created_at", "metadata", "processes", "limits", "timeout" },
   },
+  ["sandbox.pause"] = {
+    doc = "Freezes every process of the sandbox (cgroup freezer); its lifetime stands still.",
+    params = { id = ID, required = { "id" } },
+    result = { "state" },
+  },
+  ["sandbox.resume"] = {
+    doc = "Thaws a paused sandbox.",
+    params = { id = ID, required = { "id" } },
+    result = { "state" },
+  },
+  ["sandbox.metrics"] = {
+    doc = "The sandbox's resource counters, from its cgroup.",
+    params = { id = ID, required = { "id" } },
+    result = { "cpu_usage_usec", "memory_bytes", "pids" },
+  },
   ["sandbox.set_timeout"] = {
     doc = "Sets how long from now the sandbox lives (0: until killed).",
     params = { id = ID, timeout = DURATION, required = { "id", "timeout" } },

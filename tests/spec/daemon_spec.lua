@@ -276,6 +276,7 @@ describe("the daemon", function()
     local samples = {
       ["hello"] = {}, ["sandbox.create"] = {}, ["sandbox.get"] = { id = id }, ["sandbox.list"] = {},
       ["sandbox.set_timeout"] = { id = id, timeout = "10m" },
+      ["sandbox.metrics"] = { id = id },
       ["process.stdin"] = { sandbox = id, pid = r.pid, data = "eA==" },
       ["process.list"] = { sandbox = id },
       ["process.close_stdin"] = { sandbox = id, pid = r.pid },
@@ -285,7 +286,8 @@ describe("the daemon", function()
       ["fs.rename"] = { sandbox = id, from = "/g", to = "/h" },
       ["fs.remove"] = { sandbox = id, path = "/h" },
     }
-    local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "sandbox.set_timeout", "process.stdin",
+    local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "sandbox.set_timeout",
+      "sandbox.metrics", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
       "fs.rename", "fs.remove" }
     local extra
@@ -300,11 +302,14 @@ describe("the daemon", function()
     -- the remaining two take effect last
     local p2 = assert(call("process.start", { sandbox = id, cmd = "sleep 100" }))
     assert(call("process.signal", { sandbox = id, pid = p2.pid }))
+    assert.are.equal("paused", assert(call("sandbox.pause", { id = extra })).state)
+    assert.are.equal("running", assert(call("sandbox.resume", { id = extra })).state)
     assert.truthy(call("sandbox.kill", { id = extra }).killed)
     assert.truthy(call("sandbox.kill", { id = id }).killed)
     for name in pairs(schema.methods) do
       assert.truthy(samples[name] or name == "process.start" or name == "process.signal"
-        or name == "sandbox.kill", name .. " is not exercised")
+        or name == "sandbox.kill" or name == "sandbox.pause" or name == "sandbox.resume",
+        name .. " is not exercised")
     end
   end)
 end)
