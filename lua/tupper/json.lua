@@ -8,6 +8,7 @@ local M = {}
 
 local codec = cjson.new()
 codec.encode_number_precision(14)
+codec.decode_invalid_numbers(false) -- NaN and Infinity are not JSON: an id of NaN could not be answered
 codec.decode_max_depth(64)
 codec.encode_max_depth(64)
 

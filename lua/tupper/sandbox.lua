@@ -205,8 +205,8 @@ function Sandbox:exec(argv, env, cwd, stdin, owner)
                  started_at = now_iso(), stdin = stdin }
   self.procs[pid] = proc
   if hold then
-    self.tree_seq = (self.tree_seq or 0) + 1
-    local tree = "p" .. self.tree_seq
+    -- unique across daemon restarts: a re-adopted box keeps its old trees
+    local tree = "p" .. pid .. "-" .. core.random_hex(4)
     local ok, terr = self.box:tree(tree, pid)
     if not ok then
       proc.owner = nil -- nobody learns of this pid: no notifications

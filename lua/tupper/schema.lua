@@ -11,7 +11,9 @@ M.PROTOCOL = 1
 
 local ID = { type = "string", pattern = "^[a-z0-9][a-z0-9-]*$", max = 63 }
 local PATH = { type = "string", min = 1, max = 4096 }
-local MAP = { type = "map", max = 1024, key_max = 1024, value_max = 131072 }
+-- Strings that reach the agent fit its field cap (TP_STR_MAX, 32 KiB):
+-- an env entry travels as one "K=V" string.
+local MAP = { type = "map", max = 1024, key_max = 1024, value_max = 31744 }
 local ENCODING = { type = "enum", values = { "base64", "utf8" } }
 local DURATION = { type = "duration" }
 local LIMITS = { type = "object", fields = {
@@ -72,8 +74,8 @@ M.methods = {
   },
   ["process.start"] = {
     doc = "Starts a process: argv, or cmd run by /bin/sh -c.  Output and exit arrive as notifications.",
-    params = { sandbox = ID, argv = { type = "array", min = 1, max = 4096, item_max = 131072 },
-               cmd = { type = "string", min = 1, max = 131072 }, env = MAP, cwd = PATH,
+    params = { sandbox = ID, argv = { type = "array", min = 1, max = 4096, item_max = 32768 },
+               cmd = { type = "string", min = 1, max = 32760 }, env = MAP, cwd = PATH,
                stdin = { type = "boolean" }, encoding = ENCODING, timeout = DURATION,
                required = { "sandbox" }, one_of = { "argv", "cmd" } },
     result = { "pid" },
@@ -81,7 +83,7 @@ M.methods = {
   ["process.stdin"] = {
     doc = "Writes to a process's stdin (started with stdin = true).",
     params = { sandbox = ID, pid = { type = "integer", min = 1, max = 4194304 },
-               data = { type = "string", max = 1398104 }, encoding = ENCODING,
+               data = { type = "string", max = 1398104, binary = true }, encoding = ENCODING,
                required = { "sandbox", "pid", "data" } },
     result = {},
   },
@@ -111,7 +113,7 @@ M.methods = {
   },
   ["fs.write"] = {
     doc = "Writes data (at most 1 MiB) to a file at offset, or appends; creates missing parents.",
-    params = { sandbox = ID, path = PATH, data = { type = "string", max = 1398104 },
+    params = { sandbox = ID, path = PATH, data = { type = "string", max = 1398104, binary = true },
                encoding = ENCODING, offset = { type = "integer", min = 0, max = 99999999999999 },
                append = { type = "boolean" }, truncate = { type = "boolean" },
                mode = { type = "integer", min = 0, max = 4095 },
@@ -168,7 +170,7 @@ function check(name, spec, v)
     if spec.min and #v < spec.min then return ("'%s' is too short"):format(name) end
     if spec.max and #v > spec.max then return ("'%s' is longer than %d bytes"):format(name, spec.max) end
     if spec.pattern and not v:match(spec.pattern) then return ("'%s' is malformed"):format(name) end
-    if spec == PATH and v:find("\0", 1, true) then return ("'%s' contains a NUL byte"):format(name) end
+    if not spec.binary and v:find("\0", 1, true) then return ("'%s' contains a NUL byte"):format(name) end
     return nil, v
   elseif t == "integer" then
     local i = type(v) == "number" and math.tointeger(v)

@@ -56,8 +56,8 @@ M.read_file = read_file
 
 --- Starts `tupper daemon` on a private socket and state dir.  Returns a
 -- daemon object: socket, state, dir, pid, stop().
-function M.start_daemon()
-  local dir = M.tmpdir()
+function M.start_daemon(dir)
+  dir = dir or M.tmpdir()
   local d = { dir = dir, socket = dir .. "/tupper.sock", state = dir .. "/state", log = dir .. "/daemon.log" }
   local handle, pid = uv.spawn(M.BIN, { args = { "daemon", "--socket", d.socket, "--state-dir", d.state,
     "--log", d.log } }, function(code) d.exit_code = code end)
@@ -66,7 +66,11 @@ function M.start_daemon()
   M.sync(function()
     local deadline = uv.now() + 10000
     while uv.now() < deadline do
-      if uv.fs_stat(d.socket) then return end
+      -- the socket answers (a crashed daemon may have left a stale file)
+      local probe = uv.new_pipe(false)
+      local err = async.wait(function(cb) probe:connect(d.socket, function(e) cb(e) end) end)
+      probe:close()
+      if not err then return end
       if d.exit_code then break end
       async.sleep(5)
     end
@@ -74,6 +78,14 @@ function M.start_daemon()
   end)
   function d.connect()
     return M.sync(client.connect, { socket = d.socket, autostart = false })
+  end
+  --- SIGKILLs the daemon (a crash): its boxes stay; the dir is kept.
+  function d.crash()
+    uv.kill(d.pid, "sigkill")
+    M.sync(function()
+      while not d.exit_code do async.sleep(5) end
+    end)
+    d.handle:close()
   end
   function d.stop()
     if not d.exit_code then

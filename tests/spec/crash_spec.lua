@@ -1,0 +1,91 @@
+-- Crash safety: SIGKILL the daemon; the next one re-adopts the boxes that are
+-- still whole and removes whatever else the dead one left.
+local uv = require("luv")
+local async = require("tupper.async")
+local helper = require("helper")
+
+local sync = helper.sync
+
+local function call(c, method, params)
+  return sync(function() return c:call(method, params) end)
+end
+
+local function box_procs()
+  -- zombies do not count: an orphaned agent is reaped by the host's init, in its own time
+  local p = io.popen("ps -eo uid=,stat= | awk '$1 >= 100000000 && $1 < 100065536 && $2 !~ /^Z/' | wc -l")
+  local n = tonumber(p:read("a"))
+  p:close()
+  return n
+end
+
+describe("a daemon killed with SIGKILL", function()
+  local dir, d
+
+  setup(function() dir = helper.tmpdir() end)
+  teardown(function()
+    if d and not d.exit_code then d.stop() end
+    helper.rmrf(dir)
+    helper.drain()
+  end)
+
+  it("leaves boxes that the next daemon re-adopts, processes and files included", function()
+    d = helper.start_daemon(dir)
+    local c = assert(d.connect())
+    local id = assert(call(c, "sandbox.create", { metadata = { who = "crash" } })).id
+    assert(call(c, "fs.write", { sandbox = id, path = "/kept.txt", data = "still here", encoding = "utf8" }))
+    local bg = assert(call(c, "process.start", { sandbox = id, argv = { "sleep", "1000" } }))
+    c:close()
+    d.crash()
+    assert.truthy(box_procs() >= 2, "the box died with its daemon")
+
+    d = helper.start_daemon(dir)
+    c = assert(d.connect())
+    local info = assert(call(c, "sandbox.get", { id = id }))
+    assert.are.equal("crash", info.metadata.who)
+    local procs = assert(call(c, "process.list", { sandbox = id })).processes
+    assert.are.equal(1, #procs)
+    assert.are.equal(bg.pid, procs[1].pid)
+    assert.are.equal("sleep", procs[1].argv[1])
+    local r = assert(call(c, "fs.read", { sandbox = id, path = "/kept.txt", encoding = "utf8" }))
+    assert.are.equal("still here", r.data)
+    local out = sync(function() return helper.run(c, id, { "echo", "adopted" }) end)
+    assert.are.equal("adopted\n", out.stdout)
+    -- a re-adopted process can still be killed, tree and all
+    assert(call(c, "process.signal", { sandbox = id, pid = bg.pid, signal = "KILL" }))
+    assert.truthy(call(c, "sandbox.kill", { id = id }).killed)
+    assert.are.equal(0, box_procs())
+    assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. id))
+    assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. id .. ".json"))
+    c:close()
+    assert.are.equal(0, d.stop())
+  end)
+
+  it("has what it left half-made removed at the next start", function()
+    dir = helper.tmpdir()
+    d = helper.start_daemon(dir)
+    local c = assert(d.connect())
+    local id = assert(call(c, "sandbox.create", {})).id
+    c:close()
+    d.crash()
+    -- the box's record now names a pid that is not its agent, and a box dir
+    -- without any record sits next to it: both must go
+    local rec = d.state .. "/boxes/" .. id .. ".json"
+    local f = assert(io.open(rec))
+    local text = f:read("a"):gsub('"pid":%d+', '"pid":1')
+    f:close()
+    f = assert(io.open(rec, "w"))
+    f:write(text)
+    f:close()
+    assert(uv.fs_mkdir(d.state .. "/boxes/deadbeef0000", tonumber("700", 8)))
+    d = helper.start_daemon(dir)
+    c = assert(d.connect())
+    local list = assert(call(c, "sandbox.list", {})).sandboxes
+    assert.are.equal(0, #list)
+    assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. id))
+    assert.is_nil(uv.fs_stat(rec))
+    assert.is_nil(uv.fs_stat(d.state .. "/boxes/deadbeef0000"))
+    assert.are.equal(0, box_procs(), "the unadoptable box's processes were not killed")
+    c:close()
+    assert.are.equal(0, d.stop())
+  end)
+end)
