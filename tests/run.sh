@@ -37,6 +37,8 @@ suite() {
 }
 
 suite "C unit tests" sh -c "cd '$BUILD' && ctest --output-on-failure"
+# every fuzz target for a short, bounded time (a longer run: tests/fuzz/run.sh 600)
+suite "fuzz targets" env FUZZ_BUILD="$BUILD/fuzz" tests/fuzz/run.sh "${FUZZ_SECONDS:-20}"
 suite "Lua specs" lua5.4 /usr/bin/busted --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" \
   -o utfTerminal tests/spec
 
