@@ -7,7 +7,7 @@ set -eu
 what=${1:-build}
 
 pkgs="gcc make cmake pkg-config lua5.4 liblua5.4-dev libuv1-dev lua-luv lua-luv-dev
-lua-cjson lua-cjson-dev busybox-static libseccomp-dev"
+lua-cjson lua-cjson-dev busybox-static libseccomp-dev e2fsprogs"
 case "$what" in
   test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev" ;;
   bench) pkgs="$pkgs hyperfine bubblewrap crun podman" ;;
