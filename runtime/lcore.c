@@ -340,87 +340,40 @@ static int64_t tp__opt_int(lua_State *L, int t, const char *k) {
   return v;
 }
 
-/* core.box_start{ id=, image=, dir=, uid_base=, gid_base=, id_count=, cgroup=,
- *                 limits = { memory=, pids=, cpu_quota=, cpu_period=, disk= } }
- * cgroup names the box's cgroup (default: id); the daemon prefixes it with a
- * tag of its state dir so that two daemons never touch each other's.
- * With cgroups (core.cgroup_init), the box gets tupper/<id> carrying the
- * limits; its PID 1 joins it before anything of the box runs. */
-static int tp_lcore_box_start(lua_State *L) {
+/* A box start in flight: everything the worker thread needs, owned. */
+typedef struct tp_start_job_s {
+  uv_work_t work;
+  lua_State *L;          /* main thread */
+  int ref_cb;
+  tp_core_ctx_t *ctx;
   tp_box_spec_t spec;
   tp_cgroup_limits_t lim;
-  tp_error_t err = {0};
-  tp_core_ctx_t *ctx = tp__ctx(L);
-  tp_lbox_t *b;
-  tp_lbox_t **pb;
+  char *id, *image, *dir, *cgname;
   char procs[TP_CG_NCTRL][4200];
   const char *procs_list[TP_CG_NCTRL + 1];
-  int nprocs = 0;
+  tp_lbox_t *b;
+  tp_error_t err;
+  int ret;
+} tp_start_job_t;
 
-  luaL_checktype(L, 1, LUA_TTABLE);
-  memset(&spec, 0, sizeof(spec));
-  memset(&lim, 0, sizeof(lim));
-  lua_getfield(L, 1, "id");
-  spec.id = luaL_checkstring(L, -1);
-  lua_getfield(L, 1, "image");
-  spec.image_dir = luaL_checkstring(L, -1);
-  lua_getfield(L, 1, "dir");
-  spec.box_dir = luaL_checkstring(L, -1);
-  lua_getfield(L, 1, "uid_base");
-  spec.uid_base = (uid_t) luaL_checkinteger(L, -1);
-  lua_getfield(L, 1, "gid_base");
-  spec.gid_base = (gid_t) luaL_optinteger(L, -1, spec.uid_base);
-  lua_getfield(L, 1, "id_count");
-  spec.id_count = (uint32_t) luaL_optinteger(L, -1, 65536);
-  lua_getfield(L, 1, "cgroup");
-  const char *cgname = luaL_optstring(L, -1, spec.id);
-  if (lua_getfield(L, 1, "limits") == LUA_TTABLE) {
-    int t = lua_gettop(L);
-    lim.memory = tp__opt_int(L, t, "memory");
-    lim.pids = tp__opt_int(L, t, "pids");
-    lim.cpu_quota = tp__opt_int(L, t, "cpu_quota");
-    lim.cpu_period = tp__opt_int(L, t, "cpu_period");
-    spec.disk_bytes = tp__opt_int(L, t, "disk");
-  }
-  if ((lim.memory || lim.pids || lim.cpu_quota) && !ctx->has_cgroups) {
-    lua_pushnil(L);
-    lua_pushstring(L, "limits need cgroups, and none are usable on this host");
-    return 2;
-  }
+static void tp__job_free(tp_start_job_t *j) {
+  free(j->id);
+  free(j->image);
+  free(j->dir);
+  free(j->cgname);
+  free(j);
+}
 
-  if (ctx->agent_fd < 0) {
-    ctx->agent_fd = tp_agent_memfd(tp_blob_agent_start, TP_BLOB_SIZE(agent), &err);
-    if (ctx->agent_fd < 0)
-      return tp__push_err(L, &err);
-  }
-  spec.agent_fd = ctx->agent_fd;
-  if (!ctx->has_seccomp) {
-    if (tp_seccomp_build(&ctx->seccomp, &err) < 0)
-      return tp__push_err(L, &err); /* no box runs without its filter */
-    ctx->has_seccomp = 1;
-  }
-  spec.seccomp = &ctx->seccomp;
-
-  /* Lua allocations first (they may raise), C resources after. */
-  pb = lua_newuserdatauv(L, sizeof(*pb), 0);
-  *pb = NULL;
-  luaL_setmetatable(L, TP_BOX_MT);
-
-  b = calloc(1, sizeof(*b));
-  if (b == NULL || (b->dir = strdup(spec.box_dir)) == NULL ||
-      (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
-    if (b != NULL) {
-      free(b->dir);
-      free(b);
-    }
-    tp_error_set(&err, ENOMEM, "start box: out of memory");
-    return tp__push_err(L, &err);
-  }
-  b->ref_frame = b->ref_down = b->ref_destroy = LUA_NOREF;
-  b->box.pidfd = b->box.chan_fd = -1;
-  if (ctx->has_cgroups) {
-    if (tp_cgroup_create(&ctx->cgroot, cgname, &lim, &b->cg, &err) < 0)
-      goto fail;
+/* In the thread pool: the box's cgroup, then the box (the clone blocks its
+ * thread until the child execs: never the loop's). */
+static void tp__start_work(uv_work_t *req) {
+  tp_start_job_t *j = req->data;
+  tp_lbox_t *b = j->b;
+  int n = 0;
+  j->ret = -1;
+  if (j->ctx->has_cgroups) {
+    if (tp_cgroup_create(&j->ctx->cgroot, j->cgname, &j->lim, &b->cg, &j->err) < 0)
+      return;
     b->has_cg = 1;
     for (int c = 0; c < TP_CG_NCTRL; c++) {
       const char *dir = b->cg.version == 2 ? (c == 0 ? b->cg.path_v2 : NULL) : b->cg.path_v1[c];
@@ -432,31 +385,172 @@ static int tp_lcore_box_start(lua_State *L) {
           dup = 1;
       if (dup)
         continue;
-      snprintf(procs[nprocs], sizeof(procs[nprocs]), "%s/cgroup.procs", dir);
-      procs_list[nprocs] = procs[nprocs];
-      nprocs++;
+      snprintf(j->procs[n], sizeof(j->procs[n]), "%s/cgroup.procs", dir);
+      j->procs_list[n] = j->procs[n];
+      n++;
     }
-    procs_list[nprocs] = NULL;
-    spec.cgroup_procs = procs_list;
+    j->procs_list[n] = NULL;
+    j->spec.cgroup_procs = j->procs_list;
   }
-  if (tp_linux_box_start(&spec, &b->box, &err) < 0)
-    goto fail;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  b->L = lua_tothread(L, -1);
-  lua_pop(L, 1);
-  *pb = b;
-  return 1;
-
-fail:
-  if (b->has_cg) {
+  j->ret = tp_linux_box_start(&j->spec, &b->box, &j->err);
+  if (j->ret < 0 && b->has_cg) {
     tp_error_t e2 = {0};
     if (tp_cgroup_destroy(&b->cg, &e2) < 0)
       tp_cgroup_free(&b->cg);
+    b->has_cg = 0;
   }
-  free(b->fields);
-  free(b->dir);
-  free(b);
-  return tp__push_err(L, &err);
+}
+
+static void tp__start_after(uv_work_t *req, int status) {
+  tp_start_job_t *j = req->data;
+  lua_State *L = j->L;
+  tp_lbox_t *b = j->b;
+  (void) status;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, j->ref_cb);
+  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+  if (j->ret < 0) {
+    free(b->fields);
+    free(b->dir);
+    free(b);
+    lua_pushnil(L);
+    lua_pushstring(L, j->err.msg);
+    lua_pushinteger(L, j->err.code);
+  } else {
+    tp_lbox_t **pb = lua_newuserdatauv(L, sizeof(*pb), 0);
+    *pb = b;
+    luaL_setmetatable(L, TP_BOX_MT);
+    b->L = L;
+    lua_pushnil(L);
+    lua_pushnil(L);
+  }
+  tp__job_free(j);
+  tp_lua_pcall(L, 3, 0, 0);
+}
+
+static char *tp__field_dup(lua_State *L, const char *k, int required) {
+  const char *v;
+  lua_getfield(L, 1, k);
+  v = required ? luaL_checkstring(L, -1) : luaL_optstring(L, -1, NULL);
+  lua_pop(L, 1);
+  return v ? strdup(v) : NULL;
+}
+
+/* core.box_start({ id=, image=, dir=, uid_base=, gid_base=, id_count=, cgroup=,
+ *                  limits = { memory=, pids=, cpu_quota=, cpu_period=, disk= } },
+ *                cb(box | nil, msg, code))
+ * Starts a box in the thread pool; cb runs on the loop when it is up (or
+ * failed).  cgroup names the box's cgroup (default: id); the daemon prefixes
+ * it with a tag of its state dir so that two daemons never touch each
+ * other's.  With cgroups (core.cgroup_init), the box gets tupper/<cgroup>
+ * carrying the limits; its PID 1 joins it before anything of the box runs. */
+static int tp_lcore_box_start(lua_State *L) {
+  tp_core_ctx_t *ctx = tp__ctx(L);
+  tp_error_t err = {0};
+  tp_cgroup_limits_t lim = {0};
+  uid_t uid_base;
+  gid_t gid_base;
+  uint32_t id_count;
+  int64_t disk = 0;
+  tp_start_job_t *j;
+  int r;
+
+  /* every argument is checked before a C resource is taken */
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_getfield(L, 1, "id");
+  luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "image");
+  luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "dir");
+  luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "uid_base");
+  uid_base = (uid_t) luaL_checkinteger(L, -1);
+  lua_getfield(L, 1, "gid_base");
+  gid_base = (gid_t) luaL_optinteger(L, -1, uid_base);
+  lua_getfield(L, 1, "id_count");
+  id_count = (uint32_t) luaL_optinteger(L, -1, 65536);
+  lua_getfield(L, 1, "cgroup");
+  luaL_optstring(L, -1, NULL);
+  lua_settop(L, 2);
+  if (lua_getfield(L, 1, "limits") == LUA_TTABLE) {
+    int t = lua_gettop(L);
+    lim.memory = tp__opt_int(L, t, "memory");
+    lim.pids = tp__opt_int(L, t, "pids");
+    lim.cpu_quota = tp__opt_int(L, t, "cpu_quota");
+    lim.cpu_period = tp__opt_int(L, t, "cpu_period");
+    disk = tp__opt_int(L, t, "disk");
+  }
+  lua_settop(L, 2);
+  if ((lim.memory || lim.pids || lim.cpu_quota) && !ctx->has_cgroups) {
+    lua_pushnil(L);
+    lua_pushstring(L, "limits need cgroups, and none are usable on this host");
+    return 2;
+  }
+  /* once per daemon, on the loop: the agent's memfd and the seccomp filter */
+  if (ctx->agent_fd < 0) {
+    ctx->agent_fd = tp_agent_memfd(tp_blob_agent_start, TP_BLOB_SIZE(agent), &err);
+    if (ctx->agent_fd < 0)
+      return tp__push_err(L, &err);
+  }
+  if (!ctx->has_seccomp) {
+    if (tp_seccomp_build(&ctx->seccomp, &err) < 0)
+      return tp__push_err(L, &err); /* no box runs without its filter */
+    ctx->has_seccomp = 1;
+  }
+
+  j = calloc(1, sizeof(*j));
+  if (j == NULL)
+    return luaL_error(L, "out of memory");
+  j->id = tp__field_dup(L, "id", 1);
+  j->image = tp__field_dup(L, "image", 1);
+  j->dir = tp__field_dup(L, "dir", 1);
+  j->cgname = tp__field_dup(L, "cgroup", 0);
+  if (j->cgname == NULL && j->id != NULL)
+    j->cgname = strdup(j->id);
+  j->b = calloc(1, sizeof(*j->b));
+  if (j->id == NULL || j->image == NULL || j->dir == NULL || j->cgname == NULL || j->b == NULL ||
+      (j->b->dir = strdup(j->dir)) == NULL ||
+      (j->b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
+    if (j->b != NULL) {
+      free(j->b->dir);
+      free(j->b);
+    }
+    tp__job_free(j);
+    tp_error_set(&err, ENOMEM, "start box: out of memory");
+    return tp__push_err(L, &err);
+  }
+  j->b->ref_frame = j->b->ref_down = j->b->ref_destroy = LUA_NOREF;
+  j->b->box.pidfd = j->b->box.chan_fd = -1;
+  j->ctx = ctx;
+  j->lim = lim;
+  j->spec.id = j->id;
+  j->spec.image_dir = j->image;
+  j->spec.box_dir = j->dir;
+  j->spec.uid_base = uid_base;
+  j->spec.gid_base = gid_base;
+  j->spec.id_count = id_count;
+  j->spec.disk_bytes = disk;
+  j->spec.agent_fd = ctx->agent_fd;
+  j->spec.seccomp = &ctx->seccomp;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  j->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  lua_pushvalue(L, 2);
+  j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
+  j->work.data = j;
+  r = uv_queue_work(luv_loop(L), &j->work, tp__start_work, tp__start_after);
+  if (r < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+    free(j->b->fields);
+    free(j->b->dir);
+    free(j->b);
+    tp__job_free(j);
+    lua_pushnil(L);
+    lua_pushfstring(L, "start box: %s", uv_strerror(r));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* core.box_adopt{ id=, dir=, pid=, cgroup= }: reconnects to the agent of a
@@ -684,6 +778,22 @@ static int tp_lbox_freeze(lua_State *L) {
   tp_lbox_t *b = tp__check_cg(L);
   tp_error_t err = {0};
   if (tp_cgroup_freeze(&b->cg, lua_toboolean(L, 2), &err) < 0)
+    return tp__push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* box:set_limits{ memory=, pids=, cpu_quota=, cpu_period= } -> true | nil, msg */
+static int tp_lbox_set_limits(lua_State *L) {
+  tp_lbox_t *b = tp__check_cg(L);
+  tp_cgroup_limits_t lim = {0};
+  tp_error_t err = {0};
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lim.memory = tp__opt_int(L, 2, "memory");
+  lim.pids = tp__opt_int(L, 2, "pids");
+  lim.cpu_quota = tp__opt_int(L, 2, "cpu_quota");
+  lim.cpu_period = tp__opt_int(L, 2, "cpu_period");
+  if (tp_cgroup_set_limits(&b->cg, &lim, &err) < 0)
     return tp__push_err(L, &err);
   lua_pushboolean(L, 1);
   return 1;
@@ -1137,7 +1247,7 @@ int luaopen_tupper_core(lua_State *L) {
       {"queued", tp_lbox_queued}, {"destroy", tp_lbox_destroy}, {"freeze", tp_lbox_freeze},
       {"stats", tp_lbox_stats}, {"tree", tp_lbox_tree}, {"tree_signal", tp_lbox_tree_signal},
       {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
-      {"has_cgroup", tp_lbox_has_cgroup}, {NULL, NULL}};
+      {"has_cgroup", tp_lbox_has_cgroup}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
   static const luaL_Reg funcs[] = {
       {"box_start", tp_lcore_box_start},   {"box_adopt", tp_lcore_box_adopt},
       {"b64encode", tp_lcore_b64encode},

@@ -41,7 +41,9 @@ static int tp__embedded_searcher(lua_State *L) {
     if (strcmp(tp_lua_sources[i].name, name) == 0) {
       char chunk[256];
       snprintf(chunk, sizeof(chunk), "@embedded:%s", name);
-      if (luaL_loadbufferx(L, tp_lua_sources[i].src, tp_lua_sources[i].len, chunk, "t") != LUA_OK)
+      /* our own modules, compiled at build time; never code from outside
+       * (recipes and policies load as text into a locked-down state) */
+      if (luaL_loadbufferx(L, tp_lua_sources[i].src, tp_lua_sources[i].len, chunk, "bt") != LUA_OK)
         return lua_error(L);
       lua_pushstring(L, chunk);
       return 2;

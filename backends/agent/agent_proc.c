@@ -372,7 +372,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   int nenv = tp_fields_count(r->fields, r->n, TP_TAG_ENV);
   int64_t flags = agent_req_int(r, TP_TAG_FLAGS, 0);
   int hold = (flags & TP_F_EXEC_HOLD) != 0;
-  unsigned uid, gid;
+  unsigned uid = 0, gid = 0;
   agent_proc_t *p = NULL;
   exec_status_t st;
   exec_spec_t spec;

@@ -567,6 +567,27 @@ static void unmake_dirs(const cg_dirs_t *ds, const int made_parent[], const int 
   errno = saved;
 }
 
+int tp_cgroup_set_limits(const tp_cgroup_t *cg, const tp_cgroup_limits_t *lim, tp_error_t *err) {
+  int64_t period;
+  if (cg->sub != NULL)
+    return tp_error_set(err, EINVAL, "limits belong to a box, not to a sub");
+  if (check_limits(lim, err) < 0)
+    return tp_error_prefix(err, "limits of cgroup %s", cg->id);
+  period = lim->cpu_period ? lim->cpu_period : 100000;
+  if (cg->version == 1) {
+    static const int ctrl_of[] = {TP_CG_MEMORY, TP_CG_PIDS, TP_CG_CPU};
+    unsigned need = limits_need(lim);
+    for (size_t i = 0; i < sizeof(ctrl_of) / sizeof(ctrl_of[0]); i++)
+      if ((need & (1u << ctrl_of[i])) && cg->path_v1[ctrl_of[i]] == NULL)
+        return tp_error_set(err, EOPNOTSUPP, "a %s limit needs the %s controller",
+                            ctrl_name[ctrl_of[i]], ctrl_name[ctrl_of[i]]);
+  }
+  if ((cg->version == 2 ? write_limits_v2(cg, lim, period, err)
+                        : write_limits_v1(cg, lim, period, err)) < 0)
+    return tp_error_prefix(err, "limits of cgroup %s", cg->id);
+  return 0;
+}
+
 int tp_cgroup_create(const tp_cgroup_root_t *root, const char *id, const tp_cgroup_limits_t *lim,
                      tp_cgroup_t *cg, tp_error_t *err) {
   static const tp_cgroup_limits_t none;
@@ -920,6 +941,15 @@ static int kill_listed(const tp_cgroup_t *cg, size_t *left, tp_error_t *err) {
  * listed pid, thaw so v1 tasks can die, then signal whatever is still listed
  * until none is (without a freezer, only this loop). */
 static int kill_by_signal(const tp_cgroup_t *cg, long long deadline, tp_error_t *err) {
+  pid_t *pids = NULL;
+  size_t n = 0;
+  /* the common case (a tree that already ended, a box whose PID 1 took its
+   * namespace down): nothing to freeze, nothing to wait for */
+  if (tp_cgroup_pids(cg, &pids, &n, NULL) == 0) {
+    free(pids);
+    if (n == 0)
+      return 0;
+  }
   int frozen = (cg->version == 2 || cg->path_v1[TP_CG_FREEZER] != NULL) &&
                tp_cgroup_freeze(cg, 1, NULL) == 0;
   size_t left;

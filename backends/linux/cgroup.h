@@ -123,6 +123,11 @@ int tp_cgroup_valid_name(const char *name);
 int tp_cgroup_create(const tp_cgroup_root_t *root, const char *id,
                      const tp_cgroup_limits_t *lim, tp_cgroup_t *cg, tp_error_t *err);
 
+/* Writes nonzero limits of lim to an existing box cgroup (a box taken from
+ * the daemon's pool of ready boxes gets the limits its creator asked for).
+ * A limit whose controller is missing fails with EOPNOTSUPP. */
+int tp_cgroup_set_limits(const tp_cgroup_t *cg, const tp_cgroup_limits_t *lim, tp_error_t *err);
+
 /* Re-opens an existing tupper/<id> (a restarted daemon re-adopting a box):
  * ENOENT if it exists in no hierarchy.  On v1, hierarchies where it is
  * missing get a NULL path. */

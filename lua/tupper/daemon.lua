@@ -15,6 +15,7 @@ M.UID_BASE = 100000000
 M.ID_COUNT = 65536
 M.MAX_SANDBOXES = 1024
 M.MAX_CLIENTS = 1024
+M.POOL_SIZE = 2 -- boxes kept started and idle for fast creates (tupper daemon --pool N)
 
 local Daemon = {}
 Daemon.__index = Daemon
@@ -43,6 +44,81 @@ local function mkdirs(path, mode)
   return true
 end
 
+-- Limits as the backend takes them.
+local function backend_limits(lim)
+  return { memory = lim.memory, pids = lim.pids, disk = lim.disk,
+           cpu_quota = lim.cpus and math.max(1000, math.floor(lim.cpus * 100000)) or nil,
+           cpu_period = lim.cpus and 100000 or nil }
+end
+
+function Daemon:_new_id()
+  local id
+  repeat id = core.random_hex(6) until not self.sandboxes[id] and not self.reserved[id]
+  return id
+end
+
+-- Starts a box of the default image with limits lim (may be empty).
+function Daemon:_start_box(id, lim)
+  self.reserved[id] = true
+  local sb, err = sandbox.start({
+    id = id, image = "default", image_dir = self.default_image, dir = self.boxes .. "/" .. id,
+    uid_base = self.uid_base, id_count = M.ID_COUNT, cgroup = self.tag .. "-" .. id,
+    limits = backend_limits(lim),
+    on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
+    on_exit = function(s, proc) self:_exit(s, proc) end,
+    on_down = function(s, reason) self:_sandbox_down(s, reason) end,
+  })
+  self.reserved[id] = nil
+  return sb, err
+end
+
+-- Keeps pool_size boxes started and idle, so that a create of the default
+-- image with no disk cap takes one at once instead of waiting for a start.
+-- Starting a box blocks the loop for a few milliseconds (the clone and its
+-- mounts), so the refill waits until the daemon has been quiet for
+-- POOL_DELAY_MS: the create that took a box, and the process.start that
+-- usually follows it, are answered first.
+M.POOL_DELAY_MS = 0
+
+function Daemon:_fill_pool()
+  if self.filling or self.stopping or #self.pool >= self.pool_size then return end
+  if not self.pool_timer then self.pool_timer = uv.new_timer() end
+  self.pool_timer:start(M.POOL_DELAY_MS, 0, function() self:_refill() end)
+end
+
+function Daemon:_refill()
+  if self.filling or self.stopping then return end
+  self.filling = true
+  async.spawn(function()
+    while #self.pool < self.pool_size and not self.stopping do
+      local sb, err = self:_start_box(self:_new_id(), {})
+      if not sb then
+        log("pool: %s", err)
+        break
+      end
+      if self.stopping then sb:destroy(); break end
+      self.pool[#self.pool + 1] = sb
+    end
+    self.filling = false
+  end)
+end
+
+function Daemon:_take_pooled(lim)
+  while #self.pool > 0 do
+    local sb = table.remove(self.pool, 1)
+    if sb.state == "running" then
+      if lim.memory or lim.pids or lim.cpus then
+        local ok, err = sb.box:set_limits(backend_limits(lim))
+        if not ok then
+          async.spawn(function() sb:destroy() end)
+          return nil, err
+        end
+      end
+      return sb
+    end
+  end
+end
+
 function Daemon:create_sandbox(p)
   local image = p.image or "default"
   if image ~= "default" then
@@ -56,32 +132,28 @@ function Daemon:create_sandbox(p)
   local count = 0
   for _ in pairs(self.sandboxes) do count = count + 1 end
   if count >= M.MAX_SANDBOXES then return nil, "too many sandboxes" end
-  local id
-  repeat id = core.random_hex(6) until not self.sandboxes[id]
-  self.sandboxes[id] = { state = "starting" } -- reserve the id
   local lim = p.limits or {}
-  local sb, err = sandbox.start({
-    id = id, image = image, image_dir = self.default_image, dir = self.boxes .. "/" .. id,
-    uid_base = self.uid_base, id_count = M.ID_COUNT, env = p.env, metadata = p.metadata,
-    cwd = p.cwd, cgroup = self.tag .. "-" .. id,
-    limits_info = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus },
-    limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk,
-               cpu_quota = lim.cpus and math.max(1000, math.floor(lim.cpus * 100000)) or nil,
-               cpu_period = lim.cpus and 100000 or nil },
-    on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
-    on_exit = function(s, proc) self:_exit(s, proc) end,
-    on_down = function(s, reason) self:_sandbox_down(s, reason) end,
-  })
-  if not sb then
-    self.sandboxes[id] = nil
-    log("create failed: %s", err)
-    return nil, err
+  local sb, err
+  if not lim.disk then
+    sb, err = self:_take_pooled(lim)
+    if err then return nil, err end
   end
-  self.sandboxes[id] = sb
+  if not sb then
+    sb, err = self:_start_box(self:_new_id(), lim)
+    if not sb then
+      log("create failed: %s", err)
+      return nil, err
+    end
+  end
+  self:_fill_pool()
+  sb.env, sb.metadata, sb.cwd = p.env or {}, p.metadata or {}, p.cwd or "/"
+  sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
+  sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
+  self.sandboxes[sb.id] = sb
   local timeout = lim.timeout
   if timeout == nil then timeout = schema.DEFAULT_TIMEOUT end
   self:set_timeout(sb, timeout) -- also writes the record
-  log("sandbox %s created", id)
+  log("sandbox %s created", sb.id)
   return sb
 end
 
@@ -137,6 +209,13 @@ end
 -- A box died on its own (its agent exited or misbehaved): remove it.
 function Daemon:_sandbox_down(sb, reason)
   log("sandbox %s went down: %s", sb.id, reason)
+  for i, pooled in ipairs(self.pool) do
+    if pooled == sb then
+      table.remove(self.pool, i)
+      async.spawn(function() sb:destroy() end)
+      return
+    end
+  end
   async.spawn(function() self:kill_sandbox(sb.id) end)
 end
 
@@ -163,6 +242,7 @@ function Daemon:_request(conn, msg)
   if msg.jsonrpc ~= "2.0" or type(msg.method) ~= "string" then
     return conn:error(id, rpc.INVALID_REQUEST, "not a JSON-RPC 2.0 request")
   end
+  if self.pool_timer and self.pool_timer:is_active() then self:_fill_pool() end
   local handler = api.lookup(msg.method)
   if not handler then
     if is_call then return conn:error(id, rpc.METHOD_NOT_FOUND, ("unknown method '%s'"):format(msg.method:sub(1, 100))) end
@@ -314,6 +394,11 @@ function Daemon:shutdown()
     for id, sb in pairs(self.sandboxes) do
       if sb.destroy then self:kill_sandbox(id) end
     end
+    if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
+    local pool = self.pool
+    self.pool = {}
+    for _, sb in ipairs(pool) do sb:destroy() end
+    while self.filling do async.sleep(5) end
     for conn in pairs(self.clients) do conn:close() end
     core.cgroup_prune()
     for _, s in ipairs(self.signals) do s:close() end
@@ -342,6 +427,7 @@ end
 -- Returns the exit code.
 function M.run(opts)
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
+    pool = {}, reserved = {}, pool_size = opts.pool or M.POOL_SIZE,
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
   local code = 0
@@ -400,6 +486,7 @@ function M.run(opts)
       self.signals[#self.signals + 1] = s
     end
     log("tupper daemon %s listening on %s (state %s)", core.version, self.socket, self.state)
+    self:_refill()
   end)
   uv.run()
   return code

@@ -57,9 +57,14 @@ end
 -- proc), on_output(sb, proc, stream, data), on_down(sb, reason).  Returns the
 -- sandbox or nil, err.
 function M.start(opts)
-  local box, err = core.box_start({ id = opts.id, image = opts.image_dir, dir = opts.dir,
+  local spec = { id = opts.id, image = opts.image_dir, dir = opts.dir,
     uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
-    cgroup = opts.cgroup, limits = opts.limits })
+    cgroup = opts.cgroup, limits = opts.limits }
+  -- the start runs in the thread pool: the loop keeps serving meanwhile
+  local box, err = async.wait(function(cb)
+    local ok, serr = core.box_start(spec, cb)
+    if not ok then cb(nil, serr) end
+  end)
   if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
   return attach(box, opts)
 end

@@ -109,8 +109,10 @@ describe("the daemon", function()
     assert.truthy(uv.fs_stat(box_dir))
     -- host pids of every process of the box: they run as the sandbox uid range
     local function box_pids()
-      -- zombies do not count: an orphaned agent (crash_spec) is reaped by the host's init
-      local p = io.popen("ps -eo pid=,uid=,stat=,args= | awk '$2 >= 100000000 && $2 < 100065536 && $3 !~ /^Z/'")
+      -- the live processes whose cgroup is this box's (zombies do not count:
+      -- an orphaned agent of crash_spec is reaped by the host's init)
+      local p = io.popen("for f in /proc/[0-9]*/cgroup; do grep -q '" .. id .. "' $f 2>/dev/null && " ..
+        "{ d=${f%/cgroup}; grep -q '^State:.*Z' $d/status 2>/dev/null || echo ${d#/proc/}; }; done")
       local n, text = 0, p:read("a")
       p:close()
       for _ in text:gmatch("[^\n]+") do n = n + 1 end

@@ -56,11 +56,16 @@ M.read_file = read_file
 
 --- Starts `tupper daemon` on a private socket and state dir.  Returns a
 -- daemon object: socket, state, dir, pid, stop().
-function M.start_daemon(dir)
+function M.start_daemon(dir, opts)
   dir = dir or M.tmpdir()
+  opts = opts or {}
   local d = { dir = dir, socket = dir .. "/tupper.sock", state = dir .. "/state", log = dir .. "/daemon.log" }
-  local handle, pid = uv.spawn(M.BIN, { args = { "daemon", "--socket", d.socket, "--state-dir", d.state,
-    "--log", d.log } }, function(code) d.exit_code = code end)
+  local args = { "daemon", "--socket", d.socket, "--state-dir", d.state, "--log", d.log }
+  if opts.pool then
+    args[#args + 1] = "--pool"
+    args[#args + 1] = tostring(opts.pool)
+  end
+  local handle, pid = uv.spawn(M.BIN, { args = args }, function(code) d.exit_code = code end)
   assert(handle, pid)
   d.handle, d.pid = handle, pid
   M.sync(function()
