@@ -393,6 +393,13 @@ static void tp__start_work(uv_work_t *req) {
     j->spec.cgroup_procs = j->procs_list;
   }
   j->ret = tp_linux_box_start(&j->spec, &b->box, &j->err);
+  if (j->ret == 0) {
+    /* the OOM killer should take a process of the box, never its agent;
+     * without CAP_SYS_RESOURCE (EACCES) the agent, being tiny, is rarely
+     * its pick anyway */
+    tp_error_t oerr = {0};
+    tp_oom_protect(b->box.pid, &oerr);
+  }
   if (j->ret < 0 && b->has_cg) {
     tp_error_t e2 = {0};
     if (tp_cgroup_destroy(&b->cg, &e2) < 0)
