@@ -28,24 +28,12 @@
 
 #include "error.h"
 #include "frame.h"
+#include "tap.h"
 
 #define TIMEOUT_MS 10000
 #define MAX_TPROCS 64
 
-static int t_num, t_failed;
 
-static void check(int ok, const char *fmt, ...) TP_PRINTF(2, 3);
-static void check(int ok, const char *fmt, ...) {
-  va_list ap;
-  printf("%s %d - ", ok ? "ok" : "not ok", ++t_num);
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  putchar('\n');
-  fflush(stdout);
-  if (!ok)
-    t_failed++;
-}
 
 /* buf = a followed by b; buf has PATH_MAX bytes. */
 static char *join(char *buf, const char *a, const char *b) {
@@ -1668,6 +1656,6 @@ int main(void) {
     ;
 
   nftw(tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-  printf("1..%d\n", t_num);
-  return t_failed ? 1 : 0;
+  printf("1..%d\n", tap_num);
+  return tap_failed ? 1 : 0;
 }

@@ -7,20 +7,9 @@
 
 #include "error.h"
 #include "frame.h"
+#include "tap.h"
 
-static int t_num, t_failed;
 
-static void check(int ok, const char *fmt, ...) TP_PRINTF(2, 3);
-static void check(int ok, const char *fmt, ...) {
-  va_list ap;
-  printf("%s %d - ", ok ? "ok" : "not ok", ++t_num);
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  putchar('\n');
-  if (!ok)
-    t_failed++;
-}
 
 /* Raw little-endian writers for hand-made (hostile) payloads. */
 static size_t raw_field(uint8_t *p, uint16_t tag, uint32_t len, const void *val, uint32_t vlen) {
@@ -248,6 +237,6 @@ int main(void) {
   test_nested();
   test_multiple_frames();
   test_hostile();
-  printf("1..%d\n", t_num);
-  return t_failed ? 1 : 0;
+  printf("1..%d\n", tap_num);
+  return tap_failed ? 1 : 0;
 }

@@ -35,41 +35,16 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "tap.h"
 #include "linux.h"
 
 #define UID_BASE 100000000u
 #define ID_COUNT 65536u
 #define IO_TIMEOUT_MS 20000
 
-static int n_tests, n_failed;
 static char tmp_root[256]; /* everything this test makes on disk lives here */
 
-static void check(int cond, const char *fmt, ...) TP_PRINTF(2, 3);
-static void check(int cond, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  for (char *q = msg; *q; q++) /* one TAP line per test */
-    if (*q == '\n')
-      *q = '|';
-  printf("%s %d - %s\n", cond ? "ok" : "not ok", ++n_tests, msg);
-  fflush(stdout);
-  if (!cond)
-    n_failed++;
-}
 
-static void diag(const char *fmt, ...) TP_PRINTF(1, 2);
-static void diag(const char *fmt, ...) {
-  va_list ap;
-  printf("# ");
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  printf("\n");
-  fflush(stdout);
-}
 
 static double now_ms(void) {
   struct timespec t;
@@ -1595,8 +1570,8 @@ int main(void) {
   free(bb);
   free(applets);
   free(agent);
-  printf("1..%d\n", n_tests);
-  if (n_failed > 0)
+  printf("1..%d\n", tap_num);
+  if (tap_failed > 0)
     return 1;
   return agent == NULL ? 77 : 0;
 }

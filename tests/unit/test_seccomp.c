@@ -51,37 +51,12 @@
 #include "linux.h"
 #include "tp_seccomp.h"
 #include "utils.h"
+#include "tap.h"
 
 extern char **environ;
 
-static int n_tests, n_failed;
 
-static void check(int cond, const char *fmt, ...) TP_PRINTF(2, 3);
-static void check(int cond, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  for (char *q = msg; *q; q++)
-    if (*q == '\n')
-      *q = '|';
-  printf("%s %d - %s\n", cond ? "ok" : "not ok", ++n_tests, msg);
-  fflush(stdout);
-  if (!cond)
-    n_failed++;
-}
 
-static void diag(const char *fmt, ...) TP_PRINTF(1, 2);
-static void diag(const char *fmt, ...) {
-  va_list ap;
-  printf("# ");
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  printf("\n");
-  fflush(stdout);
-}
 
 static double now_ms(void) {
   struct timespec t;
@@ -480,7 +455,7 @@ static void check_int80(void) {
     char got[96];
     printf("ok %d - int 0x80 from 64-bit code is killed # SKIP this kernel has no int 0x80 path "
            "(unfiltered: %s); the i386 arch check is covered by the interpreter\n",
-           ++n_tests, describe(bare, got, sizeof(got)));
+           ++tap_num, describe(bare, got, sizeof(got)));
     return;
   }
   int st = run_filtered(p_int80_getpid);
@@ -809,7 +784,7 @@ static void check_program(const char *what, char *const argv[]) {
   double t0 = now_ms();
   int st = run_program(argv);
   if (st == -1) {
-    printf("ok %d - %s # SKIP %s not installed\n", ++n_tests, what, argv[0]);
+    printf("ok %d - %s # SKIP %s not installed\n", ++tap_num, what, argv[0]);
     return;
   }
   char got[96];
@@ -875,11 +850,11 @@ static void check_programs(void) {
   if (access("/usr/bin/gcc", X_OK) == 0)
     check_program("gcc compiling and running a threaded program", gcc);
   else
-    printf("ok %d - gcc # SKIP not installed\n", ++n_tests);
+    printf("ok %d - gcc # SKIP not installed\n", ++tap_num);
   if (access("/usr/bin/git", X_OK) == 0)
     check_program("git init, add, commit, log", git);
   else
-    printf("ok %d - git # SKIP not installed\n", ++n_tests);
+    printf("ok %d - git # SKIP not installed\n", ++tap_num);
   check_program("curl file://", curl);
   tp_error_t err = {0};
   if (tp_rmtree(dir, &err) < 0)
@@ -992,6 +967,6 @@ int main(void) {
   measure_overhead();
 
   tp_seccomp_free(&prog);
-  printf("1..%d\n", n_tests);
-  return n_failed ? 1 : 0;
+  printf("1..%d\n", tap_num);
+  return tap_failed ? 1 : 0;
 }
