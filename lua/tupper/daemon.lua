@@ -175,12 +175,16 @@ function Daemon:unsave(id)
 end
 
 --- Sets a sandbox's remaining lifetime to seconds from now (0: none).
-function Daemon:set_timeout(sb, seconds)
+local function stop_life_timer(sb)
   if sb.life_timer then
     sb.life_timer:stop()
     sb.life_timer:close()
     sb.life_timer = nil
   end
+end
+
+function Daemon:set_timeout(sb, seconds)
+  stop_life_timer(sb)
   sb.timeout = seconds
   sb.expires_at = nil
   if seconds and seconds > 0 then
@@ -198,7 +202,7 @@ function Daemon:kill_sandbox(id)
   local sb = self.sandboxes[id]
   if not sb or not sb.destroy then return false end
   self.sandboxes[id] = nil
-  self:set_timeout(sb, 0)
+  stop_life_timer(sb)
   self:unsave(id)
   local ok, err = sb:destroy()
   if not ok then log("sandbox %s: cleanup: %s", id, tostring(err)) end
