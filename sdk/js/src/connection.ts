@@ -1,0 +1,253 @@
+/**
+ * One connection to the daemon: JSON-RPC 2.0, one JSON object per line, over
+ * its unix socket (docs/protocol.md).  Requests are matched to replies by id;
+ * notifications (process output and exit) go to whoever subscribed to their
+ * sandbox and pid.
+ *
+ * The socket does not keep Node alive when nothing waits on it: it is
+ * ref'd only while a request is in flight or something holds it (a command
+ * being waited on, or streaming to callbacks).
+ */
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { StringDecoder } from 'node:string_decoder';
+import { SandboxError, TimeoutError, fromRpcError } from './errors';
+
+export const PROTOCOL = 1;
+export const CLIENT = '@tupper/sdk/0.1.0';
+/** How long a request may wait for its reply, unless told otherwise. */
+export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
+
+export interface ConnectionOpts {
+  /** The daemon's socket; default: $TUPPER_SOCKET, else the daemon's own default. */
+  socket?: string;
+  /** How long one request may wait for its reply (0: forever). Default 60 s. */
+  requestTimeoutMs?: number;
+}
+
+/**
+ * Where the daemon listens, as the daemon decides it (lua/tupper/paths.lua):
+ * the option, $TUPPER_SOCKET, /run/tupper/tupper.sock for root, else
+ * $XDG_RUNTIME_DIR/tupper.sock, else /tmp/tupper-UID/tupper.sock.
+ */
+export function defaultSocket(): string {
+  const env = process.env.TUPPER_SOCKET;
+  if (env) return env;
+  const uid = typeof process.getuid === 'function' ? process.getuid() : -1;
+  if (uid === 0) return '/run/tupper/tupper.sock';
+  const run = process.env.XDG_RUNTIME_DIR;
+  if (run) return path.join(run, 'tupper.sock');
+  return `/tmp/tupper-${uid}/tupper.sock`;
+}
+
+type Notification = (method: string, params: Record<string, unknown>) => void;
+
+interface Pending {
+  method: string;
+  resolve: (v: unknown) => void;
+  reject: (e: Error) => void;
+  onResult?: (v: unknown) => void;
+  timer?: NodeJS.Timeout;
+}
+
+export class Connection {
+  readonly socketPath: string;
+  readonly requestTimeoutMs: number;
+  private readonly sock: net.Socket;
+  private readonly decoder = new StringDecoder('utf8');
+  private partial = '';
+  private nextId = 1;
+  private readonly pending = new Map<number, Pending>();
+  private readonly subs = new Map<string, Notification>();
+  private readonly closeHandlers = new Set<(err: Error) => void>();
+  private holds = 0;
+  private closedWith: Error | undefined;
+
+  private constructor(sock: net.Socket, socketPath: string, requestTimeoutMs: number) {
+    this.sock = sock;
+    this.socketPath = socketPath;
+    this.requestTimeoutMs = requestTimeoutMs;
+    sock.on('data', (chunk: Buffer) => this.onData(chunk));
+    sock.on('error', (e) => this.shutdown(new SandboxError(`connection to the tupper daemon failed: ${e.message}`, { cause: e })));
+    sock.on('close', () => this.shutdown(new SandboxError('the connection to the tupper daemon closed')));
+    this.updateRef();
+  }
+
+  /** Connects to the daemon and says hello (protocol 1). */
+  static async open(opts: ConnectionOpts = {}): Promise<Connection> {
+    const socketPath = opts.socket ?? defaultSocket();
+    const timeout = opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
+    if (!Number.isFinite(timeout) || timeout < 0) throw new SandboxError(`bad requestTimeoutMs: ${timeout}`);
+    const sock = await new Promise<net.Socket>((resolve, reject) => {
+      const s = net.createConnection({ path: socketPath });
+      const fail = (e: NodeJS.ErrnoException) => {
+        s.destroy();
+        reject(
+          new SandboxError(
+            `cannot reach the tupper daemon at ${socketPath} (${e.code ?? e.message}): ` +
+              'is `tupper daemon` running? Pass { socket } or set TUPPER_SOCKET to use another one',
+            { cause: e },
+          ),
+        );
+      };
+      s.once('error', fail);
+      s.once('connect', () => {
+        s.off('error', fail);
+        resolve(s);
+      });
+    });
+    const conn = new Connection(sock, socketPath, timeout);
+    try {
+      const hello = await conn.call<{ protocol: number; server: string }>('hello', { protocol: PROTOCOL, client: CLIENT });
+      if (hello.protocol !== PROTOCOL) throw new SandboxError(`the daemon speaks protocol ${hello.protocol}, not ${PROTOCOL}`);
+    } catch (e) {
+      conn.close();
+      throw e;
+    }
+    return conn;
+  }
+
+  get closed(): boolean {
+    return this.closedWith !== undefined;
+  }
+
+  /**
+   * Sends a request and resolves with its result.  `onResult` runs
+   * synchronously when the reply is read, before any later line: a caller
+   * that must see every notification that follows the reply (process.start)
+   * subscribes there.
+   */
+  call<T = Record<string, unknown>>(
+    method: string,
+    params: Record<string, unknown>,
+    opts: { onResult?: (v: T) => void; timeoutMs?: number } = {},
+  ): Promise<T> {
+    if (this.closedWith) return Promise.reject(this.closedWith);
+    const id = this.nextId++;
+    const line = JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n';
+    return new Promise<T>((resolve, reject) => {
+      const p: Pending = {
+        method,
+        resolve: resolve as (v: unknown) => void,
+        reject,
+        onResult: opts.onResult as ((v: unknown) => void) | undefined,
+      };
+      const timeout = opts.timeoutMs ?? this.requestTimeoutMs;
+      if (timeout > 0) {
+        p.timer = setTimeout(() => {
+          if (this.pending.delete(id)) {
+            this.updateRef();
+            reject(new TimeoutError(`${method}: no answer from the daemon in ${timeout} ms (requestTimeoutMs)`));
+          }
+        }, timeout);
+        p.timer.unref();
+      }
+      this.pending.set(id, p);
+      this.updateRef();
+      this.sock.write(line);
+    });
+  }
+
+  /** Receives the notifications of one process of one sandbox. */
+  subscribe(sandbox: string, pid: number, fn: Notification): void {
+    this.subs.set(`${sandbox}/${pid}`, fn);
+  }
+
+  unsubscribe(sandbox: string, pid: number): void {
+    this.subs.delete(`${sandbox}/${pid}`);
+  }
+
+  /** Called once when the connection goes away (not after close()). */
+  onClose(fn: (err: Error) => void): () => void {
+    this.closeHandlers.add(fn);
+    return () => this.closeHandlers.delete(fn);
+  }
+
+  /** Keeps Node alive until release(): something waits on this connection. */
+  hold(): void {
+    this.holds++;
+    this.updateRef();
+  }
+
+  release(): void {
+    if (this.holds > 0) this.holds--;
+    this.updateRef();
+  }
+
+  /** Closes the connection; what still waits on it fails. */
+  close(): void {
+    this.closeHandlers.clear();
+    this.shutdown(new SandboxError('the connection was closed'));
+    this.sock.destroy();
+  }
+
+  private updateRef(): void {
+    if (this.closedWith) return;
+    if (this.pending.size > 0 || this.holds > 0) this.sock.ref();
+    else this.sock.unref();
+  }
+
+  private shutdown(err: Error): void {
+    if (this.closedWith) return;
+    this.closedWith = err;
+    for (const p of this.pending.values()) {
+      if (p.timer) clearTimeout(p.timer);
+      p.reject(err);
+    }
+    this.pending.clear();
+    const handlers = [...this.closeHandlers];
+    this.closeHandlers.clear();
+    for (const h of handlers) h(err);
+    this.sock.destroy();
+  }
+
+  private onData(chunk: Buffer): void {
+    const s = this.decoder.write(chunk);
+    let start = 0;
+    let nl = s.indexOf('\n');
+    while (nl >= 0) {
+      const line = this.partial + s.slice(start, nl);
+      this.partial = '';
+      if (line.length > 0) this.onLine(line);
+      if (this.closedWith) return;
+      start = nl + 1;
+      nl = s.indexOf('\n', start);
+    }
+    this.partial += s.slice(start);
+  }
+
+  private onLine(line: string): void {
+    let msg: Record<string, unknown>;
+    try {
+      msg = JSON.parse(line) as Record<string, unknown>;
+    } catch {
+      this.shutdown(new SandboxError('the daemon sent a line that is not JSON'));
+      return;
+    }
+    if (typeof msg.method === 'string' && msg.id === undefined) {
+      const params = (msg.params ?? {}) as Record<string, unknown>;
+      const fn = this.subs.get(`${String(params.sandbox)}/${String(params.pid)}`);
+      if (fn) fn(msg.method, params);
+      return;
+    }
+    const id = typeof msg.id === 'number' ? msg.id : NaN;
+    const p = this.pending.get(id);
+    if (!p) return; // a late reply to a request that timed out
+    this.pending.delete(id);
+    if (p.timer) clearTimeout(p.timer);
+    this.updateRef();
+    if (msg.error !== undefined && msg.error !== null) {
+      p.reject(fromRpcError(msg.error as Record<string, unknown>, p.method));
+      return;
+    }
+    if (p.onResult) {
+      try {
+        p.onResult(msg.result);
+      } catch (e) {
+        p.reject(e as Error);
+        return;
+      }
+    }
+    p.resolve(msg.result);
+  }
+}

@@ -1,0 +1,140 @@
+/**
+ * Typed errors, named as in E2B's SDK so that `catch (e) { if (e instanceof
+ * NotFoundError) ... }` moves over unchanged.  Every error of this SDK is a
+ * SandboxError; when the daemon answered with a JSON-RPC error, `code` and
+ * `data` say what it said.
+ */
+
+/** JSON-RPC error codes of the daemon (docs/protocol.md). */
+export const ErrorCode = {
+  ParseError: -32700,
+  InvalidRequest: -32600,
+  MethodNotFound: -32601,
+  InvalidParams: -32602,
+  Internal: -32603,
+  NotFound: -32000,
+  Sandbox: -32001,
+  File: -32002,
+  Process: -32003,
+} as const;
+
+/** `data` of a file or process error: the errno and its name, e.g. ENOENT. */
+export interface ErrnoData {
+  errno: number;
+  code: string;
+}
+
+/** Base class of every error this SDK throws. */
+export class SandboxError extends Error {
+  /** The daemon's JSON-RPC error code, when the daemon said it. */
+  readonly code?: number;
+  /** The daemon's error data (for file and process errors: `{errno, code}`). */
+  readonly data?: unknown;
+
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.name = 'SandboxError';
+    if (opts.code !== undefined) this.code = opts.code;
+    if (opts.data !== undefined) this.data = opts.data;
+  }
+
+  /** The errno name (`ENOENT`, `EACCES`, ...) of a file or process error. */
+  get errnoCode(): string | undefined {
+    const d = this.data as Partial<ErrnoData> | undefined;
+    return d && typeof d.code === 'string' ? d.code : undefined;
+  }
+}
+
+/**
+ * Something took too long: a command ran past its `timeoutMs`, a request got
+ * no answer in `requestTimeoutMs`, or the sandbox is gone (killed, or its
+ * lifetime ran out) while something waited on it, which E2B reports as a
+ * timeout too.
+ */
+export class TimeoutError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'TimeoutError';
+  }
+}
+
+/** No such sandbox, process, file or directory (-32000, or ENOENT). */
+export class NotFoundError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'NotFoundError';
+  }
+}
+
+/** A bad argument, found by the SDK or by the daemon (-32602). */
+export class InvalidArgumentError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'InvalidArgumentError';
+  }
+}
+
+/** The sandbox's disk is full or its disk limit reached (ENOSPC, EDQUOT). */
+export class NotEnoughSpaceError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'NotEnoughSpaceError';
+  }
+}
+
+/** What a finished command gave: E2B's CommandResult. */
+export interface CommandResult {
+  exitCode: number;
+  /** Why it failed, when it did: "exit status 3", "signal: killed", ... */
+  error?: string;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * A command exited with a non-zero code (or was killed by a signal): thrown
+ * by `commands.run` and `CommandHandle.wait`, as in E2B.
+ */
+export class CommandExitError extends SandboxError implements CommandResult {
+  readonly result: CommandResult;
+
+  constructor(result: CommandResult) {
+    super(result.error ?? `exit status ${result.exitCode}`);
+    this.name = 'CommandExitError';
+    this.result = result;
+  }
+
+  get exitCode(): number {
+    return this.result.exitCode;
+  }
+  get error(): string | undefined {
+    return this.result.error;
+  }
+  get stdout(): string {
+    return this.result.stdout;
+  }
+  get stderr(): string {
+    return this.result.stderr;
+  }
+}
+
+/** Turns a JSON-RPC error object of the daemon into a typed error. */
+export function fromRpcError(err: { code?: unknown; message?: unknown; data?: unknown }, method: string): SandboxError {
+  const code = typeof err.code === 'number' ? err.code : undefined;
+  const msg = `${method}: ${typeof err.message === 'string' ? err.message : 'error'}`;
+  const opts = { code, data: err.data };
+  const errno = (err.data as Partial<ErrnoData> | undefined)?.code;
+  switch (code) {
+    case ErrorCode.NotFound:
+      return new NotFoundError(msg, opts);
+    case ErrorCode.InvalidParams:
+      return new InvalidArgumentError(msg, opts);
+    case ErrorCode.File:
+    case ErrorCode.Process:
+      if (errno === 'ENOENT') return new NotFoundError(msg, opts);
+      if (errno === 'ENOSPC' || errno === 'EDQUOT') return new NotEnoughSpaceError(msg, opts);
+      return new SandboxError(msg, opts);
+    default:
+      return new SandboxError(msg, opts);
+  }
+}

@@ -1,0 +1,48 @@
+/**
+ * @tupper/sdk: tupper's sandboxes from TypeScript, shaped like E2B's SDK so
+ * that code written against E2B's `Sandbox` moves by changing the import.
+ */
+export {
+  Sandbox,
+  SandboxPaginator,
+  DEFAULT_SANDBOX_TIMEOUT_MS,
+  type SandboxOpts,
+  type SandboxConnectionOpts,
+  type SandboxLimits,
+  type SandboxInfo,
+  type SandboxState,
+  type SandboxMetrics,
+  type SandboxListOpts,
+} from './sandbox';
+export {
+  Commands,
+  CommandHandle,
+  DEFAULT_COMMAND_TIMEOUT_MS,
+  type CommandStartOpts,
+  type CommandRunOpts,
+  type ProcessInfo,
+} from './commands';
+export {
+  Filesystem,
+  FileType,
+  type EntryInfo,
+  type WriteInfo,
+  type WriteEntry,
+  type ReadFormat,
+  type FilesystemRequestOpts,
+} from './filesystem';
+export {
+  SandboxError,
+  TimeoutError,
+  NotFoundError,
+  InvalidArgumentError,
+  NotEnoughSpaceError,
+  CommandExitError,
+  ErrorCode,
+  type CommandResult,
+  type ErrnoData,
+} from './errors';
+export { defaultSocket, type ConnectionOpts } from './connection';
+
+import { Sandbox } from './sandbox';
+export default Sandbox;

@@ -1,0 +1,56 @@
+// Starts a real tupper daemon on a private socket and state dir in a temp
+// dir (as tests/spec/helper.lua does) and stops it with SIGTERM.
+import { spawn } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+export const BIN = process.env.TUPPER_BIN || path.resolve(here, '../../../build/tupper');
+
+function answers(socket) {
+  return new Promise((resolve) => {
+    const s = net.createConnection({ path: socket });
+    s.once('connect', () => { s.destroy(); resolve(true); });
+    s.once('error', () => { s.destroy(); resolve(false); });
+  });
+}
+
+export async function startDaemon() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tupper-sdk-'));
+  const socket = path.join(dir, 'tupper.sock');
+  const log = path.join(dir, 'daemon.log');
+  const child = spawn(BIN, ['daemon', '--socket', socket, '--state-dir', path.join(dir, 'state'), '--log', log], {
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  let exited = null;
+  const exit = new Promise((resolve) => child.once('exit', (code, sig) => { exited = { code, sig }; resolve(exited); }));
+  const deadline = Date.now() + 10_000;
+  while (!(await answers(socket))) {
+    if (exited || Date.now() > deadline) {
+      child.kill('SIGKILL');
+      await exit;
+      const text = fs.existsSync(log) ? fs.readFileSync(log, 'utf8') : '';
+      fs.rmSync(dir, { recursive: true, force: true });
+      throw new Error(`daemon did not start: ${text}`);
+    }
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  return {
+    socket,
+    dir,
+    log,
+    async stop() {
+      if (!exited) {
+        child.kill('SIGTERM');
+        const t = setTimeout(() => child.kill('SIGKILL'), 10_000);
+        await exit;
+        clearTimeout(t);
+      }
+      fs.rmSync(dir, { recursive: true, force: true });
+      return exited;
+    },
+  };
+}
