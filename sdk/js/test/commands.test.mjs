@@ -1,0 +1,163 @@
+// sbx.commands against a real daemon: foreground runs and exit codes,
+// streaming, background handles, kill, stdin, timeouts, a killed sandbox.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { startDaemon } from './daemon.mjs';
+import { Sandbox, SandboxError, CommandExitError, TimeoutError, CommandHandle } from '../dist/index.js';
+
+let daemon;
+let sbx;
+before(async () => {
+  daemon = await startDaemon();
+  sbx = await Sandbox.create({ socket: daemon.socket });
+});
+after(async () => {
+  await sbx.kill();
+  assert.equal((await daemon.stop()).code, 0);
+});
+
+test('run resolves stdout, stderr and exitCode 0', async () => {
+  const r = await sbx.commands.run('echo out; echo err >&2');
+  assert.deepEqual(r, { exitCode: 0, stdout: 'out\n', stderr: 'err\n' });
+});
+
+test('a non-zero exit rejects with CommandExitError carrying the output', async () => {
+  await assert.rejects(sbx.commands.run('echo partial; echo bad >&2; exit 3'), (e) => {
+    assert.ok(e instanceof CommandExitError);
+    assert.ok(e instanceof SandboxError);
+    assert.equal(e.exitCode, 3);
+    assert.equal(e.stdout, 'partial\n');
+    assert.equal(e.stderr, 'bad\n');
+    assert.equal(e.error, 'exit status 3');
+    assert.equal(e.result.exitCode, 3);
+    return true;
+  });
+  // a missing program is exit 127 from the shell, as on E2B
+  await assert.rejects(sbx.commands.run('nosuchprogram'), (e) => e instanceof CommandExitError && e.exitCode === 127);
+});
+
+test('cwd and envs', async () => {
+  const r = await sbx.commands.run('pwd; echo $A-$B', { cwd: '/tmp', envs: { A: '1', B: 'two' } });
+  assert.equal(r.stdout, '/tmp\n1-two\n');
+});
+
+test('onStdout and onStderr stream chunks as they come', async () => {
+  const out = [];
+  const err = [];
+  const r = await sbx.commands.run('echo one; sleep 0.2; echo two; echo e >&2', {
+    onStdout: (d) => out.push(d),
+    onStderr: (d) => err.push(d),
+  });
+  assert.equal(out.join(''), 'one\ntwo\n');
+  assert.ok(out.length >= 2, 'two writes 200 ms apart arrive as two chunks');
+  assert.equal(err.join(''), 'e\n');
+  assert.equal(r.stdout, 'one\ntwo\n');
+});
+
+test('a character split across chunks, and bytes that are not UTF-8, decode', async () => {
+  // é is c3 a9: the two halves come in separate (base64) chunks
+  const r = await sbx.commands.run("printf '\\303'; sleep 0.2; printf '\\251\\n'");
+  assert.equal(r.stdout, 'é\n');
+  const bad = await sbx.commands.run("printf 'a\\377b'");
+  assert.equal(bad.stdout, 'a\uFFFDb');
+});
+
+test('large output arrives whole', async () => {
+  const r = await sbx.commands.run('head -c 3000000 /dev/zero | tr "\\0" x');
+  assert.equal(r.stdout.length, 3_000_000);
+  assert.ok(/^x+$/.test(r.stdout));
+});
+
+test('background: a handle with pid, list, kill; wait rejects after kill', async () => {
+  const h = await sbx.commands.run('echo started; sleep 60', { background: true });
+  assert.ok(h instanceof CommandHandle);
+  assert.ok(Number.isInteger(h.pid) && h.pid > 0);
+  const procs = await sbx.commands.list();
+  const p = procs.find((x) => x.pid === h.pid);
+  assert.ok(p, 'listed while it runs');
+  assert.equal(p.cmd, '/bin/sh');
+  assert.deepEqual(p.args, ['-c', 'echo started; sleep 60']);
+  assert.equal(await h.kill(), true);
+  await assert.rejects(h.wait(), (e) => {
+    assert.ok(e instanceof CommandExitError);
+    assert.equal(e.exitCode, -1);
+    assert.equal(e.error, 'signal: killed');
+    assert.equal(e.stdout, 'started\n');
+    return true;
+  });
+  assert.equal(h.exitCode, -1);
+  assert.equal(await h.kill(), false, 'no longer running');
+  assert.equal(await sbx.commands.kill(h.pid), false);
+  assert.ok(!(await sbx.commands.list()).some((x) => x.pid === h.pid));
+});
+
+test('commands.kill by pid; unknown pid is false', async () => {
+  const h = await sbx.commands.run('sleep 60', { background: true });
+  assert.equal(await sbx.commands.kill(h.pid), true);
+  await assert.rejects(h.wait(), CommandExitError);
+  assert.equal(await sbx.commands.kill(999999), false);
+});
+
+test('background wait resolves on success', async () => {
+  const h = await sbx.commands.run('sleep 0.1; echo done', { background: true });
+  const r = await h.wait();
+  assert.equal(r.stdout, 'done\n');
+  assert.equal(r.exitCode, 0);
+  assert.equal(h.stdout, 'done\n');
+});
+
+test('stdin: sendStdin on the handle and by pid, then closeStdin', async () => {
+  const h = await sbx.commands.run('cat; echo eof', { background: true, stdin: true });
+  await h.sendStdin('hello ');
+  await sbx.commands.sendStdin(h.pid, new TextEncoder().encode('world\n'));
+  await h.closeStdin();
+  const r = await h.wait();
+  assert.equal(r.stdout, 'hello world\neof\n');
+});
+
+test('stdin: 3 MiB goes through in chunks', async () => {
+  const h = await sbx.commands.run('wc -c', { background: true, stdin: true });
+  await h.sendStdin(new Uint8Array(3 * 1024 * 1024).fill(65));
+  await h.closeStdin();
+  assert.equal((await h.wait()).stdout.trim(), String(3 * 1024 * 1024));
+});
+
+test('without stdin: true the command reads /dev/null', async () => {
+  const r = await sbx.commands.run('cat; echo ok');
+  assert.equal(r.stdout, 'ok\n');
+});
+
+test('timeoutMs kills the command with TimeoutError', async () => {
+  const t0 = Date.now();
+  await assert.rejects(sbx.commands.run('sleep 30', { timeoutMs: 300 }), TimeoutError);
+  assert.ok(Date.now() - t0 < 10_000);
+  const r = await sbx.commands.run('sleep 0.1; echo ok', { timeoutMs: 0 });
+  assert.equal(r.stdout, 'ok\n');
+});
+
+test('disconnect: the handle stops listening, the command keeps running', async () => {
+  const h = await sbx.commands.run('sleep 60', { background: true });
+  const waiting = h.wait();
+  await h.disconnect();
+  await assert.rejects(waiting, SandboxError);
+  assert.ok((await sbx.commands.list()).some((x) => x.pid === h.pid));
+  assert.equal(await sbx.commands.kill(h.pid), true);
+});
+
+test('killing the sandbox rejects background waits with TimeoutError', async () => {
+  const other = await Sandbox.create({ socket: daemon.socket });
+  const h = await other.commands.run('sleep 60', { background: true });
+  const fg = assert.rejects(other.commands.run('sleep 60'), TimeoutError);
+  while ((await other.commands.list()).length < 2) await new Promise((r) => setTimeout(r, 10));
+  // by another client: this one learns of it from the exit (signal 9)
+  assert.equal(await Sandbox.kill(other.sandboxId, { socket: daemon.socket }), true);
+  await assert.rejects(h.wait(), TimeoutError);
+  await fg;
+
+  // by its own object
+  const third = await Sandbox.create({ socket: daemon.socket });
+  const h3 = await third.commands.run('sleep 60', { background: true });
+  await third.kill();
+  await assert.rejects(h3.wait(), TimeoutError);
+  await assert.rejects(third.commands.run('true'), SandboxError);
+});

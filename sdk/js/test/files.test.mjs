@@ -1,0 +1,134 @@
+// sbx.files against a real daemon: round trips (a 3 MiB binary file in
+// chunks), several files at once, list, exists, getInfo, makeDir, rename,
+// remove, typed errors.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { startDaemon } from './daemon.mjs';
+import { Sandbox, NotFoundError, SandboxError, FileType } from '../dist/index.js';
+
+let daemon;
+let sbx;
+before(async () => {
+  daemon = await startDaemon();
+  sbx = await Sandbox.create({ socket: daemon.socket });
+});
+after(async () => {
+  await sbx.kill();
+  assert.equal((await daemon.stop()).code, 0);
+});
+
+test('text round trip, parents created; the box sees the file', async () => {
+  const info = await sbx.files.write('/root/a/b/c.txt', 'héllo\nwörld\n');
+  assert.deepEqual(info, { name: 'c.txt', type: 'file', path: '/root/a/b/c.txt' });
+  assert.equal(await sbx.files.read('/root/a/b/c.txt'), 'héllo\nwörld\n');
+  assert.equal((await sbx.commands.run('cat /root/a/b/c.txt')).stdout, 'héllo\nwörld\n');
+});
+
+test('a 3 MiB binary file round trips byte for byte', async () => {
+  const data = randomBytes(3 * 1024 * 1024 + 17);
+  await sbx.files.write('/root/big.bin', data);
+  const back = await sbx.files.read('/root/big.bin', { format: 'bytes' });
+  assert.ok(back instanceof Uint8Array);
+  assert.equal(back.length, data.length);
+  assert.ok(Buffer.from(back).equals(data));
+  const sum = await sbx.commands.run('wc -c < /root/big.bin');
+  assert.equal(sum.stdout.trim(), String(data.length));
+  // overwriting with less truncates
+  await sbx.files.write('/root/big.bin', new Uint8Array([1, 2, 3]));
+  assert.deepEqual([...(await sbx.files.read('/root/big.bin', { format: 'bytes' }))], [1, 2, 3]);
+  const blob = await sbx.files.read('/root/big.bin', { format: 'blob' });
+  assert.equal(blob.size, 3);
+});
+
+test('an empty file', async () => {
+  await sbx.files.write('/root/empty', '');
+  assert.equal(await sbx.files.read('/root/empty'), '');
+  assert.equal((await sbx.files.getInfo('/root/empty')).size, 0);
+});
+
+test('write(entries) writes several files', async () => {
+  const out = await sbx.files.write([
+    { path: '/root/multi/one.txt', data: '1' },
+    { path: '/root/multi/two.bin', data: new Uint8Array([0, 255]) },
+    { path: '/root/multi/three.txt', data: new TextEncoder().encode('3').buffer },
+  ]);
+  assert.deepEqual(out.map((w) => w.name), ['one.txt', 'two.bin', 'three.txt']);
+  assert.equal(await sbx.files.read('/root/multi/one.txt'), '1');
+  assert.deepEqual([...(await sbx.files.read('/root/multi/two.bin', { format: 'bytes' }))], [0, 255]);
+  assert.equal(await sbx.files.read('/root/multi/three.txt'), '3');
+});
+
+test('list: entries sorted by name with type, size, mode', async () => {
+  await sbx.files.makeDir('/root/ls/sub');
+  await sbx.files.write('/root/ls/f.txt', 'abc');
+  await sbx.commands.run('ln -s f.txt /root/ls/link');
+  const entries = await sbx.files.list('/root/ls');
+  assert.deepEqual(entries.map((e) => [e.name, e.type]), [
+    ['f.txt', FileType.FILE],
+    ['link', FileType.SYMLINK],
+    ['sub', FileType.DIR],
+  ]);
+  const f = entries[0];
+  assert.equal(f.path, '/root/ls/f.txt');
+  assert.equal(f.size, 3);
+  assert.equal(f.permissions, '-rw-r--r--');
+  assert.ok(f.modifiedTime instanceof Date && Math.abs(f.modifiedTime.getTime() - Date.now()) < 600_000);
+  await assert.rejects(sbx.files.list('/root/nothing-here'), NotFoundError);
+});
+
+test('exists never throws', async () => {
+  assert.equal(await sbx.files.exists('/etc'), true);
+  assert.equal(await sbx.files.exists('/root/a/b/c.txt'), true);
+  assert.equal(await sbx.files.exists('/no/such/thing'), false);
+  assert.equal(await sbx.files.exists(''), false, 'even a path the daemon refuses');
+});
+
+test('getInfo describes files, dirs and symlinks', async () => {
+  const d = await sbx.files.getInfo('/root/ls');
+  assert.equal(d.type, 'dir');
+  assert.equal(d.name, 'ls');
+  assert.equal(d.permissions, 'drwxr-xr-x');
+  const l = await sbx.files.getInfo('/root/ls/link');
+  assert.equal(l.type, 'symlink');
+  assert.equal(l.symlinkTarget, 'f.txt');
+  await assert.rejects(sbx.files.getInfo('/nope'), NotFoundError);
+});
+
+test('makeDir: true when made (parents too), false when it existed', async () => {
+  assert.equal(await sbx.files.makeDir('/root/md/x/y'), true);
+  assert.equal(await sbx.files.makeDir('/root/md/x/y'), false);
+  assert.equal(await sbx.files.makeDir('/root/md'), false);
+  assert.equal((await sbx.files.getInfo('/root/md/x/y')).type, 'dir');
+});
+
+test('rename moves and returns the new entry', async () => {
+  await sbx.files.write('/root/mv/from.txt', 'moving');
+  const e = await sbx.files.rename('/root/mv/from.txt', '/root/mv/to.txt');
+  assert.equal(e.name, 'to.txt');
+  assert.equal(e.type, 'file');
+  assert.equal(await sbx.files.exists('/root/mv/from.txt'), false);
+  assert.equal(await sbx.files.read('/root/mv/to.txt'), 'moving');
+  await assert.rejects(sbx.files.rename('/root/mv/none', '/root/mv/x'), NotFoundError);
+});
+
+test('remove: a file, and a directory with everything in it', async () => {
+  await sbx.files.write('/root/rm/deep/er/file', 'x');
+  await sbx.files.write('/root/rm/top', 'x');
+  await sbx.files.remove('/root/rm/top');
+  assert.equal(await sbx.files.exists('/root/rm/top'), false);
+  await sbx.files.remove('/root/rm');
+  assert.equal(await sbx.files.exists('/root/rm'), false);
+  await assert.rejects(sbx.files.remove('/root/rm'), NotFoundError);
+});
+
+test('file errors are typed and carry the errno', async () => {
+  await assert.rejects(sbx.files.read('/root/missing'), (e) => {
+    assert.ok(e instanceof NotFoundError);
+    assert.equal(e.code, -32002);
+    assert.equal(e.errnoCode, 'ENOENT');
+    return true;
+  });
+  await assert.rejects(sbx.files.read('/root'), (e) => e instanceof SandboxError && e.errnoCode === 'EISDIR');
+  await assert.rejects(sbx.files.write('/root/a/b/c.txt/under-a-file', 'x'), SandboxError);
+});
