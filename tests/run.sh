@@ -41,6 +41,7 @@ suite "C unit tests" sh -c "cd '$BUILD' && ctest --output-on-failure"
 suite "fuzz targets" env FUZZ_BUILD="$BUILD/fuzz" tests/fuzz/run.sh "${FUZZ_SECONDS:-20}"
 suite "Lua specs" lua5.4 /usr/bin/busted --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" \
   -o utfTerminal tests/spec
+suite "sdk/js" sh -c "cd sdk/js && npm ci --no-audit --no-fund >/dev/null && npm test"
 
 rm -rf "$TMPDIR"
 after=$(traces)
