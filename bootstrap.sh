@@ -13,6 +13,23 @@ case "$what" in
   bench) pkgs="$pkgs hyperfine bubblewrap crun podman" ;;
 esac
 
+# The sdk/js suite needs node >= 18 and npm.  A node that is new enough is
+# used as it is (NodeSource's nodejs brings its own npm, and Debian's npm
+# package conflicts with it); otherwise Debian's nodejs (18) and npm.
+if [ "$what" = test ]; then
+  node_major=$(node -e 'process.stdout.write(process.versions.node.split(".")[0])' 2>/dev/null || true)
+  case "$node_major" in '' | *[!0-9]*) node_major=0 ;; esac
+  if [ "$node_major" -lt 18 ]; then
+    pkgs="$pkgs nodejs npm"
+  elif ! command -v npm >/dev/null 2>&1; then
+    if dpkg-query -W -f='${Version}' nodejs 2>/dev/null | grep -q nodesource; then
+      echo "bootstrap: node $node_major has no npm: reinstall NodeSource's nodejs, which brings it" >&2
+      exit 1
+    fi
+    pkgs="$pkgs npm"
+  fi
+fi
+
 missing=""
 for p in $pkgs; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
