@@ -108,16 +108,7 @@ describe("the daemon", function()
     local box_dir = d.state .. "/boxes/" .. id
     assert.truthy(uv.fs_stat(box_dir))
     -- host pids of every process of the box: they run as the sandbox uid range
-    local function box_pids()
-      -- the live processes whose cgroup is this box's (zombies do not count:
-      -- an orphaned agent of crash_spec is reaped by the host's init)
-      local p = io.popen("for f in /proc/[0-9]*/cgroup; do grep -q '" .. id .. "' $f 2>/dev/null && " ..
-        "{ d=${f%/cgroup}; grep -q '^State:.*Z' $d/status 2>/dev/null || echo ${d#/proc/}; }; done")
-      local n, text = 0, p:read("a")
-      p:close()
-      for _ in text:gmatch("[^\n]+") do n = n + 1 end
-      return n, text
-    end
+    local function box_pids() return helper.box_pids(id) end
     assert.truthy(box_pids() >= 3)
     assert.truthy(call("sandbox.kill", { id = id }).killed)
     local n, text = box_pids()

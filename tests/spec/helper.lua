@@ -29,6 +29,18 @@ function M.sync(fn, ...)
   return table.unpack(res, 1, res.n)
 end
 
+--- The live processes of box `id` (those in its cgroup), as a count and a
+-- listing.  Zombies do not count: an orphaned agent (after a daemon crash)
+-- is reaped by the host's init in its own time.
+function M.box_pids(id)
+  local p = io.popen("for f in /proc/[0-9]*/cgroup; do grep -q '" .. id .. "' $f 2>/dev/null && " ..
+    "{ d=${f%/cgroup}; grep -q '^State:.*Z' $d/status 2>/dev/null || echo ${d#/proc/}; }; done")
+  local n, text = 0, p:read("a")
+  p:close()
+  for _ in text:gmatch("[^\n]+") do n = n + 1 end
+  return n, text
+end
+
 --- Closes every handle still open and runs the loop until they are gone:
 -- call at the end of a spec file so the Lua state closes with no live handle.
 function M.drain()
