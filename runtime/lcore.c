@@ -1263,7 +1263,9 @@ int luaopen_tupper_core(lua_State *L) {
       {"random_hex", tp_lcore_random_hex}, {"lock", tp_lcore_lock},
       {"log_to", tp_lcore_log_to},         {"cgroup_init", tp_lcore_cgroup_init},
       {"cgroup_orphans", tp_lcore_cgroup_orphans}, {"cgroup_remove", tp_lcore_cgroup_remove},
-      {"cgroup_prune", tp_lcore_cgroup_prune}, {NULL, NULL}};
+      {"cgroup_prune", tp_lcore_cgroup_prune},
+      {"vm_run", tp_lvm_run},              {"embedded_source", tp_lua_embedded_source},
+      {NULL, NULL}};
   static const struct { const char *name; int v; } msgs[] = {
       {"READY", TP_MSG_READY}, {"OUTPUT", TP_MSG_OUTPUT}, {"EXIT", TP_MSG_EXIT},
       {"OK", TP_MSG_OK}, {"ERR", TP_MSG_ERR}, {"EXEC", TP_MSG_EXEC}, {"STDIN", TP_MSG_STDIN},

@@ -55,10 +55,39 @@ static int tp__embedded_searcher(lua_State *L) {
 
 static int tp__open_luv(lua_State *L) { return luaopen_luv(L); }
 
+/* Lua's default panic handler, as luaL_newstate installs it. */
+static int tp__lua_panic(lua_State *L) {
+  const char *msg = lua_tostring(L, -1);
+  fprintf(stderr, "tupper: unprotected error in Lua: %s\n", msg ? msg : "(not a string)");
+  return 0; /* Lua aborts */
+}
+
+int tp_lua_embedded_source(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  for (size_t i = 0; i < tp_lua_sources_count; i++) {
+    if (strcmp(tp_lua_sources[i].name, name) == 0) {
+      lua_pushlstring(L, tp_lua_sources[i].src, tp_lua_sources[i].len);
+      return 1;
+    }
+  }
+  lua_pushnil(L);
+  return 1;
+}
+
 lua_State *tp_lua_new(uv_loop_t *loop) {
-  lua_State *L = luaL_newstate();
-  if (L == NULL)
+  /* the counting allocator of lvm.c: recipe and policy runs get a memory
+   * budget (its heap outlives the state: tp_lua_close frees it) */
+  tp_lvm_heap_t *heap = malloc(sizeof(*heap));
+  lua_State *L;
+  if (heap == NULL)
     return NULL;
+  tp_lvm_heap_init(heap, NULL, NULL);
+  L = lua_newstate(tp_lvm_alloc, heap);
+  if (L == NULL) {
+    free(heap);
+    return NULL;
+  }
+  lua_atpanic(L, tp__lua_panic);
   luaL_openlibs(L);
   luv_set_loop(L, loop);
   luv_set_callback(L, tp_lua_pcall);
@@ -70,6 +99,8 @@ lua_State *tp_lua_new(uv_loop_t *loop) {
   lua_setfield(L, -2, "cjson");
   lua_pushcfunction(L, luaopen_tupper_core);
   lua_setfield(L, -2, "tupper.core");
+  lua_pushcfunction(L, luaopen_tupper_vm_core);
+  lua_setfield(L, -2, "tupper.vm_core");
   lua_pop(L, 1);
 
   /* embedded modules go right after the preload searcher, unless a
@@ -90,6 +121,13 @@ lua_State *tp_lua_new(uv_loop_t *loop) {
   }
   lua_pop(L, 2);
   return L;
+}
+
+void tp_lua_close(lua_State *L) {
+  void *heap = NULL;
+  lua_getallocf(L, &heap);
+  lua_close(L);
+  free(heap);
 }
 
 static void tp__close_walk_cb(uv_handle_t *h, void *arg) {
@@ -131,7 +169,7 @@ int tp_main(int argc, char **argv) {
   /* Shutdown order: Lua's main has closed its handles and drained the loop;
    * closing the state collects what is left (a box's __gc kills it), the
    * loop runs the close callbacks, then any stray handle is closed. */
-  lua_close(L);
+  tp_lua_close(L);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_walk(&loop, tp__close_walk_cb, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);

@@ -21,4 +21,36 @@ int tp_lua_pcall(lua_State *L, int nargs, int nresults, int flags);
 /* luaopen function of the `tupper.core` module (lcore.c). */
 int luaopen_tupper_core(lua_State *L);
 
+/* Closes a state made by tp_lua_new and frees its allocator's heap. */
+void tp_lua_close(lua_State *L);
+
+/* embedded_source(name) -> the text of an embedded Lua source ("recipes/
+ * default"), or nil (lstate.c; registered in tupper.core). */
+int tp_lua_embedded_source(lua_State *L);
+
+/* The recipe VM (lvm.c).  The state's allocator counts the bytes in use and,
+ * while a run is active, refuses growth beyond the run's budget; the same
+ * struct holds the run's instruction budget, read by the count hook. */
+typedef struct tp_lvm_heap_s {
+  lua_Alloc base;       /* the allocator wrapped, or NULL: realloc/free */
+  void *base_ud;
+  long long used;       /* bytes in use (signed: a wrapped state's older blocks) */
+  long long limit;      /* while limited: used may not grow beyond this */
+  int limited;
+  int mem_tripped;      /* an allocation was refused in this run */
+  int running;          /* a run is active (runs do not nest) */
+  long long instr_left; /* instructions left in this run */
+  int instr_tripped;    /* the run spent its instructions */
+} tp_lvm_heap_t;
+
+void tp_lvm_heap_init(tp_lvm_heap_t *h, lua_Alloc base, void *base_ud);
+/* lua_Alloc over a tp_lvm_heap_t. */
+void *tp_lvm_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+/* run(fn, instruction_limit, memory_limit, ...) -> true, results... | nil, msg
+ * (tupper.vm_core.run, and tupper.core.vm_run). */
+int tp_lvm_run(lua_State *L);
+/* luaopen function of `tupper.vm_core` (also built as a loadable module for
+ * the Lua specs: build/lua/tupper/vm_core.so). */
+int luaopen_tupper_vm_core(lua_State *L);
+
 #endif

@@ -26,6 +26,7 @@ TMPDIR=$(mktemp -d /tmp/tupper-test.XXXXXX)
 export TMPDIR
 export TUPPER_BIN="$BUILD/tupper" TUPPER_AGENT="$BUILD/tupper-agent" TUPPER_ROOT="$ROOT"
 export TUPPER_PROBE="$BUILD/tupper-probe"
+export LUA_CPATH="$BUILD/lua/?.so;${LUA_CPATH:-;}" # tupper.vm_core for the VM specs
 
 passed=0
 failed=0

@@ -1,0 +1,228 @@
+/* tupper.vm_core: runs untrusted Lua (recipes, policy files, their hooks)
+ * inside the daemon's own state, with a budget.
+ *
+ * Two limits, both per run:
+ *  - instructions: the run executes in a fresh coroutine with a count hook.
+ *    Once the budget is spent the hook raises, and re-arms itself with a
+ *    count of 1, so code that catches the error (pcall) dies again at its
+ *    next instruction: the run always ends shortly after the budget.
+ *  - memory: the state's allocator counts the bytes in use; while a run is
+ *    active, an allocation that would grow the heap beyond the run's budget
+ *    fails (Lua raises "not enough memory").  A recipe that catches that
+ *    error stays out of memory until the instruction hook ends it.
+ *
+ * The allocator is installed by lstate.c (lua_newstate), or, in a state we
+ * did not create (busted loading this file as a C module), wrapped around
+ * the state's allocator when the module opens.  Only the environment the
+ * code runs in (lua/tupper/vm.lua) decides what it can reach; this file
+ * only bounds what it can spend. */
+#include <lauxlib.h>
+#include <limits.h>
+#include <stdlib.h>
+
+#include "tupper.h"
+
+#define TP_LVM_HEAP_KEY "tupper.vm_core.heap"
+#define TP_LVM_STEP 1000 /* instructions between two hook calls */
+#define TP_LVM_INSTR_MSG "recipe: instruction limit exceeded"
+
+/* ------------------------------------------------------------- allocator */
+
+void tp_lvm_heap_init(tp_lvm_heap_t *h, lua_Alloc base, void *base_ud) {
+  h->base = base;
+  h->base_ud = base_ud;
+  h->used = 0;
+  h->limit = 0;
+  h->limited = 0;
+  h->mem_tripped = 0;
+  h->running = 0;
+  h->instr_left = 0;
+  h->instr_tripped = 0;
+}
+
+void *tp_lvm_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  tp_lvm_heap_t *h = ud;
+  size_t old = ptr != NULL ? osize : 0; /* without a block, osize is a type tag */
+  void *p;
+
+  if (nsize == 0) {
+    if (h->base != NULL)
+      h->base(h->base_ud, ptr, osize, 0);
+    else
+      free(ptr);
+    h->used -= (long long) old;
+    return NULL;
+  }
+  /* Lua assumes shrinking never fails: only growth is refused */
+  if (h->limited && nsize > old && h->used + (long long) (nsize - old) > h->limit) {
+    /* out of memory for good: the hook ends the run at its next call,
+     * even if the code catches this error (and every retry would cost a
+     * full collection of the heap) */
+    h->mem_tripped = 1;
+    h->instr_left = 0;
+    return NULL;
+  }
+  p = h->base != NULL ? h->base(h->base_ud, ptr, osize, nsize) : realloc(ptr, nsize);
+  if (p != NULL)
+    h->used += (long long) nsize - (long long) old;
+  return p;
+}
+
+/* The heap of L's state, or NULL when its allocator is not ours. */
+static tp_lvm_heap_t *tp__lvm_heap(lua_State *L) {
+  void *ud = NULL;
+  if (lua_getallocf(L, &ud) != tp_lvm_alloc)
+    return NULL;
+  return ud;
+}
+
+/* ------------------------------------------------------------------ runs */
+
+static void tp__lvm_hook(lua_State *L, lua_Debug *ar) {
+  tp_lvm_heap_t *h = tp__lvm_heap(L);
+  (void) ar;
+  if (h == NULL || !h->running)
+    return;
+  if (!h->instr_tripped) {
+    h->instr_left -= TP_LVM_STEP; /* may already be 0: out of memory */
+    if (h->instr_left > 0)
+      return;
+    h->instr_tripped = 1;
+  }
+  /* from now on, every instruction of this thread raises again */
+  lua_sethook(L, tp__lvm_hook, LUA_MASKCOUNT, 1);
+  luaL_error(L, TP_LVM_INSTR_MSG);
+}
+
+/* Pushes the message of a failed run: what the limits say first, since the
+ * error object of a run that hit one is often a secondary error. */
+static void tp__lvm_push_failure(lua_State *L, lua_State *co, int status,
+                                 const tp_lvm_heap_t *h, lua_Integer mem_limit) {
+  if (h->mem_tripped && (status == LUA_ERRMEM || h->instr_tripped)) {
+    lua_pushfstring(L, "recipe: memory limit exceeded (%I bytes)", mem_limit);
+  } else if (h->instr_tripped) {
+    lua_pushstring(L, TP_LVM_INSTR_MSG);
+  } else if (status == LUA_YIELD) {
+    lua_pushstring(L, "recipe: yield outside a coroutine");
+  } else if (lua_type(co, -1) == LUA_TSTRING || lua_type(co, -1) == LUA_TNUMBER) {
+    /* never call __tostring: that would run recipe code without a budget */
+    lua_pushstring(L, lua_tostring(co, -1));
+  } else {
+    lua_pushfstring(L, "recipe: error (a %s value)", luaL_typename(co, -1));
+  }
+}
+
+/* run(fn, instruction_limit, memory_limit, ...) -> true, results... | nil, msg
+ * Calls fn(...) in a fresh coroutine under both budgets.  memory_limit is
+ * how many bytes the heap may grow by during the run. */
+int tp_lvm_run(lua_State *L) {
+  tp_lvm_heap_t *h;
+  lua_State *co;
+  lua_Integer instr_limit, mem_limit;
+  int nargs, nres = 0, status;
+
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  instr_limit = luaL_checkinteger(L, 2);
+  mem_limit = luaL_checkinteger(L, 3);
+  luaL_argcheck(L, instr_limit > 0, 2, "must be positive");
+  luaL_argcheck(L, mem_limit > 0, 3, "must be positive");
+  h = tp__lvm_heap(L);
+  if (h == NULL)
+    return luaL_error(L, "vm run: the Lua state's allocator is not tupper's");
+  if (h->running) {
+    lua_pushnil(L);
+    lua_pushstring(L, "recipe: a VM run cannot start another one");
+    return 2;
+  }
+  nargs = lua_gettop(L) - 3;
+
+  /* everything the run needs is allocated before the budget starts */
+  co = lua_newthread(L);
+  lua_insert(L, 1);                /* keep the thread below the arguments */
+  lua_pushvalue(L, 2);             /* fn */
+  lua_xmove(L, co, 1);
+  if (nargs > 0) {
+    if (!lua_checkstack(co, nargs + LUA_MINSTACK))
+      return luaL_error(L, "vm run: too many arguments");
+    lua_xmove(L, co, nargs);
+  }
+
+  h->running = 1;
+  h->instr_tripped = 0;
+  h->mem_tripped = 0;
+  h->instr_left = instr_limit;
+  h->limit = h->used + mem_limit;
+  h->limited = 1;
+  lua_sethook(co, tp__lvm_hook, LUA_MASKCOUNT,
+              instr_limit < TP_LVM_STEP ? (int) instr_limit : TP_LVM_STEP);
+  if (instr_limit < TP_LVM_STEP)
+    h->instr_left = TP_LVM_STEP; /* one hook call spends the whole budget */
+
+  status = lua_resume(co, L, nargs, &nres);
+
+  h->limited = 0;
+  h->running = 0;
+  lua_sethook(co, NULL, 0, 0);
+
+  if (status == LUA_OK) {
+    if (!lua_checkstack(L, nres + 1)) {
+      lua_pushnil(L);
+      lua_pushstring(L, "recipe: too many results");
+      return 2;
+    }
+    lua_pushboolean(L, 1);
+    lua_xmove(co, L, nres);
+    return nres + 1;
+  }
+  lua_pushnil(L);
+  tp__lvm_push_failure(L, co, status, h, mem_limit);
+  return 2;
+}
+
+/* usage() -> bytes the state holds, as the allocator counts them. */
+static int tp__lvm_usage(lua_State *L) {
+  tp_lvm_heap_t *h = tp__lvm_heap(L);
+  if (h == NULL)
+    return luaL_error(L, "vm usage: the Lua state's allocator is not tupper's");
+  lua_pushinteger(L, (lua_Integer) h->used);
+  return 1;
+}
+
+/* ------------------------------------------------- foreign states (tests) */
+
+/* __gc of the heap userdata of a state we did not create: lua_close runs
+ * finalizers before it frees the other objects, so handing the allocator
+ * back here is safe; the blocks were all made by that allocator anyway. */
+static int tp__lvm_heap_gc(lua_State *L) {
+  tp_lvm_heap_t *h = lua_touserdata(L, 1);
+  if (lua_getallocf(L, NULL) == tp_lvm_alloc)
+    lua_setallocf(L, h->base, h->base_ud);
+  return 0;
+}
+
+static void tp__lvm_install(lua_State *L) {
+  void *ud = NULL;
+  lua_Alloc f = lua_getallocf(L, &ud);
+  tp_lvm_heap_t *h;
+
+  if (f == tp_lvm_alloc)
+    return;
+  h = lua_newuserdatauv(L, sizeof(*h), 0);
+  tp_lvm_heap_init(h, f, ud);
+  lua_newtable(L);
+  lua_pushcfunction(L, tp__lvm_heap_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, TP_LVM_HEAP_KEY);
+  lua_setallocf(L, tp_lvm_alloc, h);
+}
+
+int luaopen_tupper_vm_core(lua_State *L) {
+  static const luaL_Reg funcs[] = {
+      {"run", tp_lvm_run}, {"usage", tp__lvm_usage}, {NULL, NULL}};
+  tp__lvm_install(L);
+  luaL_newlib(L, funcs);
+  lua_pushinteger(L, TP_LVM_STEP);
+  lua_setfield(L, -2, "STEP");
+  return 1;
+}
