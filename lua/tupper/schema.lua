@@ -23,6 +23,9 @@ local LIMITS = { type = "object", fields = {
   disk = { type = "size", min = 1048576 },
   timeout = DURATION,
 } }
+-- shared with recipes and policy files (tupper.recipe, tupper.policy), so
+-- they accept exactly what the socket API accepts
+M.LIMITS, M.MAP, M.PATH = LIMITS, MAP, PATH
 M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B
 M.methods = {
   ["hello"] = {
@@ -248,6 +251,10 @@ function check(name, spec, v)
   end
   error("schema: unknown type " .. tostring(t))
 end
+
+--- Checks one value v, named name in messages, against a field spec
+-- (M.LIMITS, M.MAP, ...): returns nil, the normalised value; or an error.
+M.check = check
 
 --- Validates params of method; returns the normalised params, or nil, err.
 function M.validate(method, params)

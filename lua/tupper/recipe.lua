@@ -1,0 +1,279 @@
+--- Recipes: what a sandbox is made of, as a Lua file (DESIGN §6).
+--
+--     return recipe "python" {
+--       image = "default", limits = { memory = "512M", timeout = "30m" },
+--       env = { PYTHONUNBUFFERED = "1" }, setup = function(box) ... end,
+--     }
+--
+-- Files load in the locked-down VM (tupper.vm) and are validated strictly:
+-- an unknown field, a wrong type or a bad size fails with the file, the
+-- line and what was expected.  Whether the runtime can honour a valid
+-- recipe is a separate question: M.check_enforceable.  docs/recipes.md.
+local schema = require("tupper.schema")
+local vm = require("tupper.vm")
+
+local M = {}
+
+--- The fields of a recipe, in the order messages list them.
+M.FIELDS = { "name", "image", "limits", "network", "env", "workdir", "user", "files", "setup" }
+
+local MAX_FILES, MAX_FILE_CONTENT = 1024, 1024 * 1024
+local NAME_PATTERN = "^[%w][%w._-]*$"
+
+-- ------------------------------------------------------------ locations
+
+--- The line of a field in a chunk's text: from line `from` on, the line of
+-- each key of `keys` in turn ("limits", then "memory").  A heuristic over
+-- the text (Lua keeps no line for table fields); `from` when nothing fits.
+local function find_line(text, from, keys)
+  if not text then return from end
+  local lines = {}
+  for l in (text .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+  local line = from
+  for _, key in ipairs(keys) do
+    if type(key) ~= "string" or not key:match("^[%a_][%w_]*$") then break end
+    local found
+    for i = line or 1, #lines do
+      if lines[i]:find("%f[%w_]" .. key .. "%s*=%f[^=]") then found = i; break end
+    end
+    if not found then break end
+    line = found
+  end
+  return line
+end
+
+--- Formats a validation error at its place: "file:line: field: msg".
+-- origin = { file, line (of the constructor, or nil), text }; path = the
+-- field's keys ({ "limits", "memory" }) or nil.
+function M.where(origin, path, msg)
+  local line = find_line(origin.text, origin.line, path or {})
+  if line then return ("%s:%d: %s"):format(origin.file, line, msg) end
+  return ("%s: %s"):format(origin.file, msg)
+end
+
+-- Runs a schema check; on failure returns the message and the field path
+-- schema's message names ("'limits.memory': ..." -> { "limits", "memory" }).
+local function schema_check(name, spec, v)
+  local err, val = schema.check(name, spec, v)
+  if not err then return nil, val end
+  local path = {}
+  for k in (err:match("^'([^']+)'") or name):gmatch("[^.%[]+") do path[#path + 1] = k end
+  return err, nil, path
+end
+
+-- ------------------------------------------------------------- checks
+
+local function is_array(t)
+  local n = #t
+  for k in pairs(t) do
+    if math.type(k) ~= "integer" or k < 1 or k > n then return false end
+  end
+  return true
+end
+
+--- Checks a network field: "none", "all", or { allow = {rule...}, deny =
+-- {rule...} } with rules like "pypi.org:443" or "10.0.0.0/8".  Returns
+-- nil, the normalised value; or err, nil, path.
+function M.check_network(name, v)
+  if v == "none" or v == "all" then return nil, v end
+  if type(v) ~= "table" then
+    return ("'%s' must be \"none\", \"all\" or { allow = {...}, deny = {...} }"):format(name), nil, { name }
+  end
+  local out = {}
+  for k, list in pairs(v) do
+    if k ~= "allow" and k ~= "deny" then
+      return ("'%s' has an unknown field '%s' (expected allow, deny)"):format(name, tostring(k)), nil, { name, k }
+    end
+    if type(list) ~= "table" or not is_array(list) then
+      return ("'%s.%s' must be a list of rules like \"host:port\""):format(name, k), nil, { name, k }
+    end
+    for i, rule in ipairs(list) do
+      if type(rule) ~= "string" or #rule == 0 or #rule > 300 or rule:find("[%s%z]") then
+        return ("'%s.%s[%d]' must be a rule like \"pypi.org:443\" or \"10.0.0.0/8\""):format(name, k, i),
+               nil, { name, k }
+      end
+    end
+    out[k] = list
+  end
+  return nil, out
+end
+
+local function check_string(name, v, min, max)
+  if type(v) ~= "string" then return ("'%s' must be a string"):format(name) end
+  if #v < min or #v > max or v:find("\0", 1, true) then
+    return ("'%s' must be %d to %d bytes, without NUL"):format(name, min, max)
+  end
+  return nil, v
+end
+
+local function check_abs_path(name, v)
+  local err = check_string(name, v, 1, 4096)
+  if err then return err end
+  if v:sub(1, 1) ~= "/" then return ("'%s' must be an absolute path"):format(name) end
+  for part in v:gmatch("[^/]+") do
+    if part == ".." then return ("'%s' must not contain '..'"):format(name) end
+  end
+  return nil, v
+end
+
+local CHECKS = {
+  name = function(v)
+    local err = check_string("name", v, 1, 64)
+    if err then return err end
+    if not v:match(NAME_PATTERN) then
+      return "'name' must be letters, digits, '.', '_' or '-', starting with a letter or digit"
+    end
+    return nil, v
+  end,
+  image = function(v) return check_string("image", v, 1, 256) end,
+  limits = function(v) return schema_check("limits", schema.LIMITS, v) end,
+  network = function(v) return M.check_network("network", v) end,
+  env = function(v) return schema_check("env", schema.MAP, v) end,
+  workdir = function(v) return check_abs_path("workdir", v) end,
+  user = function(v)
+    if math.type(v) == "integer" then
+      if v < 0 or v > 65535 then return "'user' as a uid must be 0..65535" end
+      return nil, v
+    end
+    local err = check_string("user", v, 1, 32)
+    if err or not v:match("^[%a_][%w_-]*$") then return "'user' must be a user name or a uid" end
+    return nil, v
+  end,
+  files = function(v)
+    if type(v) ~= "table" then return "'files' must map absolute paths to contents" end
+    local n = 0
+    for path, content in pairs(v) do
+      n = n + 1
+      local err = check_abs_path("files", path)
+      if err then return ("'files' key %q: %s"):format(tostring(path), err:gsub("^'files' ", "")) end
+      if type(content) ~= "string" or #content > MAX_FILE_CONTENT then
+        return ("'files[%q]' must be a string of at most %d bytes"):format(path, MAX_FILE_CONTENT)
+      end
+    end
+    if n > MAX_FILES then return ("'files' has more than %d entries"):format(MAX_FILES) end
+    return nil, v
+  end,
+  setup = function(v)
+    if type(v) ~= "function" then return "'setup' must be a function(box)" end
+    return nil, v
+  end,
+}
+
+--- Validates a recipe table r (plain data, as vm.load_string returns it).
+-- origin = { file, line, text } places the messages.  Returns the
+-- normalised recipe (sizes in bytes, durations in seconds, network
+-- defaulting to "none", image to "default"), or nil, err.
+function M.validate(r, origin)
+  origin = origin or { file = "recipe" }
+  if type(r) ~= "table" then
+    return nil, M.where(origin, nil, "a recipe file must return recipe \"name\" { ... } or a table")
+  end
+  local out = {}
+  for k, v in pairs(r) do
+    local check = type(k) == "string" and CHECKS[k]
+    if not check then
+      return nil, M.where(origin, { k }, ("unknown field '%s' (expected one of: %s)")
+        :format(tostring(k), table.concat(M.FIELDS, ", ")))
+    end
+    local err, val, path = check(v)
+    if err then return nil, M.where(origin, path or { k }, err) end
+    out[k] = val
+  end
+  if out.name == nil then return nil, M.where(origin, nil, "'name' is missing") end
+  out.image = out.image or "default"
+  out.network = out.network or "none"
+  out.origin = { file = origin.file, line = origin.line }
+  return out
+end
+
+--- Checks what a valid recipe asks of the runtime that it cannot do yet.
+-- Returns true, or nil, err (naming the file and line).
+function M.check_enforceable(r)
+  if r.network ~= nil and r.network ~= "none" then
+    local o = r.origin or { file = "recipe" }
+    return nil, M.where({ file = o.file, line = o.line }, nil,
+      "network: network rules are not enforced yet (issue 7); use network = \"none\" or leave it out")
+  end
+  return true
+end
+
+--- The sandbox.create parameters a recipe stands for (setup and files are
+-- the caller's to run and write after the box starts).
+function M.create_params(r)
+  return { image = r.image, env = r.env, cwd = r.workdir, limits = r.limits }
+end
+
+-- ---------------------------------------------------------------- loading
+
+--- The `recipe "name" { ... }` constructor of one load, and what it saw:
+-- the caller's line (the real debug library runs here, on the daemon's
+-- side of the VM; the chunk never sees it).
+local function constructor(seen)
+  return function(name)
+    -- `return recipe "x" {...}` makes the second call a tail call, which
+    -- leaves no frame of the chunk: the line is taken at the first call
+    local info = debug.getinfo(2, "l")
+    if type(name) ~= "string" then error('recipe "name" { ... }: the name comes first', 2) end
+    return function(body)
+      if type(body) ~= "table" then error("recipe \"name\" { ... }: expected a table", 2) end
+      if seen.count then error("a recipe file defines one recipe", 2) end
+      seen.count, seen.line = 1, info and info.currentline
+      local r = {}
+      for k, v in next, body do r[k] = v end
+      if rawget(body, "name") ~= nil and rawget(body, "name") ~= name then
+        error(("recipe %q: the table names it %q"):format(tostring(name), tostring(rawget(body, "name"))), 2)
+      end
+      r.name = name
+      return r
+    end
+  end
+end
+
+--- Loads and validates a recipe from text; chunkname names it in messages.
+function M.load_string(text, chunkname)
+  local seen = {}
+  local r, err = vm.load_string(text, chunkname, { recipe = constructor(seen) })
+  if err then return nil, err end
+  return M.validate(r, { file = chunkname, line = seen.line, text = text })
+end
+
+--- Loads and validates a recipe file.  Returns the recipe, or nil, err
+-- ("recipes/x.lua:12: 'limits.memory': bad size ...").
+function M.load(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local text = f:read(vm.MAX_FILE + 1)
+  f:close()
+  if text and #text > vm.MAX_FILE then
+    return nil, ("%s: larger than %d bytes"):format(path, vm.MAX_FILE)
+  end
+  return M.load_string(text or "", path)
+end
+
+-- The recipes/ directory of the source tree, next to lua/ (development and
+-- the specs; the binary carries its recipes embedded).
+local function tree_recipes_dir()
+  local src = debug.getinfo(1, "S").source
+  local dir = src:match("^@(.*)/lua/tupper/recipe%.lua$") or src:match("^@(.*)lua/tupper/recipe%.lua$")
+  if dir == nil then return nil end
+  return (dir == "" and "." or dir) .. "/recipes"
+end
+
+--- Loads a recipe compiled into the binary (recipes/<name>.lua), or, out of
+-- the binary, from the source tree's recipes/.
+function M.load_embedded(name)
+  if type(name) ~= "string" or not name:match(NAME_PATTERN) then
+    return nil, ("no embedded recipe %q"):format(tostring(name))
+  end
+  local ok, core = pcall(require, "tupper.core")
+  local text = ok and core.embedded_source and core.embedded_source("recipes/" .. name)
+  if text then return M.load_string(text, "recipes/" .. name .. ".lua") end
+  local dir = tree_recipes_dir()
+  local path = dir and dir .. "/" .. name .. ".lua"
+  local f = path and io.open(path, "rb")
+  if not f then return nil, ("no embedded recipe %q"):format(name) end
+  f:close()
+  return M.load(path)
+end
+
+return M

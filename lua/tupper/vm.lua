@@ -1,0 +1,181 @@
+--- The locked-down VM for recipes and policy files.
+-- Untrusted Lua runs in the daemon's own state, but: in a fresh environment
+-- per chunk, built from an allow-list of globals (no io, os.execute,
+-- package, require, debug, load, collectgarbage, coroutine); text chunks
+-- only; every run (loading a file, calling one of its functions) under an
+-- instruction and a memory budget (tupper.vm_core, runtime/lvm.c).  Values
+-- leave the VM only as plain copies (`vm.plain`), so the daemon never runs a
+-- metamethod the code planted outside a budget.
+local core = require("tupper.vm_core")
+
+local M = {}
+
+--- Budgets of a run: loading a file, and calling one of its hooks.
+M.LOAD_LIMITS = { instructions = 10000000, memory = 32 * 1024 * 1024 }
+M.CALL_LIMITS = { instructions = 1000000, memory = 8 * 1024 * 1024 }
+--- Files larger than this are refused before they are parsed.
+M.MAX_FILE = 1024 * 1024
+local MAX_DEPTH, MAX_ITEMS = 32, 100000
+
+local real_rep, real_getmetatable, real_setmetatable = string.rep, getmetatable, setmetatable
+
+-- The string functions a chunk sees, as globals (a copy per chunk) and as
+-- methods of strings ("x"):upper() (this table itself, which no chunk can
+-- reach: getmetatable("") answers nil in the VM).  No string.dump; rep of an
+-- empty string returns at once (the C loop would spin n times unhooked).
+local SAFE_STRING = {}
+for k, v in pairs(string) do
+  if k ~= "dump" then SAFE_STRING[k] = v end
+end
+function SAFE_STRING.rep(s, n, sep)
+  if s == "" and (sep == nil or sep == "") then return "" end
+  return real_rep(s, n, sep)
+end
+
+local function copy(t, omit)
+  local c = {}
+  for k, v in pairs(t) do
+    if not (omit and omit[k]) then c[k] = v end
+  end
+  return c
+end
+
+local function safe_getmetatable(v)
+  if type(v) == "string" then return nil end
+  return real_getmetatable(v)
+end
+
+-- A finalizer would run later, inside the daemon's collector, outside any
+-- budget: metatables with __gc are refused (adding __gc afterwards does not
+-- mark the object, as the Lua manual says).
+local function safe_setmetatable(t, mt)
+  if type(mt) == "table" and rawget(mt, "__gc") ~= nil then
+    error("setmetatable: __gc is not allowed here", 2)
+  end
+  return real_setmetatable(t, mt)
+end
+
+--- A fresh environment: the allow-list, plus extra globals (a constructor
+-- such as `recipe`).  Nothing in it is shared with another environment
+-- except immutable functions.
+function M.env(extra)
+  local env = {
+    assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
+    pcall = pcall, select = select, tonumber = tonumber, tostring = tostring,
+    type = type, xpcall = xpcall, rawequal = rawequal, rawget = rawget,
+    rawlen = rawlen, rawset = rawset,
+    getmetatable = safe_getmetatable, setmetatable = safe_setmetatable,
+    string = copy(SAFE_STRING),
+    table = copy(table),
+    math = copy(math, { randomseed = true }),
+    utf8 = copy(utf8),
+    os = { time = os.time, clock = os.clock, date = os.date },
+    _VERSION = _VERSION,
+  }
+  env._G = env
+  for k, v in pairs(extra or {}) do env[k] = v end
+  return env
+end
+
+local STRING_MT = getmetatable("")
+
+--- Calls fn(...) under limits ({ instructions, memory }, default
+-- M.CALL_LIMITS).  Returns true, results... or nil, err.  Results are the
+-- raw values: pass them through vm.plain before the daemon looks inside.
+function M.run(fn, limits, ...)
+  limits = limits or M.CALL_LIMITS
+  local saved = STRING_MT.__index
+  STRING_MT.__index = SAFE_STRING
+  local res = table.pack(pcall(core.run, fn, limits.instructions, limits.memory, ...))
+  STRING_MT.__index = saved
+  if not res[1] then error(res[2], 2) end -- a bad argument: our bug, not the chunk's
+  return table.unpack(res, 2, res.n)
+end
+
+local function plain(v, depth, count)
+  local t = type(v)
+  if t == "string" or t == "number" or t == "boolean" or t == "nil" or t == "function" then
+    return v
+  end
+  if t ~= "table" then return nil, ("a %s value cannot leave the recipe VM"):format(t) end
+  if depth > MAX_DEPTH then return nil, "tables nested too deep (or a cycle)" end
+  if debug.getmetatable(v) ~= nil then
+    return nil, "a table with a metatable cannot leave the recipe VM"
+  end
+  local out = {}
+  for k, x in next, v do
+    count[1] = count[1] + 1
+    if count[1] > MAX_ITEMS then return nil, "too many values" end
+    local kt = type(k)
+    if kt ~= "string" and kt ~= "number" and kt ~= "boolean" then
+      return nil, ("a %s key cannot leave the recipe VM"):format(kt)
+    end
+    local y, err = plain(x, depth + 1, count)
+    if err then return nil, err end
+    out[k] = y
+  end
+  return out
+end
+
+--- A copy of v made of plain data: strings, numbers, booleans, functions
+-- (closures of the VM, to be called only through vm.run) and tables without
+-- metatables, read with raw access.  nil, err for anything else.
+function M.plain(v)
+  return plain(v, 0, { 0 })
+end
+
+--- Evaluates a chunk of text in a fresh environment (M.env(extra)) under
+-- M.LOAD_LIMITS.  chunkname is how messages name it ("recipes/x.lua").
+-- Returns the chunk's first result as plain data, or nil, err.
+function M.load_string(text, chunkname, extra)
+  if type(text) ~= "string" then return nil, chunkname .. ": not text" end
+  if #text > M.MAX_FILE then
+    return nil, ("%s: larger than %d bytes"):format(chunkname, M.MAX_FILE)
+  end
+  local env = M.env(extra)
+  local ok, v = M.run(function()
+    local fn, err = load(text, "@" .. chunkname, "t", env)
+    if not fn then error(err, 0) end
+    return (fn())
+  end, M.LOAD_LIMITS)
+  if not ok then
+    if v:sub(1, #chunkname + 1) ~= chunkname .. ":" then v = chunkname .. ": " .. v end
+    return nil, v
+  end
+  local out, err = M.plain(v)
+  if err then return nil, ("%s: %s"):format(chunkname, err) end
+  return out
+end
+
+--- Reads a file (at most M.MAX_FILE bytes) and evaluates it as load_string.
+function M.load_file(path, extra)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local text = f:read(M.MAX_FILE + 1)
+  f:close()
+  if text and #text > M.MAX_FILE then
+    return nil, ("%s: larger than %d bytes"):format(path, M.MAX_FILE)
+  end
+  return M.load_string(text or "", path, extra)
+end
+
+--- Calls a function of a loaded chunk (a hook) with plain copies of args,
+-- under M.CALL_LIMITS.  Returns true, plain results... or nil, err.
+function M.call(fn, ...)
+  local args = table.pack(...)
+  for i = 1, args.n do
+    local a, err = M.plain(args[i])
+    if err then return nil, err end
+    args[i] = a
+  end
+  local res = table.pack(M.run(fn, M.CALL_LIMITS, table.unpack(args, 1, args.n)))
+  if not res[1] then return nil, res[2] end
+  for i = 2, res.n do
+    local r, err = M.plain(res[i])
+    if err then return nil, err end
+    res[i] = r
+  end
+  return true, table.unpack(res, 2, res.n)
+end
+
+return M
