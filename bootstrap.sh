@@ -7,9 +7,9 @@ set -eu
 what=${1:-build}
 
 pkgs="gcc make cmake pkg-config lua5.4 liblua5.4-dev libuv1-dev lua-luv lua-luv-dev
-lua-cjson lua-cjson-dev busybox-static libseccomp-dev e2fsprogs"
+lua-cjson lua-cjson-dev busybox-static libseccomp-dev e2fsprogs libedit-dev"
 case "$what" in
-  test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev" ;;
+  test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux" ;;
   bench) pkgs="$pkgs hyperfine bubblewrap crun podman" ;;
 esac
 

@@ -25,6 +25,7 @@
 #include "embed.h"
 #include "error.h"
 #include "frame.h"
+#include "ledit.h"
 #include "linux.h"
 #include "tupper.h"
 #include "utils.h"
@@ -1265,6 +1266,9 @@ int luaopen_tupper_core(lua_State *L) {
       {"cgroup_orphans", tp_lcore_cgroup_orphans}, {"cgroup_remove", tp_lcore_cgroup_remove},
       {"cgroup_prune", tp_lcore_cgroup_prune},
       {"vm_run", tp_lvm_run},              {"embedded_source", tp_lua_embedded_source},
+      {"ledit_open", tp_lcore_ledit_open}, {"ledit_prompt", tp_lcore_ledit_prompt},
+      {"ledit_feed", tp_lcore_ledit_feed}, {"ledit_clear", tp_lcore_ledit_clear},
+      {"ledit_add_history", tp_lcore_ledit_add_history}, {"ledit_close", tp_lcore_ledit_close},
       {NULL, NULL}};
   static const struct { const char *name; int v; } msgs[] = {
       {"READY", TP_MSG_READY}, {"OUTPUT", TP_MSG_OUTPUT}, {"EXIT", TP_MSG_EXIT},
