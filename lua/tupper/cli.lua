@@ -25,6 +25,10 @@ commands:
   daemon [--socket PATH] [--state-dir DIR] [--log FILE] [--pool N]
                                 run the daemon in the foreground; it keeps
                                 N boxes started for fast creates (default 2)
+  repl [-e CODE] [SCRIPT ARG...]
+                                a Lua prompt with the client API loaded as
+                                `tupper` (docs/repl.md); -e and SCRIPT run
+                                without a prompt
   schema                        print the socket API's schema (JSON)
   version                       print the version
 
@@ -400,6 +404,12 @@ function M.main(argv)
       k = k + 2
     end
     return require("tupper.daemon").run(o)
+  elseif verb == "repl" then
+    local ok, code = pcall(require("tupper.repl").main, args, g)
+    uv.walk(function(h) if not h:is_closing() then h:close() end end)
+    uv.run()
+    if not ok then return die("%s", tostring(code)) end
+    return code
   elseif verbs[verb] then
     local ok, code = pcall(client_main, verb, args, g)
     if not ok then return die("%s", tostring(code)) end

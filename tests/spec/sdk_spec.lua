@@ -1,0 +1,152 @@
+-- The Lua client API (tupper.sdk) against a real daemon: sandboxes,
+-- commands, files, background processes and errors, called the way a plain
+-- script calls them (from the main thread) and from inside a task.
+local uv = require("luv")
+local helper = require("helper")
+local tupper = require("tupper.sdk")
+local b64 = require("tupper.b64")
+
+describe("tupper.sdk", function()
+  local d
+
+  setup(function()
+    d = helper.start_daemon()
+    tupper.configure({ socket = d.socket, autostart = false })
+  end)
+
+  teardown(function()
+    for _, s in ipairs(tupper.list()) do tupper.kill(s.id) end
+    tupper.close()
+    if d then assert.are.equal(0, d.stop()) end
+    helper.drain()
+  end)
+
+  it("creates a sandbox, runs commands and kills it", function()
+    local box = tupper.create({ envs = { FOO = "bar" }, metadata = { owner = "spec" }, timeout = "10m" })
+    assert.are.equal("string", type(box.id))
+    assert.are.equal("<sandbox " .. box.id .. ">", tostring(box))
+    local r = box:run("echo $FOO; echo err >&2; exit 3")
+    assert.are.same({ stdout = "bar\n", stderr = "err\n", exit_code = 3 }, r)
+    assert.are.equal("/tmp\n", box:run({ "pwd" }, { cwd = "/tmp" }).stdout)
+    assert.are.equal("x-y\n", box:run("echo $A-$B", { envs = { A = "x", B = "y" } }).stdout)
+    assert.are.equal("piped", box:run({ "cat" }, { stdin = "piped" }).stdout)
+    local info = box:info()
+    assert.are.equal("spec", info.metadata.owner)
+    assert.are.equal(600, info.timeout)
+    local found = false
+    for _, s in ipairs(tupper.list()) do found = found or s.id == box.id end
+    assert.is_true(found)
+    assert.are.equal(box.id, tupper.connect(box.id).id)
+    assert.is_true(box:is_running())
+    assert.is_true(box:kill())
+    assert.is_false(box:is_running())
+    assert.is_false(tupper.kill(box.id))
+  end)
+
+  it("raises on check = true, on unknown sandboxes and on bad programs", function()
+    local box = tupper.create()
+    local ok, err = pcall(box.run, box, "echo oops >&2; exit 2", { check = true })
+    assert.is_false(ok)
+    assert.are.equal("tupper: command failed (exit code 2): echo oops >&2; exit 2: oops", err)
+    ok, err = pcall(box.run, box, { "/no/such/program" })
+    assert.is_false(ok)
+    assert.truthy(err:match("^tupper: "), err)
+    ok, err = pcall(tupper.connect, "abc")
+    assert.is_false(ok)
+    assert.are.equal("tupper: no sandbox 'abc'", err)
+    ok, err = pcall(box.files.read, box.files, "/no/such/file")
+    assert.is_false(ok)
+    assert.truthy(err:match("^tupper: .*/no/such/file"), err)
+    box:kill()
+    ok, err = pcall(box.run, box, "true")
+    assert.are.equal("tupper: no sandbox '" .. box.id .. "'", err)
+  end)
+
+  it("reads, writes and manages files", function()
+    local box = tupper.create()
+    local f = box.files
+    assert.are.same({ path = "/root/a/b.txt", size = 5 }, f:write("/root/a/b.txt", "hello"))
+    assert.are.equal("hello", f:read("/root/a/b.txt"))
+    assert.is_true(f:exists("/root/a/b.txt"))
+    assert.is_false(f:exists("/root/nothing"))
+    assert.is_false(f:exists("/root/a/b.txt/below"))
+    -- binary and larger than one chunk: three fs.write calls with offsets
+    local parts = {}
+    for i = 0, 255 do parts[#parts + 1] = string.char(i) end
+    local big = table.concat(parts):rep(10 * 1024 + 7) -- 2.5 MiB and a bit
+    assert.are.equal(#big, f:write("/big.bin", big).size)
+    assert.are.equal(#big, f:stat("/big.bin").size)
+    assert.is_true(f:read("/big.bin") == big)
+    assert.are.equal(#big .. "\n", box:run("wc -c < /big.bin").stdout:gsub("^%s+", ""))
+    assert.are.equal("", (f:write("/big.bin", "") and f:read("/big.bin")))
+    assert.is_true(f:mkdir("/root/x/y"))
+    assert.is_false(f:mkdir("/root/x/y"))
+    f:rename("/root/a/b.txt", "/root/x/y/c.txt")
+    local names = {}
+    for _, e in ipairs(f:list("/root/x/y")) do names[#names + 1] = e.name .. ":" .. e.type end
+    assert.are.same({ "c.txt:file" }, names)
+    assert.are.equal("dir", f:stat("/root/x").type)
+    assert.has_error(function() f:remove("/root/x") end)
+    f:remove("/root/x", { recursive = true })
+    assert.is_false(f:exists("/root/x"))
+    box:kill()
+  end)
+
+  it("runs background processes with stdin, callbacks and kill", function()
+    local box = tupper.create()
+    local h = box:run("cat; echo done", { background = true, stdin = true })
+    assert.are.equal("integer", math.type(h.pid))
+    h:send_stdin("abc\n")
+    h:close_stdin()
+    assert.are.same({ stdout = "abc\ndone\n", stderr = "", exit_code = 0 }, h:wait())
+    local seen = {}
+    box:run("for i in 1 2 3; do echo $i; sleep 0.01; done", { on_stdout = function(data) seen[#seen + 1] = data end })
+    assert.are.equal("1\n2\n3\n", table.concat(seen))
+    local sleeper = box:run("sleep 30", { background = true })
+    assert.are.equal(1, #box.commands:list())
+    local t0 = uv.now()
+    assert.is_true(sleeper:kill())
+    local r = sleeper:wait()
+    assert.are.equal(9, r.signal)
+    assert.truthy(uv.now() - t0 < 5000)
+    assert.are.equal(0, #box.commands:list())
+    local slow = box:run("sleep 10", { timeout = "200ms" })
+    assert.is_true(slow.timed_out)
+    box:kill()
+  end)
+
+  it("runs inside a task, and cancels its wait on request", function()
+    local box = tupper.create()
+    -- several calls in one task: they share the loop with the caller
+    local out = tupper.run(function()
+      local a = box:run("echo a").stdout
+      local b = box.files:write("/t", "b") and box.files:read("/t")
+      return a .. b
+    end)
+    assert.are.equal("a\nb", out)
+    -- cancel: the waiting call raises "interrupted" and its command is killed
+    local t = tupper.task(function() return box:run("sleep 30") end)
+    local timer = uv.new_timer()
+    timer:start(200, 0, function() timer:close(); tupper.cancel(t) end)
+    tupper.drive(t)
+    assert.is_false(t.ok)
+    assert.are.equal("interrupted", t.err)
+    local left = 1
+    for _ = 1, 100 do
+      left = #box.commands:list()
+      if left == 0 then break end
+      tupper.run(function() require("tupper.async").sleep(20) end)
+    end
+    assert.are.equal(0, left)
+    box:kill()
+  end)
+
+  it("has a pure-Lua base64 that agrees with the codec", function()
+    for _, s in ipairs({ "", "f", "fo", "foo", "foob", "fooba", "foobar", "\0\255\128" }) do
+      assert.are.equal(s, b64.lua_decode(b64.lua_encode(s)))
+      assert.are.equal(helper.b64encode(s), b64.lua_encode(s))
+    end
+    assert.is_nil(b64.lua_decode("Zm9v!A=="))
+    assert.is_nil(b64.lua_decode("Zg="))
+  end)
+end)
