@@ -55,6 +55,17 @@ local function safe_setmetatable(t, mt)
   return real_setmetatable(t, mt)
 end
 
+-- xpcall calls its message handler before the stack unwinds; after an
+-- error raised by the instruction hook, Lua runs that handler with hooks
+-- off (the hook never returned), so a looping handler would spin unbudgeted.
+-- This one calls the handler after the pcall, with hooks back on.
+local function safe_xpcall(f, handler, ...)
+  local r = table.pack(pcall(f, ...))
+  if r[1] then return table.unpack(r, 1, r.n) end
+  local _, v = pcall(handler, r[2])
+  return false, v
+end
+
 --- A fresh environment: the allow-list, plus extra globals (a constructor
 -- such as `recipe`).  Nothing in it is shared with another environment
 -- except immutable functions.
@@ -62,7 +73,7 @@ function M.env(extra)
   local env = {
     assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
     pcall = pcall, select = select, tonumber = tonumber, tostring = tostring,
-    type = type, xpcall = xpcall, rawequal = rawequal, rawget = rawget,
+    type = type, xpcall = safe_xpcall, rawequal = rawequal, rawget = rawget,
     rawlen = rawlen, rawset = rawset,
     getmetatable = safe_getmetatable, setmetatable = safe_setmetatable,
     string = copy(SAFE_STRING),
