@@ -3,9 +3,13 @@
  *
  * Two limits, both per run:
  *  - instructions: the run executes in a fresh coroutine with a count hook.
- *    Once the budget is spent the hook raises, and re-arms itself with a
- *    count of 1, so code that catches the error (pcall) dies again at its
- *    next instruction: the run always ends shortly after the budget.
+ *    Once the budget is spent the hook yields the coroutine out of the run
+ *    (a yield is not an error: pcall cannot catch it), and re-arms itself
+ *    with a count of 1, so code that catches the error it raises where it
+ *    cannot yield dies again at its next instruction.
+ *  - time: instructions are not all equal (an error unwinding through a
+ *    coroutine's pcall costs about 100 times a plain one), so the hook also
+ *    checks a monotonic deadline, as redis does for its scripts.
  *  - memory: the state's allocator counts the bytes in use; while a run is
  *    active, an allocation that would grow the heap beyond the run's budget
  *    fails (Lua raises "not enough memory").  A recipe that catches that
@@ -17,14 +21,16 @@
  * code runs in (lua/tupper/vm.lua) decides what it can reach; this file
  * only bounds what it can spend. */
 #include <lauxlib.h>
-#include <limits.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "tupper.h"
 
 #define TP_LVM_HEAP_KEY "tupper.vm_core.heap"
 #define TP_LVM_STEP 1000 /* instructions between two hook calls */
 #define TP_LVM_INSTR_MSG "recipe: instruction limit exceeded"
+#define TP_LVM_TRIP_INSTR 1
+#define TP_LVM_TRIP_TIME 2
 
 /* ------------------------------------------------------------- allocator */
 
@@ -38,6 +44,13 @@ void tp_lvm_heap_init(tp_lvm_heap_t *h, lua_Alloc base, void *base_ud) {
   h->running = 0;
   h->instr_left = 0;
   h->instr_tripped = 0;
+  h->deadline_ns = 0;
+}
+
+static long long tp__lvm_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 void *tp_lvm_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
@@ -85,21 +98,37 @@ static void tp__lvm_hook(lua_State *L, lua_Debug *ar) {
     return;
   if (!h->instr_tripped) {
     h->instr_left -= TP_LVM_STEP; /* may already be 0: out of memory */
-    if (h->instr_left > 0)
+    if (h->instr_left <= 0)
+      h->instr_tripped = TP_LVM_TRIP_INSTR;
+    else if (tp__lvm_now_ns() >= h->deadline_ns)
+      h->instr_tripped = TP_LVM_TRIP_TIME;
+    else
       return;
-    h->instr_tripped = 1;
   }
-  /* from now on, every instruction of this thread raises again */
+  /* From now on the hook runs at every instruction of this thread.  It
+   * yields: the run's lua_resume returns at once and the coroutine is
+   * dropped, with no pcall on the way to catch anything (unwinding error
+   * by error through pcalls can take quadratic time: a recovered error
+   * resets the C-stack depth, so recursion through pcall grows without
+   * bound).  Inside a C call that cannot yield (a sort comparator), it
+   * raises instead, and yields at the first instruction back in Lua. */
   lua_sethook(L, tp__lvm_hook, LUA_MASKCOUNT, 1);
+  if (lua_isyieldable(L)) {
+    lua_yield(L, 0);
+    return;
+  }
   luaL_error(L, TP_LVM_INSTR_MSG);
 }
 
 /* Pushes the message of a failed run: what the limits say first, since the
  * error object of a run that hit one is often a secondary error. */
 static void tp__lvm_push_failure(lua_State *L, lua_State *co, int status,
-                                 const tp_lvm_heap_t *h, lua_Integer mem_limit) {
+                                 const tp_lvm_heap_t *h, lua_Integer mem_limit,
+                                 lua_Integer time_limit) {
   if (h->mem_tripped && (status == LUA_ERRMEM || h->instr_tripped)) {
     lua_pushfstring(L, "recipe: memory limit exceeded (%I bytes)", mem_limit);
+  } else if (h->instr_tripped == TP_LVM_TRIP_TIME) {
+    lua_pushfstring(L, "recipe: time limit exceeded (%I ms)", time_limit);
   } else if (h->instr_tripped) {
     lua_pushstring(L, TP_LVM_INSTR_MSG);
   } else if (status == LUA_YIELD) {
@@ -112,20 +141,24 @@ static void tp__lvm_push_failure(lua_State *L, lua_State *co, int status,
   }
 }
 
-/* run(fn, instruction_limit, memory_limit, ...) -> true, results... | nil, msg
- * Calls fn(...) in a fresh coroutine under both budgets.  memory_limit is
- * how many bytes the heap may grow by during the run. */
+/* run(fn, instruction_limit, memory_limit, time_limit_ms, ...)
+ *   -> true, results... | nil, msg
+ * Calls fn(...) in a fresh coroutine under the budgets.  memory_limit is
+ * how many bytes the heap may grow by during the run; time_limit_ms is
+ * checked every TP_LVM_STEP instructions. */
 int tp_lvm_run(lua_State *L) {
   tp_lvm_heap_t *h;
   lua_State *co;
-  lua_Integer instr_limit, mem_limit;
+  lua_Integer instr_limit, mem_limit, time_limit;
   int nargs, nres = 0, status;
 
   luaL_checktype(L, 1, LUA_TFUNCTION);
   instr_limit = luaL_checkinteger(L, 2);
   mem_limit = luaL_checkinteger(L, 3);
+  time_limit = luaL_checkinteger(L, 4);
   luaL_argcheck(L, instr_limit > 0, 2, "must be positive");
   luaL_argcheck(L, mem_limit > 0, 3, "must be positive");
+  luaL_argcheck(L, time_limit > 0 && time_limit < 86400000, 4, "must be 1 ms to a day");
   h = tp__lvm_heap(L);
   if (h == NULL)
     return luaL_error(L, "vm run: the Lua state's allocator is not tupper's");
@@ -134,11 +167,11 @@ int tp_lvm_run(lua_State *L) {
     lua_pushstring(L, "recipe: a VM run cannot start another one");
     return 2;
   }
-  nargs = lua_gettop(L) - 3;
+  nargs = lua_gettop(L) - 4;
 
   /* everything the run needs is allocated before the budget starts */
   co = lua_newthread(L);
-  lua_insert(L, 1);                /* keep the thread below the arguments */
+  lua_insert(L, 1); /* keep the thread below the arguments (6..top) */
   lua_pushvalue(L, 2);             /* fn */
   lua_xmove(L, co, 1);
   if (nargs > 0) {
@@ -152,6 +185,7 @@ int tp_lvm_run(lua_State *L) {
   h->mem_tripped = 0;
   h->instr_left = instr_limit;
   h->limit = h->used + mem_limit;
+  h->deadline_ns = tp__lvm_now_ns() + (long long) time_limit * 1000000LL;
   h->limited = 1;
   lua_sethook(co, tp__lvm_hook, LUA_MASKCOUNT,
               instr_limit < TP_LVM_STEP ? (int) instr_limit : TP_LVM_STEP);
@@ -175,7 +209,7 @@ int tp_lvm_run(lua_State *L) {
     return nres + 1;
   }
   lua_pushnil(L);
-  tp__lvm_push_failure(L, co, status, h, mem_limit);
+  tp__lvm_push_failure(L, co, status, h, mem_limit, time_limit);
   return 2;
 }
 

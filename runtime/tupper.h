@@ -40,13 +40,15 @@ typedef struct tp_lvm_heap_s {
   int mem_tripped;      /* an allocation was refused in this run */
   int running;          /* a run is active (runs do not nest) */
   long long instr_left; /* instructions left in this run */
-  int instr_tripped;    /* the run spent its instructions */
+  int instr_tripped;    /* the run spent its instructions (1) or time (2) */
+  long long deadline_ns; /* CLOCK_MONOTONIC end of the run */
 } tp_lvm_heap_t;
 
 void tp_lvm_heap_init(tp_lvm_heap_t *h, lua_Alloc base, void *base_ud);
 /* lua_Alloc over a tp_lvm_heap_t. */
 void *tp_lvm_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
-/* run(fn, instruction_limit, memory_limit, ...) -> true, results... | nil, msg
+/* run(fn, instruction_limit, memory_limit, time_limit_ms, ...)
+ *   -> true, results... | nil, msg
  * (tupper.vm_core.run, and tupper.core.vm_run). */
 int tp_lvm_run(lua_State *L);
 /* luaopen function of `tupper.vm_core` (also built as a loadable module for

@@ -11,8 +11,10 @@ local core = require("tupper.vm_core")
 local M = {}
 
 --- Budgets of a run: loading a file, and calling one of its hooks.
-M.LOAD_LIMITS = { instructions = 10000000, memory = 32 * 1024 * 1024 }
-M.CALL_LIMITS = { instructions = 1000000, memory = 8 * 1024 * 1024 }
+-- (time in ms: instructions are not all equal, an error unwinding costs
+-- a hundred plain ones)
+M.LOAD_LIMITS = { instructions = 10000000, memory = 32 * 1024 * 1024, time = 1000 }
+M.CALL_LIMITS = { instructions = 1000000, memory = 8 * 1024 * 1024, time = 100 }
 --- Files larger than this are refused before they are parsed.
 M.MAX_FILE = 1024 * 1024
 local MAX_DEPTH, MAX_ITEMS = 32, 100000
@@ -90,14 +92,14 @@ end
 
 local STRING_MT = getmetatable("")
 
---- Calls fn(...) under limits ({ instructions, memory }, default
+--- Calls fn(...) under limits ({ instructions, memory, time }, default
 -- M.CALL_LIMITS).  Returns true, results... or nil, err.  Results are the
 -- raw values: pass them through vm.plain before the daemon looks inside.
 function M.run(fn, limits, ...)
   limits = limits or M.CALL_LIMITS
   local saved = STRING_MT.__index
   STRING_MT.__index = SAFE_STRING
-  local res = table.pack(pcall(core.run, fn, limits.instructions, limits.memory, ...))
+  local res = table.pack(pcall(core.run, fn, limits.instructions, limits.memory, limits.time, ...))
   STRING_MT.__index = saved
   if not res[1] then error(res[2], 2) end -- a bad argument: our bug, not the chunk's
   return table.unpack(res, 2, res.n)
