@@ -5,6 +5,7 @@
 #include <lua-cjson.h>
 #include <lualib.h>
 #include <luv/luv.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +142,10 @@ int tp_main(int argc, char **argv) {
   lua_State *L;
   int code = 1;
 
+  /* A peer that goes away must cost its connection an EPIPE, never the
+   * whole daemon a SIGPIPE (libuv writes with plain write()).  Children get
+   * the default back: the agent resets every signal before it execs. */
+  signal(SIGPIPE, SIG_IGN);
   if (uv_loop_init(&loop) != 0) {
     fprintf(stderr, "tupper: cannot initialise the event loop\n");
     return 1;

@@ -60,6 +60,14 @@ end
 function h.sandbox_create(d, conn, p)
   local sb, err = d:create_sandbox(p)
   if not sb then return nil, rpc.SANDBOX_ERROR, err end
+  if p.kill_on_disconnect then
+    if conn.closed then
+      d:kill_sandbox(sb.id)
+      return nil, rpc.SANDBOX_ERROR, "the client went away"
+    end
+    conn.owned = conn.owned or {}
+    conn.owned[sb.id] = true
+  end
   return sb:info()
 end
 

@@ -117,8 +117,11 @@ local function write_out(stream, p)
   local data = p.data
   if p.encoding ~= "utf8" then data = core.b64decode(data) or "" end
   local f = stream == "stderr" and io.stderr or io.stdout
-  f:write(data)
-  f:flush()
+  if not f:write(data) or not f:flush() then
+    -- our reader went away (`tupper run -- yes | head -1`): end as a
+    -- SIGPIPE would; the daemon kills the box when we disconnect
+    os.exit(141)
+  end
 end
 
 -- Feeds the CLI's stdin to the process, then closes its stdin.
@@ -209,8 +212,10 @@ function verbs.run(c, args)
   if #rest == 0 then rest = { "/bin/sh" } end
   -- a run box lives as long as its command, as with docker run
   if o.limits.timeout == nil then o.limits.timeout = 0 end
+  -- the box goes with this client, even if it is killed (docker run --rm
+  -- without leaving a container behind)
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
-    metadata = next(o.metadata) and o.metadata or nil, limits = o.limits })
+    metadata = next(o.metadata) and o.metadata or nil, limits = o.limits, kill_on_disconnect = true })
   if not sb then return die("%s", errmsg(err)) end
   local code = run_in(c, sb.id, rest, o)
   -- --rm: a notification, not a call: the daemon takes the box out of its

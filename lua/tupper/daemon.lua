@@ -281,7 +281,14 @@ function Daemon:_accept()
       if msg[1] ~= nil then return c:error(nil, rpc.INVALID_REQUEST, "batch requests are not supported") end
       self:_request(c, msg)
     end,
-    close = function() self.nclients = self.nclients - 1; self.clients[conn] = nil end,
+    close = function()
+      self.nclients = self.nclients - 1
+      self.clients[conn] = nil
+      -- sandboxes created with kill_on_disconnect go with their client
+      for id in pairs(conn.owned or {}) do
+        async.spawn(function() self:kill_sandbox(id) end)
+      end
+    end,
   })
   self.clients[conn] = true
 end

@@ -37,7 +37,8 @@ M.methods = {
   ["sandbox.create"] = {
     doc = "Creates and starts a sandbox.",
     params = { image = { type = "string", min = 1, max = 256 },
-               env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS },
+               env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS,
+               kill_on_disconnect = { type = "boolean" } },
     result = { "id", "image", "state", "created_at", "metadata", "limits", "timeout" },
   },
   ["sandbox.get"] = {

@@ -247,6 +247,22 @@ describe("the daemon", function()
       assert.truthy(call("hello", {}))
     end)
 
+    it("kills a sandbox created with kill_on_disconnect when its client goes away", function()
+      local got = raw({ '{"jsonrpc":"2.0","id":1,"method":"sandbox.create","params":{"kill_on_disconnect":true}}\n' }, 1)
+      local json = require("tupper.json")
+      local id = json.decode(got[1]).result.id
+      assert.truthy(id)
+      local gone = sync(function()
+        for _ = 1, 200 do
+          local _, err = c:call("sandbox.get", { id = id })
+          if err then return true end
+          async.sleep(10)
+        end
+        return false
+      end)
+      assert.is_true(gone)
+    end)
+
     it("survives a client that disconnects while its process streams output", function()
       local id = create()
       sync(function()
