@@ -12,7 +12,7 @@ ROOT=$(pwd)
 traces() {
   {
     grep -E 'tupper' /proc/self/mountinfo 2>/dev/null | awk '{print "mount " $5}'
-    find /sys/fs/cgroup -maxdepth 4 -type d -name '*tupper*' 2>/dev/null | sed 's/^/cgroup /'
+    find /sys/fs/cgroup -maxdepth 5 -type d -path '*tupper*' 2>/dev/null | sed 's/^/cgroup /'
     ip netns list 2>/dev/null | grep -i tupper | sed 's/^/netns /'
     pgrep -a -f 'tupper-agent|tupper daemon' 2>/dev/null | sed 's/^/process /'
     # any process running as a sandbox uid (the default range)
