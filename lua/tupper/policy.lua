@@ -79,14 +79,9 @@ end
 
 --- Loads and validates a policy file.  Returns the policy, or nil, err.
 function M.load(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local text = f:read(vm.MAX_FILE + 1)
-  f:close()
-  if text and #text > vm.MAX_FILE then
-    return nil, ("%s: larger than %d bytes"):format(path, vm.MAX_FILE)
-  end
-  return M.load_string(text or "", path)
+  local text, err = vm.read_source(path)
+  if not text then return nil, err end
+  return M.load_string(text, path)
 end
 
 --- The path of the nearest tupper.lua from start_dir upward, or nil.

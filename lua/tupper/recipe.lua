@@ -240,14 +240,9 @@ end
 --- Loads and validates a recipe file.  Returns the recipe, or nil, err
 -- ("recipes/x.lua:12: 'limits.memory': bad size ...").
 function M.load(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local text = f:read(vm.MAX_FILE + 1)
-  f:close()
-  if text and #text > vm.MAX_FILE then
-    return nil, ("%s: larger than %d bytes"):format(path, vm.MAX_FILE)
-  end
-  return M.load_string(text or "", path)
+  local text, err = vm.read_source(path)
+  if not text then return nil, err end
+  return M.load_string(text, path)
 end
 
 -- The recipes/ directory of the source tree, next to lua/ (development and

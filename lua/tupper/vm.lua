@@ -162,6 +162,14 @@ end
 
 --- Reads a file (at most M.MAX_FILE bytes) and evaluates it as load_string.
 function M.load_file(path, extra)
+  local text, err = M.read_source(path)
+  if not text then return nil, err end
+  return M.load_string(text, path, extra)
+end
+
+--- The text of a recipe or policy file, at most MAX_FILE bytes; nil, err
+-- for a missing or larger file.
+function M.read_source(path)
   local f, err = io.open(path, "rb")
   if not f then return nil, err end
   local text = f:read(M.MAX_FILE + 1)
@@ -169,7 +177,7 @@ function M.load_file(path, extra)
   if text and #text > M.MAX_FILE then
     return nil, ("%s: larger than %d bytes"):format(path, M.MAX_FILE)
   end
-  return M.load_string(text or "", path, extra)
+  return text or ""
 end
 
 --- Calls a function of a loaded chunk (a hook) with plain copies of args,
