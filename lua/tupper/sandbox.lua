@@ -28,12 +28,12 @@ local function now_iso()
 end
 
 -- Wraps a started (or re-adopted) box and waits for its agent's READY.
-local function attach(box, opts)
+local function attach(box, opts, adopting)
   local self = setmetatable({
     id = opts.id, image = opts.image, box = box, state = "starting", cgroup = opts.cgroup,
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
     cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, hooks = opts,
-    limits = opts.limits_info, pid = box:pid(),
+    limits = opts.limits_info, pid = box:pid(), adopting = adopting,
   }, Sandbox)
   box:on(function(t, id, f) self:_frame(t, id, f) end,
          function(reason) self:_down(reason) end)
@@ -76,9 +76,10 @@ end
 function M.adopt(opts)
   local box, err = core.box_adopt({ id = opts.id, dir = opts.dir, pid = opts.pid, cgroup = opts.cgroup })
   if not box then return nil, "adopt sandbox " .. opts.id .. ": " .. tostring(err) end
-  local self, aerr = attach(box, opts)
+  local self, aerr = attach(box, opts, true)
   if not self then return nil, aerr end
   local r, perr = self:request(MSG.PS, {})
+  self.adopting = nil
   if not r then
     self:destroy()
     return nil, "adopt sandbox " .. opts.id .. ": " .. tostring(perr)
@@ -117,13 +118,19 @@ function Sandbox:_frame(t, id, f)
     if t == MSG.OK then p.cb(f) else p.cb(nil, f.msg or "agent error", f.errno or 0) end
   elseif t == MSG.OUTPUT then
     local proc = self.procs[f.pid]
+    if not proc and self.adopting then return end
     if not proc or type(f.data) ~= "string" or (f.stream ~= 1 and f.stream ~= 2) then
       return self:_hostile("bad output frame")
     end
     if self.hooks.on_output then self.hooks.on_output(self, proc, f.stream == 1 and "stdout" or "stderr", f.data) end
   elseif t == MSG.EXIT then
     local proc = self.procs[f.pid]
-    if not proc then return self:_hostile("exit of an unknown process") end
+    if not proc then
+      -- while re-adopting, the agent reports what exited while no daemon
+      -- listened, before we know its processes: nothing to tell anyone
+      if self.adopting then return end
+      return self:_hostile("exit of an unknown process")
+    end
     self.procs[f.pid] = nil
     release(proc)
     self:_tree_done(proc)

@@ -28,8 +28,12 @@ describe("a daemon killed with SIGKILL", function()
     local id = assert(call(c, "sandbox.create", { metadata = { who = "crash" } })).id
     assert(call(c, "fs.write", { sandbox = id, path = "/kept.txt", data = "still here", encoding = "utf8" }))
     local bg = assert(call(c, "process.start", { sandbox = id, argv = { "sleep", "1000" } }))
+    -- and one that ends while no daemon listens: its exit is queued by the
+    -- agent and must not spoil the re-adoption
+    local short = assert(call(c, "process.start", { sandbox = id, argv = { "sleep", "0.2" } }))
     c:close()
     d.crash()
+    sync(function() async.sleep(400) end)
     assert.truthy(box_procs(id) >= 2, "the box died with its daemon")
 
     d = helper.start_daemon(dir, { pool = 0 })
