@@ -145,6 +145,10 @@ function Daemon:create_sandbox(p)
       return nil, err
     end
   end
+  if self.stopping then -- the daemon began to shut down while this box started
+    sb:destroy()
+    return nil, "the daemon is shutting down"
+  end
   self:_fill_pool()
   sb.env, sb.metadata, sb.cwd = p.env or {}, p.metadata or {}, p.cwd or "/"
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
