@@ -86,4 +86,25 @@ describe("a daemon killed with SIGKILL", function()
     c:close()
     assert.are.equal(0, d.stop())
   end)
+
+  it("stops cleanly when told to during a create, leaving no box", function()
+    local d2 = helper.start_daemon(nil, { pool = 0 })
+    local pipe = uv.new_pipe(false)
+    sync(function() async.wait(function(cb) pipe:connect(d2.socket, cb) end) end)
+    pipe:write('{"jsonrpc":"2.0","id":1,"method":"sandbox.create","params":{}}\n')
+    uv.kill(d2.pid, "sigterm") -- while the box is starting in the thread pool
+    local exited = sync(function()
+      for _ = 1, 500 do
+        if d2.exit_code then return true end
+        async.sleep(10)
+      end
+      return false
+    end)
+    pipe:close()
+    assert.is_true(exited, "the daemon did not exit")
+    assert.are.equal(0, d2.exit_code)
+    local left = io.popen("ls " .. d2.state .. "/boxes 2>/dev/null"):read("a")
+    assert.are.equal("", left)
+    d2.stop()
+  end)
 end)
