@@ -1,20 +1,13 @@
 // sbx.commands against a real daemon: foreground runs and exit codes,
 // streaming, background handles, kill, stdin, timeouts, a killed sandbox.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { startDaemon } from './daemon.mjs';
+import { withSandbox } from './daemon.mjs';
 import { Sandbox, SandboxError, CommandExitError, TimeoutError, CommandHandle } from '../dist/index.js';
 
 let daemon;
 let sbx;
-before(async () => {
-  daemon = await startDaemon();
-  sbx = await Sandbox.create({ socket: daemon.socket });
-});
-after(async () => {
-  await sbx.kill();
-  assert.equal((await daemon.stop()).code, 0);
-});
+withSandbox(Sandbox, (d, s) => { daemon = d; sbx = s; });
 
 test('run resolves stdout, stderr and exitCode 0', async () => {
   const r = await sbx.commands.run('echo out; echo err >&2');

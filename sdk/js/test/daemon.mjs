@@ -1,10 +1,12 @@
 // Starts a real tupper daemon on a private socket and state dir in a temp
 // dir (as tests/spec/helper.lua does) and stops it with SIGTERM.
+import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { after, before } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -53,4 +55,21 @@ export async function startDaemon() {
       return exited;
     },
   };
+}
+
+/** Starts a private daemon and one sandbox for a test file (node:test
+ * before/after hooks); `use(daemon, sbx)` receives them.  The sandbox is
+ * killed and the daemon must stop cleanly afterwards. */
+export function withSandbox(Sandbox, use) {
+  let daemon;
+  let sbx;
+  before(async () => {
+    daemon = await startDaemon();
+    sbx = await Sandbox.create({ socket: daemon.socket });
+    use(daemon, sbx);
+  });
+  after(async () => {
+    await sbx.kill();
+    assert.equal((await daemon.stop()).code, 0);
+  });
 }

@@ -1,22 +1,14 @@
 // sbx.files against a real daemon: round trips (a 3 MiB binary file in
 // chunks), several files at once, list, exists, getInfo, makeDir, rename,
 // remove, typed errors.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { startDaemon } from './daemon.mjs';
+import { withSandbox } from './daemon.mjs';
 import { Sandbox, NotFoundError, SandboxError, FileType } from '../dist/index.js';
 
-let daemon;
 let sbx;
-before(async () => {
-  daemon = await startDaemon();
-  sbx = await Sandbox.create({ socket: daemon.socket });
-});
-after(async () => {
-  await sbx.kill();
-  assert.equal((await daemon.stop()).code, 0);
-});
+withSandbox(Sandbox, (_daemon, s) => { sbx = s; });
 
 test('text round trip, parents created; the box sees the file', async () => {
   const info = await sbx.files.write('/root/a/b/c.txt', 'héllo\nwörld\n');
