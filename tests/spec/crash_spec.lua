@@ -6,9 +6,7 @@ local helper = require("helper")
 
 local sync = helper.sync
 
-local function call(c, method, params)
-  return sync(function() return c:call(method, params) end)
-end
+local call = helper.call
 
 local function box_procs(id) return (helper.box_pids(id)) end
 
@@ -30,11 +28,17 @@ describe("a daemon killed with SIGKILL", function()
     local bg = assert(call(c, "process.start", { sandbox = id, argv = { "sleep", "1000" } }))
     -- and one that ends while no daemon listens: its exit is queued by the
     -- agent and must not spoil the re-adoption
-    local short = assert(call(c, "process.start", { sandbox = id, argv = { "sleep", "0.2" } }))
+    assert(call(c, "process.start", { sandbox = id, argv = { "sleep", "0.2" } }))
     c:close()
     d.crash()
-    sync(function() async.sleep(400) end)
-    assert.truthy(box_procs(id) >= 2, "the box died with its daemon")
+    -- wait (bounded) until the short one has ended: agent and sleep 1000 left
+    sync(function()
+      for _ = 1, 300 do
+        if box_procs(id) <= 2 then return end
+        async.sleep(10)
+      end
+    end)
+    assert.are.equal(2, box_procs(id))
 
     d = helper.start_daemon(dir, { pool = 0 })
     c = assert(d.connect())

@@ -27,9 +27,7 @@ describe("the daemon", function()
     helper.drain()
   end)
 
-  local function call(method, params)
-    return sync(function() return c:call(method, params) end)
-  end
+  local function call(method, params) return helper.call(c, method, params) end
 
   local function create()
     local sb = assert(call("sandbox.create", {}))

@@ -41,6 +41,11 @@ function M.box_pids(id)
   return n, text
 end
 
+--- c:call(method, params) driven to completion: result, or nil and error.
+function M.call(c, method, params)
+  return M.sync(function() return c:call(method, params) end)
+end
+
 --- Closes every handle still open and runs the loop until they are gone:
 -- call at the end of a spec file so the Lua state closes with no live handle.
 function M.drain()

@@ -14,13 +14,11 @@ describe("timeouts", function()
   end)
   teardown(function()
     c:close()
-    d.stop()
+    assert.are.equal(0, d.stop())
     helper.drain()
   end)
 
-  local function call(method, params)
-    return sync(function() return c:call(method, params) end)
-  end
+  local function call(method, params) return helper.call(c, method, params) end
 
   local function wait_gone(id, ms)
     return sync(function()

@@ -47,9 +47,7 @@ describe("a box", function()
     helper.drain()
   end)
 
-  local function call(method, params)
-    return sync(function() return c:call(method, params) end)
-  end
+  local function call(method, params) return helper.call(c, method, params) end
 
   local function kill(id)
     if id and boxes[id] then
