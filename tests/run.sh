@@ -2,7 +2,7 @@
 # The test suite: C unit tests (ctest), Lua specs and integration specs
 # against a real daemon (busted), then a check that nothing was left behind:
 # processes, mounts, cgroups, network namespaces, files outside the suite's
-# temp dir.  Slow suites run when TUPPER_SLOW=1 (CI sets it).
+# temp dir.  Slow suites (tests/slow/*_spec.lua) run last, in a bounded step.
 set -u
 BUILD=${BUILD:-build}
 BUILD=$(cd "$BUILD" && pwd)
@@ -43,6 +43,12 @@ suite "fuzz targets" env FUZZ_BUILD="$BUILD/fuzz" tests/fuzz/run.sh "${FUZZ_SECO
 suite "Lua specs" lua5.4 /usr/bin/busted --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" \
   -o utfTerminal tests/spec
 suite "sdk/js" sh -c "cd sdk/js && npm ci --no-audit --no-fund >/dev/null && npm test"
+# slow suites (image builds, microVM boots): their own step with a bound, so
+# a hang fails the suite instead of eating CI's 90 minutes
+if ls tests/slow/*_spec.lua >/dev/null 2>&1; then
+  suite "slow specs" timeout "${SLOW_SECONDS:-2700}" lua5.4 /usr/bin/busted \
+    --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" -o utfTerminal tests/slow
+fi
 
 rm -rf "$TMPDIR"
 after=$(traces)
