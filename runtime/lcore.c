@@ -349,7 +349,8 @@ typedef struct tp_start_job_s {
   tp_core_ctx_t *ctx;
   tp_box_spec_t spec;
   tp_cgroup_limits_t lim;
-  char *id, *image, *dir, *cgname;
+  char *id, *dir, *cgname;
+  char *layers[TP_LAYERS_MAX + 1]; /* NULL-terminated, lowest first */
   char procs[TP_CG_NCTRL][4200];
   const char *procs_list[TP_CG_NCTRL + 1];
   tp_lbox_t *b;
@@ -359,7 +360,8 @@ typedef struct tp_start_job_s {
 
 static void tp__job_free(tp_start_job_t *j) {
   free(j->id);
-  free(j->image);
+  for (int i = 0; j->layers[i] != NULL; i++)
+    free(j->layers[i]);
   free(j->dir);
   free(j->cgname);
   free(j);
@@ -443,7 +445,7 @@ static char *tp__field_dup(lua_State *L, const char *k, int required) {
   return v ? strdup(v) : NULL;
 }
 
-/* core.box_start({ id=, image=, dir=, uid_base=, gid_base=, id_count=, cgroup=,
+/* core.box_start({ id=, layers = { dir, ... } (lowest first), dir=, uid_base=, gid_base=, id_count=, cgroup=,
  *                  limits = { memory=, pids=, cpu_quota=, cpu_period=, disk= } },
  *                cb(box | nil, msg, code))
  * Starts a box in the thread pool; cb runs on the loop when it is up (or
@@ -460,15 +462,23 @@ static int tp_lcore_box_start(lua_State *L) {
   uint32_t id_count;
   int64_t disk = 0;
   tp_start_job_t *j;
-  int r;
+  int r, n_layers, layers_ok = 1;
 
   /* every argument is checked before a C resource is taken */
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_getfield(L, 1, "id");
   luaL_checkstring(L, -1);
-  lua_getfield(L, 1, "image");
-  luaL_checkstring(L, -1);
+  if (lua_getfield(L, 1, "layers") != LUA_TTABLE)
+    return luaL_error(L, "box_start: layers must be a list of dirs");
+  n_layers = (int) luaL_len(L, -1);
+  if (n_layers < 1 || n_layers > TP_LAYERS_MAX)
+    return luaL_error(L, "box_start: 1 to %d layers, not %d", TP_LAYERS_MAX, n_layers);
+  for (int i = 1; i <= n_layers; i++) {
+    if (lua_geti(L, -1, i) != LUA_TSTRING)
+      return luaL_error(L, "box_start: layer %d is not a string", i);
+    lua_pop(L, 1);
+  }
   lua_getfield(L, 1, "dir");
   luaL_checkstring(L, -1);
   lua_getfield(L, 1, "uid_base");
@@ -510,13 +520,23 @@ static int tp_lcore_box_start(lua_State *L) {
   if (j == NULL)
     return luaL_error(L, "out of memory");
   j->id = tp__field_dup(L, "id", 1);
-  j->image = tp__field_dup(L, "image", 1);
+  lua_getfield(L, 1, "layers");
+  for (int i = 0; i < n_layers; i++) {
+    lua_geti(L, -1, i + 1);
+    j->layers[i] = strdup(lua_tostring(L, -1));
+    lua_pop(L, 1);
+    if (j->layers[i] == NULL) {
+      layers_ok = 0;
+      break;
+    }
+  }
+  lua_pop(L, 1);
   j->dir = tp__field_dup(L, "dir", 1);
   j->cgname = tp__field_dup(L, "cgroup", 0);
   if (j->cgname == NULL && j->id != NULL)
     j->cgname = strdup(j->id);
   j->b = calloc(1, sizeof(*j->b));
-  if (j->id == NULL || j->image == NULL || j->dir == NULL || j->cgname == NULL || j->b == NULL ||
+  if (j->id == NULL || !layers_ok || j->dir == NULL || j->cgname == NULL || j->b == NULL ||
       (j->b->dir = strdup(j->dir)) == NULL ||
       (j->b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
     if (j->b != NULL) {
@@ -532,7 +552,7 @@ static int tp_lcore_box_start(lua_State *L) {
   j->ctx = ctx;
   j->lim = lim;
   j->spec.id = j->id;
-  j->spec.image_dir = j->image;
+  j->spec.layers = (const char *const *) j->layers;
   j->spec.box_dir = j->dir;
   j->spec.uid_base = uid_base;
   j->spec.gid_base = gid_base;

@@ -40,7 +40,8 @@ static void cleanup_box_dirp(const char **dir) {
 #define cleanup_box_dir __attribute__((cleanup(cleanup_box_dirp)))
 
 /* box_dir (root, 0700) holds upper/ (the box's /, so owned by its root),
- * work/ (overlay's, used with the mounter's credentials) and rootfs/.  With
+ * work/ (overlay's, used with the mounter's credentials), rootfs/ and l/
+ * (links to the layers).  With
  * a disk cap, upper/ and work/ are made by the child on the disk image,
  * mounted at disk/.  The child adds agent.sock. */
 static int make_box_subdirs(int dfd, const tp_box_spec_t *s, tp_error_t *err) {
@@ -56,6 +57,16 @@ static int make_box_subdirs(int dfd, const tp_box_spec_t *s, tp_error_t *err) {
   }
   if (mkdirat(dfd, "rootfs", 0755) < 0)
     return tp_error_errno(err, errno, "mkdir '%s/rootfs'", s->box_dir);
+  /* l/<i> -> layers[i]: the short names the overlay mount uses (the
+   * kernel follows them when it looks the lower dirs up). */
+  if (mkdirat(dfd, TP__LAYER_LINKS, 0700) < 0)
+    return tp_error_errno(err, errno, "mkdir '%s/" TP__LAYER_LINKS "'", s->box_dir);
+  for (int i = 0; s->layers[i] != NULL; i++) {
+    char name[16];
+    snprintf(name, sizeof(name), TP__LAYER_LINKS "/%d", i);
+    if (symlinkat(s->layers[i], dfd, name) < 0)
+      return tp_error_errno(err, errno, "link layer %d", i);
+  }
   return 0;
 }
 

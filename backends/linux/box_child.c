@@ -167,6 +167,8 @@ static int run_op(tp__child_t *c, const tp__op_t *op) {
     return 0;
   case TP__OP_SYMLINK:
     return symlink(op->src, op->dst);
+  case TP__OP_CHDIR:
+    return chdir(op->dst);
   case TP__OP_HOSTNAME:
     return sethostname(op->src, strlen(op->src));
   case TP__OP_LO_UP:

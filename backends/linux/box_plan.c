@@ -95,8 +95,16 @@ static int check_path(const char *what, const char *path, tp_error_t *err) {
 static int check_spec(const tp_box_spec_t *s, tp_error_t *err) {
   if (s->id == NULL || !valid_id(s->id))
     return tp_error_set(err, EINVAL, "invalid box id (want [a-z0-9][a-z0-9-]{0,62})");
-  if (check_path("image_dir", s->image_dir, err) < 0 || check_path("box_dir", s->box_dir, err) < 0)
+  if (check_path("box_dir", s->box_dir, err) < 0)
     return -1;
+  if (s->layers == NULL || s->layers[0] == NULL)
+    return tp_error_set(err, EINVAL, "no layers");
+  for (int i = 0; s->layers[i] != NULL; i++) {
+    if (i == TP_LAYERS_MAX)
+      return tp_error_set(err, E2BIG, "more than %d layers", TP_LAYERS_MAX);
+    if (check_path("layer", s->layers[i], err) < 0)
+      return -1;
+  }
   if (s->agent_fd < 0)
     return tp_error_set(err, EBADF, "no agent fd");
   if (s->id_count < 1)
@@ -215,22 +223,39 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
 
 /* The disk cap: the ext4 image (attached by the parent, which fills in
  * disk_dev) mounted at <box_dir>/disk, holding upper/ and work/. */
-static void plan_disk(builder_t *b, const tp_box_spec_t *s, const char **upper,
-                      const char **work) {
-  *upper = str(b, "%s/disk/upper", s->box_dir);
-  *work = str(b, "%s/disk/work", s->box_dir);
+static void plan_disk(builder_t *b, const tp_box_spec_t *s) {
+  const char *upper = str(b, "%s/disk/upper", s->box_dir);
+  const char *work = str(b, "%s/disk/work", s->box_dir);
   /* noinit_itable: the image is a fresh sparse file whose inode tables read
    * as zeros already; no kernel thread needs to write them out. */
   mnt(b, "mount disk", b->p->disk_dev, str(b, "%s/disk", s->box_dir), "ext4",
       MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable");
-  op(b, TP__OP_DIR, "mkdir disk upper", NULL, *upper, NULL, 0, NULL, 0755);
-  own(b, "own disk upper", *upper, s->uid_base, s->gid_base, 0755);
-  op(b, TP__OP_DIR, "mkdir disk work", NULL, *work, NULL, 0, NULL, 0700);
+  op(b, TP__OP_DIR, "mkdir disk upper", NULL, upper, NULL, 0, NULL, 0755);
+  own(b, "own disk upper", upper, s->uid_base, s->gid_base, 0755);
+  op(b, TP__OP_DIR, "mkdir disk work", NULL, work, NULL, 0, NULL, 0700);
+}
+
+/* overlay's lowerdir: the links box.c makes in box_dir, top layer first
+ * ("l/2:l/1:l/0"), read relative to box_dir (the child's cwd by then).  At
+ * most TP_LAYERS_MAX * 6 bytes whatever the layers' paths, so the option
+ * string stays well inside the page the kernel copies (4.x-6.x alike: no
+ * need for fsconfig's lowerdir+, which 6.1 lacks). */
+static const char *lowerdir(builder_t *b, const tp_box_spec_t *s) {
+  char buf[TP_LAYERS_MAX * 8];
+  size_t off = 0;
+  int n = 0;
+  while (s->layers[n] != NULL)
+    n++;
+  buf[0] = '\0';
+  for (int i = n - 1; i >= 0; i--)
+    off += (size_t) snprintf(buf + off, sizeof(buf) - off, "%s" TP__LAYER_LINKS "/%d",
+                             i == n - 1 ? "" : ":", i);
+  return str(b, "%s", buf);
 }
 
 int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   builder_t b = {p, 0};
-  const char *rootfs, *proc, *sys, *upper, *work;
+  const char *rootfs, *proc, *sys;
 
   memset(p, 0, sizeof(*p));
   if (check_spec(s, err) < 0)
@@ -254,19 +279,17 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
 
   /* Nothing we mount may propagate back to the host. */
   mnt(&b, "make / private", "", "/", NULL, MS_REC | MS_PRIVATE, NULL);
-  if (s->disk_bytes > 0) {
-    plan_disk(&b, s, &upper, &work);
-  } else {
-    upper = str(&b, "%s/upper", s->box_dir);
-    work = str(&b, "%s/work", s->box_dir);
-  }
+  if (s->disk_bytes > 0)
+    plan_disk(&b, s);
   /* The upper dir is thrown away with the box: no need for overlay to sync
    * it (volatile).  Mounted by real root, so no userxattr.  nodev and
    * nosuid, as every writable mount: a device node or a setuid file
-   * smuggled into an image must not open a host device or raise anything. */
+   * smuggled into an image must not open a host device or raise anything.
+   * Every dir is named relative to box_dir, short whatever its path. */
+  op(&b, TP__OP_CHDIR, "chdir box dir", NULL, s->box_dir, NULL, 0, NULL, 0);
   mnt(&b, "mount overlay", "overlay", rootfs, "overlay", MS_NODEV | MS_NOSUID,
-      str(&b, "lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off,volatile", s->image_dir,
-          upper, work));
+      str(&b, "lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off,volatile", lowerdir(&b, s),
+          s->disk_bytes > 0 ? "disk/upper" : "upper", s->disk_bytes > 0 ? "disk/work" : "work"));
 
   op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 0, NULL, 0555);
   mnt(&b, "mount /proc", "proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);

@@ -32,9 +32,18 @@
 
 #include "proto.h" /* TP_AGENT_FD */
 
+#define TP_LAYERS_MAX 128 /* layers of one box (Docker allows 127; overlay 500) */
+
 typedef struct tp_box_spec_s {
   const char *id;        /* sandbox id: [a-z0-9-]{1,63}; also the hostname */
-  const char *image_dir; /* read-only rootfs (overlay lower dir), owned by the mapped range */
+  /* The read-only layers of the rootfs (overlay lower dirs, owned by the
+   * mapped range), lowest first, NULL-terminated; 1..TP_LAYERS_MAX absolute
+   * paths.  The box's root is their merge, the highest winning; whiteouts
+   * (char 0:0) and opaque dirs (trusted.overlay.opaque) in a layer hide what
+   * lies below.  The overlay is mounted with short names for them (links in
+   * box_dir/l/), so the number and length of layer paths never hit the
+   * one-page limit of the mount options. */
+  const char *const *layers;
   const char *box_dir;   /* per-box dir, must not exist; created here (upper/, work/, rootfs/) */
   int agent_fd;          /* executable fd (sealed memfd) run as PID 1 in the box */
   uid_t uid_base;        /* host uid of root in the box */
@@ -54,7 +63,8 @@ typedef struct tp_box_s {
   int chan_fd;  /* host end of the agent channel (CLOEXEC, non-blocking) */
 } tp_box_t;
 
-/* Creates box_dir and starts the box.  On failure nothing is left behind (no
+/* Creates box_dir (with l/0..l/n-1: symlinks to the layers, for the overlay
+ * mount) and starts the box.  On failure nothing is left behind (no
  * process, no directory) and err says which step failed. */
 int tp_linux_box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err);
 

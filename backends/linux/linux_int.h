@@ -34,6 +34,7 @@ enum tp__op_kind {
   TP__OP_HOSTNAME, /* sethostname(src) */
   TP__OP_LO_UP,    /* bring the loopback interface of the new netns up */
   TP__OP_PIVOT,    /* pivot_root into dst, detach the old root */
+  TP__OP_CHDIR,    /* chdir dst (relative paths of later mounts start there) */
 };
 
 typedef struct tp__op_s {
@@ -52,7 +53,8 @@ typedef struct tp__op_s {
 #define TP__OPS_MAX 128
 #define TP__STRS_MAX 96
 #define TP__CGROUPS_MAX 16    /* entries of spec.cgroup_procs */
-#define TP__PATH_MAX_LEN 1024 /* box_dir, image_dir, cgroup files; keeps overlay's options short */
+#define TP__PATH_MAX_LEN 1024 /* box_dir, layers, cgroup files */
+#define TP__LAYER_LINKS "l" /* in box_dir: l/<i> -> layers[i], the overlay's short lower names */
 #define TP__DISK_MIN (1 << 20)
 #define TP__AGENT_SOCK "agent.sock" /* in box_dir: the agent's listening socket */
 

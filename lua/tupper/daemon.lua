@@ -61,7 +61,7 @@ end
 function Daemon:_start_box(id, lim)
   self.reserved[id] = true
   local sb, err = sandbox.start({
-    id = id, image = "default", image_dir = self.default_image, dir = self.boxes .. "/" .. id,
+    id = id, image = "default", layers = { self.default_image }, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = M.ID_COUNT, cgroup = self.tag .. "-" .. id,
     limits = backend_limits(lim),
     on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
@@ -341,7 +341,7 @@ function Daemon:_recover()
       local rec = read_json(self.boxes .. "/" .. name)
       local sb, err
       if type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
-        sb, err = sandbox.adopt({ id = id, image = rec.image, dir = self.boxes .. "/" .. id,
+        sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers, dir = self.boxes .. "/" .. id,
           pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
           metadata = rec.metadata, env = rec.env, cwd = rec.cwd, limits_info = rec.limits,
           on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,

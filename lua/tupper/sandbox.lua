@@ -30,7 +30,7 @@ end
 -- Wraps a started (or re-adopted) box and waits for its agent's READY.
 local function attach(box, opts, adopting)
   local self = setmetatable({
-    id = opts.id, image = opts.image, box = box, state = "starting", cgroup = opts.cgroup,
+    id = opts.id, image = opts.image, layers = opts.layers, box = box, state = "starting", cgroup = opts.cgroup,
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
     cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, hooks = opts,
     limits = opts.limits_info, pid = box:pid(), adopting = adopting,
@@ -52,12 +52,12 @@ local function attach(box, opts, adopting)
   return self
 end
 
---- Starts a box and waits for its agent.  opts: id, image (name), image_dir,
--- dir, uid_base, id_count, cgroup, limits, env, metadata, cwd, on_exit(sb,
+--- Starts a box and waits for its agent.  opts: id, image (name), layers
+-- (the image's read-only layer dirs, lowest first), dir, uid_base, id_count, cgroup, limits, env, metadata, cwd, on_exit(sb,
 -- proc), on_output(sb, proc, stream, data), on_down(sb, reason).  Returns the
 -- sandbox or nil, err.
 function M.start(opts)
-  local spec = { id = opts.id, image = opts.image_dir, dir = opts.dir,
+  local spec = { id = opts.id, layers = opts.layers, dir = opts.dir,
     uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
     cgroup = opts.cgroup, limits = opts.limits }
   -- the start runs in the thread pool: the loop keeps serving meanwhile
@@ -96,7 +96,7 @@ end
 
 --- What a restarted daemon needs to re-adopt this sandbox.
 function Sandbox:record()
-  return { id = self.id, image = self.image, created_at = self.created_at, metadata = self.metadata,
+  return { id = self.id, image = self.image, layers = self.layers, created_at = self.created_at, metadata = self.metadata,
            env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
            timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil }
 end

@@ -30,7 +30,9 @@
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -510,12 +512,13 @@ static char *box_out(conn_t *c, const char *script) {
 
 typedef struct env_s {
   const char *image;
+  const char *layers[2]; /* {image, NULL} */
   int agent_fd;
 } env_t;
 
 static tp_box_spec_t spec_for(const env_t *e, const char *id, const char *box_dir) {
   tp_box_spec_t s = {.id = id,
-                     .image_dir = e->image,
+                     .layers = e->layers,
                      .box_dir = box_dir,
                      .agent_fd = e->agent_fd,
                      .uid_base = UID_BASE,
@@ -937,10 +940,36 @@ static void test_box_failures(const env_t *e) {
   s = spec_for(e, "ok", "relative/dir");
   r = tp_linux_box_start(&s, &box, &err);
   check(r < 0 && err.code == EINVAL, "start: relative box_dir refused");
-  s = spec_for(e, "ok", box_dir);
-  s.image_dir = "/tmp/a,upperdir=/x";
-  r = tp_linux_box_start(&s, &box, &err);
-  check(r < 0 && err.code == EINVAL, "start: overlay option injection refused");
+  {
+    const char *inject[] = {"/tmp/a,upperdir=/x", NULL};
+    const char *relative[] = {e->image, "rel/layer", NULL};
+    const char *none[] = {NULL};
+    s = spec_for(e, "ok", box_dir);
+    s.layers = inject;
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r < 0 && err.code == EINVAL, "start: overlay option injection refused");
+    s.layers = relative;
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r < 0 && err.code == EINVAL && !exists(box_dir), "start: relative layer refused (%s)",
+          err.msg);
+    s.layers = none;
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r < 0 && err.code == EINVAL, "start: no layers refused (%s)", err.msg);
+    s.layers = NULL;
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r < 0 && err.code == EINVAL, "start: NULL layers refused");
+  }
+  {
+    const char *many[TP_LAYERS_MAX + 2];
+    for (int i = 0; i < TP_LAYERS_MAX + 1; i++)
+      many[i] = e->image;
+    many[TP_LAYERS_MAX + 1] = NULL;
+    s = spec_for(e, "ok", box_dir);
+    s.layers = many;
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r < 0 && err.code == E2BIG && !exists(box_dir), "start: %d layers refused (%s)",
+          TP_LAYERS_MAX + 1, err.msg);
+  }
 
   mkdir(box_dir, 0700);
   s = spec_for(e, "ok", box_dir);
@@ -949,8 +978,9 @@ static void test_box_failures(const env_t *e) {
         "start: existing box_dir refused, kept (%s)", err.msg);
   rmdir(box_dir);
 
+  const char *missing_layers[] = {missing, NULL};
   s = spec_for(e, "ok", box_dir);
-  s.image_dir = missing;
+  s.layers = missing_layers;
   r = tp_linux_box_start(&s, &box, &err);
   check(r < 0 && strstr(err.msg, "mount overlay") != NULL && err.code == ENOENT,
         "start: a failed step is named (%s)", err.msg);
@@ -968,6 +998,130 @@ static void test_box_failures(const env_t *e) {
   if (fd >= 0)
     close(fd);
   free(missing);
+  free(box_dir);
+}
+
+/* ------------------------------------------------------------ layers */
+
+/* Writes dir/rel (parents made as needed), all owned by the box's root as
+ * an image's files are; a NULL text makes rel a whiteout (char 0:0),
+ * overlay's mark of a deleted file. */
+static int layer_put(const char *dir, const char *rel, const char *text) {
+  char path[2048], *slash;
+  snprintf(path, sizeof(path), "%s/%s", dir, rel);
+  for (slash = strchr(path + strlen(dir) + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+    *slash = '\0';
+    if ((mkdir(path, 0755) < 0 && errno != EEXIST) || lchown(path, UID_BASE, UID_BASE) < 0)
+      return -1;
+    *slash = '/';
+  }
+  if (text == NULL ? mknod(path, S_IFCHR | 0000, makedev(0, 0)) : write_text(path, text, 0644))
+    return -1;
+  return lchown(path, UID_BASE, UID_BASE);
+}
+
+/* Three layers (the busybox image at the bottom): the merged view, the
+ * upper layer winning, a whiteout and an opaque dir hiding what is below;
+ * then 40 layers at long paths, whose options would pass the page the
+ * kernel copies if they were spelt out. */
+static void test_box_layers(const env_t *e) {
+  tp_error_t err = {0};
+  char *box_dir = path_in(tmp_root, "lbox");
+  char *l1 = path_in(tmp_root, "layer1"), *l2 = path_in(tmp_root, "layer2");
+  char *many_root = path_in(tmp_root, "many");
+  const char *three[] = {e->image, l1, l2, NULL};
+  const char *many[42];
+  char *many_dirs[40];
+  tp_box_spec_t s;
+  tp_box_t box;
+  conn_t c = {-1, NULL, 0, 0, 0};
+  msg_t m;
+  char *o, *p;
+  size_t total = 0;
+  int r, ok;
+
+  mkdir(l1, 0755);
+  mkdir(l2, 0755);
+  ok = lchown(l1, UID_BASE, UID_BASE) == 0 && lchown(l2, UID_BASE, UID_BASE) == 0 &&
+       layer_put(l1, "etc/a", "one\n") == 0 && layer_put(l1, "etc/b", "one-b\n") == 0 &&
+       layer_put(l1, "d/x", "x\n") == 0 && layer_put(l1, "d/keep/k", "k\n") == 0 &&
+       layer_put(l2, "etc/a", "two\n") == 0 && layer_put(l2, "etc/b", NULL) == 0 &&
+       layer_put(l2, "d/y", "y\n") == 0;
+  p = path_in(l2, "d");
+  ok = ok && setxattr(p, "trusted.overlay.opaque", "y", 1, 0) == 0;
+  free(p);
+  check(ok, "layers: three layers laid out (whiteout, opaque dir)");
+
+  s = spec_for(e, "layers", box_dir);
+  s.layers = three;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r == 0, "layers: a 3-layer box started (%s)", r < 0 ? err.msg : "ok");
+  if (r == 0) {
+    c.fd = box.chan_fd;
+    if (conn_next(&c, &m) == 1)
+      free(m.payload);
+    o = box_out(&c, "cat /etc/a; [ -e /etc/b ] && echo b-seen; ls /d | tr '\\n' ' '; "
+                    "[ -x /bin/busybox ] && echo busybox");
+    check(strcmp(o, "two\ny busybox") == 0,
+          "layers: upper wins, whiteout hides, opaque dir hides, bottom seen ('%s')", o);
+    free(o);
+    o = box_out(&c, "rm /etc/a && cat /etc/a 2>/dev/null; echo new > /d/z; ls /d | tr '\\n' ' '");
+    check(strcmp(o, "y z ") == 0, "layers: deleting a merged file hides every copy ('%s')", o);
+    free(o);
+    p = path_in(l1, "etc/a");
+    {
+      size_t len;
+      char *t = slurp(p, &len);
+      check(t != NULL && strcmp(t, "one\n") == 0, "layers: lower layers untouched");
+      free(t);
+    }
+    free(p);
+    r = tp_linux_box_destroy(&box, box_dir, &err);
+    check(r == 0 && !exists(box_dir), "layers: destroyed (%s)", r < 0 ? err.msg : "ok");
+  }
+
+  /* 40 layers, each at a path of about 230 bytes: 9 KB of paths. */
+  mkdir(many_root, 0755);
+  many[0] = e->image;
+  for (int i = 0; i < 40; i++) {
+    char name[256], text[16];
+    memset(name, 'a' + i % 26, 200);
+    snprintf(name + 200, sizeof(name) - 200, "-%02d", i);
+    many_dirs[i] = path_in(many_root, name);
+    mkdir(many_dirs[i], 0755);
+    snprintf(name, sizeof(name), "m/f%02d", i);
+    snprintf(text, sizeof(text), "%d\n", i);
+    layer_put(many_dirs[i], name, text);
+    layer_put(many_dirs[i], "m/top", text);
+    many[i + 1] = many_dirs[i];
+    total += strlen(many_dirs[i]) + 1;
+  }
+  many[41] = NULL;
+  s = spec_for(e, "many", box_dir);
+  s.layers = many;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r == 0, "layers: 41 layers with %zu bytes of paths start (%s)", total,
+        r < 0 ? err.msg : "ok");
+  if (r == 0) {
+    c.fd = box.chan_fd;
+    c.len = 0;
+    if (conn_next(&c, &m) == 1)
+      free(m.payload);
+    o = box_out(&c, "ls /m | wc -l; cat /m/top");
+    check(strcmp(o, "41\n39") == 0, "layers: 40 layers merged, the last on top ('%s')", o);
+    free(o);
+    r = tp_linux_box_destroy(&box, box_dir, &err);
+    check(r == 0 && !exists(box_dir), "layers: many-layer box destroyed");
+  }
+  for (int i = 0; i < 40; i++)
+    free(many_dirs[i]);
+  tp_rmtree(many_root, NULL);
+  tp_rmtree(l1, NULL);
+  tp_rmtree(l2, NULL);
+  free(c.buf);
+  free(many_root);
+  free(l1);
+  free(l2);
   free(box_dir);
 }
 
@@ -1514,7 +1668,7 @@ int main(void) {
   const char *tmpdir = getenv("TMPDIR");
   char *bb, *applets, *agent, *image;
   size_t bb_len, applets_len, agent_len;
-  env_t env = {NULL, -1};
+  env_t env = {NULL, {NULL, NULL}, -1};
   tp_error_t err = {0};
 
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1546,11 +1700,13 @@ int main(void) {
     diag("SKIP box tests: TUPPER_AGENT %s", agent_path ? "unreadable" : "unset");
   } else {
     env.image = image;
+    env.layers[0] = image;
     env.agent_fd = tp_agent_memfd(agent, agent_len, &err);
     check(env.agent_fd >= 0, "agent memfd (%s)", env.agent_fd < 0 ? err.msg : "ok");
     if (env.agent_fd >= 0) {
       test_box(&env);
       test_box_failures(&env);
+      test_box_layers(&env);
       test_box_limits(&env);
       test_limits_failures(&env);
       test_box_outlives_daemon(&env);
