@@ -23,8 +23,9 @@ commands:
   pause ID... / resume ID...    freeze and thaw every process of sandboxes
   stats [--json] ID             resource counters of a sandbox
   daemon [--socket PATH] [--state-dir DIR] [--log FILE] [--pool N]
-                                run the daemon in the foreground; it keeps
-                                N boxes started for fast creates (default 2)
+         [--policy FILE]        run the daemon in the foreground; it keeps
+                                N boxes started for fast creates (default 2);
+                                FILE's policy binds every sandbox
   repl [-e CODE] [SCRIPT ARG...]
                                 a Lua prompt with the client API loaded as
                                 `tupper` (docs/repl.md); -e and SCRIPT run
@@ -45,6 +46,9 @@ options of run, create and exec:
   --disk SIZE           most the box can write, e.g. 1G (run, create)
   --timeout DURATION    lifetime, e.g. 10m; 0 = until killed (create: 5m,
                         run: none)
+  --policy FILE         policy file for the sandbox (run, create; default:
+                        the nearest tupper.lua from here upward)
+  --no-policy           send no policy file (run, create)
 
 The client finds the daemon through --socket, $TUPPER_SOCKET or the default
 socket, and starts one when none is listening.
@@ -92,6 +96,8 @@ local function parse_opts(args, i, allowed)
       local v = value()
       o.limits.timeout = tonumber(v) or v
     elseif a == "--json" then o.json = true
+    elseif a == "--policy" then o.policy = value()
+    elseif a == "--no-policy" then o.policy = false
     end
     i = i + 1
   end
@@ -100,7 +106,7 @@ local function parse_opts(args, i, allowed)
   return o, rest
 end
 
-local LIMIT_OPTS = { "--memory", "--cpus", "--pids", "--disk", "--timeout" }
+local LIMIT_OPTS = { "--memory", "--cpus", "--pids", "--disk", "--timeout", "--policy", "--no-policy" }
 local RUN_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
   ["--workdir"] = 1, ["--image"] = 1, ["--metadata"] = 1, ["--rm"] = 1 }
 local CREATE_OPTS = { ["-e"] = 1, ["--env"] = 1, ["--image"] = 1, ["--metadata"] = 1,
@@ -205,17 +211,36 @@ local function run_in(c, id, argv, o)
   return math.tointeger(exited.exit_code) or 125
 end
 
+-- The policy file a create sends (docs/policy.md): --policy FILE, none with
+-- --no-policy, else the nearest tupper.lua from the working directory up.
+local function policy_param(o)
+  local policy = require("tupper.policy")
+  if o.policy == false then return nil end
+  local path = o.policy or policy.find()
+  if not path then return nil end
+  local text, err = require("tupper.vm").read_source(path)
+  if not text then error(("policy: %s"):format(err), 0) end
+  return { source = text, name = path }
+end
+
 local verbs = {}
 
 function verbs.run(c, args)
   local o, rest = parse_opts(args, 1, RUN_OPTS)
   if #rest == 0 then rest = { "/bin/sh" } end
-  -- a run box lives as long as its command, as with docker run
-  if o.limits.timeout == nil then o.limits.timeout = 0 end
+  local pol = policy_param(o)
+  -- a run box lives as long as its command, as with docker run; a policy
+  -- with max.timeout refuses "forever", so it lives as long as that allows
+  if o.limits.timeout == nil then
+    o.limits.timeout = 0
+    local p = pol and require("tupper.policy").load_string(pol.source, pol.name)
+    if p and p.max and p.max.timeout then o.limits.timeout = p.max.timeout end
+  end
   -- the box goes with this client, even if it is killed (docker run --rm
   -- without leaving a container behind)
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
-    metadata = next(o.metadata) and o.metadata or nil, limits = o.limits, kill_on_disconnect = true })
+    metadata = next(o.metadata) and o.metadata or nil, limits = o.limits, kill_on_disconnect = true,
+    policy = pol })
   if not sb then return die("%s", errmsg(err)) end
   local code = run_in(c, sb.id, rest, o)
   -- --rm: a notification, not a call: the daemon takes the box out of its
@@ -229,7 +254,7 @@ function verbs.create(c, args)
   if #rest > 0 then return die("create takes no arguments") end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir,
-    limits = next(o.limits) and o.limits or nil })
+    limits = next(o.limits) and o.limits or nil, policy = policy_param(o) })
   if not sb then return die("%s", errmsg(err)) end
   print(sb.id)
   return 0
@@ -400,6 +425,7 @@ function M.main(argv)
       if a == "--socket" then o.socket = v
       elseif a == "--state-dir" then o.state_dir = v
       elseif a == "--log" then o.log = v
+      elseif a == "--policy" then o.policy = v
       elseif a == "--uid-base" then o.uid_base = math.tointeger(tonumber(v))
       elseif a == "--pool" then
         o.pool = math.tointeger(tonumber(v))

@@ -8,6 +8,7 @@ local schema = require("tupper.schema")
 local api = require("tupper.api")
 local sandbox = require("tupper.sandbox")
 local paths = require("tupper.paths")
+local guard = require("tupper.guard")
 
 local M = {}
 
@@ -151,6 +152,7 @@ function Daemon:create_sandbox(p)
   end
   self:_fill_pool()
   sb.env, sb.metadata, sb.cwd = p.env or {}, p.metadata or {}, p.cwd or "/"
+  sb.policy, sb.policy_source = p._policy, p._policy_source
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
   self.sandboxes[sb.id] = sb
@@ -261,6 +263,12 @@ function Daemon:_request(conn, msg)
     if is_call then return conn:error(id, rpc.INVALID_PARAMS, msg.method .. ": " .. err) end
     return
   end
+  local code
+  params, err, code = guard.check(self, msg.method, params)
+  if not params then
+    if is_call then return conn:error(id, code or rpc.POLICY_DENIED, err) end
+    return
+  end
   async.spawn(function()
     local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
     if not is_call then return end
@@ -317,7 +325,7 @@ local function read_json(path)
   local fd = uv.fs_open(path, "r", 0)
   if not fd then return nil end
   local st = uv.fs_fstat(fd)
-  local text = st and st.size < 1048576 and uv.fs_read(fd, st.size, 0)
+  local text = st and st.size < 4194304 and uv.fs_read(fd, st.size, 0)
   uv.fs_close(fd)
   return text and json.decode(text)
 end
@@ -339,7 +347,13 @@ function Daemon:_recover()
     if id and not seen[id] then
       seen[id] = true
       local rec = read_json(self.boxes .. "/" .. name)
-      local sb, err
+      local sb, err, pol
+      if type(rec) == "table" and type(rec.policy) == "table" then
+        -- the sandbox's policy binds it after a crash too: one that no
+        -- longer loads means no re-adoption (fail closed)
+        pol, err = guard.load_client_policy(rec.policy)
+        if not pol then rec = nil end
+      end
       if type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
         sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers, dir = self.boxes .. "/" .. id,
           pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
@@ -348,10 +362,11 @@ function Daemon:_recover()
           on_exit = function(s, proc) self:_exit(s, proc) end,
           on_down = function(s, reason) self:_sandbox_down(s, reason) end })
       else
-        err = "unreadable record"
+        err = err or "unreadable record"
       end
       if sb then
         self.sandboxes[id] = sb
+        if pol then sb.policy, sb.policy_source = pol, rec.policy end
         if rec.paused then sb.state = "paused" end
         local left = rec.expires_at and (rec.expires_at - os.time())
         if rec.expires_at then
@@ -451,6 +466,11 @@ function M.run(opts)
     if ok then ok, err = uv.fs_chmod(self.state, tonumber("711", 8)) end
     if ok then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
     if ok and opts.log then ok, err = core.log_to(opts.log) end
+    if ok and opts.policy then
+      -- the daemon's own policy binds every sandbox, whatever clients send
+      self.policy, err = require("tupper.policy").load(opts.policy)
+      ok = self.policy ~= nil
+    end
     if ok then
       self.lock, err = core.lock(self.state .. "/lock")
       ok = self.lock ~= nil

@@ -86,8 +86,10 @@ end
 
 --- The path of the nearest tupper.lua from start_dir upward, or nil.
 function M.find(start_dir)
-  local dir = start_dir or os.getenv("PWD") or "."
-  if dir:sub(1, 1) ~= "/" then dir = (os.getenv("PWD") or ".") .. "/" .. dir end
+  local ok, uv = pcall(require, "luv")
+  local cwd = ok and uv.cwd() or os.getenv("PWD") or "."
+  local dir = start_dir or cwd
+  if dir:sub(1, 1) ~= "/" then dir = cwd .. "/" .. dir end
   dir = dir:gsub("/+$", "")
   while true do
     local path = (dir == "" and "" or dir) .. "/" .. M.FILENAME

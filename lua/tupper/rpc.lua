@@ -22,6 +22,7 @@ M.SANDBOX_ERROR = -32001
 M.FS_ERROR = -32002
 M.PROCESS_ERROR = -32003
 M.BUSY = -32004
+M.POLICY_DENIED = -32005
 
 local Conn = {}
 Conn.__index = Conn

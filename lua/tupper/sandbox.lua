@@ -98,7 +98,8 @@ end
 function Sandbox:record()
   return { id = self.id, image = self.image, layers = self.layers, created_at = self.created_at, metadata = self.metadata,
            env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
-           timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil }
+           timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
+           policy = self.policy_source }
 end
 
 function Sandbox:_frame(t, id, f)
@@ -276,7 +277,7 @@ function Sandbox:info()
   for _ in pairs(self.procs) do n = n + 1 end
   return { id = self.id, image = self.image, state = self.state, created_at = self.created_at,
            metadata = self.metadata, processes = n, limits = self.limits or {},
-           timeout = self.timeout or 0,
+           timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
            expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
 end
 

@@ -23,6 +23,12 @@ local LIMITS = { type = "object", fields = {
   disk = { type = "size", min = 1048576 },
   timeout = DURATION,
 } }
+-- A policy file sent with a create (docs/policy.md): its text, evaluated by
+-- the daemon in the locked-down VM, and the name errors cite (its path).
+local POLICY = { type = "object", fields = {
+  source = { type = "string", min = 0, max = 262144 },
+  name = { type = "string", min = 1, max = 4096 },
+} }
 -- shared with recipes and policy files (tupper.recipe, tupper.policy), so
 -- they accept exactly what the socket API accepts
 M.LIMITS, M.MAP, M.PATH = LIMITS, MAP, PATH
@@ -38,7 +44,7 @@ M.methods = {
     doc = "Creates and starts a sandbox.",
     params = { image = { type = "string", min = 1, max = 256 },
                env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS,
-               kill_on_disconnect = { type = "boolean" } },
+               kill_on_disconnect = { type = "boolean" }, policy = POLICY },
     result = { "id", "image", "state", "created_at", "metadata", "limits", "timeout" },
   },
   ["sandbox.get"] = {

@@ -523,8 +523,26 @@ M.Sandbox, M.Process, M.Files = Sandbox, Process, Files
 
 -- -------------------------------------------------------------- module
 
+-- The policy param of a create: opts.policy is a path, {source, name} or
+-- false; left out, the nearest tupper.lua from the working directory up.
+local function policy_param(opt)
+  if opt == false then return nil end
+  if type(opt) == "table" then
+    if type(opt.source) ~= "string" then fail("policy.source must be a string") end
+    return { source = opt.source, name = opt.name or "tupper.lua" }
+  end
+  if opt ~= nil and type(opt) ~= "string" then fail("policy must be a path, {source = ...} or false") end
+  local path = opt or require("tupper.policy").find()
+  if not path then return nil end
+  local text, err = require("tupper.vm").read_source(path)
+  if not text then fail("policy: %s", tostring(err)) end
+  return { source = text, name = path }
+end
+
 --- Creates a sandbox.  opts: image, envs, metadata, limits (memory, cpus,
--- pids, disk, timeout), timeout (its lifetime, as limits.timeout), cwd.
+-- pids, disk, timeout), timeout (its lifetime, as limits.timeout), cwd,
+-- policy (a policy file's path, {source = text, name = ...}, or false;
+-- default: the nearest tupper.lua from the working directory up).
 M.create = entry(function(opts)
   opts = opts or {}
   local limits = opts.limits
@@ -534,7 +552,7 @@ M.create = entry(function(opts)
     limits.timeout = opts.timeout
   end
   local info = call("sandbox.create", { image = opts.image, env = opts.envs, metadata = opts.metadata,
-    limits = limits, cwd = opts.cwd })
+    limits = limits, cwd = opts.cwd, policy = policy_param(opts.policy) })
   return new_box(info)
 end)
 

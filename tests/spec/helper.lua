@@ -82,6 +82,10 @@ function M.start_daemon(dir, opts)
     args[#args + 1] = "--pool"
     args[#args + 1] = tostring(opts.pool)
   end
+  if opts.policy then
+    args[#args + 1] = "--policy"
+    args[#args + 1] = opts.policy
+  end
   local handle, pid = uv.spawn(M.BIN, { args = args }, function(code) d.exit_code = code end)
   assert(handle, pid)
   d.handle, d.pid = handle, pid
@@ -124,7 +128,7 @@ function M.start_daemon(dir, opts)
 end
 
 --- Runs the tupper CLI; returns exit code, stdout, stderr.  opts: stdin
--- (string), env (list of "K=V"), args before the verb.
+-- (string), env (list of "K=V"), cwd, args before the verb.
 function M.cli(args, opts)
   opts = opts or {}
   local out, err = {}, {}
@@ -132,7 +136,7 @@ function M.cli(args, opts)
   local stdin = opts.stdin and uv.new_pipe(false) or nil
   local code, done
   local env = opts.env
-  local handle, perr = uv.spawn(M.BIN, { args = args, env = env, stdio = { stdin, stdout, stderr } },
+  local handle, perr = uv.spawn(M.BIN, { args = args, env = env, cwd = opts.cwd, stdio = { stdin, stdout, stderr } },
     function(c, sig) code = sig ~= 0 and 128 + sig or c end)
   assert(handle, perr)
   local open = 2

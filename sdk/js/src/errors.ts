@@ -16,6 +16,7 @@ export const ErrorCode = {
   Sandbox: -32001,
   File: -32002,
   Process: -32003,
+  PolicyDenied: -32005,
 } as const;
 
 /** `data` of a file or process error: the errno and its name, e.g. ENOENT. */
@@ -82,6 +83,14 @@ export class NotEnoughSpaceError extends SandboxError {
   }
 }
 
+/** A policy file refused the operation (-32005); the message names the file and the rule. */
+export class PolicyError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'PolicyError';
+  }
+}
+
 /** What a finished command gave: E2B's CommandResult. */
 export interface CommandResult {
   exitCode: number;
@@ -129,6 +138,8 @@ export function fromRpcError(err: { code?: unknown; message?: unknown; data?: un
       return new NotFoundError(msg, opts);
     case ErrorCode.InvalidParams:
       return new InvalidArgumentError(msg, opts);
+    case ErrorCode.PolicyDenied:
+      return new PolicyError(msg, opts);
     case ErrorCode.File:
     case ErrorCode.Process:
       if (errno === 'ENOENT') return new NotFoundError(msg, opts);

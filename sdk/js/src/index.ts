@@ -38,10 +38,12 @@ export {
   InvalidArgumentError,
   NotEnoughSpaceError,
   CommandExitError,
+  PolicyError,
   ErrorCode,
   type CommandResult,
   type ErrnoData,
 } from './errors';
+export { findPolicy, POLICY_FILENAME, type PolicyOpt } from './policy';
 export { defaultSocket, type ConnectionOpts } from './connection';
 
 import { Sandbox } from './sandbox';

@@ -7,6 +7,7 @@ import { Commands, type SandboxLink } from './commands';
 import { Connection, type ConnectionOpts } from './connection';
 import { InvalidArgumentError, NotFoundError } from './errors';
 import { Filesystem } from './filesystem';
+import { policyParam, type PolicyOpt } from './policy';
 
 /** Default lifetime of a sandbox, as E2B: 5 minutes. */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 300_000;
@@ -47,6 +48,12 @@ export interface SandboxOpts extends SandboxConnectionOpts {
   limits?: SandboxLimits;
   /** Default working directory of commands (default `/`). */
   cwd?: string;
+  /**
+   * The policy file that binds the sandbox (docs/policy.md): a path, its
+   * text as `{source, name}`, or `false` for none.  Default: the nearest
+   * `tupper.lua` from `process.cwd()` upward, as the CLI does.
+   */
+  policy?: PolicyOpt;
 }
 
 export type SandboxState = 'running' | 'paused';
@@ -222,6 +229,8 @@ export class Sandbox {
     if (opts.envs !== undefined) params.env = opts.envs;
     if (opts.metadata !== undefined) params.metadata = opts.metadata;
     if (opts.cwd !== undefined) params.cwd = opts.cwd;
+    const policy = await policyParam(opts.policy);
+    if (policy !== undefined) params.policy = policy;
     const conn = await Connection.open(opts);
     try {
       const r = await conn.call<{ id: string }>('sandbox.create', params);
