@@ -8,9 +8,14 @@ what=${1:-build}
 
 pkgs="gcc make cmake pkg-config lua5.4 liblua5.4-dev libuv1-dev lua-luv lua-luv-dev
 lua-cjson lua-cjson-dev busybox-static libseccomp-dev e2fsprogs libedit-dev"
+# the registry client (tupper pull): libcurl, and libcrypto for SHA-256
+pkgs="$pkgs libcurl4-openssl-dev libssl-dev"
 case "$what" in
-  test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux" ;;
-  bench) pkgs="$pkgs hyperfine bubblewrap crun podman" ;;
+  test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux"
+    # image pull specs: a real registry, skopeo to push to it, htpasswd (bcrypt), openssl (a test CA)
+    pkgs="$pkgs docker-registry skopeo apache2-utils openssl" ;;
+  bench) pkgs="$pkgs hyperfine bubblewrap crun podman"
+    pkgs="$pkgs docker-registry skopeo umoci" ;; # bench/pull
 esac
 
 # The sdk/js suite needs node >= 18 and npm.  A node that is new enough is

@@ -1321,6 +1321,7 @@ int luaopen_tupper_core(lua_State *L) {
   lua_pop(L, 1);
 
   luaL_newlib(L, funcs);
+  tp_lhttp_register(L);
   lua_newtable(L);
   for (size_t i = 0; i < TP_ARRAY_SIZE(msgs); i++) {
     lua_pushinteger(L, msgs[i].v);

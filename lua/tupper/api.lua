@@ -304,6 +304,20 @@ function h.fs_rename(d, conn, p)
 end
 
 --- The handler for a method name ("sandbox.create" -> h.sandbox_create).
+function h.image_pull(d, conn, p)
+  local progress
+  if p.progress then
+    progress = function(done, total)
+      if not conn.closed then conn:notify("image.progress", { ref = p.ref, done = done, total = total }) end
+    end
+  end
+  local res, err, kind = d:pull_image(p.ref, progress)
+  if not res then return nil, rpc.IMAGE_ERROR, err, { kind = kind } end
+  local layers = {}
+  for i, l in ipairs(res.layers) do layers[i] = { digest = l.digest, size = l.size, media_type = l.mediaType } end
+  return { ref = res.ref, digest = res.digest, size = res.size, layers = json.array(layers) }
+end
+
 function M.lookup(method)
   if not schema.methods[method] then return nil end
   return h[(method:gsub("%.", "_"))]

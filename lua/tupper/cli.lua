@@ -22,6 +22,8 @@ commands:
   kill ID...                    kill sandboxes and remove them
   pause ID... / resume ID...    freeze and thaw every process of sandboxes
   stats [--json] ID             resource counters of a sandbox
+  pull [-q] REF                 pull an image (linux/amd64) from its registry
+                                into the daemon's store; prints REF@DIGEST
   daemon [--socket PATH] [--state-dir DIR] [--log FILE] [--pool N]
          [--policy FILE]        run the daemon in the foreground; it keeps
                                 N boxes started for fast creates (default 2);
@@ -267,6 +269,44 @@ function verbs.exec(c, args)
   if rest[1] == "--" then table.remove(rest, 1) end
   if #rest == 0 then return die("exec needs a command") end
   return run_in(c, id, rest, o)
+end
+
+local function human(n)
+  local units = { "B", "KiB", "MiB", "GiB", "TiB" }
+  local u = 1
+  while n >= 1024 and u < #units do n = n / 1024; u = u + 1 end
+  return u == 1 and ("%d B"):format(n) or ("%.1f %s"):format(n, units[u])
+end
+
+function verbs.pull(c, args)
+  local quiet = false
+  local refs = {}
+  for _, a in ipairs(args) do
+    if a == "-q" or a == "--quiet" then quiet = true
+    elseif a:sub(1, 1) == "-" then return die("pull: unknown option %s", a)
+    else refs[#refs + 1] = a end
+  end
+  if #refs ~= 1 then return die("pull wants one image reference, e.g. alpine or ghcr.io/org/app:1.2") end
+  -- a progress bar on a terminal, nothing otherwise
+  local bar = not quiet and uv.guess_handle(2) == "tty"
+  local drawn = false
+  if bar then
+    c:on("image.progress", function(p)
+      local total = math.max(math.tointeger(p.total) or 0, 1)
+      local done = math.min(math.tointeger(p.done) or 0, total)
+      local width = 30
+      local fill = math.floor(width * done / total)
+      io.stderr:write(("\r%s [%s%s] %s / %s %3d%%"):format(refs[1]:sub(1, 40), ("="):rep(fill),
+        (" "):rep(width - fill), human(done), human(total), math.floor(100 * done / total)))
+      io.stderr:flush()
+      drawn = true
+    end)
+  end
+  local r, err = c:call("image.pull", { ref = refs[1], progress = bar or nil })
+  if drawn then io.stderr:write("\n") end
+  if not r then return die("pull %s: %s", refs[1], errmsg(err)) end
+  print(r.ref .. "@" .. r.digest)
+  return 0
 end
 
 function verbs.ls(c, args)

@@ -9,6 +9,7 @@ local api = require("tupper.api")
 local sandbox = require("tupper.sandbox")
 local paths = require("tupper.paths")
 local guard = require("tupper.guard")
+local registry = require("tupper.registry")
 
 local M = {}
 
@@ -119,6 +120,43 @@ function Daemon:_take_pooled(lim)
     end
   end
 end
+
+--- Pulls an image from its registry into the store (<state>/images, an OCI
+-- layout: tupper.registry).  on_progress(done, total) may be nil.  Two
+-- pulls of one ref at once share the download.  Returns the pull's result
+-- (ref, digest, config, layers, size) or nil, message, kind.
+function Daemon:pull_image(refstr, on_progress)
+  local ref, perr = registry.parse_ref(refstr)
+  if not ref then return nil, perr, "invalid" end
+  local running = self.pulls[ref.name]
+  if running then
+    if on_progress then running.listeners[#running.listeners + 1] = on_progress end
+    return async.wait(function(cb) running.waiters[#running.waiters + 1] = cb end)
+  end
+  running = { waiters = {}, listeners = { on_progress } }
+  self.pulls[ref.name] = running
+  log("pulling %s", ref.name)
+  local ok, res = pcall(registry.pull, self.state .. "/images", ref.name, {
+    on_session = function(s) running.session = s end,
+    on_progress = function(done, total)
+      for _, fn in ipairs(running.listeners) do fn(done, total) end
+    end })
+  self.pulls[ref.name] = nil
+  local out
+  if ok then
+    log("pulled %s (%s, %d bytes)", ref.name, res.digest, res.size)
+    out = table.pack(res)
+  else
+    local msg = type(res) == "table" and res.message or tostring(res)
+    local kind = type(res) == "table" and res.kind or "internal"
+    if kind == "internal" then log("pull %s: internal error: %s", ref.name, msg) end
+    log("pull %s failed: %s", ref.name, msg)
+    out = table.pack(nil, msg, kind)
+  end
+  for _, cb in ipairs(running.waiters) do cb(table.unpack(out, 1, out.n)) end
+  return table.unpack(out, 1, out.n)
+end
+Daemon._pull = Daemon.pull_image -- the image store's pull-on-first-use hook
 
 function Daemon:create_sandbox(p)
   local image = p.image or "default"
@@ -425,6 +463,7 @@ function Daemon:shutdown()
       if sb.destroy then self:kill_sandbox(id) end
     end
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
+    for _, pull in pairs(self.pulls) do if pull.session then pull.session:cancel() end end
     local pool = self.pool
     self.pool = {}
     for _, sb in ipairs(pool) do sb:destroy() end
@@ -457,7 +496,7 @@ end
 -- Returns the exit code.
 function M.run(opts)
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
-    pool = {}, reserved = {}, pool_size = opts.pool or M.POOL_SIZE,
+    pool = {}, reserved = {}, pulls = {}, pool_size = opts.pool or M.POOL_SIZE,
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
   local code = 0

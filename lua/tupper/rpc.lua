@@ -23,6 +23,7 @@ M.FS_ERROR = -32002
 M.PROCESS_ERROR = -32003
 M.BUSY = -32004
 M.POLICY_DENIED = -32005
+M.IMAGE_ERROR = -32006 -- data = { kind = ... } (tupper.registry)
 
 local Conn = {}
 Conn.__index = Conn

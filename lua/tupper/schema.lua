@@ -159,9 +159,17 @@ M.methods = {
   },
 }
 
+M.methods["image.pull"] = {
+  doc = "Pulls an image from its registry into the daemon's store (linux/amd64); progress = true sends image.progress notifications.",
+  params = { ref = { type = "string", min = 1, max = 512 }, progress = { type = "boolean" },
+             required = { "ref" } },
+  result = { "ref", "digest", "size", "layers" },
+}
+
 M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out" },
+  ["image.progress"] = { "ref", "done", "total" },
 }
 
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15,

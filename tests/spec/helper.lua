@@ -86,7 +86,8 @@ function M.start_daemon(dir, opts)
     args[#args + 1] = "--policy"
     args[#args + 1] = opts.policy
   end
-  local handle, pid = uv.spawn(M.BIN, { args = args }, function(code) d.exit_code = code end)
+  -- opts.env: the daemon's whole environment ("K=V" list), else this one's
+  local handle, pid = uv.spawn(M.BIN, { args = args, env = opts.env }, function(code) d.exit_code = code end)
   assert(handle, pid)
   d.handle, d.pid = handle, pid
   M.sync(function()

@@ -1,0 +1,254 @@
+-- tupper pull against a real registry (Debian's docker-registry on
+-- 127.0.0.1, images pushed with skopeo from OCI layouts this spec builds),
+-- and against a scripted hostile one (fake_registry.lua).
+local uv = require("luv")
+local helper = require("helper")
+local R = require("registry_helper")
+
+local q = R.q
+
+describe("tupper pull", function()
+  local dir, reg, authreg, fake, d, env
+
+  local function pull(ref, extra_env)
+    return helper.cli({ "--socket", d.socket, "pull", ref }, { env = extra_env })
+  end
+
+  local function blobs()
+    local out = {}
+    local h = uv.fs_scandir(d.state .. "/images/blobs/sha256")
+    while h do
+      local name = uv.fs_scandir_next(h)
+      if not name then break end
+      out[name] = true
+    end
+    return out
+  end
+
+  local function count(t) local n = 0 for _ in pairs(t) do n = n + 1 end return n end
+
+  setup(function()
+    dir = helper.tmpdir()
+    local layout = dir .. "/layout"
+    R.must("mkdir -p " .. q(layout))
+    -- busybox: one layer
+    R.busybox_root(dir .. "/root1", { ["etc/hello"] = "hello from layer one\n" })
+    local l1 = R.layer(layout, dir .. "/root1")
+    local bb = R.image(layout, { l1 }, { cmd = { "/bin/sh" } })
+    -- multi-layer with whiteouts: layer 2 deletes etc/hello and adds a file
+    R.must(("mkdir -p %s/root2/etc %s/root2/data && touch %s/root2/etc/.wh.hello && echo two > %s/root2/data/two")
+      :format(q(dir), q(dir), q(dir), q(dir)))
+    local l2 = R.layer(layout, dir .. "/root2")
+    R.must(("mkdir -p %s/root3/data && echo three > %s/root3/data/three && touch %s/root3/data/.wh..wh..opq")
+      :format(q(dir), q(dir), q(dir)))
+    local l3 = R.layer(layout, dir .. "/root3")
+    local multi = R.image(layout, { l1, l2, l3 })
+    -- multi-arch: amd64 (busybox) + arm64 (a different layer)
+    R.must(("mkdir -p %s/rootarm && echo arm > %s/rootarm/arch"):format(q(dir), q(dir)))
+    local la = R.layer(layout, dir .. "/rootarm")
+    local arm = R.image(layout, { la }, { arch = "arm64" })
+    local ix = R.index(layout, { bb, arm })
+    local armonly = R.index(layout, { arm })
+    R.finish_layout(layout, { busybox = bb, multi = multi, multiarch = ix, armonly = armonly })
+    reg = R.start_registry(dir .. "/reg")
+    R.push(layout, "busybox", reg.host, "test/busybox")
+    R.push(layout, "multi", reg.host, "test/multi")
+    R.push(layout, "multiarch", reg.host, "test/multiarch", { all = true })
+    R.push(layout, "armonly", reg.host, "test/armonly", { all = true })
+    authreg = R.start_registry(dir .. "/authreg", { htpasswd = { alice = "s3cret" } })
+    R.push(layout, "busybox", authreg.host, "private/busybox", { creds = "alice:s3cret" })
+    fake = R.start_fake(dir, helper.ROOT)
+    R.write(dir .. "/auth.json", ('{"auths": {"%s": {"auth": "%s"}, "http://%s/": {"auth": "%s"}}}'):format(
+      authreg.host, helper.b64encode("alice:s3cret"), fake.host, helper.b64encode("bob:pw")))
+    env = R.env({ "TUPPER_AUTH_FILE=" .. dir .. "/auth.json", "XDG_CONFIG_HOME=" .. dir .. "/xdg" })
+    d = helper.start_daemon(dir .. "/d", { env = env })
+    R.layout_dir = layout
+    R.arm_layer, R.amd_manifest = la.digest, bb.digest
+  end)
+
+  teardown(function()
+    if d then d.stop() end
+    if reg then reg.stop() end
+    if authreg then authreg.stop() end
+    if fake then fake.stop() end
+    helper.rmrf(dir)
+    helper.drain()
+  end)
+
+  it("pulls a one-layer image and prints ref@digest", function()
+    local code, out, err = pull(reg.host .. "/test/busybox:busybox")
+    assert.are.equal(0, code, err)
+    assert.truthy(out:match("^" .. reg.host:gsub("%p", "%%%0") .. "/test/busybox:busybox@sha256:%x+\n$"), out)
+    local b = blobs()
+    assert.are.equal(3, count(b)) -- layer, config, manifest
+    for hex in pairs(b) do
+      assert.are.equal(hex, R.sha256_file(d.state .. "/images/blobs/sha256/" .. hex))
+    end
+    local index = require("tupper.json").decode(helper.read_file(d.state .. "/images/index.json"))
+    local m = index.manifests[1]
+    assert.are.equal(reg.host .. "/test/busybox:busybox", m.annotations["org.opencontainers.image.ref.name"])
+    assert.are.equal(out:match("@(sha256:%x+)"), m.digest)
+  end)
+
+  local function no_partials()
+    local h = uv.fs_scandir(d.state .. "/images/partial")
+    return not h or uv.fs_scandir_next(h) == nil
+  end
+
+  it("pulls a multi-layer image: every layer verified into blobs/", function()
+    local before = count(blobs())
+    local code, out, err = pull(reg.host .. "/test/multi:multi")
+    assert.are.equal(0, code, err)
+    -- two new layers (layer one is shared with busybox), a config, a manifest
+    assert.are.equal(before + 4, count(blobs()))
+    assert.is_true(no_partials())
+  end)
+
+  it("resolves an index to linux/amd64 and leaves the arm64 layers alone", function()
+    local code, out, err = pull(reg.host .. "/test/multiarch:multiarch")
+    assert.are.equal(0, code, err)
+    local b = blobs()
+    -- the index and the amd64 manifest are there; the arm64 layer is not
+    local digest = out:match("@sha256:(%x+)")
+    assert.truthy(digest, out)
+    assert.is_true(b[digest], "the index itself is kept")
+    assert.is_true(b[R.amd_manifest:sub(8)], "the amd64 manifest is kept")
+    assert.is_nil(b[R.arm_layer:sub(8)], "the arm64 layer was not fetched")
+  end)
+
+  it("refuses an index with no linux/amd64 image, naming what it has", function()
+    local code, _, err = pull(reg.host .. "/test/armonly:armonly")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("no linux/amd64 image in the index (it has: linux/arm64)", 1, true), err)
+  end)
+
+  it("pulls by pinned digest, and refuses a digest the registry does not have", function()
+    local _, out = pull(reg.host .. "/test/busybox:busybox")
+    local digest = out:match("@(sha256:%x+)")
+    local code, out2, err = pull(reg.host .. "/test/busybox@" .. digest)
+    assert.are.equal(0, code, err)
+    assert.truthy(out2:find(digest, 1, true))
+    local wrong = "sha256:" .. ("0"):rep(64)
+    code, _, err = pull(reg.host .. "/test/busybox@" .. wrong)
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("no such image or tag", 1, true), err)
+  end)
+
+  it("says so for an unknown tag or repository", function()
+    local code, _, err = pull(reg.host .. "/test/busybox:nope")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("no such image or tag nope", 1, true), err)
+    code, _, err = pull(reg.host .. "/test/missing")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("no such image or tag latest", 1, true), err)
+  end)
+
+  it("refuses a malformed reference before any request", function()
+    for _, ref in ipairs({ "UPPER/case", "a@sha256:123", "a:b:c:d", "x@md5:" .. ("0"):rep(32), "a b" }) do
+      local code, _, err = pull(ref)
+      assert.are_not.equal(0, code)
+      assert.truthy(err:find("invalid", 1, true), ref .. ": " .. err)
+    end
+  end)
+
+  it("uses basic auth from auth.json, and reports refused credentials", function()
+    local code, _, err = pull(authreg.host .. "/private/busybox:busybox")
+    assert.are.equal(0, code, err)
+    local good = helper.read_file(dir .. "/auth.json")
+    R.write(dir .. "/auth.json", ('{"auths": {"%s": {"auth": "%s"}}}'):format(authreg.host,
+      helper.b64encode("alice:wrong")))
+    code, _, err = pull(authreg.host .. "/private/busybox:busybox")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("refused the credentials", 1, true), err)
+    R.write(dir .. "/auth.json", "{}")
+    code, _, err = pull(authreg.host .. "/private/busybox:busybox")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("wants a user name and password", 1, true), err)
+    R.write(dir .. "/auth.json", good)
+    -- the password never reaches the daemon's log
+    assert.is_nil(helper.read_file(d.log):find("s3cret", 1, true))
+  end)
+
+  it("says the network is down when nothing listens", function()
+    local port = R.free_port()
+    local code, _, err = pull("127.0.0.1:" .. port .. "/x/y")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("127.0.0.1:" .. port .. ": Failed to connect", 1, true), err)
+  end)
+
+  it("gets a bearer token through the WWW-Authenticate challenge", function()
+    local code, _, err = pull(fake.host .. "/bearer:latest")
+    assert.are.equal(0, code, err)
+    local log = helper.read_file(dir .. "/fake-state/requests.log")
+    assert.truthy(log:find("GET /token?service=fake&scope=repository%3Abearer%3Apull", 1, true), log)
+  end)
+
+  it("resumes a pull killed mid-blob with a Range request", function()
+    local d2 = helper.start_daemon(dir .. "/d2", { env = env })
+    local exited
+    local h = uv.spawn(helper.BIN, { args = { "--socket", d2.socket, "pull", fake.host .. "/stall:latest" } },
+      function(c) exited = c end)
+    local half
+    helper.sync(function()
+      -- until the registry sent half the layer and tupper wrote all of it
+      while true do
+        local log = helper.read_file(dir .. "/fake-state/requests.log") or ""
+        half = tonumber(log:match("stalled (%d+)"))
+        local h2 = half and uv.fs_scandir(d2.state .. "/images/partial")
+        local name = h2 and uv.fs_scandir_next(h2)
+        local st = name and uv.fs_stat(d2.state .. "/images/partial/" .. name)
+        if st and st.size == half then return end
+        require("tupper.async").sleep(20)
+      end
+    end)
+    d2.crash()
+    helper.sync(function() while not exited do require("tupper.async").sleep(5) end end)
+    h:close()
+    assert.are_not.equal(0, exited)
+    local d3 = helper.start_daemon(dir .. "/d2", { env = env })
+    local code, _, err = helper.cli({ "--socket", d3.socket, "pull", fake.host .. "/stall:latest" })
+    d3.stop()
+    assert.are.equal(0, code, err)
+    local log = helper.read_file(dir .. "/fake-state/requests.log")
+    assert.truthy(log:find("/v2/stall/blobs/sha256:%x+ bytes=" .. half .. "%-"), log)
+  end)
+
+  describe("against a hostile registry", function()
+    local cases = {
+      { "huge", "exceeds" },
+      { "hugeheaders", "headers exceed" },
+      { "loop", "redirects" },
+      { "schema1", "schema 1" },
+      { "weird", "unsupported manifest media type" },
+      { "liar", "more than the 1000 bytes" },
+      { "short", "were declared" },
+      { "forever", "more than the" },
+      { "wrongdigest", "digest mismatch" },
+    }
+    for _, c in ipairs(cases) do
+      it(c[1] .. ": refused, nothing half-written in the store", function()
+        local before = blobs()
+        local code, _, err = pull(fake.host .. "/" .. c[1] .. ":latest")
+        assert.are_not.equal(0, code)
+        assert.truthy(err:find(c[2], 1, true), c[1] .. ": " .. err)
+        local after = blobs()
+        -- the config may be in (it was good); the layer never is
+        for hex in pairs(after) do
+          assert.is_true(before[hex] or hex ~= "" and R.sha256_file(d.state .. "/images/blobs/sha256/" .. hex) == hex)
+        end
+        assert.is_true(no_partials())
+      end)
+    end
+
+    it("a pinned digest the registry's manifest does not match", function()
+      local code, _, err = pull(fake.host .. "/ok@sha256:" .. ("1"):rep(64))
+      assert.are_not.equal(0, code)
+      assert.truthy(err:find("manifest digest mismatch", 1, true), err)
+    end)
+
+    it("follows a redirect for a blob (as registries do to their CDN)", function()
+      local code, _, err = pull(fake.host .. "/redirect-blob:latest")
+      assert.are.equal(0, code, err)
+    end)
+  end)
+end)
