@@ -104,6 +104,34 @@ describe("tupper pull", function()
     assert.is_true(no_partials())
   end)
 
+  it("image.pull answers its documented fields and reports progress", function()
+    local schema = require("tupper.schema")
+    local c = d.connect()
+    local progress = {}
+    c:on("image.progress", function(p) progress[#progress + 1] = p end)
+    local ref = reg.host .. "/test/multi:multi"
+    local res, err = helper.call(c, "image.pull", { ref = ref, progress = true })
+    assert.truthy(res, err and err.message)
+    for _, field in ipairs(schema.methods["image.pull"].result) do
+      assert.is_not_nil(res[field], "image.pull lacks " .. field)
+    end
+    assert.are.equal(3, #res.layers)
+    local sum = 0
+    for _, l in ipairs(res.layers) do sum = sum + l.size end
+    assert.is_true(res.size > sum) -- and the config
+    local last = progress[#progress]
+    assert.truthy(last, "no image.progress notification")
+    assert.are.equal(ref, last.ref)
+    assert.are.equal(res.size, last.total)
+    assert.are.equal(last.total, last.done)
+    -- an error carries its kind
+    local bad, e = helper.call(c, "image.pull", { ref = reg.host .. "/test/nothing:here" })
+    assert.is_nil(bad)
+    assert.are.equal(-32006, e.code)
+    assert.are.equal("not_found", e.data.kind)
+    c:close()
+  end)
+
   it("resolves an index to linux/amd64 and leaves the arm64 layers alone", function()
     local code, out, err = pull(reg.host .. "/test/multiarch:multiarch")
     assert.are.equal(0, code, err)
