@@ -32,6 +32,7 @@ test:
 bench: build
 	@./bootstrap.sh bench
 	@BUILD=$(BUILD) bench/startup
+	@BUILD=$(BUILD) bench/pull
 
 clean:
 	rm -rf $(BUILD)

@@ -15,7 +15,7 @@ case "$what" in
     # image pull specs: a real registry, skopeo to push to it, htpasswd (bcrypt), openssl (a test CA)
     pkgs="$pkgs docker-registry skopeo apache2-utils openssl" ;;
   bench) pkgs="$pkgs hyperfine bubblewrap crun podman"
-    pkgs="$pkgs docker-registry skopeo umoci" ;; # bench/pull
+    pkgs="$pkgs docker-registry skopeo umoci curl python3" ;; # bench/pull
 esac
 
 # The sdk/js suite needs node >= 18 and npm.  A node that is new enough is
