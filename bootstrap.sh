@@ -13,7 +13,7 @@ pkgs="$pkgs libcurl4-openssl-dev libssl-dev"
 case "$what" in
   test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux"
     # image pull specs: a real registry, skopeo to push to it, htpasswd (bcrypt), openssl (a test CA)
-    pkgs="$pkgs docker-registry skopeo apache2-utils openssl" ;;
+    pkgs="$pkgs docker-registry skopeo apache2-utils openssl python3" ;;
   bench) pkgs="$pkgs hyperfine bubblewrap crun podman"
     pkgs="$pkgs docker-registry skopeo umoci curl python3" ;; # bench/pull
 esac

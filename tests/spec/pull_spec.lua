@@ -241,6 +241,44 @@ describe("tupper pull", function()
     assert.truthy(log:find("/v2/stall/blobs/sha256:%x+ bytes=" .. half .. "%-"), log)
   end)
 
+  describe("over https", function()
+    -- 127.0.0.2 is loopback, but not among the plain-http registries
+    local certs, tlsreg, redirect
+    setup(function()
+      certs = R.make_certs(dir .. "/certs", "127.0.0.2")
+      tlsreg = R.start_registry(dir .. "/tlsreg", { host = "127.0.0.2", tls = certs })
+      R.push(R.layout_dir, "busybox", tlsreg.host, "tls/busybox")
+      redirect = R.start_tls_redirect(dir, helper.ROOT, "127.0.0.2", certs, "http://" .. fake.host)
+    end)
+    teardown(function()
+      if tlsreg then tlsreg.stop() end
+      if redirect then redirect.stop() end
+      os.remove(dir .. "/xdg/tupper/registries.json")
+    end)
+
+    it("refuses a certificate the system store does not trust", function()
+      local code, _, err = pull(tlsreg.host .. "/tls/busybox:busybox")
+      assert.are_not.equal(0, code)
+      assert.truthy(err:find("certificate", 1, true), err)
+    end)
+
+    it("trusts the CA file registries.json names", function()
+      R.must("mkdir -p " .. q(dir .. "/xdg/tupper"))
+      R.write(dir .. "/xdg/tupper/registries.json", ('{"ca_file": "%s"}'):format(certs.ca))
+      local code, out, err = pull(tlsreg.host .. "/tls/busybox:busybox")
+      assert.are.equal(0, code, err)
+      assert.truthy(out:find("@sha256:", 1, true))
+    end)
+
+    it("refuses a redirect from https down to http", function()
+      R.must("mkdir -p " .. q(dir .. "/xdg/tupper"))
+      R.write(dir .. "/xdg/tupper/registries.json", ('{"ca_file": "%s"}'):format(certs.ca))
+      local code, _, err = pull(redirect.host .. "/ok:latest")
+      assert.are_not.equal(0, code)
+      assert.truthy(err:find("https never goes down to http", 1, true), err)
+    end)
+  end)
+
   describe("against a hostile registry", function()
     local cases = {
       { "huge", "exceeds" },

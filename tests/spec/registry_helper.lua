@@ -140,6 +140,31 @@ function M.start_fake(dir, root)
   return proc
 end
 
+--- A throwaway CA and a server certificate for IP ip, in dir: returns
+-- { ca = path, cert = path, key = path }.
+function M.make_certs(dir, ip)
+  must("mkdir -p " .. q(dir))
+  local d = q(dir)
+  must(("openssl req -x509 -newkey rsa:2048 -nodes -keyout %s/ca.key -out %s/ca.crt -days 1 "
+    .. "-subj /CN=tupper-test-ca"):format(d, d))
+  must(("openssl req -newkey rsa:2048 -nodes -keyout %s/srv.key -out %s/srv.csr -subj /CN=%s"):format(d, d, ip))
+  write(dir .. "/ext.cnf", "subjectAltName=IP:" .. ip .. "\n")
+  must(("openssl x509 -req -in %s/srv.csr -CA %s/ca.crt -CAkey %s/ca.key -CAcreateserial -out %s/srv.crt "
+    .. "-days 1 -extfile %s/ext.cnf"):format(d, d, d, d, d))
+  return { ca = dir .. "/ca.crt", cert = dir .. "/srv.crt", key = dir .. "/srv.key" }
+end
+
+--- Starts tls_redirect.py: https on host:port, every request sent to
+-- target (plain http).
+function M.start_tls_redirect(dir, root, host, certs, target)
+  local port = M.free_port(host)
+  local proc = spawn({ log = dir .. "/tls-redirect.log" }, "python3",
+    { root .. "/tests/spec/tls_redirect.py", host, tostring(port), certs.cert, certs.key, target })
+  wait_port(host, port, proc)
+  proc.host, proc.port = host .. ":" .. port, port
+  return proc
+end
+
 local function sha256_file(path)
   return (must("sha256sum " .. q(path)):match("^(%x+)"))
 end
