@@ -42,6 +42,8 @@ typedef struct tp_lvm_heap_s {
   long long instr_left; /* instructions left in this run */
   int instr_tripped;    /* the run spent its instructions (1) or time (2) */
   long long deadline_ns; /* CLOCK_MONOTONIC end of the run */
+  const char *trip_source; /* where the hook stopped the run: the source */
+  int trip_line;           /* and line of the innermost function (or -1) */
 } tp_lvm_heap_t;
 
 void tp_lvm_heap_init(tp_lvm_heap_t *h, lua_Alloc base, void *base_ud);

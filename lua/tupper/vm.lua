@@ -105,6 +105,34 @@ function M.run(fn, limits, ...)
   return table.unpack(res, 2, res.n)
 end
 
+--- Budgets of a recipe's setup(box), over all its slices: the time counts
+-- only Lua running, not the waits for the box (docs/recipes.md).
+M.SETUP_LIMITS = { instructions = 50000000, memory = 64 * 1024 * 1024, time = 5000 }
+
+local Session = {}
+Session.__index = Session
+
+--- A run that may pause: fn yields (only daemon-side code can: the VM has
+-- no coroutine library) and the caller resumes it later.  The budgets
+-- (default M.SETUP_LIMITS) hold over every slice together.
+-- session:resume(...) -> "yield", values... | "done", results... | nil, err
+-- chunkname: the file fn comes from; a run a budget stops is reported at
+-- its line there.
+function M.session(fn, limits, chunkname)
+  limits = limits or M.SETUP_LIMITS
+  return setmetatable({ s = core.session(fn, limits.instructions, limits.memory, limits.time,
+                                         chunkname and ("@" .. chunkname) or nil) }, Session)
+end
+
+function Session:resume(...)
+  local saved = STRING_MT.__index
+  STRING_MT.__index = SAFE_STRING
+  local res = table.pack(pcall(self.s.resume, self.s, ...))
+  STRING_MT.__index = saved
+  if not res[1] then error(res[2], 2) end
+  return table.unpack(res, 2, res.n)
+end
+
 local function plain(v, depth, count)
   local t = type(v)
   if t == "string" or t == "number" or t == "boolean" or t == "nil" or t == "function" then
