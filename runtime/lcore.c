@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "base64.h"
+#include "sha256.h"
 #include "cgroup.h"
 #include "nspid.h"
 #include "tp_seccomp.h"
@@ -132,6 +133,8 @@ bad:
 
 /* ------------------------------------------------------------------ boxes */
 
+#define TP__LBOX_PATH_MAX 4096
+
 typedef struct tp_lbox_s {
   lua_State *L;         /* main thread */
   tp_box_t box;
@@ -154,6 +157,7 @@ typedef struct tp_lbox_s {
   int has_cg;           /* cg is a live box cgroup */
   tp_cgroup_t cg;
   struct tp_lsub_s *subs; /* process trees, each in a sub cgroup */
+  char *keep_upper;     /* destroy: move <dir>/upper here before removing dir */
 } tp_lbox_t;
 
 /* One process tree of a box: a sub cgroup named after its first pid. */
@@ -193,6 +197,7 @@ static void tp__lbox_maybe_free(tp_lbox_t *b) {
   free(b->rbuf);
   free(b->fields);
   free(b->dir);
+  free(b->keep_upper);
   free(b);
 }
 
@@ -975,10 +980,31 @@ static int tp_lbox_queued(lua_State *L) {
   return 1;
 }
 
+/* Destroys the box; with keep_upper, once every process of it is gone
+ * (the overlay is unmounted with its mount namespace), its upper dir is
+ * moved to keep_upper (same filesystem) before the rest is removed. */
+static int tp__lbox_destroy_dir(tp_lbox_t *b, tp_error_t *err) {
+  char upper[TP__LBOX_PATH_MAX];
+  if (b->keep_upper == NULL)
+    return tp_linux_box_destroy(&b->box, b->dir, err);
+  if (tp_linux_box_destroy(&b->box, NULL, err) < 0)
+    return -1;
+  if (snprintf(upper, sizeof(upper), "%s/upper", b->dir) >= (int) sizeof(upper)) {
+    tp_rmtree(b->dir, NULL);
+    return tp_error_set(err, ENAMETOOLONG, "destroy box: path too long");
+  }
+  if (rename(upper, b->keep_upper) < 0) {
+    int e = errno;
+    tp_rmtree(b->dir, NULL);
+    return tp_error_errno(err, e, "destroy box: keep %s", upper);
+  }
+  return tp_rmtree(b->dir, err);
+}
+
 static void tp__destroy_work(uv_work_t *req) {
   tp_lbox_t *b = req->data;
   tp_error_t cgerr = {0};
-  b->wret = tp_linux_box_destroy(&b->box, b->dir, &b->werr);
+  b->wret = tp__lbox_destroy_dir(b, &b->werr);
   tp__lbox_drop_cgroups(b, &cgerr);
   if (b->wret == 0 && cgerr.code != 0) {
     b->werr = cgerr;
@@ -1008,14 +1034,24 @@ static void tp__destroy_after(uv_work_t *req, int status) {
   tp__lbox_maybe_free(b);
 }
 
-/* box:destroy(cb(ok, err)): kills every process of the box and removes its
- * directory in the thread pool; cb runs on the loop when done. */
+/* box:destroy(cb(ok, err)[, keep_upper]): kills every process of the box
+ * and removes its directory in the thread pool; cb runs on the loop when
+ * done.  keep_upper (an absolute path on the box dir's filesystem that does
+ * not exist): the box's writable layer is moved there first (recipe setup
+ * layers; a box with a disk cap has none to keep). */
 static int tp_lbox_destroy(lua_State *L) {
   tp_lbox_t *b = tp__check_box(L);
+  const char *keep = luaL_optstring(L, 3, NULL);
   int r;
   luaL_checktype(L, 2, LUA_TFUNCTION);
   if (b->destroyed)
     return luaL_error(L, "box already destroyed");
+  if (keep != NULL) {
+    luaL_argcheck(L, keep[0] == '/' && strlen(keep) < TP__LBOX_PATH_MAX, 3,
+                  "must be an absolute path");
+    if ((b->keep_upper = strdup(keep)) == NULL)
+      return luaL_error(L, "out of memory");
+  }
   b->destroyed = 1;
   b->down = 1;
   tp__lbox_stop(b);
@@ -1030,7 +1066,7 @@ static int tp_lbox_destroy(lua_State *L) {
     tp_error_t err = {0};
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_destroy);
     b->ref_destroy = LUA_NOREF;
-    int r2 = tp_linux_box_destroy(&b->box, b->dir, &err);
+    int r2 = tp__lbox_destroy_dir(b, &err);
     tp__lbox_drop_cgroups(b, &err);
     if (r2 < 0)
       return tp__push_err(L, &err);
@@ -1087,6 +1123,27 @@ static int tp_lcore_b64decode(lua_State *L) {
     return 2;
   }
   luaL_pushresultsize(&B, m);
+  return 1;
+}
+
+/* core.sha256(s...) -> the hex SHA-256 of the strings, concatenated. */
+static int tp_lcore_sha256(lua_State *L) {
+  tp_sha256_t c;
+  unsigned char d[32];
+  char hex[65];
+  int n = lua_gettop(L);
+  for (int i = 1; i <= n; i++)
+    luaL_checkstring(L, i);
+  tp_sha256_init(&c);
+  for (int i = 1; i <= n; i++) {
+    size_t len;
+    const char *s = lua_tolstring(L, i, &len);
+    tp_sha256_update(&c, s, len);
+  }
+  tp_sha256_final(&c, d);
+  for (int i = 0; i < 32; i++)
+    snprintf(hex + 2 * i, 3, "%02x", d[i]);
+  lua_pushlstring(L, hex, 64);
   return 1;
 }
 
@@ -1280,6 +1337,7 @@ int luaopen_tupper_core(lua_State *L) {
       {"box_start", tp_lcore_box_start},   {"box_adopt", tp_lcore_box_adopt},
       {"b64encode", tp_lcore_b64encode},
       {"b64decode", tp_lcore_b64decode},   {"default_image", tp_lcore_default_image},
+      {"sha256", tp_lcore_sha256},
       {"rmtree", tp_lcore_rmtree},         {"umask", tp_lcore_umask},
       {"random_hex", tp_lcore_random_hex}, {"lock", tp_lcore_lock},
       {"log_to", tp_lcore_log_to},         {"cgroup_init", tp_lcore_cgroup_init},
