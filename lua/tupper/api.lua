@@ -71,6 +71,18 @@ function h.sandbox_create(d, conn, p)
   return sb:info()
 end
 
+function h.recipe_build(d, conn, p)
+  local build = require("tupper.build")
+  local loaded, err = build.load(p.recipe)
+  if not loaded then return nil, rpc.SANDBOX_ERROR, err end
+  -- the daemon's own policy judges the setup's commands and files
+  local plan
+  plan, err = build.prepare(d, loaded, { pin = true, policies = d.policy and { d.policy } or {} })
+  if not plan then return nil, rpc.SANDBOX_ERROR, err end
+  return { recipe = plan.recipe.name, image = plan.image.ref, image_digest = plan.image.digest,
+           layer = plan.layer or json.null, cached = plan.cached == true, lock = plan.lock }
+end
+
 -- A sandbox by id; `any_state` also returns a paused one.
 local function get_sandbox(d, id, any_state)
   local sb = d.sandboxes[id]

@@ -8,6 +8,8 @@ local schema = require("tupper.schema")
 
 local M = {}
 
+local recipe_spec
+
 local USAGE = [[
 usage: tupper [--socket PATH] [--state-dir DIR] COMMAND [ARGS]
 
@@ -32,6 +34,8 @@ commands:
                                 a Lua prompt with the client API loaded as
                                 `tupper` (docs/repl.md); -e and SCRIPT run
                                 without a prompt
+  build RECIPE.lua              run a recipe's files and setup once (a cached
+                                layer) and write RECIPE.lock pinning them
   schema                        print the socket API's schema (JSON)
   version                       print the version
 
@@ -51,6 +55,10 @@ options of run, create and exec:
   --policy FILE         policy file for the sandbox (run, create; default:
                         the nearest tupper.lua from here upward)
   --no-policy           send no policy file (run, create)
+  --recipe FILE|NAME    make the sandbox from a recipe (run, create): a Lua
+                        file, honouring FILE's .lock beside it, or a shipped
+                        recipe's name (docs/recipes.md); the options above
+                        override the recipe's fields
 
 The client finds the daemon through --socket, $TUPPER_SOCKET or the default
 socket, and starts one when none is listening.
@@ -100,6 +108,7 @@ local function parse_opts(args, i, allowed)
     elseif a == "--json" then o.json = true
     elseif a == "--policy" then o.policy = value()
     elseif a == "--no-policy" then o.policy = false
+    elseif a == "--recipe" then o.recipe = value()
     end
     i = i + 1
   end
@@ -112,7 +121,8 @@ local LIMIT_OPTS = { "--memory", "--cpus", "--pids", "--disk", "--timeout", "--p
 local RUN_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
   ["--workdir"] = 1, ["--image"] = 1, ["--metadata"] = 1, ["--rm"] = 1 }
 local CREATE_OPTS = { ["-e"] = 1, ["--env"] = 1, ["--image"] = 1, ["--metadata"] = 1,
-  ["-w"] = 1, ["--workdir"] = 1 }
+  ["-w"] = 1, ["--workdir"] = 1, ["--recipe"] = 1 }
+RUN_OPTS["--recipe"] = 1
 for _, o in ipairs(LIMIT_OPTS) do RUN_OPTS[o] = 1; CREATE_OPTS[o] = 1 end
 local EXEC_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
   ["--workdir"] = 1 }
@@ -227,6 +237,40 @@ end
 
 local verbs = {}
 
+-- The `recipe` param of --recipe FILE|NAME, or nil.
+recipe_spec = function(o)
+  if not o.recipe then return nil end
+  return require("tupper.recipe").client_spec(o.recipe)
+end
+
+--- tupper build RECIPE: builds the recipe's layer and writes RECIPE.lock.
+function verbs.build(c, args)
+  if #args ~= 1 then return die("build wants one recipe file") end
+  local path = args[1]
+  local rec = require("tupper.recipe")
+  local spec, serr = rec.client_spec(path, { no_lock = true })
+  if not spec then return die("%s", serr) end
+  local r, err = c:call("recipe.build", { recipe = spec })
+  if not r then return die("%s", errmsg(err)) end
+  io.stderr:write(("%s: image %s (%s), layer %s%s\n"):format(r.recipe, r.image, r.image_digest,
+    r.layer ~= json.null and r.layer or "none", r.cached and " (cached)" or ""))
+  if not spec.source then
+    io.stderr:write("tupper: a shipped recipe has no file to lock beside; its lock:\n")
+    print(json.pretty(r.lock))
+    return 0
+  end
+  local lock_path = rec.lock_path(path)
+  local tmp = lock_path .. ".tmp"
+  local f, ferr = io.open(tmp, "wb")
+  if not f then return die("write %s: %s", lock_path, ferr) end
+  f:write(json.pretty(r.lock), "\n")
+  f:close()
+  local ok, rerr = os.rename(tmp, lock_path)
+  if not ok then os.remove(tmp); return die("write %s: %s", lock_path, rerr) end
+  print(lock_path)
+  return 0
+end
+
 function verbs.run(c, args)
   local o, rest = parse_opts(args, 1, RUN_OPTS)
   if #rest == 0 then rest = { "/bin/sh" } end
@@ -240,10 +284,13 @@ function verbs.run(c, args)
   end
   -- the box goes with this client, even if it is killed (docker run --rm
   -- without leaving a container behind)
+  local spec, serr = recipe_spec(o)
+  if serr then return die("%s", serr) end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, limits = o.limits, kill_on_disconnect = true,
-    policy = pol })
+    policy = pol, recipe = spec })
   if not sb then return die("%s", errmsg(err)) end
+  -- the sandbox's workdir (a recipe's) is where the command runs
   local code = run_in(c, sb.id, rest, o)
   -- --rm: a notification, not a call: the daemon takes the box out of its
   -- registry at once and finishes the cleanup on its own; no need to wait
@@ -254,9 +301,11 @@ end
 function verbs.create(c, args)
   local o, rest = parse_opts(args, 1, CREATE_OPTS)
   if #rest > 0 then return die("create takes no arguments") end
+  local spec, serr = recipe_spec(o)
+  if serr then return die("%s", serr) end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir,
-    limits = next(o.limits) and o.limits or nil, policy = policy_param(o) })
+    limits = next(o.limits) and o.limits or nil, policy = policy_param(o), recipe = spec })
   if not sb then return die("%s", errmsg(err)) end
   print(sb.id)
   return 0

@@ -10,6 +10,8 @@ local sandbox = require("tupper.sandbox")
 local paths = require("tupper.paths")
 local guard = require("tupper.guard")
 local registry = require("tupper.registry")
+local build = require("tupper.build")
+local layers = require("tupper.layers")
 
 local M = {}
 
@@ -59,11 +61,13 @@ function Daemon:_new_id()
   return id
 end
 
--- Starts a box of the default image with limits lim (may be empty).
-function Daemon:_start_box(id, lim)
+-- Starts a box with limits lim (may be empty) on read-only layers (lowest
+-- first; default: the default image).
+function Daemon:_start_box(id, lim, layers, image)
   self.reserved[id] = true
+  layers = layers or { self.default_image }
   local sb, err = sandbox.start({
-    id = id, image = "default", layers = { self.default_image }, dir = self.boxes .. "/" .. id,
+    id = id, image = image or "default", layers = layers, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = M.ID_COUNT, cgroup = self.tag .. "-" .. id,
     limits = backend_limits(lim),
     on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
@@ -158,9 +162,45 @@ function Daemon:pull_image(refstr, on_progress)
 end
 Daemon._pull = Daemon.pull_image -- the image store's pull-on-first-use hook
 
+-- A create from a recipe, before any policy sees it: the recipe is loaded
+-- and checked, and its env, workdir and limits become the create's params
+-- under those the request gives explicitly (docs/recipes.md, "Explicit
+-- parameters"), so that the policies cap and judge what will really run.
+-- Returns the params and the loaded recipe, or nil, err.
+function Daemon:_recipe_params(p)
+  if p.image then
+    return nil, "'image' and 'recipe' together: the recipe names its image"
+  end
+  local loaded, err = build.load(p.recipe)
+  if not loaded then return nil, err end
+  local r = loaded.recipe
+  local q = {}
+  for k, v in pairs(p) do q[k] = v end
+  q.image = r.image
+  local env = {}
+  for k, v in pairs(r.env or {}) do env[k] = v end
+  for k, v in pairs(p.env or {}) do env[k] = v end
+  q.env = next(env) and env or nil
+  q.cwd = p.cwd or r.workdir
+  local lim = {}
+  for k, v in pairs(r.limits or {}) do lim[k] = v end
+  for k, v in pairs(p.limits or {}) do lim[k] = v end
+  q.limits = next(lim) and lim or nil
+  return q, loaded
+end
+
 function Daemon:create_sandbox(p)
+  local plan
+  if p._recipe then
+    -- the image, lock and layer (built here unless cached); the policies
+    -- that bind the sandbox also judge the setup's commands and files
+    local pols = guard.policies_of(self, { policy = p._policy })
+    local err
+    plan, err = build.prepare(self, p._recipe, { policies = pols })
+    if not plan then return nil, err end
+  end
   local image = p.image or "default"
-  if image ~= "default" then
+  if image ~= "default" and not plan then
     return nil, ("image '%s' is not available (this daemon has only the embedded 'default' image)"):format(image)
   end
   for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
@@ -173,12 +213,14 @@ function Daemon:create_sandbox(p)
   if count >= M.MAX_SANDBOXES then return nil, "too many sandboxes" end
   local lim = p.limits or {}
   local sb, err
-  if not lim.disk then
+  local layers = plan and plan.layers
+  local pooled_ok = not lim.disk and (not layers or (#layers == 1 and layers[1] == self.default_image))
+  if pooled_ok then
     sb, err = self:_take_pooled(lim)
     if err then return nil, err end
   end
   if not sb then
-    sb, err = self:_start_box(self:_new_id(), lim)
+    sb, err = self:_start_box(self:_new_id(), lim, layers, image)
     if not sb then
       log("create failed: %s", err)
       return nil, err
@@ -189,6 +231,13 @@ function Daemon:create_sandbox(p)
     return nil, "the daemon is shutting down"
   end
   self:_fill_pool()
+  if plan then
+    local ok, rerr = self:_apply_recipe(sb, plan, p)
+    if not ok then
+      sb:destroy()
+      return nil, rerr
+    end
+  end
   sb.env, sb.metadata, sb.cwd = p.env or {}, p.metadata or {}, p.cwd or "/"
   sb.policy, sb.policy_source = p._policy, p._policy_source
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
@@ -199,6 +248,24 @@ function Daemon:create_sandbox(p)
   self:set_timeout(sb, timeout) -- also writes the record
   log("sandbox %s created", sb.id)
   return sb
+end
+
+-- What a recipe sets on a started box: its user (looked up in the box's
+-- /etc/passwd) and its workdir (made if missing); sb.recipe says which
+-- recipe and layer it came from (sandbox.get shows it).
+function Daemon:_apply_recipe(sb, plan, p)
+  local r = plan.recipe
+  sb.image = plan.image.ref
+  sb.recipe = { name = r.name, layer = plan.layer, cached = plan.cached, image_digest = plan.image.digest }
+  if r.user ~= nil then
+    local cred, err = require("tupper.setup").lookup_user(sb, r.user)
+    if not cred then return nil, ("%s: %s"):format(r.origin and r.origin.file or r.name, err) end
+    sb.cred = cred
+  end
+  if p.cwd and p.cwd ~= "/" then
+    sb:request(core.MSG.FS_MKDIR, { path = p.cwd, mode = 493, flags = 1 })
+  end
+  return true
 end
 
 -- The record of a live sandbox, <state>/boxes/<id>.json, written atomically:
@@ -301,12 +368,20 @@ function Daemon:_request(conn, msg)
     if is_call then return conn:error(id, rpc.INVALID_PARAMS, msg.method .. ": " .. err) end
     return
   end
-  local code
+  local code, loaded
+  if msg.method == "sandbox.create" and params.recipe then
+    params, loaded = self:_recipe_params(params)
+    if not params then
+      if is_call then return conn:error(id, rpc.SANDBOX_ERROR, loaded) end
+      return
+    end
+  end
   params, err, code = guard.check(self, msg.method, params)
   if not params then
     if is_call then return conn:error(id, code or rpc.POLICY_DENIED, err) end
     return
   end
+  if loaded then params._recipe = loaded end -- internal, after the policies
   async.spawn(function()
     local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
     if not is_call then return end
@@ -396,6 +471,8 @@ function Daemon:_recover()
         sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers, dir = self.boxes .. "/" .. id,
           pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
           metadata = rec.metadata, env = rec.env, cwd = rec.cwd, limits_info = rec.limits,
+          cred = type(rec.cred) == "table" and rec.cred or nil,
+          recipe = type(rec.recipe) == "table" and rec.recipe or nil,
           on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
           on_exit = function(s, proc) self:_exit(s, proc) end,
           on_down = function(s, reason) self:_sandbox_down(s, reason) end })
@@ -467,6 +544,7 @@ function Daemon:shutdown()
     local pool = self.pool
     self.pool = {}
     for _, sb in ipairs(pool) do sb:destroy() end
+    for sb in pairs(self.setups) do sb:destroy() end -- their builds fail and clean up
     while self.filling do async.sleep(5) end
     for conn in pairs(self.clients) do conn:close() end
     core.cgroup_prune()
@@ -497,6 +575,7 @@ end
 function M.run(opts)
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
     pool = {}, reserved = {}, pulls = {}, pool_size = opts.pool or M.POOL_SIZE,
+    pool = {}, reserved = {}, setups = {}, pool_size = opts.pool or M.POOL_SIZE,
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
   local code = 0
@@ -538,6 +617,10 @@ function M.run(opts)
     if ok then
       self.default_image = self.state .. "/images/default/rootfs"
       ok, err = core.default_image(self.default_image, self.uid_base, self.uid_base)
+    end
+    if ok then
+      self.layer_store, err = layers.open(self.state .. "/layers")
+      ok = self.layer_store ~= nil
     end
     if ok then
       self:_recover()

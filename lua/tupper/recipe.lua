@@ -254,21 +254,63 @@ local function tree_recipes_dir()
   return (dir == "" and "." or dir) .. "/recipes"
 end
 
---- Loads a recipe compiled into the binary (recipes/<name>.lua), or, out of
--- the binary, from the source tree's recipes/.
-function M.load_embedded(name)
+--- The text of a recipe compiled into the binary (recipes/<name>.lua), or,
+-- out of the binary, of the source tree's recipes/<name>.lua.  Returns
+-- text, chunkname ("recipes/<name>.lua"), or nil, err.
+function M.embedded_source(name)
   if type(name) ~= "string" or not name:match(NAME_PATTERN) then
-    return nil, ("no embedded recipe %q"):format(tostring(name))
+    return nil, ("no shipped recipe %q"):format(tostring(name))
   end
+  local chunkname = "recipes/" .. name .. ".lua"
   local ok, core = pcall(require, "tupper.core")
   local text = ok and core.embedded_source and core.embedded_source("recipes/" .. name)
-  if text then return M.load_string(text, "recipes/" .. name .. ".lua") end
+  if text then return text, chunkname end
   local dir = tree_recipes_dir()
   local path = dir and dir .. "/" .. name .. ".lua"
   local f = path and io.open(path, "rb")
-  if not f then return nil, ("no embedded recipe %q"):format(name) end
+  if not f then return nil, ("no shipped recipe %q"):format(name) end
   f:close()
-  return M.load(path)
+  local err
+  text, err = vm.read_source(path)
+  if not text then return nil, err end
+  return text, chunkname
+end
+
+--- Loads a recipe compiled into the binary (recipes/<name>.lua), or, out of
+-- the binary, from the source tree's recipes/.
+function M.load_embedded(name)
+  local text, chunkname = M.embedded_source(name)
+  if not text then return nil, chunkname end
+  return M.load_string(text, chunkname)
+end
+
+-- ------------------------------------------------------------ clients
+
+--- The lockfile of a recipe file: python.lua -> python.lock, beside it.
+function M.lock_path(path)
+  return (path:gsub("%.lua$", "")) .. ".lock"
+end
+
+--- What a client sends as sandbox.create's `recipe`: for a file (a path
+-- that exists, or any argument with a '/' or ending in .lua) its source text
+-- and name, and its lockfile's text when there is one beside it; else the
+-- name of a shipped recipe.  Returns the spec or nil, err.
+function M.client_spec(arg, opts)
+  if type(arg) ~= "string" or arg == "" then return nil, "recipe: expected a file or a shipped recipe's name" end
+  local f = io.open(arg, "rb")
+  if f then f:close() end
+  if not f and not arg:find("/", 1, true) and not arg:match("%.lua$") and arg:match(NAME_PATTERN) then
+    return { name = arg }
+  end
+  local text, err = vm.read_source(arg)
+  if not text then return nil, "recipe: " .. tostring(err) end
+  if text == "" then return nil, ("recipe: %s is empty"):format(arg) end
+  local spec = { name = arg, source = text }
+  if not (opts and opts.no_lock) then
+    local lock = vm.read_source(M.lock_path(arg))
+    if lock and lock ~= "" then spec.lock = lock end
+  end
+  return spec
 end
 
 return M

@@ -33,7 +33,7 @@ local function attach(box, opts, adopting)
     id = opts.id, image = opts.image, layers = opts.layers, box = box, state = "starting", cgroup = opts.cgroup,
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
     cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, hooks = opts,
-    limits = opts.limits_info, pid = box:pid(), adopting = adopting,
+    limits = opts.limits_info, pid = box:pid(), adopting = adopting, cred = opts.cred, recipe = opts.recipe,
   }, Sandbox)
   box:on(function(t, id, f) self:_frame(t, id, f) end,
          function(reason) self:_down(reason) end)
@@ -99,7 +99,7 @@ function Sandbox:record()
   return { id = self.id, image = self.image, layers = self.layers, created_at = self.created_at, metadata = self.metadata,
            env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
            timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
-           policy = self.policy_source }
+           policy = self.policy_source, cred = self.cred, recipe = self.recipe }
 end
 
 function Sandbox:_frame(t, id, f)
@@ -198,16 +198,21 @@ end
 -- a cgroup, the child is held before its exec until it sits in a cgroup of
 -- its own, so that its whole tree (setsid and double-fork included) can be
 -- signalled and killed.
-function Sandbox:exec(argv, env, cwd, stdin, owner)
+-- cred = { uid, gid, home } runs it as that user (default: the sandbox's
+-- user, self.cred, from a recipe; else root of the box).
+function Sandbox:exec(argv, env, cwd, stdin, owner, cred)
+  cred = cred or self.cred
   local envl = {}
-  local merged = { PATH = M.DEFAULT_PATH, HOME = "/root", HOSTNAME = self.id, TERM = "xterm" }
+  local merged = { PATH = M.DEFAULT_PATH, HOME = cred and cred.home or "/root", HOSTNAME = self.id,
+                   TERM = "xterm", USER = cred and cred.name or nil }
   for k, v in pairs(self.env) do merged[k] = v end
   for k, v in pairs(env or {}) do merged[k] = v end
   for k, v in pairs(merged) do envl[#envl + 1] = k .. "=" .. v end
   table.sort(envl)
   local hold = self.box:has_cgroup()
   local r, err, errno = self:request(MSG.EXEC, { args = argv, env = envl, cwd = cwd or self.cwd,
-                                                  flags = (stdin and 1 or 0) | (hold and 2 or 0) })
+                                                  flags = (stdin and 1 or 0) | (hold and 2 or 0),
+                                                  uid = cred and cred.uid, gid = cred and cred.gid })
   if not r then return nil, err, errno end
   local pid = math.tointeger(r.pid)
   if not pid or pid < 1 or self.procs[pid] then
@@ -278,17 +283,19 @@ function Sandbox:info()
   return { id = self.id, image = self.image, state = self.state, created_at = self.created_at,
            metadata = self.metadata, processes = n, limits = self.limits or {},
            timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
+           recipe = self.recipe,
            expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
 end
 
 --- Kills everything in the box and removes it; waits until done.
-function Sandbox:destroy()
+-- keep_upper: move the box's writable layer there first (recipe layers).
+function Sandbox:destroy(keep_upper)
   if self.state == "killing" or self.state == "gone" then return true end
   local reason = "killed"
   if self.state == "paused" then self.box:freeze(false) end -- a frozen task cannot die
   self.state = "killing"
   self:_fail_all(reason)
-  local ok, err = async.wait(function(cb) self.box:destroy(cb) end)
+  local ok, err = async.wait(function(cb) self.box:destroy(cb, keep_upper) end)
   self.state = "gone"
   return ok, err
 end

@@ -32,6 +32,15 @@ local POLICY = { type = "object", fields = {
 -- shared with recipes and policy files (tupper.recipe, tupper.policy), so
 -- they accept exactly what the socket API accepts
 M.LIMITS, M.MAP, M.PATH = LIMITS, MAP, PATH
+-- a recipe as clients send it: its source text and file name (the daemon
+-- never reads client paths), or the name of a shipped recipe; lock: the
+-- text of its lockfile (docs/recipes.md)
+local RECIPE = { type = "object", fields = {
+  name = { type = "string", min = 1, max = 256 },
+  source = { type = "string", min = 1, max = 1048576 },
+  lock = { type = "string", min = 1, max = 1048576 },
+} }
+M.RECIPE = RECIPE
 M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B
 M.methods = {
   ["hello"] = {
@@ -44,8 +53,13 @@ M.methods = {
     doc = "Creates and starts a sandbox.",
     params = { image = { type = "string", min = 1, max = 256 },
                env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS,
-               kill_on_disconnect = { type = "boolean" }, policy = POLICY },
+               kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE },
     result = { "id", "image", "state", "created_at", "metadata", "limits", "timeout" },
+  },
+  ["recipe.build"] = {
+    doc = "Builds a recipe's layer (files and setup) unless cached, and returns what a lockfile of it pins.",
+    params = { recipe = RECIPE, required = { "recipe" } },
+    result = { "recipe", "image", "image_digest", "layer", "cached", "lock" },
   },
   ["sandbox.get"] = {
     doc = "Describes one sandbox.",

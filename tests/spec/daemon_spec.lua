@@ -293,11 +293,12 @@ describe("the daemon", function()
       ["fs.write"] = { sandbox = id, path = "/g", data = "eA==" },
       ["fs.rename"] = { sandbox = id, from = "/g", to = "/h" },
       ["fs.remove"] = { sandbox = id, path = "/h" },
+      ["recipe.build"] = { recipe = { name = "default" } },
     }
     local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "sandbox.set_timeout",
       "sandbox.metrics", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
-      "fs.rename", "fs.remove" }
+      "fs.rename", "fs.remove", "recipe.build" }
     local extra
     for _, m in ipairs(order) do
       local res, err = call(m, samples[m])
