@@ -415,8 +415,10 @@ local function mkdirs(path)
   return true
 end
 
-local function write_atomic(path, data)
-  local tmp = path .. ".tmp" .. core.random_hex(4)
+-- Writes data to path through a temporary file in tmpdir (the layout's
+-- partial/: no half-written file is ever under a name the store reads).
+local function write_atomic(path, data, tmpdir)
+  local tmp = tmpdir .. "/.tmp-" .. core.random_hex(8)
   local fd, err = uv.fs_open(tmp, "w", tonumber("644", 8))
   if not fd then return nil, err end
   local ok, werr = uv.fs_write(fd, data, 0)
@@ -435,8 +437,15 @@ function M.layout(dir)
   local ok, err = mkdirs(l.blobs)
   if ok then ok, err = mkdirs(l.partial) end
   if not ok then fail("io", "image store %s: %s", dir, tostring(err)) end
+  -- temporary files a crash left (write_atomic never yields while one exists)
+  local h = uv.fs_scandir(l.partial)
+  while h do
+    local name = uv.fs_scandir_next(h)
+    if not name then break end
+    if name:sub(1, 5) == ".tmp-" then uv.fs_unlink(l.partial .. "/" .. name) end
+  end
   if not uv.fs_stat(dir .. "/oci-layout") then
-    write_atomic(dir .. "/oci-layout", '{"imageLayoutVersion":"1.0.0"}')
+    write_atomic(dir .. "/oci-layout", '{"imageLayoutVersion":"1.0.0"}', l.partial)
   end
   return l
 end
@@ -448,7 +457,7 @@ end
 
 local function put_blob(l, digest, data)
   if has_blob(l, digest) then return end
-  local ok, err = write_atomic(l.blobs .. "/" .. digest:sub(8), data)
+  local ok, err = write_atomic(l.blobs .. "/" .. digest:sub(8), data, l.partial)
   if not ok then fail("io", "write blob %s: %s", digest, tostring(err)) end
 end
 
@@ -468,7 +477,7 @@ function M.record_ref(l, refname, desc)
   out[#out + 1] = { mediaType = desc.mediaType, digest = desc.digest, size = desc.size,
                     annotations = { ["org.opencontainers.image.ref.name"] = refname } }
   t.schemaVersion, t.mediaType, t.manifests = 2, MT.oci_index, out
-  local ok, err = write_atomic(path, json.encode(t))
+  local ok, err = write_atomic(path, json.encode(t), l.partial)
   if not ok then fail("io", "write %s: %s", path, tostring(err)) end
 end
 
