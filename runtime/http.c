@@ -57,7 +57,6 @@ static struct {
   TP_SYM(EVP_DigestInit_ex);
   TP_SYM(EVP_DigestUpdate);
   TP_SYM(EVP_DigestFinal_ex);
-  TP_SYM(EVP_Digest);
   TP_SYM(EVP_sha256);
 } tp__lib;
 static pthread_once_t tp__lib_once = PTHREAD_ONCE_INIT;
@@ -73,7 +72,7 @@ static void tp__lib_load(void) {
       TP_CURL(curl_easy_perform),    TP_CURL(curl_easy_getinfo),  TP_CURL(curl_easy_cleanup),
       TP_CURL(curl_easy_strerror),   TP_CURL(curl_slist_append),  TP_CURL(curl_slist_free_all),
       TP_CRYPTO(EVP_MD_CTX_new),     TP_CRYPTO(EVP_MD_CTX_free),  TP_CRYPTO(EVP_DigestInit_ex),
-      TP_CRYPTO(EVP_DigestUpdate),   TP_CRYPTO(EVP_DigestFinal_ex), TP_CRYPTO(EVP_Digest),
+      TP_CRYPTO(EVP_DigestUpdate),   TP_CRYPTO(EVP_DigestFinal_ex),
       TP_CRYPTO(EVP_sha256),
 #undef TP_CURL
 #undef TP_CRYPTO
@@ -485,60 +484,4 @@ void tp_http_result_free(tp_http_result_t *res) {
   free(res->effective_url);
   free(res->body);
   res->effective_url = res->body = NULL;
-}
-
-int tp_sha256_buf(const void *buf, size_t len, char hex[65]) {
-  unsigned char dig[EVP_MAX_MD_SIZE];
-  unsigned dig_len = 0;
-  if (tp__lib_ready(NULL) < 0)
-    return -1;
-  if (tp__lib.EVP_Digest(buf, len, dig, &dig_len, tp__lib.EVP_sha256(), NULL) != 1)
-    return -1;
-  tp__hex(dig, dig_len, hex);
-  return 0;
-}
-
-int tp_sha256_file(const char *path, char hex[65], int64_t *size, tp_error_t *err) {
-  cleanup_close int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  unsigned char buf[65536], dig[EVP_MAX_MD_SIZE];
-  unsigned dig_len = 0;
-  int64_t total = 0;
-  EVP_MD_CTX *md;
-  int ret = -1;
-  if (tp__lib_ready(err) < 0)
-    return -1;
-  if (fd < 0)
-    return tp_error_errno(err, errno, "open %s", path);
-  md = tp__lib.EVP_MD_CTX_new();
-  if (md == NULL || tp__lib.EVP_DigestInit_ex(md, tp__lib.EVP_sha256(), NULL) != 1) {
-    tp_error_set(err, ENOMEM, "sha256: out of memory");
-    goto out;
-  }
-  for (;;) {
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0) {
-      tp_error_errno(err, errno, "read %s", path);
-      goto out;
-    }
-    if (n == 0)
-      break;
-    if (tp__lib.EVP_DigestUpdate(md, buf, (size_t) n) != 1) {
-      tp_error_set(err, EIO, "sha256 failed");
-      goto out;
-    }
-    total += n;
-  }
-  if (tp__lib.EVP_DigestFinal_ex(md, dig, &dig_len) != 1) {
-    tp_error_set(err, EIO, "sha256 failed");
-    goto out;
-  }
-  tp__hex(dig, dig_len, hex);
-  if (size != NULL)
-    *size = total;
-  ret = 0;
-out:
-  tp__lib.EVP_MD_CTX_free(md);
-  return ret;
 }

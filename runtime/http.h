@@ -70,10 +70,4 @@ int tp_http_fetch(const tp_http_spec_t *spec, tp_http_result_t *res, tp_error_t 
 /* Frees what tp_http_fetch allocated in res (not res itself). */
 void tp_http_result_free(tp_http_result_t *res);
 
-/* SHA-256 of a buffer, as 64 hex digits in hex[65]. */
-int tp_sha256_buf(const void *buf, size_t len, char hex[65]);
-
-/* SHA-256 of a file, as 64 hex digits in hex[65]; size gets its length. */
-int tp_sha256_file(const char *path, char hex[65], int64_t *size, tp_error_t *err);
-
 #endif

@@ -1,4 +1,4 @@
-/* tupper.core's HTTP and hashing bindings for the registry client
+/* tupper.core's HTTP binding for the registry client
  * (lua/tupper/registry.lua).  Each fetch runs in libuv's thread pool so the
  * daemon keeps serving while a layer downloads; its callback runs on the
  * loop.  Arguments are checked before any C resource is taken (STYLE 12). */
@@ -265,86 +265,10 @@ static int tp_lcore_http_get(lua_State *L) {
   return 1;
 }
 
-/* core.sha256_file(path, cb): hashes a file in the thread pool;
- * cb(hex, size | nil, msg). */
-typedef struct tp_hjob_s {
-  uv_work_t work;
-  lua_State *L;
-  int ref_cb;
-  char *path;
-  char hex[65];
-  int64_t size;
-  tp_error_t err;
-  int ret;
-} tp_hjob_t;
-
-static void tp__hash_work(uv_work_t *req) {
-  tp_hjob_t *h = req->data;
-  h->ret = tp_sha256_file(h->path, h->hex, &h->size, &h->err);
-}
-
-static void tp__hash_after(uv_work_t *req, int status) {
-  tp_hjob_t *h = req->data;
-  lua_State *L = h->L;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, h->ref_cb);
-  luaL_unref(L, LUA_REGISTRYINDEX, h->ref_cb);
-  if (h->ret < 0 || status < 0) {
-    lua_pushnil(L);
-    lua_pushstring(L, status < 0 ? uv_strerror(status) : h->err.msg);
-  } else {
-    lua_pushstring(L, h->hex);
-    lua_pushinteger(L, h->size);
-  }
-  free(h->path);
-  free(h);
-  tp_lua_pcall(L, 2, 0, 0);
-}
-
-static int tp_lcore_sha256_file(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  tp_hjob_t *h;
-  int r;
-  luaL_checktype(L, 2, LUA_TFUNCTION);
-  h = calloc(1, sizeof(*h));
-  if (h == NULL || (h->path = strdup(path)) == NULL) {
-    free(h);
-    return luaL_error(L, "out of memory");
-  }
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  h->L = lua_tothread(L, -1);
-  lua_pop(L, 1);
-  h->work.data = h;
-  r = uv_queue_work(luv_loop(L), &h->work, tp__hash_work, tp__hash_after);
-  if (r < 0) {
-    free(h->path);
-    free(h);
-    lua_pushnil(L);
-    lua_pushfstring(L, "sha256: %s", uv_strerror(r));
-    return 2;
-  }
-  lua_pushvalue(L, 2);
-  h->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* core.sha256(string) -> hex: for manifests, which are small and in memory. */
-static int tp_lcore_sha256(lua_State *L) {
-  size_t len;
-  const char *s = luaL_checklstring(L, 1, &len);
-  char hex[65];
-  if (tp_sha256_buf(s, len, hex) < 0)
-    return luaL_error(L, "sha256 failed");
-  lua_pushstring(L, hex);
-  return 1;
-}
-
 void tp_lhttp_register(lua_State *L) {
   static const luaL_Reg job_methods[] = {
       {"progress", tp_ljob_progress}, {"cancel", tp_ljob_cancel}, {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"http_get", tp_lcore_http_get},
-                                   {"sha256_file", tp_lcore_sha256_file},
-                                   {"sha256", tp_lcore_sha256},
                                    {NULL, NULL}};
   if (luaL_newmetatable(L, TP_HTTP_JOB_MT)) {
     luaL_newlib(L, job_methods);

@@ -57,7 +57,7 @@ int tp_lvm_run(lua_State *L);
  * the Lua specs: build/lua/tupper/vm_core.so). */
 int luaopen_tupper_vm_core(lua_State *L);
 
-/* Adds http_get, sha256_file and sha256 to the tupper.core table on the
+/* Adds http_get to the tupper.core table on the
  * stack top (lhttp.c: the registry client's transport). */
 void tp_lhttp_register(lua_State *L);
 
