@@ -134,6 +134,17 @@ local function handle(c, method, path, hdrs)
       c:write(("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"):format(#LAYER))
       local half = LAYER:sub(1, #LAYER // 2)
       return c:write(half, function() log("stalled " .. #half) end)
+    elseif repo:match("^slow") then -- in 16 parts, 50 ms apart: a pull that takes a while
+      c:write(("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"):format(#LAYER))
+      local part, i = #LAYER // 16 + 1, 0
+      local t = uv.new_timer()
+      t:start(50, 50, function()
+        if c:is_closing() or i * part >= #LAYER then t:close(); return end
+        c:write(LAYER:sub(i * part + 1, (i + 1) * part))
+        i = i + 1
+        if i * part >= #LAYER then c:shutdown(function() c:close() end) end
+      end)
+      return
     elseif repo == "redirect-blob" then
       return respond(c, 307, { "Location: /v2/ok/blobs/" .. ref }, "")
     end

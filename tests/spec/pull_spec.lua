@@ -241,6 +241,59 @@ describe("tupper pull", function()
     assert.truthy(log:find("/v2/stall/blobs/sha256:%x+ bytes=" .. half .. "%-"), log)
   end)
 
+  it("shares one download between two pulls of one reference at once", function()
+    local async = require("tupper.async")
+    local c = d.connect()
+    local results = {}
+    helper.sync(function()
+      local n = 0
+      local done
+      for i = 1, 2 do
+        async.spawn(function()
+          results[i] = table.pack(c:call("image.pull", { ref = fake.host .. "/slow:latest" }))
+          n = n + 1
+          if n == 2 and done then done() end
+        end)
+      end
+      if n < 2 then async.wait(function(cb) done = cb end) end
+    end)
+    c:close()
+    assert.truthy(results[1][1], results[1][2] and results[1][2].message)
+    assert.truthy(results[2][1], results[2][2] and results[2][2].message)
+    assert.are.equal(results[1][1].digest, results[2][1].digest)
+    local log = helper.read_file(dir .. "/fake-state/requests.log")
+    local _, manifests = log:gsub("GET /v2/slow/manifests/latest", "")
+    local _, blobs_got = log:gsub("GET /v2/slow/blobs/", "")
+    assert.are.equal(1, manifests)
+    assert.are.equal(1, blobs_got) -- the layer, once (every fake image shares its config, in the store already)
+  end)
+
+  it("draws a progress bar on a terminal, and none on a pipe", function()
+    -- on a pipe (helper.cli): the result line alone
+    local code, out, err = pull(fake.host .. "/slow-pipe:latest")
+    assert.are.equal(0, code, err)
+    assert.are.equal("", err)
+    -- on a pty: a private tmux server in the temp dir
+    local tdir = dir .. "/pty"
+    R.must("mkdir -p " .. q(tdir))
+    local tmux = "env -u TMUX TERM=xterm tmux -S " .. q(tdir .. "/tmux.sock") .. " -f /dev/null"
+    local cmd = ("%s --socket %s pull %s/slow-bar:latest; echo exit=$?; sleep 60"):format(
+      q(helper.BIN), q(d.socket), fake.host)
+    R.must(tmux .. " new-session -d -s pull -x 150 -y 20 " .. q(cmd))
+    local text
+    local deadline = uv.now() + 20000
+    repeat
+      uv.sleep(50)
+      uv.update_time()
+      text = select(2, R.sh(tmux .. " capture-pane -p -t pull"))
+    until text:find("exit=%d") or uv.now() > deadline
+    R.sh(tmux .. " kill-server")
+    assert.truthy(text:find("exit=0", 1, true), text)
+    assert.truthy(text:find("slow-bar:latest [", 1, true), text)
+    assert.truthy(text:find("] [%d.]+ [KM]?i?B / [%d.]+ [KM]?i?B 100%%"), text)
+    assert.truthy(text:find("/slow%-bar:latest@sha256:%x+"), text)
+  end)
+
   describe("over https", function()
     -- 127.0.0.2 is loopback, but not among the plain-http registries
     local certs, tlsreg, redirect
