@@ -274,11 +274,14 @@ function Session:_authenticate(challenge)
     fail("auth", "%s asks for an authentication scheme tupper does not speak (%s)",
          self.ref.registry, tostring(scheme))
   end
-  if self.tried_token then
+  -- a token that worked and then stopped working expired (Docker Hub's
+  -- live five minutes, less than a long pull): get a new one; a fresh token
+  -- refused is a refusal
+  if self.tried_token and not self.token_worked then
     fail("auth", "%s refused access to %s%s", self.ref.registry, self.ref.repo,
          self.creds and " with the credentials given" or " (no credentials for it in the auth file)")
   end
-  self.tried_token = true
+  self.tried_token, self.token_worked = true, false
   local realm = params.realm
   if not realm:match("^https://") and not (self.insecure and realm:match("^http://")) then
     fail("auth", "%s sends for a token to %s: refused (https only)", self.ref.registry, realm:sub(1, 200))
@@ -319,7 +322,10 @@ function Session:fetch(path, opts, track)
       if kind == "redirect" then fail("protocol", "%s: %s", self.ref.host, err) end
       fail(kind or "network", "%s", err)
     end
-    if res.status ~= 401 then return res end
+    if res.status ~= 401 then
+      if self.auth_header then self.token_worked = true end
+      return res
+    end
     self:_authenticate(res.headers["www-authenticate"])
   end
   fail("auth", "%s keeps refusing access to %s", self.ref.registry, self.ref.repo)

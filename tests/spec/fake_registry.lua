@@ -76,12 +76,17 @@ local function stream(c, chunk, n, then_stall)
 end
 
 local function bearer_ok(hdrs) return hdrs["authorization"] == "Bearer goodtoken" end
+local tokens_issued = 0
 
 local function handle(c, method, path, hdrs)
   log(method .. " " .. path .. (hdrs["range"] and (" " .. hdrs["range"]) or ""))
   if path == "/v2/" then return respond(c, 200, {}, "{}") end
   if path:match("^/token") then
     if hdrs["authorization"] == "Basic Ym9iOnB3" then -- bob:pw
+      if path:find("scope=repository%3Aexpire", 1, true) then
+        tokens_issued = tokens_issued + 1
+        return respond(c, 200, { "Content-Type: application/json" }, ('{"token":"tok%d"}'):format(tokens_issued))
+      end
       return respond(c, 200, { "Content-Type: application/json" }, '{"token":"goodtoken"}')
     end
     return respond(c, 401, {}, '{"details":"bad credentials"}')
@@ -93,6 +98,14 @@ local function handle(c, method, path, hdrs)
   if repo == "bearer" and not bearer_ok(hdrs) then
     return respond(c, 401, { ('WWW-Authenticate: Bearer realm="http://127.0.0.1:%d/token",service="fake",'
       .. 'scope="repository:bearer:pull"'):format(port) }, '{"errors":[{"code":"UNAUTHORIZED"}]}')
+  end
+  if repo == "expire" then
+    -- the first token is good for the manifest only, then "expires"
+    local tok = tonumber((hdrs["authorization"] or ""):match("^Bearer tok(%d+)$") or "")
+    if not tok or (kind == "blobs" and tok < 2) then
+      return respond(c, 401, { ('WWW-Authenticate: Bearer realm="http://127.0.0.1:%d/token",service="fake",'
+        .. 'scope="repository:expire:pull"'):format(port) }, '{"errors":[{"code":"UNAUTHORIZED"}]}')
+    end
   end
   if kind == "manifests" then
     if repo == "huge" then

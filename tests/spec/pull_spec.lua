@@ -211,6 +211,14 @@ describe("tupper pull", function()
     assert.truthy(log:find("GET /token?service=fake&scope=repository%3Abearer%3Apull", 1, true), log)
   end)
 
+  it("gets a new token when the one it had expires during the pull", function()
+    local code, _, err = pull(fake.host .. "/expire:latest")
+    assert.are.equal(0, code, err)
+    local log = helper.read_file(dir .. "/fake-state/requests.log")
+    local _, n = log:gsub("GET /token%?service=fake&scope=repository%%3Aexpire", "")
+    assert.are.equal(2, n)
+  end)
+
   it("resumes a pull killed mid-blob with a Range request", function()
     local d2 = helper.start_daemon(dir .. "/d2", { env = env })
     local exited
