@@ -19,6 +19,9 @@ M.UID_BASE = 100000000
 M.ID_COUNT = 65536
 M.MAX_SANDBOXES = 1024
 M.MAX_CLIENTS = 1024
+-- requests one connection may have running at once: each is a coroutine
+-- and may wait on a box; past this a call is answered -32004 at once
+M.MAX_INFLIGHT = 256
 M.POOL_SIZE = 2 -- boxes kept started and idle for fast creates (tupper daemon --pool N)
 
 local Daemon = {}
@@ -368,6 +371,13 @@ function Daemon:_request(conn, msg)
     if is_call then return conn:error(id, rpc.INVALID_PARAMS, msg.method .. ": " .. err) end
     return
   end
+  local inflight = conn.inflight or 0
+  if inflight >= M.MAX_INFLIGHT then
+    if is_call then
+      return conn:error(id, rpc.BUSY, ("too many requests in flight on this connection (at most %d)"):format(M.MAX_INFLIGHT))
+    end
+    return
+  end
   local code, loaded
   if msg.method == "sandbox.create" and params.recipe then
     params, loaded = self:_recipe_params(params)
@@ -382,8 +392,10 @@ function Daemon:_request(conn, msg)
     return
   end
   if loaded then params._recipe = loaded end -- internal, after the policies
+  conn.inflight = inflight + 1
   async.spawn(function()
     local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
+    conn.inflight = conn.inflight - 1
     if not is_call then return end
     if not ok then
       log("internal error in %s: %s", msg.method, tostring(res))

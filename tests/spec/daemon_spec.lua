@@ -245,6 +245,25 @@ describe("the daemon", function()
       assert.truthy(call("hello", {}))
     end)
 
+    it("bounds the requests one connection has in flight, answering the rest -32004", function()
+      local id = create()
+      local lines = {}
+      for i = 1, 1000 do
+        lines[i] = ('{"jsonrpc":"2.0","id":%d,"method":"fs.stat","params":{"sandbox":"%s","path":"/"}}\n'):format(i, id)
+      end
+      local got = raw({ table.concat(lines) }, 1000)
+      local json = require("tupper.json")
+      local ok, busy = 0, 0
+      for _, line in ipairs(got) do
+        local m = json.decode(line)
+        if m.result then ok = ok + 1 elseif m.error and m.error.code == -32004 then busy = busy + 1 end
+      end
+      assert.are.equal(1000, ok + busy) -- every call answered, one way or the other
+      assert.truthy(busy > 0, "some calls were refused")
+      assert.truthy(ok >= 256, "at least the cap went through")
+      assert.truthy(call("sandbox.get", { id = id })) -- and the daemon serves on
+    end)
+
     it("kills a sandbox created with kill_on_disconnect when its client goes away", function()
       local got = raw({ '{"jsonrpc":"2.0","id":1,"method":"sandbox.create","params":{"kill_on_disconnect":true}}\n' }, 1)
       local json = require("tupper.json")
