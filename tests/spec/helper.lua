@@ -10,17 +10,25 @@ M.BIN = os.getenv("TUPPER_BIN") or "build/tupper"
 M.ROOT = os.getenv("TUPPER_ROOT") or "."
 M.TIMEOUT_MS = 30000
 
+--- The loop's time, brought up to date first: uv.now() alone is the time
+-- the loop last ran, which is stale after a test spent a while outside it
+-- (io.popen, os.execute), and a deadline taken from it would expire early.
+function M.now()
+  uv.update_time()
+  return uv.now()
+end
+
 --- Runs fn(...) in a coroutine and drives the loop until it returns.
 function M.sync(fn, ...)
   local res
   local args = table.pack(...)
   async.spawn(function() res = table.pack(fn(table.unpack(args, 1, args.n))) end)
-  local deadline = uv.now() + M.TIMEOUT_MS
+  local deadline = M.now() + M.TIMEOUT_MS
   local guard = uv.new_timer()
   guard:start(100, 100, function() end) -- wakes uv.run("once") to check the deadline
   while not res do
     uv.run("once")
-    if uv.now() > deadline then
+    if M.now() > deadline then
       guard:close()
       error("timed out", 2)
     end
@@ -91,8 +99,8 @@ function M.start_daemon(dir, opts)
   assert(handle, pid)
   d.handle, d.pid = handle, pid
   M.sync(function()
-    local deadline = uv.now() + 10000
-    while uv.now() < deadline do
+    local deadline = M.now() + 10000
+    while M.now() < deadline do
       -- the socket answers (a crashed daemon may have left a stale file)
       local probe = uv.new_pipe(false)
       local err = async.wait(function(cb) probe:connect(d.socket, function(e) cb(e) end) end)
@@ -150,10 +158,10 @@ function M.cli(args, opts)
     stdin:write(opts.stdin)
     stdin:shutdown(function() stdin:close() end)
   end
-  local deadline = uv.now() + M.TIMEOUT_MS
+  local deadline = M.now() + M.TIMEOUT_MS
   local guard = uv.new_timer()
   guard:start(100, 100, function() end)
-  while (code == nil or open > 0) and uv.now() < deadline do uv.run("once") end
+  while (code == nil or open > 0) and M.now() < deadline do uv.run("once") end
   guard:close()
   done = code ~= nil
   if not done then uv.process_kill(handle, "sigkill") end

@@ -22,8 +22,8 @@ describe("timeouts", function()
 
   local function wait_gone(id, ms)
     return sync(function()
-      local deadline = uv.now() + ms
-      while uv.now() < deadline do
+      local deadline = helper.now() + ms
+      while helper.now() < deadline do
         local _, err = c:call("sandbox.get", { id = id })
         if err then return true end
         async.sleep(20)
@@ -45,8 +45,8 @@ describe("timeouts", function()
     -- the directory goes right after (destroy finishes in the thread pool)
     local dir = d.state .. "/boxes/" .. sb.id
     sync(function()
-      local deadline = uv.now() + 5000
-      while uv.fs_stat(dir) and uv.now() < deadline do async.sleep(10) end
+      local deadline = helper.now() + 5000
+      while uv.fs_stat(dir) and helper.now() < deadline do async.sleep(10) end
     end)
     assert.is_nil(uv.fs_stat(dir))
   end)
@@ -64,12 +64,12 @@ describe("timeouts", function()
     local sb = assert(call("sandbox.create", {}))
     local exit, waiter
     c:on("process.exit", function(p) exit = p; if waiter then waiter() end end)
-    local t0 = uv.now()
+    local t0 = helper.now()
     assert(call("process.start", { sandbox = sb.id, argv = { "sleep", "100" }, timeout = 0.3 }))
     sync(function() if not exit then async.wait(function(cb) waiter = cb end) end end)
     assert.are.equal(9, exit.signal)
     assert.is_true(exit.timed_out)
-    assert.truthy(uv.now() - t0 < 5000)
+    assert.truthy(helper.now() - t0 < 5000)
     assert(call("sandbox.kill", { id = sb.id }))
   end)
 end)

@@ -83,14 +83,14 @@ print(r.stdout == "hello " .. arg[1] .. " from " .. box.id .. "\n", r.stdout)
     -- waits until the screen matches pattern (tmux drops trailing blanks);
     -- returns the screen
     local function wait_for(pattern, timeout_ms)
-      local deadline = uv.now() + (timeout_ms or 10000)
+      local deadline = helper.now() + (timeout_ms or 10000)
       local text
       repeat
         text = screen()
         if text:find(pattern) then return text end
         uv.sleep(30)
         uv.update_time()
-      until uv.now() > deadline
+      until helper.now() > deadline
       error(("the screen never showed %q:\n%s"):format(pattern, text), 2)
     end
 
@@ -106,13 +106,13 @@ print(r.stdout == "hello " .. arg[1] .. " from " .. box.id .. "\n", r.stdout)
       run("send-keys -t repl Enter")
       prompts = prompts + 1
       local pat = prompt or "tupper>"
-      local deadline = uv.now() + 20000
+      local deadline = helper.now() + 20000
       repeat
         local s = screen()
         if count(s, "tupper>") + count(s, "%.%.>") > prompts then return s end
         uv.sleep(30)
         uv.update_time()
-      until uv.now() > deadline
+      until helper.now() > deadline
       error("no prompt after " .. text .. " (" .. pat .. "):\n" .. screen())
     end
 
@@ -153,7 +153,7 @@ print(r.stdout == "hello " .. arg[1] .. " from " .. box.id .. "\n", r.stdout)
       s = line("1 + 2")
       assert.truthy(s:find("tupper> 1 %+ 2\n3\n"), s)
       -- ^C during a long call: back at the prompt, the command gone
-      local t0 = uv.now()
+      local t0 = helper.now()
       run("send-keys -t repl -l 'box:run(\"sleep 30\")'")
       run("send-keys -t repl Enter")
       uv.sleep(300)
@@ -161,15 +161,15 @@ print(r.stdout == "hello " .. arg[1] .. " from " .. box.id .. "\n", r.stdout)
       prompts = prompts + 1
       wait_for("\ninterrupted\ntupper>", 5000)
       uv.update_time()
-      assert.truthy(uv.now() - t0 < 5000)
+      assert.truthy(helper.now() - t0 < 5000)
       s = line("#box.commands:list()")
       assert.truthy(s:find("\n0\n"), s)
       s = line("box:kill()")
       assert.truthy(s:find("tupper> box:kill%(%)\ntrue\n"), s)
       -- ^D leaves: the session ends and with it the tmux server
       run("send-keys -t repl C-d")
-      local deadline = uv.now() + 5000
-      while run("has-session -t repl") and uv.now() < deadline do
+      local deadline = helper.now() + 5000
+      while run("has-session -t repl") and helper.now() < deadline do
         uv.sleep(30)
         uv.update_time()
       end
