@@ -9,6 +9,7 @@
 -- an unknown field, a wrong type or a bad size fails with the file, the
 -- line and what was expected.  Whether the runtime can honour a valid
 -- recipe is a separate question: M.check_enforceable.  docs/recipes.md.
+local debian = require("tupper.debian")
 local schema = require("tupper.schema")
 local vm = require("tupper.vm")
 
@@ -125,7 +126,14 @@ local CHECKS = {
     end
     return nil, v
   end,
-  image = function(v) return check_string("image", v, 1, 256) end,
+  image = function(v)
+    -- an image's name, or a Debian image to build: { debian = "bookworm", packages = {...} }
+    if type(v) == "table" then return debian.check_spec(v, "image") end
+    if type(v) ~= "string" then
+      return "'image' must be an image name or { debian = \"bookworm\", packages = { ... } }"
+    end
+    return check_string("image", v, 1, 256)
+  end,
   limits = function(v) return schema_check("limits", schema.LIMITS, v) end,
   network = function(v) return M.check_network("network", v) end,
   env = function(v) return schema_check("env", schema.MAP, v) end,

@@ -53,7 +53,7 @@ return recipe "python" {
         '^x%.lua:4: \'limits%.memory\': bad size "12Q"' },
       { 'return recipe "x" {\n  image = "default",\n  imgae = "y",\n}',
         "^x%.lua:3: unknown field 'imgae' %(expected one of: name, image" },
-      { 'return recipe "x" {\n\n  image = 3,\n}', "^x%.lua:3: 'image' must be a string" },
+      { 'return recipe "x" {\n\n  image = 3,\n}', "^x%.lua:3: 'image' must be an image name" },
       { '\n\nreturn recipe "x" {\n  limits = { pids = "many" } }', "^x%.lua:4: 'limits%.pids' must be an integer" },
       { 'return recipe "x" {\n  limits = { memory = "1K" } }', "^x%.lua:2: 'limits%.memory' must be at least 4M" },
       { 'return recipe "x" {\n  workdir = "home" }', "^x%.lua:2: 'workdir' must be an absolute path" },

@@ -1,0 +1,310 @@
+-- Debian images without building one (tests/slow/debian_spec.lua builds):
+-- the recipe field's strict validation with file:line, the host's apt
+-- sources and the mirror chosen from them, dpkg status, locks, cache keys.
+local uv = require("luv")
+local debian = require("tupper.debian")
+local recipe = require("tupper.recipe")
+local sha256 = require("tupper.sha256")
+local helper = require("helper")
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+local DEB822 = [[
+Types: deb
+# http://snapshot.debian.org/archive/debian/20250520T000000Z
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+]]
+
+describe("debian image spec", function()
+  it("accepts a suite and package names, sorted", function()
+    local err, s = debian.check_spec({ debian = "bookworm", packages = { "python3", "git", "libc6-dev", "g++" } })
+    assert.is_nil(err)
+    assert.are.same({ debian = "bookworm", packages = { "g++", "git", "libc6-dev", "python3" } }, s)
+    err, s = debian.check_spec({ debian = "trixie" })
+    assert.is_nil(err)
+    assert.are.same({}, s.packages)
+  end)
+
+  it("refuses hostile values, naming the field", function()
+    local bad = {
+      { "nope", "must be { debian" },
+      { { debian = "bookworm", extra = 1 }, "unknown field 'extra'" },
+      { { debian = "bookworm", [1] = "x" }, "unknown field '1'" },
+      { { packages = {} }, "'image.debian' must be" },
+      { { debian = "Bookworm" }, "'image.debian' must be" },
+      { { debian = "../../etc" }, "'image.debian' must be" },
+      { { debian = "bookworm --mode=root" }, "'image.debian' must be" },
+      { { debian = 12 }, "'image.debian' must be" },
+      { { debian = ("a"):rep(33) }, "'image.debian' must be" },
+      { { debian = "bookworm", packages = "python3" }, "'image.packages' must be a list" },
+      { { debian = "bookworm", packages = { x = "python3" } }, "'image.packages' must be a list" },
+      { { debian = "bookworm", packages = { "git", "git" } }, "names \"git\" twice" },
+    }
+    local hostile_names = { "-x", "--mode=root", "python3-", "a", "Python3", "python3=3.11",
+      "python3/bookworm", "?essential", "~prequired", "./x.deb", "/tmp/x.deb", "a b", "a,b",
+      "python3:amd64", "py\0thon", "", ("a"):rep(129), 7, true, {} }
+    for _, n in ipairs(hostile_names) do
+      bad[#bad + 1] = { { debian = "bookworm", packages = { "git", n } }, "'image.packages[2]' must be a Debian package name" }
+    end
+    local many = {}
+    for i = 1, debian.MAX_PACKAGES + 1 do many[i] = "p" .. i end
+    bad[#bad + 1] = { { debian = "bookworm", packages = many }, "more than" }
+    for _, case in ipairs(bad) do
+      local err, val, path = debian.check_spec(case[1], "image")
+      assert.is_nil(val)
+      assert.is_truthy(err and err:find(case[2], 1, true), ("%s: got %s"):format(case[2], tostring(err)))
+      assert.are.equal("image", path[1])
+    end
+  end)
+
+  it("is the recipe's image field, with file:line errors", function()
+    local r = assert(recipe.load_string([[
+return recipe "py" {
+  image = { debian = "bookworm", packages = { "python3", "git" } },
+}]], "py.lua"))
+    assert.are.same({ debian = "bookworm", packages = { "git", "python3" } }, r.image)
+    local cases = {
+      { 'image = { debian = "bookworm", pakages = { "git" } },', "py.lua:3: 'image' has an unknown field 'pakages'" },
+      { 'image = { debian = "bookworm",\n    packages = { "git", "--allow-unauthenticated" } },',
+        "py.lua:4: 'image.packages[2]' must be a Debian package name" },
+      { 'image = { debian = "sid; rm -rf /" },', "py.lua:3: 'image.debian' must be" },
+      { "image = 42,", "py.lua:3: 'image' must be an image name or { debian" },
+      { 'image = { debian = "bookworm", packages = { "git", "git" } },', "py.lua:3: 'image.packages' names" },
+    }
+    for _, c in ipairs(cases) do
+      local text = 'return recipe "py" {\n  workdir = "/",\n  ' .. c[1] .. "\n}"
+      local r2, err = recipe.load_string(text, "py.lua")
+      assert.is_nil(r2)
+      assert.is_truthy(err:find(c[2], 1, true), ("%s: got %s"):format(c[2], err))
+    end
+  end)
+
+  it("ships recipes/python.lua", function()
+    local r = assert(recipe.load_embedded("python"))
+    assert.are.equal("bookworm", r.image.debian)
+    for _, p in ipairs({ "python3", "python3-pip", "git", "curl", "ca-certificates" }) do
+      local found = false
+      for _, q in ipairs(r.image.packages) do found = found or q == p end
+      assert.is_true(found, p)
+    end
+    assert.are.equal("user", r.user)
+    assert.are.equal("/home/user", r.workdir)
+    assert.are.equal("C.UTF-8", r.env.LANG)
+  end)
+end)
+
+describe("apt sources", function()
+  it("parses deb822, comments inside paragraphs included", function()
+    local e = debian.parse_deb822(DEB822, "debian.sources")
+    assert.are.equal(2, #e)
+    assert.are.same({ "deb" }, e[1].types)
+    assert.are.same({ "http://deb.debian.org/debian" }, e[1].uris)
+    assert.are.same({ "bookworm", "bookworm-updates" }, e[1].suites)
+    assert.are.same({ "main" }, e[1].components)
+    assert.are.equal("/usr/share/keyrings/debian-archive-keyring.gpg", e[1].signed_by)
+    assert.are.equal(1, e[1].line)
+    assert.are.equal(8, e[2].line)
+  end)
+
+  it("reads Enabled, case-insensitive fields, and inline keys as no path", function()
+    local e = debian.parse_deb822([[
+types: deb deb-src
+uris: https://a.example/debian https://b.example/debian
+suites: bookworm
+components: main contrib
+enabled: no
+
+Types: deb
+URIs: http://c.example/debian
+Suites: bookworm
+Components: main
+Signed-By:
+ -----BEGIN PGP PUBLIC KEY BLOCK-----
+ .
+ mQINBF...
+ -----END PGP PUBLIC KEY BLOCK-----
+]], "x.sources")
+    assert.are.equal(2, #e)
+    assert.is_false(e[1].enabled)
+    assert.are.same({ "deb", "deb-src" }, e[1].types)
+    assert.are.equal(2, #e[1].uris)
+    assert.is_true(e[2].enabled)
+    assert.is_nil(e[2].signed_by)
+  end)
+
+  it("parses one-line sources with options and comments", function()
+    local e = debian.parse_list([[
+# a comment
+deb [arch=amd64 signed-by=/etc/apt/keyrings/d.gpg] http://ftp.example/debian bookworm main contrib # trailing
+deb-src http://ftp.example/debian bookworm main
+deb http://ftp.example/debian-security bookworm-security main
+debx http://nope bookworm main
+deb
+deb [signed-by=relative.gpg] http://ftp.example/debian bookworm-updates main
+]], "sources.list")
+    assert.are.equal(4, #e)
+    assert.are.same({ "http://ftp.example/debian" }, e[1].uris)
+    assert.are.same({ "main", "contrib" }, e[1].components)
+    assert.are.equal("/etc/apt/keyrings/d.gpg", e[1].signed_by)
+    assert.are.equal(2, e[1].line)
+    assert.are.same({ "deb-src" }, e[2].types)
+    assert.is_nil(e[4].signed_by) -- not an absolute path: not passed on
+  end)
+
+  it("picks the suite with its -updates and -security, nothing else", function()
+    local entries = debian.parse_list([[
+deb http://m.example/debian bookworm main
+deb http://m.example/debian bookworm-updates main
+deb http://m.example/debian bookworm-backports main
+deb http://m.example/debian bookworm-proposed-updates main
+deb http://s.example/debian-security bookworm-security main
+deb-src http://m.example/debian bookworm main
+deb http://m.example/debian trixie main
+deb file:///srv/mirror bookworm main
+deb cdrom:[Debian]/ bookworm main
+deb http://m.example/debian bookworm main$(touch /tmp/x)
+]], "sources.list")
+    local m = assert(debian.select_mirror(entries, "bookworm"))
+    local lines = {}
+    for i, x in ipairs(m) do lines[i] = debian.source_line(x) end
+    assert.are.same({
+      "deb http://m.example/debian bookworm main",
+      "deb http://m.example/debian bookworm-updates main",
+      "deb http://s.example/debian-security bookworm-security main",
+    }, lines)
+    local none, err = debian.select_mirror(entries, "sid")
+    assert.is_nil(none)
+    assert.is_truthy(err:find('no http(s) entry for suite "sid"', 1, true))
+    -- only -security for the suite is not enough: the suite itself must be there
+    none = debian.select_mirror(debian.parse_list("deb http://s/ bookworm-security main\n", "x"), "bookworm")
+    assert.is_nil(none)
+  end)
+
+  it("reads a host's apt dir as apt does", function()
+    local dir = helper.tmpdir()
+    assert(uv.fs_mkdir(dir .. "/sources.list.d", 493))
+    write(dir .. "/sources.list", "deb http://one.example/debian bookworm main\n")
+    write(dir .. "/sources.list.d/b.sources", DEB822)
+    write(dir .. "/sources.list.d/a.list", "deb http://two.example/debian bookworm-updates main\n")
+    write(dir .. "/sources.list.d/c.list.disabled", "deb http://never.example/debian bookworm main\n")
+    write(dir .. "/sources.list.d/d.sources.save", "deb http://never.example/debian bookworm main\n")
+    local e = debian.host_sources(dir)
+    local uris = {}
+    for i, x in ipairs(e) do uris[i] = x.uris[1] end
+    assert.are.same({ "http://one.example/debian", "http://two.example/debian",
+                      "http://deb.debian.org/debian", "http://deb.debian.org/debian-security" }, uris)
+    -- a sources file too large to be one is not read
+    write(dir .. "/sources.list", ("#"):rep(debian.MAX_SOURCE_FILE + 1))
+    assert.are.equal(3, #debian.host_sources(dir))
+    debian.rmtree(dir)
+    assert.are.same({}, debian.host_sources(dir))
+  end)
+end)
+
+describe("debian locks", function()
+  teardown(function() helper.drain() end)
+  local STATUS = [[
+Package: base-files
+Status: install ok installed
+Priority: required
+Version: 12.4+deb12u10
+Description: x
+ continued
+
+Package: removed-one
+Status: deinstall ok config-files
+Version: 1.0
+
+Package: git
+Status: install ok installed
+Version: 1:2.39.5-0+deb12u2
+]]
+  it("reads installed packages from dpkg's status", function()
+    assert.are.same({ "base-files=12.4+deb12u10", "git=1:2.39.5-0+deb12u2" }, debian.parse_status(STATUS))
+  end)
+
+  it("checks a lock and refuses hostile ones", function()
+    local good = { debian = "bookworm", epoch = debian.EPOCH, include = { "git" },
+                   packages = { "git=1:2.39.5-0+deb12u2", "base-files=12.4+deb12u10" },
+                   mirror = { { uri = "http://deb.debian.org/debian", suites = { "bookworm" }, components = { "main" } } } }
+    local l = assert(debian.check_lock(good))
+    assert.are.same({ "base-files=12.4+deb12u10", "git=1:2.39.5-0+deb12u2" }, l.packages)
+    local function bad(patch, want)
+      local t = {}
+      for k, v in pairs(good) do t[k] = v end
+      for k, v in pairs(patch) do t[k] = v end
+      if patch.drop then t[patch.drop] = nil; t.drop = nil end
+      local ok, err = debian.check_lock(t)
+      assert.is_nil(ok)
+      assert.is_truthy(err:find(want, 1, true), want .. ": got " .. tostring(err))
+    end
+    bad({ extra = 1 }, "unknown field 'extra'")
+    bad({ debian = "x y" }, "'debian'")
+    bad({ epoch = "now" }, "'epoch'")
+    bad({ packages = {} }, "'packages'")
+    bad({ packages = { "git" } }, "'packages[1]'")
+    bad({ packages = { "git=1.0 --force" } }, "'packages[1]'")
+    bad({ packages = { "git=1.0", "-o=APT::x" } }, "'packages[2]'")
+    bad({ packages = { "git=1.0", "git=2.0" } }, "names package \"git\" twice")
+    bad({ packages = { "base-files=1" } }, "'include' names \"git\"")
+    bad({ include = { "--yes" } }, "include")
+    bad({ mirror = { { uri = "file:///etc", suites = {}, components = {} } } }, "'mirror[1]'")
+    bad({ mirror = { { uri = "http://x/ bookworm main\ndeb http://evil", suites = {}, components = {} } } }, "'mirror[1]'")
+    bad({ mirror = "http://x" }, "'mirror'")
+    assert.is_nil((debian.check_lock("x")))
+  end)
+
+  it("keys the cache by suite, mirror and package set", function()
+    local m = { { uri = "http://a/debian", suites = { "bookworm" }, components = { "main" } } }
+    local m2 = { { uri = "http://b/debian", suites = { "bookworm" }, components = { "main" } } }
+    local k = debian.key_of("bookworm", m, { "git" })
+    assert.are.equal(64, #k)
+    assert.are.equal(k, debian.key_of("bookworm", m, { "git" }))
+    assert.are_not.equal(k, debian.key_of("bookworm", m, { "curl" }))
+    assert.are_not.equal(k, debian.key_of("bookworm", m2, { "git" }))
+    assert.are_not.equal(k, debian.key_of("trixie", m, { "git" }))
+    assert.are_not.equal(k, debian.key_of("bookworm", m, { "git" }, { "git=1" }))
+  end)
+
+  it("fails clearly where mmdebstrap is missing or the cache is no absolute path", function()
+    local saved = debian.MMDEBSTRAP
+    debian.MMDEBSTRAP = "/nonexistent/mmdebstrap"
+    local mirror = { { uri = "http://127.0.0.1:9/debian", suites = { "bookworm" }, components = { "main" } } }
+    local dir = helper.tmpdir()
+    local img, err = helper.sync(debian.build, { debian = "bookworm" }, { cache = dir .. "/c", mirror = mirror })
+    debian.MMDEBSTRAP = saved
+    assert.is_nil(img)
+    assert.is_truthy(err:find("needs mmdebstrap", 1, true))
+    img, err = helper.sync(debian.build, { debian = "bookworm" }, { cache = "rel/dir", mirror = mirror })
+    assert.is_nil(img)
+    assert.is_truthy(err:find("absolute", 1, true))
+    img, err = helper.sync(debian.build, { debian = "bookworm", packages = { "-x" } }, { cache = dir, mirror = mirror })
+    assert.is_nil(img)
+    assert.is_truthy(err:find("Debian package name", 1, true))
+    debian.rmtree(dir)
+  end)
+end)
+
+describe("sha256", function()
+  it("matches FIPS 180-4's vectors", function()
+    assert.are.equal("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", sha256.hex(""))
+    assert.are.equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", sha256.hex("abc"))
+    assert.are.equal("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
+      sha256.hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"))
+    assert.are.equal("cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0", sha256.hex(("a"):rep(1000000)))
+  end)
+end)
