@@ -1,13 +1,12 @@
 -- A general-purpose Python sandbox, as E2B's base image: Debian bookworm
--- built from this host's apt mirror, with python3, pip, git, curl and
--- sudo; commands run as `user` (uid 1000) in /home/user.  Build it once
--- with `tupper build recipes/python.lua` (a few minutes; cached after).
--- sudo is there for parity, but cannot raise privileges in a linux box:
--- boxes run with no_new_privs (docs/images.md, "Debian images").
+-- built from this host's apt mirror, with python3, pip, git and curl;
+-- commands run as `user` (uid 1000) in /home/user.  The first use builds
+-- the image (minutes; cached after).  No sudo: a linux box has no
+-- capabilities and no_new_privs, so it could not work (docs/images.md).
 return recipe "python" {
   image = {
     debian = "bookworm",
-    packages = { "ca-certificates", "curl", "git", "python3", "python3-pip", "sudo" },
+    packages = { "ca-certificates", "curl", "git", "python3", "python3-pip" },
   },
   env = { LANG = "C.UTF-8", PYTHONUNBUFFERED = "1" },
   workdir = "/home/user",

@@ -281,10 +281,15 @@ function M.select_mirror(entries, suite)
   return out
 end
 
---- The one-line apt source of a mirror entry.
-function M.source_line(m)
+--- The one-line apt sources of a mirror entry: one line per suite (the
+-- one-line format takes one suite; more words would be components).
+function M.source_lines(m)
   local opt = m.signed_by and ("[signed-by=%s] "):format(m.signed_by) or ""
-  return ("deb %s%s %s %s"):format(opt, m.uri, table.concat(m.suites, " "), table.concat(m.components, " "))
+  local out = {}
+  for i, suite in ipairs(m.suites) do
+    out[i] = ("deb %s%s %s %s"):format(opt, m.uri, suite, table.concat(m.components, " "))
+  end
+  return out
 end
 
 -- ----------------------------------------------------- lock and status
@@ -327,7 +332,8 @@ function M.check_lock(lock)
   if type(lock.debian) ~= "string" or #lock.debian > 32 or not lock.debian:match(SUITE_PATTERN) then
     return nil, "the lock's 'debian' must be a suite's codename"
   end
-  if math.type(lock.epoch) ~= "integer" or lock.epoch < 0 or lock.epoch > 1 << 40 then
+  local epoch = math.tointeger(lock.epoch) -- JSON numbers decode as floats
+  if not epoch or epoch < 0 or epoch > 1 << 40 then
     return nil, "the lock's 'epoch' must be a time in seconds"
   end
   local pkgs = lock.packages
@@ -366,7 +372,7 @@ function M.check_lock(lock)
       mirror[i] = { uri = m.uri, suites = m.suites, components = m.components }
     end
   end
-  return { debian = lock.debian, packages = out, mirror = mirror, epoch = lock.epoch, include = spec.packages }
+  return { debian = lock.debian, packages = out, mirror = mirror, epoch = epoch, include = spec.packages }
 end
 
 -- ------------------------------------------------------------ children
@@ -563,7 +569,9 @@ end
 
 local function key_of(suite, mirror, include, pins)
   local parts = { "tupper-debian", tostring(M.FORMAT), tostring(M.EPOCH), suite }
-  for _, m in ipairs(mirror) do parts[#parts + 1] = M.source_line(m) end
+  for _, m in ipairs(mirror) do
+    for _, line in ipairs(M.source_lines(m)) do parts[#parts + 1] = line end
+  end
   parts[#parts + 1] = "include"
   for _, p in ipairs(include) do parts[#parts + 1] = p end
   if pins then
@@ -643,7 +651,9 @@ function M._build_into(job, key, dir, opts)
   argv[#argv + 1] = "--"
   argv[#argv + 1] = job.suite
   argv[#argv + 1] = tar
-  for _, m in ipairs(job.mirror) do argv[#argv + 1] = M.source_line(m) end
+  for _, m in ipairs(job.mirror) do
+    for _, line in ipairs(M.source_lines(m)) do argv[#argv + 1] = line end
+  end
   local env = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "SOURCE_DATE_EPOCH=" .. M.EPOCH, "TMPDIR=" .. work,
                 "HOME=" .. work, "LC_ALL=C.UTF-8" }
   if opts.on_start then opts.on_start(argv) end

@@ -180,7 +180,9 @@ deb http://m.example/debian bookworm main$(touch /tmp/x)
 ]], "sources.list")
     local m = assert(debian.select_mirror(entries, "bookworm"))
     local lines = {}
-    for i, x in ipairs(m) do lines[i] = debian.source_line(x) end
+    for _, x in ipairs(m) do
+      for _, l in ipairs(debian.source_lines(x)) do lines[#lines + 1] = l end
+    end
     assert.are.same({
       "deb http://m.example/debian bookworm main",
       "deb http://m.example/debian bookworm-updates main",
@@ -192,6 +194,15 @@ deb http://m.example/debian bookworm main$(touch /tmp/x)
     -- only -security for the suite is not enough: the suite itself must be there
     none = debian.select_mirror(debian.parse_list("deb http://s/ bookworm-security main\n", "x"), "bookworm")
     assert.is_nil(none)
+  end)
+
+  it("writes one line per suite, with the keyring", function()
+    local m = assert(debian.select_mirror(debian.parse_deb822(DEB822, "d.sources"), "bookworm"))
+    assert.are.same({
+      "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main",
+      "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-updates main",
+    }, debian.source_lines(m[1]))
+    assert.are.equal(2, #m)
   end)
 
   it("reads a host's apt dir as apt does", function()
