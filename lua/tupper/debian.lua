@@ -502,8 +502,8 @@ local function log_errors(path)
   uv.fs_close(fd)
   local errs = {}
   for line in text:gmatch("[^\n]+") do
-    if line:match("^E: ") or line:match("^W: ") and not line:match("unsandboxed") then
-      errs[#errs + 1] = line
+    if line:match("^E: ") then
+      errs[#errs + 1] = #line > 300 and line:sub(1, 300) .. "..." or line
     end
   end
   if #errs == 0 then
@@ -541,7 +541,10 @@ rm -f "$root/etc/apt/preferences.d/tupper-lock"
 
 -- The setup hook of a locked build: pins every package at its locked
 -- version, so that even the essential set (which mmdebstrap picks before
--- any --include) comes at the lock's versions.
+-- any --include) comes at the lock's versions.  The --include stays the
+-- recipe's names, as in the first build: naming every package would mark
+-- them all as installed by hand, and the image would differ from the first
+-- build in /var/lib/apt/extended_states.
 local function pin_hook(packages)
   local lines = {}
   for _, p in ipairs(packages) do
@@ -639,34 +642,44 @@ function M._build_into(job, key, dir, opts)
   end
   if not ok then return fail("cannot write the build's hooks: " .. tostring(err)) end
 
-  local include = {}
-  for _, p in ipairs(job.pins or job.include) do include[#include + 1] = p end
-  local log = work .. "/mmdebstrap.log"
-  local tar = work .. "/rootfs.tar"
-  local argv = { M.MMDEBSTRAP, "--mode=unshare", "--variant=apt", "--format=tar",
-                 "--skip=output/dev", "--logfile=" .. log, "--verbose" }
-  argv[#argv + 1] = "--hook-dir=" .. hooks
-  for _, o in ipairs(opts.aptopts or host_aptopts()) do argv[#argv + 1] = "--aptopt=" .. o end
-  if #include > 0 then argv[#argv + 1] = "--include=" .. table.concat(include, ",") end
-  argv[#argv + 1] = "--"
-  argv[#argv + 1] = job.suite
-  argv[#argv + 1] = tar
-  for _, m in ipairs(job.mirror) do
-    for _, line in ipairs(M.source_lines(m)) do argv[#argv + 1] = line end
-  end
+  local aptopts = opts.aptopts or host_aptopts()
   local env = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "SOURCE_DATE_EPOCH=" .. M.EPOCH, "TMPDIR=" .. work,
                 "HOME=" .. work, "LC_ALL=C.UTF-8" }
-  if opts.on_start then opts.on_start(argv) end
-  local res
-  res, err = run(argv, env, 1024 * 1024, opts.timeout or M.TIMEOUT)
-  if not res then return fail(err) end
-  if res.timed_out then
-    return fail(("mmdebstrap took longer than %d s and was killed"):format(opts.timeout or M.TIMEOUT))
+  -- one mmdebstrap run; target "/dev/null" with simulate: apt only resolves
+  local function mmdebstrap(what, include, target, extra)
+    local log = work .. "/" .. what .. ".log"
+    local argv = { M.MMDEBSTRAP, "--mode=unshare", "--variant=apt", "--logfile=" .. log, "--verbose" }
+    for _, a in ipairs(extra) do argv[#argv + 1] = a end
+    for _, o in ipairs(aptopts) do argv[#argv + 1] = "--aptopt=" .. o end
+    if #include > 0 then argv[#argv + 1] = "--include=" .. table.concat(include, ",") end
+    argv[#argv + 1] = "--"
+    argv[#argv + 1] = job.suite
+    argv[#argv + 1] = target
+    for _, m in ipairs(job.mirror) do
+      for _, line in ipairs(M.source_lines(m)) do argv[#argv + 1] = line end
+    end
+    if opts.on_start then opts.on_start(argv) end
+    local res, rerr = run(argv, env, 1024 * 1024, opts.timeout or M.TIMEOUT)
+    if not res then return nil, rerr end
+    if res.timed_out then
+      return nil, ("mmdebstrap took longer than %d s and was killed"):format(opts.timeout or M.TIMEOUT)
+    end
+    if res.code ~= 0 or res.signal ~= 0 then
+      return nil, ("mmdebstrap failed (exit %d%s):\n%s"):format(res.code or -1,
+        (res.signal or 0) ~= 0 and (", signal " .. res.signal) or "", log_errors(log))
+    end
+    uv.fs_unlink(log)
+    return true
   end
-  if res.code ~= 0 or res.signal ~= 0 then
-    return fail(("mmdebstrap failed (exit %d%s):\n%s"):format(res.code or -1,
-      (res.signal or 0) ~= 0 and (", signal " .. res.signal) or "", log_errors(log)))
+  if job.pins then
+    -- a locked build first asks apt, in half a minute, whether the mirror
+    -- still has every locked version, instead of failing minutes in
+    ok, err = mmdebstrap("check", job.pins, "/dev/null", { "--simulate", "--format=null" })
+    if not ok then return fail("the mirror cannot give the lock's versions: " .. err) end
   end
+  local tar = work .. "/rootfs.tar"
+  ok, err = mmdebstrap("build", job.include, tar, { "--format=tar", "--skip=output/dev", "--hook-dir=" .. hooks })
+  if not ok then return fail(err) end
 
   res, err = run({ "/usr/bin/tar", "-xOf", tar, "./var/lib/dpkg/status" }, { "PATH=/usr/bin:/bin" },
                  M.MAX_STATUS, 300)
@@ -694,7 +707,6 @@ function M._build_into(job, key, dir, opts)
   ok, err = write_file(work .. "/image.json", json.encode(rec), tonumber("644", 8))
   if not ok then return fail("cannot write image.json: " .. tostring(err)) end
   rmtree(hooks)
-  uv.fs_unlink(log)
   ok, err = uv.fs_rename(work, dir)
   if not ok then
     -- another process built the same key meanwhile: keep its copy
