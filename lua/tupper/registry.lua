@@ -162,6 +162,11 @@ function M.load_config(env)
       for _, h in ipairs(t.insecure) do if type(h) == "string" then cfg.insecure[h] = true end end
     end
     if type(t.ca_file) == "string" then cfg.ca_file = t.ca_file end
+    local stall = math.tointeger(t.stall_seconds)
+    if t.stall_seconds ~= nil and (not stall or stall < 1 or stall > 3600) then
+      return nil, reg_path .. ": stall_seconds must be a whole number of seconds, 1..3600"
+    end
+    cfg.stall_seconds = stall
   end
   for h in (env("TUPPER_INSECURE_REGISTRIES") or ""):gmatch("[^,%s]+") do cfg.insecure[h] = true end
   local ca = env("TUPPER_CA_FILE")
@@ -216,7 +221,7 @@ function Session:_request(opts, track)
   opts.allow_http = self.insecure
   opts.ca_file = self.cfg.ca_file
   opts.connect_timeout = M.CONNECT_TIMEOUT
-  opts.low_speed_time = M.LOW_SPEED_TIME
+  opts.low_speed_time = self.cfg.stall_seconds or M.LOW_SPEED_TIME
   opts.low_speed_limit = M.LOW_SPEED_LIMIT
   opts.max_redirects = M.MAX_REDIRECTS
   local job

@@ -135,6 +135,14 @@ local function handle(c, method, path, hdrs)
     if repo == "forever" then
       c:write("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
       return stream(c, ("z"):rep(65536), nil)
+    elseif repo == "drip" then -- a byte every 100 ms, for ever
+      c:write(("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"):format(#LAYER))
+      local t = uv.new_timer()
+      t:start(100, 100, function()
+        if c:is_closing() then t:close(); return end
+        c:write("x", function(err) if err and not c:is_closing() then c:close() end end)
+      end)
+      return
     elseif repo == "wrongdigest" then
       return respond(c, 200, {}, OTHER)
     elseif repo == "stall" then
@@ -190,4 +198,7 @@ server:listen(64, function()
 end)
 local sig = uv.new_signal()
 sig:start("sigterm", function() os.exit(0) end)
+-- a client that hangs up mid-write must not kill the server
+local pipe = uv.new_signal()
+pipe:start("sigpipe", function() end)
 uv.run()

@@ -90,10 +90,18 @@ describe("tupper pull", function()
     assert.are.equal(out:match("@(sha256:%x+)"), m.digest)
   end)
 
-  local function no_partials()
+  -- the names in partial/ (downloads kept for resuming)
+  local function partials()
+    local out = {}
     local h = uv.fs_scandir(d.state .. "/images/partial")
-    return not h or uv.fs_scandir_next(h) == nil
+    while h do
+      local name = uv.fs_scandir_next(h)
+      if not name then break end
+      out[name] = true
+    end
+    return out
   end
+  local function no_partials() return next(partials()) == nil end
 
   it("pulls a multi-layer image: every layer verified into blobs/", function()
     local before = count(blobs())
@@ -217,6 +225,32 @@ describe("tupper pull", function()
     local log = helper.read_file(dir .. "/fake-state/requests.log")
     local _, n = log:gsub("GET /token%?service=fake&scope=repository%%3Aexpire", "")
     assert.are.equal(2, n)
+  end)
+
+  describe("with stall_seconds = 1", function()
+    before_each(function()
+      R.must("mkdir -p " .. q(dir .. "/xdg/tupper"))
+      R.write(dir .. "/xdg/tupper/registries.json", '{"stall_seconds": 1}')
+    end)
+    after_each(function() os.remove(dir .. "/xdg/tupper/registries.json") end)
+
+    it("ends a stalled transfer and resumes it with a Range request", function()
+      local code, _, err = pull(fake.host .. "/stall:again")
+      assert.are.equal(0, code, err)
+      local log = helper.read_file(dir .. "/fake-state/requests.log")
+      assert.truthy(log:find("/v2/stall/blobs/sha256:%x+ bytes=%d+%-"), log)
+    end)
+
+    it("gives up on a registry that drips for ever, retries bounded", function()
+      local code, _, err = pull(fake.host .. "/drip:latest")
+      assert.are_not.equal(0, code)
+      assert.truthy(err:find("too slow", 1, true), err)
+      local log = helper.read_file(dir .. "/fake-state/requests.log")
+      local _, n = log:gsub("GET /v2/drip/blobs/", "")
+      assert.are.equal(3, n) -- one try and two retries
+      -- a network failure keeps what arrived, for the next pull to resume
+      assert.is_false(no_partials())
+    end)
   end)
 
   it("resumes a pull killed mid-blob with a Range request", function()
@@ -354,7 +388,7 @@ describe("tupper pull", function()
     }
     for _, c in ipairs(cases) do
       it(c[1] .. ": refused, nothing half-written in the store", function()
-        local before = blobs()
+        local before, before_partial = blobs(), partials()
         local code, _, err = pull(fake.host .. "/" .. c[1] .. ":latest")
         assert.are_not.equal(0, code)
         assert.truthy(err:find(c[2], 1, true), c[1] .. ": " .. err)
@@ -363,7 +397,9 @@ describe("tupper pull", function()
         for hex in pairs(after) do
           assert.is_true(before[hex] or hex ~= "" and R.sha256_file(d.state .. "/images/blobs/sha256/" .. hex) == hex)
         end
-        assert.is_true(no_partials())
+        for name in pairs(partials()) do
+          assert.is_true(before_partial[name], "a liar's partial file was kept: " .. name)
+        end
       end)
     end
 
