@@ -539,10 +539,25 @@ local function policy_param(opt)
   return { source = text, name = path }
 end
 
+-- The recipe param of a create: a recipe file's path (its .lock beside it
+-- goes too), a shipped recipe's name, or {source, name, lock}.
+local function recipe_param(opt)
+  if opt == nil then return nil end
+  if type(opt) == "table" then
+    if type(opt.source) ~= "string" then fail("recipe.source must be a string") end
+    return { source = opt.source, name = opt.name or "recipe.lua", lock = opt.lock }
+  end
+  local spec, err = require("tupper.recipe").client_spec(opt)
+  if not spec then fail("%s", tostring(err)) end
+  return spec
+end
+
 --- Creates a sandbox.  opts: image, envs, metadata, limits (memory, cpus,
 -- pids, disk, timeout), timeout (its lifetime, as limits.timeout), cwd,
 -- policy (a policy file's path, {source = text, name = ...}, or false;
--- default: the nearest tupper.lua from the working directory up).
+-- default: the nearest tupper.lua from the working directory up), recipe
+-- (a recipe file's path, a shipped recipe's name, or {source, name, lock}:
+-- docs/recipes.md; envs, cwd and limits given here override its own).
 M.create = entry(function(opts)
   opts = opts or {}
   local limits = opts.limits
@@ -552,7 +567,7 @@ M.create = entry(function(opts)
     limits.timeout = opts.timeout
   end
   local info = call("sandbox.create", { image = opts.image, env = opts.envs, metadata = opts.metadata,
-    limits = limits, cwd = opts.cwd, policy = policy_param(opts.policy) })
+    limits = limits, cwd = opts.cwd, policy = policy_param(opts.policy), recipe = recipe_param(opts.recipe) })
   return new_box(info)
 end)
 

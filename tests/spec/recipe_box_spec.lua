@@ -262,6 +262,22 @@ describe("recipes in sandboxes", function()
     no_leftovers()
   end)
 
+  it("is what tupper.sdk's create{recipe = ...} sends", function()
+    local sdk = require("tupper.sdk")
+    sdk.configure({ socket = d.socket, autostart = false })
+    local box = sdk.create({ recipe = "default", policy = false })
+    assert.are.equal("default", box:info().recipe.name)
+    box:kill()
+    box = sdk.create({ policy = false, envs = { B = "explicit" }, recipe = {
+      name = "sdk.lua", source = 'return recipe "sdk" { env = { A = "a", B = "b" }, files = { ["/f"] = "x" } }' } })
+    assert.are.equal("a explicit x\n", box:run("echo $A $B $(cat /f)").stdout)
+    box:kill()
+    local ok, err = pcall(sdk.create, { policy = false, recipe = "/no/such/recipe.lua" })
+    assert.is_false(ok)
+    assert.matches("recipe: /no/such/recipe.lua", err, nil, true)
+    sdk.close()
+  end)
+
   it("tupper run --recipe, tupper build and its lockfile", function()
     local dir = helper.tmpdir()
     local path = dir .. "/app.lua"

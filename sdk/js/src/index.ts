@@ -44,6 +44,7 @@ export {
   type ErrnoData,
 } from './errors';
 export { findPolicy, POLICY_FILENAME, type PolicyOpt } from './policy';
+export { lockPath, RECIPE_MAX_BYTES, type RecipeOpt } from './recipe';
 export { defaultSocket, type ConnectionOpts } from './connection';
 
 import { Sandbox } from './sandbox';

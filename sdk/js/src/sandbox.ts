@@ -8,6 +8,7 @@ import { Connection, type ConnectionOpts } from './connection';
 import { InvalidArgumentError, NotFoundError } from './errors';
 import { Filesystem } from './filesystem';
 import { policyParam, type PolicyOpt } from './policy';
+import { recipeParam, type RecipeOpt } from './recipe';
 
 /** Default lifetime of a sandbox, as E2B: 5 minutes. */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 300_000;
@@ -54,6 +55,14 @@ export interface SandboxOpts extends SandboxConnectionOpts {
    * `tupper.lua` from `process.cwd()` upward, as the CLI does.
    */
   policy?: PolicyOpt;
+  /**
+   * The recipe the sandbox is made from (docs/recipes.md): a recipe file's
+   * path (its `.lock` beside it is honoured), a shipped recipe's name, or
+   * `{source, name, lock}`.  Its image, env, workdir, user, limits and files
+   * apply and its setup's layer is used; `envs`, `cwd`, `limits` and
+   * `timeoutMs` given here override the recipe's.
+   */
+  recipe?: RecipeOpt;
 }
 
 export type SandboxState = 'running' | 'paused';
@@ -79,6 +88,8 @@ export interface SandboxInfo {
   timeoutMs: number;
   /** Live processes started through the API. */
   processes?: number;
+  /** For a sandbox made from a recipe: its name, the key of its setup layer, and whether that layer was cached. */
+  recipe?: { name: string; layer?: string; cached?: boolean };
 }
 
 /** One sample of the sandbox's counters, from its cgroup. */
@@ -124,6 +135,7 @@ function toInfo(r: Record<string, unknown>): SandboxInfo {
   if (typeof limits.cpus === 'number') info.cpuCount = limits.cpus;
   if (typeof limits.memory === 'number') info.memoryMB = limits.memory / (1 << 20);
   if (typeof r.processes === 'number') info.processes = r.processes;
+  if (r.recipe && typeof r.recipe === 'object') info.recipe = r.recipe as SandboxInfo['recipe'];
   return info;
 }
 
@@ -223,8 +235,13 @@ export class Sandbox {
     const opts: SandboxOpts =
       typeof templateOrOpts === 'string' ? { ...maybeOpts, image: templateOrOpts } : { ...templateOrOpts };
     const limits: Record<string, unknown> = { ...opts.limits };
-    limits.timeout = seconds(opts.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS, 'Sandbox.create');
-    const params: Record<string, unknown> = { limits };
+    // a recipe may set the lifetime; only an explicit timeoutMs overrides it
+    if (opts.timeoutMs !== undefined || opts.recipe === undefined) {
+      limits.timeout = seconds(opts.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS, 'Sandbox.create');
+    }
+    const params: Record<string, unknown> = {};
+    if (Object.keys(limits).length > 0) params.limits = limits;
+    if (opts.recipe !== undefined) params.recipe = await recipeParam(opts.recipe);
     if (opts.image !== undefined) params.image = opts.image;
     if (opts.envs !== undefined) params.env = opts.envs;
     if (opts.metadata !== undefined) params.metadata = opts.metadata;
