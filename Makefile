@@ -33,6 +33,7 @@ bench: build
 	@./bootstrap.sh bench
 	@BUILD=$(BUILD) bench/startup
 	@BUILD=$(BUILD) bench/pull
+	@BUILD=$(BUILD) bench/recipe
 
 clean:
 	rm -rf $(BUILD)
