@@ -37,6 +37,9 @@ commands:
   build RECIPE.lua              run a recipe's files and setup once (a cached
                                 layer) and write RECIPE.lock pinning them
   schema                        print the socket API's schema (JSON)
+  mcp [--socket PATH]           serve MCP on stdio (docs/mcp.md; needs node)
+  http [--listen ADDR:PORT] [--token T]
+                                serve the HTTP API (docs/http.md; needs node)
   version                       print the version
 
 options of run, create and exec:
@@ -524,6 +527,8 @@ function M.main(argv)
       k = k + 2
     end
     return require("tupper.daemon").run(o)
+  elseif verb == "mcp" or verb == "http" then
+    return require("tupper.nodejs").main(verb, args, g)
   elseif verb == "repl" then
     local ok, code = pcall(require("tupper.repl").main, args, g)
     uv.walk(function(h) if not h:is_closing() then h:close() end end)
