@@ -25,6 +25,7 @@ import {
   InvalidArgumentError,
   NotEnoughSpaceError,
   NotFoundError,
+  PolicyError,
   SandboxError,
   TimeoutError,
 } from './errors';
@@ -124,6 +125,9 @@ export function errorResponse(e: unknown): { status: number; body: { error: Reco
     else if (e instanceof InvalidArgumentError) status = 400;
     else if (e instanceof TimeoutError) status = 504;
     else if (e instanceof NotEnoughSpaceError) status = 507;
+    else if (e instanceof PolicyError) status = 403;
+    else if (e.code === -32004) status = 503; // busy: too many requests in flight on one connection
+    else if (e.code === -32006) status = 422; // an image error (none such, refused, too big)
     else if (e.errnoCode && ERRNO_STATUS[e.errnoCode]) status = ERRNO_STATUS[e.errnoCode];
     else if (e.code === ErrorCode.Sandbox) status = 409;
     else if (e.code === undefined) status = 502; // the daemon could not be reached
