@@ -283,8 +283,10 @@ function Session:_authenticate(challenge)
   -- live five minutes, less than a long pull): get a new one; a fresh token
   -- refused is a refusal
   if self.tried_token and not self.token_worked then
-    fail("auth", "%s refused access to %s%s", self.ref.registry, self.ref.repo,
-         self.creds and " with the credentials given" or " (no credentials for it in the auth file)")
+    -- registries answer so for a repository that does not exist, too
+    fail("auth", "%s refused access to %s: it does not exist, or %s", self.ref.registry, self.ref.repo,
+         self.creds and "the credentials given are refused for it"
+           or ("it needs credentials (none for %s in the auth file)"):format(self.ref.registry))
   end
   self.tried_token, self.token_worked = true, false
   local realm = params.realm
@@ -300,8 +302,11 @@ function Session:_authenticate(challenge)
   local res, err, kind = self:_request({ url = url, headers = headers, max_bytes = M.TOKEN_MAX,
                                          timeout = M.SMALL_TIMEOUT })
   if not res then fail(kind == "too_big" and "too_big" or "network", "token from %s: %s", realm:sub(1, 200), err) end
-  if res.status == 401 or res.status == 403 then
+  if (res.status == 401 or res.status == 403) and self.creds then
     fail("auth", "%s refused the credentials (token service answered %d)", self.ref.registry, res.status)
+  elseif res.status == 401 or res.status == 403 then
+    fail("auth", "%s gives no anonymous access to %s: it needs credentials (none for %s in the auth file)",
+         self.ref.registry, self.ref.repo, self.ref.registry)
   end
   if res.status ~= 200 then fail("auth", "token service %s answered %d", realm:sub(1, 200), res.status) end
   local t = json.decode(res.body or "")

@@ -89,15 +89,18 @@ local function handle(c, method, path, hdrs)
       end
       return respond(c, 200, { "Content-Type: application/json" }, '{"token":"goodtoken"}')
     end
+    if not hdrs["authorization"] and path:find("scope=repository%3Aprivate", 1, true) then
+      return respond(c, 200, { "Content-Type: application/json" }, '{"token":"anon"}')
+    end
     return respond(c, 401, {}, '{"details":"bad credentials"}')
   end
   local repo, kind, ref = path:match("^/v2/(.-)/(%a+)/([^/]+)$")
   if not repo then return respond(c, 404, {}, "{}") end
   pick(repo)
   local mt = "Content-Type: application/vnd.oci.image.manifest.v1+json"
-  if repo == "bearer" and not bearer_ok(hdrs) then
+  if (repo == "bearer" or repo == "private") and not bearer_ok(hdrs) then
     return respond(c, 401, { ('WWW-Authenticate: Bearer realm="http://127.0.0.1:%d/token",service="fake",'
-      .. 'scope="repository:bearer:pull"'):format(port) }, '{"errors":[{"code":"UNAUTHORIZED"}]}')
+      .. 'scope="repository:%s:pull"'):format(port, repo) }, '{"errors":[{"code":"UNAUTHORIZED"}]}')
   end
   if repo == "expire" then
     -- the first token is good for the manifest only, then "expires"

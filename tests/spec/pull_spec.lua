@@ -219,6 +219,21 @@ describe("tupper pull", function()
     assert.truthy(log:find("GET /token?service=fake&scope=repository%3Abearer%3Apull", 1, true), log)
   end)
 
+  it("says what an anonymous pull of a private repository lacks", function()
+    local good = helper.read_file(dir .. "/auth.json")
+    R.write(dir .. "/auth.json", "{}")
+    -- an anonymous token that does not open the repository
+    local code, _, err = pull(fake.host .. "/private:latest")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("refused access to private: it does not exist, or it needs credentials "
+      .. "(none for " .. fake.host .. " in the auth file)", 1, true), err)
+    -- a token service that wants credentials
+    code, _, err = pull(fake.host .. "/bearer:latest")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("gives no anonymous access to bearer", 1, true), err)
+    R.write(dir .. "/auth.json", good)
+  end)
+
   it("gets a new token when the one it had expires during the pull", function()
     local code, _, err = pull(fake.host .. "/expire:latest")
     assert.are.equal(0, code, err)
