@@ -77,7 +77,7 @@ function h.recipe_build(d, conn, p)
   if not loaded then return nil, rpc.SANDBOX_ERROR, err end
   -- the daemon's own policy judges the setup's commands and files
   local plan
-  plan, err = build.prepare(d, loaded, { pin = true, policies = d.policy and { d.policy } or {} })
+  plan, err = build.prepare(d, loaded, { build = true, policies = d.policy and { d.policy } or {} })
   if not plan then return nil, rpc.SANDBOX_ERROR, err end
   return { recipe = plan.recipe.name, image = plan.image.ref, image_digest = plan.image.digest,
            layer = plan.layer or json.null, cached = plan.cached == true, lock = plan.lock }

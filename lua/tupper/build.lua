@@ -73,11 +73,54 @@ function M.default_digest(d)
   return d.default_digest
 end
 
---- Resolves an image name for a recipe: { ref, digest, layers, config }.
--- With the image store (tupper.images) when the daemon has one; else only
--- the embedded "default".  pinned: a digest a lock names, used instead of
--- what the name resolves to now.
-function M.image(d, ref, pinned)
+--- How messages and sandbox.get name a recipe's image: its name, or for a
+-- Debian image to build "debian:<suite>".
+function M.image_name(image)
+  if type(image) == "table" then return "debian:" .. tostring(image.debian) end
+  return image
+end
+
+-- A Debian image (recipe field image = { debian, packages }): built with
+-- tupper.debian (cached by its content key), or from a lock's exact package
+-- versions (rebuild), imported once into the image store under a name of
+-- that key, and resolved there.  Returns the image with `debian` (what a
+-- lockfile keeps: the package list) or nil, err.
+local function debian_image(d, spec, pinned, rebuild)
+  if not (d.images and d.images.import and d.images.resolve) then
+    return nil, "a Debian image needs the daemon's image store, which this build lacks"
+  end
+  if pinned and not rebuild then
+    -- a locked create: exactly the pinned image, no build
+    local img = d.images:resolve(pinned)
+    if not img then
+      return nil, ("the image %s pinned by the lock (%s) is gone: `tupper build` rebuilds it from the lock's packages")
+        :format(M.image_name(spec), pinned)
+    end
+    return img
+  end
+  local debian = require("tupper.debian")
+  local opts = { cache = d.state .. "/debian" }
+  local rec, err
+  if rebuild then rec, err = debian.build_locked(rebuild, opts) else rec, err = debian.build(spec, opts) end
+  if not rec then return nil, "image: " .. tostring(err) end
+  local name = ("tupper-debian/%s:%s"):format(rec.suite, rec.key:sub(1, 32))
+  local img = d.images:resolve(name)
+  if not img then
+    local ok, ierr = d.images:import(rec.tar, name)
+    if not ok then return nil, "image: import the Debian build: " .. tostring(ierr) end
+    img, err = d.images:resolve(name)
+    if not img then return nil, "image: " .. tostring(err) end
+  end
+  img.debian = debian.lock_of(rec)
+  return img
+end
+
+--- Resolves a recipe's image: { ref, digest, layers, config }.  With the
+-- image store (tupper.images) when the daemon has one; else only the
+-- embedded "default".  pinned: a digest a lock names, used instead of what
+-- the name resolves to now.  rebuild: a Debian lock to rebuild from.
+function M.image(d, ref, pinned, rebuild)
+  if type(ref) == "table" then return debian_image(d, ref, pinned, rebuild) end
   if d.images and d.images.resolve then
     local img, err = d.images:resolve(pinned or ref)
     if not img then
@@ -173,25 +216,39 @@ end
 --- Everything a create or build from recipe spec needs: returns
 -- { recipe = r, image = img, layers = {...}, layer = key|nil, cached,
 --   lock = what a lockfile of it says } or nil, err.
--- loaded: what M.load returned.  opts: pin (a build: pin the image in
--- the store), policies (they judge the setup's commands and files).
+-- loaded: what M.load returned.  opts: build (recipe.build: a lock sent
+-- along is not honoured but rebuilt from, for its Debian packages; the
+-- image is pinned in the store), policies (they judge the setup's
+-- commands and files).
 function M.prepare(d, loaded, opts)
   opts = opts or {}
   local r, source, chunk = loaded.recipe, loaded.source, loaded.chunk
   local lock
-  if loaded.lock then
+  if loaded.lock and not opts.build then
     local err
     lock, err = M.parse_lock(loaded.lock, source, chunk)
     if not lock then return nil, chunk .. ": " .. err end
   end
-  local img, err = M.image(d, r.image, lock and lock.image_digest)
+  -- a build from a recipe that has not changed since its lock rebuilds
+  -- the lock's Debian packages exactly; other builds start afresh
+  local rebuild
+  if opts.build and loaded.lock then
+    local old = M.parse_lock(loaded.lock, source, chunk)
+    rebuild = old and type(old.debian) == "table" and old.debian or nil
+  end
+  local img, err
+  if opts.build then
+    img, err = M.image(d, r.image, nil, rebuild)
+  else
+    img, err = M.image(d, r.image, lock and lock.image_digest)
+  end
   if not img then return nil, chunk .. ": " .. err end
   local layers_list = {}
   for i, l in ipairs(img.layers) do layers_list[i] = l end
   local key, cached = nil, nil
   if r.setup or r.files then
     key = require("tupper.layers").key(img.digest, source, r.files)
-    if lock and lock.layer and lock.layer ~= json.null and lock.layer ~= key then
+    if lock and not opts.build and lock.layer and lock.layer ~= json.null and lock.layer ~= key then
       return nil, ("%s: the lock names layer %s, but the recipe and its image make %s: run `tupper build` again")
         :format(chunk, lock.layer:sub(1, 12), key:sub(1, 12))
     end
@@ -205,14 +262,14 @@ function M.prepare(d, loaded, opts)
     layers_list[#layers_list + 1] = layer.fs
   end
   -- a build pins its image in the store: a lock names it by digest
-  if opts.pin and d.images and d.images.pin and img.digest then
+  if opts.build and d.images and d.images.pin and img.digest then
     pcall(d.images.pin, d.images, img.digest, "recipe-lock:" .. (key or core.sha256(source)))
   end
   return {
     recipe = r, image = img, layers = layers_list, layer = key, cached = cached,
     lock = { version = M.LOCK_VERSION, recipe = r.name, recipe_sha256 = core.sha256(source),
              image = img.ref, image_digest = img.digest, layer = key or json.null,
-             packages = img.packages and json.array(img.packages) or nil },
+             debian = img.debian },
   }
 end
 

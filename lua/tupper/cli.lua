@@ -251,7 +251,9 @@ function verbs.build(c, args)
   if #args ~= 1 then return die("build wants one recipe file") end
   local path = args[1]
   local rec = require("tupper.recipe")
-  local spec, serr = rec.client_spec(path, { no_lock = true })
+  -- the old lock goes along: an unchanged recipe's Debian image is rebuilt
+  -- from its locked package versions
+  local spec, serr = rec.client_spec(path)
   if not spec then return die("%s", serr) end
   local r, err = c:call("recipe.build", { recipe = spec })
   if not r then return die("%s", errmsg(err)) end

@@ -179,7 +179,7 @@ function Daemon:_recipe_params(p)
   local r = loaded.recipe
   local q = {}
   for k, v in pairs(p) do q[k] = v end
-  q.image = r.image
+  q.image = build.image_name(r.image) -- what policies see; the plan has the image itself
   local env = {}
   for k, v in pairs(r.env or {}) do env[k] = v end
   for k, v in pairs(p.env or {}) do env[k] = v end
