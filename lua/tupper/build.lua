@@ -210,6 +210,10 @@ local function build_layer(d, r, img, tmp, chunk, policies)
   d.setups[sb] = nil
   local dok, derr = sb:destroy(ok and (tmp .. "/fs") or nil)
   if ok and not dok then return nil, "keep the setup layer: " .. tostring(derr) end
+  if ok and not uv.fs_stat(tmp .. "/fs") then
+    -- the box went (a daemon shutdown destroyed it) before its layer was kept
+    return nil, "the setup box went away before its layer was kept"
+  end
   return ok, err
 end
 

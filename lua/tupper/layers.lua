@@ -92,7 +92,11 @@ function Store:commit(tmp, key, info)
   local text = json.encode(info)
   local fd = uv.fs_open(tmp .. "/layer.json", "w", tonumber("644", 8))
   if fd then uv.fs_write(fd, text); uv.fs_close(fd) end
-  local ok, err = uv.fs_rename(tmp, self.dir .. "/" .. key)
+  local final = self.dir .. "/" .. key
+  if not self:get(key) and uv.fs_lstat(final) then
+    core.rmtree(final) -- a layer dir without its fs: not a layer, replace it
+  end
+  local ok, err = uv.fs_rename(tmp, final)
   if not ok then
     core.rmtree(tmp)
     if not self:get(key) then return nil, "commit layer: " .. tostring(err) end

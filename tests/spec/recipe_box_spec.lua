@@ -350,3 +350,43 @@ return recipe "app" {
     no_leftovers()
   end)
 end)
+
+describe("a recipe's setup when the daemon stops", function()
+  it("ends the setup, keeps no layer and exits cleanly", function()
+    local d = helper.start_daemon(nil, { pool = 0 })
+    local c = d.connect()
+    local done, res, err
+    require("tupper.async").spawn(function()
+      res, err = c:call("sandbox.create", { recipe = { name = "slow.lua", source = [[
+        return recipe "slow" { setup = function(box) box:run("sleep 30") end }]] } })
+      done = true
+    end)
+    -- wait until the setup's command runs, then stop the daemon
+    helper.sync(function()
+      for _ = 1, 500 do
+        local names = ls(d.state .. "/layers")
+        if #names > 0 then return end
+        require("tupper.async").sleep(10)
+      end
+    end)
+    helper.sync(function() require("tupper.async").sleep(300) end)
+    local state = d.state
+    local layers_before = ls(state .. "/layers")
+    assert.are.equal(1, #layers_before) -- the build's tmp dir
+    uv.kill(d.pid, "sigterm")
+    helper.sync(function()
+      while not (d.exit_code and done) do require("tupper.async").sleep(10) end
+    end)
+    assert.are.equal(0, d.exit_code)
+    assert.is_nil(res)
+    assert.matches("setup", err.message)
+    local left = {}
+    for _, n in ipairs(ls(state .. "/layers")) do
+      if not n:match("^tmp%-") then left[#left + 1] = n end
+    end
+    assert.are.same({}, left) -- no layer committed from a setup cut short
+    c:close()
+    d.stop()
+    helper.drain()
+  end)
+end)
