@@ -54,6 +54,7 @@ static const char *const tp__tag_names[TP_TAG_MAX_] = {
     [TP_TAG_MTIME] = "mtime",     [TP_TAG_UID] = "uid",       [TP_TAG_GID] = "gid",
     [TP_TAG_TYPE] = "type",       [TP_TAG_NAME] = "name",     [TP_TAG_LINK] = "link",
     [TP_TAG_ENTRY] = "entries",   [TP_TAG_CREATED] = "created",
+    [TP_TAG_SID] = "sid",         [TP_TAG_KIND] = "kind",     [TP_TAG_PORT] = "port",
 };
 
 static int tp__tag_repeated(unsigned tag) {
@@ -65,15 +66,15 @@ static int tp__tag_repeated(unsigned tag) {
  * ENTRY inside an ENTRY, a nested group that does not parse. */
 static int tp__push_fields(lua_State *L, const tp_field_t *fs, int n, int nested,
                            tp_field_t *scratch, int scratch_max) {
-  uint32_t seen = 0;
+  uint64_t seen = 0;
   lua_createtable(L, 0, n < 8 ? n : 8);
   for (int i = 0; i < n; i++) {
     const tp_field_t *f = &fs[i];
     const char *name = tp__tag_names[f->tag];
     if (!tp__tag_repeated(f->tag)) {
-      if (seen & (1u << f->tag))
+      if (seen & (UINT64_C(1) << f->tag))
         goto bad;
-      seen |= 1u << f->tag;
+      seen |= UINT64_C(1) << f->tag;
     }
     switch (tp_tag_kind(f->tag)) {
     case TP_KIND_INT: {
@@ -272,7 +273,8 @@ static int tp__lbox_dispatch(tp_lbox_t *b) {
     long n = tp_frame_parse_header(b->rbuf + off, b->rlen - off, &f);
     if (n == 0)
       break;
-    if (n < 0 || f.type == TP_MSG_EXEC || f.type >= TP_MSG_EXEC) {
+    /* from the agent: events, replies and network stream frames only */
+    if (n < 0 || (f.type >= TP_MSG_EXEC && !tp_msg_net_stream(f.type))) {
       ret = -1;
       break;
     }
@@ -724,10 +726,12 @@ static int tp_lbox_send(lua_State *L) {
   luaL_checktype(L, 4, LUA_TTABLE);
   if (!tp_msg_type_valid((unsigned) type) || type < TP_MSG_EXEC)
     return luaL_error(L, "send: not a request type: %d", (int) type);
-  if (id <= 0 || id > (lua_Integer) UINT32_MAX)
+  if ((id <= 0 && !(id == 0 && tp_msg_net_stream((unsigned) type))) || id > (lua_Integer) UINT32_MAX)
     return luaL_error(L, "send: bad request id");
   /* pass 1: every value has the right type (may raise: nothing held yet) */
   for (unsigned tag = 1; tag < TP_TAG_MAX_; tag++) {
+    if (tp__tag_names[tag] == NULL) /* a gap in the tag numbers (ranges reserved per feature) */
+      continue;
     if (lua_getfield(L, 4, tp__tag_names[tag]) != LUA_TNIL) {
       if (tp__tag_repeated(tag)) {
         luaL_checktype(L, -1, LUA_TTABLE);
@@ -756,6 +760,8 @@ static int tp_lbox_send(lua_State *L) {
     return luaL_error(L, "out of memory");
   tp_frame_begin(&w->buf, (uint8_t) type, (uint32_t) id);
   for (unsigned tag = 1; tag < TP_TAG_MAX_; tag++) {
+    if (tp__tag_names[tag] == NULL)
+      continue;
     lua_getfield(L, 4, tp__tag_names[tag]);
     if (lua_isnil(L, -1)) {
       lua_pop(L, 1);
@@ -1355,7 +1361,11 @@ int luaopen_tupper_core(lua_State *L) {
       {"RELEASE", TP_MSG_RELEASE}, {"PS", TP_MSG_PS},
       {"FS_READ", TP_MSG_FS_READ}, {"FS_WRITE", TP_MSG_FS_WRITE}, {"FS_STAT", TP_MSG_FS_STAT},
       {"FS_LIST", TP_MSG_FS_LIST}, {"FS_MKDIR", TP_MSG_FS_MKDIR},
-      {"FS_REMOVE", TP_MSG_FS_REMOVE}, {"FS_RENAME", TP_MSG_FS_RENAME}};
+      {"FS_REMOVE", TP_MSG_FS_REMOVE}, {"FS_RENAME", TP_MSG_FS_RENAME},
+      {"NET_LISTEN", TP_MSG_NET_LISTEN}, {"NET_OPEN", TP_MSG_NET_OPEN},
+      {"NET_DATA", TP_MSG_NET_DATA}, {"NET_ACK", TP_MSG_NET_ACK}, {"NET_EOF", TP_MSG_NET_EOF},
+      {"NET_CLOSE", TP_MSG_NET_CLOSE}, {"NET_DNS", TP_MSG_NET_DNS},
+      {"NET_CONNECT", TP_MSG_NET_CONNECT}};
 
   if (luaL_newmetatable(L, TP_BOX_MT)) {
     luaL_newlib(L, box_methods);
@@ -1390,6 +1400,21 @@ int luaopen_tupper_core(lua_State *L) {
   lua_setfield(L, -2, "AGENT_PROTO");
   lua_pushinteger(L, TP_CHUNK_MAX);
   lua_setfield(L, -2, "CHUNK_MAX");
+  {
+    static const struct { const char *name; lua_Integer v; } net[] = {
+        {"WINDOW", TP_NET_WINDOW},     {"CHUNK", TP_NET_CHUNK},
+        {"STREAMS_MAX", TP_NET_STREAMS_MAX}, {"DNS_MAX", TP_NET_DNS_MAX},
+        {"HTTP_PORT", TP_NET_HTTP_PORT}, {"SOCKS_PORT", TP_NET_SOCKS_PORT},
+        {"DNS_PORT", TP_NET_DNS_PORT}, {"HTTP", TP_NET_HTTP},
+        {"SOCKS", TP_NET_SOCKS},       {"DNS_TCP", TP_NET_DNS_TCP},
+        {"CONNECTED", TP_NET_CONNECTED}};
+    lua_newtable(L);
+    for (size_t i = 0; i < TP_ARRAY_SIZE(net); i++) {
+      lua_pushinteger(L, net[i].v);
+      lua_setfield(L, -2, net[i].name);
+    }
+    lua_setfield(L, -2, "NET"); /* the network relay's constants (proto.h) */
+  }
   lua_pushstring(L, "0.1.0");
   lua_setfield(L, -2, "version");
   return 1;

@@ -155,6 +155,7 @@ static agent_handler_t handler_for(uint8_t type) {
   case TP_MSG_FS_MKDIR: return agent_fs_mkdir;
   case TP_MSG_FS_REMOVE: return agent_fs_remove;
   case TP_MSG_FS_RENAME: return agent_fs_rename;
+  case TP_MSG_NET_LISTEN: return agent_net_listen;
   default: return NULL; /* agent -> host types */
   }
 }
@@ -173,6 +174,10 @@ static void dispatch(agent_t *a, const tp_frame_t *f) {
   tp_error_t err;
 
   tp_error_clear(&err);
+  if (tp_msg_net_stream(f->type)) { /* network stream frames: no reply */
+    agent_net_frame(a, f);
+    return;
+  }
   if (f->id == 0) { /* no way to answer: requests carry non-zero ids */
     agent_log("ignoring frame of type %u with id 0", f->type);
     return;
@@ -381,6 +386,7 @@ static void detach(agent_t *a) {
   a->chan = -1;
   a->dead = 0;
   a->rlen = 0; /* a request cut in half by the crash */
+  agent_net_detach(a);
   tp_buf_reset(&a->out);
   a->deadline = agent_now_ms() + a->grace_ms;
   agent_log("channel lost: detached, waiting %lld s for a daemon", a->grace_ms / 1000);
@@ -430,7 +436,7 @@ static int agent_run(agent_t *a) {
 
   for (;;) {
     long long now;
-    int n, paused;
+    int n, nproc, paused;
     if (a->dead) {
       if (a->listen_fd < 0)
         return 0;
@@ -445,7 +451,8 @@ static int agent_run(agent_t *a) {
     a->pfds[0] = (struct pollfd){.fd = a->chan, .events = POLLIN};
     a->pfds[1] = (struct pollfd){.fd = a->sigfd, .events = POLLIN};
     a->pfds[2] = (struct pollfd){.fd = paused ? -1 : a->listen_fd, .events = POLLIN};
-    n = agent_proc_poll_fill(a, AGENT_POLL_FIRST);
+    nproc = agent_proc_poll_fill(a, AGENT_POLL_FIRST);
+    n = agent_net_poll_fill(a, nproc);
     if (poll(a->pfds, (nfds_t) n, poll_timeout(a, now, paused)) < 0) {
       if (errno == EINTR)
         continue;
@@ -455,7 +462,8 @@ static int agent_run(agent_t *a) {
     /* Output first, then reaping (which drains and sends EXIT), then new
      * requests, which may reuse the slots freed by reaping, then a new
      * connection. */
-    agent_proc_poll_handle(a, AGENT_POLL_FIRST, n);
+    agent_proc_poll_handle(a, AGENT_POLL_FIRST, nproc);
+    agent_net_poll_handle(a, nproc, n);
     if (a->pfds[1].revents) {
       drain_sigfd(a);
       agent_proc_reap(a);

@@ -34,7 +34,8 @@
 #define AGENT_OUTPUT_CHUNK (64u * 1024u)    /* DATA bytes per OUTPUT frame */
 #define AGENT_DRAIN_MAX TP_CHUNK_MAX        /* per stream, once its process exited */
 #define AGENT_POLL_FIRST 3                  /* channel, signalfd, listener; then pipes */
-#define AGENT_POLL_MAX (AGENT_POLL_FIRST + 3 * AGENT_PROC_MAX)
+#define AGENT_NET_POLL_MAX (4 + TP_NET_STREAMS_MAX) /* agent_net.c: listeners, streams */
+#define AGENT_POLL_MAX (AGENT_POLL_FIRST + 3 * AGENT_PROC_MAX + AGENT_NET_POLL_MAX)
 #define AGENT_EXITQ_MAX 1024                /* EXIT events kept while detached */
 #define AGENT_GRACE_DEFAULT_S 60            /* detached: wait this long for a daemon */
 #define AGENT_GRACE_MAX_S 86400
@@ -106,6 +107,7 @@ typedef struct agent_s {
   struct pollfd pfds[AGENT_POLL_MAX];
   agent_pollref_t prefs[AGENT_POLL_MAX];
   uint8_t iobuf[AGENT_OUTPUT_CHUNK];
+  struct agent_net_s *net;    /* the network relay, once NET_LISTEN made it (agent_net.c) */
 } agent_t;
 
 /* agent.c: logging, the channel and request helpers. */
@@ -171,6 +173,15 @@ enum agent_stage {
  * no_new_privs.  Returns 0, or -1 with errno set and *stage naming the step
  * that failed. */
 int agent_cred_drop(uid_t uid, gid_t gid, int *stage);
+
+/* agent_net.c: the network relay (docs/network.md). */
+int agent_net_listen(agent_t *a, const agent_req_t *r, tp_error_t *err);
+/* A stream frame from the host (NET_DATA, NET_ACK, ...: id 0, no reply). */
+void agent_net_frame(agent_t *a, const tp_frame_t *f);
+int agent_net_poll_fill(agent_t *a, int first);
+void agent_net_poll_handle(agent_t *a, int first, int n);
+/* The channel is gone: every stream ends (the listeners stay). */
+void agent_net_detach(agent_t *a);
 
 /* agent_fs.c */
 int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err);

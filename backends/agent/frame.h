@@ -56,6 +56,10 @@ int tp_frame_end(tp_buf_t *b);
  * (version, length cap, unknown type). */
 long tp_frame_parse_header(const uint8_t *buf, size_t n, tp_frame_t *f);
 int tp_msg_type_valid(unsigned type);
+/* Network stream frames (NET_OPEN..NET_CONNECT): id 0, both directions, no reply. */
+static inline int tp_msg_net_stream(unsigned type) {
+  return type >= TP_MSG_NET_OPEN && type <= TP_MSG_NET_CONNECT;
+}
 
 /* Split a payload into fields.  Returns the number of fields, or -1 when a
  * field is truncated, has an unknown tag, a wrong integer size, a string

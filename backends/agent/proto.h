@@ -57,6 +57,17 @@ enum tp_msg_type {
   TP_MSG_FS_MKDIR = 34,    /* PATH MODE? FLAGS? -> OK(CREATED) */
   TP_MSG_FS_REMOVE = 35,   /* PATH FLAGS? -> OK */
   TP_MSG_FS_RENAME = 36,   /* PATH PATH2 -> OK */
+  /* network relay (docs/network.md).  NET_LISTEN is a request; the others
+   * are stream frames with id 0 that go both ways and get no reply. */
+  TP_MSG_NET_LISTEN = 60,  /* -> OK: bind the proxy, SOCKS and DNS ports on 127.0.0.1 */
+  TP_MSG_NET_OPEN = 61,    /* agent -> host: SID KIND: a connection was accepted (or, KIND
+                              TP_NET_CONNECTED, a NET_CONNECT succeeded) */
+  TP_MSG_NET_DATA = 62,    /* SID DATA (<= TP_NET_CHUNK): bytes of a stream */
+  TP_MSG_NET_ACK = 63,     /* SID SIZE: the receiver delivered SIZE bytes: send credit */
+  TP_MSG_NET_EOF = 64,     /* SID: the sender's side will send nothing more */
+  TP_MSG_NET_CLOSE = 65,   /* SID ERRNO?: the stream is gone (either side; no reply) */
+  TP_MSG_NET_DNS = 66,     /* SID DATA: a DNS query (agent -> host) or its answer */
+  TP_MSG_NET_CONNECT = 67, /* host -> agent: SID PORT: connect to 127.0.0.1:PORT in the box */
 };
 
 enum tp_tag {
@@ -86,8 +97,23 @@ enum tp_tag {
   TP_TAG_LINK = 24,    /* string (symlink target) */
   TP_TAG_ENTRY = 25,   /* nested fields, repeated */
   TP_TAG_CREATED = 26, /* int 0/1 */
-  TP_TAG_MAX_ = 27
+  TP_TAG_SID = 40,     /* int: stream id (agent-made < 2^31, host-made >= 2^31) */
+  TP_TAG_KIND = 41,    /* int: TP_NET_* */
+  TP_TAG_PORT = 42,    /* int */
+  TP_TAG_MAX_ = 43
 };
+
+/* network relay: per-stream flow control.  A sender has at most
+ * TP_NET_WINDOW bytes of a stream unacknowledged; a receiver buffers no
+ * more, and closes a stream whose sender overruns it. */
+#define TP_NET_WINDOW (64u * 1024u)
+#define TP_NET_CHUNK (16u * 1024u)
+#define TP_NET_STREAMS_MAX 128                       /* live streams per box */
+#define TP_NET_DNS_MAX 4096                          /* bytes of one DNS message over UDP */
+#define TP_NET_HTTP_PORT 3128
+#define TP_NET_SOCKS_PORT 1080
+#define TP_NET_DNS_PORT 53
+enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET_CONNECTED = 4 };
 
 /* FLAGS bits */
 #define TP_F_EXEC_STDIN 0x1u      /* EXEC: keep a stdin pipe open (else /dev/null) */

@@ -58,24 +58,6 @@ __attribute__((noreturn)) static void fail(tp__child_t *c, int code, const char 
   _exit(127);
 }
 
-static int lo_up(void) {
-  struct ifreq ifr;
-  int ret = -1, saved;
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -1;
-  memset(&ifr, 0, sizeof(ifr));
-  memcpy(ifr.ifr_name, "lo", 3);
-  if (ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
-    ifr.ifr_flags |= IFF_UP;
-    ret = ioctl(fd, SIOCSIFFLAGS, &ifr);
-  }
-  saved = errno;
-  close(fd);
-  errno = saved;
-  return ret;
-}
-
 /* Writes all of text to an existing file (cgroup.procs, uid_map...). */
 static int write_file(const char *path, const char *text) {
   size_t len = strlen(text);
@@ -92,6 +74,32 @@ static int write_file(const char *path, const char *text) {
   close(fd);
   errno = saved;
   return n < 0 ? -1 : 0;
+}
+
+/* Brings lo up, and lets the agent (root of a user namespace that does not
+ * own this netns, so without CAP_NET_BIND_SERVICE here) bind the DNS port:
+ * ports from 53 up need no privilege in the box's own network namespace
+ * (a per-netns sysctl; /proc/sys/net follows the writer's netns).  Nothing
+ * outside the box is reachable from it, so low ports guard nothing here. */
+static int lo_up(void) {
+  struct ifreq ifr;
+  int ret = -1, saved;
+  int fd;
+  if (write_file("/proc/sys/net/ipv4/ip_unprivileged_port_start", "53") < 0)
+    return -1;
+  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  memset(&ifr, 0, sizeof(ifr));
+  memcpy(ifr.ifr_name, "lo", 3);
+  if (ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
+    ifr.ifr_flags |= IFF_UP;
+    ret = ioctl(fd, SIOCSIFFLAGS, &ifr);
+  }
+  saved = errno;
+  close(fd);
+  errno = saved;
+  return ret;
 }
 
 /* The agent's listening socket, bound as op->src relative to op->dst (our

@@ -149,6 +149,30 @@ function h.sandbox_set_timeout(d, conn, p)
   return { timeout = p.timeout, expires_at = sb:info().expires_at }
 end
 
+function h.sandbox_update_network(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.id, true)
+  if not sb then return nil, code, msg end
+  local ok, err = sb:set_network(p.network, d:policy_networks(sb.policy))
+  if not ok then return nil, rpc.SANDBOX_ERROR, err end
+  d:save(sb)
+  return { network = p.network }
+end
+
+function h.sandbox_network_log(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.id, true)
+  if not sb then return nil, code, msg end
+  return { entries = json.array(sb.net and sb.net:entries() or {}) }
+end
+
+function h.sandbox_expose(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.id)
+  if not sb then return nil, code, msg end
+  if sb.net_error then return nil, rpc.SANDBOX_ERROR, "network relay unavailable: " .. sb.net_error end
+  local port, err = sb.net:expose(p.port)
+  if not port then return nil, rpc.SANDBOX_ERROR, "cannot listen: " .. tostring(err) end
+  return { host = "127.0.0.1", port = port }
+end
+
 function h.sandbox_kill(d, conn, p)
   return { killed = d:kill_sandbox(p.id) }
 end

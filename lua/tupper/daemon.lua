@@ -12,6 +12,7 @@ local guard = require("tupper.guard")
 local registry = require("tupper.registry")
 local build = require("tupper.build")
 local layers = require("tupper.layers")
+local netrelay = require("tupper.netrelay")
 
 local M = {}
 
@@ -189,7 +190,18 @@ function Daemon:_recipe_params(p)
   for k, v in pairs(r.limits or {}) do lim[k] = v end
   for k, v in pairs(p.limits or {}) do lim[k] = v end
   q.limits = next(lim) and lim or nil
+  -- the recipe's network rules, unless the request names its own
+  if p.network == nil and r.network ~= nil and r.network ~= "none" then q.network = r.network end
   return q, loaded
+end
+
+--- The `network` values of the policies binding a sandbox: the daemon's,
+-- then the sandbox's own (pol).
+function Daemon:policy_networks(pol)
+  local out = {}
+  if self.policy and self.policy.network ~= nil then out[#out + 1] = self.policy.network end
+  if pol and pol.network ~= nil then out[#out + 1] = pol.network end
+  return out
 end
 
 function Daemon:create_sandbox(p)
@@ -234,6 +246,13 @@ function Daemon:create_sandbox(p)
     return nil, "the daemon is shutting down"
   end
   self:_fill_pool()
+  if p.network ~= nil and p.network ~= "none" then
+    local ok, nerr = sb:set_network(p.network, self:policy_networks(p._policy))
+    if not ok then
+      sb:destroy()
+      return nil, nerr
+    end
+  end
   if plan then
     local ok, rerr = self:_apply_recipe(sb, plan, p)
     if not ok then
@@ -494,6 +513,10 @@ function Daemon:_recover()
       if sb then
         self.sandboxes[id] = sb
         if pol then sb.policy, sb.policy_source = pol, rec.policy end
+        if rec.network ~= nil then
+          local nok, nerr = sb:set_network(rec.network, self:policy_networks(sb.policy))
+          if not nok then log("sandbox %s: network rules not restored: %s", id, tostring(nerr)) end
+        end
         if rec.paused then sb.state = "paused" end
         local left = rec.expires_at and (rec.expires_at - os.time())
         if rec.expires_at then
@@ -596,6 +619,12 @@ function M.run(opts)
     if ok then ok, err = uv.fs_chmod(self.state, tonumber("711", 8)) end
     if ok then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
     if ok and opts.log then ok, err = core.log_to(opts.log) end
+    -- the daemon's own environment, never a client: a hosts file and an
+    -- upstream resolver for the network relay (tests, split-view hosts)
+    if ok then
+      ok, err = netrelay.configure({ hosts = os.getenv("TUPPER_NET_HOSTS"),
+                                     resolver = os.getenv("TUPPER_NET_RESOLVER") })
+    end
     if ok and opts.policy then
       -- the daemon's own policy binds every sandbox, whatever clients send
       self.policy, err = require("tupper.policy").load(opts.policy)

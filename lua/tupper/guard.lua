@@ -43,7 +43,7 @@ M.HARMLESS = {
   ["hello"] = true, ["sandbox.get"] = true, ["sandbox.list"] = true, ["sandbox.kill"] = true,
   ["sandbox.pause"] = true, ["sandbox.resume"] = true, ["sandbox.metrics"] = true,
   ["sandbox.set_timeout"] = true, ["process.stdin"] = true, ["process.close_stdin"] = true,
-  ["process.signal"] = true, ["process.list"] = true,
+  ["process.signal"] = true, ["process.list"] = true, ["sandbox.network_log"] = true,
 }
 
 --- A clean absolute path: relative paths are taken from base (absolute),

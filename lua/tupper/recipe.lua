@@ -195,12 +195,15 @@ function M.validate(r, origin)
 end
 
 --- Checks what a valid recipe asks of the runtime that it cannot do yet.
--- Returns true, or nil, err (naming the file and line).
+-- Network rules are enforced (docs/network.md); a rule the daemon cannot
+-- parse is refused here, naming the file and line.  Returns true, or nil, err.
 function M.check_enforceable(r)
   if r.network ~= nil and r.network ~= "none" then
-    local o = r.origin or { file = "recipe" }
-    return nil, M.where({ file = o.file, line = o.line }, nil,
-      "network: network rules are not enforced yet (issue 7); use network = \"none\" or leave it out")
+    local ok, err = require("tupper.netrules").compile(r.network)
+    if not ok then
+      local o = r.origin or { file = "recipe" }
+      return nil, M.where({ file = o.file, line = o.line }, nil, err)
+    end
   end
   return true
 end
@@ -208,7 +211,7 @@ end
 --- The sandbox.create parameters a recipe stands for (setup and files are
 -- the caller's to run and write after the box starts).
 function M.create_params(r)
-  return { image = r.image, env = r.env, cwd = r.workdir, limits = r.limits }
+  return { image = r.image, env = r.env, cwd = r.workdir, limits = r.limits, network = r.network }
 end
 
 -- ---------------------------------------------------------------- loading

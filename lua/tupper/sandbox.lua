@@ -4,6 +4,8 @@
 local core = require("tupper.core")
 local async = require("tupper.async")
 local uv = require("luv")
+local netrelay = require("tupper.netrelay")
+local netrules = require("tupper.netrules")
 
 local MSG = core.MSG
 local M = {}
@@ -49,6 +51,12 @@ local function attach(box, opts, adopting)
     return nil, "sandbox " .. opts.id .. ": " .. tostring(why)
   end
   self.state = "running"
+  -- the network relay: the agent binds its proxy, SOCKS and DNS ports
+  -- before any box process runs (docs/network.md).  An agent without it (a
+  -- box an older daemon started) keeps working with no network.
+  self.net = netrelay.new(self)
+  local nok, nerr = self:request(MSG.NET_LISTEN, {})
+  if not nok then self.net_error = nerr end
   return self
 end
 
@@ -66,7 +74,14 @@ function M.start(opts)
     if not ok then cb(nil, serr) end
   end)
   if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
-  return attach(box, opts)
+  local self, aerr = attach(box, opts)
+  if self and not self.net_error then
+    -- names resolve through the agent's DNS port, by the sandbox's rules
+    local ok, werr = self:request(MSG.FS_WRITE, { path = "/etc/resolv.conf", flags = 1 | 4, mode = 420,
+                                                  data = "nameserver 127.0.0.1\n" })
+    if not ok then self.net_error = "cannot write /etc/resolv.conf: " .. tostring(werr) end
+  end
+  return self, aerr
 end
 
 --- Re-adopts a box a previous daemon started (after a crash): reconnects to
@@ -99,11 +114,39 @@ function Sandbox:record()
   return { id = self.id, image = self.image, layers = self.layers, created_at = self.created_at, metadata = self.metadata,
            env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
            timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
-           policy = self.policy_source, cred = self.cred, recipe = self.recipe }
+           policy = self.policy_source, cred = self.cred, recipe = self.recipe,
+           network = self.network }
+end
+
+--- Sets the network rules (a value netrules.compile takes), narrowed by
+-- the `network` values of the policies that bind the sandbox: the next
+-- connection and DNS query are judged by them.  Returns true or nil, err.
+function Sandbox:set_network(spec, policy_nets)
+  local rs, err = netrules.with_policies(spec, policy_nets)
+  if not rs then return nil, err end
+  if self.net_error and not netrules.is_none(rs) then
+    return nil, "network relay unavailable: " .. self.net_error
+  end
+  self.net:set_rules(rs)
+  self.network = spec
+  return true
+end
+
+--- Proxy variables for processes of a sandbox with network rules.
+function Sandbox:proxy_env()
+  if not self.net or self.net_error or netrules.is_none(self.net.rules) then return {} end
+  local http = ("http://127.0.0.1:%d"):format(core.NET.HTTP_PORT)
+  local socks = ("socks5h://127.0.0.1:%d"):format(core.NET.SOCKS_PORT)
+  local no = "localhost,127.0.0.1,::1"
+  return { HTTP_PROXY = http, HTTPS_PROXY = http, ALL_PROXY = socks, NO_PROXY = no,
+           http_proxy = http, https_proxy = http, all_proxy = socks, no_proxy = no }
 end
 
 function Sandbox:_frame(t, id, f)
-  if t == MSG.READY then
+  if t >= MSG.NET_OPEN and t <= MSG.NET_CONNECT then
+    if id ~= 0 or not self.net then return self:_hostile("unexpected network frame") end
+    return self.net:frame(t, f)
+  elseif t == MSG.READY then
     if self._ready then
       if f.version ~= core.AGENT_PROTO then
         self._ready(false, "agent speaks protocol " .. tostring(f.version))
@@ -153,6 +196,7 @@ function Sandbox:_down(reason)
   if self._ready then return self._ready(false, reason) end
   self.state = "down"
   self.down_reason = reason
+  if self.net then self.net:close_all() end
   self:_fail_all(reason)
   if self.hooks.on_down then self.hooks.on_down(self, reason) end
 end
@@ -205,6 +249,7 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred)
   local envl = {}
   local merged = { PATH = M.DEFAULT_PATH, HOME = cred and cred.home or "/root", HOSTNAME = self.id,
                    TERM = "xterm", USER = cred and cred.name or nil }
+  for k, v in pairs(self:proxy_env()) do merged[k] = v end
   for k, v in pairs(self.env) do merged[k] = v end
   for k, v in pairs(env or {}) do merged[k] = v end
   for k, v in pairs(merged) do envl[#envl + 1] = k .. "=" .. v end
@@ -294,6 +339,7 @@ function Sandbox:destroy(keep_upper)
   local reason = "killed"
   if self.state == "paused" then self.box:freeze(false) end -- a frozen task cannot die
   self.state = "killing"
+  if self.net then self.net:close_all() end
   self:_fail_all(reason)
   local ok, err = async.wait(function(cb) self.box:destroy(cb, keep_upper) end)
   self.state = "gone"

@@ -41,6 +41,9 @@ local RECIPE = { type = "object", fields = {
   lock = { type = "string", min = 1, max = 1048576 },
 } }
 M.RECIPE = RECIPE
+-- "none", "all" or { allow = [rule...], deny = [rule...] } (tupper.netrules)
+local NETWORK = { type = "network" }
+M.NETWORK = NETWORK
 M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B
 M.methods = {
   ["hello"] = {
@@ -52,7 +55,7 @@ M.methods = {
   ["sandbox.create"] = {
     doc = "Creates and starts a sandbox.",
     params = { image = { type = "string", min = 1, max = 256 },
-               env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS,
+               env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS, network = NETWORK,
                kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE },
     result = { "id", "image", "state", "created_at", "metadata", "limits", "timeout" },
   },
@@ -85,6 +88,21 @@ M.methods = {
     doc = "Sets how long from now the sandbox lives (0: until killed).",
     params = { id = ID, timeout = DURATION, required = { "id", "timeout" } },
     result = { "timeout" },
+  },
+  ["sandbox.update_network"] = {
+    doc = "Replaces the sandbox's network rules; the next connection and DNS query follow them.",
+    params = { id = ID, network = NETWORK, required = { "id", "network" } },
+    result = { "network" },
+  },
+  ["sandbox.network_log"] = {
+    doc = "The sandbox's recent network decisions (allow/deny, host, port, reason, time), oldest first.",
+    params = { id = ID, required = { "id" } },
+    result = { "entries" },
+  },
+  ["sandbox.expose"] = {
+    doc = "Forwards a port on the host's 127.0.0.1 (chosen by the daemon) to a port inside the sandbox.",
+    params = { id = ID, port = { type = "integer", min = 1, max = 65535 }, required = { "id", "port" } },
+    result = { "host", "port" },
   },
   ["sandbox.list"] = {
     doc = "Lists the sandboxes.",
@@ -265,6 +283,10 @@ function check(name, spec, v)
       end
     end
     return nil, v
+  elseif t == "network" then
+    local rs, err = require("tupper.netrules").compile(v)
+    if not rs then return ("'%s': %s"):format(name, err) end
+    return nil, rs.spec
   elseif t == "map" then
     if type(v) ~= "table" then return ("'%s' must be an object of strings"):format(name) end
     local n = 0

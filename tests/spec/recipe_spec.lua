@@ -76,12 +76,16 @@ return recipe "python" {
     assert.is_nil(r)
     assert.matches("no%-such%-recipe", err)
   end)
-  it("validates network rules but says they are not enforced yet", function()
+  it("enforces network rules, and refuses one the daemon cannot parse", function()
     local r = assert(recipe.load_string(
       'return recipe "net" {\n network = { allow = { "pypi.org:443" }, deny = { "10.0.0.0/8" } } }', "n.lua"))
-    local ok, err = recipe.check_enforceable(r)
+    assert.is_true(recipe.check_enforceable(r))
+    assert.same({ allow = { "pypi.org:443" }, deny = { "10.0.0.0/8" } }, recipe.create_params(r).network)
+    local bad = assert(recipe.load_string(
+      'return recipe "net" {\n network = { allow = { "pypi.org:99999" } } }', "b.lua"))
+    local ok, err = recipe.check_enforceable(bad)
     assert.is_nil(ok)
-    assert.matches("^n%.lua:1: network: network rules are not enforced yet %(issue 7%)", err)
+    assert.matches("^b%.lua:1: network%.allow%[1%] \"pypi%.org:99999\": bad port", err)
     assert.is_true(recipe.check_enforceable(assert(recipe.load_string(
       'return recipe "off" { network = "none" }', "o.lua"))))
   end)

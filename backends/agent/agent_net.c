@@ -1,0 +1,457 @@
+/* tupper-agent: the network relay (docs/network.md).  The agent only
+ * moves bytes: it listens on 127.0.0.1 inside the box (HTTP proxy, SOCKS5,
+ * DNS over UDP and TCP), hands each accepted connection to the host as a
+ * stream (NET_OPEN) and relays its bytes both ways (NET_DATA, NET_ACK,
+ * NET_EOF, NET_CLOSE); DNS datagrams go up whole (NET_DNS) and their
+ * answers come back to the sender.  Every decision (what the box asked
+ * for, whether it may have it, where to connect) is the daemon's: the agent
+ * parses nothing a box process sends, so a parsing bug here cannot be used
+ * to reach anything, and the same relay serves any backend whose agent
+ * speaks this protocol.
+ *
+ * Flow control: per stream, at most TP_NET_WINDOW bytes travel
+ * unacknowledged in each direction.  The agent stops reading a box socket
+ * while the host holds that much, and buffers at most that much from the
+ * host; a host that overruns the window gets the stream closed.
+ *
+ * NET_CONNECT (inbound ports, `tupper port`) is the reverse: the host
+ * names a port, the agent connects to 127.0.0.1:PORT and the resulting
+ * stream works the same way. */
+#define _GNU_SOURCE
+#include "agent.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define NET_QUERIES_MAX 64 /* DNS queries over UDP waiting for the host's answer */
+#define NET_UDP_BURST 16   /* datagrams read per wake-up */
+#define NET_HOST_SID 0x80000000u
+
+enum { L_HTTP, L_SOCKS, L_DNS_TCP, L_DNS_UDP, L_N };
+
+typedef struct net_stream_s {
+  uint32_t sid;
+  int fd;                     /* -1: free slot */
+  int connecting;             /* NET_CONNECT in progress */
+  int rd_eof;                 /* the box side ended (NET_EOF sent) */
+  int eof_in;                 /* the host sent NET_EOF */
+  int wr_shut;                /* our write side is shut down */
+  size_t unacked;             /* bytes sent to the host, not yet acknowledged */
+  size_t out_off, out_len;    /* out[out_off..out_len): from the host, not yet written */
+  uint8_t *out;               /* TP_NET_WINDOW bytes */
+} net_stream_t;
+
+typedef struct net_query_s {
+  uint32_t qid;               /* 0: free */
+  struct sockaddr_in peer;
+} net_query_t;
+
+struct agent_net_s {
+  int lfd[L_N];
+  uint32_t next_sid;
+  uint32_t next_qid;
+  int nstreams;
+  int qnext;
+  net_stream_t streams[TP_NET_STREAMS_MAX];
+  net_query_t queries[NET_QUERIES_MAX];
+  uint8_t buf[TP_NET_DNS_MAX > TP_NET_CHUNK ? TP_NET_DNS_MAX : TP_NET_CHUNK];
+};
+
+static const struct {
+  int port;
+  int type;
+  int kind;
+} net_listeners[L_N] = {
+    [L_HTTP] = {TP_NET_HTTP_PORT, SOCK_STREAM, TP_NET_HTTP},
+    [L_SOCKS] = {TP_NET_SOCKS_PORT, SOCK_STREAM, TP_NET_SOCKS},
+    [L_DNS_TCP] = {TP_NET_DNS_PORT, SOCK_STREAM, TP_NET_DNS_TCP},
+    [L_DNS_UDP] = {TP_NET_DNS_PORT, SOCK_DGRAM, 0},
+};
+
+/* ---- frames to the host ---------------------------------------------------- */
+
+static void send_sid(agent_t *a, uint8_t type, uint32_t sid, uint16_t tag, int64_t v) {
+  agent_event_begin(a, type);
+  tp_frame_add_int(&a->out, TP_TAG_SID, sid);
+  if (tag != 0)
+    tp_frame_add_int(&a->out, tag, v);
+  agent_send(a);
+}
+
+static void send_data(agent_t *a, uint8_t type, uint32_t sid, const uint8_t *p, size_t n) {
+  agent_event_begin(a, type);
+  tp_frame_add_int(&a->out, TP_TAG_SID, sid);
+  tp_frame_add(&a->out, TP_TAG_DATA, p, (uint32_t) n);
+  agent_send(a);
+}
+
+/* ---- streams --------------------------------------------------------------- */
+
+static void stream_free(struct agent_net_s *net, net_stream_t *s) {
+  if (s->fd < 0)
+    return;
+  close(s->fd);
+  free(s->out);
+  *s = (net_stream_t){.fd = -1};
+  net->nstreams--;
+}
+
+/* Ends a stream and tells the host (errno 0: an orderly end). */
+static void stream_close(agent_t *a, net_stream_t *s, int e) {
+  uint32_t sid = s->sid;
+  stream_free(a->net, s);
+  send_sid(a, TP_MSG_NET_CLOSE, sid, e ? TP_TAG_ERRNO : 0, e);
+}
+
+static net_stream_t *stream_find(struct agent_net_s *net, uint32_t sid) {
+  for (int i = 0; i < TP_NET_STREAMS_MAX; i++)
+    if (net->streams[i].fd >= 0 && net->streams[i].sid == sid)
+      return &net->streams[i];
+  return NULL;
+}
+
+/* A free slot for fd (which it then owns), or NULL (fd closed). */
+static net_stream_t *stream_new(struct agent_net_s *net, int fd, uint32_t sid) {
+  net_stream_t *s = NULL;
+  for (int i = 0; i < TP_NET_STREAMS_MAX && s == NULL; i++)
+    if (net->streams[i].fd < 0)
+      s = &net->streams[i];
+  if (s == NULL) {
+    close(fd);
+    return NULL;
+  }
+  *s = (net_stream_t){.sid = sid, .fd = fd, .out = malloc(TP_NET_WINDOW)};
+  if (s->out == NULL) {
+    close(fd);
+    *s = (net_stream_t){.fd = -1};
+    return NULL;
+  }
+  net->nstreams++;
+  return s;
+}
+
+/* Both directions done: the stream ends. */
+static void stream_maybe_done(agent_t *a, net_stream_t *s) {
+  if (s->rd_eof && s->wr_shut)
+    stream_close(a, s, 0);
+}
+
+static void stream_read(agent_t *a, net_stream_t *s) {
+  size_t room = TP_NET_WINDOW - s->unacked;
+  ssize_t n;
+  if (room > TP_NET_CHUNK)
+    room = TP_NET_CHUNK;
+  n = read(s->fd, a->net->buf, room);
+  if (n < 0) {
+    if (errno != EAGAIN && errno != EINTR)
+      stream_close(a, s, errno);
+    return;
+  }
+  if (n == 0) {
+    s->rd_eof = 1;
+    send_sid(a, TP_MSG_NET_EOF, s->sid, 0, 0);
+    stream_maybe_done(a, s);
+    return;
+  }
+  s->unacked += (size_t) n;
+  send_data(a, TP_MSG_NET_DATA, s->sid, a->net->buf, (size_t) n);
+}
+
+static void stream_write(agent_t *a, net_stream_t *s) {
+  if (s->connecting) {
+    int e = 0;
+    socklen_t len = sizeof(e);
+    if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0)
+      e = errno;
+    if (e != 0) {
+      stream_close(a, s, e);
+      return;
+    }
+    s->connecting = 0;
+    send_sid(a, TP_MSG_NET_OPEN, s->sid, TP_TAG_KIND, TP_NET_CONNECTED);
+    return;
+  }
+  if (s->out_len > s->out_off) {
+    ssize_t w = write(s->fd, s->out + s->out_off, s->out_len - s->out_off);
+    if (w < 0) {
+      if (errno != EAGAIN && errno != EINTR)
+        stream_close(a, s, errno);
+      return;
+    }
+    s->out_off += (size_t) w;
+    if (s->out_off == s->out_len)
+      s->out_off = s->out_len = 0;
+    send_sid(a, TP_MSG_NET_ACK, s->sid, TP_TAG_SIZE, w);
+  }
+  if (s->eof_in && s->out_len == 0 && !s->wr_shut) {
+    shutdown(s->fd, SHUT_WR);
+    s->wr_shut = 1;
+    stream_maybe_done(a, s);
+  }
+}
+
+/* ---- listeners --------------------------------------------------------------- */
+
+static int listen_one(int port, int type, tp_error_t *err) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t) port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int one = 1, saved;
+  int fd = socket(AF_INET, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return tp_error_errno(err, errno, "net: socket");
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0 ||
+      (type == SOCK_STREAM && listen(fd, 64) < 0)) {
+    saved = errno;
+    close(fd);
+    return tp_error_errno(err, saved, "net: listen on 127.0.0.1:%d", port);
+  }
+  return fd;
+}
+
+int agent_net_listen(agent_t *a, const agent_req_t *r, tp_error_t *err) {
+  struct agent_net_s *net;
+  if (agent_req_check(r, 0, 0, "net listen", err) < 0)
+    return -1;
+  if (a->net != NULL) /* a re-attached daemon asks again */
+    return 0;
+  net = calloc(1, sizeof(*net));
+  if (net == NULL)
+    return tp_error_set(err, ENOMEM, "net: out of memory");
+  for (int i = 0; i < TP_NET_STREAMS_MAX; i++)
+    net->streams[i].fd = -1;
+  for (int i = 0; i < L_N; i++)
+    net->lfd[i] = -1;
+  for (int i = 0; i < L_N; i++) {
+    net->lfd[i] = listen_one(net_listeners[i].port, net_listeners[i].type, err);
+    if (net->lfd[i] < 0) {
+      for (int j = 0; j < i; j++)
+        close(net->lfd[j]);
+      free(net);
+      return -1;
+    }
+  }
+  net->next_sid = 1;
+  net->next_qid = 1;
+  a->net = net;
+  return 0;
+}
+
+static void accept_one(agent_t *a, int l) {
+  struct agent_net_s *net = a->net;
+  net_stream_t *s;
+  uint32_t sid;
+  int fd = accept4(net->lfd[l], NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0)
+    return; /* EAGAIN, a connection gone meanwhile, or out of fds: the box's problem */
+  if (a->chan < 0 || a->dead) { /* no daemon: nowhere to go */
+    close(fd);
+    return;
+  }
+  sid = net->next_sid;
+  net->next_sid = net->next_sid + 1 >= NET_HOST_SID ? 1 : net->next_sid + 1;
+  s = stream_new(net, fd, sid);
+  if (s == NULL)
+    return;
+  send_sid(a, TP_MSG_NET_OPEN, sid, TP_TAG_KIND, net_listeners[l].kind);
+}
+
+static void dns_read(agent_t *a) {
+  struct agent_net_s *net = a->net;
+  for (int i = 0; i < NET_UDP_BURST; i++) {
+    struct sockaddr_in peer;
+    socklen_t plen = sizeof(peer);
+    net_query_t *q;
+    ssize_t n = recvfrom(net->lfd[L_DNS_UDP], net->buf, TP_NET_DNS_MAX, MSG_TRUNC,
+                         (struct sockaddr *) &peer, &plen);
+    if (n < 0)
+      return;
+    if (n < 12 || n > TP_NET_DNS_MAX || plen != sizeof(peer) || a->chan < 0)
+      continue; /* not a DNS message, or truncated: dropped */
+    /* the oldest pending query makes room: a box that floods loses its own answers */
+    q = &net->queries[net->qnext];
+    net->qnext = (net->qnext + 1) % NET_QUERIES_MAX;
+    q->qid = net->next_qid;
+    net->next_qid = net->next_qid + 1 == 0 ? 1 : net->next_qid + 1;
+    q->peer = peer;
+    send_data(a, TP_MSG_NET_DNS, q->qid, net->buf, (size_t) n);
+  }
+}
+
+/* ---- poll ------------------------------------------------------------------- */
+
+int agent_net_poll_fill(agent_t *a, int first) {
+  struct agent_net_s *net = a->net;
+  int n = first;
+  if (net == NULL)
+    return n;
+  for (int l = 0; l < L_N; l++) {
+    a->pfds[n] = (struct pollfd){.fd = net->lfd[l], .events = POLLIN};
+    a->prefs[n++] = (agent_pollref_t){.slot = (int16_t) (-1 - l)};
+  }
+  for (int i = 0; i < TP_NET_STREAMS_MAX; i++) {
+    net_stream_t *s = &net->streams[i];
+    short ev = 0;
+    if (s->fd < 0)
+      continue;
+    if (s->connecting || s->out_len > s->out_off || (s->eof_in && !s->wr_shut))
+      ev |= POLLOUT;
+    if (!s->connecting && !s->rd_eof && s->unacked < TP_NET_WINDOW)
+      ev |= POLLIN;
+    /* nothing wanted: left out, so a hung-up socket cannot spin the loop */
+    a->pfds[n] = (struct pollfd){.fd = ev ? s->fd : -1, .events = ev};
+    a->prefs[n++] = (agent_pollref_t){.slot = (int16_t) i};
+  }
+  return n;
+}
+
+void agent_net_poll_handle(agent_t *a, int first, int n) {
+  struct agent_net_s *net = a->net;
+  if (net == NULL)
+    return;
+  for (int i = first; i < n && a->chan >= 0 && !a->dead; i++) {
+    short rev = a->pfds[i].revents;
+    int slot = a->prefs[i].slot;
+    net_stream_t *s;
+    if (rev == 0)
+      continue;
+    if (slot < 0) {
+      int l = -1 - slot;
+      if (l == L_DNS_UDP)
+        dns_read(a);
+      else
+        accept_one(a, l);
+      continue;
+    }
+    s = &net->streams[slot];
+    if (s->fd < 0 || s->fd != a->pfds[i].fd)
+      continue;
+    if (rev & (POLLOUT | POLLERR | POLLHUP))
+      stream_write(a, s);
+    if (s->fd >= 0 && s->fd == a->pfds[i].fd && (rev & (POLLIN | POLLERR | POLLHUP)) &&
+        !s->rd_eof && !s->connecting && s->unacked < TP_NET_WINDOW)
+      stream_read(a, s);
+    if (s->fd >= 0 && (rev & POLLNVAL))
+      stream_close(a, s, EBADF);
+  }
+}
+
+/* ---- frames from the host ---------------------------------------------------- */
+
+static void net_connect(agent_t *a, uint32_t sid, int64_t port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  net_stream_t *s;
+  int fd;
+  if (!(sid & NET_HOST_SID) || port < 1 || port > 65535 || stream_find(a->net, sid) != NULL) {
+    send_sid(a, TP_MSG_NET_CLOSE, sid, TP_TAG_ERRNO, EINVAL);
+    return;
+  }
+  fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    send_sid(a, TP_MSG_NET_CLOSE, sid, TP_TAG_ERRNO, errno);
+    return;
+  }
+  s = stream_new(a->net, fd, sid);
+  if (s == NULL) {
+    send_sid(a, TP_MSG_NET_CLOSE, sid, TP_TAG_ERRNO, EAGAIN);
+    return;
+  }
+  sa.sin_port = htons((uint16_t) port);
+  if (connect(fd, (struct sockaddr *) &sa, sizeof(sa)) == 0) {
+    send_sid(a, TP_MSG_NET_OPEN, sid, TP_TAG_KIND, TP_NET_CONNECTED);
+  } else if (errno == EINPROGRESS) {
+    s->connecting = 1;
+  } else {
+    stream_close(a, s, errno);
+  }
+}
+
+static void net_dns_answer(agent_t *a, uint32_t qid, const tp_field_t *data) {
+  struct agent_net_s *net = a->net;
+  if (data == NULL || data->len > TP_NET_DNS_MAX || qid == 0)
+    return;
+  for (int i = 0; i < NET_QUERIES_MAX; i++) {
+    net_query_t *q = &net->queries[i];
+    if (q->qid != qid)
+      continue;
+    sendto(net->lfd[L_DNS_UDP], data->val, data->len, MSG_DONTWAIT, (struct sockaddr *) &q->peer,
+           sizeof(q->peer));
+    q->qid = 0;
+    return;
+  }
+}
+
+void agent_net_frame(agent_t *a, const tp_frame_t *f) {
+  int64_t sid64, v;
+  uint32_t sid;
+  net_stream_t *s;
+  const tp_field_t *data;
+  int n = tp_fields_parse(f->payload, f->len, a->fields, TP_FIELDS_MAX);
+
+  if (n < 0 || a->net == NULL || tp_field_int(tp_fields_get(a->fields, n, TP_TAG_SID), &sid64) < 0 ||
+      sid64 <= 0 || sid64 > UINT32_MAX) {
+    agent_log("ignoring a malformed network frame (type %u)", f->type);
+    return;
+  }
+  sid = (uint32_t) sid64;
+  data = tp_fields_get(a->fields, n, TP_TAG_DATA);
+  if (f->type == TP_MSG_NET_DNS) {
+    net_dns_answer(a, sid, data);
+    return;
+  }
+  if (f->type == TP_MSG_NET_CONNECT) {
+    if (tp_field_int(tp_fields_get(a->fields, n, TP_TAG_PORT), &v) < 0)
+      v = 0;
+    net_connect(a, sid, v);
+    return;
+  }
+  s = stream_find(a->net, sid);
+  if (s == NULL) /* closed here meanwhile: its late frames are dropped */
+    return;
+  switch (f->type) {
+  case TP_MSG_NET_DATA:
+    if (data == NULL || s->eof_in || data->len > TP_NET_WINDOW - (s->out_len - s->out_off)) {
+      stream_close(a, s, EPROTO); /* the host overran the window */
+      return;
+    }
+    if (s->out_off > 0) {
+      memmove(s->out, s->out + s->out_off, s->out_len - s->out_off);
+      s->out_len -= s->out_off;
+      s->out_off = 0;
+    }
+    memcpy(s->out + s->out_len, data->val, data->len);
+    s->out_len += data->len;
+    break;
+  case TP_MSG_NET_ACK:
+    if (tp_field_int(tp_fields_get(a->fields, n, TP_TAG_SIZE), &v) < 0 || v < 0 ||
+        (uint64_t) v > s->unacked) {
+      stream_close(a, s, EPROTO);
+      return;
+    }
+    s->unacked -= (size_t) v;
+    break;
+  case TP_MSG_NET_EOF:
+    s->eof_in = 1;
+    break;
+  case TP_MSG_NET_CLOSE:
+    stream_free(a->net, s);
+    break;
+  default: /* NET_OPEN comes from us only */
+    stream_close(a, s, EPROTO);
+    break;
+  }
+}
+
+void agent_net_detach(agent_t *a) {
+  if (a->net == NULL)
+    return;
+  for (int i = 0; i < TP_NET_STREAMS_MAX; i++)
+    stream_free(a->net, &a->net->streams[i]);
+  memset(a->net->queries, 0, sizeof(a->net->queries));
+}
