@@ -26,6 +26,9 @@ commands:
   stats [--json] ID             resource counters of a sandbox
   pull [-q] REF                 pull an image (linux/amd64) from its registry
                                 into the daemon's store; prints REF@DIGEST
+  logs --network [--json] ID    the sandbox's network decisions (allow/deny)
+  port ID PORT                  forward PORT of the sandbox to the host's
+                                loopback; prints 127.0.0.1:HOSTPORT
   daemon [--socket PATH] [--state-dir DIR] [--log FILE] [--pool N]
          [--policy FILE]        run the daemon in the foreground; it keeps
                                 N boxes started for fast creates (default 2);
@@ -406,6 +409,40 @@ local function each_id(c, args, method, verb)
     if not r then code = die("%s %s: %s", verb, id, errmsg(err)) else print(id) end
   end
   return code
+end
+
+function verbs.logs(c, args)
+  local network, as_json, id = false, false, nil
+  for _, a in ipairs(args) do
+    if a == "--network" then network = true
+    elseif a == "--json" then as_json = true
+    elseif id == nil and a:sub(1, 1) ~= "-" then id = a
+    else return die("logs: unexpected argument '%s'", a) end
+  end
+  if not network then return die("logs: only --network is supported (process output streams with exec)") end
+  if not id then return die("logs needs a sandbox id") end
+  local r, err = c:call("sandbox.network_log", { id = id })
+  if not r then return die("logs %s: %s", id, errmsg(err)) end
+  if as_json then
+    print(json.encode(json.array(r.entries)))
+    return 0
+  end
+  for _, e in ipairs(r.entries) do
+    local port = math.tointeger(e.port)
+    print(("%s %-5s %-11s %s%s%s%s"):format(e.time, e.action, e.via, tostring(e.host or "?"),
+      port and (":" .. port) or "", e.addr and (" -> " .. e.addr) or "",
+      e.reason and ("  (" .. e.reason .. ")") or ""))
+  end
+  return 0
+end
+
+function verbs.port(c, args)
+  local id, port = args[1], math.tointeger(tonumber(args[2] or ""))
+  if not id or not port or #args ~= 2 then return die("usage: tupper port ID PORT") end
+  local r, err = c:call("sandbox.expose", { id = id, port = port })
+  if not r then return die("port %s %d: %s", id, port, errmsg(err)) end
+  print(("%s:%d"):format(r.host, math.tointeger(r.port)))
+  return 0
 end
 
 function verbs.pause(c, args) return each_id(c, args, "sandbox.pause", "pause") end

@@ -211,7 +211,8 @@ end
 --- The sandbox.create parameters a recipe stands for (setup and files are
 -- the caller's to run and write after the box starts).
 function M.create_params(r)
-  return { image = r.image, env = r.env, cwd = r.workdir, limits = r.limits, network = r.network }
+  return { image = r.image, env = r.env, cwd = r.workdir, limits = r.limits,
+           network = r.network ~= "none" and r.network or nil }
 end
 
 -- ---------------------------------------------------------------- loading
