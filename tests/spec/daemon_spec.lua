@@ -313,11 +313,15 @@ describe("the daemon", function()
       ["fs.rename"] = { sandbox = id, from = "/g", to = "/h" },
       ["fs.remove"] = { sandbox = id, path = "/h" },
       ["recipe.build"] = { recipe = { name = "default" } },
+      ["sandbox.update_network"] = { id = id, network = { allow = { "example.com:443" } } },
+      ["sandbox.network_log"] = { id = id },
+      ["sandbox.expose"] = { id = id, port = 8000 },
     }
     local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "sandbox.set_timeout",
       "sandbox.metrics", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
-      "fs.rename", "fs.remove", "recipe.build" }
+      "fs.rename", "fs.remove", "recipe.build",
+      "sandbox.update_network", "sandbox.network_log", "sandbox.expose" }
     local extra
     for _, m in ipairs(order) do
       local res, err = call(m, samples[m])

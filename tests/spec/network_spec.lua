@@ -1,0 +1,307 @@
+-- Network egress through the daemon, by rules (docs/network.md), against
+-- real servers on the host's loopback: busybox httpd plays the HTTP hosts,
+-- openssl s_server a TLS one, a name map (TUPPER_NET_HOSTS) points the
+-- test names at them, and a fake upstream resolver in this process
+-- (TUPPER_NET_RESOLVER) records every query the daemon makes.  Clients run
+-- inside the box (busybox wget, nc, nslookup) or, for curl and openssl,
+-- in the box's network namespace (nsenter --net): that is where the
+-- proxy, SOCKS and DNS ports are, and nothing else is.
+local uv = require("luv")
+local h = require("helper")
+local json = require("tupper.json")
+local parse = require("tupper.netparse")
+
+local function sh(cmd)
+  local p = io.popen(cmd .. " 2>&1")
+  local out = p:read("a")
+  local ok, _, code = p:close()
+  return ok and 0 or code, out
+end
+
+local function free_port()
+  local t = uv.new_tcp()
+  assert(t:bind("127.0.0.1", 0))
+  local port = t:getsockname().port
+  t:close()
+  return port
+end
+
+local function wait_port(port)
+  h.sync(function()
+    local async = require("tupper.async")
+    for _ = 1, 200 do
+      local t = uv.new_tcp()
+      local err = async.wait(function(cb) t:connect("127.0.0.1", port, function(e) cb(e) end) end)
+      t:close()
+      if not err then return end
+      async.sleep(25)
+    end
+    error("nothing listens on port " .. port)
+  end)
+end
+
+local function have(prog)
+  return os.execute("command -v " .. prog .. " >/dev/null 2>&1")
+end
+
+describe("network", function()
+  local dir, d, c, hp, tp, up_port, upstream, queries, servers, big_md5
+  local sb -- a sandbox: allowed.test and tls.test, the loopback servers named explicitly
+
+  local function run(id, cmd)
+    return h.sync(h.run, c, id, { "/bin/sh", "-c", cmd })
+  end
+  local function agent_pid(id)
+    local rec = json.decode(assert(h.read_file(d.state .. "/boxes/" .. id .. ".json")))
+    return math.tointeger(rec.pid)
+  end
+  -- a command in the box's network namespace only (host binaries)
+  local function in_netns(id, cmd)
+    return sh(("nsenter --net=/proc/%d/ns/net sh -c '%s'"):format(agent_pid(id), cmd))
+  end
+  local function create(network)
+    local r, err = h.call(c, "sandbox.create", { network = network })
+    assert(r, err and err.message)
+    return r.id
+  end
+  local function log_of(id)
+    return assert(h.call(c, "sandbox.network_log", { id = id })).entries
+  end
+  local function logged(id, pattern)
+    for _, e in ipairs(log_of(id)) do
+      local line = table.concat({ e.action, e.via, tostring(e.host), tostring(e.reason) }, " ")
+      if line:find(pattern) then return line end
+    end
+    return nil
+  end
+
+  setup(function()
+    dir = h.tmpdir()
+    hp, tp, up_port = free_port(), free_port(), free_port()
+    -- the servers
+    assert(os.execute("mkdir -p " .. dir .. "/www && echo hello-net > " .. dir .. "/www/index.html"))
+    assert(os.execute("head -c 4000000 /dev/urandom > " .. dir .. "/www/big"))
+    big_md5 = select(2, sh("md5sum < " .. dir .. "/www/big")):match("^(%x+)")
+    assert(os.execute(("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes " ..
+      "-keyout %s/k.pem -out %s/c.pem -subj /CN=tls.test -days 1 >/dev/null 2>&1"):format(dir, dir)))
+    servers = {}
+    local function spawn(bin, args)
+      local hd, pid = uv.spawn(bin, { args = args, stdio = { nil, nil, nil } }, function() end)
+      assert(hd, pid)
+      servers[#servers + 1] = hd
+    end
+    spawn("/bin/busybox", { "httpd", "-f", "-p", "127.0.0.1:" .. hp, "-h", dir .. "/www" })
+    spawn("/usr/bin/openssl", { "s_server", "-quiet", "-accept", "127.0.0.1:" .. tp, "-cert", dir .. "/c.pem",
+                                "-key", dir .. "/k.pem", "-www" })
+    wait_port(hp)
+    wait_port(tp)
+    -- the fake upstream resolver: records every question, answers 127.0.0.1
+    queries = {}
+    upstream = uv.new_udp()
+    assert(upstream:bind("127.0.0.1", up_port))
+    upstream:recv_start(function(err, data, addr)
+      if err or not data then return end
+      local q = parse.dns_query(data)
+      if not q then return end
+      queries[#queries + 1] = q.qname
+      upstream:send(parse.dns_answer(q, 0, "\127\0\0\1"), addr.ip, addr.port, function() end)
+    end)
+    local hosts = dir .. "/hosts"
+    local f = assert(io.open(hosts, "w"))
+    f:write("127.0.0.1 allowed.test denied.test tls.test rebind.test\n169.254.169.254 meta.test\n")
+    f:close()
+    -- this environment, plus the name map and the fake upstream
+    local env = {}
+    local pe = io.popen("env")
+    for line in pe:lines() do if line:find("=", 1, true) then env[#env + 1] = line end end
+    pe:close()
+    env[#env + 1] = "TUPPER_NET_HOSTS=" .. hosts
+    env[#env + 1] = "TUPPER_NET_RESOLVER=127.0.0.1:" .. up_port
+    d = h.start_daemon(dir .. "/d", { env = env })
+    c = d.connect()
+    sb = create({ allow = { "allowed.test", "tls.test", "upstream.test", "127.0.0.1/32:" .. hp,
+                            "127.0.0.1:" .. tp } })
+  end)
+
+  teardown(function()
+    if c then
+      for _, s in ipairs(assert(h.call(c, "sandbox.list", {})).sandboxes) do
+        h.call(c, "sandbox.kill", { id = s.id })
+      end
+      c:close()
+    end
+    if d then d.stop() end
+    for _, hd in ipairs(servers or {}) do
+      uv.process_kill(hd, "sigterm")
+      hd:close()
+    end
+    if upstream then upstream:close() end
+    h.drain()
+    h.rmrf(dir)
+  end)
+
+  it("gives processes proxy variables and a resolver; boxes without rules get none", function()
+    local r = run(sb, "cat /etc/resolv.conf; env | sort | grep -i _proxy=")
+    assert.matches("nameserver 127.0.0.1", r.stdout)
+    assert.matches("HTTP_PROXY=http://127.0.0.1:3128", r.stdout, 1, true)
+    assert.matches("ALL_PROXY=socks5h://127.0.0.1:1080", r.stdout, 1, true)
+    assert.matches("no_proxy=localhost,127.0.0.1", r.stdout, 1, true)
+    local plain = create(nil)
+    r = run(plain, "env | grep -ci _proxy=; nslookup allowed.test 127.0.0.1")
+    assert.matches("^0\n", r.stdout)
+    assert.matches("NXDOMAIN", r.stdout)
+    h.call(c, "sandbox.kill", { id = plain })
+  end)
+
+  it("lets allowed traffic through: wget via the proxy, curl via CONNECT+TLS and SOCKS5", function()
+    local r = run(sb, "wget -q -O- http://allowed.test:" .. hp .. "/index.html")
+    assert.equal(0, r.exit_code, r.stderr)
+    assert.equal("hello-net\n", r.stdout)
+    -- 4 MB through the relay's flow control, intact
+    r = run(sb, "wget -q -O- http://allowed.test:" .. hp .. "/big | md5sum")
+    assert.equal(big_md5, r.stdout:match("^(%x+)"))
+    if have("curl") then
+      local code, out = in_netns(sb, "curl -sS --cacert " .. dir .. "/c.pem -x http://127.0.0.1:3128 https://tls.test:" .. tp .. "/")
+      assert.equal(0, code, out)
+      assert.matches("s_server", out)
+      code, out = in_netns(sb, "curl -sS --socks5-hostname 127.0.0.1:1080 http://allowed.test:" .. hp .. "/index.html")
+      assert.equal(0, code, out)
+      assert.equal("hello-net\n", out)
+    end
+    assert.truthy(logged(sb, "^allow http allowed%.test"))
+  end)
+
+  it("answers NXDOMAIN for names no rule allows and refuses their connections clearly", function()
+    local r = run(sb, "nslookup allowed.test 127.0.0.1; nslookup denied.test 127.0.0.1")
+    assert.matches("Address: 198%.18%.%d+%.%d+", r.stdout)
+    assert.matches("can't find denied.test: NXDOMAIN", r.stdout, 1, true)
+    r = run(sb, "wget -q -O- http://denied.test:" .. hp .. "/index.html")
+    assert.not_equal(0, r.exit_code)
+    assert.matches("403 Forbidden", r.stderr)
+    r = run(sb, "printf 'CONNECT denied.test:" .. tp .. " HTTP/1.1\\r\\n\\r\\n' | nc -w 5 127.0.0.1 3128")
+    assert.matches("^HTTP/1.1 403 Forbidden", r.stdout)
+    assert.matches("no rule allows denied.test:" .. tp, r.stdout, 1, true)
+    -- SOCKS5: greeting, CONNECT denied.test:hp -> reply 2 (not allowed by ruleset)
+    r = run(sb, ("printf '\\005\\001\\000\\005\\001\\000\\003\\013denied.test\\%03o\\%03o' | nc -w 5 127.0.0.1 1080 | od -An -tx1")
+      :format(hp >> 8, hp & 255))
+    assert.matches("05 00 05 02", r.stdout)
+    assert.truthy(logged(sb, "^deny socks denied%.test"))
+    assert.truthy(logged(sb, "^deny dns denied%.test"))
+  end)
+
+  it("gives direct connections nowhere to go", function()
+    -- (busybox wget -Y off crashes: nc makes the direct connections)
+    local r = run(sb, "ip -o link; ip route; printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 3 127.0.0.1 " .. hp)
+    assert.not_equal(0, r.exit_code)
+    assert.not_matches("hello%-net", r.stdout)
+    assert.not_matches("eth", r.stdout)
+    assert.matches("refused", r.stderr)
+    -- an address the box resolved itself (our synthetic one) reaches nothing directly
+    r = run(sb, "printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 3 allowed.test " .. hp)
+    assert.not_equal(0, r.exit_code)
+    assert.matches("198%.18%.", r.stderr)
+    assert.not_matches("hello%-net", r.stdout)
+  end)
+
+  it("refuses metadata and private addresses, behind allowed names (rebinding) and in numeric forms", function()
+    local id = create({ allow = { "allowed.test", "rebind.test", "meta.test" } })
+    local cases = {
+      { "http://rebind.test:" .. hp .. "/", "rebind%.test resolves only to refused addresses" },
+      { "http://meta.test/", "169%.254%.169%.254 is a special address" },
+      { "http://169.254.169.254/latest/meta-data/", "169%.254%.169%.254 is a special address" },
+      { "http://2130706433:" .. hp .. "/", "127%.0%.0%.1 is a special address" },
+      { "http://0x7f.1:" .. hp .. "/", "127%.0%.0%.1 is a special address" },
+      { "http://0177.0.0.1:" .. hp .. "/", "127%.0%.0%.1 is a special address" },
+      { "http://[::ffff:127.0.0.1]:" .. hp .. "/", "127%.0%.0%.1 is a special address" },
+      { "http://[::1]:" .. hp .. "/", "::1 is a special address" },
+      { "http://10.1.2.3/", "10%.1%.2%.3 is a special address" },
+      -- the name is allowed, but 127.0.0.1 is named by no rule of this box
+      { "http://allowed.test:" .. hp .. "/index.html", "allowed%.test resolves only to refused" },
+    }
+    for _, case in ipairs(cases) do
+      local r = run(id, "wget -q -O- '" .. case[1] .. "'")
+      assert.not_equal(0, r.exit_code, case[1])
+      assert.matches("403 Forbidden", r.stderr, 1, true)
+      assert.truthy(logged(id, case[2]), case[1])
+    end
+    h.call(c, "sandbox.kill", { id = id })
+  end)
+
+  it("refuses a Host header that lies, a mismatched SNI and NUL bytes in names", function()
+    local r = run(sb, "printf 'GET http://allowed.test:" .. hp .. "/index.html HTTP/1.1\\r\\nHost: denied.test\\r\\n\\r\\n'" ..
+      " | nc -w 5 127.0.0.1 3128")
+    assert.matches("^HTTP/1.1 400 Bad Request", r.stdout)
+    assert.matches("Host header does not match", r.stdout)
+    assert.not_matches("hello%-net", r.stdout)
+    r = run(sb, ("printf '\\005\\001\\000\\005\\001\\000\\003\\022allowed.test\\000.evil\\%03o\\%03o' | nc -w 5 127.0.0.1 1080 | od -An -tx1")
+      :format(hp >> 8, hp & 255))
+    assert.matches("05 00 05 02", r.stdout)
+    if have("openssl") then
+      local code, out = in_netns(sb, "openssl s_client -proxy 127.0.0.1:3128 -connect tls.test:" .. tp ..
+        " -servername denied.test </dev/null")
+      assert.matches("Cipher is (NONE)", out, 1, true)
+      assert.truthy(logged(sb, "SNI denied%.test does not match tls%.test"), out)
+      code, out = in_netns(sb, "openssl s_client -proxy 127.0.0.1:3128 -connect tls.test:" .. tp ..
+        " -servername tls.test </dev/null")
+      assert.equal(0, code, out)
+      assert.matches("Cipher is TLS", out, 1, true)
+    end
+  end)
+
+  it("never lets a DNS query reach the upstream for a name no rule allows", function()
+    local long = ("a"):rep(63) .. "." .. ("b"):rep(63)
+    queries = {}
+    local r = run(sb, "nslookup " .. long .. ".exfil.test 127.0.0.1; nslookup secret." .. long ..
+      ".allowed.test 127.0.0.1; wget -q -O- http://" .. long .. ".exfil.test/; nslookup -type=TXT t.exfil.test 127.0.0.1")
+    assert.matches("NXDOMAIN", r.stdout)
+    -- an allowed name outside the hosts map does reach it: the check can fail
+    r = run(sb, "wget -q -O- http://upstream.test:" .. hp .. "/index.html")
+    assert.equal("hello-net\n", r.stdout)
+    assert.same({ "upstream.test" }, queries)
+  end)
+
+  it("applies a live rule update to the next connection", function()
+    local url = "http://denied.test:" .. hp .. "/index.html"
+    assert.not_equal(0, run(sb, "wget -q -O- " .. url).exit_code)
+    local r = assert(h.call(c, "sandbox.update_network", { id = sb, network = { allow = {
+      "allowed.test", "denied.test", "127.0.0.1/32:" .. hp } } }))
+    assert.same({ "allowed.test", "denied.test", "127.0.0.1/32:" .. hp }, r.network.allow)
+    assert.equal("hello-net\n", run(sb, "wget -q -O- " .. url).stdout)
+    assert(h.call(c, "sandbox.update_network", { id = sb, network = "none" }))
+    local rr = run(sb, "wget -q -O- " .. url)
+    assert.not_equal(0, rr.exit_code)
+    local _, err = h.call(c, "sandbox.update_network", { id = sb, network = { allow = { "x.com:0" } } })
+    assert.matches("bad port", err.message)
+    assert(h.call(c, "sandbox.update_network", { id = sb, network = { allow = {
+      "allowed.test", "tls.test", "upstream.test", "127.0.0.1/32:" .. hp, "127.0.0.1:" .. tp } } }))
+    local code, out = h.cli({ "--socket", d.socket, "logs", "--network", sb })
+    assert.equal(0, code)
+    assert.matches("allow http +denied%.test:" .. hp .. " %-> 127%.0%.0%.1", out)
+    assert.matches("deny +http +denied%.test:" .. hp, out)
+  end)
+
+  it("exposes a port of the box on the host's loopback, only when asked", function()
+    local r = run(sb, "mkdir -p /srv && echo from-the-box > /srv/index.html && httpd -p 127.0.0.1:8000 -h /srv && echo up")
+    assert.equal("up\n", r.stdout)
+    local code, out = h.cli({ "--socket", d.socket, "port", sb, "8000" })
+    assert.equal(0, code, out)
+    local port = tonumber(out:match("^127%.0%.0%.1:(%d+)\n$"))
+    assert.truthy(port)
+    local body = h.sync(function()
+      local async = require("tupper.async")
+      local t = uv.new_tcp()
+      local err = async.wait(function(cb) t:connect("127.0.0.1", port, function(e) cb(e) end) end)
+      assert(not err, err)
+      t:write("GET /index.html HTTP/1.0\r\n\r\n")
+      local got = {}
+      async.wait(function(cb)
+        t:read_start(function(e, chunk) if chunk then got[#got + 1] = chunk else cb() end end)
+      end)
+      t:close()
+      return table.concat(got)
+    end)
+    assert.matches("from%-the%-box", body)
+    local again = assert(h.call(c, "sandbox.expose", { id = sb, port = 8000 }))
+    assert.equal(port, math.tointeger(again.port))
+  end)
+end)
