@@ -204,9 +204,8 @@ describe("recipes in sandboxes", function()
       { 'return recipe "x" { files = { ["../etc/passwd"] = "x" } }', "must be an absolute path" },
       { 'return io.open("/etc/shadow"):read("a")', "global 'io'" },
       { 'while true do end', "instruction limit exceeded" },
-      { 'return recipe "x" { network = { allow = { "pypi.org:443" } } }',
-        "network rules are not enforced yet" },
-      { 'return recipe "x" { network = "all" }', "network rules are not enforced yet" },
+      { 'return recipe "x" { network = { allow = { "pypi.org:99999" } } }', "bad port '99999'" },
+      { 'return recipe "x" { network = { allow = { "pypi\\0.org" } } }', "'network.allow[1]' must be a rule" },
     }
     for _, case in ipairs(cases) do
       local _, err = create(case[1])
@@ -222,8 +221,15 @@ describe("recipes in sandboxes", function()
     assert.matches('no shipped recipe "no-such-recipe"', err.message, nil, true)
     _, err = helper.call(c, "sandbox.create", { recipe = { name = "../../etc/passwd" } })
     assert.matches("no shipped recipe", err.message, nil, true)
-    -- network = "none" is fine; so is a shipped recipe by name
+    -- network = "none" is fine, and rules are enforced (network_spec.lua);
+    -- so is a shipped recipe by name
     local sb = assert(create('return recipe "x" { network = "none" }'))
+    kill(sb.id)
+    sb = assert(create('return recipe "x" { network = { allow = { "pypi.org:443" } } }'))
+    local r = assert(helper.sync(helper.run, c, sb.id, { "nslookup", "pypi.org", "127.0.0.1" }))
+    assert.matches("198%.18%.", r.stdout)
+    r = assert(helper.sync(helper.run, c, sb.id, { "nslookup", "example.com", "127.0.0.1" }))
+    assert.matches("NXDOMAIN", r.stdout)
     kill(sb.id)
     sb = assert(helper.call(c, "sandbox.create", { recipe = { name = "default" } }))
     assert.are.equal("default", sb.recipe.name)
