@@ -123,6 +123,15 @@ function M.image(d, ref, pinned, rebuild)
   if type(ref) == "table" then return debian_image(d, ref, pinned, rebuild) end
   if d.images and d.images.resolve then
     local img, err = d.images:resolve(pinned or ref)
+    if not img and not pinned and ref ~= "default" and d.pull_image then
+      -- pulled on first use, as a create of that image would
+      local pulled, perr = d:pull_image(ref)
+      if pulled then
+        img, err = d.images:resolve(ref)
+      elseif perr then
+        err = ("%s; pulling it failed: %s"):format(tostring(err), perr)
+      end
+    end
     if not img then
       if pinned then
         return nil, ("the image %s pinned by the lock (%s) is gone: run `tupper build` again"):format(ref, pinned)
