@@ -46,7 +46,7 @@ load_recipe = function(spec)
   local r, err = recipe.load_string(source, chunk)
   if not r then return nil, err end
   -- the one place where a recipe asks for what the runtime cannot enforce
-  -- yet (network rules: issue 7): refused, never ignored
+  -- (network rules it cannot parse): refused, never ignored
   local ok, why = recipe.check_enforceable(r)
   if not ok then return nil, why end
   return r, source, chunk
@@ -181,6 +181,19 @@ local function build_layer(d, r, img, tmp, chunk, policies)
   local lim = r.limits or {}
   local sb, err = d:_start_box(d:_new_id(), { memory = lim.memory, pids = lim.pids, cpus = lim.cpus }, img.layers)
   if not sb then return nil, err end
+  if r.network ~= nil and r.network ~= "none" then
+    -- setup reaches what the recipe's rules allow (pip install, ...), as
+    -- narrowed by the policies that bind the sandbox
+    local nets = {}
+    for _, pol in ipairs(policies) do
+      if pol.network ~= nil then nets[#nets + 1] = pol.network end
+    end
+    local nok, nerr = sb:set_network(r.network, nets)
+    if not nok then
+      sb:destroy()
+      return nil, ("%s: network: %s"):format(chunk, tostring(nerr))
+    end
+  end
   local ctx = { policies = policies }
   local hooks = setup.hooks(ctx)
   sb.hooks.on_output, sb.hooks.on_exit = hooks.on_output, hooks.on_exit

@@ -268,6 +268,29 @@ describe("recipes in sandboxes", function()
     no_leftovers()
   end)
 
+  it("gives setup the recipe's network rules, and none without them", function()
+    local sb = assert(create([[
+      return recipe "net-setup" {
+        network = { allow = { "pypi.org:443" } },
+        setup = function(box)
+          local r = box:run({ "nslookup", "pypi.org", "127.0.0.1" }, { check = false })
+          box:write("/allowed", r.stdout)
+          r = box:run({ "nslookup", "example.com", "127.0.0.1" }, { check = false })
+          box:write("/denied", r.stdout)
+        end,
+      }]]))
+    assert.matches("198%.18%.", (sh(sb.id, "cat /allowed")))
+    assert.matches("NXDOMAIN", (sh(sb.id, "cat /denied")))
+    kill(sb.id)
+    sb = assert(create([[
+      return recipe "no-net-setup" { setup = function(box)
+        local r = box:run({ "nslookup", "pypi.org", "127.0.0.1" }, { check = false })
+        box:write("/out", r.stdout .. r.exit_code)
+      end }]]))
+    assert.is_nil((sh(sb.id, "cat /out")):match("198%.18%."))
+    kill(sb.id)
+  end)
+
   it("is what tupper.sdk's create{recipe = ...} sends", function()
     local sdk = require("tupper.sdk")
     sdk.configure({ socket = d.socket, autostart = false })
