@@ -17,10 +17,10 @@ import * as fs from 'node:fs';
 import * as http from 'node:http';
 import * as net from 'node:net';
 import * as nodePath from 'node:path';
-import type { CommandHandle } from './commands';
+import { StringDecoder } from 'node:string_decoder';
+import { DEFAULT_COMMAND_TIMEOUT_MS } from './commands';
 import { Connection, type ConnectionOpts } from './connection';
 import {
-  CommandExitError,
   ErrorCode,
   InvalidArgumentError,
   NotEnoughSpaceError,
@@ -329,18 +329,25 @@ interface Background {
   expiry?: NodeJS.Timeout;
 }
 
-function exitEvent(h: CommandHandle | undefined, e: unknown): Event {
-  if (e === undefined) return { type: 'exit', exitCode: h?.exitCode ?? 0 };
-  if (e instanceof CommandExitError) {
-    const ev: Event = { type: 'exit', exitCode: e.exitCode };
-    if (e.error) ev.error = e.error;
-    return ev;
-  }
-  if (e instanceof TimeoutError) return { type: 'exit', exitCode: h?.exitCode ?? -1, error: e.message, timedOut: true };
-  return { type: 'error', error: errorResponse(e).body.error };
+/** The exit event of a process.exit notification, worded as the SDK's CommandResult. */
+function exitEvent(p: Record<string, unknown>): Event {
+  const exitCode = typeof p.exit_code === 'number' ? p.exit_code : -1;
+  const signal = typeof p.signal === 'number' ? p.signal : 0;
+  const ev: Event = { type: 'exit', exitCode };
+  if (signal) ev.error = signal === 9 ? 'signal: killed' : `signal: ${signal}`;
+  else if (exitCode !== 0) ev.error = `exit status ${exitCode}`;
+  if (p.timed_out === true) ev.timedOut = true;
+  return ev;
 }
 
 // ---------------------------------------------------------------- the server
+
+interface StartOpts {
+  cwd?: string;
+  envs?: Record<string, string>;
+  timeoutMs?: number;
+  stdin?: boolean;
+}
 
 interface Ctx {
   req: http.IncomingMessage;
@@ -399,7 +406,14 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     c?.close?.();
   }
 
+  function dropProcConn(id: string): void {
+    const c = procConns.get(id);
+    procConns.delete(id);
+    void c?.then((x) => x.close(), () => {});
+  }
+
   function evict(id: string): void {
+    dropProcConn(id);
     const p = boxes.get(id);
     if (!p) return;
     boxes.delete(id);
@@ -433,6 +447,84 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
       }
       throw e;
     }
+  }
+
+  // Commands run over a connection of their own per sandbox, not through
+  // the SDK's CommandHandle: a handle keeps all the output it ever saw,
+  // and this server must hold at most maxOutputBytes per command.
+  const procConns = new Map<string, Promise<Connection>>();
+  const procs = new Map<string, (e: Event) => void>();
+
+  function procConn(id: string): Promise<Connection> {
+    let p = procConns.get(id);
+    if (!p) {
+      p = Connection.open(conn).then((c) => {
+        c.onClose((err) => {
+          if (procConns.get(id) === p) procConns.delete(id);
+          for (const [k, fn] of [...procs]) {
+            if (k.startsWith(`${id}/`)) {
+              procs.delete(k);
+              fn({ type: 'error', error: { type: 'SandboxError', message: err.message } });
+            }
+          }
+        });
+        return c;
+      });
+      procConns.set(id, p);
+      p.catch(() => procConns.delete(id));
+    }
+    return p;
+  }
+
+  /** Starts cmd; `onEvent` gets its stdout and stderr, then exit (or error). Resolves with its pid. */
+  async function start(id: string, cmd: string, o: StartOpts, onEvent: (e: Event) => void): Promise<number> {
+    const c = await procConn(id);
+    const timeoutMs = o.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
+    const params: Record<string, unknown> = { sandbox: id, cmd, encoding: 'utf8' };
+    if (o.cwd !== undefined) params.cwd = o.cwd;
+    if (o.envs !== undefined) params.env = o.envs;
+    if (o.stdin) params.stdin = true;
+    if (timeoutMs > 0) params.timeout = timeoutMs / 1000;
+    const dec = { stdout: new StringDecoder('utf8'), stderr: new StringDecoder('utf8') };
+    const flush = () => {
+      for (const stream of ['stdout', 'stderr'] as const) {
+        const rest = dec[stream].end();
+        if (rest) onEvent({ type: stream, data: rest });
+      }
+    };
+    try {
+      const r = await c.call<{ pid: number }>('process.start', params, {
+        // subscribed before the next line is read: output may follow the reply at once
+        onResult: (r) => {
+          const key = `${id}/${r.pid}`;
+          procs.set(key, onEvent);
+          c.subscribe(id, r.pid, (method, p) => {
+            if (method === 'process.output') {
+              const stream = p.stream === 'stderr' ? 'stderr' : 'stdout';
+              const data = typeof p.data === 'string' ? p.data : '';
+              // a chunk that is not valid UTF-8 comes as base64; the decoder
+              // joins characters split across chunks
+              const text = dec[stream].write(Buffer.from(data, p.encoding === 'utf8' ? 'utf8' : 'base64'));
+              if (text) onEvent({ type: stream, data: text });
+            } else if (method === 'process.exit') {
+              c.unsubscribe(id, r.pid);
+              procs.delete(key);
+              flush();
+              onEvent(exitEvent(p));
+            }
+          });
+        },
+      });
+      return r.pid;
+    } catch (e) {
+      if (e instanceof NotFoundError && e.code === ErrorCode.NotFound) evict(id);
+      throw e;
+    }
+  }
+
+  async function signal(id: string, pid: number): Promise<void> {
+    const c = await procConn(id);
+    await c.call('process.signal', { sandbox: id, pid, signal: 'KILL' });
   }
 
   // forget sandboxes that went away by themselves (their lifetime ran out)
@@ -589,7 +681,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     const b = await readJson(c.req);
     onlyKeys(b, ['cmd', 'cwd', 'envs', 'timeoutMs', 'stdin', 'background'], 'body');
     if (typeof b.cmd !== 'string' || b.cmd === '') throw new HttpError(400, 'InvalidArgumentError', 'cmd must be a non-empty string');
-    const o: { cwd?: string; envs?: Record<string, string>; timeoutMs?: number; stdin?: boolean } = {};
+    const o: StartOpts = {};
     if (b.cwd !== undefined) o.cwd = checkPath(b.cwd, 'cwd');
     if (b.envs !== undefined) o.envs = stringMap(b.envs, 'envs');
     if (b.timeoutMs !== undefined) o.timeoutMs = nonNegInt(b.timeoutMs, 'timeoutMs');
@@ -602,35 +694,35 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     if (b.background === true) return startBackground(c, id, cmd, o);
 
     const out = new EventWriter(c.res, wantsSse(c.req), maxOutput);
-    let handle: CommandHandle | undefined;
+    let pid = 0;
+    let ended = false;
     let overflow = false;
-    const push = (type: 'stdout' | 'stderr') => (data: string) => {
-      if (out.send({ type, data }) || overflow) return;
-      // the reader does not keep up: the command is killed rather than its
-      // output piling up here without bound
-      overflow = true;
-      out.send({ type: 'error', error: { type: 'OutputOverflow', message: `the client read too slowly (over ${maxOutput} bytes waiting): the command was killed` } });
-      void handle?.kill().catch(() => false);
-    };
-    handle = await onBox(id, (s) => s.commands.run(cmd, { ...o, background: true, onStdout: push('stdout'), onStderr: push('stderr') }));
-    const h = handle;
-    out.start({ type: 'start', pid: h.pid });
+    const kill = () => void signal(id, pid).catch(() => {});
+    let finish!: (e: Event) => void;
+    const end = new Promise<Event>((resolve) => (finish = resolve));
+    pid = await start(id, cmd, o, (e) => {
+      if (e.type === 'exit' || e.type === 'error') {
+        ended = true;
+        finish(e);
+      } else if (!overflow && !out.send(e)) {
+        // the reader does not keep up: the command is killed rather than
+        // its output piling up here without bound
+        overflow = true;
+        out.send({ type: 'error', error: { type: 'OutputOverflow', message: `the client read too slowly (over ${maxOutput} bytes waiting): the command was killed` } });
+        kill();
+      }
+    });
+    out.start({ type: 'start', pid });
     c.res.on('close', () => {
       // the client went away before the end: a foreground command goes too
-      if (h.exitCode === undefined) void h.kill().catch(() => false);
+      if (!ended) kill();
     });
-    let ev: Event;
-    try {
-      await h.wait();
-      ev = exitEvent(h, undefined);
-    } catch (e) {
-      ev = exitEvent(h, e);
-    }
+    const ev = await end;
     if (!overflow) out.send(ev);
     out.end();
   });
 
-  async function startBackground(c: Ctx, id: string, cmd: string, o: Record<string, unknown>): Promise<void> {
+  async function startBackground(c: Ctx, id: string, cmd: string, o: StartOpts): Promise<void> {
     if (background.size >= MAX_BACKGROUND) {
       for (const [k, b] of background) {
         if (b.done) {
@@ -642,6 +734,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
       if (background.size >= MAX_BACKGROUND) throw new HttpError(503, 'TooManyCommands', `${MAX_BACKGROUND} background commands are followed already`);
     }
     const rec: Background = { sandboxId: id, pid: 0, events: [], bytes: 0, dropped: 0, done: false, readers: new Set() };
+    let key = '';
     const add = (e: Event) => {
       const n = typeof e.data === 'string' ? e.data.length : 0;
       rec.events.push(e);
@@ -653,31 +746,19 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
         rec.dropped += m;
       }
       for (const r of [...rec.readers]) r(e);
+      if (e.type === 'exit' || e.type === 'error') {
+        rec.done = true;
+        rec.readers.clear();
+        rec.expiry = setTimeout(() => {
+          if (background.get(key) === rec) background.delete(key);
+        }, KEEP_FINISHED_MS);
+        rec.expiry.unref();
+      }
     };
-    const h = await onBox(id, (s) =>
-      s.commands.run(cmd, {
-        ...o,
-        background: true,
-        onStdout: (data) => add({ type: 'stdout', data }),
-        onStderr: (data) => add({ type: 'stderr', data }),
-      }),
-    );
-    rec.pid = h.pid;
-    const key = `${id}/${h.pid}`;
+    rec.pid = await start(id, cmd, o, add);
+    key = `${id}/${rec.pid}`;
     background.set(key, rec);
-    void h.wait().then(
-      () => exitEvent(h, undefined),
-      (e: unknown) => exitEvent(h, e),
-    ).then((ev) => {
-      rec.done = true;
-      add(ev);
-      rec.readers.clear();
-      rec.expiry = setTimeout(() => {
-        if (background.get(key) === rec) background.delete(key);
-      }, KEEP_FINISHED_MS);
-      rec.expiry.unref();
-    });
-    sendJson(c.res, 201, { pid: h.pid });
+    sendJson(c.res, 201, { pid: rec.pid });
   }
 
   route('GET', '/sandboxes/{id}/commands', async (c) => {
@@ -978,6 +1059,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     const all = [...boxes.values()];
     boxes.clear();
     for (const p of all) await p.then(dropConnection, () => {});
+    for (const id of [...procConns.keys()]) dropProcConn(id);
   }
 
   return { server, handle, close };

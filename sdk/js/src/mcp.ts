@@ -15,13 +15,19 @@ import { z } from 'zod';
 import { Connection, type ConnectionOpts } from './connection';
 import { CommandExitError, InvalidArgumentError, SandboxError, TimeoutError } from './errors';
 import { DEFAULT_SANDBOX_TIMEOUT_MS, Sandbox } from './sandbox';
-import { DEFAULT_COMMAND_TIMEOUT_MS } from './commands';
+import { type CommandHandle, DEFAULT_COMMAND_TIMEOUT_MS } from './commands';
 
 export interface McpServerOpts extends ConnectionOpts {
   /** Most sandboxes one session may have at once (default 16). */
   maxSandboxes?: number;
   /** Most characters of stdout and of stderr a command result carries (default 100000); the rest is cut, saying so. */
   maxOutputChars?: number;
+  /**
+   * Most characters a command may write (stdout and stderr together) before
+   * it is killed (default 1 MiB): the SDK keeps a command's whole output
+   * while it runs, and the server must stay bounded.
+   */
+  maxCaptureChars?: number;
   /** Largest file read_file returns or write_file accepts, in bytes (default 1 MiB). */
   maxFileBytes?: number;
 }
@@ -108,6 +114,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
   const maxSandboxes = opts.maxSandboxes ?? 16;
   const maxOutput = opts.maxOutputChars ?? 100_000;
   const maxFile = opts.maxFileBytes ?? 1 << 20;
+  const maxCapture = opts.maxCaptureChars ?? 1 << 20;
   const boxes = new Map<string, Sandbox>();
   let session: Connection | undefined;
   let closed = false;
@@ -127,14 +134,25 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
     return session;
   }
 
-  function box(id: string): Sandbox {
+  async function box(id: string): Promise<Sandbox> {
     const s = boxes.get(id);
     if (!s) {
       throw new InvalidArgumentError(
         `no sandbox ${id} in this session (this server only works on sandboxes it created; see sandbox_list)`,
       );
     }
-    return s;
+    // the daemon drops a connection that falls 64 MiB behind (a flood of
+    // output): the sandbox lives on, so a new connection takes over
+    const c = (s as unknown as { conn?: { closed?: boolean } }).conn;
+    if (c?.closed !== true) return s;
+    const fresh = await Sandbox.connect(id, conn);
+    if (boxes.get(id) !== s) {
+      // killed meanwhile by another call: let go of the new connection
+      (fresh as unknown as { conn?: { close?: () => void } }).conn?.close?.();
+      throw new InvalidArgumentError(`no sandbox ${id} in this session any more`);
+    }
+    boxes.set(id, fresh);
+    return fresh;
   }
 
   async function guarded(fn: () => Promise<ToolResult>): Promise<ToolResult> {
@@ -233,7 +251,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
     },
     ({ sandboxId: id }) =>
       guarded(async () => {
-        const sbx = box(id);
+        const sbx = await box(id);
         boxes.delete(id);
         const killed = await sbx.kill();
         return ok({ sandboxId: id, killed });
@@ -266,14 +284,26 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
     },
     ({ sandboxId: id, cmd, cwd, envs, timeoutMs, stdin }) =>
       guarded(async () => {
-        const sbx = box(id);
+        const sbx = await box(id);
         const o: { cwd?: string; envs?: Record<string, string>; timeoutMs: number; stdin?: boolean } = {
           timeoutMs: timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS,
         };
         if (cwd !== undefined) o.cwd = cwd;
         if (envs !== undefined) o.envs = envs;
         if (stdin !== undefined) o.stdin = true;
-        const h = await sbx.commands.run(cmd, { ...o, background: true });
+        let seen = 0;
+        let flooded = false;
+        let started: CommandHandle | undefined;
+        const count = (d: string) => {
+          seen += d.length;
+          if (seen > maxCapture && !flooded) {
+            flooded = true;
+            void started?.kill().catch(() => false);
+          }
+        };
+        const h = await sbx.commands.run(cmd, { ...o, background: true, onStdout: count, onStderr: count });
+        started = h;
+        if (flooded) void h.kill().catch(() => false);
         if (stdin !== undefined) {
           try {
             await h.sendStdin(stdin);
@@ -289,6 +319,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
           const v: Record<string, unknown> = { exitCode: exitCode ?? null, stdout: out.text, stderr: err.text };
           if (error) v.error = error;
           if (out.truncated || err.truncated) v.truncated = true;
+          if (flooded) v.error = `killed: it wrote more than ${maxCapture} characters`;
           return v;
         };
         try {
@@ -323,7 +354,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
     },
     ({ sandboxId: id, path, encoding }) =>
       guarded(async () => {
-        const sbx = box(id);
+        const sbx = await box(id);
         const info = await sbx.files.getInfo(path);
         if (info.type === 'dir') throw new InvalidArgumentError(`${path} is a directory: use list_files`);
         if (info.size > maxFile) {
@@ -357,7 +388,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
     },
     ({ sandboxId: id, path, content, encoding }) =>
       guarded(async () => {
-        const sbx = box(id);
+        const sbx = await box(id);
         let bytes: Buffer;
         if (encoding === 'base64') {
           if (!/^[A-Za-z0-9+/]*={0,2}$/.test(content) || content.length % 4 !== 0) throw new InvalidArgumentError('content is not valid base64');
@@ -381,7 +412,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
     },
     ({ sandboxId: id, path }) =>
       guarded(async () => {
-        const sbx = box(id);
+        const sbx = await box(id);
         const entries = await sbx.files.list(path);
         return ok({
           path,

@@ -252,6 +252,35 @@ test('a command past its timeoutMs is killed and says so', async () => {
   assert.equal(end.exitCode, -1);
 });
 
+test('a reader that falls behind gets its command killed, not buffered without bound', async () => {
+  const small = await listenHttp({ socket: daemon.socket, listen: '127.0.0.1:0', maxOutputBytes: 64 << 10 });
+  try {
+    const u = new URL(`${small.url}/sandboxes/${id}/commands`);
+    const res = await new Promise((resolve, reject) => {
+      const req = http.request(u, { method: 'POST', headers: { 'content-type': 'application/json' } }, resolve);
+      req.on('error', reject);
+      req.end(JSON.stringify({ cmd: 'yes flood', timeoutMs: 120000 }));
+    });
+    res.pause(); // read nothing while the command writes
+    const deadline = Date.now() + 60_000;
+    for (;;) {
+      const l = await (await fetch(`${base}/sandboxes/${id}/commands`)).json();
+      if (!l.processes.some((p) => p.args.includes('yes flood'))) break;
+      assert.ok(Date.now() < deadline, 'the flooding command was killed');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    res.resume();
+    let text = '';
+    res.setEncoding('utf8');
+    for await (const chunk of res) text += chunk;
+    const last = JSON.parse(text.trim().split('\n').at(-1));
+    assert.equal(last.type, 'error');
+    assert.equal(last.error.type, 'OutputOverflow');
+  } finally {
+    await small.close();
+  }
+});
+
 test('command arguments are validated', async () => {
   await errorOf(await run(''), 400);
   await errorOf(await post(`/sandboxes/${id}/commands`, { cmd: 'true', nope: 1 }), 400);

@@ -121,6 +121,13 @@ test('a failing command is a tool error carrying its output and exit code', asyn
   assert.equal(t.isError, true);
   assert.equal(t.structuredContent.timedOut, true);
   assert.equal(t.structuredContent.stdout, 'before\n');
+  // a command that floods its output is killed, not held without bound
+  const f = await call('run_command', { sandboxId, cmd: 'yes' });
+  assert.equal(f.isError, true);
+  assert.ok(f.structuredContent, f.content[0].text.slice(0, 300));
+  assert.match(f.structuredContent.error, /killed: it wrote more than \d+ characters/);
+  assert.equal(f.structuredContent.truncated, true);
+  assert.ok(f.structuredContent.stdout.length < 200_000);
   const missing = await call('read_file', { sandboxId, path: '/no/such/file' });
   assert.equal(missing.isError, true);
   assert.match(missing.content[0].text, /NotFoundError.*ENOENT/);
