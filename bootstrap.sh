@@ -10,6 +10,7 @@ pkgs="gcc make cmake pkg-config lua5.4 liblua5.4-dev libuv1-dev lua-luv lua-luv-
 lua-cjson lua-cjson-dev busybox-static libseccomp-dev e2fsprogs libedit-dev"
 # the registry client (tupper pull): libcurl, and libcrypto for SHA-256
 pkgs="$pkgs libcurl4-openssl-dev libssl-dev"
+pkgs="$pkgs libarchive-dev" # the image store: layer tars (gzip, zstd)
 case "$what" in
   test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux"
     # image pull specs: a real registry, skopeo to push to it, htpasswd (bcrypt), openssl (a test CA)

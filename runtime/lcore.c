@@ -1390,6 +1390,7 @@ int luaopen_tupper_core(lua_State *L) {
 
   luaL_newlib(L, funcs);
   tp_lhttp_register(L);
+  tp_limage_register(L); /* the image store's functions (limage.c) */
   lua_newtable(L);
   for (size_t i = 0; i < TP_ARRAY_SIZE(msgs); i++) {
     lua_pushinteger(L, msgs[i].v);

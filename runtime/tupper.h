@@ -21,6 +21,10 @@ int tp_lua_pcall(lua_State *L, int nargs, int nresults, int flags);
 /* luaopen function of the `tupper.core` module (lcore.c). */
 int luaopen_tupper_core(lua_State *L);
 
+/* Adds the image store's functions (limage.c) to the table on the top of
+ * the stack (tupper.core). */
+void tp_limage_register(lua_State *L);
+
 /* Closes a state made by tp_lua_new and frees its allocator's heap. */
 void tp_lua_close(lua_State *L);
 
