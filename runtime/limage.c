@@ -8,7 +8,7 @@
  *                     cb(info | nil, msg))
  *       info = { digest=, diff_id=, tar_bytes=, bytes=, entries=, existed= }
  *   core.blob_put(src, blobs_dir | nil, want | nil, max_bytes, cb(digest | nil, msg))
- *   core.tar_dir(dir, out_path, cb(true | nil, msg))
+ *   core.tar_dir(dir, out_path, uid_base, gid_base, id_count, cb(true | nil, msg))
  *   core.digest_valid(s) -> boolean */
 #define _GNU_SOURCE
 #include <lauxlib.h>
@@ -57,7 +57,7 @@ static void job_work(uv_work_t *req) {
     j->ret = tp_blob_put(j->a, j->b, j->want, j->max_bytes, j->digest, &j->err);
     break;
   case JOB_TAR:
-    j->ret = tp_tar_dir(j->a, j->b, &j->err);
+    j->ret = tp_tar_dir(j->a, j->b, j->opts.uid_base, j->opts.gid_base, j->opts.id_count, &j->err);
     break;
   }
 }
@@ -197,20 +197,29 @@ static int l_blob_put(lua_State *L) {
 
 static int l_tar_dir(lua_State *L) {
   img_job_t *j;
+  lua_Integer ub, gb, n;
   luaL_checkstring(L, 1);
   luaL_checkstring(L, 2);
-  luaL_checktype(L, 3, LUA_TFUNCTION);
+  ub = luaL_checkinteger(L, 3);
+  gb = luaL_checkinteger(L, 4);
+  n = luaL_checkinteger(L, 5);
+  luaL_checktype(L, 6, LUA_TFUNCTION);
+  if (ub < 0 || gb < 0 || n < 0 || ub > UINT32_MAX || gb > UINT32_MAX || n > UINT32_MAX)
+    return luaL_error(L, "tar_dir: bad id range");
   j = calloc(1, sizeof(*j));
   if (j == NULL)
     return luaL_error(L, "out of memory");
   j->kind = JOB_TAR;
+  j->opts.uid_base = (uid_t) ub;
+  j->opts.gid_base = (gid_t) gb;
+  j->opts.id_count = (uint32_t) n;
   j->a = strdup(lua_tostring(L, 1));
   j->b = strdup(lua_tostring(L, 2));
   if (j->a == NULL || j->b == NULL) {
     job_free(j);
     return luaL_error(L, "out of memory");
   }
-  return job_queue(L, j, 3);
+  return job_queue(L, j, 6);
 }
 
 static int l_digest_valid(lua_State *L) {

@@ -663,7 +663,8 @@ static void cleanup_writep(struct archive **a) {
 }
 #define cleanup_write __attribute__((cleanup(cleanup_writep)))
 
-int tp_tar_dir(const char *dir, const char *out_path, tp_error_t *err) {
+int tp_tar_dir(const char *dir, const char *out_path, uid_t uid_base, gid_t gid_base,
+               uint32_t id_count, tp_error_t *err) {
   cleanup_archive struct archive *disk = archive_read_disk_new();
   cleanup_write struct archive *w = archive_write_new();
   cleanup_close int out = -1, in = -1;
@@ -715,6 +716,12 @@ int tp_tar_dir(const char *dir, const char *out_path, tp_error_t *err) {
       p++;
     snprintf(rel, sizeof(rel), "./%s", p);
     archive_entry_set_pathname(e, rel);
+    if (archive_entry_uid(e) >= (la_int64_t) uid_base &&
+        archive_entry_uid(e) < (la_int64_t) uid_base + id_count)
+      archive_entry_set_uid(e, archive_entry_uid(e) - uid_base);
+    if (archive_entry_gid(e) >= (la_int64_t) gid_base &&
+        archive_entry_gid(e) < (la_int64_t) gid_base + id_count)
+      archive_entry_set_gid(e, archive_entry_gid(e) - gid_base);
     if (archive_write_header(w, e) < ARCHIVE_WARN) {
       tp_error_set(err, EIO, "tar '%s': %s", rel, archive_error_string(w));
       r = ARCHIVE_FATAL;

@@ -63,8 +63,12 @@ int tp_blob_put(const char *src, const char *blobs_dir, const char *want, uint64
                 char digest[TP_DIGEST_LEN + 1], tp_error_t *err);
 
 /* Writes the tree at dir (never following a symlink, staying on its
- * filesystem) as an uncompressed pax tar to the new file out_path (0600). */
-int tp_tar_dir(const char *dir, const char *out_path, tp_error_t *err);
+ * filesystem) as an uncompressed pax tar to the new file out_path (0600).
+ * Owners inside [uid_base, uid_base + id_count) are shifted back to
+ * 0..id_count-1 (a tree laid out for boxes, as the default image); others
+ * are kept (and refused by tp_layer_unpack when past id_count). */
+int tp_tar_dir(const char *dir, const char *out_path, uid_t uid_base, gid_t gid_base,
+               uint32_t id_count, tp_error_t *err);
 
 /* 1 if s is "sha256:" and 64 lowercase hex digits. */
 int tp_digest_valid(const char *s);

@@ -339,6 +339,38 @@ function h.fs_rename(d, conn, p)
   return {}
 end
 
+function h.image_list(d, conn, p)
+  local list = d.images:list()
+  for _, i in ipairs(list) do i.created = i.created or json.null end
+  return { images = json.array(list) }
+end
+
+function h.image_inspect(d, conn, p)
+  local r, err = d.images:inspect(p.ref)
+  if not r then return nil, rpc.NOT_FOUND, err end
+  r.layers = json.array(r.layers)
+  return r
+end
+
+function h.image_remove(d, conn, p)
+  local r, err = d.images:remove(p.ref)
+  if not r then return nil, rpc.IMAGE_ERROR, err, { kind = "store" } end
+  return r
+end
+
+function h.image_prune(d, conn, p)
+  local r, err = d.images:prune(p.all)
+  if not r then return nil, rpc.IMAGE_ERROR, err, { kind = "store" } end
+  return r
+end
+
+function h.image_import(d, conn, p)
+  if p.path:sub(1, 1) ~= "/" then return nil, rpc.INVALID_PARAMS, "'path' must be absolute" end
+  local r, err = d.images:import(p.path, p.ref)
+  if not r then return nil, rpc.IMAGE_ERROR, "import: " .. tostring(err), { kind = "import" } end
+  return r
+end
+
 --- The handler for a method name ("sandbox.create" -> h.sandbox_create).
 function h.image_pull(d, conn, p)
   local progress

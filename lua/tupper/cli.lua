@@ -29,10 +29,20 @@ commands:
   logs --network [--json] ID    the sandbox's network decisions (allow/deny)
   port ID PORT                  forward PORT of the sandbox to the host's
                                 loopback; prints 127.0.0.1:HOSTPORT
+  import PATH [NAME]            import an image: an OCI layout, a `docker save`
+                                tar, or a rootfs tar or directory
+  images [--json]               list the images of the store
+  rmi NAME...                   remove images
+  image inspect NAME            an image's digest, layers and config (JSON)
+  image prune [--all]           remove blobs and layers no image needs
+                                (--all: also images no sandbox uses and no
+                                lockfile pins)
   daemon [--socket PATH] [--state-dir DIR] [--log FILE] [--pool N]
-         [--policy FILE]        run the daemon in the foreground; it keeps
+         [--policy FILE] [--max-layer SIZE]
+                                run the daemon in the foreground; it keeps
                                 N boxes started for fast creates (default 2);
-                                FILE's policy binds every sandbox
+                                FILE's policy binds every sandbox; an image
+                                layer may unpack to SIZE (default 16G)
   repl [-e CODE] [SCRIPT ARG...]
                                 a Lua prompt with the client API loaded as
                                 `tupper` (docs/repl.md); -e and SCRIPT run
@@ -49,7 +59,8 @@ options of run, create and exec:
   -i, --interactive     pass stdin through (run, exec)
   -e, --env K=V         set an environment variable (repeatable)
   -w, --workdir DIR     working directory (run, exec; create: the default)
-  --image NAME          image (run, create; default: the embedded 'default')
+  --image NAME          image (run, create; default: the embedded 'default');
+                        run with no CMD runs the image's Entrypoint + Cmd
   --metadata K=V        attach metadata (run, create; repeatable)
   --rm                  remove the sandbox after run (the default)
   --memory SIZE         memory limit, e.g. 256M (run, create)
@@ -281,6 +292,7 @@ end
 
 function verbs.run(c, args)
   local o, rest = parse_opts(args, 1, RUN_OPTS)
+  local image_cmd = #rest == 0 and o.image and o.image ~= "default"
   if #rest == 0 then rest = { "/bin/sh" } end
   local pol = policy_param(o)
   -- a run box lives as long as its command, as with docker run; a policy
@@ -298,6 +310,14 @@ function verbs.run(c, args)
     metadata = next(o.metadata) and o.metadata or nil, limits = o.limits, kill_on_disconnect = true,
     policy = pol, recipe = spec })
   if not sb then return die("%s", errmsg(err)) end
+  if image_cmd then
+    -- no command: the image's own (Entrypoint + Cmd), as docker run does
+    local info = c:call("image.inspect", { ref = o.image })
+    local argv = {}
+    for _, a in ipairs(info and info.config.entrypoint or {}) do argv[#argv + 1] = a end
+    for _, a in ipairs(info and info.config.cmd or {}) do argv[#argv + 1] = a end
+    if #argv > 0 then rest = argv end
+  end
   -- the sandbox's workdir (a recipe's) is where the command runs
   local code = run_in(c, sb.id, rest, o)
   -- --rm: a notification, not a call: the daemon takes the box out of its
@@ -462,6 +482,78 @@ function verbs.stats(c, args)
   return 0
 end
 
+local function human_size(n)
+  n = tonumber(n) or 0
+  for _, u in ipairs({ "B", "KB", "MB", "GB" }) do
+    if n < 1000 or u == "GB" then return u == "B" and ("%d B"):format(n) or ("%.1f %s"):format(n, u) end
+    n = n / 1000
+  end
+end
+
+function verbs.import(c, args)
+  if #args < 1 or #args > 2 then return die("import wants PATH [NAME]") end
+  local path = uv.fs_realpath(args[1])
+  if not path then return die("import: no such file or directory: %s", args[1]) end
+  local r, err = c:call("image.import", { path = path, ref = args[2] })
+  if not r then return die("%s", errmsg(err)) end
+  print(("%s %s"):format(r.ref, r.digest))
+  return 0
+end
+
+function verbs.images(c, args)
+  local as_json = false
+  for _, a in ipairs(args) do
+    if a == "--json" then as_json = true else return die("images: unknown argument %s", a) end
+  end
+  local r, err = c:call("image.list", {})
+  if not r then return die("%s", errmsg(err)) end
+  if as_json then
+    print(json.encode(json.array(r.images)))
+    return 0
+  end
+  print(("%-48s %-19s %-10s %-6s %s"):format("REF", "DIGEST", "SIZE", "LAYERS", "CREATED"))
+  for _, i in ipairs(r.images) do
+    print(("%-48s %-19s %-10s %-6d %s"):format(i.ref, i.digest:sub(1, 19), human_size(i.size),
+      math.tointeger(i.layers) or 0, type(i.created) == "string" and i.created or "-"))
+  end
+  return 0
+end
+
+function verbs.rmi(c, args)
+  if #args == 0 then return die("rmi needs an image name") end
+  local code = 0
+  for _, ref in ipairs(args) do
+    local r, err = c:call("image.remove", { ref = ref })
+    if not r then code = die("rmi %s: %s", ref, errmsg(err)) else print(r.ref) end
+  end
+  return code
+end
+
+function verbs.image(c, args)
+  local sub = table.remove(args, 1)
+  if sub == "ls" or sub == "list" then return verbs.images(c, args)
+  elseif sub == "rm" or sub == "remove" then return verbs.rmi(c, args)
+  elseif sub == "import" then return verbs.import(c, args)
+  elseif sub == "inspect" then
+    if #args ~= 1 then return die("image inspect wants one image name") end
+    local r, err = c:call("image.inspect", { ref = args[1] })
+    if not r then return die("%s", errmsg(err)) end
+    print(json.pretty(r))
+    return 0
+  elseif sub == "prune" then
+    local all = false
+    for _, a in ipairs(args) do
+      if a == "--all" or a == "-a" then all = true else return die("image prune: unknown argument %s", a) end
+    end
+    local r, err = c:call("image.prune", { all = all })
+    if not r then return die("%s", errmsg(err)) end
+    for _, ref in ipairs(r.refs) do print("removed " .. ref) end
+    print(("%d blobs and %d layers removed"):format(math.tointeger(r.blobs) or 0, math.tointeger(r.layers) or 0))
+    return 0
+  end
+  return die("image: want ls, inspect, rm, import or prune")
+end
+
 local function split_remote(s)
   local id, path = s:match("^([a-z0-9][a-z0-9-]*):(.+)$")
   return id, path
@@ -558,6 +650,9 @@ function M.main(argv)
       elseif a == "--log" then o.log = v
       elseif a == "--policy" then o.policy = v
       elseif a == "--uid-base" then o.uid_base = math.tointeger(tonumber(v))
+      elseif a == "--max-layer" then
+        o.max_layer = require("tupper.units").size(v or "")
+        if not o.max_layer then return die("daemon: --max-layer wants a size, e.g. 4G") end
       elseif a == "--pool" then
         o.pool = math.tointeger(tonumber(v))
         if not o.pool or o.pool < 0 or o.pool > 64 then return die("daemon: --pool wants 0..64") end

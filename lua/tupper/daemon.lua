@@ -13,6 +13,7 @@ local registry = require("tupper.registry")
 local build = require("tupper.build")
 local layers = require("tupper.layers")
 local netrelay = require("tupper.netrelay")
+local images = require("tupper.images")
 
 local M = {}
 
@@ -66,12 +67,14 @@ function Daemon:_new_id()
 end
 
 -- Starts a box with limits lim (may be empty) on read-only layers (lowest
--- first; default: the default image).
-function Daemon:_start_box(id, lim, layers, image)
+-- first; default: the default image); image names it, image_digest is its
+-- manifest's (what the image store keeps while the box lives).
+function Daemon:_start_box(id, lim, layers, image, image_digest)
   self.reserved[id] = true
   layers = layers or { self.default_image }
   local sb, err = sandbox.start({
-    id = id, image = image or "default", layers = layers, dir = self.boxes .. "/" .. id,
+    id = id, image = image or "default", image_digest = image_digest,
+    layers = layers or { self.default_image }, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = M.ID_COUNT, cgroup = self.tag .. "-" .. id,
     limits = backend_limits(lim),
     on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
@@ -204,6 +207,33 @@ function Daemon:policy_networks(pol)
   return out
 end
 
+-- What live sandboxes use, for the store's remove and prune.
+function Daemon:_images_in_use()
+  local digests, layers = {}, {}
+  local function add(sb)
+    if sb.image_digest then digests[sb.image_digest] = true end
+    for _, l in ipairs(sb.layers or {}) do layers[l] = true end
+  end
+  for _, sb in pairs(self.sandboxes) do add(sb) end
+  for _, sb in ipairs(self.pool) do add(sb) end
+  return { digests = digests, layers = layers }
+end
+
+-- The sandbox's settings from its image's config, under the caller's.
+local function apply_image(sb, img, p)
+  local env = {}
+  for _, kv in ipairs(img and img.config and img.config.env or {}) do
+    local k, v = kv:match("^([^=]+)=(.*)$")
+    if k then env[k] = v end
+  end
+  for k, v in pairs(p.env or {}) do env[k] = v end
+  sb.env = env
+  local cfg = img and img.config or {}
+  sb.cwd = p.cwd or cfg.workdir or "/"
+  local user = cfg.user
+  sb.user = user ~= "root" and user ~= "0" and user ~= "0:0" and user or nil
+end
+
 function Daemon:create_sandbox(p)
   local plan
   if p._recipe then
@@ -215,8 +245,16 @@ function Daemon:create_sandbox(p)
     if not plan then return nil, err end
   end
   local image = p.image or "default"
+  local img
   if image ~= "default" and not plan then
-    return nil, ("image '%s' is not available (this daemon has only the embedded 'default' image)"):format(image)
+    local err
+    img, err = self.images:resolve(image)
+    if not img then
+      -- pull-on-first-use (tupper.registry), then the store has it
+      local pulled, perr = self:_pull(image)
+      if pulled then img, err = self.images:resolve(image) else err = perr or err end
+    end
+    if not img then return nil, err end
   end
   for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
     if p.limits and p.limits[name] and not self.enforces[name] then
@@ -228,14 +266,15 @@ function Daemon:create_sandbox(p)
   if count >= M.MAX_SANDBOXES then return nil, "too many sandboxes" end
   local lim = p.limits or {}
   local sb, err
-  local layers = plan and plan.layers
+  local layers = plan and plan.layers or (img and img.layers)
   local pooled_ok = not lim.disk and (not layers or (#layers == 1 and layers[1] == self.default_image))
   if pooled_ok then
     sb, err = self:_take_pooled(lim)
     if err then return nil, err end
   end
   if not sb then
-    sb, err = self:_start_box(self:_new_id(), lim, layers, image)
+    sb, err = self:_start_box(self:_new_id(), lim, layers, img and img.ref or image,
+                              (plan and plan.image.digest) or (img and img.digest))
     if not sb then
       log("create failed: %s", err)
       return nil, err
@@ -260,7 +299,9 @@ function Daemon:create_sandbox(p)
       return nil, rerr
     end
   end
-  sb.env, sb.metadata, sb.cwd = p.env or {}, p.metadata or {}, p.cwd or "/"
+  -- the image's Env, WorkingDir and User, under the create's (and recipe's)
+  apply_image(sb, img or (plan and plan.image), p)
+  sb.metadata = p.metadata or {}
   sb.policy, sb.policy_source = p._policy, p._policy_source
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
@@ -499,7 +540,8 @@ function Daemon:_recover()
         if not pol then rec = nil end
       end
       if type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
-        sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers, dir = self.boxes .. "/" .. id,
+        sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers,
+          image_digest = rec.image_digest, user = rec.user, dir = self.boxes .. "/" .. id,
           pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
           metadata = rec.metadata, env = rec.env, cwd = rec.cwd, limits_info = rec.limits,
           cred = type(rec.cred) == "table" and rec.cred or nil,
@@ -662,6 +704,13 @@ function M.run(opts)
     if ok then
       self.layer_store, err = layers.open(self.state .. "/layers")
       ok = self.layer_store ~= nil
+    end
+    if ok then
+      self.images, err = images.open(self.state .. "/images", { uid_base = self.uid_base,
+        id_count = M.ID_COUNT, default_layers = { self.default_image }, log = log,
+        limits = opts.max_layer and { max_tar_bytes = opts.max_layer, max_bytes = opts.max_layer } or nil,
+        in_use = function() return self:_images_in_use() end })
+      ok = self.images ~= nil
     end
     if ok then
       self:_recover()

@@ -32,7 +32,8 @@ end
 -- Wraps a started (or re-adopted) box and waits for its agent's READY.
 local function attach(box, opts, adopting)
   local self = setmetatable({
-    id = opts.id, image = opts.image, layers = opts.layers, box = box, state = "starting", cgroup = opts.cgroup,
+    id = opts.id, image = opts.image, layers = opts.layers, image_digest = opts.image_digest,
+    user = opts.user, id_count = opts.id_count, box = box, state = "starting", cgroup = opts.cgroup,
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
     cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, hooks = opts,
     limits = opts.limits_info, pid = box:pid(), adopting = adopting, cred = opts.cred, recipe = opts.recipe,
@@ -111,7 +112,8 @@ end
 
 --- What a restarted daemon needs to re-adopt this sandbox.
 function Sandbox:record()
-  return { id = self.id, image = self.image, layers = self.layers, created_at = self.created_at, metadata = self.metadata,
+  return { id = self.id, image = self.image, layers = self.layers, image_digest = self.image_digest,
+           user = self.user, created_at = self.created_at, metadata = self.metadata,
            env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
            timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
            policy = self.policy_source, cred = self.cred, recipe = self.recipe,
@@ -238,6 +240,68 @@ function Sandbox:request(type_, fields)
   end)
 end
 
+M.USER_FILE_MAX = 1048576 -- /etc/passwd and /etc/group, read through the agent
+
+-- A small file of the box, read through its agent (so inside its root).
+function Sandbox:_read_small(path)
+  local out, offset = {}, 0
+  while true do
+    local r, err = self:request(MSG.FS_READ, { path = path, offset = offset, length = core.CHUNK_MAX })
+    if not r then return nil, err end
+    local data = type(r.data) == "string" and r.data or ""
+    out[#out + 1] = data
+    offset = offset + #data
+    if offset > M.USER_FILE_MAX then return nil, path .. " is too big" end
+    if #data == 0 or offset >= (math.tointeger(r.size) or 0) then break end
+  end
+  return table.concat(out)
+end
+
+-- The entry of a passwd/group text whose name (field 1) or id (field 3) is key.
+local function colon_entry(text, key, by_id)
+  for line in (text or ""):gmatch("[^\n]+") do
+    local f = {}
+    for part in (line .. ":"):gmatch("([^:]*):") do f[#f + 1] = part end
+    if (by_id and f[3] == key) or (not by_id and f[1] == key) then return f end
+  end
+end
+
+--- The image's User ("name", "uid", "name:group", "uid:gid") as uid, gid
+-- and home, names looked up in the box's own /etc/passwd and /etc/group
+-- at each process start (Docker's rule: a numeric uid missing from passwd
+-- runs with gid 0).
+function Sandbox:_resolve_user(spec)
+  local user, group = spec:match("^([^:]+):?(.*)$")
+  if not user then return nil, ("bad user '%s'"):format(spec) end
+  local passwd = self:_read_small("/etc/passwd")
+  local uid, gid, home
+  local numeric = user:match("^%d+$")
+  local e = colon_entry(passwd, user, numeric ~= nil)
+  if numeric then
+    uid = math.tointeger(tonumber(user))
+    gid = e and math.tointeger(tonumber(e[4])) or 0
+  elseif e then
+    uid, gid = math.tointeger(tonumber(e[3])), math.tointeger(tonumber(e[4]))
+  else
+    return nil, ("user '%s' is not in the image's /etc/passwd"):format(user)
+  end
+  home = e and e[6] ~= "" and e[6] or nil
+  if group ~= "" then
+    if group:match("^%d+$") then
+      gid = math.tointeger(tonumber(group))
+    else
+      local g = colon_entry(self:_read_small("/etc/group"), group, false)
+      gid = g and math.tointeger(tonumber(g[3]))
+      if not gid then return nil, ("group '%s' is not in the image's /etc/group"):format(group) end
+    end
+  end
+  local max = (self.id_count or 65536) - 1
+  if not uid or not gid or uid < 0 or gid < 0 or uid > max or gid > max then
+    return nil, ("user '%s' is outside the sandbox's ids 0..%d"):format(spec, max)
+  end
+  return { uid = uid, gid = gid, home = home, name = not numeric and user or (e and e[1]) or nil }
+end
+
 --- Starts a process; returns the process record or nil, msg, errno.  With
 -- a cgroup, the child is held before its exec until it sits in a cgroup of
 -- its own, so that its whole tree (setsid and double-fork included) can be
@@ -245,6 +309,12 @@ end
 -- cred = { uid, gid, home } runs it as that user (default: the sandbox's
 -- user, self.cred, from a recipe; else root of the box).
 function Sandbox:exec(argv, env, cwd, stdin, owner, cred)
+  if not cred and not self.cred and self.user then
+    -- the image's User, looked up in the box's files at each start
+    local uerr
+    cred, uerr = self:_resolve_user(self.user)
+    if not cred then return nil, "image user: " .. uerr, 0 end
+  end
   cred = cred or self.cred
   local envl = {}
   local merged = { PATH = M.DEFAULT_PATH, HOME = cred and cred.home or "/root", HOSTNAME = self.id,

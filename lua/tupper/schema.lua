@@ -16,6 +16,7 @@ local PATH = { type = "string", min = 1, max = 4096 }
 local MAP = { type = "map", max = 1024, key_max = 1024, value_max = 31744 }
 local ENCODING = { type = "enum", values = { "base64", "utf8" } }
 local DURATION = { type = "duration" }
+local IMAGE_REF = { type = "string", min = 1, max = 256 }
 local LIMITS = { type = "object", fields = {
   memory = { type = "size", min = 4194304 },
   cpus = { type = "number", min = 0.01, max = 1024 },
@@ -183,6 +184,31 @@ M.methods = {
     params = { sandbox = ID, path = PATH, recursive = { type = "boolean" },
                required = { "sandbox", "path" } },
     result = {},
+  },
+  ["image.list"] = {
+    doc = "Lists the images of the store, by ref.",
+    params = {},
+    result = { "images" },
+  },
+  ["image.inspect"] = {
+    doc = "Describes one image: its digest, layers and config (env, entrypoint, cmd, workdir, user).",
+    params = { ref = IMAGE_REF, required = { "ref" } },
+    result = { "config", "layers" },
+  },
+  ["image.remove"] = {
+    doc = "Removes an image's ref, and its blobs and layers unless something else needs them; refused while a sandbox uses it.",
+    params = { ref = IMAGE_REF, required = { "ref" } },
+    result = { "ref", "digest", "blobs", "layers" },
+  },
+  ["image.prune"] = {
+    doc = "Removes blobs and layers nothing reaches; all = true also removes every image no sandbox uses and no pin holds.",
+    params = { all = { type = "boolean" } },
+    result = { "refs", "blobs", "layers" },
+  },
+  ["image.import"] = {
+    doc = "Imports an OCI image layout, a docker-archive tar or a rootfs tar or directory (an absolute path on the daemon's host) as ref.",
+    params = { path = PATH, ref = IMAGE_REF, required = { "path" } },
+    result = { "ref", "digest" },
   },
   ["fs.rename"] = {
     doc = "Renames a file or directory.",

@@ -316,12 +316,16 @@ describe("the daemon", function()
       ["sandbox.update_network"] = { id = id, network = { allow = { "example.com:443" } } },
       ["sandbox.network_log"] = { id = id },
       ["sandbox.expose"] = { id = id, port = 8000 },
+      ["image.import"] = { path = d.state .. "/images/default/rootfs", ref = "sample" },
+      ["image.list"] = {}, ["image.inspect"] = { ref = "sample" },
+      ["image.remove"] = { ref = "sample" }, ["image.prune"] = {},
     }
     local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "sandbox.set_timeout",
       "sandbox.metrics", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
       "fs.rename", "fs.remove", "recipe.build",
-      "sandbox.update_network", "sandbox.network_log", "sandbox.expose" }
+      "sandbox.update_network", "sandbox.network_log", "sandbox.expose",
+      "image.import", "image.list", "image.inspect", "image.remove", "image.prune" }
     local extra
     for _, m in ipairs(order) do
       local res, err = call(m, samples[m])

@@ -94,6 +94,7 @@ function M.start_daemon(dir, opts)
     args[#args + 1] = "--policy"
     args[#args + 1] = opts.policy
   end
+  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
   -- opts.env: the daemon's whole environment ("K=V" list), else this one's
   local handle, pid = uv.spawn(M.BIN, { args = args, env = opts.env }, function(code) d.exit_code = code end)
   assert(handle, pid)

@@ -410,21 +410,32 @@ static void test_race_and_tar_dir(const char *layers) {
   /* tar_dir of the unpacked layer, unpacked again: the same tree */
   dir = path_in(layers, x[0].info.diff_id + 7);
   {
-    int r = tp_tar_dir(dir, tar2, &err);
+    int r = tp_tar_dir(dir, tar2, 7, 7, 10, &err); /* BASE is outside 7..16: kept */
     tp_layer_opts_t o = opts();
     tp_layer_info_t info;
     char *l2 = path_in(tmp_root, "layers2");
     mkdir(l2, 0700);
     check(r == 0, "tar_dir: written (%s)", r < 0 ? err.msg : "ok");
-    o.uid_base = BASE + 0; /* the layer's files are owned by BASE: out of range 0..65535 */
     r = tp_layer_unpack(tar2, l2, &o, &info, &err);
     check(r < 0 && strstr(err.msg, "outside the sandbox's ids"),
-          "tar_dir: host-owned files of a dir import keep host ids (%s)", err.msg);
+          "tar_dir: owners outside the mapped range stay, and are refused (%s)", err.msg);
+    unlink(tar2);
+    tp_error_clear(&err);
+    r = tp_tar_dir(dir, tar2, BASE, BASE, 65536, &err);
+    check(r == 0 && tp_layer_unpack(tar2, l2, &o, &info, &err) == 0 &&
+              strcmp(info.diff_id, x[0].info.diff_id) != 0 && info.entries == 2,
+          "tar_dir: a tree laid out for boxes is shifted back and unpacks (%s)",
+          err.msg[0] ? err.msg : "ok");
+    {
+      char *back = path_in(l2, info.diff_id + 7);
+      check(st_is(back, "a", S_IFREG, BASE, 0644), "tar_dir: owners round-trip");
+      free(back);
+    }
     tp_rmtree(l2, NULL);
     free(l2);
   }
   {
-    int r = tp_tar_dir("/nonexistent-dir", tar2, &err);
+    int r = tp_tar_dir("/nonexistent-dir", tar2, BASE, BASE, 65536, &err);
     check(r < 0, "tar_dir: a missing dir refused");
   }
   tp_rmtree(dir, NULL);

@@ -1,0 +1,474 @@
+-- The image store through a real daemon: imports of an OCI layout, a
+-- docker-archive, rootfs tars and dirs (all made here, from busybox-static),
+-- multi-layer images with whiteouts and an opaque dir, the image config
+-- applied to processes, hostile archives refused with nothing left behind,
+-- rmi/prune/pins, and two creates sharing one unpack.
+local uv = require("luv")
+local async = require("tupper.async")
+local json = require("tupper.json")
+local helper = require("helper")
+
+local call, sync = helper.call, helper.sync
+
+---------------------------------------------------------------- a ustar writer
+
+local function pad(s, n) return s .. ("\0"):rep(n - #s) end
+local function octal(n, width) return ("%0" .. (width - 1) .. "o"):format(n) .. "\0" end
+
+-- e = { name, type = "0" file | "1" hardlink | "2" symlink | "3" char | "5" dir,
+--       data, link, mode, uid, gid, major, minor }
+local function header(e)
+  local size = (e.type or "0") == "0" and #(e.data or "") or 0
+  local h = pad(e.name, 100) .. octal(e.mode or (e.type == "5" and 493 or 420), 8) ..
+    octal(e.uid or 0, 8) .. octal(e.gid or e.uid or 0, 8) .. octal(e.size or size, 12) ..
+    octal(1700000000, 12) .. "        " .. (e.type or "0") .. pad(e.link or "", 100) ..
+    "ustar\0" .. "00" .. pad("", 32) .. pad("", 32) .. octal(e.major or 0, 8) ..
+    octal(e.minor or 0, 8) .. pad("", 155) .. pad("", 12)
+  assert(#h == 512)
+  local sum = 0
+  for i = 1, 512 do sum = sum + h:byte(i) end
+  return h:sub(1, 148) .. ("%06o\0 "):format(sum) .. h:sub(157)
+end
+
+local function tar(entries)
+  local out = {}
+  for _, e in ipairs(entries) do
+    out[#out + 1] = header(e)
+    local data = (e.type or "0") == "0" and (e.data or "") or ""
+    out[#out + 1] = data
+    if #data % 512 ~= 0 then out[#out + 1] = ("\0"):rep(512 - #data % 512) end
+  end
+  out[#out + 1] = ("\0"):rep(1024)
+  return table.concat(out)
+end
+
+local function write(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+local function sh(cmd)
+  local p = io.popen(cmd)
+  local out = p:read("a")
+  p:close()
+  return out
+end
+
+local function sha256(path) return "sha256:" .. sh("sha256sum '" .. path .. "'"):match("^(%x+)") end
+
+local function gzip(path) assert(os.execute("gzip -n -f '" .. path .. "'")); return path .. ".gz" end
+
+local function ls(dir)
+  local names = {}
+  local h = uv.fs_scandir(dir)
+  while h do
+    local name = uv.fs_scandir_next(h)
+    if not name then break end
+    names[#names + 1] = name
+  end
+  table.sort(names)
+  return table.concat(names, " ")
+end
+
+---------------------------------------------------------------- the test images
+
+local BUSYBOX = assert(helper.read_file("/bin/busybox"), "needs /bin/busybox (busybox-static)")
+
+local base = {
+  { name = "./", type = "5" },
+  { name = "bin/", type = "5" },
+  { name = "bin/busybox", data = BUSYBOX, mode = 493 },
+  { name = "etc/", type = "5" },
+  { name = "etc/passwd", data = "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1235:app:/home/app:/bin/sh\n" },
+  { name = "etc/group", data = "root:x:0:\napp:x:1235:\nstaff:x:50:\n" },
+  { name = "tmp/", type = "5", mode = 1023 },
+  { name = "root/", type = "5", mode = 448 },
+  { name = "home/app/", type = "5", uid = 1234, gid = 1235 },
+}
+for _, applet in ipairs({ "sh", "cat", "ls", "id", "echo", "pwd", "env", "test" }) do
+  base[#base + 1] = { name = "bin/" .. applet, type = "2", link = "busybox" }
+end
+local middle = {
+  { name = "opt/keep/a", data = "a\n" },
+  { name = "opt/gone", data = "gone\n" },
+  { name = "data/old", data = "old\n" },
+  { name = "etc/motd", data = "middle\n" },
+}
+local top = {
+  { name = "opt/.wh.gone", data = "" },
+  { name = "data/.wh..wh..opq", data = "" },
+  { name = "data/new", data = "new\n" },
+  { name = "etc/motd", data = "top\n" },
+}
+
+local CONFIG = {
+  Env = { "PATH=/bin", "GREETING=hello" },
+  Entrypoint = { "/bin/sh", "-c" },
+  Cmd = { "echo $GREETING from $(pwd) as $(id -u):$(id -g) home $HOME" },
+  WorkingDir = "/opt",
+  User = "app",
+}
+
+-- Writes an OCI image layout of the given layers (gzip'ed) at dir.
+local function oci_layout(dir, layers, config, ref_name)
+  os.execute("mkdir -p '" .. dir .. "/blobs/sha256'")
+  local function blob(path)
+    local d = sha256(path)
+    assert(os.rename(path, dir .. "/blobs/sha256/" .. d:sub(8)))
+    return d
+  end
+  local diffs, descs = {}, {}
+  for i, entries in ipairs(layers) do
+    local p = dir .. "/layer" .. i .. ".tar"
+    write(p, tar(entries))
+    diffs[i] = sha256(p)
+    local gz = gzip(p)
+    local size = uv.fs_stat(gz).size
+    descs[i] = { mediaType = "application/vnd.oci.image.layer.v1.tar+gzip", digest = blob(gz), size = size }
+  end
+  local cfg = json.encode({ architecture = "amd64", os = "linux", config = config,
+                            rootfs = { type = "layers", diff_ids = diffs } })
+  write(dir .. "/config.json", cfg)
+  local cdigest = blob(dir .. "/config.json")
+  local m = json.encode({ schemaVersion = 2, mediaType = "application/vnd.oci.image.manifest.v1+json",
+    config = { mediaType = "application/vnd.oci.image.config.v1+json", digest = cdigest, size = #cfg },
+    layers = descs })
+  write(dir .. "/manifest.json", m)
+  local mdigest = blob(dir .. "/manifest.json")
+  write(dir .. "/index.json", json.encode({ schemaVersion = 2, manifests = { {
+    mediaType = "application/vnd.oci.image.manifest.v1+json", digest = mdigest, size = #m,
+    annotations = ref_name and { ["org.opencontainers.image.ref.name"] = ref_name } or nil } } }))
+  write(dir .. "/oci-layout", '{"imageLayoutVersion":"1.0.0"}')
+  return { manifest = mdigest, diffs = diffs, layers = descs }
+end
+
+-- A `docker save` tar: manifest.json, <hex>.json, <n>/layer.tar.
+local function docker_archive(path, layers, config, tag, mutate)
+  local diffs, files, names = {}, {}, {}
+  for i, entries in ipairs(layers) do
+    local t = tar(entries)
+    local p = path .. ".l" .. i
+    write(p, t)
+    diffs[i] = sha256(p)
+    os.remove(p)
+    names[i] = ("%d/layer.tar"):format(i)
+    files[#files + 1] = { name = ("%d/"):format(i), type = "5" }
+    files[#files + 1] = { name = names[i], data = t }
+  end
+  local cfg = json.encode({ architecture = "amd64", os = "linux", config = config,
+                            rootfs = { type = "layers", diff_ids = diffs } })
+  write(path .. ".cfg", cfg)
+  local chex = sha256(path .. ".cfg"):sub(8)
+  os.remove(path .. ".cfg")
+  local manifest = { { Config = chex .. ".json", RepoTags = tag and { tag } or nil, Layers = names } }
+  if mutate then mutate(manifest) end
+  files[#files + 1] = { name = chex .. ".json", data = cfg }
+  files[#files + 1] = { name = "manifest.json", data = json.encode(manifest) }
+  write(path, tar(files))
+  return diffs
+end
+
+---------------------------------------------------------------- specs
+
+describe("the image store", function()
+  local d, c, dir, images
+
+  local function run(id, script)
+    return sync(function() return helper.run(c, id, { "/bin/sh", "-c", script }) end)
+  end
+
+  -- every blob and layer of the store, and what tmp/ holds
+  local function snapshot()
+    return ls(images .. "/blobs/sha256") .. " | " .. ls(images .. "/layers") .. " | " .. ls(images .. "/tmp")
+  end
+
+  setup(function()
+    dir = helper.tmpdir()
+    d = helper.start_daemon(dir .. "/d", { pool = 0, args = { "--max-layer", "16M" } })
+    c = assert(d.connect())
+    images = d.state .. "/images"
+  end)
+  teardown(function()
+    if c then c:close() end
+    if d then d.stop() end
+    helper.rmrf(dir)
+    helper.drain()
+  end)
+
+  it("imports an OCI layout and runs its Entrypoint + Cmd as its User in its WorkingDir", function()
+    local info = oci_layout(dir .. "/oci", { base, middle, top }, CONFIG)
+    local code, out, err = helper.cli({ "--socket", d.socket, "import", dir .. "/oci", "myoci:1" })
+    assert.are.equal(0, code, err)
+    assert.truthy(out:find("docker.io/library/myoci:1 " .. info.manifest, 1, true), out)
+    for _, diff in ipairs(info.diffs) do
+      assert.truthy(uv.fs_stat(images .. "/layers/" .. diff:sub(8)), "layer " .. diff .. " unpacked")
+    end
+    code, out, err = helper.cli({ "--socket", d.socket, "run", "--image", "myoci:1" })
+    assert.are.equal(0, code, err)
+    assert.are.equal("hello from /opt as 1234:1235 home /home/app\n", out)
+    -- an explicit command runs as given, with the image's env, user and dir
+    code, out = helper.cli({ "--socket", d.socket, "run", "--image", "myoci:1", "-e", "GREETING=hi",
+      "--", "sh", "-c", "echo $GREETING $(id -u) $(pwd)" })
+    assert.are.equal(0, code)
+    assert.are.equal("hi 1234 /opt\n", out)
+  end)
+
+  it("merges the layers: upper wins, whiteouts and opaque dirs hide what is below", function()
+    local sb = assert(call(c, "sandbox.create", { image = "myoci:1" }))
+    assert.are.equal("docker.io/library/myoci:1", sb.image)
+    local r = run(sb.id, "cat /etc/motd; ls /opt; ls /data; [ -e /opt/gone ] && echo gone-seen; " ..
+      "cat /opt/keep/a")
+    assert.are.equal(0, r.exit_code, r.stderr)
+    assert.are.equal("top\nkeep\nnew\na\n", r.stdout)
+    -- writes go to the box's upper dir; the shared layers stay as they were
+    r = run(sb.id, "echo mine > /tmp/x && cat /tmp/x && echo changed > /etc/motd 2>&1; cat /etc/motd")
+    assert.are.equal("mine\n", r.stdout:sub(1, 5))
+    local sb2 = assert(call(c, "sandbox.create", { image = "myoci:1" }))
+    assert.are.equal("top\n", run(sb2.id, "cat /etc/motd").stdout)
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    assert(call(c, "sandbox.kill", { id = sb2.id }))
+  end)
+
+  it("imports a docker-archive under its own tag, numeric User, explicit Cmd", function()
+    local path = dir .. "/docker.tar"
+    docker_archive(path, { base, middle }, { Env = { "PATH=/bin", "GREETING=dock" },
+      Cmd = { "/bin/sh", "-c", "echo $GREETING $(id -u):$(id -g) $(pwd)" }, WorkingDir = "/data",
+      User = "1234" }, "example.org/team/dock:2")
+    local r = assert(call(c, "image.import", { path = path }))
+    assert.are.equal("example.org/team/dock:2", r.ref)
+    local code, out, err = helper.cli({ "--socket", d.socket, "run", "--image", "example.org/team/dock:2" })
+    assert.are.equal(0, code, err)
+    assert.are.equal("dock 1234:1235 /data\n", out)
+    -- the base layer is shared with the OCI image: one dir for both
+    local info = assert(call(c, "image.inspect", { ref = "example.org/team/dock:2" }))
+    local oci = assert(call(c, "image.inspect", { ref = "myoci:1" }))
+    assert.are.equal(oci.layers[1].diff_id, info.layers[1].diff_id)
+    assert.are.equal("1234", info.config.user)
+    assert.are.same({ "PATH=/bin", "GREETING=dock" }, info.config.env)
+    local list = assert(call(c, "image.list", {})).images
+    local refs = {}
+    for _, i in ipairs(list) do refs[#refs + 1] = i.ref end
+    assert.are.same({ "docker.io/library/myoci:1", "example.org/team/dock:2" }, refs)
+  end)
+
+  it("resolves User:group by name and refuses users the image does not know", function()
+    local path = dir .. "/ghost.tar"
+    docker_archive(path, { base }, { Env = { "PATH=/bin" }, User = "app:staff" }, "ghost:staff")
+    assert(call(c, "image.import", { path = path }))
+    local sb = assert(call(c, "sandbox.create", { image = "ghost:staff" }))
+    assert.are.equal("1234:50\n", run(sb.id, "echo $(id -u):$(id -g)").stdout)
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    docker_archive(path, { base }, { Env = { "PATH=/bin" }, User = "ghost" }, "ghost:1")
+    assert(call(c, "image.import", { path = path }))
+    sb = assert(call(c, "sandbox.create", { image = "ghost:1" }))
+    local res, e = sync(function() return helper.run(c, sb.id, { "id" }) end)
+    assert.is_nil(res)
+    assert.truthy(e.message:find("user 'ghost' is not in the image's /etc/passwd", 1, true), e.message)
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    docker_archive(path, { base }, { User = "70000" }, "ghost:big")
+    assert(call(c, "image.import", { path = path }))
+    sb = assert(call(c, "sandbox.create", { image = "ghost:big" }))
+    res, e = sync(function() return helper.run(c, sb.id, { "id" }) end)
+    assert.is_nil(res)
+    assert.truthy(e.message:find("outside the sandbox's ids", 1, true), e.message)
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    for _, ref in ipairs({ "ghost:staff", "ghost:1", "ghost:big" }) do assert(call(c, "image.remove", { ref = ref })) end
+  end)
+
+  it("imports a plain rootfs tar (gzip'ed) and a rootfs directory", function()
+    local path = dir .. "/rootfs.tar"
+    write(path, tar(base))
+    local gz = gzip(path)
+    local r = assert(call(c, "image.import", { path = gz, ref = "plain" }))
+    assert.are.equal("docker.io/library/plain:latest", r.ref)
+    local sb = assert(call(c, "sandbox.create", { image = "plain" }))
+    assert.are.equal("root:x:0:0:root:/root:/bin/sh\n", run(sb.id, "read l < /etc/passwd; echo $l").stdout)
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    -- a directory: the default image's own rootfs
+    r = assert(call(c, "image.import", { path = d.state .. "/images/default/rootfs", ref = "fromdir" }))
+    sb = assert(call(c, "sandbox.create", { image = "fromdir" }))
+    assert.are.equal("ok\n", run(sb.id, "echo ok").stdout)
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    local _, e = call(c, "image.import", { path = gz })
+    assert.truthy(e.message:find("give a name", 1, true), e.message)
+  end)
+
+  it("refuses an unknown image with a clear error", function()
+    local _, e = call(c, "sandbox.create", { image = "nosuch:9" })
+    assert.truthy(e.message:find("no image 'nosuch:9' in the store", 1, true), e.message)
+    _, e = call(c, "sandbox.create", { image = "Bad Ref!" })
+    assert.truthy(e.message:find("not an image reference", 1, true), e.message)
+  end)
+
+  describe("hostile archives", function()
+    local outside
+
+    setup(function()
+      outside = dir .. "/outside"
+      uv.fs_mkdir(outside, tonumber("755", 8))
+    end)
+
+    local function refused(name, data, want, compress)
+      local path = dir .. "/" .. name .. ".tar"
+      write(path, data)
+      if compress then path = gzip(path) end
+      local before = snapshot()
+      local r, e = call(c, "image.import", { path = path, ref = "evil/" .. name })
+      assert.is_nil(r, name .. " was imported")
+      assert.truthy(e.message:find(want, 1, true), name .. ": " .. e.message)
+      assert.are.equal(before, snapshot(), name .. " left something in the store")
+      assert.is_nil((call(c, "image.inspect", { ref = "evil/" .. name })))
+    end
+
+    it("are refused with a clear error and leave nothing behind", function()
+      refused("dotdot", tar({ { name = "a/../../../evil", data = "x" } }), "leads out of the layer")
+      refused("absolute", tar({ { name = "/etc/evil", data = "x" } }), "is absolute")
+      refused("through", tar({ { name = "link", type = "2", link = outside },
+        { name = "link/pwned", data = "x" } }), "goes through a symlink")
+      assert.is_nil(uv.fs_stat(outside .. "/pwned"), "a file was written through the symlink")
+      refused("hardlink", tar({ { name = "passwd", type = "1", link = "../../../../etc/passwd" } }),
+        "leads out of the layer")
+      refused("hardlink-abs", tar({ { name = "shadow", type = "1", link = "/etc/shadow" } }), "is absolute")
+      refused("device", tar({ { name = "dev/mem", type = "3", major = 1, minor = 1 } }), "device node")
+      refused("uid", tar({ { name = "f", data = "x", uid = 1000000 } }), "outside the sandbox's ids")
+      -- a 64 MiB file of zeros, a few KiB gzip'ed; the daemon takes 16 MiB
+      local path = dir .. "/bomb.tar"
+      write(path, header({ name = "zeros", size = 64 * 1048576 }))
+      assert(os.execute("head -c " .. 64 * 1048576 .. " /dev/zero >> '" .. path .. "' && " ..
+        "head -c 1024 /dev/zero >> '" .. path .. "' && gzip -n -f '" .. path .. "'"))
+      local before = snapshot()
+      local r, e = call(c, "image.import", { path = path .. ".gz", ref = "evil/bomb" })
+      assert.is_nil(r)
+      assert.truthy(e.message:find("more than 16777216 bytes", 1, true), e.message)
+      assert.are.equal(before, snapshot())
+      -- truncated gzip
+      write(dir .. "/t.tar", tar(base))
+      local gz = gzip(dir .. "/t.tar")
+      local size = uv.fs_stat(gz).size
+      assert(os.execute("truncate -s " .. size // 2 .. " '" .. gz .. "'"))
+      r, e = call(c, "image.import", { path = gz, ref = "evil/truncated" })
+      assert.is_nil(r)
+      assert.truthy(e.message:find("truncated", 1, true), e.message)
+      assert.are.equal(before, snapshot())
+      -- a docker-archive naming a layer outside itself
+      docker_archive(dir .. "/escape.tar", { base }, {}, "evil/escape:1", function(m)
+        m[1].Layers = { "../../../../etc/passwd" }
+      end)
+      r, e = call(c, "image.import", { path = dir .. "/escape.tar" })
+      assert.is_nil(r)
+      assert.truthy(e.message:find("not a file of the archive", 1, true), e.message)
+      assert.are.equal(before, snapshot())
+    end)
+
+    it("with a blob that does not match its digest are refused", function()
+      local info = oci_layout(dir .. "/liar", { base, { { name = "etc/liar", data = "unique\n" } } }, CONFIG)
+      -- swap the top layer's content for another tar's
+      local victim = dir .. "/liar/blobs/sha256/" .. info.layers[2].digest:sub(8)
+      write(dir .. "/other.tar", tar({ { name = "etc/motd", data = "evil\n" } }))
+      local other = gzip(dir .. "/other.tar")
+      assert(os.rename(other, victim))
+      os.execute("truncate -s " .. info.layers[2].size .. " '" .. victim .. "'")
+      local before = snapshot()
+      local r, e = call(c, "image.import", { path = dir .. "/liar", ref = "evil/liar" })
+      assert.is_nil(r)
+      assert.truthy(e.message:find("digest mismatch", 1, true) or e.message:find("size", 1, true), e.message)
+      assert.are.equal(before, snapshot())
+    end)
+  end)
+
+  it("refuses rmi while a sandbox uses the image, then removes what only it used", function()
+    local oci = assert(call(c, "image.inspect", { ref = "myoci:1" }))
+    local sb = assert(call(c, "sandbox.create", { image = "myoci:1" }))
+    local _, e = call(c, "image.remove", { ref = "myoci:1" })
+    assert.truthy(e.message:find("in use by a sandbox", 1, true), e.message)
+    local code, _, err = helper.cli({ "--socket", d.socket, "rmi", "myoci:1" })
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("in use", 1, true), err)
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    code = helper.cli({ "--socket", d.socket, "rmi", "myoci:1" })
+    assert.are.equal(0, code)
+    -- its own top layer is gone; the base, shared with the docker image, stays
+    assert.is_nil(uv.fs_stat(images .. "/layers/" .. oci.layers[3].diff_id:sub(8)))
+    assert.truthy(uv.fs_stat(images .. "/layers/" .. oci.layers[1].diff_id:sub(8)))
+    assert.is_nil(uv.fs_stat(images .. "/blobs/sha256/" .. oci.digest:sub(8)))
+    _, e = call(c, "sandbox.create", { image = "myoci:1" })
+    assert.truthy(e.message:find("no image", 1, true))
+    _, e = call(c, "image.remove", { ref = "default" })
+    assert.truthy(e.message:find("cannot be removed", 1, true))
+  end)
+
+  it("unpacks a layer once for two creates at the same time", function()
+    local info = assert(call(c, "image.inspect", { ref = "example.org/team/dock:2" }))
+    for _, l in ipairs(info.layers) do helper.rmrf(images .. "/layers/" .. l.diff_id:sub(8)) end
+    local ids = sync(function()
+      local got, n = {}, 0
+      async.wait(function(done)
+        for i = 1, 2 do
+          async.spawn(function()
+            got[i] = assert(c:call("sandbox.create", { image = "example.org/team/dock:2" })).id
+            n = n + 1
+            if n == 2 then done() end
+          end)
+        end
+      end)
+      return got
+    end)
+    for _, id in ipairs(ids) do
+      assert.are.equal("dock 1234:1235 /data\n", run(id, "echo $GREETING $(id -u):$(id -g) $(pwd)").stdout)
+      assert(call(c, "sandbox.kill", { id = id }))
+    end
+    local log = helper.read_file(d.log)
+    for _, l in ipairs(info.layers) do
+      local _, n = log:gsub("unpacking image layer " .. l.diff_id, "")
+      -- once at the OCI image's import (which shares these two), once now
+      assert.are.equal(2, n, l.diff_id .. " unpacked " .. n .. " times")
+      assert.truthy(uv.fs_stat(images .. "/layers/" .. l.diff_id:sub(8)))
+    end
+    assert.are.equal("", ls(images .. "/tmp"))
+  end)
+
+  it("prunes what nothing reaches, and with --all what no sandbox uses and no pin holds", function()
+    local stray = images .. "/blobs/sha256/" .. ("ab"):rep(32)
+    write(stray, "stray")
+    os.execute("touch -d '2 hours ago' '" .. stray .. "'")
+    local fresh = images .. "/blobs/sha256/" .. ("cd"):rep(32)
+    write(fresh, "a pull in progress")
+    local r = assert(call(c, "image.prune", {}))
+    assert.is_nil(uv.fs_stat(stray))
+    assert.truthy(uv.fs_stat(fresh), "prune removed a fresh blob")
+    os.remove(fresh)
+    assert.are.equal(0, #r.refs)
+    -- a pin (what a lockfile holds) keeps an image from prune --all
+    local info = assert(call(c, "image.inspect", { ref = "example.org/team/dock:2" }))
+    write(images .. "/pins.json", json.encode({ [info.digest] = { ["/tmp/x/tupper.lock"] = true } }))
+    assert(call(c, "image.import", { path = d.state .. "/images/default/rootfs", ref = "unpinned" }))
+    local sb = assert(call(c, "sandbox.create", { image = "unpinned" }))
+    r = assert(call(c, "image.prune", { all = true }))
+    assert.are.same({ "docker.io/library/fromdir:latest", "docker.io/library/plain:latest" }, r.refs)
+    assert.truthy(call(c, "image.inspect", { ref = "example.org/team/dock:2" }))
+    assert.truthy(call(c, "image.inspect", { ref = "unpinned" }), "an image in use was pruned")
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    local code, out = helper.cli({ "--socket", d.socket, "image", "prune", "--all" })
+    assert.are.equal(0, code)
+    assert.truthy(out:find("removed docker.io/library/unpinned:latest", 1, true), out)
+    os.remove(images .. "/pins.json")
+    code, out = helper.cli({ "--socket", d.socket, "images", "--json" })
+    assert.are.equal(0, code)
+    assert.are.equal(1, #json.decode(out))
+  end)
+
+  it("keeps an image in use across a daemon crash", function()
+    local sb = assert(call(c, "sandbox.create", { image = "example.org/team/dock:2" }))
+    c:close()
+    d.crash()
+    d = helper.start_daemon(dir .. "/d", { pool = 0, args = { "--max-layer", "16M" } })
+    c = assert(d.connect())
+    local _, e = call(c, "image.remove", { ref = "example.org/team/dock:2" })
+    assert.truthy(e and e.message:find("in use", 1, true), "a re-adopted box's image was removable")
+    assert.are.equal("dock\n", run(sb.id, "echo $GREETING").stdout)
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    assert(call(c, "image.remove", { ref = "example.org/team/dock:2" }))
+    assert.are.equal("", ls(images .. "/layers"))
+  end)
+end)
