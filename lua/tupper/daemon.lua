@@ -252,7 +252,11 @@ function Daemon:create_sandbox(p)
     if not img then
       -- pull-on-first-use (tupper.registry), then the store has it
       local pulled, perr = self:_pull(image)
-      if pulled then img, err = self.images:resolve(image) else err = perr or err end
+      if pulled then
+        img, err = self.images:resolve(image)
+      elseif perr then
+        err = ("%s; pulling it failed: %s"):format(err, perr)
+      end
     end
     if not img then return nil, err end
   end
@@ -708,6 +712,7 @@ function M.run(opts)
     if ok then
       self.images, err = images.open(self.state .. "/images", { uid_base = self.uid_base,
         id_count = M.ID_COUNT, default_layers = { self.default_image }, log = log,
+        default_digest = function() return build.default_digest(self) end,
         limits = opts.max_layer and { max_tar_bytes = opts.max_layer, max_bytes = opts.max_layer } or nil,
         in_use = function() return self:_images_in_use() end })
       ok = self.images ~= nil

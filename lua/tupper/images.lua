@@ -133,14 +133,15 @@ end
 ---------------------------------------------------------------- open
 
 --- Opens (creating it) the store at dir.  opts: uid_base, gid_base,
--- id_count, log(fmt, ...), default_layers (the embedded image's dirs), in_use() -> { digests
+-- id_count, log(fmt, ...), default_digest() (the embedded image's identity,
+-- for locks that pin it), default_layers (the embedded image's dirs), in_use() -> { digests
 -- = set, layers = set } (what live sandboxes use), and limits (M.LIMITS).
 function M.open(dir, opts)
   opts = opts or {}
   local self = setmetatable({ dir = dir, blobs = dir .. "/blobs/sha256", layers_dir = dir .. "/layers",
     tmp = dir .. "/tmp", uid_base = assert(opts.uid_base, "uid_base"),
     gid_base = opts.gid_base or opts.uid_base, id_count = opts.id_count or 65536,
-    default_layers = opts.default_layers, in_use = opts.in_use or function() return { digests = {}, layers = {} } end,
+    default_layers = opts.default_layers, default_digest = opts.default_digest, in_use = opts.in_use or function() return { digests = {}, layers = {} } end,
     limits = setmetatable(opts.limits or {}, { __index = M.LIMITS }), log = opts.log or function() end,
     unpacking = {}, busy = {}, cache = {}, written = setmetatable({}, { __mode = "k" }) }, Store)
   for _, d in ipairs({ dir, dir .. "/blobs", self.blobs, self.layers_dir, self.tmp }) do
@@ -415,9 +416,10 @@ end
 -- entrypoint, cmd, workdir, user } }, its layers unpacked.  nil, err for
 -- an image the store does not hold.
 function Store:resolve(ref)
-  if ref == "default" then
+  local ddigest = self.default_digest and self.default_digest()
+  if ref == "default" or (ddigest and ref == ddigest) then
     if not self.default_layers then return nil, "no default image" end
-    return { ref = "default", digest = nil, layers = self.default_layers,
+    return { ref = "default", digest = ddigest, layers = self.default_layers,
              config = { env = {}, workdir = "/", user = "root" } }
   end
   local name, err = M.normalize(ref)

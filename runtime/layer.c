@@ -2,14 +2,20 @@
  * rules.  One pass over a layer blob: the file is read and hashed (the
  * blob's digest), a first libarchive reader decompresses it (gzip, zstd or
  * nothing: format "raw"), the bytes it yields are hashed (the diff id) and
- * counted, and fed to a second reader that parses them as tar. */
+ * counted, and fed to a second reader that parses them as tar.
+ *
+ * libarchive is opened with dlopen at first use, not linked: it brings a
+ * dozen shared libraries (its compressors, libxml2, nettle, acl...), whose
+ * loading would cost every CLI verb start-up time; only the daemon's first
+ * import or unpack pays for them.  sha256 is tupper's own (sha256.c). */
 #define _GNU_SOURCE
 #include <archive.h>
 #include <archive_entry.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +26,104 @@
 
 #include "layer.h"
 #include "linux.h"
+#include "sha256.h"
 #include "utils.h"
+
+/* Every libarchive function used here, called through a pointer loaded at
+ * first use (each name below is redirected to its pointer). */
+#define TP_AR_FUNCS(X)                                                                             \
+  X(archive_read_new) X(archive_read_free) X(archive_read_support_filter_gzip)                     \
+  X(archive_read_support_filter_zstd) X(archive_read_support_format_raw)                           \
+  X(archive_read_support_format_tar) X(archive_read_open) X(archive_read_next_header)              \
+  X(archive_read_next_header2) X(archive_read_data) X(archive_read_data_block)                     \
+  X(archive_error_string) X(archive_set_error) X(archive_entry_pathname) X(archive_entry_filetype) \
+  X(archive_entry_uid) X(archive_entry_gid) X(archive_entry_size) X(archive_entry_size_is_set)     \
+  X(archive_entry_perm) X(archive_entry_mtime) X(archive_entry_symlink) X(archive_entry_hardlink)  \
+  X(archive_entry_rdevmajor) X(archive_entry_rdevminor) X(archive_entry_new) X(archive_entry_free) \
+  X(archive_entry_clear) X(archive_entry_set_pathname) X(archive_entry_set_uid)                    \
+  X(archive_entry_set_gid) X(archive_entry_sourcepath) X(archive_read_disk_new)                    \
+  X(archive_read_disk_set_symlink_physical) X(archive_read_disk_set_behavior)                      \
+  X(archive_read_disk_open) X(archive_read_disk_descend) X(archive_write_new) X(archive_write_free) \
+  X(archive_write_set_format_pax_restricted) X(archive_write_open_fd) X(archive_write_header)       \
+  X(archive_write_data) X(archive_write_close)
+
+#define TP_AR_SLOT(name) __typeof__(name) *name;
+static struct {
+  TP_AR_FUNCS(TP_AR_SLOT)
+} tp__ar;
+#undef TP_AR_SLOT
+static pthread_once_t tp__ar_once = PTHREAD_ONCE_INIT;
+static char tp__ar_err[256];
+
+static void tp__ar_load(void) {
+  void *lib = dlopen("libarchive.so.13", RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    snprintf(tp__ar_err, sizeof(tp__ar_err), "cannot load libarchive.so.13 (install libarchive13): %s",
+             dlerror());
+    return;
+  }
+#define TP_AR_LOAD(name)                                                                           \
+  if ((*(void **) &tp__ar.name = dlsym(lib, #name)) == NULL) {                                     \
+    snprintf(tp__ar_err, sizeof(tp__ar_err), "libarchive lacks %s", #name);                        \
+    return;                                                                                        \
+  }
+  TP_AR_FUNCS(TP_AR_LOAD)
+#undef TP_AR_LOAD
+}
+
+static int tp__ar_ready(tp_error_t *err) {
+  pthread_once(&tp__ar_once, tp__ar_load);
+  if (tp__ar_err[0] != '\0')
+    return tp_error_set(err, ENOSYS, "%s", tp__ar_err);
+  return 0;
+}
+
+/* From here on, each libarchive name is its loaded pointer. */
+#define TP_AR_REDIRECT(name) tp__ar.name
+#define archive_read_new TP_AR_REDIRECT(archive_read_new)
+#define archive_read_free TP_AR_REDIRECT(archive_read_free)
+#define archive_read_support_filter_gzip TP_AR_REDIRECT(archive_read_support_filter_gzip)
+#define archive_read_support_filter_zstd TP_AR_REDIRECT(archive_read_support_filter_zstd)
+#define archive_read_support_format_raw TP_AR_REDIRECT(archive_read_support_format_raw)
+#define archive_read_support_format_tar TP_AR_REDIRECT(archive_read_support_format_tar)
+#define archive_read_open TP_AR_REDIRECT(archive_read_open)
+#define archive_read_next_header TP_AR_REDIRECT(archive_read_next_header)
+#define archive_read_next_header2 TP_AR_REDIRECT(archive_read_next_header2)
+#define archive_read_data TP_AR_REDIRECT(archive_read_data)
+#define archive_read_data_block TP_AR_REDIRECT(archive_read_data_block)
+#define archive_error_string TP_AR_REDIRECT(archive_error_string)
+#define archive_set_error TP_AR_REDIRECT(archive_set_error)
+#define archive_entry_pathname TP_AR_REDIRECT(archive_entry_pathname)
+#define archive_entry_filetype TP_AR_REDIRECT(archive_entry_filetype)
+#define archive_entry_uid TP_AR_REDIRECT(archive_entry_uid)
+#define archive_entry_gid TP_AR_REDIRECT(archive_entry_gid)
+#define archive_entry_size TP_AR_REDIRECT(archive_entry_size)
+#define archive_entry_size_is_set TP_AR_REDIRECT(archive_entry_size_is_set)
+#define archive_entry_perm TP_AR_REDIRECT(archive_entry_perm)
+#define archive_entry_mtime TP_AR_REDIRECT(archive_entry_mtime)
+#define archive_entry_symlink TP_AR_REDIRECT(archive_entry_symlink)
+#define archive_entry_hardlink TP_AR_REDIRECT(archive_entry_hardlink)
+#define archive_entry_rdevmajor TP_AR_REDIRECT(archive_entry_rdevmajor)
+#define archive_entry_rdevminor TP_AR_REDIRECT(archive_entry_rdevminor)
+#define archive_entry_new TP_AR_REDIRECT(archive_entry_new)
+#define archive_entry_free TP_AR_REDIRECT(archive_entry_free)
+#define archive_entry_clear TP_AR_REDIRECT(archive_entry_clear)
+#define archive_entry_set_pathname TP_AR_REDIRECT(archive_entry_set_pathname)
+#define archive_entry_set_uid TP_AR_REDIRECT(archive_entry_set_uid)
+#define archive_entry_set_gid TP_AR_REDIRECT(archive_entry_set_gid)
+#define archive_entry_sourcepath TP_AR_REDIRECT(archive_entry_sourcepath)
+#define archive_read_disk_new TP_AR_REDIRECT(archive_read_disk_new)
+#define archive_read_disk_set_symlink_physical TP_AR_REDIRECT(archive_read_disk_set_symlink_physical)
+#define archive_read_disk_set_behavior TP_AR_REDIRECT(archive_read_disk_set_behavior)
+#define archive_read_disk_open TP_AR_REDIRECT(archive_read_disk_open)
+#define archive_read_disk_descend TP_AR_REDIRECT(archive_read_disk_descend)
+#define archive_write_new TP_AR_REDIRECT(archive_write_new)
+#define archive_write_free TP_AR_REDIRECT(archive_write_free)
+#define archive_write_set_format_pax_restricted TP_AR_REDIRECT(archive_write_set_format_pax_restricted)
+#define archive_write_open_fd TP_AR_REDIRECT(archive_write_open_fd)
+#define archive_write_header TP_AR_REDIRECT(archive_write_header)
+#define archive_write_data TP_AR_REDIRECT(archive_write_data)
+#define archive_write_close TP_AR_REDIRECT(archive_write_close)
 
 #define TP__IO_BUF 65536
 #define TP__PATH_LEN 4096
@@ -34,28 +137,12 @@ int tp_digest_valid(const char *s) {
   return 1;
 }
 
-static void md_final(EVP_MD_CTX *md, char out[TP_DIGEST_LEN + 1]) {
+static void md_final(tp_sha256_t *md, char out[TP_DIGEST_LEN + 1]) {
   unsigned char h[32];
-  unsigned int n = 0;
-  EVP_DigestFinal_ex(md, h, &n);
+  tp_sha256_final(md, h);
   memcpy(out, "sha256:", 7);
   for (unsigned i = 0; i < 32; i++)
     snprintf(out + 7 + 2 * i, 3, "%02x", h[i]);
-}
-
-static void cleanup_mdp(EVP_MD_CTX **md) {
-  if (*md != NULL)
-    EVP_MD_CTX_free(*md);
-}
-#define cleanup_md __attribute__((cleanup(cleanup_mdp)))
-
-static EVP_MD_CTX *md_new(void) {
-  EVP_MD_CTX *md = EVP_MD_CTX_new();
-  if (md != NULL && EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
-    EVP_MD_CTX_free(md);
-    md = NULL;
-  }
-  return md;
 }
 
 static void cleanup_archivep(struct archive **a) {
@@ -89,8 +176,8 @@ typedef struct ux_s {
   tp_error_t *err;
   int failed;          /* err is set (by a read callback) */
   int blob_fd;
-  EVP_MD_CTX *blob_md; /* of the blob's bytes */
-  EVP_MD_CTX *tar_md;  /* of the decompressed bytes */
+  tp_sha256_t blob_md; /* of the blob's bytes */
+  tp_sha256_t tar_md;  /* of the decompressed bytes */
   struct archive *raw; /* the decompressor */
   int raw_eof;
   int root;            /* the layer's temp root */
@@ -112,7 +199,7 @@ static ssize_t blob_read(struct archive *a, void *data, const void **buf) {
     archive_set_error(a, errno, "read blob");
     return -1;
   }
-  EVP_DigestUpdate(u->blob_md, u->blob_buf, (size_t) n);
+  tp_sha256_update(&u->blob_md, u->blob_buf, (size_t) n);
   *buf = u->blob_buf;
   return n;
 }
@@ -145,7 +232,7 @@ static ssize_t tar_read(struct archive *a, void *data, const void **buf) {
     archive_set_error(a, EFBIG, "too big");
     return -1;
   }
-  EVP_DigestUpdate(u->tar_md, u->tar_buf, (size_t) n);
+  tp_sha256_update(&u->tar_md, u->tar_buf, (size_t) n);
   *buf = u->tar_buf;
   return n;
 }
@@ -476,16 +563,21 @@ int tp_layer_unpack(const char *blob, const char *layers_dir, const tp_layer_opt
                     tp_layer_info_t *info, tp_error_t *err) {
   cleanup_free ux_t *u = calloc(1, sizeof(ux_t));
   cleanup_close int blob_fd = -1, root = -1, ldfd = -1;
-  cleanup_md EVP_MD_CTX *blob_md = md_new(), *tar_md = md_new();
-  cleanup_archive struct archive *raw = archive_read_new(), *tar = archive_read_new();
+  cleanup_archive struct archive *raw = NULL, *tar = NULL;
   cleanup_tmp char *tmp = NULL;
   struct archive_entry *e;
   const char *tmp_name;
   int r;
 
   memset(info, 0, sizeof(*info));
-  if (u == NULL || blob_md == NULL || tar_md == NULL || raw == NULL || tar == NULL)
+  if (tp__ar_ready(err) < 0)
+    return tp_error_prefix(err, "unpack layer");
+  raw = archive_read_new();
+  tar = archive_read_new();
+  if (u == NULL || raw == NULL || tar == NULL)
     return tp_error_set(err, ENOMEM, "unpack layer: out of memory");
+  tp_sha256_init(&u->blob_md);
+  tp_sha256_init(&u->tar_md);
   if (o->id_count < 1 || o->uid_base == 0 || o->gid_base == 0)
     return tp_error_set(err, EINVAL, "unpack layer: bad id range");
   if ((o->want_digest && !tp_digest_valid(o->want_digest)) ||
@@ -515,8 +607,6 @@ int tp_layer_unpack(const char *blob, const char *layers_dir, const tp_layer_opt
   u->info = info;
   u->err = err;
   u->blob_fd = blob_fd;
-  u->blob_md = blob_md;
-  u->tar_md = tar_md;
   u->raw = raw;
   u->root = root;
 
@@ -560,8 +650,8 @@ int tp_layer_unpack(const char *blob, const char *layers_dir, const tp_layer_opt
     if (n == 0)
       break;
   }
-  md_final(blob_md, info->digest);
-  md_final(tar_md, info->diff_id);
+  md_final(&u->blob_md, info->digest);
+  md_final(&u->tar_md, info->diff_id);
   if (o->want_digest && strcmp(o->want_digest, info->digest) != 0)
     return tp_error_set(err, EBADMSG, "layer blob digest mismatch: want %s, got %s",
                         o->want_digest, info->digest);
@@ -586,15 +676,16 @@ int tp_layer_unpack(const char *blob, const char *layers_dir, const tp_layer_opt
 int tp_blob_put(const char *src, const char *blobs_dir, const char *want, uint64_t max_bytes,
                 char digest[TP_DIGEST_LEN + 1], tp_error_t *err) {
   cleanup_close int in = -1, out = -1;
-  cleanup_md EVP_MD_CTX *md = md_new();
+  tp_sha256_t md;
   cleanup_tmp char *tmp = NULL;
   cleanup_free char *dst = NULL;
   cleanup_free unsigned char *buf = malloc(TP__IO_BUF);
   uint64_t total = 0;
   struct stat st;
 
-  if (md == NULL || buf == NULL)
+  if (buf == NULL)
     return tp_error_set(err, ENOMEM, "blob: out of memory");
+  tp_sha256_init(&md);
   if (want != NULL && !tp_digest_valid(want))
     return tp_error_set(err, EINVAL, "blob: '%.100s' is not sha256:<64 hex>", want);
   in = open(src, O_RDONLY | O_CLOEXEC);
@@ -626,7 +717,7 @@ int tp_blob_put(const char *src, const char *blobs_dir, const char *want, uint64
     if (total > max_bytes)
       return tp_error_set(err, EFBIG, "'%s' is over %llu bytes", src,
                           (unsigned long long) max_bytes);
-    EVP_DigestUpdate(md, buf, (size_t) n);
+    tp_sha256_update(&md, buf, (size_t) n);
     for (ssize_t off = 0; out >= 0 && off < n;) {
       ssize_t w = write(out, buf + off, (size_t) (n - off));
       if (w < 0 && errno == EINTR)
@@ -636,7 +727,7 @@ int tp_blob_put(const char *src, const char *blobs_dir, const char *want, uint64
       off += w;
     }
   }
-  md_final(md, digest);
+  md_final(&md, digest);
   if (want != NULL && strcmp(want, digest) != 0)
     return tp_error_set(err, EBADMSG, "digest mismatch for '%s': want %s, got %s", src, want,
                         digest);
@@ -665,8 +756,8 @@ static void cleanup_writep(struct archive **a) {
 
 int tp_tar_dir(const char *dir, const char *out_path, uid_t uid_base, gid_t gid_base,
                uint32_t id_count, tp_error_t *err) {
-  cleanup_archive struct archive *disk = archive_read_disk_new();
-  cleanup_write struct archive *w = archive_write_new();
+  cleanup_archive struct archive *disk = NULL;
+  cleanup_write struct archive *w = NULL;
   cleanup_close int out = -1, in = -1;
   cleanup_free char *buf = malloc(TP__IO_BUF);
   cleanup_tmp char *made = NULL; /* out_path, removed unless complete */
@@ -674,6 +765,10 @@ int tp_tar_dir(const char *dir, const char *out_path, uid_t uid_base, gid_t gid_
   struct stat st;
   int r;
 
+  if (tp__ar_ready(err) < 0)
+    return tp_error_prefix(err, "tar '%s'", dir);
+  disk = archive_read_disk_new();
+  w = archive_write_new();
   if (disk == NULL || w == NULL || buf == NULL)
     return tp_error_set(err, ENOMEM, "tar: out of memory");
   if (lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
