@@ -65,6 +65,9 @@ export interface SandboxOpts extends SandboxConnectionOpts {
   recipe?: RecipeOpt;
 }
 
+/** How long a create from a recipe waits by default: its setup (and a Debian image build) may take minutes. */
+export const RECIPE_CREATE_TIMEOUT_MS = 2 * 3600 * 1000;
+
 export type SandboxState = 'running' | 'paused';
 
 /** What getInfo and list say about a sandbox (E2B's SandboxInfo, and tupper's extras). */
@@ -250,7 +253,10 @@ export class Sandbox {
     if (policy !== undefined) params.policy = policy;
     const conn = await Connection.open(opts);
     try {
-      const r = await conn.call<{ id: string }>('sandbox.create', params);
+      // a recipe's first create runs its setup (and may build its image):
+      // minutes, not the usual request bound, unless the caller set one
+      const callOpts = opts.recipe !== undefined && opts.requestTimeoutMs === undefined ? { timeoutMs: RECIPE_CREATE_TIMEOUT_MS } : {};
+      const r = await conn.call<{ id: string }>('sandbox.create', params, callOpts);
       return new Sandbox(conn, r.id);
     } catch (e) {
       conn.close();

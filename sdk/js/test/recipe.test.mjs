@@ -86,8 +86,8 @@ test('a shipped recipe by name; failures name the recipe and its line', async ()
     (e) => e instanceof SandboxError && /bad\.lua:3: command "exit 4" exited with 4/.test(e.message),
   );
   await assert.rejects(
-    Sandbox.create({ ...opts, recipe: { source: 'return recipe "x" { network = "all" }' } }),
-    (e) => e instanceof SandboxError && /network rules are not enforced yet/.test(e.message),
+    Sandbox.create({ ...opts, recipe: { source: 'return recipe "x" { network = { allow = { "pypi.org:99999" } } }' } }),
+    (e) => e instanceof SandboxError && /bad port '99999'/.test(e.message),
   );
   await assert.rejects(Sandbox.create({ ...opts, recipe: path.join(daemon.dir, 'missing.lua') }), InvalidArgumentError);
   await assert.rejects(Sandbox.create({ ...opts, recipe: { source: 'x'.repeat(1024 * 1024 + 1) } }), InvalidArgumentError);
