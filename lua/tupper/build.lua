@@ -194,6 +194,15 @@ local function build_layer(d, r, img, tmp, chunk, policies)
       return nil, ("%s: network: %s"):format(chunk, tostring(nerr))
     end
   end
+  -- setup's commands see the image's Env and the recipe's env, as the
+  -- sandbox's processes will (not its user: setup runs as root)
+  local env = {}
+  for _, kv in ipairs(img.config and img.config.env or {}) do
+    local k, v = kv:match("^([^=]+)=(.*)$")
+    if k then env[k] = v end
+  end
+  for k, v in pairs(r.env or {}) do env[k] = v end
+  sb.env = env
   local ctx = { policies = policies }
   local hooks = setup.hooks(ctx)
   sb.hooks.on_output, sb.hooks.on_exit = hooks.on_output, hooks.on_exit

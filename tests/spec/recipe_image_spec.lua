@@ -44,15 +44,15 @@ return recipe "small" {
   image = "%s/test/small:v1",
   env = { FROM_RECIPE = "yes" },
   setup = function(box)
-    box:run("cat /etc/hello > /copied; echo layered > /layered")
+    box:run("cat /etc/hello > /copied; echo layered > /layered; echo $FROM_IMAGE $FROM_RECIPE > /setup-env")
   end,
 }]]):format(reg.host)
     local spec = { name = "small.lua", source = src }
     local sb = assert(helper.call(c, "sandbox.create", { recipe = spec }))
     assert.are.equal(reg.host .. "/test/small:v1", sb.image)
     assert.is_false(sb.recipe.cached)
-    assert.are.equal("hello from the image\nlayered\nyes yes\n",
-      (sh(sb.id, "cat /copied /layered; echo $FROM_IMAGE $FROM_RECIPE")))
+    assert.are.equal("hello from the image\nlayered\nyes yes\nyes yes\n",
+      (sh(sb.id, "cat /copied /layered /setup-env; echo $FROM_IMAGE $FROM_RECIPE")))
     helper.call(c, "sandbox.kill", { id = sb.id })
     -- build: the lock pins the image's digest
     local b = assert(helper.call(c, "recipe.build", { recipe = spec }))
