@@ -62,6 +62,8 @@ export const HTTP_ROUTES: ReadonlyArray<{ method: string; path: string }> = [
   ['GET', '/sandboxes/{id}'],
   ['DELETE', '/sandboxes/{id}'],
   ['POST', '/sandboxes/{id}/timeout'],
+  ['POST', '/sandboxes/{id}/pause'],
+  ['POST', '/sandboxes/{id}/resume'],
   ['GET', '/sandboxes/{id}/metrics'],
   ['POST', '/sandboxes/{id}/commands'],
   ['GET', '/sandboxes/{id}/commands'],
@@ -429,7 +431,11 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
   function box(id: string): Promise<Sandbox> {
     let p = boxes.get(id);
     if (!p) {
-      p = Sandbox.connect(id, conn);
+      // Sandbox.connect resumes a paused sandbox: only POST .../resume may
+      p = Sandbox.getInfo(id, conn).then((info) => {
+        if (info.state === 'paused') throw new HttpError(409, 'SandboxPaused', `sandbox ${id} is paused: POST /sandboxes/${id}/resume first`);
+        return Sandbox.connect(id, conn);
+      });
       boxes.set(id, p);
       p.catch(() => boxes.delete(id));
     }
@@ -665,6 +671,26 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     const b = await readJson(c.req);
     onlyKeys(b, ['timeoutMs'], 'body');
     await Sandbox.setTimeout(id, nonNegInt(b.timeoutMs, 'timeoutMs'), conn);
+    sendJson(c.res, 200, await Sandbox.getInfo(id, conn));
+  });
+
+  route('POST', '/sandboxes/{id}/pause', async (c) => {
+    const id = sandboxParam(c);
+    await onBox(id, (s) => s.pause());
+    sendJson(c.res, 200, await Sandbox.getInfo(id, conn));
+  });
+
+  route('POST', '/sandboxes/{id}/resume', async (c) => {
+    const id = sandboxParam(c);
+    const cached = boxes.get(id);
+    if (cached) await onBox(id, (s) => s.resume());
+    else {
+      // connect resumes a paused sandbox (and leaves a running one be)
+      const s = Sandbox.connect(id, conn);
+      boxes.set(id, s);
+      s.catch(() => boxes.delete(id));
+      await s;
+    }
     sendJson(c.res, 200, await Sandbox.getInfo(id, conn));
   });
 

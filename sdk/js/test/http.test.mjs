@@ -152,11 +152,41 @@ test('sandboxes: create, get, list with filters, timeout, metrics, kill', async 
     await errorOf(m, m.status);
   }
 
+  // pause: commands and files are refused (409) until resume, which nothing else does
+  const pz = await post(`/sandboxes/${sid}/pause`, {});
+  assert.equal(pz.status, 200);
+  assert.equal((await pz.json()).state, 'paused');
+  await errorOf(await post(`/sandboxes/${sid}/commands`, { cmd: 'true' }), 409);
+  await errorOf(await fetch(`${base}/sandboxes/${sid}/files${q('/etc/hostname')}`), 409);
+  await errorOf(await fetch(`${base}/sandboxes/${sid}/files/list${q('/')}`), 409);
+  assert.equal((await (await fetch(`${base}/sandboxes/${sid}`)).json()).state, 'paused');
+  const rs = await post(`/sandboxes/${sid}/resume`, {});
+  assert.equal(rs.status, 200);
+  assert.equal((await rs.json()).state, 'running');
+  const after = await allEvents(await post(`/sandboxes/${sid}/commands`, { cmd: 'echo back' }));
+  assert.deepEqual(after.at(-1), { type: 'exit', exitCode: 0 });
+  await errorOf(await post(`/sandboxes/nosuchbox0000/pause`, {}), 404);
+  await errorOf(await post(`/sandboxes/nosuchbox0000/resume`, {}), 404);
+
   const k = await fetch(`${base}/sandboxes/${sid}`, { method: 'DELETE' });
   assert.equal(k.status, 200);
   assert.deepEqual(await k.json(), { killed: true });
   await errorOf(await fetch(`${base}/sandboxes/${sid}`), 404);
   await errorOf(await fetch(`${base}/sandboxes/${sid}`, { method: 'DELETE' }), 404);
+});
+
+test('a sandbox paused by another client is not resumed by a file or command request', async () => {
+  const other = await Sandbox.create({ socket: daemon.socket });
+  try {
+    await other.pause();
+    const sid = other.sandboxId;
+    const e = await errorOf(await fetch(`${base}/sandboxes/${sid}/files/list${q('/')}`), 409);
+    assert.match(e.message, /paused/);
+    await errorOf(await post(`/sandboxes/${sid}/commands`, { cmd: 'true' }), 409);
+    assert.equal((await other.getInfo()).state, 'paused');
+  } finally {
+    await other.kill();
+  }
 });
 
 test('create validates its body', async () => {
