@@ -713,6 +713,7 @@ function M.run(opts)
       self.images, err = images.open(self.state .. "/images", { uid_base = self.uid_base,
         id_count = M.ID_COUNT, default_layers = { self.default_image }, log = log,
         default_digest = function() return build.default_digest(self) end,
+        pulling = function() return next(self.pulls) ~= nil end,
         limits = opts.max_layer and { max_tar_bytes = opts.max_layer, max_bytes = opts.max_layer } or nil,
         in_use = function() return self:_images_in_use() end })
       ok = self.images ~= nil

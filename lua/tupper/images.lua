@@ -134,14 +134,16 @@ end
 
 --- Opens (creating it) the store at dir.  opts: uid_base, gid_base,
 -- id_count, log(fmt, ...), default_digest() (the embedded image's identity,
--- for locks that pin it), default_layers (the embedded image's dirs), in_use() -> { digests
+-- for locks that pin it), pulling() (true while a pull writes blobs: prune
+-- then leaves unreferenced blobs alone), default_layers (the embedded image's dirs), in_use() -> { digests
 -- = set, layers = set } (what live sandboxes use), and limits (M.LIMITS).
 function M.open(dir, opts)
   opts = opts or {}
   local self = setmetatable({ dir = dir, blobs = dir .. "/blobs/sha256", layers_dir = dir .. "/layers",
     tmp = dir .. "/tmp", uid_base = assert(opts.uid_base, "uid_base"),
     gid_base = opts.gid_base or opts.uid_base, id_count = opts.id_count or 65536,
-    default_layers = opts.default_layers, default_digest = opts.default_digest, in_use = opts.in_use or function() return { digests = {}, layers = {} } end,
+    default_layers = opts.default_layers, default_digest = opts.default_digest,
+    pulling = opts.pulling or function() return false end, in_use = opts.in_use or function() return { digests = {}, layers = {} } end,
     limits = setmetatable(opts.limits or {}, { __index = M.LIMITS }), log = opts.log or function() end,
     unpacking = {}, busy = {}, cache = {}, written = setmetatable({}, { __mode = "k" }) }, Store)
   for _, d in ipairs({ dir, dir .. "/blobs", self.blobs, self.layers_dir, self.tmp }) do
@@ -574,6 +576,7 @@ function Store:_collect(only, grace)
       if w[kind][name] then return false end
     end
     if kind == "layers" then return true end -- made by the store alone; unpacking ones are skipped
+    if self.pulling() then return false end -- a pull's blobs are not referenced until it ends
     local st = uv.fs_lstat(dir .. "/" .. name)
     return st and now - st.mtime.sec >= (grace or 0)
   end
