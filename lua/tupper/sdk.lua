@@ -498,6 +498,22 @@ Sandbox.info = entry(function(self)
   return call("sandbox.get", { id = self.id })
 end)
 
+--- Replaces the network rules; the next connection follows them.
+Sandbox.update_network = entry(function(self, network)
+  return call("sandbox.update_network", { id = self.id, network = network }).network
+end)
+
+--- The recent network decisions, oldest first.
+Sandbox.network_log = entry(function(self)
+  return call("sandbox.network_log", { id = self.id }).entries
+end)
+
+--- "127.0.0.1:PORT" on the host, forwarded to port inside the sandbox.
+Sandbox.get_host = entry(function(self, port)
+  local r = call("sandbox.expose", { id = self.id, port = port })
+  return ("%s:%d"):format(r.host, math.tointeger(r.port))
+end)
+
 --- True while the sandbox exists.
 Sandbox.is_running = entry(function(self)
   return call("sandbox.get", { id = self.id }, true) ~= nil
@@ -557,7 +573,8 @@ end
 -- policy (a policy file's path, {source = text, name = ...}, or false;
 -- default: the nearest tupper.lua from the working directory up), recipe
 -- (a recipe file's path, a shipped recipe's name, or {source, name, lock}:
--- docs/recipes.md; envs, cwd and limits given here override its own).
+-- docs/recipes.md; envs, cwd and limits given here override its own),
+-- network ("none", "all" or { allow = {...}, deny = {...} }: docs/network.md).
 M.create = entry(function(opts)
   opts = opts or {}
   local limits = opts.limits
@@ -567,7 +584,8 @@ M.create = entry(function(opts)
     limits.timeout = opts.timeout
   end
   local info = call("sandbox.create", { image = opts.image, env = opts.envs, metadata = opts.metadata,
-    limits = limits, cwd = opts.cwd, policy = policy_param(opts.policy), recipe = recipe_param(opts.recipe) })
+    limits = limits, cwd = opts.cwd, policy = policy_param(opts.policy), recipe = recipe_param(opts.recipe),
+    network = opts.network })
   return new_box(info)
 end)
 

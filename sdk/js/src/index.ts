@@ -13,6 +13,8 @@ export {
   type SandboxState,
   type SandboxMetrics,
   type SandboxListOpts,
+  type NetworkRules,
+  type NetworkLogEntry,
 } from './sandbox';
 export {
   Commands,

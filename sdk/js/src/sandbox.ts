@@ -37,6 +37,24 @@ export interface SandboxLimits {
   disk?: number | string;
 }
 
+/**
+ * What a sandbox may reach (docs/network.md): `"none"` (the default), `"all"`
+ * (trusted use), or rules such as `"pypi.org"`, `"*.pythonhosted.org:443"`,
+ * `"10.1.2.0/24:5432"`; deny wins.
+ */
+export type NetworkRules = 'none' | 'all' | { allow?: string[]; deny?: string[] };
+
+/** One decision of the sandbox's network log. */
+export interface NetworkLogEntry {
+  time: string;
+  action: 'allow' | 'deny' | 'fail';
+  via: string;
+  host?: string;
+  port?: number;
+  reason?: string;
+  addr?: string;
+}
+
 export interface SandboxOpts extends SandboxConnectionOpts {
   /** The image (E2B's template). Only "default", the embedded busybox image, for now. */
   image?: string;
@@ -63,6 +81,8 @@ export interface SandboxOpts extends SandboxConnectionOpts {
    * `timeoutMs` given here override the recipe's.
    */
   recipe?: RecipeOpt;
+  /** Egress rules; the daemon's HTTP proxy, SOCKS5 and DNS carry what they allow. */
+  network?: NetworkRules;
 }
 
 /** How long a create from a recipe waits by default: its setup (and a Debian image build) may take minutes. */
@@ -249,6 +269,7 @@ export class Sandbox {
     if (opts.envs !== undefined) params.env = opts.envs;
     if (opts.metadata !== undefined) params.metadata = opts.metadata;
     if (opts.cwd !== undefined) params.cwd = opts.cwd;
+    if (opts.network !== undefined) params.network = opts.network;
     const policy = await policyParam(opts.policy);
     if (policy !== undefined) params.policy = policy;
     const conn = await Connection.open(opts);
@@ -329,6 +350,27 @@ export class Sandbox {
 
   async getInfo(): Promise<SandboxInfo> {
     return toInfo(await this.conn.call('sandbox.get', { id: this.sandboxId }));
+  }
+
+  /** Replaces the network rules; the next connection and DNS query follow them. */
+  async updateNetwork(network: NetworkRules): Promise<void> {
+    await this.conn.call('sandbox.update_network', { id: this.sandboxId, network });
+  }
+
+  /** The sandbox's recent network decisions, oldest first. */
+  async getNetworkLog(): Promise<NetworkLogEntry[]> {
+    const r = await this.conn.call<{ entries: NetworkLogEntry[] }>('sandbox.network_log', { id: this.sandboxId });
+    return r.entries;
+  }
+
+  /**
+   * "127.0.0.1:PORT": a port on the host's loopback forwarded to `port`
+   * inside the sandbox (as E2B's getHost, which gives a public host name).
+   */
+  async getHost(port: number): Promise<string> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new InvalidArgumentError(`getHost: bad port ${String(port)}`);
+    const r = await this.conn.call<{ host: string; port: number }>('sandbox.expose', { id: this.sandboxId, port });
+    return `${r.host}:${r.port}`;
   }
 
   /** True while the sandbox exists and is not paused. */
