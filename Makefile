@@ -34,6 +34,7 @@ bench: build
 	@BUILD=$(BUILD) bench/startup
 	@BUILD=$(BUILD) bench/pull
 	@BUILD=$(BUILD) bench/recipe
+	@BUILD=$(BUILD) bench/network
 
 clean:
 	rm -rf $(BUILD)

@@ -106,9 +106,9 @@ enum tp_tag {
 /* network relay: per-stream flow control.  A sender has at most
  * TP_NET_WINDOW bytes of a stream unacknowledged; a receiver buffers no
  * more, and closes a stream whose sender overruns it. */
-#define TP_NET_WINDOW (64u * 1024u)
-#define TP_NET_CHUNK (16u * 1024u)
-#define TP_NET_STREAMS_MAX 128                       /* live streams per box */
+#define TP_NET_WINDOW (256u * 1024u)
+#define TP_NET_CHUNK (64u * 1024u)
+#define TP_NET_STREAMS_MAX 64                        /* live streams per box */
 #define TP_NET_DNS_MAX 4096                          /* bytes of one DNS message over UDP */
 #define TP_NET_HTTP_PORT 3128
 #define TP_NET_SOCKS_PORT 1080
