@@ -14,7 +14,10 @@ pkgs="$pkgs libarchive-dev" # the image store: layer tars (gzip, zstd)
 case "$what" in
   test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux"
     # image pull specs: a real registry, skopeo to push to it, htpasswd (bcrypt), openssl (a test CA)
-    pkgs="$pkgs docker-registry skopeo apache2-utils openssl python3" ;;
+    pkgs="$pkgs docker-registry skopeo apache2-utils openssl python3"
+    # Debian images (tests/slow/debian_spec.lua): mmdebstrap builds them, gpg
+    # checks the keyring it picks
+    pkgs="$pkgs mmdebstrap gpg" ;;
   bench) pkgs="$pkgs hyperfine bubblewrap crun podman"
     pkgs="$pkgs docker-registry skopeo umoci curl python3" ;; # bench/pull
 esac

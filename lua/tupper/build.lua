@@ -98,20 +98,9 @@ local function debian_image(d, spec, pinned, rebuild)
     end
     return img
   end
-  local debian = require("tupper.debian")
-  local opts = { cache = d.state .. "/debian" }
-  local rec, err
-  if rebuild then rec, err = debian.build_locked(rebuild, opts) else rec, err = debian.build(spec, opts) end
-  if not rec then return nil, "image: " .. tostring(err) end
-  local name = ("tupper-debian/%s:%s"):format(rec.suite, rec.key:sub(1, 32))
-  local img = d.images:resolve(name)
-  if not img then
-    local ok, ierr = d.images:import(rec.tar, name)
-    if not ok then return nil, "image: import the Debian build: " .. tostring(ierr) end
-    img, err = d.images:resolve(name)
-    if not img then return nil, "image: " .. tostring(err) end
-  end
-  img.debian = debian.lock_of(rec)
+  -- built (or found) and imported once, as localhost/tupper/debian-<suite>:<key>
+  local img, err = require("tupper.debian").image(d.images, spec, { cache = d.state .. "/debian", lock = rebuild })
+  if not img then return nil, "image: " .. tostring(err) end
   return img
 end
 

@@ -626,6 +626,7 @@ function Daemon:shutdown()
     self.pool = {}
     for _, sb in ipairs(pool) do sb:destroy() end
     for sb in pairs(self.setups) do sb:destroy() end -- their builds fail and clean up
+    require("tupper.debian").cancel_all() -- Debian image builds too
     while self.filling do async.sleep(5) end
     for conn in pairs(self.clients) do conn:close() end
     core.cgroup_prune()

@@ -20,6 +20,11 @@
 --     --         packages = { "name=version", ... },  -- every installed package, sorted
 --     --         epoch = 1686355200, cached = true|false }
 --     local again = debian.build_locked(debian.lock_of(img), { cache = ... })
+--     -- what the daemon uses: the image in the store (tupper.images), built
+--     -- and imported on first use; opts.lock builds at a lock's versions
+--     local image = debian.image(store, spec, { cache = ..., lock = lock })
+--     -- image = store:resolve's { ref, digest, layers, config }, plus
+--     --         packages (as above) and debian (the lock: debian.lock_of)
 --
 -- The builder runs mmdebstrap as a child process (luv), in its "unshare"
 -- mode: as root that is a private mount namespace for the chroot's mounts
@@ -377,6 +382,15 @@ end
 
 -- ------------------------------------------------------------ children
 
+local running = {} -- pid -> stop(), of the children running now
+
+--- Stops every build this process runs (the daemon's shutdown): each
+-- child's process group gets SIGTERM, SIGKILL 10 s later; the builds fail
+-- and remove their work dirs.
+function M.cancel_all()
+  for _, stop in pairs(running) do stop("cancel") end
+end
+
 local function close(h)
   if h and not h:is_closing() then h:close() end
 end
@@ -384,7 +398,8 @@ end
 --- Runs argv (argv[1] an absolute path) with environment env (a list of
 -- "K=V"); waits in the calling coroutine.  Keeps at most stdout_max bytes
 -- of stdout (more fails the run).  After timeout seconds its whole process
--- group is killed.  Returns { code, signal, stdout, timed_out }, or nil, err.
+-- group is killed.  Returns { code, signal, stdout, over, stopped =
+-- "timeout"|"cancel"|nil }, or nil, err.
 local function run(argv, env, stdout_max, timeout)
   local null = uv.fs_open("/dev/null", "r", 0)
   if not null then return nil, "cannot open /dev/null" end
@@ -392,19 +407,20 @@ local function run(argv, env, stdout_max, timeout)
     local out = uv.new_pipe(false)
     local chunks, size, over = {}, 0, false
     local code, sig, pending = nil, nil, 2
-    local handle, pid, timer, killer, fired
+    local handle, pid, timer, killer, why
     local function finish()
       pending = pending - 1
       if pending > 0 then return end
       close(timer); close(killer)
       cb({ code = code, signal = sig, stdout = table.concat(chunks), over = over,
-           timed_out = fired })
+           stopped = why })
     end
     local args = {}
     for i = 2, #argv do args[#args + 1] = argv[i] end
     handle, pid = uv.spawn(argv[1], { args = args, env = env, stdio = { null, out, 2 }, detached = true },
       function(c, s)
         code, sig = c, s
+        running[pid] = nil
         close(handle)
         finish()
       end)
@@ -413,13 +429,16 @@ local function run(argv, env, stdout_max, timeout)
       cb({ err = ("cannot run %s: %s"):format(argv[1], tostring(pid)) })
       return
     end
-    timer = uv.new_timer()
-    timer:start(math.floor(timeout * 1000), 0, function()
-      fired = true
+    local function stop(reason)
+      why = why or reason
+      if killer then return end
       uv.kill(-pid, "sigterm")
       killer = uv.new_timer()
       killer:start(10000, 0, function() uv.kill(-pid, "sigkill") end)
-    end)
+    end
+    running[pid] = stop
+    timer = uv.new_timer()
+    timer:start(math.floor(timeout * 1000), 0, function() stop("timeout") end)
     out:read_start(function(err, data)
       if data and not over then
         size = size + #data
@@ -586,14 +605,53 @@ end
 M.key_of = key_of
 
 local inflight = {} -- key -> list of waiting callbacks, while a build of that key runs
+local building = {} -- work dirs of the builds running in this process
+local swept = {}    -- cache dirs swept of what crashed builds left
 
-local function cached(dir)
+-- Removes the work dirs of builds that are not running (a crash's): once
+-- per cache dir and process; one daemon owns its state dir.
+local function sweep(cache)
+  if swept[cache] then return end
+  swept[cache] = true
+  local dir = uv.fs_scandir(cache)
+  while dir do
+    local name = uv.fs_scandir_next(dir)
+    if not name then break end
+    local path = cache .. "/" .. name
+    if name:match("^build%-") and not building[path] then rmtree(path) end
+  end
+end
+
+-- The record of a build in the cache (image.json), with its tar if that is
+-- still there (an import into the image store removes it).
+local function record(dir)
   local text = read_file(dir .. "/image.json", 16 * 1024 * 1024)
   if not text then return nil end
   local rec = json.decode(text)
-  if type(rec) ~= "table" or not uv.fs_stat(dir .. "/rootfs.tar") then return nil end
-  rec.tar, rec.dir, rec.cached = dir .. "/rootfs.tar", dir, true
+  if type(rec) ~= "table" then return nil end
+  rec.dir, rec.cached = dir, true
+  if uv.fs_stat(dir .. "/rootfs.tar") then rec.tar = dir .. "/rootfs.tar" end
   return rec
+end
+
+local function cached(dir)
+  local rec = record(dir)
+  return rec and rec.tar and rec or nil
+end
+
+-- Runs fn() once per key at a time: a second caller with the same key
+-- waits for the first and then runs fn itself (finding its result cached).
+local function once(key, fn)
+  while inflight[key] do
+    async.wait(function(cb) table.insert(inflight[key], cb) end)
+  end
+  inflight[key] = {}
+  local ok, a, b = pcall(fn)
+  local waiters = inflight[key]
+  inflight[key] = nil
+  for _, cb in ipairs(waiters) do cb() end
+  if not ok then return nil, "internal error: " .. tostring(a) end
+  return a, b
 end
 
 -- Builds into cache/<key> unless it is there.  job = { suite, mirror,
@@ -603,21 +661,14 @@ local function build(job, opts)
   if type(cache) ~= "string" or cache:sub(1, 1) ~= "/" then return nil, "debian.build: opts.cache must be an absolute path" end
   local key = key_of(job.suite, job.mirror, job.include, job.pins)
   local dir = cache .. "/" .. key
-  local hit = cached(dir)
-  if hit then return hit end
-  if inflight[key] then
-    -- the same image is being built: wait for it
-    local ok, err = async.wait(function(cb) table.insert(inflight[key], cb) end)
-    if not ok then return nil, err end
-    return cached(dir) or nil, "the build of " .. key .. " left no image"
-  end
-  inflight[key] = {}
-  local img, err = M._build_into(job, key, dir, opts)
-  local waiters = inflight[key]
-  inflight[key] = nil
-  for _, cb in ipairs(waiters) do cb(img ~= nil, err) end
-  return img, err
+  return once("build " .. key, function()
+    local hit = cached(dir)
+    if hit then return hit end
+    return M._build_into(job, key, dir, opts)
+  end)
 end
+
+local build_in
 
 function M._build_into(job, key, dir, opts)
   if not uv.fs_access(M.MMDEBSTRAP, "X") then
@@ -628,10 +679,18 @@ function M._build_into(job, key, dir, opts)
   local work
   work, err = uv.fs_mkdtemp(opts.cache .. "/build-XXXXXX")
   if not work then return nil, ("cannot create a build dir in %s: %s"):format(opts.cache, err) end
-  local function fail(msg)
-    rmtree(work)
-    return nil, msg
-  end
+  building[work] = true
+  -- whatever happens in the build, its work dir goes unless it became the image
+  local res, a, b = pcall(build_in, job, key, dir, opts, work)
+  building[work] = nil
+  if not res then a, b = nil, "internal error building a Debian image: " .. tostring(a) end
+  if not a then rmtree(work) end
+  return a, b
+end
+
+build_in = function(job, key, dir, opts, work)
+  local ok, err
+  local function fail(msg) return nil, msg end
   local hooks = work .. "/hooks"
   uv.fs_mkdir(hooks, tonumber("755", 8))
   uv.fs_chmod(work, tonumber("755", 8))
@@ -661,8 +720,9 @@ function M._build_into(job, key, dir, opts)
     if opts.on_start then opts.on_start(argv) end
     local res, rerr = run(argv, env, 1024 * 1024, opts.timeout or M.TIMEOUT)
     if not res then return nil, rerr end
-    if res.timed_out then
-      return nil, ("mmdebstrap took longer than %d s and was killed"):format(opts.timeout or M.TIMEOUT)
+    if res.stopped == "cancel" then return nil, "the build was stopped (the daemon is shutting down)" end
+    if res.stopped == "timeout" then
+      return nil, ("mmdebstrap took longer than %s s and was killed"):format(opts.timeout or M.TIMEOUT)
     end
     if res.code ~= 0 or res.signal ~= 0 then
       return nil, ("mmdebstrap failed (exit %d%s):\n%s"):format(res.code or -1,
@@ -711,7 +771,6 @@ function M._build_into(job, key, dir, opts)
   if not ok then
     -- another process built the same key meanwhile: keep its copy
     local other = cached(dir)
-    rmtree(work)
     if other then return other end
     return nil, ("cannot move the image into %s: %s"):format(dir, tostring(err))
   end
@@ -724,18 +783,95 @@ local function mirror_for(suite, opts)
   return M.select_mirror(M.host_sources(opts.apt_dir), suite)
 end
 
+-- What to build for a spec, or for a lock (opts.lock): { suite, mirror,
+-- include, pins }, or nil, err.
+local function job_of(spec, opts)
+  local err, s = M.check_spec(spec)
+  if err then return nil, err end
+  local l
+  if opts.lock ~= nil then
+    l, err = M.check_lock(opts.lock)
+    if not l then return nil, err end
+    if l.epoch ~= M.EPOCH then
+      return nil, ("the lock was made with SOURCE_DATE_EPOCH %s; this tupper builds with %s"):format(l.epoch, M.EPOCH)
+    end
+    if l.debian ~= s.debian or table.concat(l.include, ",") ~= table.concat(s.packages, ",") then
+      return nil, "the lock is of another Debian image (suite or packages differ): build again"
+    end
+  end
+  local mirror
+  mirror, err = mirror_for(s.debian, opts)
+  if not mirror then return nil, err end
+  return { suite = s.debian, mirror = mirror, include = s.packages, pins = l and l.packages }
+end
+
+--- The image store's name of a build: "localhost/tupper/debian-<suite>:<key>".
+function M.ref(suite, key)
+  return ("localhost/tupper/debian-%s:%s"):format(suite, key:sub(1, 32))
+end
+
+local function decorate(img, rec)
+  img.packages = rec.packages
+  img.debian = M.lock_of(rec)
+  return img
+end
+
+--- The image of spec in the image store (tupper.images): found by its
+-- name, else built (or taken from the build cache) and imported, and the
+-- cached tar dropped (the store keeps it).  Call in a coroutine.  opts: as
+-- for M.build, plus lock (a lock: build at its versions).  Returns the
+-- store's image ({ ref, digest, layers, config }) with packages and debian
+-- (its lock) added, or nil, err.
+function M.image(store, spec, opts)
+  opts = opts or {}
+  opts.on_start = opts.on_start or function(argv)
+    io.stderr:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), "building a Debian image (minutes): ",
+      table.concat(argv, " "):sub(1, 400), "\n")
+  end
+  if type(opts.cache) ~= "string" or opts.cache:sub(1, 1) ~= "/" then
+    return nil, "debian.image: opts.cache must be an absolute path"
+  end
+  local job, err = job_of(spec, opts)
+  if not job then return nil, err end
+  sweep(opts.cache)
+  local key = key_of(job.suite, job.mirror, job.include, job.pins)
+  local ref, dir = M.ref(job.suite, key), opts.cache .. "/" .. key
+  return once("image " .. key, function()
+    if job.pins then
+      -- the image built without the lock, when it has exactly the lock's
+      -- versions (its record is ours, the lock's claims are not trusted)
+      local k1 = key_of(job.suite, job.mirror, job.include)
+      local rec = record(opts.cache .. "/" .. k1)
+      if rec and type(rec.packages) == "table" and table.concat(rec.packages, "\n") == table.concat(job.pins, "\n") then
+        local img = store:resolve(M.ref(job.suite, k1))
+        if img then return decorate(img, rec) end
+      end
+    end
+    local rec = record(dir)
+    local img = rec and store:resolve(ref)
+    if img then return decorate(img, rec) end
+    rec, err = build(job, opts)
+    if not rec then return nil, err end
+    local out
+    out, err = store:import(rec.tar, ref)
+    if not out then return nil, ("importing the Debian image %s: %s"):format(ref, tostring(err)) end
+    uv.fs_unlink(rec.tar)
+    img, err = store:resolve(ref)
+    if not img then return nil, err end
+    return decorate(img, rec)
+  end)
+end
+
 --- Builds (or finds in the cache) the image of spec { debian, packages }.
 -- Call in a coroutine.  opts: cache (absolute dir, required), apt_dir
 -- (default /etc/apt), mirror (entries instead of the host's), timeout (s),
--- on_start(argv).  Returns the image record (see the top of this file), or
--- nil, err.
+-- on_start(argv), lock (build at a lock's versions).  Returns the image
+-- record (see the top of this file), or nil, err.
 function M.build(spec, opts)
-  local err, s = M.check_spec(spec)
-  if err then return nil, err end
-  local mirror
-  mirror, err = mirror_for(s.debian, opts or {})
-  if not mirror then return nil, err end
-  return build({ suite = s.debian, mirror = mirror, include = s.packages }, opts or {})
+  opts = opts or {}
+  local job, err = job_of(spec, opts)
+  if not job then return nil, err end
+  return build(job, opts)
 end
 
 --- Rebuilds the image a lock describes, each package at its locked version,
@@ -745,23 +881,10 @@ end
 function M.build_locked(lock, opts)
   local l, err = M.check_lock(lock)
   if not l then return nil, err end
-  if l.epoch ~= M.EPOCH then
-    return nil, ("the lock was made with SOURCE_DATE_EPOCH %d; this tupper builds with %d"):format(l.epoch, M.EPOCH)
-  end
-  local mirror
-  mirror, err = mirror_for(l.debian, opts or {})
-  if not mirror then return nil, err end
-  return build({ suite = l.debian, mirror = mirror, include = l.include, pins = l.packages }, opts or {})
-end
-
---- The cache entry of spec, if it was built: the record, or nil.
-function M.lookup(spec, opts)
-  local err, s = M.check_spec(spec)
-  if err then return nil, err end
-  local mirror
-  mirror, err = mirror_for(s.debian, opts or {})
-  if not mirror then return nil, err end
-  return cached(opts.cache .. "/" .. key_of(s.debian, mirror, s.packages))
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.lock = lock
+  return M.build({ debian = l.debian, packages = l.include }, o)
 end
 
 return M

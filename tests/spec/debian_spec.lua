@@ -14,6 +14,21 @@ local function write(path, text)
   return path
 end
 
+local function read_pid(path)
+  local f = assert(io.open(path))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function is_zombie(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return true end
+  local s = f:read("a")
+  f:close()
+  return s:match("^%d+ %b() (%a)") == "Z"
+end
+
 local DEB822 = [[
 Types: deb
 # http://snapshot.debian.org/archive/debian/20250520T000000Z
@@ -306,6 +321,78 @@ Version: 1:2.39.5-0+deb12u2
     img, err = helper.sync(debian.build, { debian = "bookworm", packages = { "-x" } }, { cache = dir, mirror = mirror })
     assert.is_nil(img)
     assert.is_truthy(err:find("Debian package name", 1, true))
+    debian.rmtree(dir)
+  end)
+end)
+
+describe("debian builds' child process", function()
+  teardown(function() helper.drain() end)
+  local mirror = { { uri = "http://127.0.0.1:9/debian", suites = { "bookworm" }, components = { "main" } } }
+
+  -- a stand-in for mmdebstrap: a real child that logs, fails or hangs
+  local function fake(dir, body)
+    local path = dir .. "/mmdebstrap"
+    write(path, "#!/bin/sh\nfor a; do case $a in --logfile=*) log=${a#--logfile=};; esac; done\n" .. body)
+    assert(uv.fs_chmod(path, 493))
+    return path
+  end
+
+  local function with(path, fn)
+    local saved = debian.MMDEBSTRAP
+    debian.MMDEBSTRAP = path
+    local ok, a, b = pcall(fn)
+    debian.MMDEBSTRAP = saved
+    assert(ok, a)
+    return a, b
+  end
+
+  local function leftovers(cache)
+    local out = {}
+    local dir = uv.fs_scandir(cache)
+    while dir do
+      local name = uv.fs_scandir_next(dir)
+      if not name then break end
+      out[#out + 1] = name
+    end
+    return out
+  end
+
+  it("reports apt's error lines from the log, and leaves nothing behind", function()
+    local dir = helper.tmpdir()
+    local bin = fake(dir, 'echo "I: downloading" > "$log"\necho "E: Unable to locate package nope" >> "$log"\nexit 1\n')
+    local img, err = with(bin, function()
+      return helper.sync(debian.build, { debian = "bookworm", packages = { "nope" } },
+        { cache = dir .. "/cache", mirror = mirror, aptopts = {} })
+    end)
+    assert.is_nil(img)
+    assert.matches("mmdebstrap failed %(exit 1%):\nE: Unable to locate package nope", err)
+    assert.are.same({}, leftovers(dir .. "/cache"))
+    debian.rmtree(dir)
+  end)
+
+  it("kills the whole process group at the time bound, and on cancel_all", function()
+    local dir = helper.tmpdir()
+    local bin = fake(dir, "sleep 300 &\necho $! > " .. dir .. "/child.pid\nsleep 300\n")
+    local img, err = with(bin, function()
+      return helper.sync(debian.build, { debian = "bookworm" },
+        { cache = dir .. "/cache", mirror = mirror, aptopts = {}, timeout = 0.3 })
+    end)
+    assert.is_nil(img)
+    assert.matches("took longer than 0.3 s and was killed", err)
+    local child = tonumber(read_pid(dir .. "/child.pid"))
+    assert.is_nil(uv.fs_stat("/proc/" .. child .. "/stat") and not is_zombie(child) or nil,
+      "the build's background child survived")
+    assert.are.same({}, leftovers(dir .. "/cache"))
+    -- a daemon shutting down stops its builds
+    local t = uv.new_timer()
+    t:start(300, 0, function() t:close(); debian.cancel_all() end)
+    img, err = with(bin, function()
+      return helper.sync(debian.build, { debian = "bookworm", packages = { "git" } },
+        { cache = dir .. "/cache", mirror = mirror, aptopts = {} })
+    end)
+    assert.is_nil(img)
+    assert.matches("stopped", err)
+    assert.are.same({}, leftovers(dir .. "/cache"))
     debian.rmtree(dir)
   end)
 end)
