@@ -408,24 +408,48 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     c?.close?.();
   }
 
-  function dropProcConn(id: string): void {
+  /** Ends the streams of a sandbox's commands that will hear no more. */
+  function failProcs(id: string, message: string): void {
+    for (const [k, fn] of [...procs]) {
+      if (k.startsWith(`${id}/`)) {
+        procs.delete(k);
+        fn({ type: 'error', error: { type: 'SandboxError', message } });
+      }
+    }
+  }
+
+  function dropProcConn(id: string, why: string): void {
     const c = procConns.get(id);
+    if (!c) return;
     procConns.delete(id);
-    void c?.then((x) => x.close(), () => {});
+    // close() runs no close handler: the streams are ended here
+    failProcs(id, why);
+    void c.then((x) => x.close(), () => {});
   }
 
   function evict(id: string): void {
-    dropProcConn(id);
-    const p = boxes.get(id);
-    if (!p) return;
-    boxes.delete(id);
-    void p.then(dropConnection, () => {});
+    dropProcConn(id, `sandbox ${id} is gone`);
     for (const [k, b] of background) {
       if (b.sandboxId === id) {
         if (b.expiry) clearTimeout(b.expiry);
         background.delete(k);
       }
     }
+    const p = boxes.get(id);
+    if (!p) return;
+    boxes.delete(id);
+    void p.then(dropConnection, () => {});
+  }
+
+  /** After a NotFoundError: forget the sandbox if it is gone (and not just a process or file). */
+  function checkGone(id: string, e: unknown): void {
+    if (!(e instanceof NotFoundError) || e.code !== ErrorCode.NotFound) return;
+    void Sandbox.getInfo(id, conn).then(
+      () => {},
+      (err: unknown) => {
+        if (err instanceof NotFoundError) evict(id);
+      },
+    );
   }
 
   function box(id: string): Promise<Sandbox> {
@@ -447,10 +471,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     try {
       return await fn(s);
     } catch (e) {
-      if (e instanceof NotFoundError && e.code === ErrorCode.NotFound) {
-        // the sandbox is gone (or the process is: then it is cheap to reconnect)
-        evict(id);
-      }
+      checkGone(id, e);
       throw e;
     }
   }
@@ -467,12 +488,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
       p = Connection.open(conn).then((c) => {
         c.onClose((err) => {
           if (procConns.get(id) === p) procConns.delete(id);
-          for (const [k, fn] of [...procs]) {
-            if (k.startsWith(`${id}/`)) {
-              procs.delete(k);
-              fn({ type: 'error', error: { type: 'SandboxError', message: err.message } });
-            }
-          }
+          failProcs(id, err.message);
         });
         return c;
       });
@@ -523,7 +539,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
       });
       return r.pid;
     } catch (e) {
-      if (e instanceof NotFoundError && e.code === ErrorCode.NotFound) evict(id);
+      checkGone(id, e);
       throw e;
     }
   }
@@ -535,12 +551,12 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
 
   // forget sandboxes that went away by themselves (their lifetime ran out)
   const sweep = setInterval(() => {
-    if (boxes.size === 0) return;
+    if (boxes.size === 0 && procConns.size === 0) return;
     void Sandbox.list({ ...conn, limit: 1_000_000 })
       .nextItems()
       .then((all) => {
         const live = new Set(all.map((s) => s.sandboxId));
-        for (const id of [...boxes.keys()]) if (!live.has(id)) evict(id);
+        for (const id of new Set([...boxes.keys(), ...procConns.keys()])) if (!live.has(id)) evict(id);
       })
       .catch(() => {});
   }, 30_000);
@@ -1085,7 +1101,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     const all = [...boxes.values()];
     boxes.clear();
     for (const p of all) await p.then(dropConnection, () => {});
-    for (const id of [...procConns.keys()]) dropProcConn(id);
+    for (const id of [...procConns.keys()]) dropProcConn(id, 'the server is closing');
   }
 
   return { server, handle, close };

@@ -189,6 +189,25 @@ test('a sandbox paused by another client is not resumed by a file or command req
   }
 });
 
+test('killing a sandbox ends the streams of its commands', async () => {
+  const sid = (await (await post('/sandboxes', {})).json()).sandboxId;
+  const r = await post(`/sandboxes/${sid}/commands`, { cmd: 'echo up; sleep 60' });
+  const it = ndjson(r);
+  assert.equal((await it.next()).value.type, 'start');
+  assert.deepEqual((await it.next()).value, { type: 'stdout', data: 'up\n' });
+  const bg = await (await post(`/sandboxes/${sid}/commands`, { cmd: 'sleep 60', background: true })).json();
+  const follow = fetch(`${base}/sandboxes/${sid}/commands/${bg.pid}`).then(allEvents);
+  assert.equal((await fetch(`${base}/sandboxes/${sid}`, { method: 'DELETE' })).status, 200);
+  const last = (await it.next()).value;
+  assert.ok(
+    (last.type === 'exit' && last.error === 'signal: killed') || (last.type === 'error' && /is gone/.test(last.error.message)),
+    JSON.stringify(last),
+  );
+  assert.equal((await it.next()).done, true);
+  const fev = (await follow).at(-1);
+  assert.ok(fev.type === 'exit' || fev.type === 'error', JSON.stringify(fev));
+});
+
 test('create validates its body', async () => {
   await errorOf(await post('/sandboxes', { bogus: 1 }), 400);
   await errorOf(await post('/sandboxes', { envs: { A: 1 } }), 400);
