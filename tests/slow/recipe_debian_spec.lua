@@ -1,0 +1,59 @@
+-- The shipped python recipe end to end (slow: builds a Debian image with
+-- mmdebstrap from this host's apt mirror): `tupper build` writes a lock
+-- with the image's digest and package versions, `tupper run --recipe` runs
+-- python3 as the recipe's user, and a create honours the lock.
+local helper = require("helper")
+local json = require("tupper.json")
+
+describe("recipes/python.lua", function()
+  local d, dir
+
+  setup(function()
+    dir = helper.tmpdir()
+    d = helper.start_daemon(nil, { pool = 0 })
+  end)
+  teardown(function()
+    if d then assert.are.equal(0, d.stop()) end
+    helper.rmrf(dir)
+    helper.drain()
+  end)
+
+  local function cli(...)
+    local args = { "--socket", d.socket }
+    for _, a in ipairs({ ... }) do args[#args + 1] = a end
+    local saved = helper.TIMEOUT_MS
+    helper.TIMEOUT_MS = 3600 * 1000 -- the first build downloads and installs
+    local code, out, err = helper.cli(args)
+    helper.TIMEOUT_MS = saved
+    return code, out, err
+  end
+
+  it("builds, locks, and runs python3 as user in /home/user", function()
+    local path = dir .. "/python.lua"
+    local text = helper.read_file(helper.ROOT .. "/recipes/python.lua")
+    assert.is_string(text)
+    local f = assert(io.open(path, "wb"))
+    f:write(text)
+    f:close()
+    local code, out, err = cli("build", path)
+    assert.are.equal(0, code, err)
+    assert.are.equal(dir .. "/python.lock\n", out)
+    local lock = json.decode(helper.read_file(dir .. "/python.lock"))
+    assert.matches("^sha256:%x+$", lock.image_digest)
+    assert.are.equal("bookworm", lock.debian.debian)
+    local has_python = false
+    for _, p in ipairs(lock.debian.packages) do has_python = has_python or p:match("^python3=") ~= nil end
+    assert.is_true(has_python)
+    code, out, err = cli("run", "--recipe", path, "--", "sh", "-c", "id -u; pwd; python3 -c 'print(6 * 7)'")
+    assert.are.equal(0, code, err)
+    assert.are.equal("1000\n/home/user\n42\n", out)
+    -- a lock naming an image the store does not have is refused, saying so
+    lock.image_digest = "sha256:" .. ("1"):rep(64)
+    f = assert(io.open(dir .. "/python.lock", "wb"))
+    f:write(json.encode(lock))
+    f:close()
+    code, out, err = cli("run", "--recipe", path, "--", "true")
+    assert.are.equal(125, code)
+    assert.matches("pinned by the lock", err, nil, true)
+  end)
+end)
