@@ -60,6 +60,10 @@ return recipe "small" {
     assert.matches("^sha256:%x+$", b.image_digest)
     assert.are.equal(b.image_digest, b.lock.image_digest)
     assert.are.equal(sb.recipe.layer, b.layer)
+    -- and the store keeps the image for the lock: pinned by the build
+    local pins = json.decode(helper.read_file(d.state .. "/images/pins.json"))
+    assert.is_table(pins[b.image_digest])
+    assert.is_true(pins[b.image_digest]["recipe-lock:" .. b.layer])
     -- a create from the lock serves the same layer on the pinned image
     spec.lock = json.encode(b.lock)
     sb = assert(helper.call(c, "sandbox.create", { recipe = spec }))
