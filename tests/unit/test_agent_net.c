@@ -1,0 +1,373 @@
+/* Drives the real tupper-agent's network relay (agent_net.c) over a
+ * socketpair, playing the host, inside a network namespace of its own
+ * (root only): the listeners, streams both ways, flow control, EOF,
+ * DNS datagrams, NET_CONNECT, the stream limit, and hostile host frames
+ * (window overruns, acknowledgements of bytes never sent, malformed and
+ * unknown-stream frames).  Every wait is a poll with a deadline. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "tap.h"
+
+#define TIMEOUT_MS 5000
+
+static int chan = -1;
+static uint8_t rbuf[TP_FRAME_HDR + TP_FRAME_MAX];
+static size_t rlen;
+static tp_field_t fields[TP_FIELDS_MAX];
+
+typedef struct frame_s {
+  uint8_t type;
+  uint32_t id;
+  int n;
+  int64_t sid, kind, size, err;
+  uint8_t data[TP_NET_DNS_MAX > TP_NET_CHUNK ? TP_NET_DNS_MAX : TP_NET_CHUNK];
+  size_t dlen;
+} frame_t;
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t fint(int n, uint16_t tag, int64_t def) {
+  int64_t v;
+  return tp_field_int(tp_fields_get(fields, n, tag), &v) == 0 ? v : def;
+}
+
+/* The next frame from the agent within ms, 1; or 0 on timeout/EOF. */
+static int next_frame(frame_t *fr, int ms) {
+  long long deadline = now_ms() + ms;
+  for (;;) {
+    tp_frame_t f;
+    long fl = tp_frame_parse_header(rbuf, rlen, &f);
+    if (fl > 0) {
+      const tp_field_t *d;
+      int n = tp_fields_parse(f.payload, f.len, fields, TP_FIELDS_MAX);
+      memset(fr, 0, offsetof(frame_t, data));
+      fr->type = f.type;
+      fr->id = f.id;
+      fr->n = n;
+      fr->sid = fint(n, TP_TAG_SID, -1);
+      fr->kind = fint(n, TP_TAG_KIND, -1);
+      fr->size = fint(n, TP_TAG_SIZE, -1);
+      fr->err = fint(n, TP_TAG_ERRNO, 0);
+      d = n > 0 ? tp_fields_get(fields, n, TP_TAG_DATA) : NULL;
+      fr->dlen = d && d->len <= sizeof(fr->data) ? d->len : 0;
+      if (fr->dlen)
+        memcpy(fr->data, d->val, fr->dlen);
+      memmove(rbuf, rbuf + fl, rlen - (size_t) fl);
+      rlen -= (size_t) fl;
+      return 1;
+    }
+    if (fl < 0)
+      return 0;
+    long long left = deadline - now_ms();
+    if (left <= 0)
+      return 0;
+    struct pollfd p = {.fd = chan, .events = POLLIN};
+    if (poll(&p, 1, (int) left) <= 0)
+      return 0;
+    ssize_t r = read(chan, rbuf + rlen, sizeof(rbuf) - rlen);
+    if (r <= 0)
+      return 0;
+    rlen += (size_t) r;
+  }
+}
+
+/* The next frame of type t (others skipped: ACKs, ...), or 0. */
+static int wait_type(frame_t *fr, uint8_t t, int ms) {
+  long long deadline = now_ms() + ms;
+  while (now_ms() < deadline)
+    if (next_frame(fr, (int) (deadline - now_ms())) && fr->type == t)
+      return 1;
+  return 0;
+}
+
+static void send_buf(tp_buf_t *b) {
+  size_t off = 0;
+  tp_frame_end(b);
+  while (off < b->len) {
+    ssize_t w = write(chan, b->data + off, b->len - off);
+    if (w <= 0)
+      break;
+    off += (size_t) w;
+  }
+  tp_buf_free(b);
+}
+
+static void send_net(uint8_t type, uint32_t id, int64_t sid, uint16_t tag, int64_t v, const void *data,
+                     size_t dlen) {
+  tp_buf_t b;
+  tp_buf_init(&b);
+  tp_frame_begin(&b, type, id);
+  if (sid >= 0)
+    tp_frame_add_int(&b, TP_TAG_SID, sid);
+  if (tag)
+    tp_frame_add_int(&b, tag, v);
+  if (data)
+    tp_frame_add(&b, TP_TAG_DATA, data, (uint32_t) dlen);
+  send_buf(&b);
+}
+
+static int listen_req(uint32_t id) {
+  frame_t fr;
+  send_net(TP_MSG_NET_LISTEN, id, -1, 0, 0, NULL, 0);
+  while (next_frame(&fr, TIMEOUT_MS))
+    if (fr.id == id)
+      return fr.type == TP_MSG_OK;
+  return 0;
+}
+
+static int tcp_connect(int port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t) port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && connect(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Reads what fd has within ms into buf; returns bytes, 0 on EOF, -1 none. */
+static ssize_t read_within(int fd, void *buf, size_t n, int ms) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  if (poll(&p, 1, ms) <= 0)
+    return -1;
+  return read(fd, buf, n);
+}
+
+static int lo_up(void) {
+  struct ifreq ifr;
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), r = -1;
+  memset(&ifr, 0, sizeof(ifr));
+  strcpy(ifr.ifr_name, "lo");
+  if (fd >= 0 && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
+    ifr.ifr_flags |= IFF_UP;
+    r = ioctl(fd, SIOCSIFFLAGS, &ifr);
+  }
+  if (fd >= 0)
+    close(fd);
+  return r;
+}
+
+static void test_stream(void) {
+  frame_t fr;
+  char buf[64];
+  int c = tcp_connect(TP_NET_HTTP_PORT);
+  check(c >= 0, "a box process connects to the proxy port");
+  check(wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS) && fr.kind == TP_NET_HTTP && fr.id == 0 &&
+            fr.sid > 0 && fr.sid < 0x80000000LL,
+        "NET_OPEN with KIND HTTP and an agent-made SID");
+  int64_t sid = fr.sid;
+  check(write(c, "hello", 5) == 5, "the box writes");
+  check(wait_type(&fr, TP_MSG_NET_DATA, TIMEOUT_MS) && fr.sid == sid && fr.dlen == 5 &&
+            memcmp(fr.data, "hello", 5) == 0,
+        "its bytes come up as NET_DATA");
+  send_net(TP_MSG_NET_DATA, 0, sid, 0, 0, "world", 5);
+  check(read_within(c, buf, sizeof(buf), TIMEOUT_MS) == 5 && memcmp(buf, "world", 5) == 0,
+        "NET_DATA from the host reaches the box");
+  check(wait_type(&fr, TP_MSG_NET_ACK, TIMEOUT_MS) && fr.sid == sid && fr.size == 5,
+        "and is acknowledged once written");
+  send_net(TP_MSG_NET_ACK, 0, sid, TP_TAG_SIZE, 5, NULL, 0);
+  /* the box ends its side; the host ends its side; the stream closes */
+  shutdown(c, SHUT_WR);
+  check(wait_type(&fr, TP_MSG_NET_EOF, TIMEOUT_MS) && fr.sid == sid, "EOF from the box: NET_EOF");
+  send_net(TP_MSG_NET_EOF, 0, sid, 0, 0, NULL, 0);
+  check(read_within(c, buf, sizeof(buf), TIMEOUT_MS) == 0, "NET_EOF from the host: the box reads EOF");
+  check(wait_type(&fr, TP_MSG_NET_CLOSE, TIMEOUT_MS) && fr.sid == sid && fr.err == 0,
+        "both sides done: NET_CLOSE without an error");
+  close(c);
+}
+
+static void test_flow_control(void) {
+  frame_t fr;
+  static uint8_t big[1024 * 1024];
+  size_t got = 0;
+  int c = tcp_connect(TP_NET_SOCKS_PORT);
+  check(wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS) && fr.kind == TP_NET_SOCKS, "SOCKS port: KIND SOCKS");
+  int64_t sid = fr.sid;
+  fcntl(c, F_SETFL, O_NONBLOCK);
+  memset(big, 'x', sizeof(big));
+  ssize_t w = write(c, big, sizeof(big)); /* as much as the socket takes */
+  (void) w;
+  /* a whole window, then silence: bounded waits, not timing */
+  while (got < TP_NET_WINDOW && next_frame(&fr, TIMEOUT_MS))
+    if (fr.type == TP_MSG_NET_DATA && fr.sid == sid)
+      got += fr.dlen;
+  while (next_frame(&fr, 300))
+    if (fr.type == TP_MSG_NET_DATA && fr.sid == sid)
+      got += fr.dlen;
+  check(got == TP_NET_WINDOW, "without acknowledgements the agent sends exactly one window (%zu)", got);
+  send_net(TP_MSG_NET_ACK, 0, sid, TP_TAG_SIZE, TP_NET_WINDOW, NULL, 0);
+  got = 0;
+  while (got == 0 && next_frame(&fr, TIMEOUT_MS))
+    if (fr.type == TP_MSG_NET_DATA && fr.sid == sid)
+      got += fr.dlen;
+  while (next_frame(&fr, 300))
+    if (fr.type == TP_MSG_NET_DATA && fr.sid == sid)
+      got += fr.dlen;
+  check(got > 0 && got <= TP_NET_WINDOW, "an acknowledgement lets the next window come (%zu)", got);
+  /* hostile: an acknowledgement of bytes never sent */
+  send_net(TP_MSG_NET_ACK, 0, sid, TP_TAG_SIZE, 10 * (int64_t) TP_NET_WINDOW, NULL, 0);
+  check(wait_type(&fr, TP_MSG_NET_CLOSE, TIMEOUT_MS) && fr.sid == sid && fr.err == EPROTO,
+        "an ACK beyond what was sent closes the stream (EPROTO)");
+  close(c);
+
+  /* hostile: more than a window at once */
+  c = tcp_connect(TP_NET_HTTP_PORT);
+  check(wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS), "another stream");
+  sid = fr.sid;
+  send_net(TP_MSG_NET_DATA, 0, sid, 0, 0, big, TP_NET_WINDOW + 1);
+  check(wait_type(&fr, TP_MSG_NET_CLOSE, TIMEOUT_MS) && fr.sid == sid && fr.err == EPROTO,
+        "NET_DATA beyond the window closes the stream (EPROTO)");
+  char b;
+  check(read_within(c, &b, 1, TIMEOUT_MS) <= 0, "and the box's connection with it");
+  close(c);
+}
+
+static void test_dns(void) {
+  frame_t fr;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(TP_NET_DNS_PORT),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  const char q[] = "\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x01x\x00\x00\x01\x00\x01";
+  char buf[64];
+  int u = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  connect(u, (struct sockaddr *) &sa, sizeof(sa));
+  check(send(u, "short", 5, 0) == 5, "a datagram too short for DNS");
+  check(send(u, q, sizeof(q) - 1, 0) == (ssize_t) sizeof(q) - 1, "a DNS query to 127.0.0.1:53");
+  check(wait_type(&fr, TP_MSG_NET_DNS, TIMEOUT_MS) && fr.dlen == sizeof(q) - 1 &&
+            memcmp(fr.data, q, fr.dlen) == 0,
+        "only the query comes up, whole, as NET_DNS");
+  send_net(TP_MSG_NET_DNS, 0, fr.sid + 1000, 0, 0, "bogus-answer", 12);
+  send_net(TP_MSG_NET_DNS, 0, fr.sid, 0, 0, "the-answer", 10);
+  check(read_within(u, buf, sizeof(buf), TIMEOUT_MS) == 10 && memcmp(buf, "the-answer", 10) == 0,
+        "the answer goes back to the sender; one for an unknown query goes nowhere");
+  send_net(TP_MSG_NET_DNS, 0, fr.sid, 0, 0, "again", 5);
+  check(read_within(u, buf, sizeof(buf), 300) < 0, "a query is answered once");
+  close(u);
+}
+
+static void test_connect(void) {
+  frame_t fr;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  char buf[16];
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bind(l, (struct sockaddr *) &sa, sizeof(sa));
+  listen(l, 4);
+  getsockname(l, (struct sockaddr *) &sa, &len);
+  int port = ntohs(sa.sin_port);
+  send_net(TP_MSG_NET_CONNECT, 0, 0x80000001LL, TP_TAG_PORT, port, NULL, 0);
+  check(wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS) && fr.sid == 0x80000001LL && fr.kind == TP_NET_CONNECTED,
+        "NET_CONNECT to a listening port: NET_OPEN CONNECTED");
+  int a = accept(l, NULL, NULL);
+  send_net(TP_MSG_NET_DATA, 0, 0x80000001LL, 0, 0, "in", 2);
+  check(read_within(a, buf, sizeof(buf), TIMEOUT_MS) == 2, "the host's bytes reach the box's server");
+  close(a);
+  close(l);
+  check(wait_type(&fr, TP_MSG_NET_EOF, TIMEOUT_MS) && fr.sid == 0x80000001LL,
+        "the box's server closing: NET_EOF");
+  send_net(TP_MSG_NET_CLOSE, 0, 0x80000001LL, 0, 0, NULL, 0); /* the host ends it: the slot is free */
+  send_net(TP_MSG_NET_CONNECT, 0, 0x80000002LL, TP_TAG_PORT, port, NULL, 0);
+  check(wait_type(&fr, TP_MSG_NET_CLOSE, TIMEOUT_MS) && fr.sid == 0x80000002LL && fr.err == ECONNREFUSED,
+        "NET_CONNECT to a closed port: NET_CLOSE ECONNREFUSED");
+  send_net(TP_MSG_NET_CONNECT, 0, 7, TP_TAG_PORT, port, NULL, 0);
+  check(wait_type(&fr, TP_MSG_NET_CLOSE, TIMEOUT_MS) && fr.sid == 7 && fr.err == EINVAL,
+        "NET_CONNECT with an agent-range SID: EINVAL");
+  send_net(TP_MSG_NET_CONNECT, 0, 0x80000003LL, TP_TAG_PORT, 70000, NULL, 0);
+  check(wait_type(&fr, TP_MSG_NET_CLOSE, TIMEOUT_MS) && fr.err == EINVAL, "NET_CONNECT to port 70000: EINVAL");
+}
+
+static void test_limits_and_hostile(void) {
+  frame_t fr;
+  int fds[TP_NET_STREAMS_MAX + 1], opened = 0;
+  char b;
+  /* malformed and stray frames are ignored; the agent still answers */
+  send_net(TP_MSG_NET_DATA, 0, -1, 0, 0, "x", 1);                 /* no SID */
+  send_net(TP_MSG_NET_DATA, 0, 0x7ffffff0LL, 0, 0, "x", 1);      /* unknown stream */
+  send_net(TP_MSG_NET_ACK, 0, 0, TP_TAG_SIZE, 1, NULL, 0);        /* SID 0 */
+  send_net(TP_MSG_NET_OPEN, 0, 0x7ffffff1LL, TP_TAG_KIND, 1, NULL, 0);
+  check(listen_req(77), "after malformed network frames the agent still answers (NET_LISTEN again: OK)");
+  /* the stream limit */
+  for (int i = 0; i < TP_NET_STREAMS_MAX + 1; i++)
+    fds[i] = tcp_connect(TP_NET_HTTP_PORT);
+  while (opened < TP_NET_STREAMS_MAX && next_frame(&fr, TIMEOUT_MS))
+    if (fr.type == TP_MSG_NET_OPEN)
+      opened++;
+  while (next_frame(&fr, 300))
+    if (fr.type == TP_MSG_NET_OPEN)
+      opened++;
+  check(opened == TP_NET_STREAMS_MAX, "at most %d streams: %d opened", TP_NET_STREAMS_MAX, opened);
+  int closed = 0;
+  for (int i = 0; i < TP_NET_STREAMS_MAX + 1; i++)
+    if (read_within(fds[i], &b, 1, i == TP_NET_STREAMS_MAX ? TIMEOUT_MS : 0) == 0)
+      closed++;
+  check(closed == 1, "the connection past the limit is closed at once (%d)", closed);
+  for (int i = 0; i < TP_NET_STREAMS_MAX + 1; i++)
+    close(fds[i]);
+  int eofs = 0;
+  while (eofs < TP_NET_STREAMS_MAX && next_frame(&fr, TIMEOUT_MS))
+    if (fr.type == TP_MSG_NET_EOF)
+      eofs++;
+  check(eofs == TP_NET_STREAMS_MAX, "their ends come up as NET_EOF (%d)", eofs);
+}
+
+int main(void) {
+  const char *agent = getenv("TUPPER_AGENT");
+  int sv[2], status;
+  frame_t fr;
+  pid_t pid;
+
+  if (geteuid() != 0 || agent == NULL) {
+    printf("1..0 # SKIP needs root and TUPPER_AGENT\n");
+    return 77;
+  }
+  if (unshare(CLONE_NEWNET) < 0 || lo_up() < 0) {
+    printf("1..0 # SKIP no network namespace: %s\n", strerror(errno));
+    return 77;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+    return 1;
+  pid = fork();
+  if (pid == 0) {
+    dup2(sv[1], 3);
+    execl(agent, "tupper-agent", "--fd", "3", (char *) NULL);
+    _exit(127);
+  }
+  close(sv[1]);
+  chan = sv[0];
+  check(next_frame(&fr, TIMEOUT_MS) && fr.type == TP_MSG_READY, "the agent says READY");
+  check(tcp_connect(TP_NET_HTTP_PORT) < 0, "no proxy port before NET_LISTEN");
+  check(listen_req(1), "NET_LISTEN binds the proxy, SOCKS and DNS ports");
+  check(listen_req(2), "NET_LISTEN again (a re-attached daemon) is fine");
+  test_stream();
+  test_flow_control();
+  test_dns();
+  test_connect();
+  test_limits_and_hostile();
+  close(chan);
+  check(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "the channel's EOF ends the agent cleanly");
+  printf("1..%d\n", tap_num);
+  return tap_failed ? 1 : 0;
+}
