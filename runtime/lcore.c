@@ -53,7 +53,8 @@ static const char *const tp__tag_names[TP_TAG_MAX_] = {
     [TP_TAG_LENGTH] = "length",   [TP_TAG_SIZE] = "size",     [TP_TAG_MODE] = "mode",
     [TP_TAG_MTIME] = "mtime",     [TP_TAG_UID] = "uid",       [TP_TAG_GID] = "gid",
     [TP_TAG_TYPE] = "type",       [TP_TAG_NAME] = "name",     [TP_TAG_LINK] = "link",
-    [TP_TAG_ENTRY] = "entries",   [TP_TAG_CREATED] = "created",
+    [TP_TAG_ENTRY] = "entries",   [TP_TAG_CREATED] = "created", [TP_TAG_COLS] = "cols",
+    [TP_TAG_ROWS] = "rows",       [TP_TAG_WATCH] = "watch",   [TP_TAG_EVENT] = "event",
     [TP_TAG_SID] = "sid",         [TP_TAG_KIND] = "kind",     [TP_TAG_PORT] = "port",
 };
 
@@ -274,7 +275,7 @@ static int tp__lbox_dispatch(tp_lbox_t *b) {
     if (n == 0)
       break;
     /* from the agent: events, replies and network stream frames only */
-    if (n < 0 || (f.type >= TP_MSG_EXEC && !tp_msg_net_stream(f.type))) {
+    if (n < 0 || (f.type >= TP_MSG_EXEC && !tp_msg_net_stream(f.type) && f.type != TP_MSG_WATCH_EVENT)) {
       ret = -1;
       break;
     }
@@ -724,7 +725,7 @@ static int tp_lbox_send(lua_State *L) {
   int r;
 
   luaL_checktype(L, 4, LUA_TTABLE);
-  if (!tp_msg_type_valid((unsigned) type) || type < TP_MSG_EXEC)
+  if (!tp_msg_type_valid((unsigned) type) || type < TP_MSG_EXEC || type == TP_MSG_WATCH_EVENT)
     return luaL_error(L, "send: not a request type: %d", (int) type);
   if ((id <= 0 && !(id == 0 && tp_msg_net_stream((unsigned) type))) || id > (lua_Integer) UINT32_MAX)
     return luaL_error(L, "send: bad request id");
@@ -1365,7 +1366,9 @@ int luaopen_tupper_core(lua_State *L) {
       {"NET_LISTEN", TP_MSG_NET_LISTEN}, {"NET_OPEN", TP_MSG_NET_OPEN},
       {"NET_DATA", TP_MSG_NET_DATA}, {"NET_ACK", TP_MSG_NET_ACK}, {"NET_EOF", TP_MSG_NET_EOF},
       {"NET_CLOSE", TP_MSG_NET_CLOSE}, {"NET_DNS", TP_MSG_NET_DNS},
-      {"NET_CONNECT", TP_MSG_NET_CONNECT}};
+      {"NET_CONNECT", TP_MSG_NET_CONNECT},
+      {"PTY_RESIZE", TP_MSG_PTY_RESIZE}, {"WATCH_ADD", TP_MSG_WATCH_ADD},
+      {"WATCH_REMOVE", TP_MSG_WATCH_REMOVE}, {"WATCH_EVENT", TP_MSG_WATCH_EVENT}};
 
   if (luaL_newmetatable(L, TP_BOX_MT)) {
     luaL_newlib(L, box_methods);

@@ -97,12 +97,12 @@ long long agent_now_ms(void) {
 
 /* ---- request helpers ------------------------------------------------------ */
 
-int agent_req_check(const agent_req_t *r, uint32_t allowed, uint32_t repeated, const char *what,
+int agent_req_check(const agent_req_t *r, uint64_t allowed, uint64_t repeated, const char *what,
                     tp_error_t *err) {
-  uint32_t seen = 0;
+  uint64_t seen = 0;
   for (int i = 0; i < r->n; i++) {
     unsigned tag = r->fields[i].tag;
-    if (tag >= 32 || !(allowed & AGENT_TAG(tag)))
+    if (tag >= 64 || !(allowed & AGENT_TAG(tag)))
       return tp_error_set(err, EINVAL, "%s: unexpected field %u", what, tag);
     if ((seen & AGENT_TAG(tag)) && !(repeated & AGENT_TAG(tag)))
       return tp_error_set(err, EINVAL, "%s: repeated field %u", what, tag);
@@ -156,6 +156,9 @@ static agent_handler_t handler_for(uint8_t type) {
   case TP_MSG_FS_REMOVE: return agent_fs_remove;
   case TP_MSG_FS_RENAME: return agent_fs_rename;
   case TP_MSG_NET_LISTEN: return agent_net_listen;
+  case TP_MSG_PTY_RESIZE: return agent_proc_pty_resize;
+  case TP_MSG_WATCH_ADD: return agent_watch_add;
+  case TP_MSG_WATCH_REMOVE: return agent_watch_remove;
   default: return NULL; /* agent -> host types */
   }
 }
@@ -387,6 +390,7 @@ static void detach(agent_t *a) {
   a->dead = 0;
   a->rlen = 0; /* a request cut in half by the crash */
   agent_net_detach(a);
+  agent_watch_clear(a);
   tp_buf_reset(&a->out);
   a->deadline = agent_now_ms() + a->grace_ms;
   agent_log("channel lost: detached, waiting %lld s for a daemon", a->grace_ms / 1000);
@@ -436,7 +440,7 @@ static int agent_run(agent_t *a) {
 
   for (;;) {
     long long now;
-    int n, nproc, paused;
+    int n, nproc, nw, paused;
     if (a->dead) {
       if (a->listen_fd < 0)
         return 0;
@@ -452,7 +456,8 @@ static int agent_run(agent_t *a) {
     a->pfds[1] = (struct pollfd){.fd = a->sigfd, .events = POLLIN};
     a->pfds[2] = (struct pollfd){.fd = paused ? -1 : a->listen_fd, .events = POLLIN};
     nproc = agent_proc_poll_fill(a, AGENT_POLL_FIRST);
-    n = agent_net_poll_fill(a, nproc);
+    nw = agent_watch_poll_fill(a, nproc);
+    n = agent_net_poll_fill(a, nw);
     if (poll(a->pfds, (nfds_t) n, poll_timeout(a, now, paused)) < 0) {
       if (errno == EINTR)
         continue;
@@ -463,7 +468,8 @@ static int agent_run(agent_t *a) {
      * requests, which may reuse the slots freed by reaping, then a new
      * connection. */
     agent_proc_poll_handle(a, AGENT_POLL_FIRST, nproc);
-    agent_net_poll_handle(a, nproc, n);
+    agent_watch_poll_handle(a, nproc, nw);
+    agent_net_poll_handle(a, nw, n);
     if (a->pfds[1].revents) {
       drain_sigfd(a);
       agent_proc_reap(a);
@@ -518,5 +524,6 @@ int main(int argc, char **argv) {
   /* Stopping: take every process group with us (as PID 1 of a PID
    * namespace our exit kills the rest anyway). */
   agent_proc_kill_all(&agent);
+  agent_watch_clear(&agent);
   return rc < 0 ? 1 : 0;
 }

@@ -35,7 +35,9 @@
 #define AGENT_DRAIN_MAX TP_CHUNK_MAX        /* per stream, once its process exited */
 #define AGENT_POLL_FIRST 3                  /* channel, signalfd, listener; then pipes */
 #define AGENT_NET_POLL_MAX (4 + TP_NET_STREAMS_MAX) /* agent_net.c: listeners, streams */
-#define AGENT_POLL_MAX (AGENT_POLL_FIRST + 3 * AGENT_PROC_MAX + AGENT_NET_POLL_MAX)
+#define AGENT_WATCH_MAX 64                  /* live watches (one inotify instance each) */
+#define AGENT_WATCH_DIRS_MAX 8192           /* directories per watch (recursive) */
+#define AGENT_POLL_MAX (AGENT_POLL_FIRST + 3 * AGENT_PROC_MAX + AGENT_WATCH_MAX + AGENT_NET_POLL_MAX)
 #define AGENT_EXITQ_MAX 1024                /* EXIT events kept while detached */
 #define AGENT_GRACE_DEFAULT_S 60            /* detached: wait this long for a daemon */
 #define AGENT_GRACE_MAX_S 86400
@@ -56,6 +58,7 @@ typedef struct agent_proc_s {
   int in_fd;                  /* write end of its stdin, -1 if none or closed */
   int in_close;               /* close in_fd once the queue drained */
   int hold_fd;                /* held (TP_F_EXEC_HOLD): write end of its hold pipe, else -1 */
+  int pty;                    /* TP_F_EXEC_PTY: out_fd is the terminal's master, in_fd a dup */
   int status_fd;              /* held: read end of its exec status pipe, else -1 */
   char **argv;                /* ARG fields as given (PS, messages) */
   agent_chunk_t *q_head;
@@ -78,10 +81,28 @@ typedef struct agent_req_s {
   const tp_field_t *fields;
 } agent_req_t;
 
+/* One directory of a watch: its inotify watch descriptor and its path
+ * relative to the watched directory ("" for that directory). */
+typedef struct agent_wdir_s {
+  int wd;
+  char *rel;
+} agent_wdir_t;
+
+/* A watch (WATCH_ADD): its own inotify instance. */
+typedef struct agent_watch_s {
+  int64_t id;                 /* 0: free slot */
+  int fd;                     /* inotify instance */
+  int recursive;
+  char *root;                 /* the watched directory, absolute */
+  int ndirs;
+  int cap;
+  agent_wdir_t *dirs;
+} agent_watch_t;
+
 /* What a pollfd entry past the first two refers to. */
 typedef struct agent_pollref_s {
   int16_t slot;
-  int16_t stream;             /* 0 stdin, 1 stdout, 2 stderr */
+  int16_t stream;             /* 0 stdin, 1 stdout, 2 stderr, 3 a watch's inotify fd */
 } agent_pollref_t;
 
 typedef struct agent_s {
@@ -103,6 +124,8 @@ typedef struct agent_s {
   int exitq_head;             /* oldest queued EXIT */
   int exitq_len;
   agent_exit_t exitq[AGENT_EXITQ_MAX];
+  int64_t next_watch;         /* the last watch id given out */
+  agent_watch_t watches[AGENT_WATCH_MAX];
   tp_field_t fields[TP_FIELDS_MAX];
   struct pollfd pfds[AGENT_POLL_MAX];
   agent_pollref_t prefs[AGENT_POLL_MAX];
@@ -123,7 +146,7 @@ long long agent_now_ms(void);
 
 /* Checks that every field of r has a tag in `allowed` (a bit per tag) and that
  * only tags in `repeated` occur more than once. */
-int agent_req_check(const agent_req_t *r, uint32_t allowed, uint32_t repeated, const char *what,
+int agent_req_check(const agent_req_t *r, uint64_t allowed, uint64_t repeated, const char *what,
                     tp_error_t *err);
 const tp_field_t *agent_req_get(const agent_req_t *r, uint16_t tag);
 /* The integer field `tag`, or def when absent. */
@@ -132,7 +155,7 @@ int64_t agent_req_int(const agent_req_t *r, uint16_t tag, int64_t def);
  * absolute, at most TP_PATH_MAX bytes. */
 int agent_req_path(const agent_req_t *r, uint16_t tag, const char *what, char *buf, tp_error_t *err);
 
-#define AGENT_TAG(t) (1u << (t))
+#define AGENT_TAG(t) (UINT64_C(1) << (t))
 
 /* agent_proc.c */
 int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err);
@@ -141,6 +164,7 @@ int agent_proc_stdin_close(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_signal(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_release(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_ps(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_proc_pty_resize(agent_t *a, const agent_req_t *r, tp_error_t *err);
 /* Adds the pipes of live processes to a->pfds from index `first`; returns
  * the new count. */
 int agent_proc_poll_fill(agent_t *a, int first);
@@ -191,5 +215,15 @@ int agent_fs_list(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_mkdir(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_remove(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_rename(agent_t *a, const agent_req_t *r, tp_error_t *err);
+
+/* agent_watch.c: inotify.  Each watch has its own instance; a recursive one
+ * adds every subdirectory, and new ones as they appear, up to
+ * AGENT_WATCH_DIRS_MAX (past it: an OVERFLOW event naming the limit). */
+int agent_watch_add(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_watch_remove(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_watch_poll_fill(agent_t *a, int first);
+void agent_watch_poll_handle(agent_t *a, int first, int n);
+/* Drops every watch (the channel is gone: nobody would get the events). */
+void agent_watch_clear(agent_t *a);
 
 #endif

@@ -126,7 +126,7 @@ static int mkdir_parents(const char *path, mode_t mode, int *created, tp_error_t
 /* ---- read / write ------------------------------------------------------------ */
 
 int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err) {
-  const uint32_t allowed = AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_OFFSET) | AGENT_TAG(TP_TAG_LENGTH);
+  const uint64_t allowed = AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_OFFSET) | AGENT_TAG(TP_TAG_LENGTH);
   char path[TP_PATH_MAX + 1];
   int64_t off = agent_req_int(r, TP_TAG_OFFSET, 0);
   int64_t len = agent_req_int(r, TP_TAG_LENGTH, TP_CHUNK_MAX);
@@ -168,7 +168,7 @@ int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 }
 
 int agent_fs_write(agent_t *a, const agent_req_t *r, tp_error_t *err) {
-  const uint32_t allowed = AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_DATA) | AGENT_TAG(TP_TAG_OFFSET) |
+  const uint64_t allowed = AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_DATA) | AGENT_TAG(TP_TAG_OFFSET) |
                            AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_MODE);
   const int64_t known = TP_F_WRITE_TRUNC | TP_F_WRITE_APPEND | TP_F_WRITE_PARENTS;
   char path[TP_PATH_MAX + 1];
@@ -334,7 +334,7 @@ int agent_fs_list(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 }
 
 int agent_fs_mkdir(agent_t *a, const agent_req_t *r, tp_error_t *err) {
-  const uint32_t allowed = AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_MODE) | AGENT_TAG(TP_TAG_FLAGS);
+  const uint64_t allowed = AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_MODE) | AGENT_TAG(TP_TAG_FLAGS);
   char path[TP_PATH_MAX + 1];
   int64_t flags;
   mode_t mode = 0;

@@ -16,8 +16,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "utils.h"
@@ -50,6 +52,7 @@ typedef struct exec_spec_s {
   int err_fd;         /* child's stderr */
   int status_fd;      /* write end of the status pipe (CLOEXEC) */
   int hold_fd;        /* read end of the hold pipe (CLOEXEC), or -1 */
+  int pty;            /* in/out/err are a terminal's slave: make it the controlling one */
   uid_t uid;
   gid_t gid;
   const struct rlimit *nofile;
@@ -217,6 +220,9 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
 
   if (setsid() < 0)
     goto fail;
+  /* A new session has no terminal: the slave becomes its controlling one. */
+  if (s->pty && ioctl(s->in_fd, TIOCSCTTY, 0) < 0)
+    goto fail;
   if (dup2(s->in_fd, 0) < 0 || dup2(s->out_fd, 1) < 0 || dup2(s->err_fd, 2) < 0)
     goto fail;
   /* Only 0-2 reach the program.  Closed now, not at exec: a held child must
@@ -359,9 +365,57 @@ static int exec_id(const agent_req_t *r, uint16_t tag, const char *name, unsigne
   return 0;
 }
 
+/* COLS and ROWS of r, both required, each in 1..TP_PTY_DIM_MAX. */
+static int pty_size(const agent_req_t *r, const char *what, struct winsize *ws, tp_error_t *err) {
+  int64_t cols = agent_req_int(r, TP_TAG_COLS, 0), rows = agent_req_int(r, TP_TAG_ROWS, 0);
+  if (agent_req_get(r, TP_TAG_COLS) == NULL || agent_req_get(r, TP_TAG_ROWS) == NULL)
+    return tp_error_set(err, EINVAL, "%s: a terminal needs COLS and ROWS", what);
+  if (cols < 1 || cols > TP_PTY_DIM_MAX || rows < 1 || rows > TP_PTY_DIM_MAX)
+    return tp_error_set(err, EINVAL, "%s: terminal size %lldx%lld out of range 1..%d", what,
+                        (long long) cols, (long long) rows, TP_PTY_DIM_MAX);
+  *ws = (struct winsize){.ws_col = (unsigned short) cols, .ws_row = (unsigned short) rows};
+  return 0;
+}
+
+/* A new terminal of the box's devpts: *master and *slave (both CLOEXEC).
+ * The slave belongs to uid (group tty, 0620) as login would leave it, so
+ * that the program can use it after it dropped to that uid. */
+static int pty_open(int *master, int *slave, uid_t uid, const struct winsize *ws, tp_error_t *err) {
+  char name[64];
+  int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC), sl;
+  if (m < 0)
+    return tp_error_errno(err, errno, "exec: open a terminal (posix_openpt)");
+  if (unlockpt(m) < 0 || ptsname_r(m, name, sizeof(name)) != 0) {
+    int e = errno;
+    close(m);
+    return tp_error_errno(err, e, "exec: unlock the terminal");
+  }
+  sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (sl < 0) {
+    int e = errno;
+    close(m);
+    return tp_error_errno(err, e, "exec: open %s", name);
+  }
+  /* gid 5 (tty) when the box maps it; failing that the slave stays root's,
+   * still usable through the fds the program inherits */
+  if (fchown(sl, uid, 5) < 0)
+    (void) fchown(sl, uid, (gid_t) -1);
+  (void) fchmod(sl, 0620);
+  if (ioctl(m, TIOCSWINSZ, ws) < 0) {
+    int e = errno;
+    close(m);
+    close(sl);
+    return tp_error_errno(err, e, "exec: set the terminal size");
+  }
+  *master = m;
+  *slave = sl;
+  return 0;
+}
+
 int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
-  const uint32_t allowed = AGENT_TAG(TP_TAG_ARG) | AGENT_TAG(TP_TAG_ENV) | AGENT_TAG(TP_TAG_CWD) |
-                           AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_UID) | AGENT_TAG(TP_TAG_GID);
+  const uint64_t allowed = AGENT_TAG(TP_TAG_ARG) | AGENT_TAG(TP_TAG_ENV) | AGENT_TAG(TP_TAG_CWD) |
+                           AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_UID) | AGENT_TAG(TP_TAG_GID) |
+                           AGENT_TAG(TP_TAG_COLS) | AGENT_TAG(TP_TAG_ROWS);
   cleanup_strv char **argv = NULL;
   cleanup_strv char **envp = NULL;
   cleanup_free char *path = NULL;
@@ -372,6 +426,8 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   int nenv = tp_fields_count(r->fields, r->n, TP_TAG_ENV);
   int64_t flags = agent_req_int(r, TP_TAG_FLAGS, 0);
   int hold = (flags & TP_F_EXEC_HOLD) != 0;
+  int pty = (flags & TP_F_EXEC_PTY) != 0;
+  struct winsize ws = {0};
   unsigned uid = 0, gid = 0;
   agent_proc_t *p = NULL;
   exec_status_t st;
@@ -385,8 +441,12 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return tp_error_set(err, EINVAL, "exec: no ARG");
   if (nargs + nenv > TP_ARGS_MAX)
     return tp_error_set(err, E2BIG, "exec: more than %d ARG and ENV fields", TP_ARGS_MAX);
-  if (flags & ~(int64_t) (TP_F_EXEC_STDIN | TP_F_EXEC_HOLD))
+  if (flags & ~(int64_t) (TP_F_EXEC_STDIN | TP_F_EXEC_HOLD | TP_F_EXEC_PTY))
     return tp_error_set(err, EINVAL, "exec: unknown FLAGS 0x%llx", (unsigned long long) flags);
+  if (!pty && (agent_req_get(r, TP_TAG_COLS) != NULL || agent_req_get(r, TP_TAG_ROWS) != NULL))
+    return tp_error_set(err, EINVAL, "exec: COLS and ROWS need FLAGS PTY");
+  if (pty && pty_size(r, "exec", &ws, err) < 0)
+    return -1;
   if (exec_id(r, TP_TAG_UID, "UID", &uid, err) < 0 || exec_id(r, TP_TAG_GID, "GID", &gid, err) < 0)
     return -1;
   if (agent_req_get(r, TP_TAG_CWD) != NULL && agent_req_path(r, TP_TAG_CWD, "exec", cwd, err) < 0)
@@ -407,20 +467,28 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   if (path == NULL)
     return -1;
 
-  if (flags & TP_F_EXEC_STDIN) {
+  if (pty) {
+    /* stdin, stdout and stderr are the slave; the master is both our
+     * stdin writer (in_w, a dup) and the output reader (out_r) */
+    if (pty_open(&out_r, &in_r, (uid_t) uid, &ws, err) < 0)
+      return -1;
+    if ((in_w = fcntl(out_r, F_DUPFD_CLOEXEC, 3)) < 0 || (out_w = fcntl(in_r, F_DUPFD_CLOEXEC, 3)) < 0 ||
+        (err_w = fcntl(in_r, F_DUPFD_CLOEXEC, 3)) < 0)
+      return tp_error_errno(err, errno, "exec: dup terminal");
+  } else if (flags & TP_F_EXEC_STDIN) {
     if (pipe_cloexec(&in_r, &in_w, err) < 0)
       return -1;
   } else if ((in_r = null_stdin(err)) < 0) {
     return -1;
   }
-  if (pipe_cloexec(&out_r, &out_w, err) < 0 || pipe_cloexec(&err_r, &err_w, err) < 0 ||
+  if ((!pty && (pipe_cloexec(&out_r, &out_w, err) < 0 || pipe_cloexec(&err_r, &err_w, err) < 0)) ||
       pipe_cloexec(&st_r, &st_w, err) < 0 || (hold && pipe_cloexec(&hold_r, &hold_w, err) < 0))
     return -1;
 
   spec = (exec_spec_t){.path = path, .argv = argv, .envp = envp, .cwd = cwd, .in_fd = in_r,
                        .out_fd = out_w, .err_fd = err_w, .status_fd = st_w, .hold_fd = hold_r,
                        .uid = (uid_t) uid, .gid = (gid_t) gid, .nofile = &a->nofile,
-                       .umask = a->umask};
+                       .umask = a->umask, .pty = pty};
   pid = fork();
   if (pid < 0)
     return tp_error_errno(err, errno, "exec '%s': fork", argv[0]);
@@ -429,6 +497,10 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 
   close_fd(&st_w); /* so that the read below sees EOF once the child exec'd */
   close_fd(&hold_r);
+  /* Ours no longer: the master sees EOF (EIO) once the child's side is all closed. */
+  close_fd(&in_r);
+  close_fd(&out_w);
+  close_fd(&err_w);
   /* Without HOLD, EOF means it exec'd; with HOLD, it must say it is held. */
   rc = status_wait(pid, st_r, &st);
   if (hold ? rc != 1 || st.stage != AGENT_STAGE_HELD : rc != 0) {
@@ -441,9 +513,10 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   }
 
   set_nonblock(out_r);
-  set_nonblock(err_r);
+  if (err_r >= 0)
+    set_nonblock(err_r);
   *p = (agent_proc_t){.pid = pid, .out_fd = out_r, .err_fd = err_r, .in_fd = in_w,
-                      .hold_fd = hold_w, .status_fd = hold ? st_r : -1, .argv = argv};
+                      .hold_fd = hold_w, .status_fd = hold ? st_r : -1, .argv = argv, .pty = pty};
   out_r = err_r = in_w = hold_w = -1;
   if (hold)
     st_r = -1;
@@ -518,6 +591,26 @@ int agent_proc_ps(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   }
   if (truncated)
     tp_frame_add_int(&a->out, TP_TAG_FLAGS, 1);
+  return 0;
+}
+
+/* The kernel sends SIGWINCH to the terminal's foreground process group. */
+int agent_proc_pty_resize(agent_t *a, const agent_req_t *r, tp_error_t *err) {
+  struct winsize ws;
+  agent_proc_t *p;
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_PID) | AGENT_TAG(TP_TAG_COLS) | AGENT_TAG(TP_TAG_ROWS), 0,
+                      "pty_resize", err) < 0)
+    return -1;
+  if (pty_size(r, "pty_resize", &ws, err) < 0)
+    return -1;
+  if ((p = proc_lookup(a, r, "pty_resize", err)) == NULL)
+    return -1;
+  if (!p->pty)
+    return tp_error_set(err, ENOTTY, "pty_resize: process %d has no terminal", (int) p->pid);
+  if (p->out_fd < 0)
+    return tp_error_set(err, EPIPE, "pty_resize: the terminal of process %d is closed", (int) p->pid);
+  if (ioctl(p->out_fd, TIOCSWINSZ, &ws) < 0)
+    return tp_error_errno(err, errno, "pty_resize: process %d", (int) p->pid);
   return 0;
 }
 

@@ -57,6 +57,11 @@ enum tp_msg_type {
   TP_MSG_FS_MKDIR = 34,    /* PATH MODE? FLAGS? -> OK(CREATED) */
   TP_MSG_FS_REMOVE = 35,   /* PATH FLAGS? -> OK */
   TP_MSG_FS_RENAME = 36,   /* PATH PATH2 -> OK */
+  /* 40-59: terminals and file watching */
+  TP_MSG_PTY_RESIZE = 40,  /* PID COLS ROWS -> OK: a process started with TP_F_EXEC_PTY */
+  TP_MSG_WATCH_ADD = 41,   /* PATH FLAGS? -> OK(WATCH): inotify on a directory */
+  TP_MSG_WATCH_REMOVE = 42, /* WATCH -> OK */
+  TP_MSG_WATCH_EVENT = 50, /* agent -> host event (id 0): WATCH EVENT NAME? MSG? */
   /* network relay (docs/network.md).  NET_LISTEN is a request; the others
    * are stream frames with id 0 that go both ways and get no reply. */
   TP_MSG_NET_LISTEN = 60,  /* -> OK: bind the proxy, SOCKS and DNS ports on 127.0.0.1 */
@@ -97,6 +102,10 @@ enum tp_tag {
   TP_TAG_LINK = 24,    /* string (symlink target) */
   TP_TAG_ENTRY = 25,   /* nested fields, repeated */
   TP_TAG_CREATED = 26, /* int 0/1 */
+  TP_TAG_COLS = 27,    /* int: terminal columns, 1..TP_PTY_DIM_MAX */
+  TP_TAG_ROWS = 28,    /* int: terminal rows, 1..TP_PTY_DIM_MAX */
+  TP_TAG_WATCH = 29,   /* int: a watch id (> 0) */
+  TP_TAG_EVENT = 30,   /* int: TP_WE_* */
   TP_TAG_SID = 40,     /* int: stream id (agent-made < 2^31, host-made >= 2^31) */
   TP_TAG_KIND = 41,    /* int: TP_NET_* */
   TP_TAG_PORT = 42,    /* int */
@@ -124,6 +133,22 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
 #define TP_F_WRITE_PARENTS 0x4u   /* FS_WRITE: create missing parent dirs */
 #define TP_F_MKDIR_PARENTS 0x1u   /* FS_MKDIR: like mkdir -p */
 #define TP_F_REMOVE_RECURSIVE 0x1u
+#define TP_F_EXEC_PTY 0x4u        /* EXEC: stdin/stdout/stderr are a new terminal (its controlling
+                                     one); COLS and ROWS give its size; output is STREAM 1 */
+#define TP_F_WATCH_RECURSIVE 0x1u /* WATCH_ADD: subdirectories too, new ones as they appear */
+
+#define TP_PTY_DIM_MAX 4096       /* most COLS or ROWS */
+
+/* watch events (EVENT); NAME is the path relative to the watched directory */
+enum tp_watch_event {
+  TP_WE_CREATE = 1,   /* created, or moved in */
+  TP_WE_WRITE = 2,    /* modified */
+  TP_WE_REMOVE = 3,
+  TP_WE_RENAME = 4,   /* moved away (the old name) */
+  TP_WE_CHMOD = 5,    /* metadata changed */
+  TP_WE_OVERFLOW = 6, /* events were lost (MSG says why); the watch goes on */
+  TP_WE_END = 7,      /* the watch ended (its directory is gone; MSG says why) */
+};
 
 /* file types (TYPE) */
 enum tp_file_type { TP_FT_FILE = 1, TP_FT_DIR = 2, TP_FT_SYMLINK = 3, TP_FT_OTHER = 4 };

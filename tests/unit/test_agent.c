@@ -31,7 +31,8 @@
 #include "tap.h"
 
 #define TIMEOUT_MS 10000
-#define MAX_TPROCS 64
+#define MAX_TPROCS 128
+#define AGENT_WATCH_DIRS_MAX_T 8193 /* one past the agent's AGENT_WATCH_DIRS_MAX */
 
 
 
@@ -82,6 +83,7 @@ typedef struct host_s {
   msg_t *replies;
   int nprocs;
   tproc_t procs[MAX_TPROCS];
+  tp_buf_t wev;         /* WATCH_EVENTs as text lines "WATCH EVENT NAME" */
 } host_t;
 
 static long long now_ms(void) {
@@ -134,6 +136,19 @@ static void on_event(host_t *h, const msg_t *m) {
     h->ready_count++;
     h->ready_version = msg_int(m, TP_TAG_VERSION, -1);
     h->ready_pid = msg_int(m, TP_TAG_PID, -1);
+    return;
+  }
+  if (m->type == TP_MSG_WATCH_EVENT) {
+    const tp_field_t *name = msg_get(m, TP_TAG_NAME);
+    char line[64];
+    int n = snprintf(line, sizeof(line), "%lld %lld ", (long long) msg_int(m, TP_TAG_WATCH, -1),
+                     (long long) msg_int(m, TP_TAG_EVENT, -1));
+    if (msg_get(m, TP_TAG_WATCH) == NULL || msg_get(m, TP_TAG_EVENT) == NULL)
+      h->stray_events++;
+    tp_buf_append(&h->wev, line, (size_t) n);
+    if (name != NULL)
+      tp_buf_append(&h->wev, name->val, name->len);
+    tp_buf_append(&h->wev, "\n", 1);
     return;
   }
   p = tproc_get(h, msg_int(m, TP_TAG_PID, -1));
@@ -411,6 +426,7 @@ static void host_free(host_t *h) {
     for (int s = 0; s < 3; s++)
       tp_buf_free(&h->procs[i].out[s]);
   tp_buf_free(&h->req);
+  tp_buf_free(&h->wev);
   free(h->rbuf);
   if (h->fd >= 0)
     close(h->fd);
@@ -1578,6 +1594,221 @@ static void test_bad_args(const char *agent, const char *tmp) {
   }
 }
 
+/* ---- terminals ------------------------------------------------------------------------- */
+
+static msg_t *pty_exec(host_t *h, const char *const *argv, int64_t cols, int64_t rows, int flags) {
+  tp_buf_t *b = req_begin(h, TP_MSG_EXEC);
+  for (; argv && *argv; argv++)
+    tp_frame_add_str(b, TP_TAG_ARG, *argv);
+  tp_frame_add_int(b, TP_TAG_FLAGS, flags);
+  if (cols >= 0)
+    tp_frame_add_int(b, TP_TAG_COLS, cols);
+  if (rows >= 0)
+    tp_frame_add_int(b, TP_TAG_ROWS, rows);
+  return req_call(h);
+}
+
+static msg_t *resize_req(host_t *h, int64_t pid, int64_t cols, int64_t rows) {
+  tp_buf_t *b = req_begin(h, TP_MSG_PTY_RESIZE);
+  tp_frame_add_int(b, TP_TAG_PID, pid);
+  if (cols >= 0)
+    tp_frame_add_int(b, TP_TAG_COLS, cols);
+  if (rows >= 0)
+    tp_frame_add_int(b, TP_TAG_ROWS, rows);
+  return req_call(h);
+}
+
+/* Pumps until p's stdout holds s (or the deadline). */
+static int wait_out(host_t *h, tproc_t *p, const char *s) {
+  long long deadline = now_ms() + TIMEOUT_MS;
+  while (p != NULL && !out_has(p, 1, s))
+    if (pump(h, deadline) < 0)
+      return 0;
+  return p != NULL;
+}
+
+static void test_pty(host_t *h) {
+  const char *shell[] = {"/bin/sh", "-c",
+                         "stty size; tty; echo via-dev-tty > /dev/tty; read line; echo \"got:$line\"",
+                         NULL};
+  const char *resize[] = {"/bin/sh", "-c", "read x; stty size", NULL};
+  const char *plain[] = {"/bin/sleep", "100", NULL};
+  msg_t *m = pty_exec(h, shell, 100, 30, TP_F_EXEC_PTY);
+  int64_t pid = msg_is_ok(m) ? msg_int(m, TP_TAG_PID, -1) : -1;
+  tproc_t *p;
+
+  msg_free(m);
+  check(pid > 0, "EXEC with FLAGS PTY, COLS 100 ROWS 30 -> OK(PID)");
+  p = tproc_get(h, pid);
+  check(wait_out(h, p, "30 100"), "stty in it sees the size asked for");
+  check(wait_out(h, p, "/dev/pts/"), "its stdin is a terminal (tty)");
+  check(wait_out(h, p, "via-dev-tty"), "the terminal is its controlling one (/dev/tty opens): %.*s", p ? (int) p->out[1].len : 0, p ? (const char *) p->out[1].data : "");
+  expect_ok(stdin_req(h, pid, "hello\n", 6), "STDIN to the terminal");
+  p = wait_exit(h, pid);
+  check(p != NULL && p->code == 0 && out_has(p, 1, "got:hello") && out_has(p, 1, "hello\r\n"),
+        "it reads the line, the terminal echoes it (CRLF), output ends before EXIT");
+  check(p != NULL && p->out[2].len == 0, "nothing comes as stderr from a terminal");
+
+  m = pty_exec(h, resize, 80, 24, TP_F_EXEC_PTY);
+  pid = msg_is_ok(m) ? msg_int(m, TP_TAG_PID, -1) : -1;
+  msg_free(m);
+  check(pid > 0, "a second terminal");
+  expect_ok(resize_req(h, pid, 132, 43), "PTY_RESIZE to 132x43");
+  expect_err(resize_req(h, pid, 0, 43), EINVAL, "PTY_RESIZE COLS 0");
+  expect_err(resize_req(h, pid, 132, TP_PTY_DIM_MAX + 1), EINVAL, "PTY_RESIZE ROWS past the cap");
+  expect_err(resize_req(h, pid, -1, 43), EINVAL, "PTY_RESIZE without COLS");
+  expect_ok(stdin_req(h, pid, "\n", 1), "a newline to go on");
+  p = wait_exit(h, pid);
+  check(p != NULL && p->code == 0 && out_has(p, 1, "43 132"), "stty size shows the new size");
+  expect_err(resize_req(h, pid, 80, 24), ESRCH, "PTY_RESIZE once it exited");
+
+  expect_err(pty_exec(h, shell, -1, 24, TP_F_EXEC_PTY), EINVAL, "PTY without COLS");
+  expect_err(pty_exec(h, shell, 0, 24, TP_F_EXEC_PTY), EINVAL, "PTY with COLS 0");
+  expect_err(pty_exec(h, shell, 80, 1 << 20, TP_F_EXEC_PTY), EINVAL, "PTY with ROWS 2^20");
+  expect_err(pty_exec(h, shell, 80, 24, 0), EINVAL, "COLS and ROWS without FLAGS PTY");
+  pid = run(h, plain, NULL, NULL, 0);
+  check(pid > 0, "a process without a terminal");
+  expect_err(resize_req(h, pid, 80, 24), ENOTTY, "PTY_RESIZE of it");
+  expect_ok(pid_req(h, TP_MSG_SIGNAL, pid, TP_TAG_SIGNAL, SIGKILL), "kill it");
+  check(wait_exit(h, pid) != NULL, "it exits");
+}
+
+/* ---- watching ---------------------------------------------------------------------------- */
+
+static msg_t *watch_req(host_t *h, const char *path, int flags) {
+  tp_buf_t *b = req_begin(h, TP_MSG_WATCH_ADD);
+  if (path)
+    tp_frame_add_str(b, TP_TAG_PATH, path);
+  if (flags)
+    tp_frame_add_int(b, TP_TAG_FLAGS, flags);
+  return req_call(h);
+}
+
+static msg_t *unwatch_req(host_t *h, int64_t id) {
+  tp_buf_t *b = req_begin(h, TP_MSG_WATCH_REMOVE);
+  if (id >= 0)
+    tp_frame_add_int(b, TP_TAG_WATCH, id);
+  return req_call(h);
+}
+
+static int64_t watch_add(host_t *h, const char *path, int flags) {
+  msg_t *m = watch_req(h, path, flags);
+  int64_t id = msg_is_ok(m) ? msg_int(m, TP_TAG_WATCH, -1) : -1;
+  msg_free(m);
+  return id;
+}
+
+static int wev_has(const host_t *h, int64_t id, int kind, const char *name) {
+  char line[PATH_MAX + 64];
+  int n = snprintf(line, sizeof(line), "%lld %d %s\n", (long long) id, kind, name);
+  return h->wev.len > 0 && memmem(h->wev.data, h->wev.len, line, (size_t) n) != NULL;
+}
+
+/* Pumps until watch id reported kind for name. */
+static int wait_wev(host_t *h, int64_t id, int kind, const char *name) {
+  long long deadline = now_ms() + TIMEOUT_MS;
+  while (!wev_has(h, id, kind, name))
+    if (pump(h, deadline) < 0)
+      return 0;
+  return 1;
+}
+
+/* Runs a shell command in dir and waits for its exit 0. */
+static int sh_in(host_t *h, const char *dir, const char *cmd) {
+  const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+  int64_t pid = run(h, argv, NULL, dir, 0);
+  tproc_t *p = pid > 0 ? wait_exit(h, pid) : NULL;
+  return p != NULL && p->code == 0;
+}
+
+static void test_watch(host_t *h, const char *tmp) {
+  char w[PATH_MAX], many[PATH_MAX], file[PATH_MAX], d[PATH_MAX];
+  int64_t rec, flat, gone;
+  int ok = 1;
+
+  join(w, tmp, "/w");
+  check(mkdir(w, 0755) == 0 && mkdir(join(d, w, "/sub"), 0755) == 0, "make w/sub");
+  rec = watch_add(h, w, TP_F_WATCH_RECURSIVE);
+  flat = watch_add(h, w, 0);
+  check(rec > 0 && flat > 0 && rec != flat, "WATCH_ADD recursive and flat on one directory -> two ids");
+
+  check(sh_in(h, w, "mkdir -p sub/new/deep"), "mkdir -p sub/new/deep");
+  check(wait_wev(h, rec, TP_WE_CREATE, "sub/new") && wait_wev(h, rec, TP_WE_CREATE, "sub/new/deep"),
+        "recursive: CREATE for a new directory and for the one made in it at once");
+  check(sh_in(h, w, "echo x > sub/new/deep/f"), "write a file in it");
+  check(wait_wev(h, rec, TP_WE_CREATE, "sub/new/deep/f") && wait_wev(h, rec, TP_WE_WRITE, "sub/new/deep/f"),
+        "CREATE and WRITE three levels down");
+  check(sh_in(h, w, "mv sub/new/deep/f sub/new/deep/g"), "rename it");
+  check(wait_wev(h, rec, TP_WE_RENAME, "sub/new/deep/f") && wait_wev(h, rec, TP_WE_CREATE, "sub/new/deep/g"),
+        "RENAME for the old name, CREATE for the new one");
+  check(sh_in(h, w, "chmod 600 sub/new/deep/g"), "chmod it");
+  check(wait_wev(h, rec, TP_WE_CHMOD, "sub/new/deep/g"), "CHMOD");
+  check(sh_in(h, w, "rm sub/new/deep/g"), "remove it");
+  check(wait_wev(h, rec, TP_WE_REMOVE, "sub/new/deep/g"), "REMOVE");
+  check(sh_in(h, w, "mv sub/new moved && echo y > moved/deep/h"), "move a watched directory up a level");
+  check(wait_wev(h, rec, TP_WE_RENAME, "sub/new") && wait_wev(h, rec, TP_WE_CREATE, "moved") &&
+            wait_wev(h, rec, TP_WE_CREATE, "moved/deep/h"),
+        "a moved directory is watched under its new name");
+  check(sh_in(h, w, "echo z > top"), "a file at the top");
+  check(wait_wev(h, flat, TP_WE_CREATE, "top") && wait_wev(h, rec, TP_WE_CREATE, "top"),
+        "both watches see the top level");
+  check(!wev_has(h, flat, TP_WE_CREATE, "sub/new/deep") && !wev_has(h, flat, TP_WE_CREATE, "moved/deep/h"),
+        "the flat watch reports nothing below the top level");
+
+  expect_ok(unwatch_req(h, flat), "WATCH_REMOVE");
+  expect_err(unwatch_req(h, flat), ENOENT, "WATCH_REMOVE twice");
+  expect_err(unwatch_req(h, -1), EINVAL, "WATCH_REMOVE without WATCH");
+  expect_err(watch_req(h, "relative", 0), EINVAL, "WATCH_ADD of a relative path");
+  expect_err(watch_req(h, NULL, 0), EINVAL, "WATCH_ADD without PATH");
+  expect_err(watch_req(h, join(d, w, "/nonexistent"), 0), ENOENT, "WATCH_ADD of nothing");
+  expect_err(watch_req(h, join(file, w, "/top"), 0), ENOTDIR, "WATCH_ADD of a file");
+  expect_err(watch_req(h, w, 0x80), EINVAL, "WATCH_ADD with unknown FLAGS");
+
+  /* the root going away ends the watch */
+  join(d, tmp, "/gone");
+  check(mkdir(d, 0755) == 0, "make gone/");
+  gone = watch_add(h, d, TP_F_WATCH_RECURSIVE);
+  check(gone > 0 && rmdir(d) == 0, "watch it, remove it");
+  check(wait_wev(h, gone, TP_WE_END, ""), "END when the watched directory is gone");
+  expect_err(unwatch_req(h, gone), ENOENT, "an ended watch is forgotten");
+
+  /* more directories than a watch may hold */
+  join(many, tmp, "/many");
+  ok = mkdir(many, 0755) == 0;
+  for (int i = 0; ok && i < AGENT_WATCH_DIRS_MAX_T; i++) {
+    char name[32];
+    snprintf(name, sizeof(name), "/d%d", i);
+    ok = mkdir(join(d, many, name), 0755) == 0;
+  }
+  check(ok, "make %d directories", AGENT_WATCH_DIRS_MAX_T);
+  expect_err(watch_req(h, many, TP_F_WATCH_RECURSIVE), ENOSPC, "WATCH_ADD of a tree past the cap");
+  {
+    int64_t id = watch_add(h, many, 0);
+    check(id > 0, "a flat watch of it is fine");
+    msg_free(unwatch_req(h, id));
+  }
+
+  /* too many watches */
+  {
+    int64_t ids[80];
+    int n = 0;
+    msg_t *m = NULL;
+    for (; n < 80; n++) {
+      m = watch_req(h, tmp, 0);
+      if (!msg_is_ok(m))
+        break;
+      ids[n] = msg_int(m, TP_TAG_WATCH, -1);
+      msg_free(m);
+      m = NULL;
+    }
+    check(n < 80 && msg_errno(m) == EMFILE, "WATCH_ADD past the cap -> ERR EMFILE (after %d)", n);
+    msg_free(m);
+    for (int i = 0; i < n; i++)
+      msg_free(unwatch_req(h, ids[i]));
+  }
+  expect_ok(unwatch_req(h, rec), "WATCH_REMOVE the recursive one");
+}
+
 static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
   (void) st;
   (void) ftw;
@@ -1619,6 +1850,8 @@ int main(void) {
   test_stdin(&h);
   test_signal(&h);
   test_background(&h);
+  test_pty(&h);
+  test_watch(&h, tmp);
   test_creds(&h, tmp);
   test_hold(&h, agent, tmp);
   test_ps(&h);
