@@ -12,7 +12,8 @@ local M = {}
 local ERRNO_NAMES = { [1] = "EPERM", [2] = "ENOENT", [3] = "ESRCH", [5] = "EIO", [11] = "EAGAIN",
   [13] = "EACCES", [16] = "EBUSY", [17] = "EEXIST", [20] = "ENOTDIR", [21] = "EISDIR",
   [22] = "EINVAL", [27] = "EFBIG", [28] = "ENOSPC", [36] = "ENAMETOOLONG", [39] = "ENOTEMPTY",
-  [40] = "ELOOP", [12] = "ENOMEM", [7] = "E2BIG", [8] = "ENOEXEC" }
+  [40] = "ELOOP", [12] = "ENOMEM", [7] = "E2BIG", [8] = "ENOEXEC", [24] = "EMFILE",
+  [25] = "ENOTTY", [122] = "EDQUOT", [32] = "EPIPE" }
 local FILE_TYPES = { "file", "dir", "symlink", "other" }
 
 local function errno_data(errno)
@@ -177,11 +178,23 @@ function h.sandbox_kill(d, conn, p)
   return { killed = d:kill_sandbox(p.id) }
 end
 
-function h.process_start(d, conn, p)
-  local sb, code, msg = get_sandbox(d, p.sandbox)
-  if not sb then return nil, code, msg end
-  local argv = p.argv or { "/bin/sh", "-c", p.cmd }
-  local proc, err, errno = sb:exec(argv, p.env, p.cwd and abs_path(p.cwd), p.stdin, conn)
+-- The account a process runs as: p.user looked up in the box's
+-- /etc/passwd; nil (the sandbox's user, else root) without one.
+local function account_for(sb, p)
+  if not p.user then return nil end
+  local acct, err = require("tupper.setup").lookup_user(sb, p.user)
+  if not acct then return nil, rpc.PROCESS_ERROR, err, errno_data(err:find("is not in", 1, true) and 2 or 5) end
+  return acct
+end
+
+-- Starts argv for conn with p's env, cwd, user and timeout; x as for
+-- Sandbox:exec.  Returns the reply or nil, code, msg, data.
+local function start(sb, conn, argv, p, x)
+  local acct, c, m, dt = account_for(sb, p)
+  if c then return nil, c, m, dt end
+  local cwd = p.cwd and abs_path(p.cwd)
+  if not cwd and acct then cwd = acct.home end
+  local proc, err, errno = sb:exec(argv, p.env, cwd, p.stdin, conn, acct, x)
   if not proc then return nil, rpc.PROCESS_ERROR, err, errno_data(errno) end
   proc.encoding = p.encoding or "base64"
   if p.timeout and p.timeout > 0 then
@@ -196,6 +209,19 @@ function h.process_start(d, conn, p)
     end)
   end
   return { pid = proc.pid }
+end
+
+function h.process_start(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  return start(sb, conn, p.argv or { "/bin/sh", "-c", p.cmd }, p, {})
+end
+
+function h.pty_create(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  p.encoding, p.stdin = "base64", nil -- terminal bytes are bytes; input goes to the terminal
+  return start(sb, conn, p.argv or { "/bin/sh", "-i", "-l" }, p, { pty = { cols = p.cols, rows = p.rows } })
 end
 
 local function get_proc(d, p)
@@ -223,6 +249,63 @@ function h.process_stdin(d, conn, p)
   return {}
 end
 
+function h.pty_resize(d, conn, p)
+  local sb, code, msg = get_proc(d, p)
+  if not sb then return nil, code, msg end
+  if not sb.procs[p.pid].pty then
+    return nil, rpc.PROCESS_ERROR, ("process %d has no terminal"):format(p.pid), errno_data(25)
+  end
+  local r, c, m, x = agent_call(sb, MSG.PTY_RESIZE, { pid = p.pid, cols = p.cols, rows = p.rows })
+  if not r then return nil, c, m, x end
+  return {}
+end
+
+function h.process_connect(d, conn, p)
+  local sb, code, msg = get_proc(d, p)
+  if not sb then return nil, code, msg end
+  local proc = sb.procs[p.pid]
+  local enc = p.encoding or proc.encoding or "base64"
+  local out = {}
+  for i, chunk in ipairs(proc.ring or {}) do
+    local data, e = M.encode_data(chunk.data, enc)
+    out[i] = { stream = chunk.stream, data = data, encoding = e }
+  end
+  -- no yield from here to the reply: nothing can come between the backlog
+  -- and the notifications that follow it
+  if conn ~= proc.owner then
+    proc.listeners = proc.listeners or {}
+    proc.listeners[conn] = enc
+  end
+  return { pid = proc.pid, output = json.array(out), dropped = proc.ring_dropped or 0 }
+end
+
+function h.fs_watch(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local w, err, errno = sb:watch(abs_path(p.path), p.recursive, conn)
+  if not w then return nil, rpc.FS_ERROR, err, errno_data(errno) end
+  if conn.closed then -- gone while the agent answered: nobody to tell
+    sb:unwatch(w)
+    return nil, rpc.SANDBOX_ERROR, "the client went away"
+  end
+  conn.watches = conn.watches or {}
+  conn.watches[w] = sb
+  return { watch = w.id }
+end
+
+function h.fs_unwatch(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox, true)
+  if not sb then return nil, code, msg end
+  local w = sb.watches[p.watch]
+  if not w or w.owner ~= conn then
+    return nil, rpc.NOT_FOUND, ("no watch %d of this connection in sandbox '%s'"):format(p.watch, p.sandbox)
+  end
+  if conn.watches then conn.watches[w] = nil end
+  local ok, err, errno = sb:unwatch(w)
+  if not ok then return nil, rpc.FS_ERROR, err, errno_data(errno) end
+  return {}
+end
+
 function h.process_close_stdin(d, conn, p)
   local sb, code, msg = get_proc(d, p)
   if not sb then return nil, code, msg end
@@ -244,7 +327,8 @@ function h.process_list(d, conn, p)
   if not sb then return nil, code, msg end
   local list = {}
   for pid, proc in pairs(sb.procs) do
-    list[#list + 1] = { pid = pid, argv = proc.argv, cwd = proc.cwd, started_at = proc.started_at }
+    list[#list + 1] = { pid = pid, argv = proc.argv, cwd = proc.cwd, started_at = proc.started_at,
+                        pty = proc.pty or nil, user = proc.user }
   end
   table.sort(list, function(a, b) return a.pid < b.pid end)
   return { processes = json.array(list) }

@@ -25,6 +25,7 @@ M.MAX_CLIENTS = 1024
 -- and may wait on a box; past this a call is answered -32004 at once
 M.MAX_INFLIGHT = 256
 M.POOL_SIZE = 2 -- boxes kept started and idle for fast creates (tupper daemon --pool N)
+M.RING_MAX = 65536 -- bytes of recent output kept per process for process.connect
 
 local Daemon = {}
 Daemon.__index = Daemon
@@ -80,6 +81,7 @@ function Daemon:_start_box(id, lim, layers, image, image_digest)
     on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
     on_exit = function(s, proc) self:_exit(s, proc) end,
     on_down = function(s, reason) self:_sandbox_down(s, reason) end,
+    on_watch = function(s, w, kind, name, msg) self:_watch_event(s, w, kind, name, msg) end,
   })
   self.reserved[id] = nil
   return sb, err
@@ -401,18 +403,65 @@ function Daemon:_sandbox_down(sb, reason)
   async.spawn(function() self:kill_sandbox(sb.id) end)
 end
 
+-- The last RING_MAX bytes of a process's output, for process.connect.
+local function ring_add(proc, stream, data)
+  local ring = proc.ring
+  if not ring then ring = {}; proc.ring = ring; proc.ring_bytes = 0 end
+  ring[#ring + 1] = { stream = stream, data = data }
+  proc.ring_bytes = proc.ring_bytes + #data
+  local drop = 0
+  while proc.ring_bytes - #ring[drop + 1].data >= M.RING_MAX do
+    drop = drop + 1
+    proc.ring_bytes = proc.ring_bytes - #ring[drop].data
+    proc.ring_dropped = (proc.ring_dropped or 0) + #ring[drop].data
+  end
+  if drop > 0 then
+    local n = #ring
+    table.move(ring, drop + 1, n, 1)
+    for i = n - drop + 1, n do ring[i] = nil end
+  end
+  if proc.ring_bytes > M.RING_MAX then -- one chunk larger than the ring: keep its tail
+    local c = ring[1]
+    local cut = proc.ring_bytes - M.RING_MAX
+    c.data = c.data:sub(cut + 1)
+    proc.ring_bytes = proc.ring_bytes - cut
+    proc.ring_dropped = (proc.ring_dropped or 0) + cut
+  end
+end
+
 function Daemon:_output(sb, proc, stream, data)
+  ring_add(proc, stream, data)
   local conn = proc.owner
-  if not conn or conn.closed then return end
-  local out, enc = api.encode_data(data, proc.encoding)
-  conn:notify("process.output", { sandbox = sb.id, pid = proc.pid, stream = stream, data = out, encoding = enc })
+  local msg = { sandbox = sb.id, pid = proc.pid, stream = stream }
+  if conn and not conn.closed then
+    msg.data, msg.encoding = api.encode_data(data, proc.encoding)
+    conn:notify("process.output", msg)
+  end
+  for l, enc in pairs(proc.listeners or {}) do
+    if l.closed then
+      proc.listeners[l] = nil
+    else
+      msg.data, msg.encoding = api.encode_data(data, enc)
+      l:notify("process.output", msg)
+    end
+  end
 end
 
 function Daemon:_exit(sb, proc)
+  local msg = { sandbox = sb.id, pid = proc.pid, exit_code = proc.exit_code,
+                signal = proc.signal, timed_out = proc.timed_out or nil }
   local conn = proc.owner
-  if not conn or conn.closed then return end
-  conn:notify("process.exit", { sandbox = sb.id, pid = proc.pid, exit_code = proc.exit_code,
-                                signal = proc.signal, timed_out = proc.timed_out or nil })
+  if conn and not conn.closed then conn:notify("process.exit", msg) end
+  for l in pairs(proc.listeners or {}) do
+    if not l.closed then l:notify("process.exit", msg) end
+  end
+end
+
+function Daemon:_watch_event(sb, w, kind, name, message)
+  local conn = w.owner
+  if kind == "end" and conn.watches then conn.watches[w] = nil end
+  if conn.closed then return end
+  conn:notify("fs.event", { sandbox = sb.id, watch = w.id, type = kind, name = name, message = message })
 end
 
 function Daemon:_request(conn, msg)
@@ -489,6 +538,11 @@ function Daemon:_accept()
       for id in pairs(conn.owned or {}) do
         async.spawn(function() self:kill_sandbox(id) end)
       end
+      -- and its watches: nobody would get their events
+      for w, sb in pairs(conn.watches or {}) do
+        async.spawn(function() sb:unwatch(w) end)
+      end
+      conn.watches = nil
     end,
   })
   self.clients[conn] = true
@@ -552,7 +606,8 @@ function Daemon:_recover()
           recipe = type(rec.recipe) == "table" and rec.recipe or nil,
           on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
           on_exit = function(s, proc) self:_exit(s, proc) end,
-          on_down = function(s, reason) self:_sandbox_down(s, reason) end })
+          on_down = function(s, reason) self:_sandbox_down(s, reason) end,
+          on_watch = function(s, w, kind, name, msg) self:_watch_event(s, w, kind, name, msg) end })
       else
         err = err or "unreadable record"
       end

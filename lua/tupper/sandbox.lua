@@ -13,6 +13,8 @@ local M = {}
 M.READY_TIMEOUT_MS = 10000
 M.REQUEST_TIMEOUT_MS = 120000
 M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+-- TP_WE_* of proto.h, by number
+M.WATCH_EVENTS = { "create", "write", "remove", "rename", "chmod", "overflow", "end" }
 
 local Sandbox = {}
 Sandbox.__index = Sandbox
@@ -35,7 +37,7 @@ local function attach(box, opts, adopting)
     id = opts.id, image = opts.image, layers = opts.layers, image_digest = opts.image_digest,
     user = opts.user, id_count = opts.id_count, box = box, state = "starting", cgroup = opts.cgroup,
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
-    cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, hooks = opts,
+    cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, watches = {}, hooks = opts,
     limits = opts.limits_info, pid = box:pid(), adopting = adopting, cred = opts.cred, recipe = opts.recipe,
   }, Sandbox)
   box:on(function(t, id, f) self:_frame(t, id, f) end,
@@ -169,6 +171,19 @@ function Sandbox:_frame(t, id, f)
       return self:_hostile("bad output frame")
     end
     if self.hooks.on_output then self.hooks.on_output(self, proc, f.stream == 1 and "stdout" or "stderr", f.data) end
+  elseif t == MSG.WATCH_EVENT then
+    local kind = math.tointeger(f.event)
+    if not math.tointeger(f.watch) or not kind or kind < 1 or kind > #M.WATCH_EVENTS
+       or (f.name ~= nil and type(f.name) ~= "string") then
+      return self:_hostile("bad watch event")
+    end
+    -- events of a watch being removed may still be on their way
+    local w = self.watches[f.watch]
+    if not w then return end
+    if kind == 7 then self.watches[f.watch] = nil end
+    if self.hooks.on_watch then
+      self.hooks.on_watch(self, w, M.WATCH_EVENTS[kind], f.name or "", f.msg)
+    end
   elseif t == MSG.EXIT then
     local proc = self.procs[f.pid]
     if not proc then
@@ -209,6 +224,11 @@ function Sandbox:_fail_all(reason)
   for _, p in pairs(pending) do
     p.timer:stop(); p.timer:close()
     p.cb(nil, "sandbox stopped: " .. reason, 0)
+  end
+  local watches = self.watches
+  self.watches = {}
+  for _, w in pairs(watches) do
+    if self.hooks.on_watch then self.hooks.on_watch(self, w, "end", "", "sandbox stopped: " .. reason) end
   end
   local procs = self.procs
   self.procs = {}
@@ -306,9 +326,10 @@ end
 -- a cgroup, the child is held before its exec until it sits in a cgroup of
 -- its own, so that its whole tree (setsid and double-fork included) can be
 -- signalled and killed.
--- cred = { uid, gid, home } runs it as that user (default: the sandbox's
--- user, self.cred, from a recipe; else root of the box).
-function Sandbox:exec(argv, env, cwd, stdin, owner, cred)
+-- cred = { uid, gid, home, name } runs it as that user (default: the
+-- sandbox's user, self.cred, from a recipe; else the image's User; else
+-- root of the box).  x (optional): pty = { cols, rows } for a terminal.
+function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   if not cred and not self.cred and self.user then
     -- the image's User, looked up in the box's files at each start
     local uerr
@@ -316,18 +337,21 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred)
     if not cred then return nil, "image user: " .. uerr, 0 end
   end
   cred = cred or self.cred
+  x = x or {}
   local envl = {}
   local merged = { PATH = M.DEFAULT_PATH, HOME = cred and cred.home or "/root", HOSTNAME = self.id,
-                   TERM = "xterm", USER = cred and cred.name or nil }
+                   TERM = "xterm", USER = cred and cred.name or nil, LOGNAME = cred and cred.name or nil }
   for k, v in pairs(self:proxy_env()) do merged[k] = v end
   for k, v in pairs(self.env) do merged[k] = v end
   for k, v in pairs(env or {}) do merged[k] = v end
   for k, v in pairs(merged) do envl[#envl + 1] = k .. "=" .. v end
   table.sort(envl)
   local hold = self.box:has_cgroup()
-  local r, err, errno = self:request(MSG.EXEC, { args = argv, env = envl, cwd = cwd or self.cwd,
-                                                  flags = (stdin and 1 or 0) | (hold and 2 or 0),
-                                                  uid = cred and cred.uid, gid = cred and cred.gid })
+  local fields = { args = argv, env = envl, cwd = cwd or self.cwd,
+                   flags = (stdin and 1 or 0) | (hold and 2 or 0) | (x.pty and 4 or 0),
+                   uid = cred and cred.uid, gid = cred and cred.gid }
+  if x.pty then fields.cols, fields.rows = x.pty.cols, x.pty.rows end
+  local r, err, errno = self:request(MSG.EXEC, fields)
   if not r then return nil, err, errno end
   local pid = math.tointeger(r.pid)
   if not pid or pid < 1 or self.procs[pid] then
@@ -335,7 +359,8 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred)
     return nil, "agent sent a bad pid", 0
   end
   local proc = { pid = pid, argv = argv, cwd = cwd or self.cwd, owner = owner,
-                 started_at = now_iso(), stdin = stdin }
+                 started_at = now_iso(), stdin = stdin or x.pty ~= nil, pty = x.pty ~= nil,
+                 user = cred and (cred.name or tostring(cred.uid)) or "root" }
   self.procs[pid] = proc
   if hold then
     -- unique across daemon restarts: a re-adopted box keeps its old trees
@@ -375,6 +400,31 @@ function Sandbox:_tree_done(proc)
   if not proc.tree or not self.box:has_cgroup() then return end
   local n = self.box:tree_count(proc.tree)
   if n == 0 then self.box:tree_remove(proc.tree) end
+end
+
+--- Watches a directory for owner (a connection); returns the watch record
+-- { id, path, owner } or nil, msg, errno.
+function Sandbox:watch(path, recursive, owner)
+  local r, err, errno = self:request(MSG.WATCH_ADD, { path = path, flags = recursive and 1 or 0 })
+  if not r then return nil, err, errno end
+  local id = math.tointeger(r.watch)
+  if not id or id < 1 or self.watches[id] then
+    self:_hostile("bad watch id in reply")
+    return nil, "agent sent a bad watch id", 0
+  end
+  local w = { id = id, path = path, owner = owner }
+  self.watches[id] = w
+  return w
+end
+
+--- Stops a watch; returns true or nil, msg, errno.
+function Sandbox:unwatch(w)
+  if self.watches[w.id] ~= w then return true end
+  self.watches[w.id] = nil
+  local r, err, errno = self:request(MSG.WATCH_REMOVE, { watch = w.id })
+  -- ENOENT: it had ended on its own meanwhile
+  if not r and errno ~= 2 then return nil, err, errno end
+  return true
 end
 
 --- Freezes (true) or thaws every process of the box.

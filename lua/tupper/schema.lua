@@ -17,6 +17,10 @@ local MAP = { type = "map", max = 1024, key_max = 1024, value_max = 31744 }
 local ENCODING = { type = "enum", values = { "base64", "utf8" } }
 local DURATION = { type = "duration" }
 local IMAGE_REF = { type = "string", min = 1, max = 256 }
+local PID = { type = "integer", min = 1, max = 4194304 }
+local PTY_DIM = { type = "integer", min = 1, max = 4096 } -- TP_PTY_DIM_MAX
+-- an account of the box's /etc/passwd, by name
+local USER = { type = "string", min = 1, max = 32, pattern = "^[A-Za-z0-9_][A-Za-z0-9_.-]*$" }
 local LIMITS = { type = "object", fields = {
   memory = { type = "size", min = 4194304 },
   cpus = { type = "number", min = 0.01, max = 1024 },
@@ -119,7 +123,7 @@ M.methods = {
     doc = "Starts a process: argv, or cmd run by /bin/sh -c.  Output and exit arrive as notifications.",
     params = { sandbox = ID, argv = { type = "array", min = 1, max = 4096, item_max = 32768 },
                cmd = { type = "string", min = 1, max = 32760 }, env = MAP, cwd = PATH,
-               stdin = { type = "boolean" }, encoding = ENCODING, timeout = DURATION,
+               stdin = { type = "boolean" }, encoding = ENCODING, timeout = DURATION, user = USER,
                required = { "sandbox" }, one_of = { "argv", "cmd" } },
     result = { "pid" },
   },
@@ -128,6 +132,38 @@ M.methods = {
     params = { sandbox = ID, pid = { type = "integer", min = 1, max = 4194304 },
                data = { type = "string", max = 1398104, binary = true }, encoding = ENCODING,
                required = { "sandbox", "pid", "data" } },
+    result = {},
+  },
+  ["process.connect"] = {
+    doc = "Attaches this connection to a running process: the reply carries its recent output "
+      .. "(the last 64 KiB the daemon kept), then its output and exit arrive as notifications.",
+    params = { sandbox = ID, pid = PID, encoding = ENCODING, required = { "sandbox", "pid" } },
+    result = { "pid", "output", "dropped" },
+  },
+  ["pty.create"] = {
+    doc = "Starts a program (default /bin/sh -i -l) on a new terminal of cols x rows; its output "
+      .. "arrives as process.output (stream stdout), its end as process.exit; input goes by process.stdin.",
+    params = { sandbox = ID, cols = PTY_DIM, rows = PTY_DIM, env = MAP, cwd = PATH, user = USER,
+               argv = { type = "array", min = 1, max = 4096, item_max = 32768 },
+               timeout = DURATION, required = { "sandbox", "cols", "rows" } },
+    result = { "pid" },
+  },
+  ["pty.resize"] = {
+    doc = "Resizes a process's terminal; its foreground programs get SIGWINCH.",
+    params = { sandbox = ID, pid = PID, cols = PTY_DIM, rows = PTY_DIM,
+               required = { "sandbox", "pid", "cols", "rows" } },
+    result = {},
+  },
+  ["fs.watch"] = {
+    doc = "Watches a directory (recursive = true: its whole tree, new directories too); events "
+      .. "arrive as fs.event notifications on this connection until fs.unwatch or disconnect.",
+    params = { sandbox = ID, path = PATH, recursive = { type = "boolean" }, required = { "sandbox", "path" } },
+    result = { "watch" },
+  },
+  ["fs.unwatch"] = {
+    doc = "Stops a watch made by this connection.",
+    params = { sandbox = ID, watch = { type = "integer", min = 1, max = 9007199254740991 },
+               required = { "sandbox", "watch" } },
     result = {},
   },
   ["process.close_stdin"] = {
@@ -228,6 +264,7 @@ M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out" },
   ["image.progress"] = { "ref", "done", "total" },
+  ["fs.event"] = { "sandbox", "watch", "type", "name", "message" },
 }
 
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15,

@@ -300,6 +300,7 @@ describe("the daemon", function()
     local id = create()
     assert(call("fs.write", { sandbox = id, path = "/f", data = "x", encoding = "utf8" }))
     local r = assert(call("process.start", { sandbox = id, cmd = "cat", stdin = true }))
+    local long = assert(call("process.start", { sandbox = id, cmd = "sleep 100" }))
     local samples = {
       ["hello"] = {}, ["sandbox.create"] = {}, ["sandbox.get"] = { id = id }, ["sandbox.list"] = {},
       ["sandbox.set_timeout"] = { id = id, timeout = "10m" },
@@ -319,14 +320,18 @@ describe("the daemon", function()
       ["image.import"] = { path = d.state .. "/images/default/rootfs", ref = "sample" },
       ["image.list"] = {}, ["image.inspect"] = { ref = "sample" },
       ["image.remove"] = { ref = "sample" }, ["image.prune"] = {},
+      ["process.connect"] = { sandbox = id, pid = long.pid },
+      ["pty.create"] = { sandbox = id, cols = 80, rows = 24 },
+      ["fs.watch"] = { sandbox = id, path = "/" },
     }
     local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "sandbox.set_timeout",
       "sandbox.metrics", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
       "fs.rename", "fs.remove", "recipe.build",
       "sandbox.update_network", "sandbox.network_log", "sandbox.expose",
-      "image.import", "image.list", "image.inspect", "image.remove", "image.prune" }
-    local extra
+      "image.import", "image.list", "image.inspect", "image.remove", "image.prune",
+      "process.connect", "pty.create", "fs.watch" }
+    local extra, pty, watch
     for _, m in ipairs(order) do
       local res, err = call(m, samples[m])
       assert.truthy(res, m .. ": " .. tostring(err and err.message))
@@ -334,6 +339,13 @@ describe("the daemon", function()
         assert.is_not_nil(res[field], m .. " lacks " .. field)
       end
       if m == "sandbox.create" then extra = res.id end
+      if m == "pty.create" then pty = res.pid end
+      if m == "fs.watch" then watch = res.watch end
+    end
+    samples["pty.resize"] = { sandbox = id, pid = pty, cols = 100, rows = 30 }
+    samples["fs.unwatch"] = { sandbox = id, watch = watch }
+    for _, m in ipairs({ "pty.resize", "fs.unwatch" }) do
+      assert.truthy(call(m, samples[m]), m)
     end
     -- the remaining two take effect last
     local p2 = assert(call("process.start", { sandbox = id, cmd = "sleep 100" }))

@@ -219,7 +219,7 @@ function M.run(c, sandbox, argv, opts)
     end
   end)
   local params = { sandbox = sandbox, argv = argv, encoding = "utf8", env = opts.env, cwd = opts.cwd,
-                   stdin = opts.stdin ~= nil }
+                   stdin = opts.stdin ~= nil, user = opts.user }
   if type(argv) == "string" then params.argv, params.cmd = nil, argv end
   local r, e = c:call("process.start", params)
   if not r then return nil, e end
