@@ -34,8 +34,27 @@ export interface CommandStartOpts {
   stdin?: boolean;
   /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
   requestTimeoutMs?: number;
-  /** Accepted for E2B compatibility; every command runs as root inside the box. */
+  /**
+   * The account of the box's /etc/passwd the command runs as: its uid, gid,
+   * HOME and (unless cwd is given) its home as working directory.  Default:
+   * root.  An unknown name rejects with NotFoundError.
+   */
   user?: string;
+}
+
+/** @internal what a handle is made with */
+interface HandleOpts {
+  onStdout?: (data: string) => void | Promise<void>;
+  onStderr?: (data: string) => void | Promise<void>;
+  /** A terminal's raw bytes (pty.create): output goes here, not to stdout. */
+  onData?: (data: Uint8Array) => void | Promise<void>;
+}
+
+/** Options of commands.connect. */
+export interface CommandConnectOpts {
+  /** Each chunk of stdout from now on (after the recent output replayed first). */
+  onStdout?: (data: string) => void | Promise<void>;
+  onStderr?: (data: string) => void | Promise<void>;
 }
 
 export interface CommandRunOpts extends CommandStartOpts {
@@ -52,6 +71,12 @@ export interface ProcessInfo {
   args: string[];
   cwd?: string;
   startedAt?: Date;
+  /** The account it runs as. */
+  user?: string;
+  /** True for a terminal's program (pty.create). */
+  pty?: boolean;
+  /** E2B's field; environment is not reported. */
+  envs: Record<string, string>;
 }
 
 /** What the sandbox object lends its commands module. */
@@ -69,6 +94,19 @@ function gone(sandboxId: string, why: string): TimeoutError {
   );
 }
 
+/** A TimeoutError when the sandbox is gone, else undefined (it still runs). */
+async function sandboxGone(link: SandboxLink): Promise<TimeoutError | undefined> {
+  if (link.killed) return gone(link.sandboxId, 'killed');
+  try {
+    const info = await link.conn.call<{ state?: string }>('sandbox.get', { id: link.sandboxId });
+    if (info.state === 'running' || info.state === 'paused') return undefined;
+    return gone(link.sandboxId, `state ${String(info.state)}`);
+  } catch (e) {
+    if (e instanceof NotFoundError) return gone(link.sandboxId, 'not found');
+    return gone(link.sandboxId, (e as Error).message);
+  }
+}
+
 /**
  * A command started with `background: true` (and behind every run): its pid,
  * its output so far, and the means to wait for it, feed it and kill it.
@@ -82,6 +120,7 @@ export class CommandHandle implements Partial<CommandResult> {
   private readonly decoders = { stdout: new StringDecoder('utf8'), stderr: new StringDecoder('utf8') };
   private readonly onStdout?: (d: string) => void | Promise<void>;
   private readonly onStderr?: (d: string) => void | Promise<void>;
+  private readonly onData?: (d: Uint8Array) => void | Promise<void>;
   private result: CommandResult | undefined;
   private readonly done: Promise<CommandResult>;
   private settle!: { resolve: (r: CommandResult) => void; reject: (e: Error) => void };
@@ -92,12 +131,13 @@ export class CommandHandle implements Partial<CommandResult> {
   private dropCloseHandler: () => void = () => {};
 
   /** @internal made by Commands */
-  constructor(link: SandboxLink, commands: Commands, pid: number, opts: CommandStartOpts) {
+  constructor(link: SandboxLink, commands: Commands, pid: number, opts: HandleOpts) {
     this.link = link;
     this.commands = commands;
     this.pid = pid;
     this.onStdout = opts.onStdout;
     this.onStderr = opts.onStderr;
+    this.onData = opts.onData;
     this.done = new Promise<CommandResult>((resolve, reject) => {
       this.settle = { resolve, reject };
     });
@@ -108,7 +148,7 @@ export class CommandHandle implements Partial<CommandResult> {
       this.fail(link.killed ? gone(link.sandboxId, 'killed') : new SandboxError(`command ${pid}: ${e.message}`, { cause: e })),
     );
     // streaming to callbacks keeps Node alive until the end, as waiting does
-    if (this.onStdout || this.onStderr) this.hold();
+    if (this.onStdout || this.onStderr || this.onData) this.hold();
   }
 
   /** Everything the command wrote to stdout so far. */
@@ -214,6 +254,11 @@ export class CommandHandle implements Partial<CommandResult> {
     this.push('stderr', this.decoders.stderr.end());
   }
 
+  /** @internal output the daemon kept from before this handle (commands.connect) */
+  _replay(chunks: Array<Record<string, unknown>>): void {
+    for (const c of chunks) this.onNotification('process.output', c);
+  }
+
   private onNotification(method: string, p: Record<string, unknown>): void {
     if (this.finished) return;
     if (method === 'process.output') {
@@ -222,6 +267,11 @@ export class CommandHandle implements Partial<CommandResult> {
       // a chunk that is not valid UTF-8 comes as base64 even when utf8 was
       // asked for; the decoder joins characters split across chunks
       const bytes = p.encoding === 'utf8' ? Buffer.from(data, 'utf8') : Buffer.from(data, 'base64');
+      if (this.onData) {
+        const u8 = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+        void Promise.resolve(this.onData(u8)).catch(() => {});
+        return;
+      }
       this.push(stream, this.decoders[stream].write(bytes));
     } else if (method === 'process.exit') {
       this.flush();
@@ -252,15 +302,7 @@ export class CommandHandle implements Partial<CommandResult> {
   }
 
   private async sandboxGone(): Promise<TimeoutError | undefined> {
-    if (this.link.killed) return gone(this.link.sandboxId, 'killed');
-    try {
-      const info = await this.link.conn.call<{ state?: string }>('sandbox.get', { id: this.link.sandboxId });
-      if (info.state === 'running' || info.state === 'paused') return undefined;
-      return gone(this.link.sandboxId, `state ${String(info.state)}`);
-    } catch (e) {
-      if (e instanceof NotFoundError) return gone(this.link.sandboxId, 'not found');
-      return gone(this.link.sandboxId, (e as Error).message);
-    }
+    return sandboxGone(this.link);
   }
 }
 
@@ -290,21 +332,67 @@ export class Commands {
 
   private async start(cmd: string, opts: CommandStartOpts): Promise<CommandHandle> {
     if (typeof cmd !== 'string' || cmd === '') throw new InvalidArgumentError('commands.run: cmd must be a non-empty string');
-    const timeoutMs = opts.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
-    if (!Number.isFinite(timeoutMs) || timeoutMs < 0) throw new InvalidArgumentError(`commands.run: bad timeoutMs ${timeoutMs}`);
     const params: Record<string, unknown> = { sandbox: this.link.sandboxId, cmd, encoding: 'utf8' };
+    if (opts.stdin) params.stdin = true;
+    return this._start('process.start', params, opts, opts);
+  }
+
+  /** @internal starts a process (process.start, pty.create) and subscribes to it */
+  async _start(
+    method: string,
+    params: Record<string, unknown>,
+    opts: { cwd?: string; envs?: Record<string, string>; user?: string; timeoutMs?: number },
+    handleOpts: HandleOpts,
+    defaultTimeoutMs = DEFAULT_COMMAND_TIMEOUT_MS,
+  ): Promise<CommandHandle> {
+    const timeoutMs = opts.timeoutMs ?? defaultTimeoutMs;
+    if (typeof timeoutMs !== 'number' || !Number.isFinite(timeoutMs) || timeoutMs < 0) {
+      throw new InvalidArgumentError(`${method}: bad timeoutMs ${String(timeoutMs)}`);
+    }
     if (opts.cwd !== undefined) params.cwd = opts.cwd;
     if (opts.envs !== undefined) params.env = opts.envs;
-    if (opts.stdin) params.stdin = true;
+    if (opts.user !== undefined) params.user = opts.user;
     if (timeoutMs > 0) params.timeout = timeoutMs / 1000;
     let handle: CommandHandle | undefined;
-    await this.link.conn.call<{ pid: number }>('process.start', params, {
-      // subscribe before reading the next line: output may follow the reply at once
-      onResult: (r) => {
-        handle = new CommandHandle(this.link, this, r.pid, opts);
-        this.live.add(handle);
+    try {
+      await this.link.conn.call<{ pid: number }>(method, params, {
+        // subscribe before reading the next line: output may follow the reply at once
+        onResult: (r) => {
+          handle = new CommandHandle(this.link, this, r.pid, handleOpts);
+          this.live.add(handle);
+        },
+      });
+    } catch (e) {
+      // a start cut short because the sandbox was killed meanwhile is the
+      // sandbox going away, as for a command already running
+      if (e instanceof SandboxError && !(e instanceof NotFoundError) && !(e instanceof InvalidArgumentError)) {
+        const g = await sandboxGone(this.link);
+        if (g) throw g;
+      }
+      throw e;
+    }
+    return handle!;
+  }
+
+  /**
+   * Attaches to a running command (started by this client or any other, e.g.
+   * before a reconnect): the handle first receives the recent output the
+   * daemon kept (its last 64 KiB), then the rest as it comes, and its end.
+   * NotFoundError when no such command runs.
+   */
+  async connect(pid: number, opts: CommandConnectOpts = {}): Promise<CommandHandle> {
+    let handle: CommandHandle | undefined;
+    await this.link.conn.call<{ pid: number; output: Array<Record<string, unknown>> }>(
+      'process.connect',
+      { sandbox: this.link.sandboxId, pid, encoding: 'utf8' },
+      {
+        onResult: (r) => {
+          handle = new CommandHandle(this.link, this, r.pid, opts);
+          this.live.add(handle);
+          handle._replay(Array.isArray(r.output) ? r.output : []);
+        },
       },
-    });
+    );
     return handle!;
   }
 
@@ -315,8 +403,10 @@ export class Commands {
     });
     return r.processes.map((p) => {
       const argv = Array.isArray(p.argv) ? (p.argv as string[]) : [];
-      const info: ProcessInfo = { pid: p.pid as number, cmd: argv[0] ?? '', args: argv.slice(1) };
+      const info: ProcessInfo = { pid: p.pid as number, cmd: argv[0] ?? '', args: argv.slice(1), envs: {} };
       if (typeof p.cwd === 'string') info.cwd = p.cwd;
+      if (typeof p.user === 'string') info.user = p.user;
+      if (p.pty === true) info.pty = true;
       if (typeof p.started_at === 'string') info.startedAt = new Date(p.started_at);
       return info;
     });

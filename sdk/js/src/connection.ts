@@ -1,8 +1,8 @@
 /**
  * One connection to the daemon: JSON-RPC 2.0, one JSON object per line, over
  * its unix socket (docs/protocol.md).  Requests are matched to replies by id;
- * notifications (process output and exit) go to whoever subscribed to their
- * sandbox and pid.
+ * notifications (process output and exit, watch events) go to whoever
+ * subscribed to their sandbox and pid (or watch).
  *
  * The socket does not keep Node alive when nothing waits on it: it is
  * ref'd only while a request is in flight or something holds it (a command
@@ -157,6 +157,15 @@ export class Connection {
     this.subs.delete(`${sandbox}/${pid}`);
   }
 
+  /** Receives the fs.event notifications of one watch of one sandbox. */
+  subscribeWatch(sandbox: string, watch: number, fn: Notification): void {
+    this.subs.set(`${sandbox}/w${watch}`, fn);
+  }
+
+  unsubscribeWatch(sandbox: string, watch: number): void {
+    this.subs.delete(`${sandbox}/w${watch}`);
+  }
+
   /** Called once when the connection goes away (not after close()). */
   onClose(fn: (err: Error) => void): () => void {
     this.closeHandlers.add(fn);
@@ -226,7 +235,9 @@ export class Connection {
     }
     if (typeof msg.method === 'string' && msg.id === undefined) {
       const params = (msg.params ?? {}) as Record<string, unknown>;
-      const fn = this.subs.get(`${String(params.sandbox)}/${String(params.pid)}`);
+      const key =
+        msg.method === 'fs.event' ? `${String(params.sandbox)}/w${String(params.watch)}` : `${String(params.sandbox)}/${String(params.pid)}`;
+      const fn = this.subs.get(key);
       if (fn) fn(msg.method, params);
       return;
     }

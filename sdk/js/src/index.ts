@@ -22,11 +22,19 @@ export {
   DEFAULT_COMMAND_TIMEOUT_MS,
   type CommandStartOpts,
   type CommandRunOpts,
+  type CommandConnectOpts,
   type ProcessInfo,
 } from './commands';
+export { Pty, DEFAULT_PTY_TIMEOUT_MS, PTY_DIM_MAX, type PtyCreateOpts, type PtySize } from './pty';
 export {
   Filesystem,
   FileType,
+  FilesystemEventType,
+  WatchHandle,
+  DEFAULT_WATCH_TIMEOUT_MS,
+  type FilesystemEvent,
+  type WatchOpts,
+  type ByteStream,
   type EntryInfo,
   type WriteInfo,
   type WriteEntry,

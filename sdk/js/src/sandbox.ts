@@ -9,6 +9,7 @@ import { InvalidArgumentError, NotFoundError } from './errors';
 import { Filesystem } from './filesystem';
 import { policyParam, type PolicyOpt } from './policy';
 import { recipeParam, type RecipeOpt } from './recipe';
+import { Pty } from './pty';
 
 /** Default lifetime of a sandbox, as E2B: 5 minutes. */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 300_000;
@@ -228,6 +229,8 @@ export class Sandbox {
   readonly commands: Commands;
   /** The sandbox's filesystem. */
   readonly files: Filesystem;
+  /** Programs on a terminal. */
+  readonly pty: Pty;
   private readonly conn: Connection;
   private readonly state: { killed: boolean };
 
@@ -246,6 +249,7 @@ export class Sandbox {
     };
     this.commands = new Commands(link);
     this.files = new Filesystem(link);
+    this.pty = new Pty(link, this.commands);
   }
 
   /**
@@ -339,6 +343,7 @@ export class Sandbox {
     } finally {
       this.state.killed = true;
       this.commands._sandboxGone('killed');
+      this.files._sandboxGone('killed');
       this.conn.close();
     }
   }

@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { withSandbox } from './daemon.mjs';
-import { Sandbox, SandboxError, CommandExitError, TimeoutError, CommandHandle } from '../dist/index.js';
+import { Sandbox, SandboxError, CommandExitError, TimeoutError, CommandHandle, NotFoundError, InvalidArgumentError } from '../dist/index.js';
 
 let daemon;
 let sbx;
@@ -70,6 +70,8 @@ test('background: a handle with pid, list, kill; wait rejects after kill', async
   assert.ok(p, 'listed while it runs');
   assert.equal(p.cmd, '/bin/sh');
   assert.deepEqual(p.args, ['-c', 'echo started; sleep 60']);
+  // killed before its echo ran (a loaded machine), it would have no output to check
+  while (!h.stdout.includes('started')) await new Promise((r) => setTimeout(r, 10));
   assert.equal(await h.kill(), true);
   await assert.rejects(h.wait(), (e) => {
     assert.ok(e instanceof CommandExitError);
@@ -153,4 +155,63 @@ test('killing the sandbox rejects background waits with TimeoutError', async () 
   await third.kill();
   await assert.rejects(h3.wait(), TimeoutError);
   await assert.rejects(third.commands.run('true'), SandboxError);
+});
+
+test('output streams in order under load', async () => {
+  const n = 20000;
+  const chunks = [];
+  // two noisy neighbours compete for the box, the daemon and the socket
+  const noise = await Promise.all([1, 2].map(() => sbx.commands.run('head -c 20000000 /dev/zero | tr "\\0" y', { background: true })));
+  const r = await sbx.commands.run(`i=0; while [ $i -lt ${n} ]; do i=$((i+1)); echo $i; done`, {
+    onStdout: (d) => chunks.push(d),
+  });
+  await Promise.all(noise.map((h) => h.wait()));
+  const lines = chunks.join('').split('\n');
+  assert.equal(lines.pop(), '');
+  assert.equal(lines.length, n);
+  for (let i = 0; i < n; i++) if (lines[i] !== String(i + 1)) assert.fail(`line ${i} is ${lines[i]}`);
+  assert.equal(r.stdout, chunks.join(''));
+});
+
+test('kill takes the whole tree down: children, a setsid grandchild, a double fork', async () => {
+  const h = await sbx.commands.run(
+    'sleep 301 & setsid sleep 302 & (sleep 303 &) ; echo up; wait',
+    { background: true },
+  );
+  const count = async () => Number((await sbx.commands.run('ps -o comm,args | grep -c "sleep 30[123]" || true')).stdout.trim());
+  while ((await count()) < 3) await new Promise((r) => setTimeout(r, 20));
+  assert.equal(await sbx.commands.kill(h.pid), true);
+  await assert.rejects(h.wait(), CommandExitError);
+  assert.equal(await count(), 0, 'no sleep left');
+});
+
+test('connect: a background command reattached from a new client after a reconnect', async () => {
+  const h = await sbx.commands.run('echo before; read x; echo after $x; sleep 0.1', { background: true, stdin: true });
+  while (!h.stdout.includes('before')) await new Promise((r) => setTimeout(r, 10));
+  await h.disconnect();
+  // a new client, as after a crash or a redeploy of the caller
+  const again = await Sandbox.connect(sbx.sandboxId, { socket: daemon.socket });
+  const out = [];
+  const h2 = await again.commands.connect(h.pid, { onStdout: (d) => out.push(d) });
+  assert.equal(h2.pid, h.pid);
+  assert.equal(h2.stdout, 'before\n', 'the recent output is replayed');
+  await again.commands.sendStdin(h.pid, 'now\n');
+  const r = await h2.wait();
+  assert.equal(r.stdout, 'before\nafter now\n');
+  assert.equal(out.join(''), 'before\nafter now\n');
+  await assert.rejects(again.commands.connect(h.pid), NotFoundError);
+  await assert.rejects(again.commands.connect(999999), NotFoundError);
+});
+
+test('user: a command runs as an account of the box, in its home; list says who', async () => {
+  const r = await sbx.commands.run('id -u; pwd; echo $HOME', { user: 'user' });
+  assert.equal(r.stdout, '1000\n/home/user\n/home/user\n');
+  const root = await sbx.commands.run('id -u');
+  assert.equal(root.stdout, '0\n');
+  const h = await sbx.commands.run('sleep 60', { background: true, user: 'user' });
+  const p = (await sbx.commands.list()).find((x) => x.pid === h.pid);
+  assert.equal(p.user, 'user');
+  await h.kill();
+  await assert.rejects(sbx.commands.run('true', { user: 'nosuchuser' }), NotFoundError);
+  await assert.rejects(sbx.commands.run('true', { user: 'bad name' }), InvalidArgumentError);
 });

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { withSandbox } from './daemon.mjs';
-import { Sandbox, NotFoundError, SandboxError, FileType } from '../dist/index.js';
+import { Sandbox, NotFoundError, SandboxError, FileType, NotEnoughSpaceError } from '../dist/index.js';
 
 let sbx;
 withSandbox(Sandbox, (_daemon, s) => { sbx = s; });
@@ -123,4 +123,83 @@ test('file errors are typed and carry the errno', async () => {
   });
   await assert.rejects(sbx.files.read('/root'), (e) => e instanceof SandboxError && e.errnoCode === 'EISDIR');
   await assert.rejects(sbx.files.write('/root/a/b/c.txt/under-a-file', 'x'), SandboxError);
+});
+
+test('read as a stream: chunks as they are read, byte-exact', async () => {
+  const data = randomBytes(5 * 1024 * 1024 + 3);
+  await sbx.files.write('/root/s.bin', data);
+  const stream = await sbx.files.read('/root/s.bin', { format: 'stream' });
+  const parts = [];
+  for await (const c of stream) parts.push(Buffer.from(c));
+  assert.ok(parts.length >= 6, `read in chunks (${parts.length})`);
+  assert.ok(parts.every((p) => p.length <= 1024 * 1024));
+  assert.ok(Buffer.concat(parts).equals(data));
+  await assert.rejects(sbx.files.read('/root/nothing', { format: 'stream' }), NotFoundError);
+  const empty = await sbx.files.read('/root/empty', { format: 'stream' });
+  let n = 0;
+  for await (const c of empty) n += c.length;
+  assert.equal(n, 0);
+});
+
+test('write from a ReadableStream and a Node stream, with odd chunk sizes', async () => {
+  const data = randomBytes(3 * 1024 * 1024 + 999);
+  let off = 0;
+  let pulls = 0;
+  const rs = new ReadableStream({
+    pull(ctrl) {
+      pulls++;
+      if (off >= data.length) return ctrl.close();
+      const n = 70_000 + (off % 13);
+      ctrl.enqueue(new Uint8Array(data.subarray(off, off + n)));
+      off += n;
+    },
+  }, { highWaterMark: 1 });
+  await sbx.files.write('/root/from-stream.bin', rs);
+  assert.ok(pulls > 40, 'pulled chunk by chunk');
+  assert.ok(Buffer.from(await sbx.files.read('/root/from-stream.bin', { format: 'bytes' })).equals(data));
+  const { Readable } = await import('node:stream');
+  await sbx.files.write('/root/from-node.txt', Readable.from(['a', 'b', Buffer.from('c')]));
+  assert.equal(await sbx.files.read('/root/from-node.txt'), 'abc');
+  await sbx.files.write('/root/from-empty', new ReadableStream({ start(c) { c.close(); } }));
+  assert.equal((await sbx.files.getInfo('/root/from-empty')).size, 0);
+});
+
+test('a 100 MiB binary file, written and read back byte-exact (streaming both ways)', async () => {
+  const size = 100 * 1024 * 1024;
+  const { createHash } = await import('node:crypto');
+  // generated chunk by chunk: no 100 MiB buffer on this side either
+  const block = randomBytes(1024 * 1024 + 7);
+  const want = createHash('sha256');
+  let sent = 0;
+  const src = new ReadableStream({
+    pull(ctrl) {
+      if (sent >= size) return ctrl.close();
+      const n = Math.min(block.length, size - sent);
+      const c = new Uint8Array(block.subarray(0, n));
+      c[0] = sent & 255; // no two chunks alike
+      want.update(c);
+      ctrl.enqueue(c);
+      sent += n;
+    },
+  }, { highWaterMark: 1 });
+  await sbx.files.write('/tmp/huge.bin', src);
+  assert.equal((await sbx.files.getInfo('/tmp/huge.bin')).size, size);
+  const got = createHash('sha256');
+  let n = 0;
+  for await (const c of await sbx.files.read('/tmp/huge.bin', { format: 'stream' })) {
+    got.update(c);
+    n += c.length;
+  }
+  assert.equal(n, size);
+  assert.equal(got.digest('hex'), want.digest('hex'));
+  await sbx.files.remove('/tmp/huge.bin');
+});
+
+test('a full disk is NotEnoughSpaceError (the box\'s 64 MiB /dev/shm)', async () => {
+  await assert.rejects(sbx.files.write('/dev/shm/fill', new Uint8Array(70 * 1024 * 1024)), (e) => {
+    assert.ok(e instanceof NotEnoughSpaceError, String(e));
+    assert.equal(e.errnoCode, 'ENOSPC');
+    return true;
+  });
+  await sbx.files.remove('/dev/shm/fill');
 });

@@ -1,0 +1,86 @@
+/**
+ * sbx.pty: programs on a terminal, as E2B's Pty module.  The daemon starts
+ * the program (a login shell by default) on a new pseudo-terminal of the
+ * box, as its controlling terminal; what the terminal shows arrives as raw
+ * bytes in `onData`, keystrokes go with `sendInput`, and `resize` changes
+ * its size (the program gets SIGWINCH).
+ */
+import type { CommandHandle, Commands, SandboxLink } from './commands';
+import { InvalidArgumentError } from './errors';
+
+/** Default lifetime of a terminal's program, as E2B: 60 s (0 = none). */
+export const DEFAULT_PTY_TIMEOUT_MS = 60_000;
+/** Most columns or rows (the agent's TP_PTY_DIM_MAX). */
+export const PTY_DIM_MAX = 4096;
+
+export interface PtySize {
+  cols: number;
+  rows: number;
+}
+
+export interface PtyCreateOpts extends PtySize {
+  /** What the terminal shows, as raw bytes (a UTF-8 character may be split across calls). */
+  onData: (data: Uint8Array) => void | Promise<void>;
+  /** Environment added to the sandbox's. */
+  envs?: Record<string, string>;
+  /** Working directory (default: the user's home, or the sandbox's). */
+  cwd?: string;
+  /** The account it runs as (default root). */
+  user?: string;
+  /** Kill it (its whole tree) after this long; 0 = never. Default 60000, as E2B. */
+  timeoutMs?: number;
+  /** The program and its arguments (default: `/bin/sh -i -l`). */
+  cmd?: string[];
+  /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
+  requestTimeoutMs?: number;
+}
+
+function checkSize(what: string, size: PtySize | undefined): void {
+  for (const k of ['cols', 'rows'] as const) {
+    const v = size?.[k];
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > PTY_DIM_MAX) {
+      throw new InvalidArgumentError(`${what}: ${k} must be an integer in 1..${PTY_DIM_MAX}, not ${String(v)}`);
+    }
+  }
+}
+
+/** sbx.pty */
+export class Pty {
+  private readonly link: SandboxLink;
+  private readonly commands: Commands;
+
+  /** @internal */
+  constructor(link: SandboxLink, commands: Commands) {
+    this.link = link;
+    this.commands = commands;
+  }
+
+  /**
+   * Starts a program on a new terminal of cols x rows.  Resolves with a
+   * CommandHandle (pid, wait(), kill(), disconnect()); its output goes to
+   * onData, not to stdout.
+   */
+  async create(opts: PtyCreateOpts): Promise<CommandHandle> {
+    checkSize('pty.create', opts);
+    if (typeof opts.onData !== 'function') throw new InvalidArgumentError('pty.create: onData must be a function');
+    const params: Record<string, unknown> = { sandbox: this.link.sandboxId, cols: opts.cols, rows: opts.rows };
+    if (opts.cmd !== undefined) params.argv = opts.cmd;
+    return this.commands._start('pty.create', params, opts, { onData: opts.onData }, DEFAULT_PTY_TIMEOUT_MS);
+  }
+
+  /** Types into the terminal (keystrokes: "\x03" is Ctrl-C, "\r" is Enter). */
+  async sendInput(pid: number, data: string | Uint8Array): Promise<void> {
+    return this.commands.sendStdin(pid, data);
+  }
+
+  /** Resizes the terminal; its programs get SIGWINCH. */
+  async resize(pid: number, size: PtySize): Promise<void> {
+    checkSize('pty.resize', size);
+    await this.link.conn.call('pty.resize', { sandbox: this.link.sandboxId, pid, cols: size.cols, rows: size.rows });
+  }
+
+  /** Kills the terminal's program and its whole tree; false when it no longer ran. */
+  async kill(pid: number): Promise<boolean> {
+    return this.commands.kill(pid);
+  }
+}
