@@ -27,6 +27,8 @@ M.FILE_METHODS = {
   ["fs.mkdir"] = { op = "mkdir", paths = { "path" } },
   ["fs.remove"] = { op = "remove", paths = { "path" } },
   ["fs.rename"] = { op = "rename", paths = { "from", "to" } },
+  -- a watch reveals the names in a tree, as listing it does
+  ["fs.watch"] = { op = "list", paths = { "path" } },
 }
 
 -- methods that start a process: a function giving the argv from params,
@@ -36,6 +38,10 @@ M.EXEC_METHODS = {
     argv = function(p) return p.argv or { "/bin/sh", "-c", p.cmd } end,
     set = function(p, argv) p.argv, p.cmd = argv, nil end,
   },
+  ["pty.create"] = {
+    argv = function(p) return p.argv or { "/bin/sh", "-i", "-l" } end,
+    set = function(p, argv) p.argv = argv end,
+  },
 }
 
 -- methods that neither run code nor touch files of the box
@@ -44,6 +50,8 @@ M.HARMLESS = {
   ["sandbox.pause"] = true, ["sandbox.resume"] = true, ["sandbox.metrics"] = true,
   ["sandbox.set_timeout"] = true, ["process.stdin"] = true, ["process.close_stdin"] = true,
   ["process.signal"] = true, ["process.list"] = true, ["sandbox.network_log"] = true,
+  -- output of a process the policy let start; a terminal's size; stopping a watch
+  ["process.connect"] = true, ["pty.resize"] = true, ["fs.unwatch"] = true,
 }
 
 --- A clean absolute path: relative paths are taken from base (absolute),

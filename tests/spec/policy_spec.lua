@@ -53,6 +53,26 @@ describe("guard", function()
     assert.truthy(guard.check(d, "sandbox.get", { id = "abc" }))
     assert.truthy(guard.check({ sandboxes = { abc = {} } }, "sandbox.something_new", { sandbox = "abc" }))
   end)
+
+  it("puts terminals through on_exec and watches through on_file", function()
+    local pol = assert(policy.load_string([[return {
+      on_exec = function(argv) if argv[1] == "/bin/sh" then return false, "no shells" end return true end,
+      on_file = function(op, path) if path:find("^/secret") then return false, op .. " " .. path end return true end,
+    }]], "p.lua"))
+    local d = { sandboxes = { abc = { policy = pol } } }
+    local p, err = guard.check(d, "pty.create", { sandbox = "abc", cols = 80, rows = 24 })
+    assert.is_nil(p)
+    assert.matches("no shells", err)
+    assert.truthy(guard.check(d, "pty.create", { sandbox = "abc", cols = 80, rows = 24, argv = { "/bin/top" } }))
+    p, err = guard.check(d, "fs.watch", { sandbox = "abc", path = "/tmp/../secret" })
+    assert.is_nil(p)
+    assert.matches("list /secret", err)
+    p = assert(guard.check(d, "fs.watch", { sandbox = "abc", path = "/tmp//w/" }))
+    assert.are.equal("/tmp/w", p.path)
+    for _, m in ipairs({ "pty.resize", "process.connect", "fs.unwatch" }) do
+      assert.truthy(guard.check(d, m, { sandbox = "abc" }), m)
+    end
+  end)
 end)
 
 describe("a policy sent with sandbox.create", function()
