@@ -135,8 +135,11 @@ export interface SandboxMetrics {
 }
 
 export interface SandboxListOpts extends SandboxConnectionOpts {
-  /** Filter on the client side: every metadata pair must match; state among these. */
-  query?: { metadata?: Record<string, string>; state?: SandboxState[] };
+  /**
+   * Filter on the client side: every metadata pair must match; state among
+   * these; started at or after `startedAfter` and before `startedBefore`.
+   */
+  query?: { metadata?: Record<string, string>; state?: SandboxState[]; startedAfter?: Date; startedBefore?: Date };
   /** Page size (default 100). */
   limit?: number;
   /** Where to start: a token from an earlier page. */
@@ -212,6 +215,8 @@ export class SandboxPaginator {
     const q = this.opts.query ?? {};
     const all = r.sandboxes.map(toInfo).filter((s) => {
       if (q.state && !q.state.includes(s.state)) return false;
+      if (q.startedAfter && s.startedAt.getTime() < q.startedAfter.getTime()) return false;
+      if (q.startedBefore && s.startedAt.getTime() >= q.startedBefore.getTime()) return false;
       for (const [k, v] of Object.entries(q.metadata ?? {})) if (s.metadata[k] !== v) return false;
       return true;
     });

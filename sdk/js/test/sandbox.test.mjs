@@ -112,6 +112,15 @@ test('list: a paginator over the daemon list, filtered by metadata and state', a
     const one = await Sandbox.list({ ...opts, query: { metadata: { suite: 'list', n: '2' } } }).nextItems();
     assert.deepEqual(one.map((s) => s.sandboxId), [b.sandboxId]);
 
+    // start-time filters (the daemon keeps seconds)
+    const started = (await a.getInfo()).startedAt;
+    const since = await Sandbox.list({ ...opts, query: { metadata: { suite: 'list' }, startedAfter: started } }).nextItems();
+    assert.equal(since.length, 3);
+    const future = new Date(Date.now() + 3600_000);
+    assert.equal((await Sandbox.list({ ...opts, query: { startedAfter: future } }).nextItems()).length, 0);
+    assert.equal((await Sandbox.list({ ...opts, query: { metadata: { suite: 'list' }, startedBefore: started } }).nextItems()).length, 0);
+    assert.equal((await Sandbox.list({ ...opts, query: { metadata: { suite: 'list' }, startedBefore: future } }).nextItems()).length, 3);
+
     await b.pause();
     const paused = await Sandbox.list({ ...opts, query: { state: ['paused'], metadata: { suite: 'list' } } }).nextItems();
     assert.deepEqual(paused.map((s) => s.sandboxId), [b.sandboxId]);
