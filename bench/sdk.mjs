@@ -1,0 +1,137 @@
+// bench/sdk's measurements (see bench/sdk).  Each measurement runs the SDK
+// and the bare client alternately, so that a busy moment of the machine
+// falls on both.
+import * as net from 'node:net';
+import { randomBytes } from 'node:crypto';
+import { Sandbox } from '../sdk/js/dist/index.js';
+
+const runs = Number(process.argv[2] ?? 200);
+const rounds = Number(process.argv[3] ?? 3);
+const SIZE = 100 * 1024 * 1024;
+const CHUNK = 1024 * 1024;
+
+// A bare client: JSON lines over the socket, nothing else.
+class Bare {
+  static open(path) {
+    return new Promise((resolve, reject) => {
+      const s = net.createConnection({ path });
+      s.once('error', reject);
+      s.once('connect', () => resolve(new Bare(s)));
+    });
+  }
+  constructor(s) {
+    this.s = s;
+    this.id = 0;
+    this.pending = new Map();
+    this.exits = new Map();
+    this.parts = [];
+    s.setEncoding('utf8');
+    s.on('data', (d) => {
+      // look for the end of a line in the new data only: a 1.4 MB reply
+      // arrives in many pieces
+      let start = 0;
+      let nl;
+      while ((nl = d.indexOf('\n', start)) >= 0) {
+        this.parts.push(d.slice(start, nl));
+        const m = JSON.parse(this.parts.join(''));
+        this.parts = [];
+        start = nl + 1;
+        if (m.id !== undefined) {
+          const p = this.pending.get(m.id);
+          this.pending.delete(m.id);
+          if (m.error) p.reject(new Error(m.error.message));
+          else p.resolve(m.result);
+        } else if (m.method === 'process.exit') {
+          const w = this.exits.get(m.params.pid);
+          if (w) w(m.params);
+          else this.exits.set(m.params.pid, m.params);
+        }
+      }
+      if (start < d.length) this.parts.push(d.slice(start));
+    });
+  }
+  call(method, params) {
+    const id = ++this.id;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      this.s.write(JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n');
+    });
+  }
+  async run(sandbox, cmd) {
+    const { pid } = await this.call('process.start', { sandbox, cmd, timeout: 60 });
+    const got = this.exits.get(pid);
+    if (got) { this.exits.delete(pid); return got; }
+    return new Promise((resolve) => this.exits.set(pid, (p) => { this.exits.delete(pid); resolve(p); }));
+  }
+  close() { this.s.destroy(); }
+}
+
+function stats(ms) {
+  const s = [...ms].sort((a, b) => a - b);
+  return { median: s[Math.floor(s.length / 2)], mean: s.reduce((a, b) => a + b, 0) / s.length };
+}
+
+const sbx = await Sandbox.create({ timeoutMs: 0 });
+const bare = await Bare.open(process.env.TUPPER_SOCKET);
+try {
+  // warm both paths
+  for (let i = 0; i < 10; i++) { await sbx.commands.run('true'); await bare.run(sbx.sandboxId, 'true'); }
+  const sdkMs = [];
+  const bareMs = [];
+  for (let i = 0; i < runs; i++) {
+    let t = process.hrtime.bigint();
+    await sbx.commands.run('true');
+    sdkMs.push(Number(process.hrtime.bigint() - t) / 1e6);
+    t = process.hrtime.bigint();
+    await bare.run(sbx.sandboxId, 'true');
+    bareMs.push(Number(process.hrtime.bigint() - t) / 1e6);
+  }
+  const a = stats(sdkMs);
+  const b = stats(bareMs);
+  console.log(`\ncommands.run('true'), ${runs} runs each`);
+  console.log('| client | median ms | mean ms | ratio to bare |');
+  console.log('|---|---:|---:|---:|');
+  console.log(`| bare JSON-RPC | ${b.median.toFixed(2)} | ${b.mean.toFixed(2)} | 1.00x |`);
+  console.log(`| @tupper/sdk | ${a.median.toFixed(2)} | ${a.mean.toFixed(2)} | ${(a.median / b.median).toFixed(2)}x |`);
+
+  const data = randomBytes(SIZE);
+  const rows = [];
+  const time = async (fn) => { const t = process.hrtime.bigint(); await fn(); return Number(process.hrtime.bigint() - t) / 1e9; };
+  const mbs = (s) => SIZE / (1024 * 1024) / s;
+  for (let round = 0; round < rounds; round++) {
+    const r = {};
+    r.bareWrite = await time(async () => {
+      for (let off = 0; off < SIZE; off += CHUNK) {
+        await bare.call('fs.write', { sandbox: sbx.sandboxId, path: '/tmp/bare.bin', offset: off,
+          data: data.subarray(off, off + CHUNK).toString('base64') });
+      }
+    });
+    r.sdkWrite = await time(() => sbx.files.write('/tmp/sdk.bin', data));
+    r.bareRead = await time(async () => {
+      for (let off = 0; off < SIZE; off += CHUNK) {
+        const x = await bare.call('fs.read', { sandbox: sbx.sandboxId, path: '/tmp/bare.bin', offset: off, length: CHUNK });
+        Buffer.from(x.data, 'base64');
+      }
+    });
+    r.sdkRead = await time(async () => {
+      const back = await sbx.files.read('/tmp/sdk.bin', { format: 'bytes' });
+      if (back.length !== SIZE) throw new Error('short read');
+    });
+    r.sdkStream = await time(async () => {
+      let n = 0;
+      for await (const c of await sbx.files.read('/tmp/sdk.bin', { format: 'stream' })) n += c.length;
+      if (n !== SIZE) throw new Error('short stream');
+    });
+    rows.push(r);
+  }
+  const med = (k) => stats(rows.map((r) => r[k])).median;
+  console.log(`\n100 MiB, median of ${rounds} rounds`);
+  console.log('| transfer | bare MiB/s | @tupper/sdk MiB/s | ratio to bare |');
+  console.log('|---|---:|---:|---:|');
+  console.log(`| write | ${mbs(med('bareWrite')).toFixed(1)} | ${mbs(med('sdkWrite')).toFixed(1)} | ${(med('bareWrite') / med('sdkWrite')).toFixed(2)}x |`);
+  console.log(`| read (bytes) | ${mbs(med('bareRead')).toFixed(1)} | ${mbs(med('sdkRead')).toFixed(1)} | ${(med('bareRead') / med('sdkRead')).toFixed(2)}x |`);
+  console.log(`| read (stream) | ${mbs(med('bareRead')).toFixed(1)} | ${mbs(med('sdkStream')).toFixed(1)} | ${(med('bareRead') / med('sdkStream')).toFixed(2)}x |`);
+} finally {
+  bare.close();
+  await sbx.kill();
+}
