@@ -150,10 +150,16 @@ function Daemon:pull_image(refstr, on_progress)
   self.pulls[ref.name] = running
   log("pulling %s", ref.name)
   local ok, res = pcall(registry.pull, self.state .. "/images", ref.name, {
-    on_session = function(s) running.session = s end,
+    on_session = function(s) running.session = s end, record = self.images == nil,
     on_progress = function(done, total)
       for _, fn in ipairs(running.listeners) do fn(done, total) end
     end })
+  if ok and self.images then
+    -- the store unpacks the layers and records the ref: a pulled image is
+    -- ready to run, and one whose layers the store refuses is not recorded
+    local img, terr = self.images:tag(res.ref, res.digest)
+    if not img then ok, res = false, { kind = "image", message = ("%s: %s"):format(res.ref, terr) } end
+  end
   self.pulls[ref.name] = nil
   local out
   if ok then

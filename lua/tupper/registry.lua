@@ -19,7 +19,7 @@ local M = {}
 M.MANIFEST_MAX = 4 * 1024 * 1024        -- bytes of a manifest or index
 M.CONFIG_MAX = 8 * 1024 * 1024          -- bytes of an image config
 M.LAYER_MAX = 64 * 1024 * 1024 * 1024   -- bytes of one layer
-M.LAYERS_MAX = 256                      -- layers of one image
+M.LAYERS_MAX = 127                      -- layers of one image (the image store's cap)
 M.TOKEN_MAX = 256 * 1024                -- bytes of a token answer
 M.PARALLEL = 3                          -- blobs fetched at once
 M.RETRIES = 2                           -- network retries of one blob (resumed)
@@ -325,7 +325,8 @@ function Session:fetch(path, opts, track)
     o.url = self.base .. path
     o.headers = {}
     for i, h in ipairs(opts.headers or {}) do o.headers[i] = h end
-    if self.auth_header then o.headers[#o.headers + 1] = self.auth_header end
+    local used = self.auth_header
+    if used then o.headers[#o.headers + 1] = used end
     local res, err, kind = self:_request(o, track)
     if not res then
       if kind == "network" then fail("network", "%s: %s", self.ref.host, err) end
@@ -336,7 +337,19 @@ function Session:fetch(path, opts, track)
       if self.auth_header then self.token_worked = true end
       return res
     end
-    self:_authenticate(res.headers["www-authenticate"])
+    -- blobs fetch in parallel and meet a 401 together: one of them gets
+    -- the token, the others wait for it, and a request refused with an
+    -- older header than the current one just tries again
+    if self.authenticating then
+      async.wait(function(cb) self.authenticating[#self.authenticating + 1] = cb end)
+    elseif self.auth_header == used then
+      self.authenticating = {}
+      local ok, e = pcall(self._authenticate, self, res.headers["www-authenticate"])
+      local waiters = self.authenticating
+      self.authenticating = nil
+      for _, cb in ipairs(waiters) do cb() end
+      if not ok then error(e, 0) end
+    end
   end
   fail("auth", "%s keeps refusing access to %s", self.ref.registry, self.ref.repo)
 end
@@ -631,7 +644,8 @@ end
 
 --- Pulls ref into the layout at dir.  opts: config (M.load_config()),
 -- on_progress(done, total) called about every 200 ms, on_session(s) (for
--- cancel).  Returns { ref, digest, manifest = {...}, config = desc,
+-- cancel), record = false (leave index.json to the caller: the daemon's
+-- image store records the ref once the layers unpack).  Returns { ref, digest, manifest = {...}, config = desc,
 -- layers = { desc... }, size } or raises { kind, message }.
 function M.pull(dir, refstr, opts)
   opts = opts or {}
@@ -697,7 +711,7 @@ function M.pull(dir, refstr, opts)
   if opts.on_progress then opts.on_progress(total, total) end
   -- the manifests go in last: a ref in index.json means every blob is there
   for d, b in pairs(bodies) do put_blob(l, d, b) end
-  M.record_ref(l, ref.name, top)
+  if opts.record ~= false then M.record_ref(l, ref.name, top) end
   return { ref = ref.name, digest = top.digest, media_type = top.mediaType, manifest_digest = digest,
            manifest = m, config = { mediaType = config.mediaType, digest = config.digest,
            size = math.tointeger(config.size) }, layers = layers, size = total }

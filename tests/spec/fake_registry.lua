@@ -25,24 +25,37 @@ local function log(line)
   f:close()
 end
 
--- each repository's image: one layer of its own (so that no scenario finds
--- its layer already in the store from another), one config
-local parts = {}
-for i = 1, 4096 do parts[i] = ("%08d layer bytes of the fake registry\n"):format(i) end
-local BASE = table.concat(parts)                           -- about 180 KiB
-local CONFIG = '{"architecture":"amd64","os":"linux","config":{"Cmd":["/bin/sh"]},'
-  .. '"rootfs":{"type":"layers","diff_ids":[]}}'
-local CONFIG_D = sha256(CONFIG)
-local LAYER, LAYER_D, OTHER
-local layers = {}
+-- each repository's image: a real one (the daemon's store unpacks what it
+-- pulls), with one layer of its own (so that no scenario finds its layer in
+-- the store already from another): a file named after the repository and
+-- 180 KiB of random bytes, as a reproducible tar.gz; its config names the
+-- layer's diff id
+local CONFIG, CONFIG_D, LAYER, LAYER_D, OTHER
+local images = {}
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local data = f:read("a")
+  f:close()
+  return data
+end
 local function pick(repo)
   if repo == "redirect-blob" then repo = "ok" end
-  if not layers[repo] then
-    local l = repo .. "\n" .. BASE
-    layers[repo] = { l, sha256(l) }
+  repo = repo:gsub("[^%w%-]", "_")
+  if not images[repo] then
+    local d = state .. "/img-" .. repo
+    assert(os.execute(("mkdir -p '%s/root' && head -c 184320 /dev/urandom > '%s/root/filler' && "
+      .. "echo '%s' > '%s/root/name' && tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner "
+      .. "-C '%s/root' -cf '%s/layer.tar' ."):format(d, d, repo, d, d, d)))
+    local diff_id = sha256(read(d .. "/layer.tar"))
+    assert(os.execute(("gzip -n -f '%s/layer.tar'"):format(d)))
+    local layer = read(d .. "/layer.tar.gz")
+    local config = ('{"architecture":"amd64","os":"linux","config":{"Cmd":["/bin/sh"]},'
+      .. '"rootfs":{"type":"layers","diff_ids":["%s"]}}'):format(diff_id)
+    images[repo] = { layer, sha256(layer), config, sha256(config) }
   end
-  LAYER, LAYER_D = layers[repo][1], layers[repo][2]
-  OTHER = LAYER:gsub("layer", "LAYER") -- same length, another digest
+  LAYER, LAYER_D, CONFIG, CONFIG_D = table.unpack(images[repo])
+  -- same length, another digest
+  OTHER = LAYER:sub(1, -2) .. string.char((LAYER:byte(-1) + 1) % 256)
 end
 
 local function manifest(layer_size, mt)

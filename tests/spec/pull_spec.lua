@@ -55,6 +55,7 @@ describe("tupper pull", function()
     R.push(layout, "multi", reg.host, "test/multi")
     R.push(layout, "multiarch", reg.host, "test/multiarch", { all = true })
     R.push(layout, "armonly", reg.host, "test/armonly", { all = true })
+    R.push(layout, "busybox", reg.host, "test/firstuse")
     authreg = R.start_registry(dir .. "/authreg", { htpasswd = { alice = "s3cret" } })
     R.push(layout, "busybox", authreg.host, "private/busybox", { creds = "alice:s3cret" })
     fake = R.start_fake(dir, helper.ROOT)
@@ -110,6 +111,33 @@ describe("tupper pull", function()
     -- two new layers (layer one is shared with busybox), a config, a manifest
     assert.are.equal(before + 4, count(blobs()))
     assert.is_true(no_partials())
+  end)
+
+  local function run(image, cmd)
+    return helper.cli({ "--socket", d.socket, "run", "--image", image, "--", "sh", "-c", cmd })
+  end
+
+  it("runs what it pulled: the layers stack, whiteouts and opaque dirs hide what they hide", function()
+    local code, out, err = run(reg.host .. "/test/busybox:busybox", "cat /etc/hello")
+    assert.are.equal(0, code, err)
+    assert.are.equal("hello from layer one\n", out)
+    code, out, err = run(reg.host .. "/test/multi:multi",
+      "test ! -e /etc/hello && test ! -e /data/two && cat /data/three && test -x /bin/busybox && echo ok")
+    assert.are.equal(0, code, err)
+    assert.are.equal("three\nok\n", out)
+  end)
+
+  it("pulls on first use: sandbox.create of an image the store lacks", function()
+    local ref = reg.host .. "/test/firstuse:busybox"
+    assert.is_nil(require("registry_helper").sh("grep -q firstuse " .. q(d.state .. "/images/index.json")) or nil)
+    local code, out, err = run(ref, "cat /etc/hello")
+    assert.are.equal(0, code, err)
+    assert.are.equal("hello from layer one\n", out)
+    assert.truthy(helper.read_file(d.state .. "/images/index.json"):find("firstuse:busybox", 1, true))
+    -- and a pull that fails says why in the create's error
+    code, _, err = run(reg.host .. "/test/firstuse:nope", "true")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("no such image or tag nope", 1, true), err)
   end)
 
   it("image.pull answers its documented fields and reports progress", function()
@@ -285,7 +313,7 @@ describe("tupper pull", function()
       assert.truthy(err:find("too slow", 1, true), err)
       local log = helper.read_file(dir .. "/fake-state/requests.log")
       local _, n = log:gsub("GET /v2/drip/blobs/", "")
-      assert.are.equal(3, n) -- one try and two retries
+      assert.are.equal(4, n) -- the config, then the layer: one try and two retries
       -- a network failure keeps what arrived, for the next pull to resume
       assert.is_false(no_partials())
     end)
@@ -345,7 +373,7 @@ describe("tupper pull", function()
     local _, manifests = log:gsub("GET /v2/slow/manifests/latest", "")
     local _, blobs_got = log:gsub("GET /v2/slow/blobs/", "")
     assert.are.equal(1, manifests)
-    assert.are.equal(1, blobs_got) -- the layer, once (every fake image shares its config, in the store already)
+    assert.are.equal(2, blobs_got) -- the config and the layer, once each
   end)
 
   it("draws a progress bar on a terminal, and none on a pipe", function()
