@@ -189,6 +189,35 @@ describe("network", function()
     assert.truthy(logged(sb, "^deny dns denied%.test"))
   end)
 
+  it("answers DNS over TCP too, several queries on one connection", function()
+    if not have("python3") then return pending("no python3 on the host") end
+    local f = assert(io.open(dir .. "/tcpdns.py", "w"))
+    f:write([[
+import socket, struct, sys
+def q(i, name):
+    m = struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0)
+    for l in name.split("."): m += bytes([len(l)]) + l.encode()
+    m += b"\0\0\1\0\1"
+    return struct.pack(">H", len(m)) + m
+s = socket.create_connection(("127.0.0.1", 53), timeout=5)
+s.sendall(q(1, "allowed.test") + q(2, "denied.test"))
+buf = b""
+while len(buf) < 4 or len(buf) < 2 + struct.unpack(">H", buf[:2])[0] + 2:
+    d = s.recv(4096)
+    if not d: break
+    buf += d
+for _ in range(2):
+    n = struct.unpack(">H", buf[:2])[0]
+    m, buf = buf[2:2 + n], buf[2 + n:]
+    i, flags, qd, an = struct.unpack(">HHHH", m[:8])
+    print(i, flags & 15, an, ".".join(str(b) for b in m[-4:]) if an else "-")
+]])
+    f:close()
+    local code, out = in_netns(sb, "python3 " .. dir .. "/tcpdns.py")
+    assert.equal(0, code, out)
+    assert.matches("^1 0 1 198%.18%.%d+%.%d+\n2 3 0 %-\n$", out)
+  end)
+
   it("gives direct connections nowhere to go", function()
     -- (busybox wget -Y off crashes: nc makes the direct connections)
     local r = run(sb, "ip -o link; ip route; printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 3 127.0.0.1 " .. hp)
