@@ -72,6 +72,11 @@ options of run, create and exec:
   --policy FILE         policy file for the sandbox (run, create; default:
                         the nearest tupper.lua from here upward)
   --no-policy           send no policy file (run, create)
+  --allow RULE          let the box reach RULE, e.g. pypi.org:443 or
+                        10.0.0.0/8:5432 (run, create; repeatable;
+                        docs/network.md)
+  --deny RULE           never let it reach RULE (run, create; repeatable)
+  --network all|none    every public address, or nothing (the default)
   --recipe FILE|NAME    make the sandbox from a recipe (run, create): a Lua
                         file, honouring FILE's .lock beside it, or a shipped
                         recipe's name (docs/recipes.md); the options above
@@ -126,6 +131,19 @@ local function parse_opts(args, i, allowed)
     elseif a == "--policy" then o.policy = value()
     elseif a == "--no-policy" then o.policy = false
     elseif a == "--recipe" then o.recipe = value()
+    elseif a == "--allow" or a == "--deny" then
+      local key = a:sub(3)
+      if type(o.network) ~= "table" then
+        if o.network ~= nil then error("--allow/--deny and --network do not mix", 0) end
+        o.network = {}
+      end
+      o.network[key] = o.network[key] or {}
+      table.insert(o.network[key], value())
+    elseif a == "--network" then
+      local v = value()
+      if v ~= "all" and v ~= "none" then error("--network wants all or none (rules: --allow)", 0) end
+      if type(o.network) == "table" then error("--allow/--deny and --network do not mix", 0) end
+      o.network = v
     end
     i = i + 1
   end
@@ -134,7 +152,8 @@ local function parse_opts(args, i, allowed)
   return o, rest
 end
 
-local LIMIT_OPTS = { "--memory", "--cpus", "--pids", "--disk", "--timeout", "--policy", "--no-policy" }
+local LIMIT_OPTS = { "--memory", "--cpus", "--pids", "--disk", "--timeout", "--policy", "--no-policy",
+  "--allow", "--deny", "--network" }
 local RUN_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
   ["--workdir"] = 1, ["--image"] = 1, ["--metadata"] = 1, ["--rm"] = 1 }
 local CREATE_OPTS = { ["-e"] = 1, ["--env"] = 1, ["--image"] = 1, ["--metadata"] = 1,
@@ -308,7 +327,7 @@ function verbs.run(c, args)
   if serr then return die("%s", serr) end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, limits = o.limits, kill_on_disconnect = true,
-    policy = pol, recipe = spec })
+    policy = pol, recipe = spec, network = o.network })
   if not sb then return die("%s", errmsg(err)) end
   if image_cmd then
     -- no command: the image's own (Entrypoint + Cmd), as docker run does
@@ -333,7 +352,8 @@ function verbs.create(c, args)
   if serr then return die("%s", serr) end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir,
-    limits = next(o.limits) and o.limits or nil, policy = policy_param(o), recipe = spec })
+    limits = next(o.limits) and o.limits or nil, policy = policy_param(o), recipe = spec,
+    network = o.network })
   if not sb then return die("%s", errmsg(err)) end
   print(sb.id)
   return 0

@@ -309,6 +309,19 @@ for _ in range(2):
     assert.matches("deny +http +denied%.test:" .. hp, out)
   end)
 
+  it("takes rules from the CLI: run --allow/--deny, --network", function()
+    local code, out, err = h.cli({ "--socket", d.socket, "run", "--allow", "allowed.test", "--allow",
+      "127.0.0.1/32:" .. hp, "--deny", "denied.test", "--", "sh", "-c",
+      "wget -q -O- http://allowed.test:" .. hp .. "/index.html; wget -q -O- http://denied.test:" .. hp .. "/ || echo refused" })
+    assert.equal(0, code, err)
+    assert.equal("hello-net\nrefused\n", out)
+    code, out = h.cli({ "--socket", d.socket, "run", "--", "sh", "-c", "echo \"[$HTTP_PROXY]\"" })
+    assert.equal("[]\n", out)
+    code, _, err = h.cli({ "--socket", d.socket, "run", "--network", "some", "--", "true" })
+    assert.equal(125, code)
+    assert.matches("--network wants all or none", err, 1, true)
+  end)
+
   it("exposes a port of the box on the host's loopback, only when asked", function()
     local r = run(sb, "mkdir -p /srv && echo from-the-box > /srv/index.html && httpd -p 127.0.0.1:8000 -h /srv && echo up")
     assert.equal("up\n", r.stdout)
