@@ -126,7 +126,11 @@ function Store:ensure(key, build, info)
   self.building[key] = waiting
   local tmp, err = self:tmp()
   local ok
-  if tmp then ok, err = build(tmp) end
+  if tmp then
+    -- a build that raises must still wake its waiters and free the key
+    local pok, res, rerr = pcall(build, tmp)
+    if pok then ok, err = res, rerr else ok, err = nil, "internal error: " .. tostring(res) end
+  end
   if ok then
     layer, err = self:commit(tmp, key, info)
   else

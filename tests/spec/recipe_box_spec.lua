@@ -141,6 +141,33 @@ describe("recipes in sandboxes", function()
     for _, s in ipairs({ a, b, c2, other }) do kill(s.id) end
   end)
 
+  it("runs one setup for creates of one recipe at the same time", function()
+    local src = [[
+      return recipe "together" { setup = function(box)
+        box:run("cat /proc/sys/kernel/random/uuid > /built; sleep 0.5")
+      end }]]
+    local async = require("tupper.async")
+    local results = {}
+    helper.sync(function()
+      local left = 2
+      async.wait(function(cb)
+        for i = 1, 2 do
+          async.spawn(function()
+            results[i] = c:call("sandbox.create", { recipe = { name = "t.lua", source = src } })
+            left = left - 1
+            if left == 0 then cb() end
+          end)
+        end
+      end)
+    end)
+    local a, b = assert(results[1]), assert(results[2])
+    assert.are.equal(a.recipe.layer, b.recipe.layer)
+    assert.are_not.equal(a.recipe.cached, b.recipe.cached) -- one built it, one waited for it
+    assert.are.equal((sh(a.id, "cat /built")), (sh(b.id, "cat /built")))
+    kill(a.id)
+    kill(b.id)
+  end)
+
   it("fails a create whose setup fails, with file:line and the stderr tail", function()
     local _, err = create([[
       return recipe "broken" {
