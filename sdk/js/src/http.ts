@@ -34,6 +34,8 @@ import { Sandbox, type SandboxInfo, type SandboxLimits, type SandboxOpts, type S
 
 /** Where the server listens unless told: loopback only. */
 export const DEFAULT_LISTEN = '127.0.0.1:8787';
+/** How long a create naming an image may take: a first use pulls it. */
+const IMAGE_CREATE_TIMEOUT_MS = 30 * 60_000;
 /** Shortest bearer token accepted. */
 export const MIN_TOKEN_LENGTH = 16;
 
@@ -629,6 +631,10 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     if (b.timeoutMs !== undefined) o.timeoutMs = nonNegInt(b.timeoutMs, 'timeoutMs');
     if (b.limits !== undefined) o.limits = limitsValue(b.limits);
     if (b.cwd !== undefined) o.cwd = checkPath(b.cwd, 'cwd');
+    // a create naming an image may pull it first (minutes): its connection
+    // waits longer, and is let go after; later calls use a normal one
+    const pulling = o.image !== undefined && opts.requestTimeoutMs === undefined;
+    if (pulling) o.requestTimeoutMs = IMAGE_CREATE_TIMEOUT_MS;
     let s: Sandbox;
     try {
       s = await Sandbox.create(o);
@@ -638,8 +644,10 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
       if (e instanceof SandboxError && e.code === ErrorCode.Sandbox) throw new HttpError(422, e.name, e.message);
       throw e;
     }
-    boxes.set(s.sandboxId, Promise.resolve(s));
-    sendJson(c.res, 201, await s.getInfo());
+    const info = await s.getInfo();
+    if (pulling) dropConnection(s);
+    else boxes.set(s.sandboxId, Promise.resolve(s));
+    sendJson(c.res, 201, info);
   });
 
   route('GET', '/sandboxes', async (c) => {

@@ -49,6 +49,9 @@ type ToolResult = {
   isError?: boolean;
 };
 
+/** How long a create naming an image may take: a first use pulls it. */
+const IMAGE_CREATE_TIMEOUT_MS = 30 * 60_000;
+
 type Shape = Record<string, z.ZodTypeAny>;
 
 /**
@@ -173,6 +176,12 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
         'Creates a new isolated Linux sandbox (its own filesystem, processes and network namespace) and returns its id. ' +
         'It lives timeoutMs (default 300000 = 5 minutes; 0 = until killed or the session ends).',
       inputSchema: {
+        image: z
+          .string()
+          .min(1)
+          .max(512)
+          .optional()
+          .describe('The image, e.g. "default" (busybox, the default) or a registry reference such as "python:3.12-slim" (pulled on first use, which may take minutes).'),
         envs: stringMap.optional().describe('Environment variables of every command in the sandbox.'),
         metadata: stringMap.optional().describe('Free-form labels, returned by sandbox_list.'),
         timeoutMs: z
@@ -186,7 +195,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
         cpus: z.number().positive().max(1024).optional().describe('CPU quota in cores, e.g. 0.5.'),
       },
     },
-    ({ envs, metadata, timeoutMs, memory, cpus }) =>
+    ({ image, envs, metadata, timeoutMs, memory, cpus }) =>
       guarded(async () => {
         if (boxes.size >= maxSandboxes) {
           throw new InvalidArgumentError(`this session already has ${boxes.size} sandboxes (at most ${maxSandboxes}); kill one first`);
@@ -195,10 +204,12 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
         if (memory !== undefined) limits.memory = memory;
         if (cpus !== undefined) limits.cpus = cpus;
         const params: Record<string, unknown> = { limits, kill_on_disconnect: true };
+        if (image !== undefined) params.image = image;
         if (envs !== undefined) params.env = envs;
         if (metadata !== undefined) params.metadata = metadata;
         const c = await sessionConn();
-        const r = await c.call<{ id: string }>('sandbox.create', params);
+        // an image not pulled yet is pulled by this create: give it time
+        const r = await c.call<{ id: string }>('sandbox.create', params, image !== undefined ? { timeoutMs: IMAGE_CREATE_TIMEOUT_MS } : {});
         let sbx: Sandbox;
         try {
           sbx = await Sandbox.connect(r.id, conn);

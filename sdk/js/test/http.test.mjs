@@ -104,7 +104,7 @@ test('openapi.json documents every route, and only those; it is served', async (
 });
 
 test('sandboxes: create, get, list with filters, timeout, metrics, kill', async () => {
-  const r = await post('/sandboxes', { metadata: { who: 'crud' }, envs: { A: 'b' }, timeoutMs: 60000, limits: { pids: 64 } });
+  const r = await post('/sandboxes', { image: 'default', metadata: { who: 'crud' }, envs: { A: 'b' }, timeoutMs: 60000, limits: { pids: 64 } });
   assert.equal(r.status, 201);
   const info = await r.json();
   assert.match(info.sandboxId, /^[A-Za-z0-9]/);

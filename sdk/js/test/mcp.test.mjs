@@ -70,7 +70,7 @@ test('the tools are listed with descriptions and input schemas', async () => {
 });
 
 test('create, run, write, read, list, kill', async () => {
-  const created = await call('sandbox_create', { metadata: { via: 'mcp' }, timeoutMs: 120000 });
+  const created = await call('sandbox_create', { image: 'default', metadata: { via: 'mcp' }, timeoutMs: 120000 });
   assert.ok(!created.isError, created.content[0].text);
   const { sandboxId } = json(created);
   assert.deepEqual(created.structuredContent.sandboxId, sandboxId);
@@ -128,6 +128,9 @@ test('a failing command is a tool error carrying its output and exit code', asyn
   assert.match(f.structuredContent.error, /killed: it wrote more than \d+ characters/);
   assert.equal(f.structuredContent.truncated, true);
   assert.ok(f.structuredContent.stdout.length < 200_000);
+  const noImage = await call('sandbox_create', { image: '/not a reference/' });
+  assert.equal(noImage.isError, true);
+  assert.match(noImage.content[0].text, /image|reference/i);
   const missing = await call('read_file', { sandboxId, path: '/no/such/file' });
   assert.equal(missing.isError, true);
   assert.match(missing.content[0].text, /NotFoundError.*ENOENT/);
