@@ -206,6 +206,22 @@ function Daemon:_recipe_params(p)
   return q, loaded
 end
 
+--- Every connection the rules allow is then put to the on_connect hooks
+-- of the policies binding the sandbox (the daemon's, then its own): any
+-- that does not return true refuses it, with its reason.
+function Daemon:_hook_connect(sb)
+  if not sb.net then return end
+  sb.net.on_connect = function(host, port, addr)
+    for _, pol in ipairs(guard.policies_of(self, sb)) do
+      if pol.on_connect then
+        local ok, err = require("tupper.policy").check_connect(pol, host, port, addr)
+        if not ok then return false, err end
+      end
+    end
+    return true
+  end
+end
+
 --- The `network` values of the policies binding a sandbox: the daemon's,
 -- then the sandbox's own (pol).
 function Daemon:policy_networks(pol)
@@ -315,6 +331,7 @@ function Daemon:create_sandbox(p)
   apply_image(sb, img or (plan and plan.image), p)
   sb.metadata = p.metadata or {}
   sb.policy, sb.policy_source = p._policy, p._policy_source
+  self:_hook_connect(sb)
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
   self.sandboxes[sb.id] = sb
@@ -620,6 +637,7 @@ function Daemon:_recover()
       if sb then
         self.sandboxes[id] = sb
         if pol then sb.policy, sb.policy_source = pol, rec.policy end
+        self:_hook_connect(sb)
         if rec.network ~= nil then
           local nok, nerr = sb:set_network(rec.network, self:policy_networks(sb.policy))
           if not nok then log("sandbox %s: network rules not restored: %s", id, tostring(nerr)) end

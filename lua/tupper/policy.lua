@@ -18,10 +18,10 @@ local vm = require("tupper.vm")
 local M = {}
 
 M.FILENAME = "tupper.lua"
-M.FIELDS = { "max", "network", "on_create", "on_exec", "on_file" }
+M.FIELDS = { "max", "network", "on_create", "on_exec", "on_file", "on_connect" }
 M.FILE_OPS = { "read", "write", "list", "stat", "mkdir", "remove", "rename" }
 
-local HOOKS = { on_create = true, on_exec = true, on_file = true }
+local HOOKS = { on_create = true, on_exec = true, on_file = true, on_connect = true }
 
 local function constructor(seen, chunkname)
   return function(body)
@@ -208,6 +208,18 @@ end
 
 --- Runs on_file(op, path) for a file operation (one of M.FILE_OPS): true
 -- allows; anything else refuses.  Returns true, or nil, err.
+--- Runs on_connect(host, port, addr) for a connection the network rules
+-- allowed (host: the name the box asked for, or the address; addr: the
+-- address the daemon will connect to).  true allows; anything else
+-- refuses.  Returns true or nil, err.  Without a hook, it passes.
+function M.check_connect(pol, host, port, addr)
+  if not pol.on_connect then return true end
+  local ok, verdict, why = call_hook(pol, "on_connect", host, port, addr)
+  if not ok then return nil, verdict end
+  if verdict == true then return true end
+  return reason_of(pol, "on_connect", why)
+end
+
 function M.check_file(pol, op, path)
   if not pol.on_file then return true end
   local ok, verdict, why = call_hook(pol, "on_file", op, path)

@@ -309,6 +309,35 @@ for _ in range(2):
     assert.matches("deny +http +denied%.test:" .. hp, out)
   end)
 
+  it("is narrowed by the sandbox's policy file: its rules and its on_connect hook", function()
+    local src = [[
+return policy {
+  network = { allow = { "allowed.test", "tls.test", "127.0.0.0/8" } },
+  on_connect = function(host, port, addr)
+    if host == "allowed.test" then return true end
+    return false, "only allowed.test, not " .. host .. " (" .. addr .. ")"
+  end,
+}]]
+    local r, err = h.call(c, "sandbox.create", { policy = { source = src, name = "p.lua" },
+      network = { allow = { "allowed.test", "tls.test", "denied.test", "127.0.0.1/32:" .. hp } } })
+    assert(r, err and err.message)
+    local out = run(r.id, "wget -q -O- http://allowed.test:" .. hp .. "/index.html")
+    assert.equal("hello-net\n", out.stdout)
+    out = run(r.id, "wget -q -O- http://tls.test:" .. hp .. "/index.html")
+    assert.matches("403 Forbidden", out.stderr)
+    assert.truthy(logged(r.id, "deny http tls%.test policy p%.lua: on_connect refused: only allowed%.test, not tls%.test %(127%.0%.0%.1%)"))
+    out = run(r.id, "wget -q -O- http://denied.test:" .. hp .. "/index.html")
+    assert.matches("403 Forbidden", out.stderr)
+    assert.truthy(logged(r.id, "deny http denied%.test no rule allows denied%.test"))
+    -- the policy's rules narrow updates too; "all" is refused under them
+    local _, uerr = h.call(c, "sandbox.update_network", { id = r.id, network = "all" })
+    assert.matches('"all" is refused by the policy', uerr.message, 1, true)
+    h.call(c, "sandbox.kill", { id = r.id })
+    local _, cerr = h.call(c, "sandbox.create", { policy = { source = "return policy { network = 'none' }", name = "n.lua" },
+      network = { allow = { "allowed.test" } } })
+    assert.matches("the policy allows no network", cerr.message, 1, true)
+  end)
+
   it("takes rules from the CLI: run --allow/--deny, --network", function()
     local code, out, err = h.cli({ "--socket", d.socket, "run", "--allow", "allowed.test", "--allow",
       "127.0.0.1/32:" .. hp, "--deny", "denied.test", "--", "sh", "-c",
