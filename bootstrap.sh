@@ -11,6 +11,9 @@ lua-cjson lua-cjson-dev busybox-static libseccomp-dev e2fsprogs libedit-dev"
 # the registry client (tupper pull): libcurl, and libcrypto for SHA-256
 pkgs="$pkgs libcurl4-openssl-dev libssl-dev"
 pkgs="$pkgs libarchive-dev" # the image store: layer tars (gzip, zstd)
+# microvm backend: QEMU's microvm machine runs the VMs; the guest kernel is
+# fetched with apt-get download and unpacked with dpkg-deb (docs/microvm.md)
+pkgs="$pkgs qemu-system-x86"
 case "$what" in
   test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux"
     # image pull specs: a real registry, skopeo to push to it, htpasswd (bcrypt), openssl (a test CA)

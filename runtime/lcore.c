@@ -28,6 +28,7 @@
 #include "frame.h"
 #include "ledit.h"
 #include "linux.h"
+#include "microvm/microvm.h"
 #include "tupper.h"
 #include "utils.h"
 
@@ -160,6 +161,7 @@ typedef struct tp_lbox_s {
   tp_cgroup_t cg;
   struct tp_lsub_s *subs; /* process trees, each in a sub cgroup */
   char *keep_upper;     /* destroy: move <dir>/upper here before removing dir */
+  int vm;               /* a microVM: pid is QEMU's, cg holds QEMU, not the guest's processes */
 } tp_lbox_t;
 
 /* One process tree of a box: a sub cgroup named after its first pid. */
@@ -364,9 +366,17 @@ typedef struct tp_start_job_s {
   tp_lbox_t *b;
   tp_error_t err;
   int ret;
+  int vm;                /* a microVM (core.vm_start): vm_spec instead of spec */
+  tp_vm_spec_t vm_spec;
+  char **argv;
+  int *pass;
 } tp_start_job_t;
 
 static void tp__job_free(tp_start_job_t *j) {
+  for (char **a = j->argv; a != NULL && *a != NULL; a++)
+    free(*a);
+  free(j->argv);
+  free(j->pass);
   free(j->id);
   for (int i = 0; j->layers[i] != NULL; i++)
     free(j->layers[i]);
@@ -403,8 +413,13 @@ static void tp__start_work(uv_work_t *req) {
     j->procs_list[n] = NULL;
     j->spec.cgroup_procs = j->procs_list;
   }
-  j->ret = tp_linux_box_start(&j->spec, &b->box, &j->err);
-  if (j->ret == 0) {
+  if (j->vm) {
+    j->vm_spec.cgroup_procs = j->spec.cgroup_procs;
+    j->ret = tp_microvm_start(&j->vm_spec, &b->box, &j->err);
+  } else {
+    j->ret = tp_linux_box_start(&j->spec, &b->box, &j->err);
+  }
+  if (j->ret == 0 && !j->vm) {
     /* the OOM killer should take a process of the box, never its agent;
      * without CAP_SYS_RESOURCE (EACCES) the agent, being tiny, is rarely
      * its pick anyway */
@@ -583,6 +598,148 @@ static int tp_lcore_box_start(lua_State *L) {
     tp__job_free(j);
     lua_pushnil(L);
     lua_pushfstring(L, "start box: %s", uv_strerror(r));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.vm_start({ id=, dir=, argv = { "/usr/bin/qemu-system-x86_64", ... }, fds = { fd, ... },
+ *                 uid=, gid=, cgroup=, console_fd=,
+ *                 limits = { memory=, pids=, cpu_quota=, cpu_period= } }, cb(box | nil, msg, code))
+ * Starts a microVM's QEMU in the thread pool (backends/microvm/microvm.h):
+ * with cgroups, in tupper/<cgroup> carrying the limits; as uid:gid; fds
+ * become QEMU's fds 4, 5, ... (the caller closes its own once cb ran); a
+ * socketpair at its fd 3 becomes the box's channel.  The
+ * box behaves as box_start's, and destroy kills QEMU and removes dir. */
+static int tp_lcore_vm_start(lua_State *L) {
+  tp_core_ctx_t *ctx = tp__ctx(L);
+  tp_error_t err = {0};
+  tp_cgroup_limits_t lim = {0};
+  tp_start_job_t *j;
+  lua_Integer uid, gid, console_fd, argc, nfds;
+  int r;
+
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_getfield(L, 1, "id");
+  if (!tp_cgroup_valid_name(luaL_checkstring(L, -1)))
+    return luaL_error(L, "vm_start: bad id");
+  lua_getfield(L, 1, "dir");
+  luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "cgroup");
+  luaL_optstring(L, -1, NULL);
+  lua_getfield(L, 1, "uid");
+  uid = luaL_checkinteger(L, -1);
+  lua_getfield(L, 1, "gid");
+  gid = luaL_optinteger(L, -1, uid);
+  lua_getfield(L, 1, "console_fd");
+  console_fd = luaL_optinteger(L, -1, -1);
+  if (uid <= 0 || uid > 0x7fffffff || gid <= 0 || gid > 0x7fffffff)
+    return luaL_error(L, "vm_start: QEMU must run as an unprivileged uid and gid");
+  if (console_fd < -1 || console_fd > 0x7fffffff)
+    return luaL_error(L, "vm_start: bad console_fd");
+  lua_getfield(L, 1, "fds");
+  luaL_checktype(L, -1, LUA_TTABLE);
+  nfds = (lua_Integer) luaL_len(L, -1);
+  if (nfds > 64)
+    return luaL_error(L, "vm_start: at most 64 fds");
+  for (lua_Integer i = 1; i <= nfds; i++) {
+    lua_rawgeti(L, -1, i);
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 || lua_tointeger(L, -1) > 0x7fffffff)
+      return luaL_error(L, "vm_start: fds[%d] is not a file descriptor", (int) i);
+    lua_pop(L, 1);
+  }
+  lua_getfield(L, 1, "argv");
+  luaL_checktype(L, -1, LUA_TTABLE);
+  argc = (lua_Integer) luaL_len(L, -1);
+  if (argc < 1 || argc > 512)
+    return luaL_error(L, "vm_start: argv must have 1 to 512 items");
+  for (lua_Integer i = 1; i <= argc; i++) {
+    lua_rawgeti(L, -1, i);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      return luaL_error(L, "vm_start: argv[%d] is not a string", (int) i);
+    lua_pop(L, 1);
+  }
+  lua_settop(L, 2);
+  if (lua_getfield(L, 1, "limits") == LUA_TTABLE) {
+    int t = lua_gettop(L);
+    lim.memory = tp__opt_int(L, t, "memory");
+    lim.pids = tp__opt_int(L, t, "pids");
+    lim.cpu_quota = tp__opt_int(L, t, "cpu_quota");
+    lim.cpu_period = tp__opt_int(L, t, "cpu_period");
+  }
+  lua_settop(L, 2);
+
+  j = calloc(1, sizeof(*j));
+  if (j == NULL)
+    return luaL_error(L, "out of memory");
+  j->argv = calloc((size_t) argc + 1, sizeof(char *));
+  j->pass = calloc((size_t) nfds + 1, sizeof(int));
+  j->vm = 1;
+  j->id = tp__field_dup(L, "id", 1);
+  j->dir = tp__field_dup(L, "dir", 1);
+  j->cgname = tp__field_dup(L, "cgroup", 0);
+  if (j->cgname == NULL && j->id != NULL)
+    j->cgname = strdup(j->id);
+  j->b = calloc(1, sizeof(*j->b));
+  int oom = j->argv == NULL || j->pass == NULL || j->id == NULL || j->dir == NULL ||
+            j->cgname == NULL || j->b == NULL;
+  if (!oom) {
+    lua_getfield(L, 1, "fds");
+    for (lua_Integer i = 1; i <= nfds; i++) {
+      lua_rawgeti(L, -1, i);
+      j->pass[i - 1] = (int) lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+    lua_settop(L, 2);
+  }
+  if (!oom) {
+    lua_getfield(L, 1, "argv");
+    for (lua_Integer i = 1; i <= argc && !oom; i++) {
+      lua_rawgeti(L, -1, i);
+      j->argv[i - 1] = strdup(lua_tostring(L, -1));
+      oom = j->argv[i - 1] == NULL;
+      lua_pop(L, 1);
+    }
+    lua_settop(L, 2);
+  }
+  if (oom || (j->b->dir = strdup(j->dir)) == NULL ||
+      (j->b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
+    if (j->b != NULL) {
+      free(j->b->dir);
+      free(j->b);
+    }
+    tp__job_free(j);
+    tp_error_set(&err, ENOMEM, "start VM: out of memory");
+    return tp__push_err(L, &err);
+  }
+  j->b->ref_frame = j->b->ref_down = j->b->ref_destroy = LUA_NOREF;
+  j->b->box.pidfd = j->b->box.chan_fd = -1;
+  j->b->vm = 1;
+  j->ctx = ctx;
+  j->lim = lim;
+  j->vm_spec.argv = (const char *const *) j->argv;
+  j->vm_spec.pass_fds = j->pass;
+  j->vm_spec.npass = (int) nfds;
+  j->vm_spec.uid = (uid_t) uid;
+  j->vm_spec.gid = (gid_t) gid;
+  j->vm_spec.console_fd = (int) console_fd;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  j->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  lua_pushvalue(L, 2);
+  j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
+  j->work.data = j;
+  r = uv_queue_work(luv_loop(L), &j->work, tp__start_work, tp__start_after);
+  if (r < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+    free(j->b->fields);
+    free(j->b->dir);
+    free(j->b);
+    tp__job_free(j);
+    lua_pushnil(L);
+    lua_pushfstring(L, "start VM: %s", uv_strerror(r));
     return 2;
   }
   lua_pushboolean(L, 1);
@@ -976,6 +1133,13 @@ static int tp_lbox_has_cgroup(lua_State *L) {
   return 1;
 }
 
+/* box:is_vm(): a microVM, whose cgroup holds QEMU (freeze and stats apply to
+ * the whole VM; process trees live in the guest's kernel). */
+static int tp_lbox_is_vm(lua_State *L) {
+  lua_pushboolean(L, tp__check_box(L)->vm);
+  return 1;
+}
+
 static int tp_lbox_pid(lua_State *L) {
   lua_pushinteger(L, tp__check_box(L)->box.pid);
   return 1;
@@ -1151,6 +1315,13 @@ static int tp_lcore_sha256(lua_State *L) {
   for (int i = 0; i < 32; i++)
     snprintf(hex + 2 * i, 3, "%02x", d[i]);
   lua_pushlstring(L, hex, 64);
+  return 1;
+}
+
+/* core.agent_binary() -> the embedded static agent, as a string (the
+ * microVM initramfs's /init) */
+static int tp_lcore_agent_binary(lua_State *L) {
+  lua_pushlstring(L, (const char *) tp_blob_agent_start, TP_BLOB_SIZE(agent));
   return 1;
 }
 
@@ -1339,9 +1510,10 @@ int luaopen_tupper_core(lua_State *L) {
       {"queued", tp_lbox_queued}, {"destroy", tp_lbox_destroy}, {"freeze", tp_lbox_freeze},
       {"stats", tp_lbox_stats}, {"tree", tp_lbox_tree}, {"tree_signal", tp_lbox_tree_signal},
       {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
-      {"has_cgroup", tp_lbox_has_cgroup}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
+      {"has_cgroup", tp_lbox_has_cgroup}, {"is_vm", tp_lbox_is_vm}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
   static const luaL_Reg funcs[] = {
       {"box_start", tp_lcore_box_start},   {"box_adopt", tp_lcore_box_adopt},
+      {"vm_start", tp_lcore_vm_start},     {"agent_binary", tp_lcore_agent_binary},
       {"b64encode", tp_lcore_b64encode},
       {"b64decode", tp_lcore_b64decode},   {"default_image", tp_lcore_default_image},
       {"sha256", tp_lcore_sha256},
@@ -1368,7 +1540,8 @@ int luaopen_tupper_core(lua_State *L) {
       {"NET_CLOSE", TP_MSG_NET_CLOSE}, {"NET_DNS", TP_MSG_NET_DNS},
       {"NET_CONNECT", TP_MSG_NET_CONNECT},
       {"PTY_RESIZE", TP_MSG_PTY_RESIZE}, {"WATCH_ADD", TP_MSG_WATCH_ADD},
-      {"WATCH_REMOVE", TP_MSG_WATCH_REMOVE}, {"WATCH_EVENT", TP_MSG_WATCH_EVENT}};
+      {"WATCH_REMOVE", TP_MSG_WATCH_REMOVE}, {"WATCH_EVENT", TP_MSG_WATCH_EVENT},
+      {"VM_INIT", TP_MSG_VM_INIT}};
 
   if (luaL_newmetatable(L, TP_BOX_MT)) {
     luaL_newlib(L, box_methods);

@@ -2,6 +2,8 @@
  * detaching from a lost daemon and re-attaching to the next one.
  *
  * Usage: tupper-agent [--fd N] [--grace SECONDS]
+ *   As /init of a microVM guest (pid 1, no fd 3) it takes no arguments and
+ *   sets the guest up first (agent_vm.c).
  *   --fd     the channel (default fd 3)
  *   --grace  how long to wait for a new daemon once the channel is lost
  *            (default 60), when fd TP_AGENT_LISTEN_FD is a listening socket
@@ -159,6 +161,7 @@ static agent_handler_t handler_for(uint8_t type) {
   case TP_MSG_PTY_RESIZE: return agent_proc_pty_resize;
   case TP_MSG_WATCH_ADD: return agent_watch_add;
   case TP_MSG_WATCH_REMOVE: return agent_watch_remove;
+  case TP_MSG_VM_INIT: return agent_vm_init;
   default: return NULL; /* agent -> host types */
   }
 }
@@ -503,6 +506,16 @@ int main(int argc, char **argv) {
   long chan = AGENT_CHAN_FD, grace = AGENT_GRACE_DEFAULT_S;
   int rc;
 
+  if (agent_vm_detect()) { /* /init of a microVM guest: the kernel's arguments are not ours */
+    tp_error_clear(&err);
+    if (agent_vm_setup(&rc, &err) < 0) {
+      agent_log("guest set-up: %s", err.msg);
+      agent_vm_poweroff();
+      return 1;
+    }
+    chan = rc;
+    argc = 1;
+  }
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--fd") == 0 && i + 1 < argc) {
       if (parse_num("--fd", argv[++i], INT_MAX, &chan) < 0)
@@ -525,5 +538,7 @@ int main(int argc, char **argv) {
    * namespace our exit kills the rest anyway). */
   agent_proc_kill_all(&agent);
   agent_watch_clear(&agent);
+  if (agent_vm_guest) /* PID 1 of the guest must not exit: power off instead */
+    agent_vm_poweroff();
   return rc < 0 ? 1 : 0;
 }

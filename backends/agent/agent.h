@@ -207,6 +207,16 @@ void agent_net_poll_handle(agent_t *a, int first, int n);
 /* The channel is gone: every stream ends (the listeners stay). */
 void agent_net_detach(agent_t *a);
 
+/* agent_vm.c: PID 1 of a microVM guest (see the file's header). */
+extern int agent_vm_guest;        /* set by agent_vm_setup */
+/* 1 when started by a guest kernel as /init: pid 1 and no channel at fd 3. */
+int agent_vm_detect(void);
+/* Mounts, modules, the root switch; *chan = the agent's virtio-serial port. */
+int agent_vm_setup(int *chan, tp_error_t *err);
+/* Syncs and powers the VM off (does not return on success). */
+void agent_vm_poweroff(void);
+int agent_vm_init(agent_t *a, const agent_req_t *r, tp_error_t *err);
+
 /* agent_fs.c */
 int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_write(agent_t *a, const agent_req_t *r, tp_error_t *err);

@@ -115,6 +115,7 @@ int tp_msg_type_valid(unsigned type) {
   case TP_MSG_NET_LISTEN: case TP_MSG_NET_OPEN: case TP_MSG_NET_DATA: case TP_MSG_NET_ACK:
   case TP_MSG_NET_EOF: case TP_MSG_NET_CLOSE: case TP_MSG_NET_DNS: case TP_MSG_NET_CONNECT:
   case TP_MSG_PTY_RESIZE: case TP_MSG_WATCH_ADD: case TP_MSG_WATCH_REMOVE: case TP_MSG_WATCH_EVENT:
+  case TP_MSG_VM_INIT:
     return 1;
   default:
     return 0;

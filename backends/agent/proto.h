@@ -73,6 +73,10 @@ enum tp_msg_type {
   TP_MSG_NET_CLOSE = 65,   /* SID ERRNO?: the stream is gone (either side; no reply) */
   TP_MSG_NET_DNS = 66,     /* SID DATA: a DNS query (agent -> host) or its answer */
   TP_MSG_NET_CONNECT = 67, /* host -> agent: SID PORT: connect to 127.0.0.1:PORT in the box */
+  /* microvm (types 70-79): the guest of a microVM (backend "microvm") */
+  TP_MSG_VM_INIT = 70,     /* NAME (hostname) MTIME (host clock, ns since the epoch) DATA? (up to
+                              256 bytes of entropy) -> OK; sent after READY, on a cold boot and
+                              on a start from a snapshot; ERR EOPNOTSUPP outside a VM */
 };
 
 enum tp_tag {

@@ -61,6 +61,8 @@ options of run, create and exec:
   -w, --workdir DIR     working directory (run, exec; create: the default)
   --image NAME          image (run, create; default: the embedded 'default');
                         run with no CMD runs the image's Entrypoint + Cmd
+  --backend NAME        linux (namespaces, the default) or microvm (a VM with
+                        its own kernel, docs/microvm.md) (run, create)
   --metadata K=V        attach metadata (run, create; repeatable)
   --rm                  remove the sandbox after run (the default)
   --memory SIZE         memory limit, e.g. 256M (run, create)
@@ -118,6 +120,7 @@ local function parse_opts(args, i, allowed)
     elseif a == "--metadata" then kv(o.metadata, value())
     elseif a == "-w" or a == "--workdir" then o.workdir = value()
     elseif a == "--image" then o.image = value()
+    elseif a == "--backend" then o.backend = value()
     elseif a == "--rm" then o.rm = true
     elseif a == "--memory" or a == "--disk" then o.limits[a:sub(3)] = value()
     elseif a == "--cpus" then
@@ -153,7 +156,7 @@ local function parse_opts(args, i, allowed)
 end
 
 local LIMIT_OPTS = { "--memory", "--cpus", "--pids", "--disk", "--timeout", "--policy", "--no-policy",
-  "--allow", "--deny", "--network" }
+  "--allow", "--deny", "--network", "--backend" }
 local RUN_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
   ["--workdir"] = 1, ["--image"] = 1, ["--metadata"] = 1, ["--rm"] = 1 }
 local CREATE_OPTS = { ["-e"] = 1, ["--env"] = 1, ["--image"] = 1, ["--metadata"] = 1,
@@ -327,7 +330,7 @@ function verbs.run(c, args)
   if serr then return die("%s", serr) end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, limits = o.limits, kill_on_disconnect = true,
-    policy = pol, recipe = spec, network = o.network })
+    policy = pol, recipe = spec, network = o.network, backend = o.backend })
   if not sb then return die("%s", errmsg(err)) end
   if image_cmd then
     -- no command: the image's own (Entrypoint + Cmd), as docker run does
@@ -353,7 +356,7 @@ function verbs.create(c, args)
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir,
     limits = next(o.limits) and o.limits or nil, policy = policy_param(o), recipe = spec,
-    network = o.network })
+    network = o.network, backend = o.backend })
   if not sb then return die("%s", errmsg(err)) end
   print(sb.id)
   return 0

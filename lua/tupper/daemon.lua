@@ -69,11 +69,13 @@ end
 
 -- Starts a box with limits lim (may be empty) on read-only layers (lowest
 -- first; default: the default image); image names it, image_digest is its
--- manifest's (what the image store keeps while the box lives).
-function Daemon:_start_box(id, lim, layers, image, image_digest)
+-- manifest's (what the image store keeps while the box lives); backend is
+-- "linux" (nil) or "microvm".
+function Daemon:_start_box(id, lim, layers, image, image_digest, backend)
   self.reserved[id] = true
   layers = layers or { self.default_image }
   local sb, err = sandbox.start({
+    backend = backend, state_dir = self.state,
     id = id, image = image or "default", image_digest = image_digest,
     layers = layers or { self.default_image }, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = M.ID_COUNT, cgroup = self.tag .. "-" .. id,
@@ -197,6 +199,7 @@ function Daemon:_recipe_params(p)
   for k, v in pairs(p.env or {}) do env[k] = v end
   q.env = next(env) and env or nil
   q.cwd = p.cwd or r.workdir
+  q.backend = p.backend or r.backend
   local lim = {}
   for k, v in pairs(r.limits or {}) do lim[k] = v end
   for k, v in pairs(p.limits or {}) do lim[k] = v end
@@ -293,16 +296,23 @@ function Daemon:create_sandbox(p)
   for _ in pairs(self.sandboxes) do count = count + 1 end
   if count >= M.MAX_SANDBOXES then return nil, "too many sandboxes" end
   local lim = p.limits or {}
+  local backend = p.backend or "linux"
+  if backend == "microvm" and lim.pids then
+    return nil, "the 'pids' limit is not enforced by the microvm backend yet"
+  end
   local sb, err
   local layers = plan and plan.layers or (img and img.layers)
+  if backend == "microvm" and layers and not (#layers == 1 and layers[1] == self.default_image) then
+    return nil, "the microvm backend runs only the default image yet (docs/microvm.md)"
+  end
   local pooled_ok = not lim.disk and (not layers or (#layers == 1 and layers[1] == self.default_image))
-  if pooled_ok then
+  if pooled_ok and backend == "linux" then
     sb, err = self:_take_pooled(lim)
     if err then return nil, err end
   end
   if not sb then
     sb, err = self:_start_box(self:_new_id(), lim, layers, img and img.ref or image,
-                              (plan and plan.image.digest) or (img and img.digest))
+                              (plan and plan.image.digest) or (img and img.digest), backend)
     if not sb then
       log("create failed: %s", err)
       return nil, err
@@ -620,7 +630,9 @@ function Daemon:_recover()
         pol, err = guard.load_client_policy(rec.policy)
         if not pol then rec = nil end
       end
-      if type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
+      if type(rec) == "table" and rec.backend == "microvm" then
+        err = "a microVM's QEMU dies with its daemon: nothing to re-adopt"
+      elseif type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
         sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers,
           image_digest = rec.image_digest, user = rec.user, dir = self.boxes .. "/" .. id,
           pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,

@@ -16,7 +16,7 @@ local vm = require("tupper.vm")
 local M = {}
 
 --- The fields of a recipe, in the order messages list them.
-M.FIELDS = { "name", "image", "limits", "network", "env", "workdir", "user", "files", "setup" }
+M.FIELDS = { "name", "image", "backend", "limits", "network", "env", "workdir", "user", "files", "setup" }
 
 local MAX_FILES, MAX_FILE_CONTENT = 1024, 1024 * 1024
 local NAME_PATTERN = "^[%w][%w._-]*$"
@@ -134,6 +134,7 @@ local CHECKS = {
     end
     return check_string("image", v, 1, 256)
   end,
+  backend = function(v) return schema_check("backend", schema.BACKEND, v) end,
   limits = function(v) return schema_check("limits", schema.LIMITS, v) end,
   network = function(v) return M.check_network("network", v) end,
   env = function(v) return schema_check("env", schema.MAP, v) end,
@@ -211,7 +212,7 @@ end
 --- The sandbox.create parameters a recipe stands for (setup and files are
 -- the caller's to run and write after the box starts).
 function M.create_params(r)
-  return { image = r.image, env = r.env, cwd = r.workdir, limits = r.limits,
+  return { image = r.image, backend = r.backend, env = r.env, cwd = r.workdir, limits = r.limits,
            network = r.network ~= "none" and r.network or nil }
 end
 

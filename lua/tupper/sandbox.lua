@@ -11,6 +11,7 @@ local MSG = core.MSG
 local M = {}
 
 M.READY_TIMEOUT_MS = 10000
+M.VM_READY_TIMEOUT_MS = 90000 -- a cold boot under TCG emulation takes seconds
 M.REQUEST_TIMEOUT_MS = 120000
 M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 -- TP_WE_* of proto.h, by number
@@ -39,13 +40,15 @@ local function attach(box, opts, adopting)
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
     cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, watches = {}, hooks = opts,
     limits = opts.limits_info, pid = box:pid(), adopting = adopting, cred = opts.cred, recipe = opts.recipe,
+    backend = opts.backend or "linux", vm = box.vm or nil,
   }, Sandbox)
   box:on(function(t, id, f) self:_frame(t, id, f) end,
          function(reason) self:_down(reason) end)
   local ok, why = async.wait(function(cb)
     self._ready = cb
     self._ready_timer = uv.new_timer()
-    self._ready_timer:start(M.READY_TIMEOUT_MS, 0, function() cb(false, "agent did not start in time") end)
+    self._ready_timer:start(self.vm and M.VM_READY_TIMEOUT_MS or M.READY_TIMEOUT_MS, 0,
+                            function() cb(false, "agent did not start in time") end)
   end)
   self._ready = nil
   if self._ready_timer then self._ready_timer:close(); self._ready_timer = nil end
@@ -54,6 +57,18 @@ local function attach(box, opts, adopting)
     return nil, "sandbox " .. opts.id .. ": " .. tostring(why)
   end
   self.state = "running"
+  if self.vm then
+    -- the guest's clock, hostname and random pool are its own (and, from a
+    -- snapshot, the snapshot's): the daemon sets them
+    local ent = uv.random(64) or core.random_hex(32)
+    local sec, usec = uv.gettimeofday()
+    local r, ierr = self:request(MSG.VM_INIT, { name = opts.id, data = ent,
+                                                 mtime = sec * 1000000000 + usec * 1000 })
+    if not r then
+      self:destroy()
+      return nil, "sandbox " .. opts.id .. ": set up the VM: " .. tostring(ierr)
+    end
+  end
   -- the network relay: the agent binds its proxy, SOCKS and DNS ports
   -- before any box process runs (docs/network.md).  An agent without it (a
   -- box an older daemon started) keeps working with no network.
@@ -63,11 +78,19 @@ local function attach(box, opts, adopting)
   return self
 end
 
---- Starts a box and waits for its agent.  opts: id, image (name), layers
--- (the image's read-only layer dirs, lowest first), dir, uid_base, id_count, cgroup, limits, env, metadata, cwd, on_exit(sb,
+--- Starts a box and waits for its agent.  opts: backend ("linux", the
+-- default, or "microvm": then state_dir too, and the default image only),
+-- id, image (name), layers (the image's read-only layer dirs, lowest first),
+-- dir, uid_base, id_count, cgroup, limits, env, metadata, cwd, on_exit(sb,
 -- proc), on_output(sb, proc, stream, data), on_down(sb, reason).  Returns the
 -- sandbox or nil, err.
 function M.start(opts)
+  if opts.backend == "microvm" then
+    local box, err = require("tupper.microvm").start({ id = opts.id, dir = opts.dir,
+      state_dir = opts.state_dir, cgroup = opts.cgroup, limits = opts.limits })
+    if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
+    return attach(box, opts)
+  end
   local spec = { id = opts.id, layers = opts.layers, dir = opts.dir,
     uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
     cgroup = opts.cgroup, limits = opts.limits }
@@ -115,6 +138,7 @@ end
 --- What a restarted daemon needs to re-adopt this sandbox.
 function Sandbox:record()
   return { id = self.id, image = self.image, layers = self.layers, image_digest = self.image_digest,
+           backend = self.backend,
            user = self.user, created_at = self.created_at, metadata = self.metadata,
            env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
            timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
@@ -346,7 +370,7 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   for k, v in pairs(env or {}) do merged[k] = v end
   for k, v in pairs(merged) do envl[#envl + 1] = k .. "=" .. v end
   table.sort(envl)
-  local hold = self.box:has_cgroup()
+  local hold = self.box:has_cgroup() and not self.vm -- a VM's processes are in its own kernel
   local fields = { args = argv, env = envl, cwd = cwd or self.cwd,
                    flags = (stdin and 1 or 0) | (hold and 2 or 0) | (x.pty and 4 or 0),
                    uid = cred and cred.uid, gid = cred and cred.gid }
@@ -384,7 +408,7 @@ end
 --- Signals a process: its whole tree where it has a cgroup, else its
 -- process group.  Returns true or nil, msg, errno.
 function Sandbox:signal(proc, sig)
-  if proc.tree and self.box:has_cgroup() then
+  if proc.tree and self.box:has_cgroup() and not self.vm then
     local n, err = self.box:tree_signal(proc.tree, sig)
     if not n then return nil, err, 0 end
     return true
@@ -397,7 +421,7 @@ end
 -- A process ended: its tree's cgroup goes once nothing of the tree is left
 -- (background children keep it until they end or the box is destroyed).
 function Sandbox:_tree_done(proc)
-  if not proc.tree or not self.box:has_cgroup() then return end
+  if not proc.tree or not self.box:has_cgroup() or self.vm then return end
   local n = self.box:tree_count(proc.tree)
   if n == 0 then self.box:tree_remove(proc.tree) end
 end
@@ -445,7 +469,8 @@ end
 function Sandbox:info()
   local n = 0
   for _ in pairs(self.procs) do n = n + 1 end
-  return { id = self.id, image = self.image, state = self.state, created_at = self.created_at,
+  return { id = self.id, image = self.image, backend = self.backend, state = self.state,
+           created_at = self.created_at,
            metadata = self.metadata, processes = n, limits = self.limits or {},
            timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
            recipe = self.recipe,

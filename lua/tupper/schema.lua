@@ -49,6 +49,9 @@ M.RECIPE = RECIPE
 -- "none", "all" or { allow = [rule...], deny = [rule...] } (tupper.netrules)
 local NETWORK = { type = "network" }
 M.NETWORK = NETWORK
+-- where a sandbox runs: namespaces on the host's kernel, or a microVM with
+-- a kernel of its own (docs/microvm.md)
+M.BACKEND = { type = "enum", values = { "linux", "microvm" } }
 M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B
 M.methods = {
   ["hello"] = {
@@ -61,8 +64,9 @@ M.methods = {
     doc = "Creates and starts a sandbox.",
     params = { image = { type = "string", min = 1, max = 256 },
                env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS, network = NETWORK,
-               kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE },
-    result = { "id", "image", "state", "created_at", "metadata", "limits", "timeout" },
+               kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE,
+               backend = M.BACKEND },
+    result = { "id", "image", "backend", "state", "created_at", "metadata", "limits", "timeout" },
   },
   ["recipe.build"] = {
     doc = "Builds a recipe's layer (files and setup) unless cached, and returns what a lockfile of it pins.",
@@ -72,7 +76,7 @@ M.methods = {
   ["sandbox.get"] = {
     doc = "Describes one sandbox.",
     params = { id = ID, required = { "id" } },
-    result = { "id", "image", "state", "created_at", "metadata", "processes", "limits", "timeout" },
+    result = { "id", "image", "backend", "state", "created_at", "metadata", "processes", "limits", "timeout" },
   },
   ["sandbox.pause"] = {
     doc = "Freezes every process of the sandbox (cgroup freezer); its lifetime stands still.",

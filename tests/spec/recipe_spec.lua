@@ -43,6 +43,10 @@ return recipe "python" {
     assert.are.same({ image = "default", env = { PYTHONUNBUFFERED = "1" }, cwd = "/home/user",
       limits = r.limits }, recipe.create_params(r))
   end)
+  it("carries the backend to the create parameters", function()
+    local r = assert(recipe.load_string('return recipe "vm" { backend = "microvm" }', "vm.lua"))
+    assert.are.equal("microvm", recipe.create_params(r).backend)
+  end)
   it("accepts a plain table", function()
     local r = assert(recipe.load_string('return { name = "plain", limits = { memory = 8388608 } }', "p.lua"))
     assert.are.equal(8388608, r.limits.memory)
@@ -64,6 +68,7 @@ return recipe "python" {
       { 'return { image = "default" }', "^x%.lua: 'name' is missing" },
       { 'return 42', "^x%.lua: a recipe file must return" },
       { 'return recipe "x" {\n  image = "default",\n', "^x%.lua:3: .*expected" },
+      { 'return recipe "x" {\n  backend = "xen" }', "^x%.lua:2: 'backend' must be one of: linux, microvm" },
     }
     for _, c in ipairs(cases) do
       local r, err = recipe.load_string(c[1], "x.lua")

@@ -59,6 +59,11 @@ export interface NetworkLogEntry {
 export interface SandboxOpts extends SandboxConnectionOpts {
   /** The image (E2B's template). Only "default", the embedded busybox image, for now. */
   image?: string;
+  /**
+   * Where it runs: 'linux' (the default: namespaces on the host's kernel) or
+   * 'microvm' (a QEMU microVM with its own kernel; same API, see docs/microvm.md).
+   */
+  backend?: 'linux' | 'microvm';
   /** Environment of every command. */
   envs?: Record<string, string>;
   /** Free-form strings, returned by getInfo and list. */
@@ -275,6 +280,7 @@ export class Sandbox {
     if (Object.keys(limits).length > 0) params.limits = limits;
     if (opts.recipe !== undefined) params.recipe = await recipeParam(opts.recipe);
     if (opts.image !== undefined) params.image = opts.image;
+    if (opts.backend !== undefined) params.backend = opts.backend;
     if (opts.envs !== undefined) params.env = opts.envs;
     if (opts.metadata !== undefined) params.metadata = opts.metadata;
     if (opts.cwd !== undefined) params.cwd = opts.cwd;
