@@ -66,6 +66,9 @@ static int tp__tag_repeated(unsigned tag) {
 /* Pushes a table for fields[0..n).  nested: 1 inside an ENTRY.  Returns -1
  * (nothing pushed) for a hostile payload: a duplicated single field, an
  * ENTRY inside an ENTRY, a nested group that does not parse. */
+/* `seen` below holds one bit per tag */
+_Static_assert(TP_TAG_MAX_ <= 64, "tags must fit the uint64_t of tp__push_fields");
+
 static int tp__push_fields(lua_State *L, const tp_field_t *fs, int n, int nested,
                            tp_field_t *scratch, int scratch_max) {
   uint64_t seen = 0;

@@ -36,14 +36,14 @@ typedef struct fz_ctx_s {
   tp_buf_t re;          /* the decoded frame encoded again */
 } fz_ctx_t;
 
-/* lcore.c keeps the tags it has seen in a uint32_t and indexes a table of
+/* lcore.c keeps the tags it has seen in a uint64_t and indexes a table of
  * TP_TAG_MAX_ names with the tag: any tag the parser accepts must fit both. */
 static int fz_tag_repeated(unsigned tag) {
   return tag == TP_TAG_ARG || tag == TP_TAG_ENV || tag == TP_TAG_ENTRY;
 }
 
 static void fz_check_field(const tp_field_t *f, const uint8_t *p, uint32_t len) {
-  FZ_CHECK(f->tag < TP_TAG_MAX_ && f->tag < 32);
+  FZ_CHECK(f->tag < TP_TAG_MAX_ && f->tag < 64);
   FZ_CHECK(f->val >= p && f->len <= len && (size_t) (f->val - p) <= (size_t) (len - f->len));
   switch (tp_tag_kind(f->tag)) {
   case TP_KIND_INT: {
