@@ -140,10 +140,18 @@ function Net:set_rules(rs)
   self.rules = rs
 end
 
+-- What the box sent, fit for the log and for JSON: printable ASCII only,
+-- bounded (a box must not fill the daemon's memory through its log).
+local function clean(s, max)
+  if type(s) ~= "string" then return s end
+  if #s > max then s = s:sub(1, max) .. "..." end
+  return (s:gsub("[^\32-\126]", "?"))
+end
+
 --- Appends one decision to the ring.
 function Net:record(action, via, host, port, reason, addr)
-  local e = { time = now_iso(), action = action, via = via, host = host, port = port,
-              reason = reason, addr = addr and rules.format(addr) or nil }
+  local e = { time = now_iso(), action = action, via = via, host = clean(host, 255), port = port,
+              reason = clean(reason, 512), addr = addr and rules.format(addr) or nil }
   self.log[self.log_next] = e
   self.log_next = self.log_next % M.LOG_MAX + 1
 end

@@ -285,3 +285,4 @@ describe("hostile bytes", function()
     end
   end)
 end)
+

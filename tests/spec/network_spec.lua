@@ -265,6 +265,15 @@ for _ in range(2):
     r = run(sb, ("printf '\\005\\001\\000\\005\\001\\000\\003\\022allowed.test\\000.evil\\%03o\\%03o' | nc -w 5 127.0.0.1 1080 | od -An -tx1")
       :format(hp >> 8, hp & 255))
     assert.matches("05 00 05 02", r.stdout)
+    -- a huge name of high bytes: refused, and logged bounded and printable
+    r = run(sb, "printf 'CONNECT %s:80 HTTP/1.1\\r\\n\\r\\n' $(head -c 9000 /dev/zero | tr '\\0' '\\377') | nc -w 5 127.0.0.1 3128")
+    assert.matches("^HTTP/1.1 403", r.stdout)
+    local entries = log_of(sb)
+    local last = entries[#entries]
+    assert.equal("deny", last.action)
+    assert.is_true(#last.host <= 258)
+    assert.is_nil(last.host:find("[^\32-\126]"))
+    assert.matches("^%?%?%?.*%.%.%.$", last.host)
     if have("openssl") then
       local code, out = in_netns(sb, "openssl s_client -proxy 127.0.0.1:3128 -connect tls.test:" .. tp ..
         " -servername denied.test </dev/null")
