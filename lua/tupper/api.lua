@@ -327,8 +327,12 @@ function h.process_list(d, conn, p)
   if not sb then return nil, code, msg end
   local list = {}
   for pid, proc in pairs(sb.procs) do
-    list[#list + 1] = { pid = pid, argv = proc.argv, cwd = proc.cwd, started_at = proc.started_at,
-                        pty = proc.pty or nil, user = proc.user }
+    -- a process whose start is still in flight (held, being given its
+    -- cgroup) is not listed yet: no client knows its pid
+    if not proc.starting then
+      list[#list + 1] = { pid = pid, argv = proc.argv, cwd = proc.cwd, started_at = proc.started_at,
+                          pty = proc.pty or nil, user = proc.user }
+    end
   end
   table.sort(list, function(a, b) return a.pid < b.pid end)
   return { processes = json.array(list) }

@@ -384,7 +384,7 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   end
   local proc = { pid = pid, argv = argv, cwd = cwd or self.cwd, owner = owner,
                  started_at = now_iso(), stdin = stdin or x.pty ~= nil, pty = x.pty ~= nil,
-                 user = cred and (cred.name or tostring(cred.uid)) or "root" }
+                 user = cred and (cred.name or tostring(cred.uid)) or "root", starting = true }
   self.procs[pid] = proc
   if hold then
     -- unique across daemon restarts: a re-adopted box keeps its old trees
@@ -402,6 +402,7 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
       return nil, rerr, rerrno
     end
   end
+  proc.starting = nil -- listed from now on: its start is answered
   return proc
 end
 

@@ -100,7 +100,7 @@ function M.start_daemon(dir, opts)
   assert(handle, pid)
   d.handle, d.pid = handle, pid
   M.sync(function()
-    local deadline = M.now() + 10000
+    local deadline = M.now() + 30000 -- a re-adopting daemon on a loaded machine takes seconds
     while M.now() < deadline do
       -- the socket answers (a crashed daemon may have left a stale file)
       local probe = uv.new_pipe(false)
