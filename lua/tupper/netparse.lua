@@ -159,6 +159,7 @@ function M.socks(buf, greeted)
     for i = 5, 19, 2 do g[#g + 1] = ("%x"):format(r:byte(i) * 256 + r:byte(i + 1)) end
     host, off = "[" .. table.concat(g, ":") .. "]", 21
   elseif atyp == 3 then
+    if #r < 5 then return nil, choice end
     local n = r:byte(5)
     if n == 0 then return false, reply(M.SOCKS_FAIL), "empty name" end
     if #r < 5 + n + 2 then return nil, choice end
@@ -327,6 +328,7 @@ function M.client_hello(buf)
       if ll + 2 ~= #ed then return false, "bad server_name list" end
       local j, names = 3, 0
       while j <= #ed do
+        if j + 2 > #ed then return false, "bad server_name entry" end
         local nt, nl = ed:byte(j), u16(ed, j + 1)
         local name = ed:sub(j + 3, j + 2 + nl)
         if #name ~= nl then return false, "bad server_name entry" end

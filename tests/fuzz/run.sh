@@ -41,6 +41,7 @@ target_opts() {
     # it later): libFuzzer's per-input leak check would take that for a leak
     # and rescan the heap after every mutation, at a tenth of the speed
     fuzz_rpc) echo "-max_len=8192 -detect_leaks=0" ;;
+    fuzz_net) echo "-max_len=4096 -detect_leaks=0" ;; # a Lua state too
     # each input is unpacked to disk: slower, and 64 KiB holds a few entries
     fuzz_layer) echo "-max_len=65536" ;;
     *) echo "-max_len=8192" ;;
