@@ -574,7 +574,8 @@ end
 -- default: the nearest tupper.lua from the working directory up), recipe
 -- (a recipe file's path, a shipped recipe's name, or {source, name, lock}:
 -- docs/recipes.md; envs, cwd and limits given here override its own),
--- network ("none", "all" or { allow = {...}, deny = {...} }: docs/network.md).
+-- network ("none", "all" or { allow = {...}, deny = {...} }: docs/network.md),
+-- backend ("linux", the default, or "microvm": docs/microvm.md).
 M.create = entry(function(opts)
   opts = opts or {}
   local limits = opts.limits
@@ -585,7 +586,7 @@ M.create = entry(function(opts)
   end
   local info = call("sandbox.create", { image = opts.image, env = opts.envs, metadata = opts.metadata,
     limits = limits, cwd = opts.cwd, policy = policy_param(opts.policy), recipe = recipe_param(opts.recipe),
-    network = opts.network })
+    network = opts.network, backend = opts.backend })
   return new_box(info)
 end)
 

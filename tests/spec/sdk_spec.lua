@@ -6,7 +6,19 @@ local helper = require("helper")
 local tupper = require("tupper.sdk")
 local b64 = require("tupper.b64")
 
-describe("tupper.sdk", function()
+-- The backend matrix: TUPPER_TEST_BACKEND=microvm runs this same spec
+-- against microVMs (tests/slow/backend_matrix_spec.lua); default: linux.
+local BACKEND = os.getenv("TUPPER_TEST_BACKEND")
+
+local function create(opts)
+  opts = opts or {}
+  opts.backend = BACKEND
+  local box = tupper.create(opts)
+  if BACKEND then assert.are.equal(BACKEND, box:info().backend) end
+  return box
+end
+
+describe("tupper.sdk" .. (BACKEND and (" on " .. BACKEND) or ""), function()
   local d
 
   setup(function()
@@ -22,7 +34,7 @@ describe("tupper.sdk", function()
   end)
 
   it("creates a sandbox, runs commands and kills it", function()
-    local box = tupper.create({ envs = { FOO = "bar" }, metadata = { owner = "spec" }, timeout = "10m" })
+    local box = create({ envs = { FOO = "bar" }, metadata = { owner = "spec" }, timeout = "10m" })
     assert.are.equal("string", type(box.id))
     assert.are.equal("<sandbox " .. box.id .. ">", tostring(box))
     local r = box:run("echo $FOO; echo err >&2; exit 3")
@@ -44,7 +56,7 @@ describe("tupper.sdk", function()
   end)
 
   it("raises on check = true, on unknown sandboxes and on bad programs", function()
-    local box = tupper.create()
+    local box = create()
     local ok, err = pcall(box.run, box, "echo oops >&2; exit 2", { check = true })
     assert.is_false(ok)
     assert.are.equal("tupper: command failed (exit code 2): echo oops >&2; exit 2: oops", err)
@@ -63,7 +75,7 @@ describe("tupper.sdk", function()
   end)
 
   it("reads, writes and manages files", function()
-    local box = tupper.create()
+    local box = create()
     local f = box.files
     assert.are.same({ path = "/root/a/b.txt", size = 5 }, f:write("/root/a/b.txt", "hello"))
     assert.are.equal("hello", f:read("/root/a/b.txt"))
@@ -93,7 +105,7 @@ describe("tupper.sdk", function()
   end)
 
   it("runs background processes with stdin, callbacks and kill", function()
-    local box = tupper.create()
+    local box = create()
     local h = box:run("cat; echo done", { background = true, stdin = true })
     assert.are.equal("integer", math.type(h.pid))
     h:send_stdin("abc\n")
@@ -116,7 +128,7 @@ describe("tupper.sdk", function()
   end)
 
   it("runs inside a task, and cancels its wait on request", function()
-    local box = tupper.create()
+    local box = create()
     -- several calls in one task: they share the loop with the caller
     local out = tupper.run(function()
       local a = box:run("echo a").stdout

@@ -59,13 +59,16 @@ export async function startDaemon() {
 
 /** Starts a private daemon and one sandbox for a test file (node:test
  * before/after hooks); `use(daemon, sbx)` receives them.  The sandbox is
- * killed and the daemon must stop cleanly afterwards. */
+ * killed and the daemon must stop cleanly afterwards.  TUPPER_TEST_BACKEND
+ * (e.g. microvm) picks the sandbox's backend: the same tests, another
+ * backend (docs/microvm.md). */
 export function withSandbox(Sandbox, use) {
   let daemon;
   let sbx;
   before(async () => {
     daemon = await startDaemon();
-    sbx = await Sandbox.create({ socket: daemon.socket });
+    const backend = process.env.TUPPER_TEST_BACKEND;
+    sbx = await Sandbox.create({ socket: daemon.socket, ...(backend ? { backend } : {}) });
     use(daemon, sbx);
   });
   after(async () => {
