@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <sys/file.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1321,6 +1322,41 @@ static int tp_lcore_sha256(lua_State *L) {
   return 1;
 }
 
+/* core.send_with_fd(sock, data, fd) -> true | nil, msg: writes data on the
+ * unix socket sock with fd attached (SCM_RIGHTS), in one sendmsg: how QMP's
+ * getfd receives a file (the microVM snapshot). */
+static int tp_lcore_send_with_fd(lua_State *L) {
+  lua_Integer sock = luaL_checkinteger(L, 1);
+  size_t len;
+  const char *data = luaL_checklstring(L, 2, &len);
+  lua_Integer fd = luaL_checkinteger(L, 3);
+  char cbuf[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {.iov_base = (void *) data, .iov_len = len};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                      .msg_controllen = sizeof(cbuf)};
+  struct cmsghdr *c;
+  int f = (int) fd;
+  ssize_t n;
+  if (sock < 0 || sock > 0x7fffffff || fd < 0 || fd > 0x7fffffff || len == 0 || len > 65536)
+    return luaL_error(L, "send_with_fd: bad arguments");
+  memset(cbuf, 0, sizeof(cbuf));
+  c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &f, sizeof(int));
+  do
+    n = sendmsg((int) sock, &mh, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != (ssize_t) len) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "sendmsg: %s", n < 0 ? strerror(errno) : "short write");
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* core.agent_binary() -> the embedded static agent, as a string (the
  * microVM initramfs's /init) */
 static int tp_lcore_agent_binary(lua_State *L) {
@@ -1517,6 +1553,7 @@ int luaopen_tupper_core(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"box_start", tp_lcore_box_start},   {"box_adopt", tp_lcore_box_adopt},
       {"vm_start", tp_lcore_vm_start},     {"agent_binary", tp_lcore_agent_binary},
+      {"send_with_fd", tp_lcore_send_with_fd},
       {"b64encode", tp_lcore_b64encode},
       {"b64decode", tp_lcore_b64decode},   {"default_image", tp_lcore_default_image},
       {"sha256", tp_lcore_sha256},

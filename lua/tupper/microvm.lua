@@ -24,6 +24,7 @@ M.QEMU_PIDS = 256         -- QEMU's threads, in its cgroup
 M.CONSOLE_KEEP = 8192     -- bytes of the serial console kept for error messages
 M.CONSOLE_WAIT_MS = 2000  -- for QEMU to exit and the console to end, once the guest is down
 M.IMAGE_SIZE_MIN = 64 * 1024 * 1024
+M.QMP_LINE_MAX = 1024 * 1024
 
 local warned = false
 local used_uids = {}
@@ -207,22 +208,261 @@ local function console_hint(con)
   return " (console: " .. s .. ")"
 end
 
---- Starts a VM.  opts: id, dir (must not exist), state_dir, cgroup,
--- limits (backend limits: memory, cpu_quota, cpu_period, disk).  Returns a
--- box (as core.box_start's) or nil, err.
-function M.start(opts)
-  local limits = opts.limits or {}
+-- A QMP client on the socket fd (QEMU's monitor, in control mode): q.cmd
+-- (name, args) -> the return value, or nil, err.  Replies come in order;
+-- events are skipped.  QEMU may be the guest's by now: every line is
+-- bounded, a bad one closes the monitor.
+local function qmp_open(fd)
+  local json = require("cjson")
+  local pipe = uv.new_pipe()
+  pipe:open(fd)
+  local q = { buf = "", waiters = {} }
+  local function fail_all(why)
+    q.closed = why
+    local w = q.waiters
+    q.waiters = {}
+    for _, cb in ipairs(w) do cb(nil, why) end
+    if not pipe:is_closing() then pipe:close() end
+  end
+  pipe:read_start(function(err, data)
+    if err or not data then return fail_all("QEMU's monitor closed") end
+    q.buf = q.buf .. data
+    if #q.buf > M.QMP_LINE_MAX then return fail_all("QEMU's monitor sent an oversized line") end
+    while true do
+      local line, rest = q.buf:match("^([^\n]*)\n(.*)$")
+      if not line then break end
+      q.buf = rest
+      local ok, msg = pcall(json.decode, line)
+      if not ok or type(msg) ~= "table" then return fail_all("QEMU's monitor sent a bad line") end
+      if msg.event == nil then
+        local cb = table.remove(q.waiters, 1)
+        if cb then
+          if msg.error then cb(nil, tostring(type(msg.error) == "table" and msg.error.desc or "error"))
+          else cb(msg["return"] or msg.QMP or {}) end
+        end
+      end
+    end
+  end)
+  local async = require("tupper.async")
+  -- with_fd: a file descriptor passed along (SCM_RIGHTS), for getfd
+  function q.cmd(name, args, with_fd)
+    if q.closed then return nil, q.closed end
+    return async.wait(function(cb)
+      q.waiters[#q.waiters + 1] = cb
+      if not name then return end
+      local line = json.encode({ execute = name, arguments = args }) .. "\n"
+      if with_fd then
+        local ok, err = core.send_with_fd(pipe:fileno(), line, with_fd)
+        if not ok then table.remove(q.waiters); cb(nil, err) end
+      else
+        pipe:write(line)
+      end
+    end)
+  end
+  function q.close() if not pipe:is_closing() then pipe:close() end end
+  -- the greeting, then capabilities negotiation
+  local g, gerr = q.cmd(nil)
+  if not g then q.close(); return nil, gerr end
+  local c, cerr = q.cmd("qmp_capabilities")
+  if not c then q.close(); return nil, cerr end
+  return q
+end
+
+--- The guest kernel's command line.  init_on_free=1: freed pages are
+-- zeroed, which a snapshot then stores as nothing (QEMU skips zero pages).
+function M.cmdline(accel)
+  local cmdline = "console=ttyS0 quiet panic=-1 reboot=t init_on_free=1"
+  if accel == "tcg" then
+    local khz = tsc_khz()
+    if khz then cmdline = cmdline .. " tsc_early_khz=" .. khz .. " tsc=reliable" end
+  end
+  return cmdline
+end
+
+-- What every start needs: the kernel, the initramfs, the image disk.
+local function prepare(state_dir)
   local k, kerr = vmkernel.ensure_kernel()
   if not k then return nil, kerr end
-  local initrd, ierr = M.initramfs(opts.state_dir, k)
+  local initrd, ierr = M.initramfs(state_dir, k)
   if not initrd then return nil, ierr end
-  local root, rerr = M.base_image(opts.state_dir)
+  local root, rerr = M.base_image(state_dir)
   if not root then return nil, rerr end
+  return { k = k, initrd = initrd, root = root }
+end
+
+-- A fresh writable layer at path: a sparse ext4 image of size bytes.
+local function make_rw(path, size)
+  local fd = uv.fs_open(path, "w", 384)
+  if not fd then return nil, "create " .. path end
+  uv.fs_ftruncate(fd, size)
+  uv.fs_close(fd)
+  local _, merr = vmkernel.run(M.MKFS, { "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-L", "tupper-rw",
+    "-E", "lazy_itable_init=1,root_owner=0:0", path })
+  if merr then return nil, merr end
+  return true
+end
+
+-- Starts QEMU.  o: id, dir (exists), uid, cgroup, limits, mem, cpus, rw,
+-- accel, incoming (a snapshot file to start from).  Returns core's box, the console reader, the QMP client.
+local function launch(p, o)
+  local cmdline = M.cmdline(o.accel)
+  -- QEMU opens nothing by path: the daemon opens, QEMU gets fds 4..9
+  local files = { { p.k.vmlinuz, "r" }, { p.initrd, "r" }, { p.root, "r" }, { o.rw, "r+" } }
+  if o.incoming then files[6] = { o.incoming, "r" } end
+
+  local pass = {}
+  local qpair = uv.socketpair("stream", 0, { cloexec = true }, { cloexec = true })
+  local function close_pass()
+    for _, f in pairs(pass) do if f ~= qpair[2] then uv.fs_close(f) end end
+  end
+  for i = 1, 6 do
+    if i == 5 then
+      pass[5] = qpair[2]
+    elseif files[i] then
+      local pfd, oerr = uv.fs_open(files[i][1], files[i][2], 384)
+      if not pfd then close_pass(); uv.fs_close(qpair[1]); uv.fs_close(qpair[2]); return nil, oerr end
+      pass[i] = pfd
+    else
+      pass[i] = qpair[2] -- a placeholder keeps the numbering: fd 9 is then unused
+    end
+  end
+  local function qfd(i) return "/proc/self/fd/" .. (3 + i) end
+  local argv = M.argv({ accel = o.accel, kernel = qfd(1), initrd = qfd(2), root = qfd(3), rw = qfd(4),
+    mem = o.mem, cpus = o.cpus, cmdline = cmdline })
+  argv[#argv + 1] = "-chardev"
+  argv[#argv + 1] = "socket,id=qmp,fd=8"
+  argv[#argv + 1] = "-mon"
+  argv[#argv + 1] = "chardev=qmp,mode=control"
+  if o.incoming then
+    argv[#argv + 1] = "-incoming"
+    argv[#argv + 1] = "fd:9"
+  end
+  local fds = uv.pipe({ nonblock = true }, { nonblock = false })
+  local cpipe = uv.new_pipe()
+  cpipe:open(fds.read)
+  local con = console_reader(cpipe)
+  local limits = o.limits or {}
+  local box, serr = require("tupper.async").wait(function(cb)
+    local sok, e = core.vm_start({ id = o.id, dir = o.dir, argv = argv, fds = pass,
+      uid = o.uid, gid = o.uid, cgroup = o.cgroup, console_fd = fds.write,
+      limits = { memory = o.mem + M.MEMORY_OVERHEAD, pids = M.QEMU_PIDS,
+                 cpu_quota = limits.cpu_quota, cpu_period = limits.cpu_period } }, cb)
+    if not sok then cb(nil, e) end
+  end)
+  uv.fs_close(fds.write)
+  close_pass()
+  uv.fs_close(qpair[2])
+  if not box then
+    local hint = console_hint(con)
+    con.close()
+    uv.fs_close(qpair[1])
+    return nil, tostring(serr) .. hint
+  end
+  local q, qerr = qmp_open(qpair[1])
+  if not q then
+    con.close()
+    require("tupper.async").wait(function(cb) box:destroy(cb) end)
+    return nil, "QEMU's monitor: " .. tostring(qerr)
+  end
+  return box, con, q
+end
+
+-- Polls QMP until pred(reply of cmd) is true (bounded).
+local function qmp_until(q, cmd, pred, ms)
+  local async = require("tupper.async")
+  for _ = 1, ms // 10 do
+    local r, err = q.cmd(cmd)
+    if not r then return nil, err end
+    local done, ferr = pred(r)
+    if done then return r end
+    if ferr then return nil, ferr end
+    async.sleep(10)
+  end
+  return nil, cmd .. ": timed out"
+end
+
+local snap_inflight = {}
+
+--- The snapshot for a VM shape (memory, vCPUs, disk size, accel), made on
+-- first use: a VM booted to agent-ready, stopped and migrated into
+-- <state>/microvm/snap-<key>/vm.state, with its writable disk as it was.
+-- Returns the snapshot dir, or nil, err.  Concurrent callers share one build.
+function M.snapshot(state_dir, p, shape)
+  local key = ("%s-%s-%s-%d-%d-%d"):format(p.initrd:match("initramfs%-(.-)%.cpio$") or "x",
+    core.sha256(M.cmdline(shape.accel)):sub(1, 8), shape.accel, shape.mem // 1048576, shape.cpus,
+    shape.disk // 1048576)
+  local snap = state_dir .. "/microvm/snap-" .. key
+  if uv.fs_stat(snap .. "/vm.state") then return snap end
+  if snap_inflight[snap] then
+    local w = snap_inflight[snap]
+    return require("tupper.async").wait(function(cb) w[#w + 1] = cb end)
+  end
+  local waiters = {}
+  snap_inflight[snap] = waiters
+  local tmp = state_dir .. "/microvm/tmp-snap-" .. core.random_hex(4)
+  local uid = alloc_uid("snap" .. key)
+  local res, err = pcall(function()
+    check(uv.fs_mkdir(tmp, 448))
+    check(uv.fs_mkdir(tmp .. "/vm", 448))
+    check(make_rw(tmp .. "/rw.ext4", shape.disk))
+    uv.fs_chown(tmp .. "/rw.ext4", uid, uid)
+    local box, con, q = launch(p, { id = "snap-" .. core.random_hex(4), dir = tmp .. "/vm", uid = uid,
+      mem = shape.mem, cpus = shape.cpus, rw = tmp .. "/rw.ext4", accel = shape.accel })
+    if not box then error(con, 0) end
+    local sfd = check(uv.fs_open(tmp .. "/vm.state", "w", 384))
+    local ready = require("tupper.async").wait(function(cb)
+      local t = uv.new_timer()
+      t:start(require("tupper.sandbox").VM_READY_TIMEOUT_MS, 0, function() t:close(); cb(false) end)
+      box:on(function(typ) if typ == core.MSG.READY then if not t:is_closing() then t:close() end; cb(true) end end,
+             function() if not t:is_closing() then t:close() end; cb(false) end)
+    end)
+    local ok, why = ready, "the guest's agent did not come up"
+    if ok then ok, why = q.cmd("stop") end
+    -- QMP takes a file only by getfd: the daemon opens it, QEMU receives it
+    if ok then ok, why = q.cmd("getfd", { fdname = "snapshot" }, sfd) end
+    uv.fs_close(sfd)
+    if ok then ok, why = q.cmd("migrate", { uri = "fd:snapshot" }) end
+    if ok then
+      ok, why = qmp_until(q, "query-migrate", function(r)
+        if r.status == "completed" then return true end
+        if r.status == "failed" or r.status == "cancelled" then return false, "migration " .. r.status end
+      end, 120000)
+    end
+    q.close()
+    con.close()
+    require("tupper.async").wait(function(cb) box:destroy(cb) end)
+    if not ok then error("snapshot: " .. tostring(why) .. console_hint(con), 0) end
+    check(uv.fs_rename(tmp, snap))
+  end)
+  used_uids[uid] = nil
+  if uv.fs_stat(tmp) then core.rmtree(tmp) end
+  snap_inflight[snap] = nil
+  local out = res and snap or nil
+  local e = not res and tostring(err) or nil
+  for _, cb in ipairs(waiters) do cb(out, e) end
+  return out, e
+end
+
+--- Starts a VM.  opts: id, dir (must not exist), state_dir, cgroup,
+-- limits (backend limits: memory, cpu_quota, cpu_period, disk).  From the
+-- shape's snapshot (made on first use) unless TUPPER_VM_SNAPSHOT=0 or the
+-- snapshot cannot be made, else by a cold boot.  Returns a box (as
+-- core.box_start's, plus restored = true from a snapshot) or nil, err.
+function M.start(opts)
+  local limits = opts.limits or {}
+  local p, perr = prepare(opts.state_dir)
+  if not p then return nil, perr end
+  local mem, cpus = M.sizes(limits)
+  local shape = { mem = mem, cpus = cpus, disk = limits.disk or M.DEFAULT_DISK, accel = M.accel() }
+  local snap
+  if os.getenv("TUPPER_VM_SNAPSHOT") ~= "0" then
+    local serr
+    snap, serr = M.snapshot(opts.state_dir, p, shape)
+    if not snap then io.stderr:write("tupper: microVM snapshot unavailable, cold boot: ", tostring(serr), "\n") end
+  end
   local uid, uerr = alloc_uid(opts.id)
   if not uid then return nil, uerr end
   local dir = opts.dir
-  local mem, cpus = M.sizes(limits)
-  local accel = M.accel()
   local function fail(e)
     used_uids[uid] = nil
     core.rmtree(dir)
@@ -230,51 +470,39 @@ function M.start(opts)
   end
   local ok, err = uv.fs_mkdir(dir, 448)
   if not ok then used_uids[uid] = nil; return nil, err end
-  -- the writable layer: a sparse ext4 image of the disk limit
   local rw = dir .. "/rw.ext4"
-  local fd = uv.fs_open(rw, "w", 384)
-  if not fd then return fail("create " .. rw) end
-  uv.fs_ftruncate(fd, limits.disk or M.DEFAULT_DISK)
-  uv.fs_close(fd)
-  local _, merr = vmkernel.run(M.MKFS, { "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-L", "tupper-rw",
-    "-E", "lazy_itable_init=1,root_owner=0:0", rw })
-  if merr then return fail(merr) end
+  if snap then
+    -- the writable disk as the snapshot's guest left it (sparse copy)
+    local _, cerr = vmkernel.run("/bin/cp", { "--sparse=always", snap .. "/rw.ext4", rw })
+    if cerr then return fail(cerr) end
+  else
+    local mok, merr = make_rw(rw, shape.disk)
+    if not mok then return fail(merr) end
+  end
   uv.fs_chown(rw, uid, uid)
-  local cmdline = "console=ttyS0 quiet panic=-1 reboot=t"
-  if accel == "tcg" then
-    local khz = tsc_khz()
-    if khz then cmdline = cmdline .. " tsc_early_khz=" .. khz .. " tsc=reliable" end
+  local box, con, q = launch(p, { id = opts.id, dir = dir, uid = uid, cgroup = opts.cgroup, limits = limits,
+    mem = mem, cpus = cpus, rw = rw, accel = shape.accel, incoming = snap and (snap .. "/vm.state") })
+  if not box then return fail(con) end
+  if snap then
+    -- loaded: the guest stays paused (it was stopped for the snapshot) until cont
+    local r, lerr = qmp_until(q, "query-status", function(st)
+      if st.status == "inmigrate" then return false end
+      if st.status == "paused" or st.status == "postmigrate" or st.status == "prelaunch" then return true end
+      return false, "unexpected state " .. tostring(st.status)
+    end, 60000)
+    if r then r, lerr = q.cmd("cont") end
+    if not r then
+      q.close(); con.close()
+      require("tupper.async").wait(function(cb) box:destroy(cb) end)
+      used_uids[uid] = nil
+      return nil, "start from the snapshot: " .. tostring(lerr) .. console_hint(con)
+    end
   end
-  -- QEMU opens nothing by path: the daemon opens, QEMU gets fds 4..7
-  local pass = {}
-  local function close_pass() for _, f in ipairs(pass) do uv.fs_close(f) end end
-  for i, f in ipairs({ { k.vmlinuz, "r" }, { initrd, "r" }, { root, "r" }, { rw, "r+" } }) do
-    local pfd, oerr = uv.fs_open(f[1], f[2], 0)
-    if not pfd then close_pass(); return fail(oerr) end
-    pass[i] = pfd
-  end
-  local function qfd(i) return "/proc/self/fd/" .. (3 + i) end
-  local argv = M.argv({ accel = accel, kernel = qfd(1), initrd = qfd(2), root = qfd(3), rw = qfd(4),
-    mem = mem, cpus = cpus, cmdline = cmdline })
-  local fds = uv.pipe({ nonblock = true }, { nonblock = false })
-  local cpipe = uv.new_pipe()
-  cpipe:open(fds.read)
-  local con = console_reader(cpipe)
-  local box, serr = require("tupper.async").wait(function(cb)
-    local sok, e = core.vm_start({ id = opts.id, dir = dir, argv = argv, fds = pass,
-      uid = uid, gid = uid, cgroup = opts.cgroup, console_fd = fds.write,
-      limits = { memory = mem + M.MEMORY_OVERHEAD, pids = M.QEMU_PIDS,
-                 cpu_quota = limits.cpu_quota, cpu_period = limits.cpu_period } }, cb)
-    if not sok then cb(nil, e) end
-  end)
-  uv.fs_close(fds.write)
-  close_pass()
-  if not box then
-    local hint = console_hint(con)
-    con.close()
-    return fail(tostring(serr) .. hint)
-  end
-  return M.wrap(box, uid, con)
+  q.close() -- pause is the cgroup freezer's; nothing else needs the monitor
+  if snap then io.stderr:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), "sandbox ", opts.id, " started from snapshot ", snap:match("[^/]+$"), "\n") end
+  local w = M.wrap(box, uid, con)
+  w.restored = snap ~= nil
+  return w
 end
 
 -- The box sandbox.lua sees: core's box, whose down reasons carry the end of

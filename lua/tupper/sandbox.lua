@@ -45,6 +45,9 @@ local function attach(box, opts, adopting)
   box:on(function(t, id, f) self:_frame(t, id, f) end,
          function(reason) self:_down(reason) end)
   local ok, why = async.wait(function(cb)
+    -- a VM started from a snapshot said READY before the snapshot: its
+    -- VM_INIT below is the handshake
+    if box.restored then return cb(true) end
     self._ready = cb
     self._ready_timer = uv.new_timer()
     self._ready_timer:start(self.vm and M.VM_READY_TIMEOUT_MS or M.READY_TIMEOUT_MS, 0,

@@ -142,6 +142,38 @@ describe("the microvm backend", function()
     assert.truthy(call("sandbox.kill", { id = id }).killed)
   end)
 
+  it("starts later sandboxes from a snapshot, each with its own clock, name, randomness and disk", function()
+    local a = create()
+    local snaps = {}
+    local req = uv.fs_scandir(d.state .. "/microvm")
+    while req do
+      local n = uv.fs_scandir_next(req)
+      if not n then break end
+      if n:match("^snap%-") then snaps[#snaps + 1] = n end
+    end
+    -- the default shape's (512 MiB, 1 vCPU, 1 GiB disk); the first spec made its own
+    local default
+    for _, n in ipairs(snaps) do if n:match("%-512%-1%-1024$") then default = n end end
+    assert.is_not_nil(default, table.concat(snaps, " "))
+    assert.is_not_nil(uv.fs_stat(d.state .. "/microvm/" .. default .. "/vm.state"))
+    local b = create()
+    assert.matches("started from snapshot", helper.read_file(d.log))
+    local probe = "hostname; date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
+    local ra, rb = run(a, probe), run(b, probe)
+    local na, ta, xa = ra.stdout:match("^(%S+)\n(%d+)\n(%x+)$")
+    local nb, tb, xb = rb.stdout:match("^(%S+)\n(%d+)\n(%x+)$")
+    assert.are.equal(a, na)
+    assert.are.equal(b, nb)
+    assert.are_not.equal(xa, xb)
+    assert.is_true(math.abs(tonumber(tb) - os.time()) < 30, rb.stdout)
+    assert.is_true(math.abs(tonumber(ta) - os.time()) < 30, ra.stdout)
+    -- the writable disk is each VM's own
+    assert(call("fs.write", { sandbox = a, path = "/root/only-a", data = "a", encoding = "utf8" }))
+    assert.are.equal("no\n", run(b, "test -e /root/only-a && echo yes || echo no").stdout)
+    assert.truthy(call("sandbox.kill", { id = a }).killed)
+    assert.truthy(call("sandbox.kill", { id = b }).killed)
+  end)
+
   it("refuses a limit it cannot enforce in a VM", function()
     local _, err = call("sandbox.create", { backend = "microvm", limits = { pids = 10 } })
     assert.matches("'pids' limit is not enforced by the microvm backend", err.message)
