@@ -49,6 +49,10 @@ describe("guard", function()
     local p, err = guard.check(d, "sandbox.something_new", { sandbox = "abc" })
     assert.is_nil(p)
     assert.matches("not covered", err)
+    -- also when the method names its sandbox `id`, as sandbox.* methods do
+    p, err = guard.check(d, "sandbox.something_new", { id = "abc" })
+    assert.is_nil(p)
+    assert.matches("not covered", err)
     -- harmless methods and sandboxes without hooks pass
     assert.truthy(guard.check(d, "sandbox.get", { id = "abc" }))
     assert.truthy(guard.check({ sandboxes = { abc = {} } }, "sandbox.something_new", { sandbox = "abc" }))
