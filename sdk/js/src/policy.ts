@@ -20,7 +20,12 @@ export const POLICY_MAX_BYTES = 256 * 1024;
  */
 export type PolicyOpt = string | { source: string; name?: string } | false;
 
-async function readCapped(file: string): Promise<string | undefined> {
+/**
+ * Reads at most max bytes of file as UTF-8 (InvalidArgumentError, naming
+ * `what` and the file, past that); undefined when the file does not exist.
+ * Shared by policy and recipe files.
+ */
+export async function readFileCapped(file: string, max: number, what: string): Promise<string | undefined> {
   let fh;
   try {
     fh = await open(file, 'r');
@@ -29,15 +34,13 @@ async function readCapped(file: string): Promise<string | undefined> {
     throw e;
   }
   try {
-    const buf = Buffer.alloc(POLICY_MAX_BYTES + 1);
+    const buf = Buffer.alloc(max + 1);
     let len = 0;
     for (;;) {
       const { bytesRead } = await fh.read(buf, len, buf.length - len, null);
       if (bytesRead === 0) break;
       len += bytesRead;
-      if (len > POLICY_MAX_BYTES) {
-        throw new InvalidArgumentError(`policy ${file}: larger than ${POLICY_MAX_BYTES} bytes`);
-      }
+      if (len > max) throw new InvalidArgumentError(`${what} ${file}: larger than ${max} bytes`);
     }
     return buf.subarray(0, len).toString('utf8');
   } finally {
@@ -76,7 +79,7 @@ export async function policyParam(opt: PolicyOpt | undefined): Promise<{ source:
   if (opt !== undefined && typeof opt !== 'string') throw new InvalidArgumentError('policy must be a path, {source} or false');
   const file = opt === undefined ? await findPolicy() : path.resolve(opt);
   if (file === undefined) return undefined;
-  const source = await readCapped(file);
+  const source = await readFileCapped(file, POLICY_MAX_BYTES, 'policy');
   if (source === undefined) throw new InvalidArgumentError(`policy ${file}: no such file`);
   return { source, name: file };
 }

@@ -5,7 +5,7 @@
  * file's text (the daemon never reads a client's path) with its lockfile
  * when one lies beside it, or the name of a recipe shipped with the daemon.
  */
-import { open } from 'node:fs/promises';
+import { readFileCapped } from './policy';
 import * as path from 'node:path';
 import { InvalidArgumentError } from './errors';
 
@@ -26,27 +26,8 @@ export interface RecipeParam {
 }
 
 /** Reads at most RECIPE_MAX_BYTES of file; undefined when it does not exist. */
-async function readCapped(file: string, what: string): Promise<string | undefined> {
-  let fh;
-  try {
-    fh = await open(file, 'r');
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw e;
-  }
-  try {
-    const buf = Buffer.alloc(RECIPE_MAX_BYTES + 1);
-    let len = 0;
-    for (;;) {
-      const { bytesRead } = await fh.read(buf, len, buf.length - len, null);
-      if (bytesRead === 0) break;
-      len += bytesRead;
-      if (len > RECIPE_MAX_BYTES) throw new InvalidArgumentError(`${what} ${file}: larger than ${RECIPE_MAX_BYTES} bytes`);
-    }
-    return buf.subarray(0, len).toString('utf8');
-  } finally {
-    await fh.close();
-  }
+function readCapped(file: string, what: string): Promise<string | undefined> {
+  return readFileCapped(file, RECIPE_MAX_BYTES, what);
 }
 
 /** The lockfile of a recipe file: app.lua -> app.lock, beside it. */
