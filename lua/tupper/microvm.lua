@@ -86,24 +86,40 @@ function M.base_image(state_dir)
   return path
 end
 
+local swept = {}
+
+-- Once per daemon and state dir: what an earlier daemon left half-made
+-- (tmp-*), and the initramfs files and snapshots of other agents, kernels
+-- or kernel command lines (keep: the current initramfs's name).
+local function sweep(dir, keep)
+  if swept[dir] then return end
+  swept[dir] = true
+  local tag = keep:match("^initramfs%-(.-)%.cpio$") .. "-" .. core.sha256(M.cmdline(M.accel())):sub(1, 8)
+  local req = uv.fs_scandir(dir)
+  while req do
+    local n = uv.fs_scandir_next(req)
+    if not n then break end
+    if n:match("^initramfs%-.*%.cpio") and n ~= keep then
+      uv.fs_unlink(dir .. "/" .. n)
+    elseif n:match("^tmp%-") or (n:match("^snap%-") and n:sub(6, 5 + #tag) ~= tag) then
+      core.rmtree(dir .. "/" .. n)
+    end
+  end
+end
+
 --- The initramfs of this daemon (its agent, the cached kernel's modules),
--- named after both: an upgraded daemon never boots an older agent.  Older
--- ones are removed when a new one is made.
+-- named after both: an upgraded daemon never boots an older agent, and its
+-- first start removes the older initramfs files and their snapshots.
 function M.initramfs(state_dir, k)
   local agent = core.agent_binary()
   local dir = state_dir .. "/microvm"
   local name = "initramfs-" .. k.version .. "-" .. core.sha256(agent):sub(1, 16) .. ".cpio"
   local path = dir .. "/" .. name
-  if uv.fs_stat(path) then return path end
   check(vmkernel.mkdirs(dir, 448))
+  sweep(dir, name)
+  if uv.fs_stat(path) then return path end
   local ok, err = vmkernel.build_initramfs(k, agent, path)
   if not ok then return nil, "build the initramfs: " .. tostring(err) end
-  local req = uv.fs_scandir(dir)
-  while req do
-    local n = uv.fs_scandir_next(req)
-    if not n then break end
-    if n:match("^initramfs%-.*%.cpio$") and n ~= name then uv.fs_unlink(dir .. "/" .. n) end
-  end
   return path
 end
 
