@@ -91,6 +91,18 @@ describe("a daemon killed with SIGKILL", function()
     assert.are.equal(0, d.stop())
   end)
 
+  it("is reported as killed by its signal, never as a clean exit", function()
+    -- the harness must tell a crashed daemon (glibc's abort on a double
+    -- free, a SIGSEGV) from a clean stop: every spec's teardown checks it
+    local d2 = helper.start_daemon(nil, { pool = 0 })
+    uv.kill(d2.pid, "sigkill")
+    sync(function()
+      while not d2.exit_code do async.sleep(5) end
+    end)
+    assert.are.equal(9, d2.signal)
+    assert.are.equal(128 + 9, d2.stop())
+  end)
+
   it("stops cleanly when told to during a create, leaving no box", function()
     local d2 = helper.start_daemon(nil, { pool = 0 })
     local pipe = uv.new_pipe(false)

@@ -96,7 +96,13 @@ function M.start_daemon(dir, opts)
   end
   for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
   -- opts.env: the daemon's whole environment ("K=V" list), else this one's
-  local handle, pid = uv.spawn(M.BIN, { args = args, env = opts.env }, function(code) d.exit_code = code end)
+  -- a daemon killed by a signal (an abort on heap corruption, a SIGSEGV)
+  -- exits with "code" 0: report it as a shell does, 128 + signal, so that
+  -- no test takes a crash for a clean stop
+  local handle, pid = uv.spawn(M.BIN, { args = args, env = opts.env }, function(code, signal)
+    d.signal = signal ~= 0 and signal or nil
+    d.exit_code = d.signal and 128 + signal or code
+  end)
   assert(handle, pid)
   d.handle, d.pid = handle, pid
   M.sync(function()
