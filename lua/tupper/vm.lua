@@ -34,6 +34,79 @@ function SAFE_STRING.rep(s, n, sep)
   return real_rep(s, n, sep)
 end
 
+-- Pattern matching runs in C between two instructions, where the budget's
+-- hook cannot stop it, and it backtracks: each unbounded item (x*, x+, x-,
+-- %b) may try every length of the subject, each x? both ways, at every
+-- start position.  So the worst case of a pattern over n bytes is about
+-- starts * (n+1)^q * 2^opt steps; a match whose worst case is over
+-- PATTERN_STEPS (a fraction of a second of C) is refused before it runs,
+-- with an error, instead of stalling the daemon.  Plain finds are linear.
+M.PATTERN_STEPS = 2e8
+
+local function pattern_cost(n, pat, anchored_ok)
+  local q, opt, i, len = 0, 0, 1, #pat
+  local starts = n + 1
+  if anchored_ok and pat:sub(1, 1) == "^" then starts, i = 1, 2 end
+  while i <= len do
+    local c = pat:sub(i, i)
+    local item_end -- last byte of the single-char item starting at i, if any
+    if c == "%" then
+      local d = pat:sub(i + 1, i + 1)
+      if d == "b" then
+        q, i = q + 1, i + 4
+      elseif d == "f" then
+        -- a frontier: skip its set, it matches no byte
+        local j = i + 3
+        if pat:sub(j, j) == "^" then j = j + 1 end
+        if pat:sub(j, j) == "]" then j = j + 1 end
+        while j <= len and pat:sub(j, j) ~= "]" do j = j + (pat:sub(j, j) == "%" and 2 or 1) end
+        i = j + 1
+      else
+        item_end = i + 1
+      end
+    elseif c == "[" then
+      local j = i + 1
+      if pat:sub(j, j) == "^" then j = j + 1 end
+      if pat:sub(j, j) == "]" then j = j + 1 end
+      while j <= len and pat:sub(j, j) ~= "]" do j = j + (pat:sub(j, j) == "%" and 2 or 1) end
+      item_end = j
+    elseif c == "(" or c == ")" or (c == "$" and i == len) then
+      i = i + 1
+    else
+      item_end = i
+    end
+    if item_end then
+      local m = pat:sub(item_end + 1, item_end + 1)
+      if m == "*" or m == "+" or m == "-" then
+        q, i = q + 1, item_end + 2
+      elseif m == "?" then
+        opt, i = opt + 1, item_end + 2
+      else
+        i = item_end + 1
+      end
+    end
+  end
+  return starts * (n + 1.0) ^ q * 2.0 ^ opt
+end
+
+local function check_pattern(name, s, pat, plain)
+  if plain or type(s) ~= "string" or type(pat) ~= "string" then return end
+  local cost = pattern_cost(#s, pat, name ~= "gmatch" and name ~= "gsub")
+  if cost > M.PATTERN_STEPS then
+    error(("string.%s: the pattern %q over %d bytes could take about %.0e steps (at most %.0e here): "
+      .. "use a plain find or a simpler pattern"):format(name, #pat > 40 and pat:sub(1, 40) .. "..." or pat,
+      #s, cost, M.PATTERN_STEPS), 3)
+  end
+end
+
+for _, name in ipairs({ "find", "match", "gmatch", "gsub" }) do
+  local real = string[name]
+  SAFE_STRING[name] = function(s, pat, a, b)
+    check_pattern(name, s, pat, name == "find" and b)
+    return real(s, pat, a, b)
+  end
+end
+
 local function copy(t, omit)
   local c = {}
   for k, v in pairs(t) do

@@ -141,6 +141,25 @@ describe("vm: budgets", function()
     assert.are.equal("", vm.load_string("return string.rep('', 1e18)", "a.lua"))
     assert.are.equal("", vm.load_string("return (''):rep(1e18)", "a.lua"))
   end)
+  it("refuses a pattern whose backtracking could stall the daemon, before it runs", function()
+    local t0 = os.clock()
+    for _, src in ipairs({
+      [[return ("a"):rep(1e5):find(".-.-.-b")]],
+      [[return string.match(("a"):rep(1e4), "a*a*a*b")]],
+      [[local n = 0 for _ in ("a"):rep(3e4):gmatch("a-a-b") do n = n + 1 end return n]],
+      [[return (("x"):rep(2e4)):gsub("x?x?x?x?x?x?x?x?x?x?x?x?x?x?x?x?x?x?x?x?y", "")]],
+      [[return string.find(("a"):rep(1e5), "%b()%b()%b()")]],
+    }) do
+      refused(src, "could take about")
+    end
+    assert.truthy(os.clock() - t0 < 1, "refused before running")
+    -- what policies and recipes really do still works, long subjects too
+    assert.are.equal(1, vm.load_string([[return ("/etc/passwd"):find("^/etc/")]], "a.lua"))
+    assert.are.equal(100000, vm.load_string([[return select(2, ("x"):rep(1e5):gsub("x", "y"))]], "a.lua"))
+    assert.are.equal("rm", vm.load_string([[return ("rm -rf /tmp/x"):match("^(%S+)%s+(.*)$")]], "a.lua"))
+    assert.are.equal(50001, vm.load_string([[return ("a"):rep(1e5):find("b", 1, true) or 50001]], "a.lua"))
+    still_alive()
+  end)
   it("bounds a call of a loaded function, each call afresh", function()
     local fns = vm.load_string([[return {
       spin = function() while true do end end,
