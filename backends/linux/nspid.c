@@ -33,7 +33,9 @@ static pid_t tp__inner_pid(pid_t pid) {
     *end = '\0';
   long last = -1;
   int fields = 0;
-  for (char *tok = strtok(line, " \t"); tok != NULL; tok = strtok(NULL, " \t")) {
+  char *save = NULL;
+  /* strtok_r: box:tree runs on the loop while pool threads may tokenize too */
+  for (char *tok = strtok_r(line, " \t", &save); tok != NULL; tok = strtok_r(NULL, " \t", &save)) {
     char *e;
     last = strtol(tok, &e, 10);
     if (*e != '\0')
