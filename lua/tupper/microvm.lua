@@ -178,12 +178,17 @@ end
 -- wrote has been read) or after wait_ms.
 local function console_reader(pipe)
   local con = { tail = "", eof = false, waiters = {} }
+  -- runs every waiter once; their timers are closed, so that no handle
+  -- outlives the VM (a daemon stopping right after a kill must find none)
+  local function release()
+    local w = con.waiters
+    con.waiters = {}
+    for _, f in ipairs(w) do f() end
+  end
   local function ended()
     con.eof = true
     if not pipe:is_closing() then pipe:close() end
-    local w = con.waiters
-    con.waiters = {}
-    for _, cb in ipairs(w) do cb() end
+    release()
   end
   pipe:read_start(function(err, data)
     if err or not data then return ended() end
@@ -193,6 +198,7 @@ local function console_reader(pipe)
   end)
   function con.close()
     if not pipe:is_closing() then pipe:close() end
+    release()
   end
   function con.closed(wait_ms, cb)
     if con.eof then return cb() end
@@ -201,7 +207,7 @@ local function console_reader(pipe)
     local function once()
       if done then return end
       done = true
-      timer:close()
+      if not timer:is_closing() then timer:close() end
       cb()
     end
     con.waiters[#con.waiters + 1] = once

@@ -70,13 +70,17 @@ function M.run(file, args, opts)
         end
       end)
     end
-    local handle, perr = uv.spawn(file, { args = args, cwd = opts.cwd, stdio = { nil, stdout, stderr } },
-      function(c, s) code, sig = c, s; done() end)
+    local handle, perr
+    handle, perr = uv.spawn(file, { args = args, cwd = opts.cwd, stdio = { nil, stdout, stderr } },
+      function(c, s)
+        code, sig = c, s
+        handle:close() -- a process handle lives until closed, even once exited
+        done()
+      end)
     if not handle then
       stdout:close(); stderr:close()
       return cb(nil, "run " .. file .. ": " .. tostring(perr))
     end
-    handle:unref()
     reader(stdout, out, 1)
     reader(stderr, errs, 2)
   end)

@@ -174,6 +174,17 @@ describe("the microvm backend", function()
     assert.truthy(call("sandbox.kill", { id = b }).killed)
   end)
 
+  it("lets its daemon stop cleanly right after a create and a kill", function()
+    -- every handle of the backend (helper processes, console, monitor) is
+    -- closed by then: one left for lua_close crashed the daemon at exit
+    local d2 = helper.start_daemon(nil, { pool = 0 })
+    local c2 = assert(d2.connect())
+    local sb = assert(helper.call(c2, "sandbox.create", { backend = "microvm" }))
+    assert.truthy(helper.call(c2, "sandbox.kill", { id = sb.id }).killed)
+    c2:close()
+    assert.are.equal(0, d2.stop())
+  end)
+
   it("refuses a limit it cannot enforce in a VM", function()
     local _, err = call("sandbox.create", { backend = "microvm", limits = { pids = 10 } })
     assert.matches("'pids' limit is not enforced by the microvm backend", err.message)
