@@ -80,14 +80,14 @@ static void fz_check_field(const tp_field_t *f, const uint8_t *p, uint32_t len) 
  * Accepted fields are appended to ctx->re as the encoder would write them. */
 static int fz_decode(fz_ctx_t *ctx, const tp_field_t *fs, int n, const uint8_t *p, uint32_t len,
                      int nested, tp_field_t *scratch, int scratch_max) {
-  uint32_t seen = 0;
+  uint64_t seen = 0;
   for (int i = 0; i < n; i++) {
     const tp_field_t *f = &fs[i];
     fz_check_field(f, p, len);
     if (!fz_tag_repeated(f->tag)) {
-      if (seen & (1u << f->tag))
+      if (seen & (UINT64_C(1) << f->tag))
         return -1;
-      seen |= 1u << f->tag;
+      seen |= UINT64_C(1) << f->tag;
     }
     if (tp_tag_kind(f->tag) == TP_KIND_NESTED) {
       size_t grp;
