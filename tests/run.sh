@@ -24,6 +24,9 @@ traces() {
 before=$(traces)
 TMPDIR=$(mktemp -d /tmp/tupper-test.XXXXXX)
 export TMPDIR
+# a CLI call that finds no daemon starts one on the default state dir; in
+# the suite that must never be the host's /var/lib/tupper
+export TUPPER_STATE_DIR="$TMPDIR/default-state"
 export TUPPER_BIN="$BUILD/tupper" TUPPER_AGENT="$BUILD/tupper-agent" TUPPER_ROOT="$ROOT"
 export TUPPER_PROBE="$BUILD/tupper-probe"
 export LUA_CPATH="$BUILD/lua/?.so;${LUA_CPATH:-;}" # tupper.vm_core for the VM specs
