@@ -701,11 +701,17 @@ function M.pull(dir, refstr, opts)
       opts.on_progress(math.min(done, total), total)
     end)
   end
-  local fns = { function() s:blob(l, { digest = config.digest, size = math.tointeger(config.size) }, progress) end }
+  local fns = {}
   for _, d in ipairs(layers) do
     fns[#fns + 1] = function() s:blob(l, d, progress) end
   end
-  local ok, err = pcall(parallel, M.PARALLEL, fns, function() s:cancel() end)
+  -- the small config first, then the layers in parallel: an image whose
+  -- config is bad fails before any layer moves, and a layer that fails
+  -- never races a config download into a kept partial file
+  local ok, err = pcall(function()
+    s:blob(l, { digest = config.digest, size = math.tointeger(config.size) }, progress)
+    parallel(M.PARALLEL, fns, function() s:cancel() end)
+  end)
   if timer then timer:stop(); timer:close() end
   if not ok then error(err, 0) end
   if opts.on_progress then opts.on_progress(total, total) end
