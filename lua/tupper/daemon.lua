@@ -44,15 +44,7 @@ local function log(fmt, ...)
 end
 M.log = log
 
-local function mkdirs(path, mode)
-  local acc = ""
-  for part in path:gmatch("[^/]+") do
-    acc = acc .. "/" .. part
-    local ok, err, name = uv.fs_mkdir(acc, mode)
-    if not ok and name ~= "EEXIST" then return nil, err end
-  end
-  return true
-end
+local mkdirs = paths.mkdirs
 
 -- Limits as the backend takes them.
 local function backend_limits(lim)

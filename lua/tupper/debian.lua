@@ -462,15 +462,7 @@ end
 
 -- ------------------------------------------------------------- files
 
-local function mkdirs(path, mode)
-  local acc = ""
-  for part in path:gmatch("[^/]+") do
-    acc = acc .. "/" .. part
-    local ok, err, name = uv.fs_mkdir(acc, mode)
-    if not ok and name ~= "EEXIST" then return nil, err end
-  end
-  return true
-end
+local mkdirs = require("tupper.paths").mkdirs
 
 --- Removes a tree without following symlinks.
 local function rmtree(path)

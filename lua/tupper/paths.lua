@@ -27,4 +27,17 @@ function M.state_dir()
   return data .. "/tupper"
 end
 
+--- Makes path and its missing parents (mode, default 0755; the umask
+-- applies).  Returns true, or nil, err.
+function M.mkdirs(path, mode)
+  local uv = require("luv")
+  local acc = ""
+  for part in path:gmatch("[^/]+") do
+    acc = acc .. "/" .. part
+    local ok, err, name = uv.fs_mkdir(acc, mode or 493)
+    if not ok and name ~= "EEXIST" then return nil, err end
+  end
+  return true
+end
+
 return M

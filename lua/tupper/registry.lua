@@ -434,15 +434,7 @@ end
 
 ---------------------------------------------------------------- the store's files
 
-local function mkdirs(path)
-  local acc = ""
-  for part in path:gmatch("[^/]+") do
-    acc = acc .. "/" .. part
-    local ok, err, name = uv.fs_mkdir(acc, tonumber("755", 8))
-    if not ok and name ~= "EEXIST" then return nil, err end
-  end
-  return true
-end
+local mkdirs = require("tupper.paths").mkdirs -- 0755
 
 -- Writes data to path through a temporary file in tmpdir (the layout's
 -- partial/: no half-written file is ever under a name the store reads).

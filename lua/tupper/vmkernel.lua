@@ -29,15 +29,7 @@ function M.cache_dir()
   return c .. "/tupper/microvm"
 end
 
-local function mkdirs(path, mode)
-  local acc = ""
-  for part in path:gmatch("[^/]+") do
-    acc = acc .. "/" .. part
-    local ok, err, name = uv.fs_mkdir(acc, mode or 493)
-    if not ok and name ~= "EEXIST" then return nil, err end
-  end
-  return true
-end
+local mkdirs = require("tupper.paths").mkdirs
 M.mkdirs = mkdirs
 
 --- Runs a program and waits for it: returns stdout, or nil, err (with the
