@@ -464,6 +464,32 @@ static void tp__start_after(uv_work_t *req, int status) {
   tp_lua_pcall(L, 3, 0, 0);
 }
 
+/* Queues start job j (box or VM) with the callback at stack index 2; on
+ * failure frees j and its box.  Returns what the Lua function returns:
+ * true, or nil and "<what>: <error>". */
+static int tp__job_queue(lua_State *L, tp_start_job_t *j, const char *what) {
+  int r;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  j->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  lua_pushvalue(L, 2);
+  j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
+  j->work.data = j;
+  r = uv_queue_work(luv_loop(L), &j->work, tp__start_work, tp__start_after);
+  if (r < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+    free(j->b->fields);
+    free(j->b->dir);
+    free(j->b);
+    tp__job_free(j);
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s: %s", what, uv_strerror(r));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static char *tp__field_dup(lua_State *L, const char *k, int required) {
   const char *v;
   lua_getfield(L, 1, k);
@@ -489,7 +515,7 @@ static int tp_lcore_box_start(lua_State *L) {
   uint32_t id_count;
   int64_t disk = 0;
   tp_start_job_t *j;
-  int r, n_layers, layers_ok = 1;
+  int n_layers, layers_ok = 1;
 
   /* every argument is checked before a C resource is taken */
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -587,25 +613,7 @@ static int tp_lcore_box_start(lua_State *L) {
   j->spec.disk_bytes = disk;
   j->spec.agent_fd = ctx->agent_fd;
   j->spec.seccomp = &ctx->seccomp;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  j->L = lua_tothread(L, -1);
-  lua_pop(L, 1);
-  lua_pushvalue(L, 2);
-  j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
-  j->work.data = j;
-  r = uv_queue_work(luv_loop(L), &j->work, tp__start_work, tp__start_after);
-  if (r < 0) {
-    luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
-    free(j->b->fields);
-    free(j->b->dir);
-    free(j->b);
-    tp__job_free(j);
-    lua_pushnil(L);
-    lua_pushfstring(L, "start box: %s", uv_strerror(r));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+  return tp__job_queue(L, j, "start box");
 }
 
 /* core.vm_start({ id=, dir=, argv = { "/usr/bin/qemu-system-x86_64", ... }, fds = { fd, ... },
@@ -622,7 +630,6 @@ static int tp_lcore_vm_start(lua_State *L) {
   tp_cgroup_limits_t lim = {0};
   tp_start_job_t *j;
   lua_Integer uid, gid, console_fd, argc, nfds;
-  int r;
 
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -729,25 +736,7 @@ static int tp_lcore_vm_start(lua_State *L) {
   j->vm_spec.uid = (uid_t) uid;
   j->vm_spec.gid = (gid_t) gid;
   j->vm_spec.console_fd = (int) console_fd;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  j->L = lua_tothread(L, -1);
-  lua_pop(L, 1);
-  lua_pushvalue(L, 2);
-  j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
-  j->work.data = j;
-  r = uv_queue_work(luv_loop(L), &j->work, tp__start_work, tp__start_after);
-  if (r < 0) {
-    luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
-    free(j->b->fields);
-    free(j->b->dir);
-    free(j->b);
-    tp__job_free(j);
-    lua_pushnil(L);
-    lua_pushfstring(L, "start VM: %s", uv_strerror(r));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+  return tp__job_queue(L, j, "start VM");
 }
 
 /* core.box_adopt{ id=, dir=, pid=, cgroup= }: reconnects to the agent of a
