@@ -67,6 +67,7 @@ local function is_array(t)
   end
   return true
 end
+M.is_array = is_array -- shared with tupper.recipe
 
 -- ------------------------------------------------------------ the spec
 

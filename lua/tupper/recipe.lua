@@ -64,13 +64,7 @@ end
 
 -- ------------------------------------------------------------- checks
 
-local function is_array(t)
-  local n = #t
-  for k in pairs(t) do
-    if math.type(k) ~= "integer" or k < 1 or k > n then return false end
-  end
-  return true
-end
+local is_array = debian.is_array -- a list: keys 1..#t only
 
 --- Checks a network field: "none", "all", or { allow = {rule...}, deny =
 -- {rule...} } with rules like "pypi.org:443" or "10.0.0.0/8".  Returns
