@@ -442,7 +442,10 @@ static void tp__start_after(uv_work_t *req, int status) {
   tp_start_job_t *j = req->data;
   lua_State *L = j->L;
   tp_lbox_t *b = j->b;
-  (void) status;
+  if (status < 0 && j->ret == 0) {
+    /* the work never ran (UV_ECANCELED): nothing was started */
+    j->ret = tp_error_set(&j->err, ECANCELED, "start: %s", uv_strerror(status));
+  }
   lua_rawgeti(L, LUA_REGISTRYINDEX, j->ref_cb);
   luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
   if (j->ret < 0) {
@@ -805,16 +808,27 @@ static int tp_lbox_on(lua_State *L) {
   int r;
   luaL_checktype(L, 2, LUA_TFUNCTION);
   luaL_checktype(L, 3, LUA_TFUNCTION);
-  if (b->started || b->destroyed)
+  if (b->started || b->destroyed || b->open_handles > 0)
     return luaL_error(L, "box: on() called twice or after destroy");
-  if ((r = uv_pipe_init(loop, &b->chan, 0)) < 0 || (r = uv_pipe_open(&b->chan, b->box.chan_fd)) < 0) {
+  if ((r = uv_pipe_init(loop, &b->chan, 0)) < 0) {
     lua_pushnil(L);
     lua_pushfstring(L, "box channel: %s", uv_strerror(r));
     return 2;
   }
   b->chan.data = b;
   b->open_handles++;
-  uv_poll_init(loop, &b->exitp, b->box.pidfd);
+  /* from here the pipe is in the loop's handle queue: every failure must
+   * close it before b can be freed (the box keeps chan_fd: uv_pipe_open
+   * took it only if it succeeded) */
+  if ((r = uv_pipe_open(&b->chan, b->box.chan_fd)) == 0 &&
+      (r = uv_poll_init(loop, &b->exitp, b->box.pidfd)) < 0)
+    b->box.chan_fd = -1; /* the pipe owns it now: uv_close closes it */
+  if (r < 0) {
+    uv_close((uv_handle_t *) &b->chan, tp__lbox_close_cb);
+    lua_pushnil(L);
+    lua_pushfstring(L, "box channel: %s", uv_strerror(r));
+    return 2;
+  }
   b->exitp.data = b;
   b->open_handles++;
   b->started = 1;
@@ -1375,6 +1389,21 @@ static int tp_lcore_rmtree(lua_State *L) {
   return 1;
 }
 
+/* core.ignore_stop_signals(): SIGTERM, SIGINT and SIGHUP are ignored from
+ * now on.  For the daemon's last moments, after its signal handles are
+ * closed (closing the last one restores the default action): a user
+ * pressing Ctrl-C again must not turn a clean exit into a death by signal. */
+static int tp_lcore_ignore_stop_signals(lua_State *L) {
+  static const int sigs[] = {SIGTERM, SIGINT, SIGHUP};
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = SIG_IGN;
+  for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+    if (sigaction(sigs[i], &sa, NULL) < 0)
+      return luaL_error(L, "sigaction: %s", strerror(errno));
+  return 0;
+}
+
 static int tp_lcore_umask(lua_State *L) {
   lua_pushinteger(L, umask((mode_t) luaL_checkinteger(L, 1)));
   return 1;
@@ -1547,6 +1576,7 @@ int luaopen_tupper_core(lua_State *L) {
       {"b64decode", tp_lcore_b64decode},   {"default_image", tp_lcore_default_image},
       {"sha256", tp_lcore_sha256},
       {"rmtree", tp_lcore_rmtree},         {"umask", tp_lcore_umask},
+      {"ignore_stop_signals", tp_lcore_ignore_stop_signals},
       {"random_hex", tp_lcore_random_hex}, {"lock", tp_lcore_lock},
       {"log_to", tp_lcore_log_to},         {"cgroup_init", tp_lcore_cgroup_init},
       {"cgroup_orphans", tp_lcore_cgroup_orphans}, {"cgroup_remove", tp_lcore_cgroup_remove},

@@ -713,7 +713,10 @@ function Daemon:shutdown()
     while self.filling do async.sleep(5) end
     for conn in pairs(self.clients) do conn:close() end
     core.cgroup_prune()
+    -- everything is gone: a late SIGTERM (a second Ctrl-C) must not make
+    -- a clean exit look like a death by signal
     for _, s in ipairs(self.signals) do s:close() end
+    core.ignore_stop_signals()
     if self.lock then uv.fs_close(self.lock); self.lock = nil end
   end)
 end
