@@ -13,8 +13,9 @@
  * trusted to be in sync; a frame with bad fields gets ERR EINVAL.
  *
  * EOF on the channel is the host's way to say stop, unless the box was given
- * a listening socket: then the daemon may only have crashed, and the agent
- * keeps the box running for the grace period (see agent.h).  One daemon at a
+ * a listening socket, or the agent is a microVM guest (whose port QEMU keeps
+ * open for the next daemon): then the daemon may only have crashed, and the
+ * agent keeps the box running for the grace period (see agent.h).  One daemon at a
  * time: while attached, further connections are accepted and closed at
  * once, so no second client can ever take over a live channel, and none
  * waits in the backlog to take over the next one. */
@@ -59,6 +60,12 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
         struct pollfd pfd = {.fd = fd, .events = POLLOUT};
         if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
           return -1;
+        /* a microVM's port whose host end closed reads HUP and never takes
+         * a byte until a host reopens it: the channel is lost */
+        if ((pfd.revents & (POLLHUP | POLLERR | POLLNVAL)) && !(pfd.revents & POLLOUT)) {
+          errno = EPIPE;
+          return -1;
+        }
         continue;
       }
       return -1;
@@ -162,6 +169,7 @@ static agent_handler_t handler_for(uint8_t type) {
   case TP_MSG_WATCH_ADD: return agent_watch_add;
   case TP_MSG_WATCH_REMOVE: return agent_watch_remove;
   case TP_MSG_VM_INIT: return agent_vm_init;
+  case TP_MSG_VM_ATTACH: return agent_vm_attach;
   default: return NULL; /* agent -> host types */
   }
 }
@@ -317,6 +325,7 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
 
   a->chan = chan;
   a->sigfd = -1;
+  a->vm_port = -1;
   a->grace_ms = grace_s * 1000;
   for (int i = 0; i < AGENT_PROC_MAX; i++)
     a->procs[i] = (agent_proc_t){.out_fd = -1, .err_fd = -1, .in_fd = -1, .hold_fd = -1,
@@ -331,8 +340,13 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
   if (fcntl(chan, F_SETFD, FD_CLOEXEC) < 0)
     return tp_error_errno(err, errno, "channel cloexec");
   fl = fcntl(chan, F_GETFL);
-  if (fl >= 0 && (fl & O_NONBLOCK))
+  if (agent_vm_guest) { /* the port: non-blocking, SIGIO when the host end opens or closes */
+    if (agent_vm_port_init(chan, err) < 0)
+      return -1;
+    a->vm_port = chan;
+  } else if (fl >= 0 && (fl & O_NONBLOCK)) {
     fcntl(chan, F_SETFL, fl & ~O_NONBLOCK);
+  }
   /* Non-blocking: a connection that goes away between poll and accept must
    * not hang the loop. */
   if (a->listen_fd >= 0 && (fcntl(a->listen_fd, F_SETFD, FD_CLOEXEC) < 0 ||
@@ -360,6 +374,8 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
 
   sigemptyset(&set);
   sigaddset(&set, SIGCHLD);
+  if (agent_vm_guest)
+    sigaddset(&set, SIGIO);
   if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
     return tp_error_errno(err, errno, "sigprocmask");
   a->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
@@ -386,9 +402,11 @@ static void send_ready(agent_t *a) {
   agent_send(a);
 }
 
-/* The channel is gone but a daemon may come back: keep the box running. */
+/* The channel is gone but a daemon may come back: keep the box running.  A
+ * guest keeps its port open (closing it would tell QEMU the guest left). */
 static void detach(agent_t *a) {
-  close(a->chan);
+  if (a->chan != a->vm_port)
+    close(a->chan);
   a->chan = -1;
   a->dead = 0;
   a->rlen = 0; /* a request cut in half by the crash */
@@ -426,11 +444,25 @@ static void listener_accept(agent_t *a) {
   agent_proc_flush_exits(a);
 }
 
+/* A guest's port whose host end is open again: the new channel. */
+static void vm_reattach(agent_t *a) {
+  a->chan = a->vm_port;
+  agent_log("re-attached");
+  send_ready(a);
+  agent_proc_flush_exits(a);
+}
+
+#define VM_RECHECK_MS 1000 /* detached guest: the port's state is checked at least this often */
+
 /* The poll timeout: until the grace period or a listener pause ends. */
 static int poll_timeout(const agent_t *a, long long now, int listen_paused) {
   long long t = -1;
   if (a->chan < 0)
     t = a->deadline - now;
+  /* SIGIO wakes a detached guest when the host reopens its port; this bounds
+   * the wait should a signal be merged with an earlier one */
+  if (a->chan < 0 && a->vm_port >= 0 && t > VM_RECHECK_MS)
+    t = VM_RECHECK_MS;
   if (listen_paused && (t < 0 || a->listen_pause - now < t))
     t = a->listen_pause - now;
   if (t > 60000)
@@ -445,12 +477,14 @@ static int agent_run(agent_t *a) {
     long long now;
     int n, nproc, nw, paused;
     if (a->dead) {
-      if (a->listen_fd < 0)
+      if (a->listen_fd < 0 && a->vm_port < 0)
         return 0;
       detach(a);
     }
+    if (a->chan < 0 && a->vm_port >= 0 && agent_vm_host_connected(a->vm_port))
+      vm_reattach(a);
     now = agent_now_ms();
-    if (a->chan < 0 && (now >= a->deadline || a->listen_fd < 0)) {
+    if (a->chan < 0 && (now >= a->deadline || (a->listen_fd < 0 && a->vm_port < 0))) {
       agent_log("no daemon within %lld s: stopping", a->grace_ms / 1000);
       return 0;
     }

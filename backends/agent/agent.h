@@ -110,6 +110,8 @@ typedef struct agent_s {
   int sigfd;                  /* signalfd for SIGCHLD */
   int dead;                   /* the channel reached EOF or failed */
   int listen_fd;              /* listening socket for a new daemon, or -1 */
+  int vm_port;                /* a microVM guest: the virtio-serial port, kept while detached
+                                 (the host end reopens on the same port); else -1 */
   long long grace_ms;         /* how long to stay detached */
   long long deadline;         /* detached: when to give up (CLOCK_MONOTONIC ms) */
   long long listen_pause;     /* accept failed for want of resources: retry after this */
@@ -216,6 +218,12 @@ int agent_vm_setup(int *chan, tp_error_t *err);
 /* Syncs and powers the VM off (does not return on success). */
 void agent_vm_poweroff(void);
 int agent_vm_init(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_vm_attach(agent_t *a, const agent_req_t *r, tp_error_t *err);
+/* The port as the channel: non-blocking, SIGIO on host (dis)connection (the
+ * caller adds SIGIO to its signalfd).  Returns 0 or -1 (err). */
+int agent_vm_port_init(int fd, tp_error_t *err);
+/* 1 while the host end of the port is open, else 0. */
+int agent_vm_host_connected(int fd);
 
 /* agent_fs.c */
 int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err);

@@ -17,8 +17,12 @@
  *      /newroot onto / and chroots there;
  *   5. waits until the host end of the port is connected and returns it as
  *      the channel.
- * The guest has no network device.  When the channel closes the agent
- * stops every process and powers the VM off. */
+ * The guest has no network device.  The host end of the port is a unix
+ * socket QEMU listens on: when it closes (the daemon crashed) the agent
+ * detaches and keeps the guest running for the grace period (VM_INIT's
+ * GRACE), re-attaching when a daemon connects again (the port reopens: the
+ * guest kernel signals it with SIGIO, agent_vm_port_init); once the grace
+ * ends it stops every process and powers the VM off. */
 #define _GNU_SOURCE
 #include "agent.h"
 
@@ -28,6 +32,7 @@
 #include <linux/random.h>
 #include <net/if.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,6 +303,20 @@ static int lo_up(tp_error_t *err) {
   return 0;
 }
 
+int agent_vm_port_init(int fd, tp_error_t *err) {
+  int fl = fcntl(fd, F_GETFL);
+  /* virtio_console sends SIGIO to the owner on every change of the host's
+   * connection (and on incoming data): a detached agent wakes at once */
+  if (fl < 0 || fcntl(fd, F_SETOWN, getpid()) < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK | O_ASYNC) < 0)
+    return tp_error_errno(err, errno, "agent port: non-blocking, SIGIO");
+  return 0;
+}
+
+int agent_vm_host_connected(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) >= 0 && !(p.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
 int agent_vm_setup(int *chan, tp_error_t *err) {
   static char cmdline[VM_CMDLINE_MAX];
   char port[300];
@@ -343,13 +362,15 @@ void agent_vm_poweroff(void) {
  * random pool is the snapshot's too, shared by every VM started from it. */
 int agent_vm_init(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   const tp_field_t *name, *data;
-  int64_t ns;
-  (void) a;
+  int64_t ns, grace;
   if (!agent_vm_guest)
     return tp_error_set(err, EOPNOTSUPP, "VM_INIT: not a microVM guest");
-  if (agent_req_check(r, AGENT_TAG(TP_TAG_NAME) | AGENT_TAG(TP_TAG_DATA) | AGENT_TAG(TP_TAG_MTIME),
-                      0, "VM_INIT", err) < 0)
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_NAME) | AGENT_TAG(TP_TAG_DATA) | AGENT_TAG(TP_TAG_MTIME) |
+                      AGENT_TAG(TP_TAG_GRACE), 0, "VM_INIT", err) < 0)
     return -1;
+  grace = agent_req_int(r, TP_TAG_GRACE, AGENT_GRACE_DEFAULT_S);
+  if (grace < 0 || grace > AGENT_GRACE_MAX_S)
+    return tp_error_set(err, EINVAL, "VM_INIT: GRACE must be 0 to %d seconds", AGENT_GRACE_MAX_S);
   name = agent_req_get(r, TP_TAG_NAME);
   data = agent_req_get(r, TP_TAG_DATA);
   if (tp_field_int(agent_req_get(r, TP_TAG_MTIME), &ns) < 0)
@@ -378,5 +399,21 @@ int agent_vm_init(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     if (fd < 0 || ioctl(fd, RNDADDENTROPY, &e) < 0)
       return tp_error_errno(err, errno, "VM_INIT: add entropy");
   }
+  a->grace_ms = grace * 1000;
+  return 0;
+}
+
+/* VM_ATTACH: a daemon's first request on a port it (re)connected to.  The
+ * agent normally saw the earlier connection close (EOF) and detached, but a
+ * close and a reopen can reach the guest back to back (QEMU frozen, or busy,
+ * in between): whatever belonged to the earlier daemon goes now.  Its
+ * queued EXITs were sent with READY, or go out right after this reply. */
+int agent_vm_attach(agent_t *a, const agent_req_t *r, tp_error_t *err) {
+  if (!agent_vm_guest)
+    return tp_error_set(err, EOPNOTSUPP, "VM_ATTACH: not a microVM guest");
+  if (agent_req_check(r, 0, 0, "VM_ATTACH", err) < 0)
+    return -1;
+  agent_net_detach(a);
+  agent_watch_clear(a);
   return 0;
 }

@@ -76,7 +76,14 @@ enum tp_msg_type {
   /* microvm (types 70-79): the guest of a microVM (backend "microvm") */
   TP_MSG_VM_INIT = 70,     /* NAME (hostname) MTIME (host clock, ns since the epoch) DATA? (up to
                               256 bytes of entropy) -> OK; sent after READY, on a cold boot and
-                              on a start from a snapshot; ERR EOPNOTSUPP outside a VM */
+                              on a start from a snapshot; ERR EOPNOTSUPP outside a VM.
+                              GRACE? (seconds): how long the guest waits for a daemon once the
+                              host end of its port closed (default 60) */
+  /* microvm re-adoption (types 85-87) */
+  TP_MSG_VM_ATTACH = 85,   /* -> OK: the first request of a daemon that (re)connected to a
+                              guest's port: the agent drops what belonged to an earlier
+                              connection (watches, network streams) even if it never saw that
+                              one close; ERR EOPNOTSUPP outside a VM */
 };
 
 enum tp_tag {
@@ -113,7 +120,8 @@ enum tp_tag {
   TP_TAG_SID = 40,     /* int: stream id (agent-made < 2^31, host-made >= 2^31) */
   TP_TAG_KIND = 41,    /* int: TP_NET_* */
   TP_TAG_PORT = 42,    /* int */
-  TP_TAG_MAX_ = 43
+  TP_TAG_GRACE = 46,   /* int: seconds (VM_INIT) */
+  TP_TAG_MAX_ = 47
 };
 
 /* network relay: per-stream flow control.  A sender has at most

@@ -589,6 +589,18 @@ static void test_ready(host_t *h, int stray_rd) {
   close(stray_rd);
 }
 
+/* The microVM guest's requests are refused by an agent that is not one
+ * (a linux box's): nothing of the guest set-up runs in a box. */
+static void test_vm_requests(host_t *h) {
+  req_begin(h, TP_MSG_VM_ATTACH);
+  expect_err(req_call(h), EOPNOTSUPP, "VM_ATTACH outside a microVM");
+  tp_buf_t *b = req_begin(h, TP_MSG_VM_INIT);
+  tp_frame_add_str(b, TP_TAG_NAME, "x");
+  tp_frame_add_int(b, TP_TAG_MTIME, 1);
+  tp_frame_add_int(b, TP_TAG_GRACE, 1);
+  expect_err(req_call(h), EOPNOTSUPP, "VM_INIT outside a microVM");
+}
+
 static void test_exec(host_t *h, const char *tmp) {
   const char *sh[] = {"/bin/sh", "-c", "echo out; echo err >&2; exit 3", NULL};
   const char *pathsearch[] = {"sh", "-c", "exit 0", NULL};
@@ -1857,6 +1869,7 @@ int main(void) {
   test_ps(&h);
   test_fs(&h, tmp);
   test_bad_requests(&h, tmp);
+  test_vm_requests(&h);
   check(h.stray_events == 0, "no event for a pid before its OK or after its EXIT (%d)", h.stray_events);
   check(h.bad_frames == 0, "every frame from the agent parsed");
 
