@@ -58,6 +58,7 @@ static const char *const tp__tag_names[TP_TAG_MAX_] = {
     [TP_TAG_ENTRY] = "entries",   [TP_TAG_CREATED] = "created", [TP_TAG_COLS] = "cols",
     [TP_TAG_ROWS] = "rows",       [TP_TAG_WATCH] = "watch",   [TP_TAG_EVENT] = "event",
     [TP_TAG_SID] = "sid",         [TP_TAG_KIND] = "kind",     [TP_TAG_PORT] = "port",
+    [TP_TAG_GRACE] = "grace",
 };
 
 static int tp__tag_repeated(unsigned tag) {
@@ -620,19 +621,22 @@ static int tp_lcore_box_start(lua_State *L) {
 }
 
 /* core.vm_start({ id=, dir=, argv = { "/usr/bin/qemu-system-x86_64", ... }, fds = { fd, ... },
- *                 uid=, gid=, cgroup=, console_fd=,
+ *                 uid=, gid=, cgroup=, console_fd=, die_with_parent=,
  *                 limits = { memory=, pids=, cpu_quota=, cpu_period= } }, cb(box | nil, msg, code))
  * Starts a microVM's QEMU in the thread pool (backends/microvm/microvm.h):
  * with cgroups, in tupper/<cgroup> carrying the limits; as uid:gid; fds
  * become QEMU's fds 4, 5, ... (the caller closes its own once cb ran); a
- * socketpair at its fd 3 becomes the box's channel.  The
- * box behaves as box_start's, and destroy kills QEMU and removes dir. */
+ * unix socket listening at <dir>/agent.sock is its fd 3, and the box's
+ * channel a connection to it.  die_with_parent: QEMU gets a parent-death
+ * signal (a VM that is never re-adopted).  The box behaves as box_start's,
+ * and destroy kills QEMU and removes dir. */
 static int tp_lcore_vm_start(lua_State *L) {
   tp_core_ctx_t *ctx = tp__ctx(L);
   tp_error_t err = {0};
   tp_cgroup_limits_t lim = {0};
   tp_start_job_t *j;
   lua_Integer uid, gid, console_fd, argc, nfds;
+  int die_with_parent;
 
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -640,7 +644,10 @@ static int tp_lcore_vm_start(lua_State *L) {
   if (!tp_cgroup_valid_name(luaL_checkstring(L, -1)))
     return luaL_error(L, "vm_start: bad id");
   lua_getfield(L, 1, "dir");
-  luaL_checkstring(L, -1);
+  if (luaL_checkstring(L, -1)[0] != '/')
+    return luaL_error(L, "vm_start: dir must be absolute");
+  lua_getfield(L, 1, "die_with_parent");
+  die_with_parent = lua_toboolean(L, -1);
   lua_getfield(L, 1, "cgroup");
   luaL_optstring(L, -1, NULL);
   lua_getfield(L, 1, "uid");
@@ -739,7 +746,114 @@ static int tp_lcore_vm_start(lua_State *L) {
   j->vm_spec.uid = (uid_t) uid;
   j->vm_spec.gid = (gid_t) gid;
   j->vm_spec.console_fd = (int) console_fd;
+  j->vm_spec.dir = j->dir;
+  j->vm_spec.die_with_parent = die_with_parent;
   return tp__job_queue(L, j, "start VM");
+}
+
+/* The cgroup.procs file of b's cgroup (the first controller's dir), into
+ * buf; "" without cgroups. */
+static void tp__lbox_procs_path(tp_lbox_t *b, char *buf, size_t cap) {
+  buf[0] = '\0';
+  if (!b->has_cg)
+    return;
+  for (int c = 0; c < TP_CG_NCTRL; c++) {
+    const char *dir = b->cg.version == 2 ? (c == 0 ? b->cg.path_v2 : NULL) : b->cg.path_v1[c];
+    if (dir != NULL) {
+      snprintf(buf, cap, "%s/cgroup.procs", dir);
+      return;
+    }
+  }
+}
+
+/* core.vm_adopt{ id=, dir=, pid=, uid=, start_time=, cgroup= }: reconnects to
+ * the agent of a microVM a previous daemon started (after a crash), once pid
+ * proved to be its QEMU (tp_microvm_adopt), and re-opens its cgroup.  Every
+ * value but dir comes from the VM's record: hostile. */
+static int tp_lcore_vm_adopt(lua_State *L) {
+  tp_core_ctx_t *ctx = tp__ctx(L);
+  tp_error_t err = {0};
+  tp_vm_adopt_t a = {0};
+  char procs[4200];
+  tp_lbox_t *b;
+  tp_lbox_t **pb;
+  const char *id, *cgname;
+  lua_Integer pid, uid, start;
+
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "id");
+  id = luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "dir");
+  a.dir = luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "pid");
+  pid = luaL_checkinteger(L, -1);
+  lua_getfield(L, 1, "uid");
+  uid = luaL_checkinteger(L, -1);
+  lua_getfield(L, 1, "start_time");
+  start = luaL_checkinteger(L, -1);
+  lua_getfield(L, 1, "cgroup");
+  cgname = luaL_optstring(L, -1, id);
+  if (!tp_cgroup_valid_name(id) || !tp_cgroup_valid_name(cgname) || a.dir[0] != '/')
+    return luaL_error(L, "vm_adopt: bad id, cgroup or dir");
+  if (pid < 2 || pid > 0x7fffffff || uid < 1 || uid > 0x7fffffff || start < 0) {
+    tp_error_set(&err, EINVAL, "adopt VM: bad pid, uid or start time in its record");
+    return tp__push_err(L, &err);
+  }
+  a.pid = (pid_t) pid;
+  a.uid = (uid_t) uid;
+  a.start_time = (unsigned long long) start;
+
+  pb = lua_newuserdatauv(L, sizeof(*pb), 0);
+  *pb = NULL;
+  luaL_setmetatable(L, TP_BOX_MT);
+  b = calloc(1, sizeof(*b));
+  if (b == NULL || (b->dir = strdup(a.dir)) == NULL ||
+      (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
+    if (b != NULL) {
+      free(b->dir);
+      free(b);
+    }
+    tp_error_set(&err, ENOMEM, "adopt VM: out of memory");
+    return tp__push_err(L, &err);
+  }
+  b->ref_frame = b->ref_down = b->ref_destroy = LUA_NOREF;
+  b->box.pidfd = b->box.chan_fd = -1;
+  b->vm = 1;
+  if (ctx->has_cgroups) {
+    if (tp_cgroup_open(&ctx->cgroot, cgname, &b->cg, &err) < 0)
+      goto fail;
+    b->has_cg = 1;
+  }
+  tp__lbox_procs_path(b, procs, sizeof(procs));
+  a.cgroup_procs = procs[0] ? procs : NULL;
+  if (tp_microvm_adopt(&a, &b->box, &err) < 0)
+    goto fail;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  b->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  *pb = b;
+  return 1;
+
+fail:
+  if (b->has_cg)
+    tp_cgroup_free(&b->cg);
+  free(b->fields);
+  free(b->dir);
+  free(b);
+  return tp__push_err(L, &err);
+}
+
+/* core.proc_start_time(pid) -> clock ticks since boot | nil, msg */
+static int tp_lcore_proc_start_time(lua_State *L) {
+  lua_Integer pid = luaL_checkinteger(L, 1);
+  unsigned long long t;
+  tp_error_t err = {0};
+  if (pid < 1 || pid > 0x7fffffff)
+    return luaL_error(L, "proc_start_time: bad pid");
+  if (tp_microvm_start_time((pid_t) pid, &t, &err) < 0)
+    return tp__push_err(L, &err);
+  lua_pushinteger(L, (lua_Integer) t);
+  return 1;
 }
 
 /* core.box_adopt{ id=, dir=, pid=, cgroup= }: reconnects to the agent of a
@@ -1571,6 +1685,7 @@ int luaopen_tupper_core(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"box_start", tp_lcore_box_start},   {"box_adopt", tp_lcore_box_adopt},
       {"vm_start", tp_lcore_vm_start},     {"agent_binary", tp_lcore_agent_binary},
+      {"vm_adopt", tp_lcore_vm_adopt},     {"proc_start_time", tp_lcore_proc_start_time},
       {"send_with_fd", tp_lcore_send_with_fd},
       {"b64encode", tp_lcore_b64encode},
       {"b64decode", tp_lcore_b64decode},   {"default_image", tp_lcore_default_image},
@@ -1600,7 +1715,7 @@ int luaopen_tupper_core(lua_State *L) {
       {"NET_CONNECT", TP_MSG_NET_CONNECT},
       {"PTY_RESIZE", TP_MSG_PTY_RESIZE}, {"WATCH_ADD", TP_MSG_WATCH_ADD},
       {"WATCH_REMOVE", TP_MSG_WATCH_REMOVE}, {"WATCH_EVENT", TP_MSG_WATCH_EVENT},
-      {"VM_INIT", TP_MSG_VM_INIT}};
+      {"VM_INIT", TP_MSG_VM_INIT}, {"VM_ATTACH", TP_MSG_VM_ATTACH}};
 
   if (luaL_newmetatable(L, TP_BOX_MT)) {
     luaL_newlib(L, box_methods);

@@ -5,10 +5,12 @@
  * the kernel and initramfs (vmkernel.lua), the disks, QEMU's command line.
  * This file does the privileged part: it starts QEMU as an unprivileged host
  * user inside the sandbox's cgroups.  QEMU reaches nothing by path: the
- * agent channel is one end of a socketpair at QEMU's fd 3 (`-chardev
- * socket,fd=3`), so the host end of the guest's virtio-serial port is open
- * before the guest boots, and the files it needs (kernel, initramfs, disks)
- * are opened by the daemon and passed as fds 4, 5, ... (QEMU opens them as
+ * agent channel is a unix socket the daemon bound at <dir>/agent.sock (dir
+ * is root's, 0700) and passes listening at QEMU's fd 3 (`-chardev
+ * socket,fd=3,server=on,wait=off`); the daemon connects to it before the
+ * guest boots, and a restarted daemon connects to it again
+ * (tp_microvm_adopt).  The files QEMU needs (kernel, initramfs, disks) are
+ * opened by the daemon and passed as fds 4, 5, ... (QEMU opens them as
  * /proc/self/fd/N).  So the state and cache dirs stay private to root.
  *
  * The result is a tp_box_t like the linux backend's: pid/pidfd are QEMU's,
@@ -31,10 +33,32 @@ typedef struct tp_vm_spec_s {
   /* NULL-terminated cgroup.procs files QEMU joins before its exec, or NULL */
   const char *const *cgroup_procs;
   int console_fd;          /* QEMU's stdout and stderr (the serial console), or -1 */
+  const char *dir;         /* the VM's dir (root's, 0700): agent.sock is bound there */
+  int die_with_parent;     /* a VM that is never re-adopted (a snapshot's template): QEMU gets
+                              a parent-death signal; a sandbox's QEMU outlives a crashed daemon */
 } tp_vm_spec_t;
 
 /* Starts QEMU.  On failure no process is left; the caller removes its
  * directory. */
 int tp_microvm_start(const tp_vm_spec_t *spec, tp_box_t *box, tp_error_t *err);
+
+/* What a restarted daemon knows of a VM from its record: hostile input. */
+typedef struct tp_vm_adopt_s {
+  const char *dir;          /* the VM's dir, derived from its id (never from the record) */
+  pid_t pid;                /* QEMU's pid, uid and start time (clock ticks since boot) */
+  uid_t uid;
+  unsigned long long start_time;
+  const char *cgroup_procs; /* the VM's cgroup.procs, which must list pid; NULL without cgroups */
+} tp_vm_adopt_t;
+
+/* Re-adopts a VM a previous daemon started: pid must be a live process of
+ * uid, started at start_time, in the VM's cgroup, and the listener of
+ * <dir>/agent.sock (SO_PEERCRED); box gets QEMU's pid and pidfd and a new
+ * connection to the agent's port.  Nothing is signalled on failure. */
+int tp_microvm_adopt(const tp_vm_adopt_t *a, tp_box_t *box, tp_error_t *err);
+
+/* The start time of pid (field 22 of /proc/<pid>/stat, clock ticks since
+ * boot) into *out: with the pid, what tells a process from a later one. */
+int tp_microvm_start_time(pid_t pid, unsigned long long *out, tp_error_t *err);
 
 #endif

@@ -622,10 +622,13 @@ function Daemon:_recover()
         pol, err = guard.load_client_policy(rec.policy)
         if not pol then rec = nil end
       end
-      if type(rec) == "table" and rec.backend == "microvm" then
-        err = "a microVM's QEMU dies with its daemon: nothing to re-adopt"
+      local backend = type(rec) == "table" and rec.backend or nil
+      if backend ~= nil and backend ~= "linux" and backend ~= "microvm" then
+        err = "unknown backend"
       elseif type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
         sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers,
+          backend = backend or nil, vm = type(rec.vm) == "table" and rec.vm or nil,
+          paused = rec.paused == true,
           image_digest = rec.image_digest, user = rec.user, dir = self.boxes .. "/" .. id,
           pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
           metadata = rec.metadata, env = rec.env, cwd = rec.cwd, limits_info = rec.limits,

@@ -150,7 +150,9 @@ end
 
 --- QEMU's argv for a VM.  o: accel, kernel, initrd, root, rw (paths as
 -- QEMU opens them: /proc/self/fd/N of fds the daemon passed), mem, cpus,
--- cmdline.  The agent channel is the socket at QEMU's fd 3.  Nothing beyond what the guest needs: two virtio-blk
+-- cmdline.  The agent channel is the listening socket at QEMU's fd 3 (the
+-- daemon bound it in the VM's root-only dir and connects to it; a
+-- restarted daemon connects again).  Nothing beyond what the guest needs: two virtio-blk
 -- disks, one virtio-serial port, the serial console; no NIC, no display, no
 -- monitor, no defaults, no user config; QEMU's seccomp filter on.
 function M.argv(o)
@@ -167,7 +169,7 @@ function M.argv(o)
     "-drive", "id=rw,file=" .. o.rw .. ",format=raw,if=none",
     "-device", "virtio-blk-device,drive=rw,serial=tupper-rw",
     "-device", "virtio-serial-device,max_ports=2",
-    "-chardev", "socket,id=agent,fd=3",
+    "-chardev", "socket,id=agent,fd=3,server=on,wait=off",
     "-device", "virtserialport,chardev=agent,name=tupper.agent,nr=1",
   }
 end
@@ -325,7 +327,9 @@ local function make_rw(path, size)
 end
 
 -- Starts QEMU.  o: id, dir (exists), uid, cgroup, limits, mem, cpus, rw,
--- accel, incoming (a snapshot file to start from).  Returns core's box, the console reader, the QMP client.
+-- accel, incoming (a snapshot file to start from), template (a snapshot's
+-- VM: it dies with the daemon).  Returns core's box, the console reader,
+-- the QMP client.
 local function launch(p, o)
   local cmdline = M.cmdline(o.accel)
   -- QEMU opens nothing by path: the daemon opens, QEMU gets fds 4..9
@@ -366,7 +370,7 @@ local function launch(p, o)
   local limits = o.limits or {}
   local box, serr = require("tupper.async").wait(function(cb)
     local sok, e = core.vm_start({ id = o.id, dir = o.dir, argv = argv, fds = pass,
-      uid = o.uid, gid = o.uid, cgroup = o.cgroup, console_fd = fds.write,
+      uid = o.uid, gid = o.uid, cgroup = o.cgroup, console_fd = fds.write, die_with_parent = o.template,
       limits = { memory = o.mem + M.MEMORY_OVERHEAD, pids = M.QEMU_PIDS,
                  cpu_quota = limits.cpu_quota, cpu_period = limits.cpu_period } }, cb)
     if not sok then cb(nil, e) end
@@ -429,7 +433,7 @@ function M.snapshot(state_dir, p, shape)
     check(make_rw(tmp .. "/rw.ext4", shape.disk))
     uv.fs_chown(tmp .. "/rw.ext4", uid, uid)
     local box, con, q = launch(p, { id = "snap-" .. core.random_hex(4), dir = tmp .. "/vm", uid = uid,
-      mem = shape.mem, cpus = shape.cpus, rw = tmp .. "/rw.ext4", accel = shape.accel })
+      mem = shape.mem, cpus = shape.cpus, rw = tmp .. "/rw.ext4", accel = shape.accel, template = true })
     if not box then error(con, 0) end
     local sfd = check(uv.fs_open(tmp .. "/vm.state", "w", 384))
     local ready = require("tupper.async").wait(function(cb)
@@ -527,27 +531,51 @@ function M.start(opts)
   return w
 end
 
+--- Re-adopts a VM a previous daemon started (after a crash).  opts: id,
+-- dir and cgroup (the daemon's, from the id), pid, uid, start_time (from
+-- the sandbox's record: hostile; core.vm_adopt proves pid is this VM's
+-- QEMU before anything is done with it).  Returns a box (no console: the
+-- previous daemon read it) or nil, err.
+function M.adopt(opts)
+  local uid = math.tointeger(opts.uid)
+  if not uid or uid < M.UID_BASE or uid >= M.UID_BASE + M.UID_COUNT then
+    return nil, "QEMU's uid in the record is not one of the microVM uids"
+  end
+  if used_uids[uid] then return nil, "QEMU's uid " .. uid .. " is taken by another VM" end
+  local box, err = core.vm_adopt({ id = opts.id, dir = opts.dir, cgroup = opts.cgroup,
+    pid = math.tointeger(opts.pid) or -1, uid = uid, start_time = math.tointeger(opts.start_time) or -1 })
+  if not box then return nil, err end
+  used_uids[uid] = true
+  local w = M.wrap(box, uid, nil)
+  w.start_time = math.tointeger(opts.start_time)
+  w.adopted = true
+  return w
+end
+
 -- The box sandbox.lua sees: core's box, whose down reasons carry the end of
 -- the console (a guest panic says so), and which frees its uid once gone.
+-- con is nil for a re-adopted VM (its console went with the dead daemon).
 function M.wrap(box, uid, con)
-  local w = { vm = true }
+  local w = { vm = true, uid = uid }
+  if con then w.start_time = core.proc_start_time(box:pid()) end
   function w.on(_, on_frame, on_down)
     return box:on(on_frame, function(reason)
       if reason == "box init exited" or reason == "agent channel closed" then
         reason = "the VM stopped (guest power-off, panic or QEMU crash)"
       end
+      if not con then return on_down(reason) end
       -- the console's last words come once QEMU is gone (its stdout closes)
       con.closed(M.CONSOLE_WAIT_MS, function() on_down(reason .. console_hint(con)) end)
     end)
   end
   function w.destroy(_, cb)
     return box:destroy(function(...)
-      con.close()
+      if con then con.close() end
       used_uids[uid] = nil
       cb(...)
     end)
   end
-  function w.console() return con.tail end
+  function w.console() return con and con.tail or "" end
   for _, name in ipairs({ "send", "pid", "queued", "freeze", "stats", "has_cgroup", "set_limits", "is_vm" }) do
     w[name] = function(_, ...) return box[name](box, ...) end
   end

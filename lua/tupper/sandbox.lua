@@ -13,6 +13,12 @@ local M = {}
 M.READY_TIMEOUT_MS = 10000
 M.VM_READY_TIMEOUT_MS = 90000 -- a cold boot under TCG emulation takes seconds
 M.REQUEST_TIMEOUT_MS = 120000
+-- how long a microVM's guest keeps running with no daemon attached (a
+-- crash) before it powers off; a linux box's agent waits as long
+M.VM_GRACE_S = (function()
+  local g = math.tointeger(tonumber(os.getenv("TUPPER_VM_GRACE") or ""))
+  return g and g >= 0 and g <= 86400 and g or 60
+end)()
 M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 -- TP_WE_* of proto.h, by number
 M.WATCH_EVENTS = { "create", "write", "remove", "rename", "chmod", "overflow", "end" }
@@ -46,8 +52,8 @@ local function attach(box, opts, adopting)
          function(reason) self:_down(reason) end)
   local ok, why = async.wait(function(cb)
     -- a VM started from a snapshot said READY before the snapshot: its
-    -- VM_INIT below is the handshake
-    if box.restored then return cb(true) end
+    -- VM_INIT below is the handshake; a re-adopted VM's is VM_ATTACH
+    if box.restored or (adopting and self.vm) then return cb(true) end
     self._ready = cb
     self._ready_timer = uv.new_timer()
     self._ready_timer:start(self.vm and M.VM_READY_TIMEOUT_MS or M.READY_TIMEOUT_MS, 0,
@@ -60,12 +66,23 @@ local function attach(box, opts, adopting)
     return nil, "sandbox " .. opts.id .. ": " .. tostring(why)
   end
   self.state = "running"
-  if self.vm then
+  if adopting and self.vm then
+    -- the guest's agent may or may not have seen the dead daemon's
+    -- connection close: VM_ATTACH makes it drop what was that one's.  Its
+    -- id is random: a reply the agent still owed the dead daemon (sent as
+    -- the port reopened) is not taken for this one's
+    self.next_id = 0x10000 + (tonumber(core.random_hex(3), 16) % 0x7fff0000)
+    local r, aerr = self:request(MSG.VM_ATTACH, {})
+    if not r then
+      self:destroy()
+      return nil, "sandbox " .. opts.id .. ": re-attach to the VM's agent: " .. tostring(aerr)
+    end
+  elseif self.vm then
     -- the guest's clock, hostname and random pool are its own (and, from a
     -- snapshot, the snapshot's): the daemon sets them
     local ent = uv.random(64) or core.random_hex(32)
     local sec, usec = uv.gettimeofday()
-    local r, ierr = self:request(MSG.VM_INIT, { name = opts.id, data = ent,
+    local r, ierr = self:request(MSG.VM_INIT, { name = opts.id, data = ent, grace = M.VM_GRACE_S,
                                                  mtime = sec * 1000000000 + usec * 1000 })
     if not r then
       self:destroy()
@@ -118,8 +135,19 @@ end
 -- which processes still run.  opts as for start, plus pid (the agent's host
 -- pid).  Returns the sandbox or nil, err.
 function M.adopt(opts)
-  local box, err = core.box_adopt({ id = opts.id, dir = opts.dir, pid = opts.pid, cgroup = opts.cgroup })
+  local box, err
+  if opts.backend == "microvm" then
+    -- opts.vm: QEMU's uid and start time, from the record
+    local vm = type(opts.vm) == "table" and opts.vm or {}
+    box, err = require("tupper.microvm").adopt({ id = opts.id, dir = opts.dir, cgroup = opts.cgroup,
+      pid = opts.pid, uid = vm.uid, start_time = vm.start_time })
+  else
+    box, err = core.box_adopt({ id = opts.id, dir = opts.dir, pid = opts.pid, cgroup = opts.cgroup })
+  end
   if not box then return nil, "adopt sandbox " .. opts.id .. ": " .. tostring(err) end
+  -- a paused VM is frozen whole, its agent too: thawed for the handshake
+  local refreeze = box.vm and opts.paused and box:has_cgroup()
+  if refreeze then box:freeze(false) end
   local self, aerr = attach(box, opts, true)
   if not self then return nil, aerr end
   local r, perr = self:request(MSG.PS, {})
@@ -135,6 +163,13 @@ function M.adopt(opts)
       self.procs[pid] = { pid = pid, argv = e.args or {}, cwd = "?", started_at = "?" }
     end
   end
+  if refreeze then
+    local fok, ferr = box:freeze(true)
+    if not fok then
+      self:destroy()
+      return nil, "adopt sandbox " .. opts.id .. ": pause it again: " .. tostring(ferr)
+    end
+  end
   return self
 end
 
@@ -146,7 +181,9 @@ function Sandbox:record()
            env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
            timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
            policy = self.policy_source, cred = self.cred, recipe = self.recipe,
-           network = self.network }
+           network = self.network,
+           -- a microVM's QEMU: what proves its pid is still it (microvm.adopt)
+           vm = self.vm and { uid = self.box.uid, start_time = self.box.start_time } or nil }
 end
 
 --- Sets the network rules (a value netrules.compile takes), narrowed by
@@ -175,6 +212,8 @@ end
 
 function Sandbox:_frame(t, id, f)
   if t >= MSG.NET_OPEN and t <= MSG.NET_CONNECT then
+    -- a re-adopted VM's agent may still send the dead daemon's streams' frames
+    if self.adopting and self.vm and not self.net then return end
     if id ~= 0 or not self.net then return self:_hostile("unexpected network frame") end
     return self.net:frame(t, f)
   elseif t == MSG.READY then
@@ -187,6 +226,8 @@ function Sandbox:_frame(t, id, f)
     end
   elseif t == MSG.OK or t == MSG.ERR then
     local p = self.pending[id]
+    -- a re-adopted VM's agent may answer what the dead daemon asked
+    if not p and self.adopting and self.vm then return end
     if not p then return self:_hostile("reply to an unknown request " .. id) end
     self.pending[id] = nil
     p.timer:stop(); p.timer:close()
