@@ -332,6 +332,30 @@ describe("a microVM whose daemon crashed", function()
     d = nil
   end)
 
+  it("is re-adopted paused when it was paused, and resumes", function()
+    -- QEMU is frozen whole: the guest sees its host end close and reopen
+    -- only once thawed, back to back (VM_ATTACH's case)
+    local c, id, pid = start_vm()
+    local cgs = cgroup_dirs(pid)
+    local bg = assert(helper.call(c, "process.start", { sandbox = id, argv = { "sleep", "1000" } }))
+    assert.are.equal("paused", assert(helper.call(c, "sandbox.pause", { id = id })).state)
+    crash(c, pid)
+    c = restart()
+    assert.matches("sandbox " .. id .. " re%-adopted %(1 processes%)", helper.read_file(d.log))
+    assert.are.equal("paused", assert(helper.call(c, "sandbox.get", { id = id })).state)
+    assert.are.equal("running", assert(helper.call(c, "sandbox.resume", { id = id })).state)
+    local procs = assert(helper.call(c, "process.list", { sandbox = id })).processes
+    assert.are.equal(1, #procs)
+    assert.are.equal(bg.pid, procs[1].pid)
+    local out = sync(function() return helper.run(c, id, { "echo", "thawed" }) end)
+    assert.are.equal("thawed\n", out.stdout)
+    assert.truthy(helper.call(c, "sandbox.kill", { id = id }).killed)
+    assert_nothing_left(id, pid, cgs)
+    c:close()
+    assert.are.equal(0, d.stop())
+    d = nil
+  end)
+
   it("is removed with a clear message when its QEMU died while no daemon ran", function()
     local c, id, pid = start_vm()
     local cgs = cgroup_dirs(pid)
