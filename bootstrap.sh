@@ -25,24 +25,40 @@ case "$what" in
     pkgs="$pkgs docker-registry skopeo umoci curl python3" ;; # bench/pull
 esac
 
-# The sdk/js suite needs node >= 18 and npm.  A node that is new enough is
-# used as it is (NodeSource's nodejs brings its own npm, and Debian's npm
-# package conflicts with it); otherwise Debian's nodejs (18) and npm.
+# The sdk/js suite needs node >= 18.20 (sdk/js/package.json "engines") and
+# npm.  A node that is new enough is used as it is (NodeSource's nodejs
+# brings its own npm, and Debian's npm package conflicts with it); otherwise
+# Debian's nodejs (18.20) and npm.  An older nodejs package (NodeSource's 16,
+# say) counts as installed below, so it is named to apt to be upgraded.
+node_ok() {
+  node -e 'const [a, b] = process.versions.node.split(".").map(Number);
+    process.exit(a > 18 || (a === 18 && b >= 20) ? 0 : 1)' 2>/dev/null
+}
+upgrade=""
 if [ "$what" = test ]; then
-  node_major=$(node -e 'process.stdout.write(process.versions.node.split(".")[0])' 2>/dev/null || true)
-  case "$node_major" in '' | *[!0-9]*) node_major=0 ;; esac
-  if [ "$node_major" -lt 18 ]; then
-    pkgs="$pkgs nodejs npm"
+  v="" # the installed nodejs package's version
+  if dpkg-query -W -f='${Status}' nodejs 2>/dev/null | grep -q 'install ok installed'; then
+    v=$(dpkg-query -W -f='${Version}' nodejs)
+  fi
+  if ! node_ok; then
+    # a nodejs package new enough with an old node first in PATH is not
+    # apt's to fix: the check at the end says so
+    if [ -z "$v" ]; then
+      pkgs="$pkgs nodejs npm"
+    elif dpkg --compare-versions "$v" lt 18.20; then
+      pkgs="$pkgs nodejs npm"
+      upgrade=nodejs
+    fi
   elif ! command -v npm >/dev/null 2>&1; then
-    if dpkg-query -W -f='${Version}' nodejs 2>/dev/null | grep -q nodesource; then
-      echo "bootstrap: node $node_major has no npm: reinstall NodeSource's nodejs, which brings it" >&2
+    if printf '%s' "$v" | grep -q nodesource; then
+      echo "bootstrap: node has no npm: reinstall NodeSource's nodejs, which brings it" >&2
       exit 1
     fi
     pkgs="$pkgs npm"
   fi
 fi
 
-missing=""
+missing="${upgrade:+ $upgrade}"
 for p in $pkgs; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
     missing="$missing $p"
@@ -59,4 +75,15 @@ if [ -n "$missing" ]; then
   apt-get update -qq
   # shellcheck disable=SC2086
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# a node from elsewhere (nvm, /usr/local) first in PATH hides Debian's
+if [ "$what" = test ] && ! node_ok; then
+  if command -v node >/dev/null 2>&1; then
+    msg="the node in PATH, $(command -v node), is $(node --version 2>/dev/null || echo 'broken')"
+  else
+    msg="no node in PATH"
+  fi
+  echo "bootstrap: $msg; the sdk/js suite needs node >= 18.20 (Debian's is /usr/bin/node)" >&2
+  exit 1
 fi
