@@ -12,11 +12,13 @@
  * the loop, never while a handler runs, so the OK carrying a pid always
  * precedes that pid's events.
  *
- * Detached: with a listening socket at TP_AGENT_LISTEN_FD, losing the channel
- * does not end the box.  chan is then -1: processes keep running, output is
- * read and dropped (so no child blocks on a full pipe), EXIT events are
- * queued, and the first connection within the grace period becomes the new
- * channel (READY, then the queued EXITs). */
+ * Detached: with a listening socket at TP_AGENT_LISTEN_FD, or as a microVM
+ * guest (whose port's host end QEMU keeps for the next daemon: vm_port),
+ * losing the channel does not end the box.  chan is then -1: processes keep
+ * running, output is read and dropped (so no child blocks on a full pipe),
+ * EXIT events are queued, and the first connection within the grace period
+ * (the port's host end reopening, for a guest) becomes the new channel
+ * (READY, then the queued EXITs). */
 #ifndef TP_AGENT_H
 #define TP_AGENT_H
 
