@@ -332,6 +332,17 @@ describe("a microVM whose daemon crashed", function()
     d = nil
   end)
 
+  it("still goes with its daemon on a clean stop (SIGTERM), as a linux box does", function()
+    local c, _, pid = start_vm()
+    local cgs = cgroup_dirs(pid)
+    c:close()
+    -- (the state dir goes with the test daemon's dir: QEMU and its cgroup are what tell)
+    assert.are.equal(0, d.stop())
+    d = nil
+    assert.is_false(qemu_alive(pid))
+    for _, cg in ipairs(cgs) do assert.is_nil(uv.fs_stat(cg), cg .. " is left") end
+  end)
+
   it("is re-adopted paused when it was paused, and resumes", function()
     -- QEMU is frozen whole: the guest sees its host end close and reopen
     -- only once thawed, back to back (VM_ATTACH's case)
