@@ -174,6 +174,11 @@ static agent_handler_t handler_for(uint8_t type) {
   }
 }
 
+/* Requests that act as the account their UID GID GROUPS? name. */
+static int acts_as(uint8_t type) {
+  return (type >= TP_MSG_FS_READ && type <= TP_MSG_FS_RENAME) || type == TP_MSG_WATCH_ADD;
+}
+
 static void reply_err(agent_t *a, uint32_t id, const tp_error_t *err) {
   tp_buf_reset(&a->out);
   tp_frame_begin(&a->out, TP_MSG_ERR, id);
@@ -186,6 +191,7 @@ static void dispatch(agent_t *a, const tp_frame_t *f) {
   agent_handler_t h = handler_for(f->type);
   agent_req_t r = {.id = f->id, .type = f->type, .fields = a->fields};
   tp_error_t err;
+  int rc;
 
   tp_error_clear(&err);
   if (tp_msg_net_stream(f->type)) { /* network stream frames: no reply */
@@ -209,7 +215,19 @@ static void dispatch(agent_t *a, const tp_frame_t *f) {
   }
   tp_buf_reset(&a->out);
   tp_frame_begin(&a->out, TP_MSG_OK, f->id);
-  if (h(a, &r, &err) < 0) {
+  memset(&a->as, 0, sizeof(a->as));
+  if (acts_as(f->type)) {
+    /* never as root by mistake: a switch that fails fails the request */
+    rc = agent_as_parse(&r, "request", &a->as, &err) < 0 || agent_as_enter(&a->as, &err) < 0
+             ? -1 : h(a, &r, &err);
+    if (agent_as_leave(&a->as) < 0) {
+      agent_log("cannot return to root's filesystem ids: %s: stopping", strerror(errno));
+      a->broken = 1;
+    }
+  } else {
+    rc = h(a, &r, &err);
+  }
+  if (rc < 0) {
     reply_err(a, f->id, &err);
     return;
   }
@@ -476,6 +494,8 @@ static int agent_run(agent_t *a) {
   for (;;) {
     long long now;
     int n, nproc, nw, paused;
+    if (a->broken)
+      return -1;
     if (a->dead) {
       if (a->listen_fd < 0 && a->vm_port < 0)
         return 0;

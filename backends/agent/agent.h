@@ -45,6 +45,18 @@
 #define AGENT_GRACE_MAX_S 86400
 #define AGENT_DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+/* The account a request acts as (UID GID GROUPS?, see proto.h). */
+typedef struct agent_as_s {
+  int active;                 /* UID and GID were given: switch, then switch back */
+  uid_t uid;
+  gid_t gid;
+  int ngroups;
+  gid_t groups[TP_GROUPS_MAX];
+} agent_as_t;
+
+/* UID, GID and GROUPS of every FS_* and WATCH_ADD request */
+#define AGENT_AS_TAGS (AGENT_TAG(TP_TAG_UID) | AGENT_TAG(TP_TAG_GID) | AGENT_TAG(TP_TAG_GROUPS))
+
 /* One queued piece of a process's stdin. */
 typedef struct agent_chunk_s {
   struct agent_chunk_s *next;
@@ -96,6 +108,7 @@ typedef struct agent_watch_s {
   int fd;                     /* inotify instance */
   int recursive;
   char *root;                 /* the watched directory, absolute */
+  agent_as_t as;              /* the account directories that appear later are added as */
   int ndirs;
   int cap;
   agent_wdir_t *dirs;
@@ -111,6 +124,8 @@ typedef struct agent_s {
   int chan;                   /* the channel (SOCK_STREAM), -1 while detached */
   int sigfd;                  /* signalfd for SIGCHLD */
   int dead;                   /* the channel reached EOF or failed */
+  int broken;                 /* could not return to root's filesystem ids: the agent stops */
+  agent_as_t as;              /* the account of the request being handled */
   int listen_fd;              /* listening socket for a new daemon, or -1 */
   int vm_port;                /* a microVM guest: the virtio-serial port, kept while detached
                                  (the host end reopens on the same port); else -1 */
@@ -196,11 +211,24 @@ enum agent_stage {
 };
 
 /* agent_cred.c: in a forked child, before exec; async-signal-safe only.
- * Resets oom_score_adj, locks the securebits, switches to uid/gid (groups =
- * {gid}), empties every capability set (bounding and ambient too) and sets
- * no_new_privs.  Returns 0, or -1 with errno set and *stage naming the step
- * that failed. */
-int agent_cred_drop(uid_t uid, gid_t gid, int *stage);
+ * Resets oom_score_adj, locks the securebits, switches to uid/gid and the
+ * ngroups supplementary groups, empties every capability set (bounding and
+ * ambient too) and sets no_new_privs.  Returns 0, or -1 with errno set and
+ * *stage naming the step that failed. */
+int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int *stage);
+/* The GROUPS field of r into groups (TP_GROUPS_MAX entries); {gid} when
+ * absent.  Returns the count, or -1 with err. */
+int agent_groups_parse(const agent_req_t *r, const char *what, gid_t gid, gid_t *groups,
+                       tp_error_t *err);
+/* UID GID GROUPS? of r into as (as->active = 0 without UID and GID). */
+int agent_as_parse(const agent_req_t *r, const char *what, agent_as_t *as, tp_error_t *err);
+/* Switches the agent's filesystem ids and groups to as (nothing when not
+ * active), each switch checked.  On failure the caller still calls
+ * agent_as_leave. */
+int agent_as_enter(const agent_as_t *as, tp_error_t *err);
+/* Back to root's filesystem ids and no supplementary groups; -1 (errno set)
+ * when that fails: the agent must not go on. */
+int agent_as_leave(const agent_as_t *as);
 
 /* agent_net.c: the network relay (docs/network.md). */
 int agent_net_listen(agent_t *a, const agent_req_t *r, tp_error_t *err);

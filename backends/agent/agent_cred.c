@@ -13,6 +13,8 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/securebits.h>
+#include <string.h>
+#include <sys/fsuid.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -46,8 +48,8 @@ static int oom_reset(void) {
   return 0;
 }
 
-static int ids_switch(uid_t uid, gid_t gid) {
-  if (syscall(SYS_setgroups, 1, &gid) < 0 || syscall(SYS_setresgid, gid, gid, gid) < 0 ||
+static int ids_switch(uid_t uid, gid_t gid, int ngroups, const gid_t *groups) {
+  if (syscall(SYS_setgroups, (size_t) ngroups, groups) < 0 || syscall(SYS_setresgid, gid, gid, gid) < 0 ||
       syscall(SYS_setresuid, uid, uid, uid) < 0)
     return -1;
   return 0;
@@ -74,7 +76,7 @@ static int caps_clear(void) {
   return (int) syscall(SYS_capset, &hdr, data);
 }
 
-int agent_cred_drop(uid_t uid, gid_t gid, int *stage) {
+int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int *stage) {
   *stage = AGENT_STAGE_OOM;
   if (oom_reset() < 0)
     return -1;
@@ -88,7 +90,7 @@ int agent_cred_drop(uid_t uid, gid_t gid, int *stage) {
    * (fs.suid_dumpable), and then anything in the box with the same uid could
    * read it.  exec makes the program dumpable as usual. */
   *stage = AGENT_STAGE_IDS;
-  if (ids_switch(uid, gid) < 0 || prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+  if (ids_switch(uid, gid, ngroups, groups) < 0 || prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
     return -1;
   *stage = AGENT_STAGE_CAPS;
   if (caps_clear() < 0)
@@ -97,4 +99,85 @@ int agent_cred_drop(uid_t uid, gid_t gid, int *stage) {
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     return -1;
   return 0;
+}
+
+/* ---- acting as an account (FS_*, WATCH_ADD) ------------------------------------ */
+
+int agent_groups_parse(const agent_req_t *r, const char *what, gid_t gid, gid_t *groups,
+                       tp_error_t *err) {
+  const tp_field_t *f = agent_req_get(r, TP_TAG_GROUPS);
+  int n;
+  if (f == NULL) {
+    groups[0] = gid;
+    return 1;
+  }
+  if (f->len == 0 || f->len % 4 != 0 || f->len / 4 > TP_GROUPS_MAX)
+    return tp_error_set(err, EINVAL, "%s: GROUPS must hold 1 to %d ids of 4 bytes", what, TP_GROUPS_MAX);
+  n = (int) (f->len / 4);
+  for (int i = 0; i < n; i++) {
+    const uint8_t *p = f->val + 4 * i;
+    uint32_t g = (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
+    if (g > TP_ID_MAX)
+      return tp_error_set(err, EINVAL, "%s: group %u out of range 0..%d", what, g, TP_ID_MAX);
+    groups[i] = (gid_t) g;
+  }
+  return n;
+}
+
+int agent_as_parse(const agent_req_t *r, const char *what, agent_as_t *as, tp_error_t *err) {
+  const tp_field_t *fu = agent_req_get(r, TP_TAG_UID), *fg = agent_req_get(r, TP_TAG_GID);
+  int64_t uid = agent_req_int(r, TP_TAG_UID, -1), gid = agent_req_int(r, TP_TAG_GID, -1);
+  memset(as, 0, sizeof(*as));
+  if (fu == NULL && fg == NULL) {
+    if (agent_req_get(r, TP_TAG_GROUPS) != NULL)
+      return tp_error_set(err, EINVAL, "%s: GROUPS without UID and GID", what);
+    return 0;
+  }
+  if (fu == NULL || fg == NULL)
+    return tp_error_set(err, EINVAL, "%s: UID and GID go together", what);
+  if (uid < 0 || uid > TP_ID_MAX || gid < 0 || gid > TP_ID_MAX)
+    return tp_error_set(err, EINVAL, "%s: UID %lld or GID %lld out of range 0..%d", what,
+                        (long long) uid, (long long) gid, TP_ID_MAX);
+  as->uid = (uid_t) uid;
+  as->gid = (gid_t) gid;
+  as->ngroups = agent_groups_parse(r, what, as->gid, as->groups, err);
+  if (as->ngroups < 0)
+    return -1;
+  as->active = 1;
+  return 0;
+}
+
+/* setfsuid and setfsgid return the previous id whether or not they
+ * succeeded; asking for the invalid id -1 changes nothing and returns the
+ * current one. */
+static int fsuid_is(uid_t uid) { return (uid_t) setfsuid((uid_t) -1) == uid; }
+static int fsgid_is(gid_t gid) { return (gid_t) setfsgid((gid_t) -1) == gid; }
+
+int agent_as_enter(const agent_as_t *as, tp_error_t *err) {
+  if (!as->active)
+    return 0;
+  /* Groups and gid first: once fsuid is not 0, the kernel has taken the
+   * filesystem capabilities away, and permission checks are the account's. */
+  if (syscall(SYS_setgroups, (size_t) as->ngroups, as->groups) < 0)
+    return tp_error_errno(err, errno, "act as uid %u: setgroups", (unsigned) as->uid);
+  setfsgid(as->gid);
+  if (!fsgid_is(as->gid))
+    return tp_error_set(err, EPERM, "act as uid %u: setfsgid %u failed", (unsigned) as->uid,
+                        (unsigned) as->gid);
+  setfsuid(as->uid);
+  if (!fsuid_is(as->uid))
+    return tp_error_set(err, EPERM, "act as uid %u: setfsuid failed", (unsigned) as->uid);
+  return 0;
+}
+
+int agent_as_leave(const agent_as_t *as) {
+  if (!as->active)
+    return 0;
+  setfsuid(0);
+  setfsgid(0);
+  if (!fsuid_is(0) || !fsgid_is(0)) {
+    errno = EPERM;
+    return -1;
+  }
+  return (int) syscall(SYS_setgroups, (size_t) 0, NULL);
 }

@@ -1,5 +1,9 @@
 /* tupper-agent: file operations on absolute paths inside the box.
  *
+ * A request with UID GID GROUPS? runs with those filesystem ids (the
+ * dispatcher switches around the handler, agent_cred.c): what it creates
+ * belongs to that account, and the kernel checks permissions as for it.
+ *
  * The agent runs in the box's own mount namespace and root, so a path (or a
  * symlink) can never name a host file.  Files are opened O_NONBLOCK so a
  * FIFO cannot hang the agent, and only regular files are read or written.
@@ -126,7 +130,8 @@ static int mkdir_parents(const char *path, mode_t mode, int *created, tp_error_t
 /* ---- read / write ------------------------------------------------------------ */
 
 int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err) {
-  const uint64_t allowed = AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_OFFSET) | AGENT_TAG(TP_TAG_LENGTH);
+  const uint64_t allowed =
+      AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_OFFSET) | AGENT_TAG(TP_TAG_LENGTH) | AGENT_AS_TAGS;
   char path[TP_PATH_MAX + 1];
   int64_t off = agent_req_int(r, TP_TAG_OFFSET, 0);
   int64_t len = agent_req_int(r, TP_TAG_LENGTH, TP_CHUNK_MAX);
@@ -169,7 +174,7 @@ int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 
 int agent_fs_write(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   const uint64_t allowed = AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_DATA) | AGENT_TAG(TP_TAG_OFFSET) |
-                           AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_MODE);
+                           AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_MODE) | AGENT_AS_TAGS;
   const int64_t known = TP_F_WRITE_TRUNC | TP_F_WRITE_APPEND | TP_F_WRITE_PARENTS;
   char path[TP_PATH_MAX + 1];
   int64_t off = agent_req_int(r, TP_TAG_OFFSET, 0), flags;
@@ -229,7 +234,7 @@ int agent_fs_stat(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   char path[TP_PATH_MAX + 1];
   struct stat st;
 
-  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH), 0, "fs_stat", err) < 0 ||
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH) | AGENT_AS_TAGS, 0, "fs_stat", err) < 0 ||
       agent_req_path(r, TP_TAG_PATH, "fs_stat", path, err) < 0)
     return -1;
   if (lstat(path, &st) < 0)
@@ -288,7 +293,7 @@ int agent_fs_list(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   struct dirent *e;
   int fd, count = 0, truncated = 0;
 
-  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH), 0, "fs_list", err) < 0 ||
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH) | AGENT_AS_TAGS, 0, "fs_list", err) < 0 ||
       agent_req_path(r, TP_TAG_PATH, "fs_list", path, err) < 0)
     return -1;
   fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
@@ -334,7 +339,8 @@ int agent_fs_list(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 }
 
 int agent_fs_mkdir(agent_t *a, const agent_req_t *r, tp_error_t *err) {
-  const uint64_t allowed = AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_MODE) | AGENT_TAG(TP_TAG_FLAGS);
+  const uint64_t allowed =
+      AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_MODE) | AGENT_TAG(TP_TAG_FLAGS) | AGENT_AS_TAGS;
   char path[TP_PATH_MAX + 1];
   int64_t flags;
   mode_t mode = 0;
@@ -401,7 +407,8 @@ int agent_fs_remove(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   cleanup_close int pfd = -1;
   int64_t flags;
 
-  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_FLAGS), 0, "fs_remove", err) < 0 ||
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_FLAGS) | AGENT_AS_TAGS, 0, "fs_remove",
+                      err) < 0 ||
       agent_req_path(r, TP_TAG_PATH, "fs_remove", path, err) < 0 ||
       get_flags(r, TP_F_REMOVE_RECURSIVE, "fs_remove", &flags, err) < 0)
     return -1;
@@ -428,7 +435,8 @@ int agent_fs_remove(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 
 int agent_fs_rename(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   char from[TP_PATH_MAX + 1], to[TP_PATH_MAX + 1];
-  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_PATH2), 0, "fs_rename", err) < 0 ||
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_PATH2) | AGENT_AS_TAGS, 0, "fs_rename",
+                      err) < 0 ||
       agent_req_path(r, TP_TAG_PATH, "fs_rename", from, err) < 0 ||
       agent_req_path(r, TP_TAG_PATH2, "fs_rename", to, err) < 0)
     return -1;

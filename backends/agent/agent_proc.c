@@ -24,7 +24,7 @@
 
 #include "utils.h"
 
-#define EXEC_ID_MAX 65535          /* the box maps 65536 ids */
+#define EXEC_ID_MAX TP_ID_MAX
 #define STATUS_TICK_MS 50          /* how often a wait for a child checks it is not stopped */
 #define STAGE_STOPPED 0            /* parent side only: we killed a stopped child */
 /* PS: each ENTRY is one top-level field (one more for FLAGS); an ENTRY is at
@@ -55,6 +55,8 @@ typedef struct exec_spec_s {
   int pty;            /* in/out/err are a terminal's slave: make it the controlling one */
   uid_t uid;
   gid_t gid;
+  int ngroups;
+  const gid_t *groups;
   const struct rlimit *nofile;
   mode_t umask;
 } exec_spec_t;
@@ -229,7 +231,7 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
    * not keep the channel, the listener or other processes' pipes open. */
   if (close_fds_except(s->status_fd, s->hold_fd) < 0)
     goto fail;
-  if (agent_cred_drop(s->uid, s->gid, &st.stage) < 0)
+  if (agent_cred_drop(s->uid, s->gid, s->ngroups, s->groups, &st.stage) < 0)
     goto fail;
   st.stage = AGENT_STAGE_CHDIR;
   if (chdir(s->cwd) < 0)
@@ -415,7 +417,9 @@ static int pty_open(int *master, int *slave, uid_t uid, const struct winsize *ws
 int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   const uint64_t allowed = AGENT_TAG(TP_TAG_ARG) | AGENT_TAG(TP_TAG_ENV) | AGENT_TAG(TP_TAG_CWD) |
                            AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_UID) | AGENT_TAG(TP_TAG_GID) |
-                           AGENT_TAG(TP_TAG_COLS) | AGENT_TAG(TP_TAG_ROWS);
+                           AGENT_TAG(TP_TAG_COLS) | AGENT_TAG(TP_TAG_ROWS) | AGENT_TAG(TP_TAG_GROUPS);
+  gid_t groups[TP_GROUPS_MAX];
+  int ngroups = 0;
   cleanup_strv char **argv = NULL;
   cleanup_strv char **envp = NULL;
   cleanup_free char *path = NULL;
@@ -447,7 +451,8 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return tp_error_set(err, EINVAL, "exec: COLS and ROWS need FLAGS PTY");
   if (pty && pty_size(r, "exec", &ws, err) < 0)
     return -1;
-  if (exec_id(r, TP_TAG_UID, "UID", &uid, err) < 0 || exec_id(r, TP_TAG_GID, "GID", &gid, err) < 0)
+  if (exec_id(r, TP_TAG_UID, "UID", &uid, err) < 0 || exec_id(r, TP_TAG_GID, "GID", &gid, err) < 0 ||
+      (ngroups = agent_groups_parse(r, "exec", (gid_t) gid, groups, err)) < 0)
     return -1;
   if (agent_req_get(r, TP_TAG_CWD) != NULL && agent_req_path(r, TP_TAG_CWD, "exec", cwd, err) < 0)
     return -1;
@@ -487,7 +492,8 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 
   spec = (exec_spec_t){.path = path, .argv = argv, .envp = envp, .cwd = cwd, .in_fd = in_r,
                        .out_fd = out_w, .err_fd = err_w, .status_fd = st_w, .hold_fd = hold_r,
-                       .uid = (uid_t) uid, .gid = (gid_t) gid, .nofile = &a->nofile,
+                       .uid = (uid_t) uid, .gid = (gid_t) gid, .ngroups = ngroups,
+                       .groups = groups, .nofile = &a->nofile,
                        .umask = a->umask, .pty = pty};
   pid = fork();
   if (pid < 0)

@@ -10,7 +10,8 @@
  * watch (past it, at WATCH_ADD an error, later an OVERFLOW event saying
  * what is not watched), WALK_EVENTS_MAX synthetic events per new directory.
  * Names come from inside the box and are sent as they are (no NUL byte can
- * be in one); the host treats them as hostile. */
+ * be in one); the host treats them as hostile.  A watch made with UID GID
+ * GROUPS? adds the directories that appear later as that account too. */
 #define _GNU_SOURCE
 #include "agent.h"
 
@@ -205,7 +206,7 @@ int agent_watch_add(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   agent_watch_t *w = NULL;
   struct stat st;
 
-  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_FLAGS), 0, "watch", err) < 0)
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_FLAGS) | AGENT_AS_TAGS, 0, "watch", err) < 0)
     return -1;
   if (flags & ~(int64_t) TP_F_WATCH_RECURSIVE)
     return tp_error_set(err, EINVAL, "watch: unknown FLAGS 0x%llx", (unsigned long long) flags);
@@ -221,7 +222,7 @@ int agent_watch_add(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   if (w == NULL)
     return tp_error_set(err, EMFILE, "watch: too many watches (%d)", AGENT_WATCH_MAX);
 
-  *w = (agent_watch_t){.fd = -1, .recursive = (flags & TP_F_WATCH_RECURSIVE) != 0};
+  *w = (agent_watch_t){.fd = -1, .recursive = (flags & TP_F_WATCH_RECURSIVE) != 0, .as = a->as};
   w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   if (w->fd < 0) {
     int e = errno;
@@ -278,6 +279,23 @@ static void drop_subtree(agent_watch_t *w, const char *rel) {
   }
 }
 
+/* A directory appeared in a recursive watch: watch it and what is in it,
+ * as the account the watch was made for (a directory it cannot read stays
+ * unwatched, with an OVERFLOW event saying why). */
+static void grow(agent_t *a, agent_watch_t *w, const char *rel) {
+  tp_error_t err;
+  int from = w->ndirs;
+  tp_error_clear(&err);
+  if (agent_as_enter(&w->as, &err) < 0 || dir_add(w, rel, &err) < 0)
+    send_event(a, w, TP_WE_OVERFLOW, rel, err.msg);
+  else
+    walk(a, w, from, 1, &err);
+  if (agent_as_leave(&w->as) < 0) {
+    agent_log("cannot return to root's filesystem ids: stopping");
+    a->broken = 1;
+  }
+}
+
 /* One inotify event; returns -1 once the watch ended (freed). */
 static int handle_event(agent_t *a, agent_watch_t *w, const struct inotify_event *ev) {
   char rel[TP_PATH_MAX + 1];
@@ -321,14 +339,7 @@ static int handle_event(agent_t *a, agent_watch_t *w, const struct inotify_event
   if (ev->mask & IN_MOVED_FROM) {
     drop_subtree(w, rel);
   } else if (ev->mask & (IN_CREATE | IN_MOVED_TO)) {
-    tp_error_t err;
-    int from = w->ndirs;
-    tp_error_clear(&err);
-    if (dir_add(w, rel, &err) < 0) {
-      send_event(a, w, TP_WE_OVERFLOW, rel, err.msg);
-      return 0;
-    }
-    walk(a, w, from, 1, &err);
+    grow(a, w, rel);
   }
   return 0;
 }

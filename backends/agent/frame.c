@@ -151,7 +151,7 @@ int tp_tag_kind(unsigned tag) {
   case TP_TAG_MSG: case TP_TAG_ARG: case TP_TAG_ENV: case TP_TAG_CWD: case TP_TAG_PATH:
   case TP_TAG_PATH2: case TP_TAG_NAME: case TP_TAG_LINK:
     return TP_KIND_STR;
-  case TP_TAG_DATA:
+  case TP_TAG_DATA: case TP_TAG_GROUPS:
     return TP_KIND_BYTES;
   case TP_TAG_ENTRY:
     return TP_KIND_NESTED;

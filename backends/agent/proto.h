@@ -31,6 +31,8 @@
 #define TP_ARGS_MAX 4096                             /* ARG + ENV fields per exec */
 #define TP_PATH_MAX 4096
 #define TP_LIST_MAX 4000    /* entries per FS_LIST reply (below TP_FIELDS_MAX) */
+#define TP_GROUPS_MAX 64                             /* ids in a GROUPS field */
+#define TP_ID_MAX 65535                              /* largest UID, GID or group (a box maps 65536) */
 #define TP_STR_MAX (TP_PATH_MAX * 8)                 /* bytes in any string field (ARG, ENV, ...) */
 #define TP_AGENT_FD 3                                /* the channel's fd number inside the box */
 #define TP_AGENT_LISTEN_FD 4 /* listening unix socket for a restarted daemon's new channel */
@@ -44,7 +46,7 @@ enum tp_msg_type {
   TP_MSG_OK = 10,          /* fields depend on the request */
   TP_MSG_ERR = 11,         /* ERRNO, MSG */
   /* host -> agent requests */
-  TP_MSG_EXEC = 20,        /* ARG+ ENV* CWD? FLAGS? UID? GID? -> OK(PID) */
+  TP_MSG_EXEC = 20,        /* ARG+ ENV* CWD? FLAGS? UID? GID? GROUPS? -> OK(PID) */
   TP_MSG_STDIN = 21,       /* PID DATA -> OK */
   TP_MSG_STDIN_CLOSE = 22, /* PID -> OK */
   TP_MSG_SIGNAL = 23,      /* PID SIGNAL -> OK (signals the process group) */
@@ -57,6 +59,10 @@ enum tp_msg_type {
   TP_MSG_FS_MKDIR = 34,    /* PATH MODE? FLAGS? -> OK(CREATED) */
   TP_MSG_FS_REMOVE = 35,   /* PATH FLAGS? -> OK */
   TP_MSG_FS_RENAME = 36,   /* PATH PATH2 -> OK */
+  /* FS_* (30-36) and WATCH_ADD also take UID GID GROUPS?: the agent performs
+   * the operation with those filesystem ids and groups (setfsuid, setfsgid,
+   * setgroups; GROUPS defaults to {GID}) and returns to root's right after;
+   * a switch that fails fails the request.  Without them it acts as root. */
   /* 40-59: terminals and file watching */
   TP_MSG_PTY_RESIZE = 40,  /* PID COLS ROWS -> OK: a process started with TP_F_EXEC_PTY */
   TP_MSG_WATCH_ADD = 41,   /* PATH FLAGS? -> OK(WATCH): inotify on a directory */
@@ -117,6 +123,8 @@ enum tp_tag {
   TP_TAG_ROWS = 28,    /* int: terminal rows, 1..TP_PTY_DIM_MAX */
   TP_TAG_WATCH = 29,   /* int: a watch id (> 0) */
   TP_TAG_EVENT = 30,   /* int: TP_WE_* */
+  /* 31-34: accounts */
+  TP_TAG_GROUPS = 31,  /* bytes: supplementary group ids, u32 each, 1..TP_GROUPS_MAX of them */
   TP_TAG_SID = 40,     /* int: stream id (agent-made < 2^31, host-made >= 2^31) */
   TP_TAG_KIND = 41,    /* int: TP_NET_* */
   TP_TAG_PORT = 42,    /* int */

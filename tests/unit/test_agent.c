@@ -1821,6 +1821,199 @@ static void test_watch(host_t *h, const char *tmp) {
   expect_ok(unwatch_req(h, rec), "WATCH_REMOVE the recursive one");
 }
 
+/* ---- acting as an account (UID GID GROUPS? on FS_* and WATCH_ADD) ---------------------- */
+
+/* Adds UID, GID and (ngroups > 0) GROUPS, each group as a u32 (raw: the
+ * field's bytes as given, for hostile sizes). */
+static void add_as(tp_buf_t *b, int64_t uid, int64_t gid, const uint32_t *groups, int ngroups) {
+  uint8_t raw[4 * 80];
+  if (uid != NO_ID)
+    tp_frame_add_int(b, TP_TAG_UID, uid);
+  if (gid != NO_ID)
+    tp_frame_add_int(b, TP_TAG_GID, gid);
+  for (int i = 0; i < ngroups && i < 80; i++)
+    for (int k = 0; k < 4; k++)
+      raw[4 * i + k] = (uint8_t) (groups[i] >> (8 * k));
+  if (ngroups > 0)
+    tp_frame_add(b, TP_TAG_GROUPS, raw, (uint32_t) (4 * (ngroups < 80 ? ngroups : 80)));
+}
+
+static msg_t *write_as(host_t *h, const char *path, const char *data, int flags, int64_t uid,
+                       int64_t gid, const uint32_t *groups, int ngroups) {
+  tp_buf_t *b = req_begin(h, TP_MSG_FS_WRITE);
+  tp_frame_add_str(b, TP_TAG_PATH, path);
+  tp_frame_add(b, TP_TAG_DATA, data, (uint32_t) strlen(data));
+  tp_frame_add_int(b, TP_TAG_FLAGS, TP_F_WRITE_TRUNC | flags);
+  add_as(b, uid, gid, groups, ngroups);
+  return req_call(h);
+}
+
+/* A request of type with PATH (and PATH2 or FLAGS), as uid:gid. */
+static msg_t *path_as(host_t *h, uint8_t type, const char *path, const char *path2, int flags,
+                      int64_t uid, int64_t gid) {
+  tp_buf_t *b = req_begin(h, type);
+  tp_frame_add_str(b, TP_TAG_PATH, path);
+  if (path2)
+    tp_frame_add_str(b, TP_TAG_PATH2, path2);
+  if (flags)
+    tp_frame_add_int(b, TP_TAG_FLAGS, flags);
+  add_as(b, uid, gid, NULL, 0);
+  return req_call(h);
+}
+
+static int owned_by(const char *path, uid_t uid, gid_t gid) {
+  struct stat st;
+  return lstat(path, &st) == 0 && st.st_uid == uid && st.st_gid == gid;
+}
+
+/* The agent's own filesystem ids and groups are root's, none. */
+static int agent_is_root(const host_t *h) {
+  char path[64], t[4096];
+  ssize_t n;
+  snprintf(path, sizeof(path), "/proc/%d/status", (int) h->agent);
+  n = slurp(path, t, sizeof(t));
+  return n > 0 && field_is(t, (size_t) n, "Uid", "0\t0\t0\t0") &&
+         field_is(t, (size_t) n, "Gid", "0\t0\t0\t0") && field_is(t, (size_t) n, "Groups", "");
+}
+
+static void test_fs_as(host_t *h, const char *tmp) {
+  char home[PATH_MAX], etc[PATH_MAX], priv[PATH_MAX], grp[PATH_MAX], p[PATH_MAX], q[PATH_MAX];
+  const uint32_t both[] = {1000, 2000}, bad_group[] = {70000};
+  uint32_t many[TP_GROUPS_MAX + 1];
+  const char *status[] = {"/bin/cat", "/proc/self/status", NULL};
+  int64_t rec;
+  tproc_t *pr;
+  msg_t *m;
+
+  /* tmp: searchable by anyone; home: uid 1000's; etc: root's 0755; priv:
+   * root's 0700; grp: root:2000 0770 */
+  join(home, tmp, "/home");
+  join(etc, tmp, "/etc");
+  join(priv, tmp, "/priv");
+  join(grp, tmp, "/grp");
+  check(chmod(tmp, 0711) == 0 && mkdir(home, 0755) == 0 && chown(home, 1000, 1000) == 0 &&
+            mkdir(etc, 0755) == 0 && mkdir(priv, 0700) == 0 && mkdir(grp, 0770) == 0 &&
+            chown(grp, 0, 2000) == 0 && chmod(home, 0755) == 0 && chmod(etc, 0755) == 0 &&
+            chmod(grp, 0770) == 0 && sh_in(h, priv, "echo s > secret && echo e > ../etc/e && chmod 644 ../etc/e"),
+        "set up home (1000), etc (root 0755), priv (root 0700), grp (root:2000 0770)");
+
+  /* writes: what the account creates is its own, parents included */
+  m = write_as(h, join(p, home, "/a/b/f"), "hi", TP_F_WRITE_PARENTS, 1000, 1000, NULL, 0);
+  check(msg_is_ok(m) && msg_int(m, TP_TAG_SIZE, -1) == 2, "FS_WRITE as 1000 with PARENTS -> OK");
+  msg_free(m);
+  check(owned_by(p, 1000, 1000) && owned_by(join(q, home, "/a"), 1000, 1000) &&
+            owned_by(join(q, home, "/a/b"), 1000, 1000),
+        "the file and the parents made for it belong to 1000:1000");
+  m = write_as(h, join(p, etc, "/x"), "no", 0, 1000, 1000, NULL, 0);
+  check(msg_errno(m) == EACCES && msg_has_text(m, "etc/x") && access(p, F_OK) < 0,
+        "FS_WRITE as 1000 into root's 0755 dir -> ERR EACCES naming the path, nothing made");
+  msg_free(m);
+  expect_err(write_as(h, join(p, etc, "/e"), "no", 0, 1000, 1000, NULL, 0), EACCES,
+             "FS_WRITE as 1000 over root's 0644 file");
+  expect_err(write_as(h, join(p, etc, "/new/f"), "no", TP_F_WRITE_PARENTS, 1000, 1000, NULL, 0),
+             EACCES, "FS_WRITE as 1000 whose parent it would have to make in root's dir");
+  check(agent_is_root(h), "after a refused request the agent's fs ids are root's again");
+  m = write_as(h, join(p, etc, "/x"), "ok", 0, NO_ID, NO_ID, NULL, 0);
+  check(msg_is_ok(m) && owned_by(p, 0, 0), "the same FS_WRITE without UID/GID acts as root");
+  msg_free(m);
+  m = write_as(h, join(p, etc, "/x0"), "ok", 0, 0, 0, NULL, 0);
+  check(msg_is_ok(m) && owned_by(p, 0, 0), "UID 0 GID 0 acts as root too");
+  msg_free(m);
+
+  /* groups: the account's supplementary groups count, and only those given */
+  expect_err(write_as(h, join(p, grp, "/f"), "no", 0, 1000, 1000, NULL, 0), EACCES,
+             "FS_WRITE as 1000 (groups {1000}) into root:2000 0770");
+  m = write_as(h, join(p, grp, "/f"), "ok", 0, 1000, 1000, both, 2);
+  check(msg_is_ok(m) && owned_by(p, 1000, 1000), "with GROUPS {1000, 2000} -> OK, the file is 1000:1000");
+  msg_free(m);
+
+  /* reads, stat, list: the account's permissions */
+  expect_err(path_as(h, TP_MSG_FS_READ, join(p, priv, "/secret"), NULL, 0, 1000, 1000), EACCES,
+             "FS_READ as 1000 under root's 0700 dir");
+  expect_err(path_as(h, TP_MSG_FS_STAT, p, NULL, 0, 1000, 1000), EACCES, "FS_STAT as 1000 there");
+  expect_err(path_as(h, TP_MSG_FS_LIST, priv, NULL, 0, 1000, 1000), EACCES, "FS_LIST as 1000 of it");
+  expect_err(path_as(h, TP_MSG_WATCH_ADD, priv, NULL, 0, 1000, 1000), EACCES, "WATCH_ADD as 1000 of it");
+  m = path_as(h, TP_MSG_FS_READ, p, NULL, 0, NO_ID, NO_ID);
+  check(msg_is_ok(m) && data_eq(m, "s\n", 2), "root reads it");
+  msg_free(m);
+  m = path_as(h, TP_MSG_FS_READ, join(p, home, "/a/b/f"), NULL, 0, 1000, 1000);
+  check(msg_is_ok(m) && data_eq(m, "hi", 2), "FS_READ as 1000 of its own file");
+  msg_free(m);
+  m = path_as(h, TP_MSG_FS_LIST, home, NULL, 0, 1000, 1000);
+  check(msg_is_ok(m) && tp_fields_count(m->f, m->n, TP_TAG_ENTRY) == 1, "FS_LIST as 1000 of its home");
+  msg_free(m);
+
+  /* mkdir, rename, remove */
+  m = path_as(h, TP_MSG_FS_MKDIR, join(p, home, "/d/e"), NULL, TP_F_MKDIR_PARENTS, 1000, 1000);
+  check(msg_is_ok(m) && owned_by(p, 1000, 1000) && owned_by(join(q, home, "/d"), 1000, 1000),
+        "FS_MKDIR -p as 1000 -> its own directories");
+  msg_free(m);
+  expect_err(path_as(h, TP_MSG_FS_MKDIR, join(p, etc, "/d"), NULL, 0, 1000, 1000), EACCES,
+             "FS_MKDIR as 1000 in root's dir");
+  expect_ok(path_as(h, TP_MSG_FS_RENAME, join(p, home, "/a/b/f"), join(q, home, "/g"), 0, 1000, 1000),
+            "FS_RENAME as 1000 in its home");
+  expect_err(path_as(h, TP_MSG_FS_RENAME, join(p, etc, "/x"), join(q, home, "/x"), 0, 1000, 1000), EACCES,
+             "FS_RENAME as 1000 out of root's dir");
+  expect_err(path_as(h, TP_MSG_FS_REMOVE, join(p, etc, "/x"), NULL, 0, 1000, 1000), EACCES,
+             "FS_REMOVE as 1000 of root's file");
+  expect_ok(path_as(h, TP_MSG_FS_REMOVE, join(p, home, "/a"), NULL, TP_F_REMOVE_RECURSIVE, 1000, 1000),
+            "FS_REMOVE -r as 1000 of its own tree");
+
+  /* a recursive watch as 1000 grows as 1000: a directory it cannot read is not walked */
+  m = path_as(h, TP_MSG_WATCH_ADD, home, NULL, TP_F_WATCH_RECURSIVE, 1000, 1000);
+  rec = msg_is_ok(m) ? msg_int(m, TP_TAG_WATCH, -1) : -1;
+  msg_free(m);
+  check(rec > 0, "WATCH_ADD as 1000 of its home");
+  check(mkdir(join(p, home, "/hidden"), 0700) == 0 && close(creat(join(p, home, "/hidden/f"), 0600)) == 0 &&
+            mkdir(join(p, home, "/open"), 0755) == 0 && chmod(p, 0755) == 0 &&
+            close(creat(join(p, home, "/open/f"), 0600)) == 0,
+        "root makes a 0700 dir (a file in it) and a 0755 one (a file in it) there");
+  check(wait_wev(h, rec, TP_WE_CREATE, "open/f") && wait_wev(h, rec, TP_WE_OVERFLOW, "hidden") &&
+            !wev_has(h, rec, TP_WE_CREATE, "hidden/f"),
+        "the watch reports open/f, and an OVERFLOW for hidden, never hidden/f");
+  expect_ok(unwatch_req(h, rec), "WATCH_REMOVE");
+  check(agent_is_root(h), "after all that the agent's ids are root's");
+
+  /* exec takes GROUPS too */
+  {
+    tp_buf_t *b = req_begin(h, TP_MSG_EXEC);
+    int64_t pid;
+    for (const char *const *a = status; *a; a++)
+      tp_frame_add_str(b, TP_TAG_ARG, *a);
+    add_as(b, 1000, 1001, both, 2);
+    m = req_call(h);
+    pid = msg_is_ok(m) ? msg_int(m, TP_TAG_PID, -1) : -1;
+    msg_free(m);
+    pr = pid > 0 ? wait_exit(h, pid) : NULL;
+    check(pr != NULL && field_is((char *) pr->out[1].data, pr->out[1].len, "Groups", "1000 2000") &&
+              field_is((char *) pr->out[1].data, pr->out[1].len, "Gid", "1001\t1001\t1001\t1001"),
+          "EXEC with GROUPS {1000, 2000}: the child's groups are those");
+  }
+
+  /* hostile account fields */
+  join(p, home, "/h");
+  expect_err(write_as(h, p, "x", 0, 1000, NO_ID, NULL, 0), EINVAL, "UID without GID");
+  expect_err(write_as(h, p, "x", 0, NO_ID, 1000, NULL, 0), EINVAL, "GID without UID");
+  expect_err(write_as(h, p, "x", 0, NO_ID, NO_ID, both, 2), EINVAL, "GROUPS without UID and GID");
+  expect_err(write_as(h, p, "x", 0, 65536, 1000, NULL, 0), EINVAL, "UID 65536");
+  expect_err(write_as(h, p, "x", 0, -1, 1000, NULL, 0), EINVAL, "UID -1");
+  expect_err(write_as(h, p, "x", 0, 1000, 1000, bad_group, 1), EINVAL, "a group of 70000");
+  for (int i = 0; i < TP_GROUPS_MAX + 1; i++)
+    many[i] = 1000;
+  expect_err(write_as(h, p, "x", 0, 1000, 1000, many, TP_GROUPS_MAX + 1), EINVAL, "65 GROUPS");
+  {
+    tp_buf_t *b = req_begin(h, TP_MSG_FS_WRITE);
+    tp_frame_add_str(b, TP_TAG_PATH, p);
+    tp_frame_add(b, TP_TAG_DATA, "x", 1);
+    add_as(b, 1000, 1000, NULL, 0);
+    tp_frame_add(b, TP_TAG_GROUPS, "abc", 3);
+    expect_err(req_call(h), EINVAL, "GROUPS of 3 bytes");
+  }
+  expect_err(path_as(h, TP_MSG_FS_STAT, home, NULL, 0, 70000, 0), EINVAL, "FS_STAT with UID 70000");
+  check(access(p, F_OK) < 0 && agent_is_root(h), "none of them wrote anything or left the ids switched");
+  chmod(tmp, 0700);
+}
+
 static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
   (void) st;
   (void) ftw;
@@ -1868,6 +2061,7 @@ int main(void) {
   test_hold(&h, agent, tmp);
   test_ps(&h);
   test_fs(&h, tmp);
+  test_fs_as(&h, tmp);
   test_bad_requests(&h, tmp);
   test_vm_requests(&h);
   check(h.stray_events == 0, "no event for a pid before its OK or after its EXIT (%d)", h.stray_events);
