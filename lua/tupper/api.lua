@@ -5,6 +5,8 @@ local core = require("tupper.core")
 local json = require("tupper.json")
 local rpc = require("tupper.rpc")
 local schema = require("tupper.schema")
+local guard = require("tupper.guard")
+local sandbox = require("tupper.sandbox")
 
 local MSG = core.MSG
 local M = {}
@@ -13,7 +15,7 @@ local ERRNO_NAMES = { [1] = "EPERM", [2] = "ENOENT", [3] = "ESRCH", [5] = "EIO",
   [13] = "EACCES", [16] = "EBUSY", [17] = "EEXIST", [20] = "ENOTDIR", [21] = "EISDIR",
   [22] = "EINVAL", [27] = "EFBIG", [28] = "ENOSPC", [36] = "ENAMETOOLONG", [39] = "ENOTEMPTY",
   [40] = "ELOOP", [12] = "ENOMEM", [7] = "E2BIG", [8] = "ENOEXEC", [24] = "EMFILE",
-  [25] = "ENOTTY", [122] = "EDQUOT", [32] = "EPIPE" }
+  [25] = "ENOTTY", [122] = "EDQUOT", [32] = "EPIPE", [18] = "EXDEV", [30] = "EROFS" }
 local FILE_TYPES = { "file", "dir", "symlink", "other" }
 
 local function errno_data(errno)
@@ -38,6 +40,12 @@ end
 local function abs_path(p)
   if p:sub(1, 1) ~= "/" then p = "/" .. p end
   return p
+end
+
+-- The agent fields of a file request, acting as the account guard.check
+-- looked up for p.user (none: root).
+local function as(p, fields)
+  return sandbox.as_fields(fields, p._account)
 end
 
 local function join(dir, name)
@@ -182,8 +190,8 @@ end
 -- /etc/passwd; nil (the sandbox's user, else root) without one.
 local function account_for(sb, p)
   if not p.user then return nil end
-  local acct, err = require("tupper.setup").lookup_user(sb, p.user)
-  if not acct then return nil, rpc.PROCESS_ERROR, err, errno_data(err:find("is not in", 1, true) and 2 or 5) end
+  local acct, err, errno = sb:account(p.user)
+  if not acct then return nil, rpc.PROCESS_ERROR, err, errno_data(errno or 5) end
   return acct
 end
 
@@ -192,7 +200,8 @@ end
 local function start(sb, conn, argv, p, x)
   local acct, c, m, dt = account_for(sb, p)
   if c then return nil, c, m, dt end
-  local cwd = p.cwd and abs_path(p.cwd)
+  -- a relative cwd is taken from the account's home (else from /)
+  local cwd = p.cwd and guard.clean_path(p.cwd, acct and acct.home or "/")
   if not cwd and acct then cwd = acct.home end
   local proc, err, errno = sb:exec(argv, p.env, cwd, p.stdin, conn, acct, x)
   if not proc then return nil, rpc.PROCESS_ERROR, err, errno_data(errno) end
@@ -282,7 +291,7 @@ end
 function h.fs_watch(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
-  local w, err, errno = sb:watch(abs_path(p.path), p.recursive, conn)
+  local w, err, errno = sb:watch(abs_path(p.path), p.recursive, conn, p._account)
   if not w then return nil, rpc.FS_ERROR, err, errno_data(errno) end
   if conn.closed then -- gone while the agent answered: nobody to tell
     sb:unwatch(w)
@@ -342,8 +351,8 @@ function h.fs_read(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
   local offset = p.offset or 0
-  local r, c, m, x = agent_call(sb, MSG.FS_READ, { path = abs_path(p.path), offset = offset,
-    length = p.length or core.CHUNK_MAX }, rpc.FS_ERROR)
+  local r, c, m, x = agent_call(sb, MSG.FS_READ, as(p, { path = abs_path(p.path), offset = offset,
+    length = p.length or core.CHUNK_MAX }), rpc.FS_ERROR)
   if not r then return nil, c, m, x end
   local data = r.data or ""
   local out, enc = M.encode_data(data, p.encoding)
@@ -363,8 +372,8 @@ function h.fs_write(d, conn, p)
   local truncate = p.truncate
   if truncate == nil then truncate = offset == 0 and not p.append end
   local flags = 4 | (truncate and 1 or 0) | (p.append and 2 or 0)
-  local r, c, m, x = agent_call(sb, MSG.FS_WRITE, { path = abs_path(p.path), data = data,
-    offset = offset, flags = flags, mode = p.mode or 420 }, rpc.FS_ERROR)
+  local r, c, m, x = agent_call(sb, MSG.FS_WRITE, as(p, { path = abs_path(p.path), data = data,
+    offset = offset, flags = flags, mode = p.mode or 420 }), rpc.FS_ERROR)
   if not r then return nil, c, m, x end
   return { size = math.tointeger(r.size) or 0 }
 end
@@ -379,7 +388,7 @@ function h.fs_stat(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
   local path = abs_path(p.path)
-  local r, c, m, x = agent_call(sb, MSG.FS_STAT, { path = path }, rpc.FS_ERROR)
+  local r, c, m, x = agent_call(sb, MSG.FS_STAT, as(p, { path = path }), rpc.FS_ERROR)
   if not r then return nil, c, m, x end
   return stat_result(path, r)
 end
@@ -388,7 +397,7 @@ function h.fs_list(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
   local path = abs_path(p.path)
-  local r, c, m, x = agent_call(sb, MSG.FS_LIST, { path = path }, rpc.FS_ERROR)
+  local r, c, m, x = agent_call(sb, MSG.FS_LIST, as(p, { path = path }), rpc.FS_ERROR)
   if not r then return nil, c, m, x end
   local entries = {}
   for i, e in ipairs(r.entries or {}) do
@@ -404,8 +413,8 @@ end
 function h.fs_mkdir(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
-  local r, c, m, x = agent_call(sb, MSG.FS_MKDIR, { path = abs_path(p.path), mode = p.mode or 493,
-    flags = p.parents and 1 or 0 }, rpc.FS_ERROR)
+  local r, c, m, x = agent_call(sb, MSG.FS_MKDIR, as(p, { path = abs_path(p.path), mode = p.mode or 493,
+    flags = p.parents and 1 or 0 }), rpc.FS_ERROR)
   if not r then return nil, c, m, x end
   return { created = r.created == 1 }
 end
@@ -413,8 +422,8 @@ end
 function h.fs_remove(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
-  local r, c, m, x = agent_call(sb, MSG.FS_REMOVE, { path = abs_path(p.path),
-    flags = p.recursive and 1 or 0 }, rpc.FS_ERROR)
+  local r, c, m, x = agent_call(sb, MSG.FS_REMOVE, as(p, { path = abs_path(p.path),
+    flags = p.recursive and 1 or 0 }), rpc.FS_ERROR)
   if not r then return nil, c, m, x end
   return {}
 end
@@ -422,7 +431,8 @@ end
 function h.fs_rename(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
-  local r, c, m, x = agent_call(sb, MSG.FS_RENAME, { path = abs_path(p.from), path2 = abs_path(p.to) }, rpc.FS_ERROR)
+  local r, c, m, x = agent_call(sb, MSG.FS_RENAME, as(p, { path = abs_path(p.from), path2 = abs_path(p.to) }),
+    rpc.FS_ERROR)
   if not r then return nil, c, m, x end
   return {}
 end

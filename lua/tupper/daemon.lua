@@ -249,8 +249,28 @@ local function apply_image(sb, img, p)
   sb.env = env
   local cfg = img and img.config or {}
   sb.cwd = p.cwd or cfg.workdir or "/"
+  -- a working directory the sandbox was given (not the fallback /): the
+  -- TypeScript SDK starts commands there rather than in the account's home
+  sb.workdir = p.cwd or (cfg.workdir ~= "" and cfg.workdir) or nil
   local user = cfg.user
   sb.user = user ~= "root" and user ~= "0" and user ~= "0:0" and user or nil
+end
+
+-- E2B's default account (the TypeScript SDK's, docs/protocol.md): the
+-- recipe's user, else the image's User, else `user` where the image has
+-- that account (as E2B's base image does), else root, whose home is then
+-- taken to be /.  Returns its name and home; no name for an image User
+-- that is a bare uid without an entry in /etc/passwd.
+local function default_account(sb)
+  if sb.cred then return sb.cred.name, sb.cred.home end
+  if sb.user then
+    local c = sb:_resolve_user(sb.user)
+    if c and c.name then return c.name, c.home or "/" end
+    return nil, c and c.home or "/"
+  end
+  local acct = sb:account("user")
+  if acct then return acct.name, acct.home end
+  return "root", "/"
 end
 
 function Daemon:create_sandbox(p)
@@ -331,6 +351,7 @@ function Daemon:create_sandbox(p)
   end
   -- the image's Env, WorkingDir and User, under the create's (and recipe's)
   apply_image(sb, img or (plan and plan.image), p)
+  sb.default_user, sb.home = default_account(sb)
   sb.metadata = p.metadata or {}
   sb.policy, sb.policy_source = p._policy, p._policy_source
   self:_hook_connect(sb)
@@ -516,7 +537,7 @@ function Daemon:_request(conn, msg)
     end
     return
   end
-  local code, loaded
+  local loaded
   if msg.method == "sandbox.create" and params.recipe then
     params, loaded = self:_recipe_params(params)
     if not params then
@@ -524,14 +545,21 @@ function Daemon:_request(conn, msg)
       return
     end
   end
-  params, err, code = guard.check(self, msg.method, params)
-  if not params then
-    if is_call then return conn:error(id, code or rpc.POLICY_DENIED, err) end
-    return
-  end
-  if loaded then params._recipe = loaded end -- internal, after the policies
   conn.inflight = inflight + 1
   async.spawn(function()
+    -- the policies first (an fs call's account is looked up in the box)
+    local gok, checked, gerr, gcode, gdata = xpcall(guard.check, debug.traceback, self, msg.method, params)
+    if not gok or not checked then
+      conn.inflight = conn.inflight - 1
+      if not gok then log("internal error in the policy check of %s: %s", msg.method, tostring(checked)) end
+      if is_call then
+        if not gok then return conn:error(id, rpc.INTERNAL_ERROR, "internal error") end
+        return conn:error(id, gcode or rpc.POLICY_DENIED, gerr, gdata)
+      end
+      return
+    end
+    params = checked
+    if loaded then params._recipe = loaded end -- internal, after the policies
     local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
     conn.inflight = conn.inflight - 1
     if not is_call then return end
@@ -633,6 +661,9 @@ function Daemon:_recover()
           pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
           metadata = rec.metadata, env = rec.env, cwd = rec.cwd, limits_info = rec.limits,
           cred = type(rec.cred) == "table" and rec.cred or nil,
+          default_user = type(rec.default_user) == "string" and rec.default_user or nil,
+          home = type(rec.home) == "string" and rec.home or nil,
+          workdir = type(rec.workdir) == "string" and rec.workdir or nil,
           recipe = type(rec.recipe) == "table" and rec.recipe or nil,
           on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
           on_exit = function(s, proc) self:_exit(s, proc) end,

@@ -10,6 +10,9 @@
 --   * file operations: paths are made absolute and cleaned (no `.`, `..`
 --     or `//` left) before on_file sees them, and the handler uses that
 --     same path, so what a hook approved is what the agent is asked to do;
+--     a relative path is taken from the home of the request's `user` (its
+--     account, looked up here in the box and handed to the handler as
+--     params._account), else from /;
 --   * any other method on a sandbox whose policy has hooks is refused
 --     unless listed below as harmless: a new method is closed until it is
 --     classified here (fail closed).
@@ -57,6 +60,9 @@ M.HARMLESS = {
   -- loopback runs nothing and touches no file
   ["sandbox.update_network"] = true, ["sandbox.expose"] = true,
 }
+
+-- the errno names an account's lookup may fail with
+M.ERRNO_CODES = { [2] = "ENOENT", [5] = "EIO", [7] = "E2BIG", [22] = "EINVAL", [27] = "EFBIG" }
 
 --- A clean absolute path: relative paths are taken from base (absolute),
 -- `.` and empty parts dropped, `..` goes up (never above /).
@@ -119,8 +125,10 @@ local function check_create(d, params)
   return params
 end
 
---- Checks a validated request against the policies that bind it.  Returns
--- params (possibly rewritten), or nil, err for a refusal.
+--- Checks a validated request against the policies that bind it; runs in
+-- the request's coroutine (an account's lookup asks the box's agent).
+-- Returns params (possibly rewritten), or nil, err[, code, data] for a
+-- refusal.
 function M.check(d, method, params)
   if method == "sandbox.create" then return check_create(d, params) end
   -- process.* and fs.* name their sandbox `sandbox`, sandbox.* name it `id`
@@ -130,7 +138,15 @@ function M.check(d, method, params)
   local file = M.FILE_METHODS[method]
   if file then
     -- always cleaned, so the handler and the hooks see one path
-    local base = sb and sb.path_base and sb:path_base() or "/"
+    local base = "/"
+    if params.user and sb and sb.state == "running" and sb.account then
+      local acct, err, errno = sb:account(params.user)
+      if not acct then
+        errno = math.tointeger(errno) or 5
+        return nil, err, rpc.FS_ERROR, { errno = errno, code = M.ERRNO_CODES[errno] or ("E" .. errno) }
+      end
+      params._account, base = acct, acct.home
+    end
     for _, key in ipairs(file.paths) do
       if params[key] then params[key] = M.clean_path(params[key], base) end
     end

@@ -47,6 +47,7 @@ local function attach(box, opts, adopting)
     cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, watches = {}, hooks = opts,
     limits = opts.limits_info, pid = box:pid(), adopting = adopting, cred = opts.cred, recipe = opts.recipe,
     backend = opts.backend or "linux", vm = box.vm or nil,
+    default_user = opts.default_user, home = opts.home, workdir = opts.workdir,
   }, Sandbox)
   box:on(function(t, id, f) self:_frame(t, id, f) end,
          function(reason) self:_down(reason) end)
@@ -181,7 +182,8 @@ function Sandbox:record()
            env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
            timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
            policy = self.policy_source, cred = self.cred, recipe = self.recipe,
-           network = self.network,
+           network = self.network, default_user = self.default_user, home = self.home,
+           workdir = self.workdir,
            -- a microVM's QEMU: what proves its pid is still it (microvm.adopt)
            vm = self.vm and { uid = self.box.uid, start_time = self.box.start_time } or nil }
 end
@@ -330,28 +332,145 @@ end
 
 M.USER_FILE_MAX = 1048576 -- /etc/passwd and /etc/group, read through the agent
 
--- A small file of the box, read through its agent (so inside its root).
+-- A small file of the box, read through its agent (so inside its root):
+-- its text, or nil, msg, errno (EFBIG past USER_FILE_MAX).
 function Sandbox:_read_small(path)
   local out, offset = {}, 0
   while true do
-    local r, err = self:request(MSG.FS_READ, { path = path, offset = offset, length = core.CHUNK_MAX })
-    if not r then return nil, err end
+    local r, err, errno = self:request(MSG.FS_READ, { path = path, offset = offset, length = core.CHUNK_MAX })
+    if not r then return nil, err, errno end
     local data = type(r.data) == "string" and r.data or ""
+    local size = math.tointeger(r.size) or 0
     out[#out + 1] = data
     offset = offset + #data
-    if offset > M.USER_FILE_MAX then return nil, path .. " is too big" end
-    if #data == 0 or offset >= (math.tointeger(r.size) or 0) then break end
+    if offset > M.USER_FILE_MAX or size > M.USER_FILE_MAX then
+      return nil, ("%s is over %d bytes"):format(path, M.USER_FILE_MAX), 27
+    end
+    if #data == 0 or offset >= size then break end
   end
   return table.concat(out)
+end
+
+-- The fields of one passwd or group line.
+local function colon_fields(line)
+  local f = {}
+  for part in (line .. ":"):gmatch("([^:]*):") do f[#f + 1] = part end
+  return f
 end
 
 -- The entry of a passwd/group text whose name (field 1) or id (field 3) is key.
 local function colon_entry(text, key, by_id)
   for line in (text or ""):gmatch("[^\n]+") do
-    local f = {}
-    for part in (line .. ":"):gmatch("([^:]*):") do f[#f + 1] = part end
+    local f = colon_fields(line)
     if (by_id and f[3] == key) or (not by_id and f[1] == key) then return f end
   end
+end
+
+M.GROUPS_MAX = 64 -- TP_GROUPS_MAX: supplementary groups an account may have
+
+-- p when it is an absolute path without ".", ".." or empty parts (a
+-- trailing "/" dropped), else nil.
+local function clean_abs(p)
+  if p:sub(1, 1) ~= "/" or #p > 4096 then return nil end
+  if p ~= "/" then p = p:gsub("/$", "") end
+  if p:find("//", 1, true) then return nil end
+  for part in p:gmatch("[^/]+") do
+    if part == "." or part == ".." then return nil end
+  end
+  return p
+end
+
+-- An id field of the box's passwd or group file: an integer in 0..max, or nil.
+local function id_field(s, max)
+  local v = type(s) == "string" and s:match("^%d+$") and #s <= 10 and math.tointeger(tonumber(s))
+  if v and v <= max then return v end
+end
+
+--- The account `user` of the box: a name, looked up in its /etc/passwd,
+-- or an integer uid (then an entry is optional: without one the gid is the
+-- uid and the home /).  The file comes from inside the box and is hostile:
+-- read through the agent and bounded (USER_FILE_MAX), the matching line
+-- validated: ids inside the box's range, a home that is a clean absolute
+-- path, uid 0 only for the name root.  Supplementary groups are those of
+-- /etc/group that list the name (at most GROUPS_MAX in all).  Returns
+-- { uid, gid, groups, home, name } or nil, msg, errno (ENOENT: no such
+-- account; EINVAL: the box's files are malformed for it).
+function Sandbox:account(user)
+  local by_id = math.type(user) == "integer"
+  local label = by_id and ("uid %d"):format(user) or ("user '%s'"):format(tostring(user))
+  local max = (self.id_count or 65536) - 1
+  local passwd, err, errno = self:_read_small("/etc/passwd")
+  -- root is uid 0 whatever the file says, so that a box whose /etc/passwd
+  -- is missing or broken can still be repaired as root
+  local root = { uid = 0, gid = 0, groups = { 0 }, home = "/root", name = "root" }
+  if not passwd and user == "root" then return root end
+  if not passwd then
+    if not by_id or errno == 27 then
+      return nil, ("%s: cannot read the box's /etc/passwd: %s"):format(label, tostring(err)), errno == 27 and 27 or 5
+    end
+    passwd = ""
+  end
+  if by_id and (user < 0 or user > max) then
+    return nil, ("%s is outside the sandbox's ids 0..%d"):format(label, max), 22
+  end
+  local e = colon_entry(passwd, by_id and tostring(user) or user, by_id)
+  if not e then
+    if by_id then return { uid = user, gid = user, groups = { user }, home = "/" } end
+    if user == "root" then return root end
+    return nil, ("%s is not in the box's /etc/passwd"):format(label), 2
+  end
+  local uid, gid = id_field(e[3], max), id_field(e[4], max)
+  if not uid or not gid then
+    return nil, ("%s: its line in the box's /etc/passwd has a uid or gid that is not a number in 0..%d")
+      :format(label, max), 22
+  end
+  if uid == 0 and e[1] ~= "root" then
+    return nil, ("%s has uid 0 in the box's /etc/passwd: ask for 'root' to act as root"):format(label), 22
+  end
+  local home = e[6] or ""
+  if home == "" then home = "/" end
+  local clean = clean_abs(home)
+  if not clean then
+    return nil, ("%s: its home in the box's /etc/passwd is not a clean absolute path"):format(label), 22
+  end
+  local acct = { uid = uid, gid = gid, groups = { gid }, home = clean, name = e[1] }
+  local group, gerr, gerrno = self:_read_small("/etc/group")
+  if group == nil then
+    -- no /etc/group: the primary group only; one too big is an error, not
+    -- a silent cut
+    if gerrno == 27 then return nil, ("%s: %s"):format(label, gerr), 27 end
+    return acct
+  end
+  local seen = { [gid] = true }
+  for line in group:gmatch("[^\n]+") do
+    local f = colon_fields(line)
+    local g = id_field(f[3], max)
+    if g and not seen[g] then
+      for member in (f[4] or ""):gmatch("[^,]+") do
+        if member == acct.name then
+          if #acct.groups >= M.GROUPS_MAX then
+            return nil, ("%s is in more than %d groups in the box's /etc/group"):format(label, M.GROUPS_MAX), 7
+          end
+          seen[g] = true
+          acct.groups[#acct.groups + 1] = g
+          break
+        end
+      end
+    end
+  end
+  return acct
+end
+
+--- The agent fields that make a request act as acct (FS_*, WATCH_ADD,
+-- EXEC): UID, GID and GROUPS (u32 each).  Adds them to fields; returns it.
+function M.as_fields(fields, acct)
+  if not acct then return fields end
+  local groups = acct.groups or { acct.gid }
+  fields.uid, fields.gid = acct.uid, acct.gid
+  if #groups > 0 and #groups <= M.GROUPS_MAX then
+    fields.groups = string.pack("<" .. ("I4"):rep(#groups), table.unpack(groups))
+  end
+  return fields
 end
 
 --- The image's User ("name", "uid", "name:group", "uid:gid") as uid, gid
@@ -418,6 +537,7 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   local fields = { args = argv, env = envl, cwd = cwd or self.cwd,
                    flags = (stdin and 1 or 0) | (hold and 2 or 0) | (x.pty and 4 or 0),
                    uid = cred and cred.uid, gid = cred and cred.gid }
+  if cred and cred.groups then M.as_fields(fields, cred) end
   if x.pty then fields.cols, fields.rows = x.pty.cols, x.pty.rows end
   local r, err, errno = self:request(MSG.EXEC, fields)
   if not r then return nil, err, errno end
@@ -471,10 +591,11 @@ function Sandbox:_tree_done(proc)
   if n == 0 then self.box:tree_remove(proc.tree) end
 end
 
---- Watches a directory for owner (a connection); returns the watch record
+--- Watches a directory for owner (a connection), as acct (an account, or
+-- nil for root); returns the watch record
 -- { id, path, owner } or nil, msg, errno.
-function Sandbox:watch(path, recursive, owner)
-  local r, err, errno = self:request(MSG.WATCH_ADD, { path = path, flags = recursive and 1 or 0 })
+function Sandbox:watch(path, recursive, owner, acct)
+  local r, err, errno = self:request(MSG.WATCH_ADD, M.as_fields({ path = path, flags = recursive and 1 or 0 }, acct))
   if not r then return nil, err, errno end
   local id = math.tointeger(r.watch)
   if not id or id < 1 or self.watches[id] then
@@ -518,7 +639,8 @@ function Sandbox:info()
            created_at = self.created_at,
            metadata = self.metadata, processes = n, limits = self.limits or {},
            timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
-           recipe = self.recipe,
+           recipe = self.recipe, default_user = self.default_user, home = self.home,
+           workdir = self.workdir,
            expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
 end
 

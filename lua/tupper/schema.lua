@@ -66,7 +66,8 @@ M.methods = {
                env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS, network = NETWORK,
                kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE,
                backend = M.BACKEND },
-    result = { "id", "image", "backend", "state", "created_at", "metadata", "limits", "timeout" },
+    result = { "id", "image", "backend", "state", "created_at", "metadata", "limits", "timeout",
+               "default_user", "home" },
   },
   ["recipe.build"] = {
     doc = "Builds a recipe's layer (files and setup) unless cached, and returns what a lockfile of it pins.",
@@ -76,7 +77,8 @@ M.methods = {
   ["sandbox.get"] = {
     doc = "Describes one sandbox.",
     params = { id = ID, required = { "id" } },
-    result = { "id", "image", "backend", "state", "created_at", "metadata", "processes", "limits", "timeout" },
+    result = { "id", "image", "backend", "state", "created_at", "metadata", "processes", "limits", "timeout",
+               "default_user", "home" },
   },
   ["sandbox.pause"] = {
     doc = "Freezes every process of the sandbox (cgroup freezer); its lifetime stands still.",
@@ -161,7 +163,7 @@ M.methods = {
   ["fs.watch"] = {
     doc = "Watches a directory (recursive = true: its whole tree, new directories too); events "
       .. "arrive as fs.event notifications on this connection until fs.unwatch or disconnect.",
-    params = { sandbox = ID, path = PATH, recursive = { type = "boolean" }, required = { "sandbox", "path" } },
+    params = { sandbox = ID, user = USER, path = PATH, recursive = { type = "boolean" }, required = { "sandbox", "path" } },
     result = { "watch" },
   },
   ["fs.unwatch"] = {
@@ -189,14 +191,14 @@ M.methods = {
   },
   ["fs.read"] = {
     doc = "Reads up to length bytes (at most 1 MiB) of a file from offset.",
-    params = { sandbox = ID, path = PATH, offset = { type = "integer", min = 0, max = 99999999999999 },
+    params = { sandbox = ID, user = USER, path = PATH, offset = { type = "integer", min = 0, max = 99999999999999 },
                length = { type = "integer", min = 0, max = 1048576 }, encoding = ENCODING,
                required = { "sandbox", "path" } },
     result = { "data", "encoding", "size", "eof" },
   },
   ["fs.write"] = {
     doc = "Writes data (at most 1 MiB) to a file at offset, or appends; creates missing parents.",
-    params = { sandbox = ID, path = PATH, data = { type = "string", max = 1398104, binary = true },
+    params = { sandbox = ID, user = USER, path = PATH, data = { type = "string", max = 1398104, binary = true },
                encoding = ENCODING, offset = { type = "integer", min = 0, max = 99999999999999 },
                append = { type = "boolean" }, truncate = { type = "boolean" },
                mode = { type = "integer", min = 0, max = 4095 },
@@ -205,23 +207,23 @@ M.methods = {
   },
   ["fs.list"] = {
     doc = "Lists a directory, sorted by name.",
-    params = { sandbox = ID, path = PATH, required = { "sandbox", "path" } },
+    params = { sandbox = ID, user = USER, path = PATH, required = { "sandbox", "path" } },
     result = { "entries", "truncated" },
   },
   ["fs.stat"] = {
     doc = "Describes a file without following a final symlink.",
-    params = { sandbox = ID, path = PATH, required = { "sandbox", "path" } },
+    params = { sandbox = ID, user = USER, path = PATH, required = { "sandbox", "path" } },
     result = { "name", "path", "type", "size", "mode", "mtime", "uid", "gid" },
   },
   ["fs.mkdir"] = {
     doc = "Makes a directory (parents too with parents = true); created is false when it existed.",
-    params = { sandbox = ID, path = PATH, parents = { type = "boolean" },
+    params = { sandbox = ID, user = USER, path = PATH, parents = { type = "boolean" },
                mode = { type = "integer", min = 0, max = 4095 }, required = { "sandbox", "path" } },
     result = { "created" },
   },
   ["fs.remove"] = {
     doc = "Removes a file or directory (recursive = true for a non-empty one).",
-    params = { sandbox = ID, path = PATH, recursive = { type = "boolean" },
+    params = { sandbox = ID, user = USER, path = PATH, recursive = { type = "boolean" },
                required = { "sandbox", "path" } },
     result = {},
   },
@@ -252,7 +254,7 @@ M.methods = {
   },
   ["fs.rename"] = {
     doc = "Renames a file or directory.",
-    params = { sandbox = ID, from = PATH, to = PATH, required = { "sandbox", "from", "to" } },
+    params = { sandbox = ID, user = USER, from = PATH, to = PATH, required = { "sandbox", "from", "to" } },
     result = {},
   },
 }

@@ -360,11 +360,16 @@ local function fs_call(self, method, params, soft)
   fail("%s", tostring(e.message))
 end
 
---- Reads a whole file; returns its bytes as a string.
-Files.read = entry(function(self, path)
+-- Every files method takes opts.user: the account of the box it acts as
+-- (default root); a relative path is then taken from that account's home.
+local function user_of(opts) return type(opts) == "table" and opts.user or nil end
+
+--- Reads a whole file; returns its bytes as a string.  opts: user.
+Files.read = entry(function(self, path, opts)
   local parts, offset = {}, 0
   while true do
-    local r = fs_call(self, "fs.read", { path = path, offset = offset, length = M.CHUNK, encoding = "utf8" })
+    local r = fs_call(self, "fs.read", { path = path, offset = offset, length = M.CHUNK, encoding = "utf8",
+                                         user = user_of(opts) })
     local data = decode(r.data, r.encoding)
     parts[#parts + 1] = data
     offset = offset + #data
@@ -374,8 +379,8 @@ Files.read = entry(function(self, path)
 end)
 
 --- Writes data (a string) to a file, replacing it; missing parent
--- directories are made.  Large data goes in chunks of 1 MiB.  opts: mode.
--- Returns { path, size }.
+-- directories are made.  Large data goes in chunks of 1 MiB.  opts: mode,
+-- user.  Returns { path, size }.
 Files.write = entry(function(self, path, data, opts)
   if type(data) ~= "string" then fail("files:write wants a string") end
   local offset, size = 0, 0
@@ -383,7 +388,7 @@ Files.write = entry(function(self, path, data, opts)
     local chunk = data:sub(offset + 1, offset + M.CHUNK)
     local text, enc = encode(chunk)
     local r = fs_call(self, "fs.write", { path = path, data = text, encoding = enc, offset = offset,
-      truncate = offset == 0, mode = opts and opts.mode })
+      truncate = offset == 0, mode = opts and opts.mode, user = user_of(opts) })
     offset = offset + #chunk
     size = r.size
   until offset >= #data
@@ -391,33 +396,34 @@ Files.write = entry(function(self, path, data, opts)
 end)
 
 --- Lists a directory: an array of { name, path, type, size, mode, mtime }.
-Files.list = entry(function(self, path)
-  return fs_call(self, "fs.list", { path = path }).entries
+Files.list = entry(function(self, path, opts)
+  return fs_call(self, "fs.list", { path = path, user = user_of(opts) }).entries
 end)
 
 --- Returns { name, path, type, size, mode, mtime, uid, gid, link? }.
-Files.stat = entry(function(self, path)
-  return fs_call(self, "fs.stat", { path = path })
+Files.stat = entry(function(self, path, opts)
+  return fs_call(self, "fs.stat", { path = path, user = user_of(opts) })
 end)
 
 --- True when path exists (a dangling symlink exists).
-Files.exists = entry(function(self, path)
-  return fs_call(self, "fs.stat", { path = path }, { ENOENT = true, ENOTDIR = true }) ~= nil
+Files.exists = entry(function(self, path, opts)
+  return fs_call(self, "fs.stat", { path = path, user = user_of(opts) }, { ENOENT = true, ENOTDIR = true }) ~= nil
 end)
 
 --- Removes a file, or a directory (opts.recursive for a non-empty one).
 Files.remove = entry(function(self, path, opts)
-  fs_call(self, "fs.remove", { path = path, recursive = opts and opts.recursive or nil })
+  fs_call(self, "fs.remove", { path = path, recursive = opts and opts.recursive or nil, user = user_of(opts) })
 end)
 
---- Renames from to to.
-Files.rename = entry(function(self, from, to)
-  fs_call(self, "fs.rename", { from = from, to = to })
+--- Renames from to to.  opts: user.
+Files.rename = entry(function(self, from, to, opts)
+  fs_call(self, "fs.rename", { from = from, to = to, user = user_of(opts) })
 end)
 
 --- Makes a directory and its parents; false when it already existed.
 Files.mkdir = entry(function(self, path, opts)
-  return fs_call(self, "fs.mkdir", { path = path, parents = true, mode = opts and opts.mode }).created
+  return fs_call(self, "fs.mkdir", { path = path, parents = true, mode = opts and opts.mode,
+                                     user = user_of(opts) }).created
 end)
 
 -- -------------------------------------------------------------- sandbox
@@ -436,13 +442,14 @@ local function new_box(info)
 end
 
 --- Runs cmd (a shell command line, or an argv array) and waits for it.
--- opts: cwd, envs, timeout (a duration), stdin (a string fed then closed;
+-- opts: cwd, envs, user (an account of the box: default the image's User,
+-- else root), timeout (a duration), stdin (a string fed then closed;
 -- true to keep it open for send_stdin), on_stdout(data), on_stderr(data),
 -- check (raise on a non-zero exit), background (return the process handle
 -- at once: :wait(), :kill(), :send_stdin(), :close_stdin(), .pid).
 Sandbox.run = entry(function(self, cmd, opts)
   opts = opts or {}
-  local params = { sandbox = self.id, env = opts.envs, cwd = opts.cwd, timeout = opts.timeout,
+  local params = { sandbox = self.id, env = opts.envs, cwd = opts.cwd, timeout = opts.timeout, user = opts.user,
                    stdin = opts.stdin ~= nil and opts.stdin ~= false, encoding = "utf8" }
   if type(cmd) == "table" then params.argv = cmd
   elseif type(cmd) == "string" then params.cmd = cmd

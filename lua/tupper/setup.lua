@@ -195,23 +195,11 @@ local function tail(s, n)
   return "..." .. s:sub(-n)
 end
 
---- The uid, gid and home of a user of the box (a name or a uid), from the
--- box's /etc/passwd.  Returns { uid, gid, home, name } or nil, err.
+--- The uid, gid, groups and home of a user of the box (a name or a uid),
+-- from the box's /etc/passwd and /etc/group (Sandbox:account).  Returns
+-- { uid, gid, groups, home, name } or nil, err, errno.
 function M.lookup_user(sb, user)
-  local r, err = sb:request(MSG.FS_READ, { path = "/etc/passwd", offset = 0, length = 1048576 })
-  local text = r and r.data or ""
-  if not r and math.type(user) ~= "integer" then
-    return nil, ("user %q: cannot read the box's /etc/passwd: %s"):format(user, tostring(err))
-  end
-  for line in text:gmatch("[^\n]+") do
-    local name, uid, gid, home = line:match("^([^:]*):[^:]*:(%d+):(%d+):[^:]*:([^:]*):")
-    uid, gid = math.tointeger(tonumber(uid)), math.tointeger(tonumber(gid))
-    if name and uid and gid and uid <= 65535 and gid <= 65535 and (name == user or uid == user) then
-      return { uid = uid, gid = gid, home = home ~= "" and home or "/", name = name }
-    end
-  end
-  if math.type(user) == "integer" then return { uid = user, gid = user, home = "/" } end
-  return nil, ("user %q is not in the box's /etc/passwd"):format(user)
+  return sb:account(user)
 end
 
 --- The policies of ctx (those binding the sandbox the setup is for) on a

@@ -77,6 +77,37 @@ describe("guard", function()
       assert.truthy(guard.check(d, m, { sandbox = "abc" }), m)
     end
   end)
+
+  it("gives on_file the path resolved from the home of the request's user", function()
+    local pol = assert(policy.load_string([[return {
+      on_file = function(op, path) if path:find("^/secret") then return false, op .. " " .. path end return true end,
+    }]], "p.lua"))
+    local asked = {}
+    local sb = { policy = pol, state = "running" }
+    function sb:account(user)
+      asked[#asked + 1] = user
+      if user == "ghost" then return nil, "user 'ghost' is not in the box's /etc/passwd", 2 end
+      return { uid = 1000, gid = 1000, groups = { 1000 }, home = "/home/" .. user, name = user }
+    end
+    local d = { sandboxes = { abc = sb } }
+    local p, err = guard.check(d, "fs.write", { sandbox = "abc", user = "user", path = "../../secret/x" })
+    assert.is_nil(p)
+    assert.matches("write /secret/x", err)
+    p = assert(guard.check(d, "fs.write", { sandbox = "abc", user = "user", path = "./notes//a.txt" }))
+    assert.are.equal("/home/user/notes/a.txt", p.path)
+    assert.are.equal(1000, p._account.uid)
+    p = assert(guard.check(d, "fs.rename", { sandbox = "abc", user = "bob", from = "a", to = "../b" }))
+    assert.are.same({ "/home/bob/a", "/home/b" }, { p.from, p.to })
+    -- without a user: from /, as root (no account)
+    p = assert(guard.check(d, "fs.read", { sandbox = "abc", path = "etc/passwd" }))
+    assert.are.same({ "/etc/passwd" }, { p.path, p._account })
+    local code, data
+    p, err, code, data = guard.check(d, "fs.read", { sandbox = "abc", user = "ghost", path = "x" })
+    assert.is_nil(p)
+    assert.are.same({ -32002, "ENOENT" }, { code, data.code })
+    assert.matches("not in the box's /etc/passwd", err)
+    assert.are.same({ "user", "user", "bob", "ghost" }, asked)
+  end)
 end)
 
 describe("a policy sent with sandbox.create", function()
@@ -141,6 +172,13 @@ describe("a policy sent with sandbox.create", function()
     -- nothing was written where the policy said no
     local st = call(c, "fs.stat", { sandbox = id, path = "/etc/evil" })
     assert.is_nil(st)
+    -- relative paths of a user's call are judged where they land: its home
+    _, err = call(c, "fs.write", { sandbox = id, user = "user", path = "../../etc/evil", data = "x", encoding = "utf8" })
+    assert.are.equal(-32005, err.code)
+    assert.matches("/etc is read-only", err.message, 1, true)
+    assert(call(c, "fs.write", { sandbox = id, user = "user", path = "fine", data = "x", encoding = "utf8" }))
+    st = assert(call(c, "fs.stat", { sandbox = id, path = "/home/user/fine" }))
+    assert.are.equal(1000, st.uid)
   end)
 
   it("refuses a policy that does not load, naming file and line", function()

@@ -156,6 +156,59 @@ describe("terminals, watches and reattaching", function()
     else assert.are.equal(-32002, e.code) end
   end)
 
+  it("watches as an account of the box, from its home", function()
+    local events, waiter = {}, nil
+    c:on("fs.event", function(p)
+      if p.sandbox ~= id then return end
+      events[#events + 1] = p.watch .. " " .. p.type .. " " .. p.name
+      if waiter then local w = waiter; waiter = nil; w() end
+    end)
+    local function seen(line)
+      return sync(function()
+        local deadline = os.time() + 10
+        while os.time() < deadline do
+          for _, e in ipairs(events) do if e == line then return true end end
+          local timer = require("luv").new_timer()
+          async.wait(function(cb) waiter = cb; timer:start(200, 0, cb) end)
+          timer:close()
+        end
+        return false
+      end)
+    end
+    local function sh(cmd, user)
+      local r = sync(function() return helper.run(c, id, cmd, { user = user }) end)
+      assert.are.equal(0, r.exit_code, r.stderr)
+    end
+    assert(call("fs.mkdir", { sandbox = id, user = "user", path = "wu" }))
+    local w = assert(call("fs.watch", { sandbox = id, user = "user", path = "./wu", recursive = true })).watch
+    sh("mkdir -p wu/a && echo x > wu/a/f", "user")
+    assert.is_true(seen(w .. " create a/f"))
+    -- a directory the account cannot read is not walked: an overflow event
+    -- says so, and nothing inside it is ever reported
+    -- (root's, through the API: a box's own root has no capabilities)
+    assert(call("fs.mkdir", { sandbox = id, path = "/home/user/wu/hidden", mode = 448 }))
+    assert(call("fs.write", { sandbox = id, path = "/home/user/wu/hidden/f", data = "s", encoding = "utf8" }))
+    assert(call("fs.mkdir", { sandbox = id, path = "/home/user/wu/open" }))
+    assert(call("fs.write", { sandbox = id, path = "/home/user/wu/open/f", data = "o", encoding = "utf8" }))
+    assert.is_true(seen(w .. " overflow hidden"))
+    assert.is_true(seen(w .. " create open/f"))
+    for _, e in ipairs(events) do assert.are_not.equal(w .. " create hidden/f", e) end
+    assert(call("fs.unwatch", { sandbox = id, watch = w }))
+    local _, err = call("fs.watch", { sandbox = id, user = "user", path = "/root" })
+    assert.are.equal(-32002, err.code)
+    assert.are.equal("EACCES", err.data.code)
+    _, err = call("fs.watch", { sandbox = id, user = "ghost", path = "/tmp" })
+    assert.are.equal(-32002, err.code)
+    assert.are.equal("ENOENT", err.data.code)
+    -- the account a handler acts as comes from the daemon's lookup only
+    _, err = call("fs.write", { sandbox = id, path = "/etc/x", data = "x", encoding = "utf8",
+                                _account = { uid = 0, gid = 0, home = "/" } })
+    assert.are.equal(-32602, err.code)
+    _, err = call("fs.write", { sandbox = id, path = "/etc/x", data = "x", encoding = "utf8", user = "user" })
+    assert.are.equal("EACCES", err.data.code)
+    assert(call("fs.remove", { sandbox = id, path = "/home/user/wu", recursive = true }))
+  end)
+
   it("drops the watches of a connection that goes away", function()
     -- c2 takes every watch the agent allows; once it is gone, they are free again
     local c2 = assert(d.connect())

@@ -104,6 +104,124 @@ describe("tupper.sdk" .. (BACKEND and (" on " .. BACKEND) or ""), function()
     box:kill()
   end)
 
+  it("acts as an account of the box in commands and files, relative paths from its home", function()
+    local box = create()
+    local f = box.files
+    -- the E2B default account (the TypeScript SDK's) is shown; the Lua
+    -- API's own default stays root
+    local info = box:info()
+    assert.are.equal("user", info.default_user)
+    assert.are.equal("/home/user", info.home)
+    assert.are.equal("root\n/\n", box:run("id -un; pwd").stdout)
+    assert.are.equal("user\n/home/user\n", box:run("id -un; pwd", { user = "user" }).stdout)
+    assert.are.equal("/home/user/sub\n", box:run("mkdir -p sub && cd sub && pwd", { user = "user" }).stdout)
+    assert.are.equal("/home/user/sub\n", box:run("pwd", { user = "user", cwd = "sub" }).stdout)
+    -- files: relative paths from the home, owned by the account
+    assert.are.same({ path = "notes/a.txt", size = 2 }, f:write("notes/a.txt", "hi", { user = "user" }))
+    local st = f:stat("/home/user/notes/a.txt")
+    assert.are.same({ 1000, 1000 }, { st.uid, st.gid })
+    assert.are.equal(1000, f:stat("/home/user/notes").uid)
+    assert.are.equal("/home/user/notes/a.txt", f:stat("notes/a.txt", { user = "user" }).path)
+    assert.are.equal("hi", f:read("notes/a.txt", { user = "user" }))
+    assert.is_true(f:exists("./notes/../notes/a.txt", { user = "user" }))
+    assert.is_true(f:mkdir("d/e", { user = "user" }))
+    assert.are.equal(1000, f:stat("/home/user/d/e").uid)
+    f:rename("notes/a.txt", "d/e/b.txt", { user = "user" })
+    local names = {}
+    for _, e in ipairs(f:list("d/e", { user = "user" })) do names[#names + 1] = e.path end
+    assert.are.same({ "/home/user/d/e/b.txt" }, names)
+    f:remove("d", { recursive = true, user = "user" })
+    assert.is_false(f:exists("/home/user/d"))
+    -- the account's permissions, not root's
+    local ok, err = pcall(f.write, f, "/etc/x", "no", { user = "user" })
+    assert.is_false(ok)
+    assert.truthy(err:find("/etc/x", 1, true) and err:find("ermission denied", 1, true), err)
+    assert.is_false(f:exists("/etc/x"))
+    assert.are.equal(2, f:write("/etc/x", "ok").size)
+    assert.are.equal(0, f:stat("/etc/x").uid)
+    ok, err = pcall(f.remove, f, "/etc/x", { user = "user" })
+    assert.truthy(not ok and err:find("ermission denied", 1, true), err)
+    ok, err = pcall(f.list, f, "/root", { user = "user" })
+    assert.truthy(not ok and err:find("ermission denied", 1, true), err)
+    ok, err = pcall(f.read, f, "../../root/.profile", { user = "user" })
+    assert.truthy(not ok and err:find("/root/.profile", 1, true), err)
+    -- root explicitly: its home is /root
+    f:write("r.txt", "r", { user = "root" })
+    assert.are.equal("/root/r.txt", f:stat("r.txt", { user = "root" }).path)
+    assert.are.equal(0, f:stat("/root/r.txt").uid)
+    box:kill()
+  end)
+
+  it("takes root and / as the default account of an image without a `user` account", function()
+    -- a recipe whose setup removes the account: its layer is the image
+    local box = create({ recipe = { name = "nouser.lua", source = [[
+      return recipe "nouser" {
+        setup = function(box) box:run("sed -i '/^user:/d' /etc/passwd") end,
+      }]] } })
+    local info = box:info()
+    assert.are.same({ "root", "/" }, { info.default_user, info.home })
+    local ok, err = pcall(box.run, box, "true", { user = "user" })
+    assert.truthy(not ok and err:find("user 'user' is not in the box's /etc/passwd", 1, true), err)
+    box:kill()
+    -- a recipe's user is the default account
+    box = create({ recipe = { name = "asuser.lua", source = 'return recipe "asuser" { user = "user" }' } })
+    info = box:info()
+    assert.are.same({ "user", "/home/user" }, { info.default_user, info.home })
+    box:kill()
+  end)
+
+  it("refuses accounts the box does not have or describes in a hostile way", function()
+    local box = create()
+    local f = box.files
+    local function refused(user, want, opts)
+      local ok, err = pcall(f.write, f, "x.txt", "x", { user = user })
+      assert.is_false(ok)
+      assert.truthy(err:find(want, 1, true), err)
+      local ok2, err2 = pcall(box.run, box, "true", { user = user })
+      assert.is_false(ok2)
+      assert.truthy(err2:find(want, 1, true), err2)
+    end
+    refused("ghost", "user 'ghost' is not in the box's /etc/passwd")
+    local ok, err = pcall(f.write, f, "x", "x", { user = "bad:name" })
+    assert.truthy(not ok and err:find("user", 1, true), err)
+    local function passwd(text)
+      f:write("/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n" .. text)
+    end
+    -- malformed lines around a good one do not matter
+    passwd("garbage\n::::\n:x:1:1\nuser:x:1000:1000:user:/home/user:/bin/sh\n" .. ("x"):rep(5000) .. "\n")
+    f:write("ok.txt", "x", { user = "user" })
+    assert.are.equal(1000, f:stat("/home/user/ok.txt").uid)
+    passwd("user:x:0:0:user:/home/user:/bin/sh\n")
+    refused("user", "user 'user' has uid 0 in the box's /etc/passwd")
+    passwd("user:x:1000:1000:user:../../:/bin/sh\n")
+    refused("user", "its home in the box's /etc/passwd is not a clean absolute path")
+    passwd("user:x:1000:1000:user:/home/../etc:/bin/sh\n")
+    refused("user", "not a clean absolute path")
+    passwd("user:x:70000:1000:user:/home/user:/bin/sh\n")
+    refused("user", "not a number in 0..65535")
+    passwd("user:x:1000:99999999999999999999:user:/home/user:/bin/sh\n")
+    refused("user", "not a number in 0..65535")
+    passwd("user:x:-1:1000:user:/home/user:/bin/sh\n")
+    refused("user", "not a number in 0..65535")
+    -- a huge /etc/passwd is refused, not read whole
+    f:write("/etc/passwd", ("#" .. ("p"):rep(1023) .. "\n"):rep(1100) .. "user:x:1000:1000::/home/user:/bin/sh\n")
+    refused("user", "/etc/passwd is over 1048576 bytes")
+    -- and a hostile /etc/group: too many groups, then too big
+    passwd("user:x:1000:1000:user:/home/user:/bin/sh\n")
+    local groups = {}
+    for i = 1, 80 do groups[i] = ("g%d:x:%d:user"):format(i, 2000 + i) end
+    f:write("/etc/group", table.concat(groups, "\n") .. "\n")
+    refused("user", "is in more than 64 groups")
+    groups = {}
+    for i = 1, 20 do groups[i] = ("g%d:x:%d:nobody,user"):format(i, 2000 + i) end
+    f:write("/etc/group", table.concat(groups, "\n") .. "\nbad:x:99999999:user\n")
+    local id = box:run("id -G", { user = "user" }).stdout
+    assert.truthy(id:find("^1000 2001 2002 ") and id:find(" 2020\n$"), id)
+    f:write("/etc/group", ("#" .. ("g"):rep(1023) .. "\n"):rep(1100))
+    refused("user", "/etc/group is over 1048576 bytes")
+    box:kill()
+  end)
+
   it("runs background processes with stdin, callbacks and kill", function()
     local box = create()
     local h = box:run("cat; echo done", { background = true, stdin = true })
