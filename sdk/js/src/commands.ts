@@ -20,7 +20,12 @@ export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
 const STDIN_CHUNK = 1 << 20;
 
 export interface CommandStartOpts {
-  /** Working directory (default: the sandbox's, `/`). */
+  /**
+   * Working directory; a relative one is taken from the account's home.
+   * Default: the sandbox's working directory when it was given one (create's
+   * `cwd`, a recipe's `workdir`, the image's WorkingDir), else the account's
+   * home (`/home/user` on an image with a `user` account).
+   */
   cwd?: string;
   /** Environment added to the sandbox's. */
   envs?: Record<string, string>;
@@ -36,8 +41,11 @@ export interface CommandStartOpts {
   requestTimeoutMs?: number;
   /**
    * The account of the box's /etc/passwd the command runs as: its uid, gid,
-   * HOME and (unless cwd is given) its home as working directory.  Default:
-   * root.  An unknown name rejects with NotFoundError.
+   * groups, HOME and (unless cwd is given) its home as working directory.
+   * Default, as E2B: the sandbox's default account (`sbx.defaultUser`):
+   * `user` on an image with a `user` account, else the image's or recipe's
+   * User, else root (in `/`).  `user: 'root'` runs as root.  An unknown
+   * name rejects with NotFoundError.
    */
   user?: string;
 }
@@ -85,6 +93,54 @@ export interface SandboxLink {
   readonly conn: Connection;
   /** True once this SDK killed the sandbox. */
   readonly killed: boolean;
+  /** The account commands and files act as unless told (E2B's default), if the sandbox names one. */
+  readonly defaultUser?: string;
+  /** Where that account's relative paths and commands start: its home (`/` for the root fallback). */
+  readonly home: string;
+  /** The sandbox's own working directory, when it was given one. */
+  readonly workdir?: string;
+}
+
+/** path, absolute: a relative one is taken from base. */
+export function fromHome(path: string, base: string): string {
+  // an empty path stays empty: the daemon refuses it, as before
+  if (path === '' || path.startsWith('/')) return path;
+  return (base.endsWith('/') ? base : base + '/') + path;
+}
+
+/**
+ * The user and cwd params of a process start: an explicit user as it is
+ * (the daemon starts it in that account's home unless cwd says otherwise);
+ * without one, the default account, in cwd taken from its home, else in
+ * the sandbox's own working directory, else in its home.
+ */
+export function startAs(
+  link: { readonly defaultUser?: string; readonly home: string; readonly workdir?: string },
+  user: string | undefined,
+  cwd: string | undefined,
+): { user?: string; cwd?: string } {
+  const as = actingAs(link, user);
+  const out: { user?: string; cwd?: string } = {};
+  if (as.user !== undefined) out.user = as.user;
+  if (cwd !== undefined) out.cwd = as.base !== undefined ? fromHome(cwd, as.base) : cwd;
+  // (no default account named: the daemon's own default, the sandbox's cwd)
+  else if (user === undefined && link.defaultUser !== undefined) out.cwd = link.workdir ?? as.base;
+  return out;
+}
+
+/**
+ * The account and path a call acts with: an explicit `user` goes to the
+ * daemon as it is (which takes relative paths from that account's home);
+ * without one, the sandbox's default account, relative paths taken from
+ * its home here.  Returns the params to add.
+ */
+export function actingAs(
+  link: { readonly defaultUser?: string; readonly home: string },
+  user: string | undefined,
+): { user?: string; base?: string } {
+  if (user !== undefined) return { user };
+  if (link.defaultUser === undefined) return { base: '/' };
+  return { user: link.defaultUser, base: link.home };
 }
 
 function gone(sandboxId: string, why: string): TimeoutError {
@@ -349,9 +405,8 @@ export class Commands {
     if (typeof timeoutMs !== 'number' || !Number.isFinite(timeoutMs) || timeoutMs < 0) {
       throw new InvalidArgumentError(`${method}: bad timeoutMs ${String(timeoutMs)}`);
     }
-    if (opts.cwd !== undefined) params.cwd = opts.cwd;
+    Object.assign(params, startAs(this.link, opts.user, opts.cwd));
     if (opts.envs !== undefined) params.env = opts.envs;
-    if (opts.user !== undefined) params.user = opts.user;
     if (timeoutMs > 0) params.timeout = timeoutMs / 1000;
     let handle: CommandHandle | undefined;
     try {

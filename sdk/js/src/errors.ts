@@ -83,6 +83,18 @@ export class NotEnoughSpaceError extends SandboxError {
   }
 }
 
+/**
+ * The box's permissions refused a file operation or a command's start
+ * (EACCES, EPERM): the account it acted as may not do that (tupper's own,
+ * as E2B reports it with a plain SandboxError).
+ */
+export class PermissionError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'PermissionError';
+  }
+}
+
 /** A policy file refused the operation (-32005); the message names the file and the rule. */
 export class PolicyError extends SandboxError {
   constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
@@ -144,6 +156,7 @@ export function fromRpcError(err: { code?: unknown; message?: unknown; data?: un
     case ErrorCode.Process:
       if (errno === 'ENOENT') return new NotFoundError(msg, opts);
       if (errno === 'ENOSPC' || errno === 'EDQUOT') return new NotEnoughSpaceError(msg, opts);
+      if (errno === 'EACCES' || errno === 'EPERM') return new PermissionError(msg, opts);
       return new SandboxError(msg, opts);
     default:
       return new SandboxError(msg, opts);

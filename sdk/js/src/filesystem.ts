@@ -1,10 +1,14 @@
 /**
  * sbx.files: the sandbox's filesystem, as E2B's Filesystem module.  Bytes
  * travel base64-encoded in chunks of at most 1 MiB (fs.read / fs.write with
- * offsets).  Relative paths are taken from `/`.
+ * offsets).  Every call acts as an account of the box, as E2B: `opts.user`,
+ * else the sandbox's default account (`user` on an image with that account,
+ * else the image's User, else root); the kernel checks that account's
+ * permissions, and what it creates is its own.  Relative paths are taken
+ * from that account's home (`/home/user`; `/` for the root fallback).
  */
 import { ReadableStream } from 'node:stream/web';
-import type { SandboxLink } from './commands';
+import { actingAs, fromHome, type SandboxLink } from './commands';
 import { InvalidArgumentError, SandboxError, TimeoutError } from './errors';
 
 /** Most raw bytes in one fs.read or fs.write. */
@@ -79,7 +83,7 @@ export interface WatchOpts {
   timeoutMs?: number;
   /** Called once when the watch ends: no argument after stop(), an error otherwise. */
   onExit?: (err?: Error) => void | Promise<void>;
-  /** Accepted for E2B compatibility. */
+  /** The account it watches as (default: the sandbox's default account); see FilesystemRequestOpts. */
   user?: string;
   requestTimeoutMs?: number;
 }
@@ -164,7 +168,13 @@ export class WatchHandle {
 }
 
 export interface FilesystemRequestOpts {
-  /** Accepted for E2B compatibility; every file operation acts as root inside the box. */
+  /**
+   * The account of the box's /etc/passwd the operation acts as, as E2B's
+   * `user` (e.g. `'root'`).  Default: the sandbox's default account
+   * (`sbx.defaultUser`).  Relative paths are taken from its home.  An
+   * unknown account rejects with NotFoundError; what the box's permissions
+   * refuse that account rejects with PermissionError (EACCES, EPERM).
+   */
   user?: string;
   /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
   requestTimeoutMs?: number;
@@ -244,17 +254,32 @@ export class Filesystem {
     this.link = link;
   }
 
-  private call<T = Record<string, unknown>>(method: string, params: Record<string, unknown>): Promise<T> {
-    return this.link.conn.call<T>(method, { sandbox: this.link.sandboxId, ...params });
+  /**
+   * Calls method as the account user says (default: the sandbox's), with
+   * the params named in `paths` taken from its home when relative.
+   */
+  private call<T = Record<string, unknown>>(
+    method: string,
+    params: Record<string, unknown>,
+    user: string | undefined,
+    paths: string[] = ['path'],
+  ): Promise<T> {
+    const as = actingAs(this.link, user);
+    const p: Record<string, unknown> = { sandbox: this.link.sandboxId, ...params };
+    if (as.user !== undefined) p.user = as.user;
+    if (as.base !== undefined) {
+      for (const k of paths) if (typeof p[k] === 'string') p[k] = fromHome(p[k] as string, as.base);
+    }
+    return this.link.conn.call<T>(method, p);
   }
 
-  private async readChunk(path: string, offset: number): Promise<{ bytes: Buffer; eof: boolean }> {
+  private async readChunk(path: string, offset: number, user: string | undefined): Promise<{ bytes: Buffer; eof: boolean }> {
     const r = await this.call<{ data: string; encoding: string; eof: boolean }>('fs.read', {
       path,
       offset,
       length: CHUNK,
       encoding: 'base64',
-    });
+    }, user);
     const bytes = r.encoding === 'utf8' ? Buffer.from(r.data, 'utf8') : Buffer.from(r.data, 'base64');
     return { bytes, eof: r.eof || bytes.length === 0 };
   }
@@ -277,11 +302,11 @@ export class Filesystem {
     if (format !== 'text' && format !== 'bytes' && format !== 'blob' && format !== 'stream') {
       throw new InvalidArgumentError(`files.read: format ${String(format)} is not supported (text, bytes, blob, stream)`);
     }
-    if (format === 'stream') return this.readStream(path);
+    if (format === 'stream') return this.readStream(path, opts.user);
     const chunks: Buffer[] = [];
     let offset = 0;
     for (;;) {
-      const { bytes, eof } = await this.readChunk(path, offset);
+      const { bytes, eof } = await this.readChunk(path, offset, opts.user);
       chunks.push(bytes);
       offset += bytes.length;
       if (eof) break;
@@ -292,8 +317,8 @@ export class Filesystem {
     return new Uint8Array(all.buffer, all.byteOffset, all.byteLength);
   }
 
-  private async readStream(path: string): Promise<ReadableStream<Uint8Array>> {
-    let first: { bytes: Buffer; eof: boolean } | undefined = await this.readChunk(path, 0);
+  private async readStream(path: string, user: string | undefined): Promise<ReadableStream<Uint8Array>> {
+    let first: { bytes: Buffer; eof: boolean } | undefined = await this.readChunk(path, 0, user);
     let offset = first.bytes.length;
     let eof = first.eof;
     // one chunk ahead at most: the next is fetched when the reader asks
@@ -307,7 +332,7 @@ export class Filesystem {
             if (eof) ctrl.close();
             return;
           }
-          const c = await this.readChunk(path, offset);
+          const c = await this.readChunk(path, offset, user);
           offset += c.bytes.length;
           if (c.bytes.length > 0) ctrl.enqueue(new Uint8Array(c.bytes.buffer, c.bytes.byteOffset, c.bytes.byteLength));
           eof = c.eof;
@@ -329,24 +354,26 @@ export class Filesystem {
   async write(
     pathOrFiles: string | WriteEntry[],
     dataOrOpts?: WriteEntry['data'] | FilesystemRequestOpts,
+    maybeOpts?: FilesystemRequestOpts,
   ): Promise<WriteInfo | WriteInfo[]> {
     if (Array.isArray(pathOrFiles)) {
+      const o = (dataOrOpts ?? {}) as FilesystemRequestOpts;
       const out: WriteInfo[] = [];
-      for (const f of pathOrFiles) out.push(await this.writeOne(f.path, f.data));
+      for (const f of pathOrFiles) out.push(await this.writeOne(f.path, f.data, o.user));
       return out;
     }
     if (dataOrOpts === undefined || dataOrOpts === null) throw new InvalidArgumentError('files.write: no data');
-    return this.writeOne(pathOrFiles, dataOrOpts as WriteEntry['data']);
+    return this.writeOne(pathOrFiles, dataOrOpts as WriteEntry['data'], maybeOpts?.user);
   }
 
-  private async writeOne(path: string, data: WriteEntry['data']): Promise<WriteInfo> {
+  private async writeOne(path: string, data: WriteEntry['data'], user: string | undefined): Promise<WriteInfo> {
     if (typeof path !== 'string' || path === '') throw new InvalidArgumentError('files.write: path must be a non-empty string');
     let offset = 0;
     let pending: Uint8Array[] = [];
     let pendingLen = 0;
     const flush = async (bytes: Uint8Array): Promise<void> => {
       const b = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-      await this.call('fs.write', { path, offset, data: b.toString('base64'), encoding: 'base64' });
+      await this.call('fs.write', { path, offset, data: b.toString('base64'), encoding: 'base64' }, user);
       offset += b.length;
     };
     for await (const chunk of chunksOf(data)) {
@@ -371,15 +398,15 @@ export class Filesystem {
   }
 
   /** The entries of a directory, sorted by name (at most 4000: the daemon's reply limit). */
-  async list(path: string, _opts?: FilesystemRequestOpts): Promise<EntryInfo[]> {
-    const r = await this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path });
+  async list(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo[]> {
+    const r = await this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path }, opts?.user);
     return r.entries.map(toEntry);
   }
 
   /** True when something exists at path (a dangling symlink counts). Never throws. */
-  async exists(path: string, _opts?: FilesystemRequestOpts): Promise<boolean> {
+  async exists(path: string, opts?: FilesystemRequestOpts): Promise<boolean> {
     try {
-      await this.call('fs.stat', { path });
+      await this.call('fs.stat', { path }, opts?.user);
       return true;
     } catch {
       return false;
@@ -387,19 +414,19 @@ export class Filesystem {
   }
 
   /** Describes a file or directory; NotFoundError when there is nothing there. */
-  async getInfo(path: string, _opts?: FilesystemRequestOpts): Promise<EntryInfo> {
-    return toEntry(await this.call('fs.stat', { path }));
+  async getInfo(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo> {
+    return toEntry(await this.call('fs.stat', { path }, opts?.user));
   }
 
   /** Removes a file, or a directory with everything in it. */
-  async remove(path: string, _opts?: FilesystemRequestOpts): Promise<void> {
-    await this.call('fs.remove', { path, recursive: true });
+  async remove(path: string, opts?: FilesystemRequestOpts): Promise<void> {
+    await this.call('fs.remove', { path, recursive: true }, opts?.user);
   }
 
   /** Renames (moves) a file or directory; returns what is now at newPath. */
-  async rename(oldPath: string, newPath: string, _opts?: FilesystemRequestOpts): Promise<EntryInfo> {
-    await this.call('fs.rename', { from: oldPath, to: newPath });
-    return this.getInfo(newPath);
+  async rename(oldPath: string, newPath: string, opts?: FilesystemRequestOpts): Promise<EntryInfo> {
+    await this.call('fs.rename', { from: oldPath, to: newPath }, opts?.user, ['from', 'to']);
+    return this.getInfo(newPath, opts);
   }
 
   /**
@@ -418,9 +445,16 @@ export class Filesystem {
     const t = opts.timeoutMs ?? DEFAULT_WATCH_TIMEOUT_MS;
     if (typeof t !== 'number' || !Number.isFinite(t) || t < 0) throw new InvalidArgumentError(`files.watchDir: bad timeoutMs ${String(t)}`);
     let handle: WatchHandle | undefined;
+    const as = actingAs(this.link, opts.user);
+    const params: Record<string, unknown> = {
+      sandbox: this.link.sandboxId,
+      path: as.base !== undefined ? fromHome(path, as.base) : path,
+      recursive: opts.recursive === true,
+    };
+    if (as.user !== undefined) params.user = as.user;
     await this.link.conn.call<{ watch: number }>(
       'fs.watch',
-      { sandbox: this.link.sandboxId, path, recursive: opts.recursive === true },
+      params,
       // subscribe before the next line: events may follow the reply at once
       {
         onResult: (r) => {
@@ -433,8 +467,8 @@ export class Filesystem {
   }
 
   /** Makes a directory and its parents; false when it already existed. */
-  async makeDir(path: string, _opts?: FilesystemRequestOpts): Promise<boolean> {
-    const r = await this.call<{ created: boolean }>('fs.mkdir', { path, parents: true });
+  async makeDir(path: string, opts?: FilesystemRequestOpts): Promise<boolean> {
+    const r = await this.call<{ created: boolean }>('fs.mkdir', { path, parents: true }, opts?.user);
     return r.created === true;
   }
 }

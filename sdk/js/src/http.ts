@@ -18,7 +18,7 @@ import * as http from 'node:http';
 import * as net from 'node:net';
 import * as nodePath from 'node:path';
 import { StringDecoder } from 'node:string_decoder';
-import { DEFAULT_COMMAND_TIMEOUT_MS } from './commands';
+import { actingAs, DEFAULT_COMMAND_TIMEOUT_MS, fromHome, startAs } from './commands';
 import { Connection, type ConnectionOpts } from './connection';
 import {
   ErrorCode,
@@ -348,6 +348,8 @@ function exitEvent(p: Record<string, unknown>): Event {
 
 interface StartOpts {
   cwd?: string;
+  /** The account (default: the sandbox's default account, as the SDK). */
+  user?: string;
   envs?: Record<string, string>;
   timeoutMs?: number;
   stdin?: boolean;
@@ -505,7 +507,8 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     const c = await procConn(id);
     const timeoutMs = o.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
     const params: Record<string, unknown> = { sandbox: id, cmd, encoding: 'utf8' };
-    if (o.cwd !== undefined) params.cwd = o.cwd;
+    // the SDK's defaults: the sandbox's default account, in its home
+    Object.assign(params, startAs(await box(id), o.user, o.cwd));
     if (o.envs !== undefined) params.env = o.envs;
     if (o.stdin) params.stdin = true;
     if (timeoutMs > 0) params.timeout = timeoutMs / 1000;
@@ -614,6 +617,25 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
 
   function pathQuery(c: Ctx, name = 'path'): string {
     return checkPath(c.query.get(name) ?? undefined, `query parameter ${name}`);
+  }
+
+  /** An account name (`user` of a body or query), as the daemon accepts them. */
+  function userParam(v: unknown, what: string): string | undefined {
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== 'string' || !/^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$/.test(v)) {
+      throw new HttpError(400, 'InvalidArgumentError', `${what} must be an account name (letters, digits, _ . -; at most 32)`);
+    }
+    return v;
+  }
+
+  function userQuery(c: Ctx): string | undefined {
+    return userParam(c.query.get('user') ?? undefined, 'query parameter user');
+  }
+
+  /** path and the user param of a file call made directly on the daemon: as the SDK's files do. */
+  async function fileAs(id: string, user: string | undefined, path: string): Promise<{ path: string; as: { user?: string } }> {
+    const a = actingAs(await box(id), user);
+    return { path: a.base !== undefined ? fromHome(path, a.base) : path, as: a.user !== undefined ? { user: a.user } : {} };
   }
 
   // ------------------------------------------------------------ sandboxes
@@ -729,10 +751,11 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
   route('POST', '/sandboxes/{id}/commands', async (c) => {
     const id = sandboxParam(c);
     const b = await readJson(c.req);
-    onlyKeys(b, ['cmd', 'cwd', 'envs', 'timeoutMs', 'stdin', 'background'], 'body');
+    onlyKeys(b, ['cmd', 'cwd', 'envs', 'timeoutMs', 'stdin', 'background', 'user'], 'body');
     if (typeof b.cmd !== 'string' || b.cmd === '') throw new HttpError(400, 'InvalidArgumentError', 'cmd must be a non-empty string');
     const o: StartOpts = {};
     if (b.cwd !== undefined) o.cwd = checkPath(b.cwd, 'cwd');
+    if (b.user !== undefined) o.user = userParam(b.user, 'user');
     if (b.envs !== undefined) o.envs = stringMap(b.envs, 'envs');
     if (b.timeoutMs !== undefined) o.timeoutMs = nonNegInt(b.timeoutMs, 'timeoutMs');
     if (b.stdin !== undefined) {
@@ -879,7 +902,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
 
   route('GET', '/sandboxes/{id}/files', async (c) => {
     const id = sandboxParam(c);
-    const path = pathQuery(c);
+    const { path, as } = await fileAs(id, userQuery(c), pathQuery(c));
     const d = await Connection.open(conn);
     try {
       let offset = 0;
@@ -891,6 +914,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
           offset,
           length: CHUNK,
           encoding: 'base64',
+          ...as,
         });
         const bytes = Buffer.from(r.data, r.encoding === 'utf8' ? 'utf8' : 'base64');
         if (!started) {
@@ -921,7 +945,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
 
   route('PUT', '/sandboxes/{id}/files', async (c) => {
     const id = sandboxParam(c);
-    const path = pathQuery(c);
+    const { path, as } = await fileAs(id, userQuery(c), pathQuery(c));
     checkRawLength(c.req);
     const dir = nodePath.posix.dirname(path);
     const base = nodePath.posix.basename(path);
@@ -934,7 +958,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
     try {
       let mode: number | undefined;
       try {
-        const st = await d.call<{ type: string; mode: number }>('fs.stat', { sandbox: id, path });
+        const st = await d.call<{ type: string; mode: number }>('fs.stat', { sandbox: id, path, ...as });
         if (st.type === 'file') mode = st.mode & 0o7777;
       } catch (e) {
         if (!(e instanceof NotFoundError) || e.code === ErrorCode.NotFound) throw e;
@@ -943,7 +967,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
       let pending: Buffer[] = [];
       let pendingLen = 0;
       const put = async (chunk: Buffer) => {
-        const params: Record<string, unknown> = { sandbox: id, path: tmp, offset, data: chunk.toString('base64'), encoding: 'base64' };
+        const params: Record<string, unknown> = { sandbox: id, path: tmp, offset, data: chunk.toString('base64'), encoding: 'base64', ...as };
         if (offset === 0 && mode !== undefined) params.mode = mode;
         wrote = true;
         await d.call('fs.write', params);
@@ -969,11 +993,11 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
         if (pendingLen >= CHUNK) await flush(false);
       }
       await flush(true);
-      await d.call('fs.rename', { sandbox: id, from: tmp, to: path });
+      await d.call('fs.rename', { sandbox: id, from: tmp, to: path, ...as });
       wrote = false;
       sendJson(c.res, 200, { path, size: offset });
     } finally {
-      if (wrote) await d.call('fs.remove', { sandbox: id, path: tmp }).catch(() => {});
+      if (wrote) await d.call('fs.remove', { sandbox: id, path: tmp, ...as }).catch(() => {});
       d.close();
     }
   });
@@ -981,39 +1005,44 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
   route('DELETE', '/sandboxes/{id}/files', async (c) => {
     const id = sandboxParam(c);
     const path = pathQuery(c);
-    await onBox(id, (s) => s.files.remove(path));
+    const user = userQuery(c);
+    await onBox(id, (s) => s.files.remove(path, { user }));
     sendJson(c.res, 200, { removed: true });
   });
 
   route('GET', '/sandboxes/{id}/files/list', async (c) => {
     const id = sandboxParam(c);
     const path = pathQuery(c);
-    const entries: EntryInfo[] = await onBox(id, (s) => s.files.list(path));
+    const user = userQuery(c);
+    const entries: EntryInfo[] = await onBox(id, (s) => s.files.list(path, { user }));
     sendJson(c.res, 200, { entries });
   });
 
   route('GET', '/sandboxes/{id}/files/stat', async (c) => {
     const id = sandboxParam(c);
     const path = pathQuery(c);
-    sendJson(c.res, 200, await onBox(id, (s) => s.files.getInfo(path)));
+    const user = userQuery(c);
+    sendJson(c.res, 200, await onBox(id, (s) => s.files.getInfo(path, { user })));
   });
 
   route('POST', '/sandboxes/{id}/files/mkdir', async (c) => {
     const id = sandboxParam(c);
     const b = await readJson(c.req);
-    onlyKeys(b, ['path'], 'body');
+    onlyKeys(b, ['path', 'user'], 'body');
     const path = checkPath(b.path, 'path');
-    const created = await onBox(id, (s) => s.files.makeDir(path));
+    const user = userParam(b.user, 'user');
+    const created = await onBox(id, (s) => s.files.makeDir(path, { user }));
     sendJson(c.res, created ? 201 : 200, { created });
   });
 
   route('POST', '/sandboxes/{id}/files/rename', async (c) => {
     const id = sandboxParam(c);
     const b = await readJson(c.req);
-    onlyKeys(b, ['from', 'to'], 'body');
+    onlyKeys(b, ['from', 'to', 'user'], 'body');
     const from = checkPath(b.from, 'from');
     const to = checkPath(b.to, 'to');
-    sendJson(c.res, 200, await onBox(id, (s) => s.files.rename(from, to)));
+    const user = userParam(b.user, 'user');
+    sendJson(c.res, 200, await onBox(id, (s) => s.files.rename(from, to, { user })));
   });
 
   // ------------------------------------------------------------ the spec

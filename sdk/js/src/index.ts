@@ -49,6 +49,7 @@ export {
   NotEnoughSpaceError,
   CommandExitError,
   PolicyError,
+  PermissionError,
   ErrorCode,
   type CommandResult,
   type ErrnoData,

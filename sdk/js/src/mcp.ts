@@ -103,7 +103,16 @@ const filePath = z
   .min(1)
   .max(4096)
   .refine((p) => !p.includes('\0'), 'a path has no NUL byte')
-  .describe('A path inside the sandbox; relative paths are taken from /.');
+  .describe("A path inside the sandbox; a relative path is taken from the home of the account the tool acts as (/home/user by default).");
+const account = z
+  .string()
+  .min(1)
+  .max(32)
+  .regex(/^[A-Za-z0-9_][A-Za-z0-9_.-]*$/)
+  .describe(
+    "The account of the sandbox to act as. Default: the sandbox's default account, the unprivileged `user` " +
+      "(uid 1000, home /home/user) on the default image, as E2B; 'root' for system paths such as /etc.",
+  );
 const stringMap = z.record(z.string().max(1 << 16));
 
 /**
@@ -128,7 +137,9 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
       instructions:
         'tupper sandboxes: isolated Linux boxes (busybox userland) to run untrusted code in. ' +
         'Create one with sandbox_create, use its id with run_command and the file tools, and kill it ' +
-        'with sandbox_kill when done. Every sandbox of this session is killed when the session ends.',
+        'with sandbox_kill when done. Every sandbox of this session is killed when the session ends. ' +
+        'Commands and file tools act as the unprivileged account `user` in its home /home/user (as E2B; ' +
+        'root in / on an image without that account); pass user "root" to change system files.',
     },
   );
 
@@ -276,12 +287,14 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
       title: 'Run a command',
       description:
         'Runs a shell command (/bin/sh -c, busybox) in a sandbox and waits for its end; returns exitCode, stdout and stderr. ' +
+        "It runs as the sandbox's default account (the unprivileged `user`, in /home/user, as E2B) unless user says otherwise. " +
         'A non-zero exit code is reported as a tool error carrying the output. The command is killed after timeoutMs ' +
         `(default ${DEFAULT_COMMAND_TIMEOUT_MS}). Output over ${maxOutput} characters per stream is cut.`,
       inputSchema: {
         sandboxId,
         cmd: z.string().min(1).max(1 << 20).describe('The shell command line.'),
-        cwd: filePath.optional().describe('Working directory (default /).'),
+        cwd: filePath.optional().describe("Working directory (default: the account's home, /home/user by default)."),
+        user: account.optional(),
         envs: stringMap.optional().describe('Environment variables added for this command.'),
         timeoutMs: z
           .number()
@@ -293,13 +306,14 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
         stdin: z.string().max(maxFile).optional().describe('Text written to the command\'s stdin, which is then closed.'),
       },
     },
-    ({ sandboxId: id, cmd, cwd, envs, timeoutMs, stdin }) =>
+    ({ sandboxId: id, cmd, cwd, envs, timeoutMs, stdin, user }) =>
       guarded(async () => {
         const sbx = await box(id);
-        const o: { cwd?: string; envs?: Record<string, string>; timeoutMs: number; stdin?: boolean } = {
+        const o: { cwd?: string; envs?: Record<string, string>; timeoutMs: number; stdin?: boolean; user?: string } = {
           timeoutMs: timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS,
         };
         if (cwd !== undefined) o.cwd = cwd;
+        if (user !== undefined) o.user = user;
         if (envs !== undefined) o.envs = envs;
         if (stdin !== undefined) o.stdin = true;
         let seen = 0;
@@ -356,22 +370,23 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
     'read_file',
     {
       title: 'Read a file',
-      description: `Reads a whole file of a sandbox (at most ${maxFile} bytes): as UTF-8 text (the default) or base64.`,
+      description: `Reads a whole file of a sandbox (at most ${maxFile} bytes): as UTF-8 text (the default) or base64. Acts as the sandbox's default account (\`user\`) unless user says otherwise.`,
       inputSchema: {
         sandboxId,
         path: filePath,
         encoding: z.enum(['utf8', 'base64']).optional().describe('utf8 (default) or base64 for binary files.'),
+        user: account.optional(),
       },
     },
-    ({ sandboxId: id, path, encoding }) =>
+    ({ sandboxId: id, path, encoding, user }) =>
       guarded(async () => {
         const sbx = await box(id);
-        const info = await sbx.files.getInfo(path);
+        const info = await sbx.files.getInfo(path, { user });
         if (info.type === 'dir') throw new InvalidArgumentError(`${path} is a directory: use list_files`);
         if (info.size > maxFile) {
           throw new InvalidArgumentError(`${path} is ${info.size} bytes, more than read_file returns (${maxFile}); use run_command (head, tail, grep) to look at parts of it`);
         }
-        const bytes = await sbx.files.read(path, { format: 'bytes' });
+        const bytes = await sbx.files.read(path, { format: 'bytes', user });
         if (bytes.length > maxFile) throw new InvalidArgumentError(`${path} grew past ${maxFile} bytes while being read`);
         if (encoding === 'base64') return ok({ path, size: bytes.length, encoding: 'base64', content: Buffer.from(bytes).toString('base64') });
         let text: string;
@@ -389,15 +404,16 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
     'write_file',
     {
       title: 'Write a file',
-      description: `Writes a file in a sandbox, replacing it; missing parent directories are created. At most ${maxFile} bytes.`,
+      description: `Writes a file in a sandbox, replacing it; missing parent directories are created. At most ${maxFile} bytes. Acts as the sandbox's default account (\`user\`: the file is its own, and it cannot write where it has no permission, e.g. /etc) unless user says otherwise.`,
       inputSchema: {
         sandboxId,
         path: filePath,
         content: z.string().max(Math.ceil((maxFile * 4) / 3) + 4).describe('The content: text, or base64 when encoding is base64.'),
         encoding: z.enum(['utf8', 'base64']).optional().describe('utf8 (default) or base64.'),
+        user: account.optional(),
       },
     },
-    ({ sandboxId: id, path, content, encoding }) =>
+    ({ sandboxId: id, path, content, encoding, user }) =>
       guarded(async () => {
         const sbx = await box(id);
         let bytes: Buffer;
@@ -408,7 +424,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
           bytes = Buffer.from(content, 'utf8');
         }
         if (bytes.length > maxFile) throw new InvalidArgumentError(`content is ${bytes.length} bytes, more than write_file accepts (${maxFile})`);
-        await sbx.files.write(path, bytes);
+        await sbx.files.write(path, bytes, { user });
         return ok({ path, size: bytes.length });
       }),
   );
@@ -418,13 +434,13 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
     'list_files',
     {
       title: 'List a directory',
-      description: 'Lists the entries of a directory in a sandbox, sorted by name: name, type (file, dir, symlink, other), size, permissions.',
-      inputSchema: { sandboxId, path: filePath },
+      description: "Lists the entries of a directory in a sandbox, sorted by name: name, type (file, dir, symlink, other), size, permissions. Acts as the sandbox's default account (`user`) unless user says otherwise.",
+      inputSchema: { sandboxId, path: filePath, user: account.optional() },
     },
-    ({ sandboxId: id, path }) =>
+    ({ sandboxId: id, path, user }) =>
       guarded(async () => {
         const sbx = await box(id);
-        const entries = await sbx.files.list(path);
+        const entries = await sbx.files.list(path, { user });
         return ok({
           path,
           entries: entries.map((e) => {

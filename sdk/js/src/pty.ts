@@ -23,9 +23,9 @@ export interface PtyCreateOpts extends PtySize {
   onData: (data: Uint8Array) => void | Promise<void>;
   /** Environment added to the sandbox's. */
   envs?: Record<string, string>;
-  /** Working directory (default: the user's home, or the sandbox's). */
+  /** Working directory (default: as for commands.run: the account's home, or the sandbox's working directory). */
   cwd?: string;
-  /** The account it runs as (default root). */
+  /** The account it runs as (default: the sandbox's default account, as commands.run). */
   user?: string;
   /** Kill it (its whole tree) after this long; 0 = never. Default 60000, as E2B. */
   timeoutMs?: number;

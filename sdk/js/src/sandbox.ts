@@ -119,6 +119,16 @@ export interface SandboxInfo {
   processes?: number;
   /** For a sandbox made from a recipe: its name, the key of its setup layer, and whether that layer was cached. */
   recipe?: { name: string; layer?: string; cached?: boolean };
+  /**
+   * The account commands and files act as unless told otherwise, as E2B:
+   * `user` on an image with a `user` account (E2B's base image has one),
+   * the image's or recipe's User when it names one, else `root`.
+   */
+  defaultUser?: string;
+  /** That account's home: where relative paths and commands start (`/` for the root fallback). */
+  home?: string;
+  /** The working directory the sandbox was given (create's cwd, a recipe's workdir, the image's WorkingDir). */
+  workdir?: string;
 }
 
 /** One sample of the sandbox's counters, from its cgroup. */
@@ -168,6 +178,9 @@ function toInfo(r: Record<string, unknown>): SandboxInfo {
   if (typeof limits.memory === 'number') info.memoryMB = limits.memory / (1 << 20);
   if (typeof r.processes === 'number') info.processes = r.processes;
   if (r.recipe && typeof r.recipe === 'object') info.recipe = r.recipe as SandboxInfo['recipe'];
+  if (typeof r.default_user === 'string') info.defaultUser = r.default_user;
+  if (typeof r.home === 'string') info.home = r.home;
+  if (typeof r.workdir === 'string') info.workdir = r.workdir;
   return info;
 }
 
@@ -244,18 +257,38 @@ export class Sandbox {
   private readonly conn: Connection;
   private readonly state: { killed: boolean };
 
+  /**
+   * The account commands and files act as unless their `user` says
+   * otherwise (E2B's default): `user` on an image with that account, the
+   * image's or recipe's User, else `root`.
+   */
+  readonly defaultUser?: string;
+  /** The default account's home: relative paths and commands start there. */
+  readonly home: string;
+  /** The working directory the sandbox was given, if any (tupper's): commands of the default account start there. */
+  readonly workdir?: string;
+
   /** Use Sandbox.create or Sandbox.connect. */
-  protected constructor(conn: Connection, sandboxId: string) {
+  protected constructor(conn: Connection, r: Record<string, unknown>) {
     this.conn = conn;
+    const sandboxId = String(r.id);
     this.sandboxId = sandboxId;
     this.state = { killed: false };
     const state = this.state;
+    const info = toInfo(r);
+    // an older daemon says nothing of accounts: root in /, as it was
+    this.defaultUser = info.defaultUser;
+    this.home = info.home ?? '/';
+    this.workdir = info.workdir;
     const link: SandboxLink = {
       sandboxId,
       conn,
       get killed() {
         return state.killed;
       },
+      defaultUser: this.defaultUser,
+      home: this.home,
+      workdir: info.workdir,
     };
     this.commands = new Commands(link);
     this.files = new Filesystem(link);
@@ -292,8 +325,8 @@ export class Sandbox {
       // a recipe's first create runs its setup (and may build its image):
       // minutes, not the usual request bound, unless the caller set one
       const callOpts = opts.recipe !== undefined && opts.requestTimeoutMs === undefined ? { timeoutMs: RECIPE_CREATE_TIMEOUT_MS } : {};
-      const r = await conn.call<{ id: string }>('sandbox.create', params, callOpts);
-      return new Sandbox(conn, r.id);
+      const r = await conn.call<Record<string, unknown>>('sandbox.create', params, callOpts);
+      return new Sandbox(conn, r);
     } catch (e) {
       conn.close();
       throw e;
@@ -307,12 +340,12 @@ export class Sandbox {
   static async connect(sandboxId: string, opts: SandboxConnectionOpts & { timeoutMs?: number } = {}): Promise<Sandbox> {
     const conn = await Connection.open(opts);
     try {
-      const r = await conn.call<{ id: string; state: string }>('sandbox.get', { id: sandboxId });
+      const r = await conn.call<Record<string, unknown>>('sandbox.get', { id: sandboxId });
       if (r.state === 'paused') await conn.call('sandbox.resume', { id: sandboxId });
       if (opts.timeoutMs !== undefined) {
         await conn.call('sandbox.set_timeout', { id: sandboxId, timeout: seconds(opts.timeoutMs, 'Sandbox.connect') });
       }
-      return new Sandbox(conn, r.id);
+      return new Sandbox(conn, r);
     } catch (e) {
       conn.close();
       throw e;

@@ -206,8 +206,8 @@ test('connect: a background command reattached from a new client after a reconne
 test('user: a command runs as an account of the box, in its home; list says who', async () => {
   const r = await sbx.commands.run('id -u; pwd; echo $HOME', { user: 'user' });
   assert.equal(r.stdout, '1000\n/home/user\n/home/user\n');
-  const root = await sbx.commands.run('id -u');
-  assert.equal(root.stdout, '0\n');
+  const root = await sbx.commands.run('id -u; pwd; echo $HOME', { user: 'root' });
+  assert.equal(root.stdout, '0\n/root\n/root\n');
   const h = await sbx.commands.run('sleep 60', { background: true, user: 'user' });
   const p = (await sbx.commands.list()).find((x) => x.pid === h.pid);
   assert.equal(p.user, 'user');

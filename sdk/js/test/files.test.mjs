@@ -11,131 +11,131 @@ let sbx;
 withSandbox(Sandbox, (_daemon, s) => { sbx = s; });
 
 test('text round trip, parents created; the box sees the file', async () => {
-  const info = await sbx.files.write('/root/a/b/c.txt', 'héllo\nwörld\n');
-  assert.deepEqual(info, { name: 'c.txt', type: 'file', path: '/root/a/b/c.txt' });
-  assert.equal(await sbx.files.read('/root/a/b/c.txt'), 'héllo\nwörld\n');
-  assert.equal((await sbx.commands.run('cat /root/a/b/c.txt')).stdout, 'héllo\nwörld\n');
+  const info = await sbx.files.write('/home/user/a/b/c.txt', 'héllo\nwörld\n');
+  assert.deepEqual(info, { name: 'c.txt', type: 'file', path: '/home/user/a/b/c.txt' });
+  assert.equal(await sbx.files.read('/home/user/a/b/c.txt'), 'héllo\nwörld\n');
+  assert.equal((await sbx.commands.run('cat /home/user/a/b/c.txt')).stdout, 'héllo\nwörld\n');
 });
 
 test('a 3 MiB binary file round trips byte for byte', async () => {
   const data = randomBytes(3 * 1024 * 1024 + 17);
-  await sbx.files.write('/root/big.bin', data);
-  const back = await sbx.files.read('/root/big.bin', { format: 'bytes' });
+  await sbx.files.write('/home/user/big.bin', data);
+  const back = await sbx.files.read('/home/user/big.bin', { format: 'bytes' });
   assert.ok(back instanceof Uint8Array);
   assert.equal(back.length, data.length);
   assert.ok(Buffer.from(back).equals(data));
-  const sum = await sbx.commands.run('wc -c < /root/big.bin');
+  const sum = await sbx.commands.run('wc -c < /home/user/big.bin');
   assert.equal(sum.stdout.trim(), String(data.length));
   // overwriting with less truncates
-  await sbx.files.write('/root/big.bin', new Uint8Array([1, 2, 3]));
-  assert.deepEqual([...(await sbx.files.read('/root/big.bin', { format: 'bytes' }))], [1, 2, 3]);
-  const blob = await sbx.files.read('/root/big.bin', { format: 'blob' });
+  await sbx.files.write('/home/user/big.bin', new Uint8Array([1, 2, 3]));
+  assert.deepEqual([...(await sbx.files.read('/home/user/big.bin', { format: 'bytes' }))], [1, 2, 3]);
+  const blob = await sbx.files.read('/home/user/big.bin', { format: 'blob' });
   assert.equal(blob.size, 3);
 });
 
 test('an empty file', async () => {
-  await sbx.files.write('/root/empty', '');
-  assert.equal(await sbx.files.read('/root/empty'), '');
-  assert.equal((await sbx.files.getInfo('/root/empty')).size, 0);
+  await sbx.files.write('/home/user/empty', '');
+  assert.equal(await sbx.files.read('/home/user/empty'), '');
+  assert.equal((await sbx.files.getInfo('/home/user/empty')).size, 0);
 });
 
 test('write(entries) writes several files', async () => {
   const out = await sbx.files.write([
-    { path: '/root/multi/one.txt', data: '1' },
-    { path: '/root/multi/two.bin', data: new Uint8Array([0, 255]) },
-    { path: '/root/multi/three.txt', data: new TextEncoder().encode('3').buffer },
+    { path: '/home/user/multi/one.txt', data: '1' },
+    { path: '/home/user/multi/two.bin', data: new Uint8Array([0, 255]) },
+    { path: '/home/user/multi/three.txt', data: new TextEncoder().encode('3').buffer },
   ]);
   assert.deepEqual(out.map((w) => w.name), ['one.txt', 'two.bin', 'three.txt']);
-  assert.equal(await sbx.files.read('/root/multi/one.txt'), '1');
-  assert.deepEqual([...(await sbx.files.read('/root/multi/two.bin', { format: 'bytes' }))], [0, 255]);
-  assert.equal(await sbx.files.read('/root/multi/three.txt'), '3');
+  assert.equal(await sbx.files.read('/home/user/multi/one.txt'), '1');
+  assert.deepEqual([...(await sbx.files.read('/home/user/multi/two.bin', { format: 'bytes' }))], [0, 255]);
+  assert.equal(await sbx.files.read('/home/user/multi/three.txt'), '3');
 });
 
 test('list: entries sorted by name with type, size, mode', async () => {
-  await sbx.files.makeDir('/root/ls/sub');
-  await sbx.files.write('/root/ls/f.txt', 'abc');
-  await sbx.commands.run('ln -s f.txt /root/ls/link');
-  const entries = await sbx.files.list('/root/ls');
+  await sbx.files.makeDir('/home/user/ls/sub');
+  await sbx.files.write('/home/user/ls/f.txt', 'abc');
+  await sbx.commands.run('ln -s f.txt /home/user/ls/link');
+  const entries = await sbx.files.list('/home/user/ls');
   assert.deepEqual(entries.map((e) => [e.name, e.type]), [
     ['f.txt', FileType.FILE],
     ['link', FileType.SYMLINK],
     ['sub', FileType.DIR],
   ]);
   const f = entries[0];
-  assert.equal(f.path, '/root/ls/f.txt');
+  assert.equal(f.path, '/home/user/ls/f.txt');
   assert.equal(f.size, 3);
   assert.equal(f.permissions, '-rw-r--r--');
   assert.ok(f.modifiedTime instanceof Date && Math.abs(f.modifiedTime.getTime() - Date.now()) < 600_000);
-  await assert.rejects(sbx.files.list('/root/nothing-here'), NotFoundError);
+  await assert.rejects(sbx.files.list('/home/user/nothing-here'), NotFoundError);
 });
 
 test('exists never throws', async () => {
   assert.equal(await sbx.files.exists('/etc'), true);
-  assert.equal(await sbx.files.exists('/root/a/b/c.txt'), true);
+  assert.equal(await sbx.files.exists('/home/user/a/b/c.txt'), true);
   assert.equal(await sbx.files.exists('/no/such/thing'), false);
   assert.equal(await sbx.files.exists(''), false, 'even a path the daemon refuses');
 });
 
 test('getInfo describes files, dirs and symlinks', async () => {
-  const d = await sbx.files.getInfo('/root/ls');
+  const d = await sbx.files.getInfo('/home/user/ls');
   assert.equal(d.type, 'dir');
   assert.equal(d.name, 'ls');
   assert.equal(d.permissions, 'drwxr-xr-x');
-  const l = await sbx.files.getInfo('/root/ls/link');
+  const l = await sbx.files.getInfo('/home/user/ls/link');
   assert.equal(l.type, 'symlink');
   assert.equal(l.symlinkTarget, 'f.txt');
   await assert.rejects(sbx.files.getInfo('/nope'), NotFoundError);
 });
 
 test('makeDir: true when made (parents too), false when it existed', async () => {
-  assert.equal(await sbx.files.makeDir('/root/md/x/y'), true);
-  assert.equal(await sbx.files.makeDir('/root/md/x/y'), false);
-  assert.equal(await sbx.files.makeDir('/root/md'), false);
-  assert.equal((await sbx.files.getInfo('/root/md/x/y')).type, 'dir');
+  assert.equal(await sbx.files.makeDir('/home/user/md/x/y'), true);
+  assert.equal(await sbx.files.makeDir('/home/user/md/x/y'), false);
+  assert.equal(await sbx.files.makeDir('/home/user/md'), false);
+  assert.equal((await sbx.files.getInfo('/home/user/md/x/y')).type, 'dir');
 });
 
 test('rename moves and returns the new entry', async () => {
-  await sbx.files.write('/root/mv/from.txt', 'moving');
-  const e = await sbx.files.rename('/root/mv/from.txt', '/root/mv/to.txt');
+  await sbx.files.write('/home/user/mv/from.txt', 'moving');
+  const e = await sbx.files.rename('/home/user/mv/from.txt', '/home/user/mv/to.txt');
   assert.equal(e.name, 'to.txt');
   assert.equal(e.type, 'file');
-  assert.equal(await sbx.files.exists('/root/mv/from.txt'), false);
-  assert.equal(await sbx.files.read('/root/mv/to.txt'), 'moving');
-  await assert.rejects(sbx.files.rename('/root/mv/none', '/root/mv/x'), NotFoundError);
+  assert.equal(await sbx.files.exists('/home/user/mv/from.txt'), false);
+  assert.equal(await sbx.files.read('/home/user/mv/to.txt'), 'moving');
+  await assert.rejects(sbx.files.rename('/home/user/mv/none', '/home/user/mv/x'), NotFoundError);
 });
 
 test('remove: a file, and a directory with everything in it', async () => {
-  await sbx.files.write('/root/rm/deep/er/file', 'x');
-  await sbx.files.write('/root/rm/top', 'x');
-  await sbx.files.remove('/root/rm/top');
-  assert.equal(await sbx.files.exists('/root/rm/top'), false);
-  await sbx.files.remove('/root/rm');
-  assert.equal(await sbx.files.exists('/root/rm'), false);
-  await assert.rejects(sbx.files.remove('/root/rm'), NotFoundError);
+  await sbx.files.write('/home/user/rm/deep/er/file', 'x');
+  await sbx.files.write('/home/user/rm/top', 'x');
+  await sbx.files.remove('/home/user/rm/top');
+  assert.equal(await sbx.files.exists('/home/user/rm/top'), false);
+  await sbx.files.remove('/home/user/rm');
+  assert.equal(await sbx.files.exists('/home/user/rm'), false);
+  await assert.rejects(sbx.files.remove('/home/user/rm'), NotFoundError);
 });
 
 test('file errors are typed and carry the errno', async () => {
-  await assert.rejects(sbx.files.read('/root/missing'), (e) => {
+  await assert.rejects(sbx.files.read('/home/user/missing'), (e) => {
     assert.ok(e instanceof NotFoundError);
     assert.equal(e.code, -32002);
     assert.equal(e.errnoCode, 'ENOENT');
     return true;
   });
-  await assert.rejects(sbx.files.read('/root'), (e) => e instanceof SandboxError && e.errnoCode === 'EISDIR');
-  await assert.rejects(sbx.files.write('/root/a/b/c.txt/under-a-file', 'x'), SandboxError);
+  await assert.rejects(sbx.files.read('/home/user'), (e) => e instanceof SandboxError && e.errnoCode === 'EISDIR');
+  await assert.rejects(sbx.files.write('/home/user/a/b/c.txt/under-a-file', 'x'), SandboxError);
 });
 
 test('read as a stream: chunks as they are read, byte-exact', async () => {
   const data = randomBytes(5 * 1024 * 1024 + 3);
-  await sbx.files.write('/root/s.bin', data);
-  const stream = await sbx.files.read('/root/s.bin', { format: 'stream' });
+  await sbx.files.write('/home/user/s.bin', data);
+  const stream = await sbx.files.read('/home/user/s.bin', { format: 'stream' });
   const parts = [];
   for await (const c of stream) parts.push(Buffer.from(c));
   assert.ok(parts.length >= 6, `read in chunks (${parts.length})`);
   assert.ok(parts.every((p) => p.length <= 1024 * 1024));
   assert.ok(Buffer.concat(parts).equals(data));
-  await assert.rejects(sbx.files.read('/root/nothing', { format: 'stream' }), NotFoundError);
-  const empty = await sbx.files.read('/root/empty', { format: 'stream' });
+  await assert.rejects(sbx.files.read('/home/user/nothing', { format: 'stream' }), NotFoundError);
+  const empty = await sbx.files.read('/home/user/empty', { format: 'stream' });
   let n = 0;
   for await (const c of empty) n += c.length;
   assert.equal(n, 0);
@@ -154,14 +154,14 @@ test('write from a ReadableStream and a Node stream, with odd chunk sizes', asyn
       off += n;
     },
   }, { highWaterMark: 1 });
-  await sbx.files.write('/root/from-stream.bin', rs);
+  await sbx.files.write('/home/user/from-stream.bin', rs);
   assert.ok(pulls > 40, 'pulled chunk by chunk');
-  assert.ok(Buffer.from(await sbx.files.read('/root/from-stream.bin', { format: 'bytes' })).equals(data));
+  assert.ok(Buffer.from(await sbx.files.read('/home/user/from-stream.bin', { format: 'bytes' })).equals(data));
   const { Readable } = await import('node:stream');
-  await sbx.files.write('/root/from-node.txt', Readable.from(['a', 'b', Buffer.from('c')]));
-  assert.equal(await sbx.files.read('/root/from-node.txt'), 'abc');
-  await sbx.files.write('/root/from-empty', new ReadableStream({ start(c) { c.close(); } }));
-  assert.equal((await sbx.files.getInfo('/root/from-empty')).size, 0);
+  await sbx.files.write('/home/user/from-node.txt', Readable.from(['a', 'b', Buffer.from('c')]));
+  assert.equal(await sbx.files.read('/home/user/from-node.txt'), 'abc');
+  await sbx.files.write('/home/user/from-empty', new ReadableStream({ start(c) { c.close(); } }));
+  assert.equal((await sbx.files.getInfo('/home/user/from-empty')).size, 0);
 });
 
 test('a 100 MiB binary file, written and read back byte-exact (streaming both ways)', async () => {

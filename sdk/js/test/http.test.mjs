@@ -381,10 +381,10 @@ test('kill a command (and its tree); an unknown pid is 404', async () => {
 
 test('files: a few MiB of random bytes go up and come back byte-exact', async () => {
   const data = crypto.randomBytes(5 * (1 << 20) + 12345);
-  const w = await fetch(`${base}/sandboxes/${id}/files${q('/data/blob.bin')}`, { method: 'PUT', body: data });
+  const w = await fetch(`${base}/sandboxes/${id}/files${q('data/blob.bin')}`, { method: 'PUT', body: data });
   assert.equal(w.status, 200);
-  assert.deepEqual(await w.json(), { path: '/data/blob.bin', size: data.length });
-  const r = await fetch(`${base}/sandboxes/${id}/files${q('/data/blob.bin')}`);
+  assert.deepEqual(await w.json(), { path: '/home/user/data/blob.bin', size: data.length });
+  const r = await fetch(`${base}/sandboxes/${id}/files${q('data/blob.bin')}`);
   assert.equal(r.status, 200);
   assert.equal(r.headers.get('content-type'), 'application/octet-stream');
   assert.equal(r.headers.get('x-file-size'), String(data.length));
@@ -392,12 +392,12 @@ test('files: a few MiB of random bytes go up and come back byte-exact', async ()
   assert.equal(back.length, data.length);
   assert.ok(back.equals(data), 'byte-exact');
   // the sandbox sees the same bytes
-  const sum = await allEvents(await run('md5sum /data/blob.bin'));
+  const sum = await allEvents(await run('md5sum data/blob.bin'));
   const md5 = crypto.createHash('md5').update(data).digest('hex');
-  assert.equal(sum.find((e) => e.type === 'stdout').data, `${md5}  /data/blob.bin\n`);
+  assert.equal(sum.find((e) => e.type === 'stdout').data, `${md5}  data/blob.bin\n`);
   // a chunked body (no Content-Length) streams too
   const chunked = await new Promise((resolve, reject) => {
-    const u = new URL(`${base}/sandboxes/${id}/files${q('/data/chunked.bin')}`);
+    const u = new URL(`${base}/sandboxes/${id}/files${q('data/chunked.bin')}`);
     const req = http.request(u, { method: 'PUT' }, (res) => {
       let s = '';
       res.on('data', (d) => (s += d));
@@ -409,66 +409,92 @@ test('files: a few MiB of random bytes go up and come back byte-exact', async ()
   });
   assert.equal(chunked.status, 200);
   assert.equal(chunked.body.size, data.length);
-  const back2 = Buffer.from(await (await fetch(`${base}/sandboxes/${id}/files${q('/data/chunked.bin')}`)).arrayBuffer());
+  const back2 = Buffer.from(await (await fetch(`${base}/sandboxes/${id}/files${q('data/chunked.bin')}`)).arrayBuffer());
   assert.ok(back2.equals(data));
   // an empty file
-  assert.equal((await fetch(`${base}/sandboxes/${id}/files${q('/data/empty')}`, { method: 'PUT', body: '' })).status, 200);
-  const empty = await fetch(`${base}/sandboxes/${id}/files${q('/data/empty')}`);
+  assert.equal((await fetch(`${base}/sandboxes/${id}/files${q('data/empty')}`, { method: 'PUT', body: '' })).status, 200);
+  const empty = await fetch(`${base}/sandboxes/${id}/files${q('data/empty')}`);
   assert.equal((await empty.arrayBuffer()).byteLength, 0);
   // no temporary file is left behind
-  const names = (await (await fetch(`${base}/sandboxes/${id}/files/list${q('/data')}`)).json()).entries.map((e) => e.name);
+  const names = (await (await fetch(`${base}/sandboxes/${id}/files/list${q('data')}`)).json()).entries.map((e) => e.name);
   assert.deepEqual(names, ['blob.bin', 'chunked.bin', 'empty']);
 });
 
 test('files: list, stat, mkdir, rename, remove, and their errors', async () => {
   const put = (p, body) => fetch(`${base}/sandboxes/${id}/files${q(p)}`, { method: 'PUT', body });
-  assert.equal((await put('/w/a.txt', 'A')).status, 200);
-  assert.equal((await put('/w/sub/b.txt', 'BB')).status, 200);
+  assert.equal((await put('w/a.txt', 'A')).status, 200);
+  assert.equal((await put('w/sub/b.txt', 'BB')).status, 200);
   // an existing file keeps its mode when replaced
-  await allEvents(await run('chmod 750 /w/a.txt'));
-  assert.equal((await put('/w/a.txt', 'AAA')).status, 200);
-  const st = await (await fetch(`${base}/sandboxes/${id}/files/stat${q('/w/a.txt')}`)).json();
+  await allEvents(await run('chmod 750 w/a.txt'));
+  assert.equal((await put('w/a.txt', 'AAA')).status, 200);
+  const st = await (await fetch(`${base}/sandboxes/${id}/files/stat${q('w/a.txt')}`)).json();
   assert.equal(st.type, 'file');
   assert.equal(st.size, 3);
   assert.equal(st.mode, 0o750);
   assert.equal(st.permissions, '-rwxr-x---');
-  const list = await (await fetch(`${base}/sandboxes/${id}/files/list${q('/w')}`)).json();
+  const list = await (await fetch(`${base}/sandboxes/${id}/files/list${q('w')}`)).json();
   assert.deepEqual(list.entries.map((e) => [e.name, e.type]), [['a.txt', 'file'], ['sub', 'dir']]);
 
-  const mk = await post(`/sandboxes/${id}/files/mkdir`, { path: '/w/new/deep' });
+  const mk = await post(`/sandboxes/${id}/files/mkdir`, { path: 'w/new/deep' });
   assert.equal(mk.status, 201);
   assert.deepEqual(await mk.json(), { created: true });
-  const mk2 = await post(`/sandboxes/${id}/files/mkdir`, { path: '/w/new/deep' });
+  const mk2 = await post(`/sandboxes/${id}/files/mkdir`, { path: 'w/new/deep' });
   assert.equal(mk2.status, 200);
   assert.deepEqual(await mk2.json(), { created: false });
 
-  const rn = await post(`/sandboxes/${id}/files/rename`, { from: '/w/sub/b.txt', to: '/w/new/b2.txt' });
+  const rn = await post(`/sandboxes/${id}/files/rename`, { from: 'w/sub/b.txt', to: 'w/new/b2.txt' });
   assert.equal(rn.status, 200);
   const moved = await rn.json();
-  assert.equal(moved.path, '/w/new/b2.txt');
+  assert.equal(moved.path, '/home/user/w/new/b2.txt');
   assert.equal(moved.size, 2);
 
-  const rm = await fetch(`${base}/sandboxes/${id}/files${q('/w/new')}`, { method: 'DELETE' });
+  const rm = await fetch(`${base}/sandboxes/${id}/files${q('w/new')}`, { method: 'DELETE' });
   assert.equal(rm.status, 200);
-  await errorOf(await fetch(`${base}/sandboxes/${id}/files/stat${q('/w/new')}`), 404);
+  await errorOf(await fetch(`${base}/sandboxes/${id}/files/stat${q('w/new')}`), 404);
 
   // errors: missing file, wrong kinds, bad paths
-  const e = await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('/w/missing')}`), 404);
+  const e = await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('w/missing')}`), 404);
   assert.equal(e.code, 'ENOENT');
-  await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('/w/missing')}`, { method: 'DELETE' }), 404);
-  await errorOf(await fetch(`${base}/sandboxes/${id}/files/list${q('/w/a.txt')}`), 409);
-  await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('/w')}`), 409);
-  await errorOf(await put('/w/sub', 'x'), 409); // a directory is not replaced by a file
-  await errorOf(await put('/w/', 'x'), 400);
+  await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('w/missing')}`, { method: 'DELETE' }), 404);
+  await errorOf(await fetch(`${base}/sandboxes/${id}/files/list${q('w/a.txt')}`), 409);
+  await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('w')}`), 409);
+  await errorOf(await put('w/sub', 'x'), 409); // a directory is not replaced by a file
+  await errorOf(await put('w/', 'x'), 400);
   await errorOf(await fetch(`${base}/sandboxes/${id}/files`), 400);
   await errorOf(await fetch(`${base}/sandboxes/${id}/files?path=a%00b`), 400);
   await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('/' + 'x'.repeat(5000))}`), 400);
-  await errorOf(await post(`/sandboxes/${id}/files/rename`, { from: '/w/a.txt' }), 400);
+  await errorOf(await post(`/sandboxes/${id}/files/rename`, { from: 'w/a.txt' }), 400);
   await errorOf(await post(`/sandboxes/${id}/files/mkdir`, { path: 7 }), 400);
 });
 
+test('files and commands act as the default account (user), or as ?user= / "user" says', async () => {
+  const put = (p, body, user) => fetch(`${base}/sandboxes/${id}/files${q(p)}${user ? `&user=${user}` : ''}`, { method: 'PUT', body });
+  assert.equal((await put('acct.txt', 'mine')).status, 200);
+  const st = await (await fetch(`${base}/sandboxes/${id}/files/stat${q('/home/user/acct.txt')}`)).json();
+  assert.equal(st.uid, 1000);
+  const denied = await errorOf(await put('/etc/acct', 'no'), 403);
+  assert.equal(denied.code, 'EACCES');
+  assert.equal((await put('/etc/acct', 'yes', 'root')).status, 200);
+  const back = await fetch(`${base}/sandboxes/${id}/files${q('/etc/acct')}&user=root`);
+  assert.equal(await back.text(), 'yes');
+  await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('/etc/acct')}`, { method: 'DELETE' }), 403);
+  assert.equal((await fetch(`${base}/sandboxes/${id}/files${q('/etc/acct')}&user=root`, { method: 'DELETE' })).status, 200);
+  await errorOf(await fetch(`${base}/sandboxes/${id}/files/list${q('/root')}`), 403);
+  assert.equal((await fetch(`${base}/sandboxes/${id}/files/list${q('/root')}&user=root`)).status, 200);
+  assert.equal((await post(`/sandboxes/${id}/files/mkdir`, { path: '/opt/x', user: 'root' })).status, 201);
+  await errorOf(await post(`/sandboxes/${id}/files/mkdir`, { path: '/opt/y' }), 403);
+  await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('x')}&user=ghost`), 404);
+  await errorOf(await fetch(`${base}/sandboxes/${id}/files${q('x')}&user=bad%20name`), 400);
+  const who = await allEvents(await run('whoami; pwd'));
+  assert.equal(who.filter((e) => e.type === 'stdout').map((e) => e.data).join(''), 'user\n/home/user\n');
+  const r = await post(`/sandboxes/${id}/commands`, { cmd: 'whoami; pwd', user: 'root' });
+  const rootWho = await allEvents(r);
+  assert.equal(rootWho.filter((e) => e.type === 'stdout').map((e) => e.data).join(''), 'root\n/root\n');
+  await errorOf(await post(`/sandboxes/${id}/commands`, { cmd: 'true', user: 7 }), 400);
+});
+
 test('oversized bodies are refused, and the old file stays as it was', async () => {
-  const p = '/big/keep.txt';
+  const p = 'big/keep.txt';
   assert.equal((await fetch(`${base}/sandboxes/${id}/files${q(p)}`, { method: 'PUT', body: 'old' })).status, 200);
   // declared too big: refused before a byte is read
   const big = Buffer.alloc(MAX_BODY + 1, 7);
@@ -496,7 +522,7 @@ test('oversized bodies are refused, and the old file stays as it was', async () 
   assert.ok(status === 413 || status === 'reset', `refused: ${status}`);
   const back = await fetch(`${base}/sandboxes/${id}/files${q(p)}`);
   assert.equal(await back.text(), 'old');
-  const names = (await (await fetch(`${base}/sandboxes/${id}/files/list${q('/big')}`)).json()).entries.map((e) => e.name);
+  const names = (await (await fetch(`${base}/sandboxes/${id}/files/list${q('big')}`)).json()).entries.map((e) => e.name);
   assert.deepEqual(names, ['keep.txt'], 'no temporary file left');
   // a JSON body over its own limit
   const j = await post(`/sandboxes/${id}/commands`, { cmd: 'x'.repeat(MAX_JSON) }).catch((e) => e);

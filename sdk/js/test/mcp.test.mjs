@@ -86,21 +86,30 @@ test('create, run, write, read, list, kill', async () => {
   const s = await call('run_command', { sandboxId, cmd: 'tr a-z A-Z', stdin: 'shout\n' });
   assert.equal(json(s).stdout, 'SHOUT\n');
 
-  const w = await call('write_file', { sandboxId, path: '/work/notes/a.txt', content: 'héllo\n' });
+  // as the sandbox's default account, `user`: relative paths from its home
+  const w = await call('write_file', { sandboxId, path: 'work/notes/a.txt', content: 'héllo\n' });
   assert.ok(!w.isError, w.content[0].text);
-  assert.deepEqual(json(w), { path: '/work/notes/a.txt', size: 7 });
-  const rd = await call('read_file', { sandboxId, path: '/work/notes/a.txt' });
+  assert.deepEqual(json(w), { path: 'work/notes/a.txt', size: 7 });
+  const rd = await call('read_file', { sandboxId, path: '/home/user/work/notes/a.txt' });
   assert.equal(rd.content[0].text, 'héllo\n');
+  const who = await call('run_command', { sandboxId, cmd: 'id -un; pwd; stat -c %u work/notes/a.txt' });
+  assert.equal(json(who).stdout, 'user\n/home/user\n1000\n');
+  const denied = await call('write_file', { sandboxId, path: '/etc/x', content: 'no' });
+  assert.equal(denied.isError, true);
+  assert.match(denied.content[0].text, /PermissionError.*Permission denied|Permission denied/);
+  const asRoot = await call('write_file', { sandboxId, path: '/etc/x', content: 'ok', user: 'root' });
+  assert.ok(!asRoot.isError, asRoot.content[0].text);
+  assert.equal(json(await call('run_command', { sandboxId, cmd: 'id -u; pwd', user: 'root' })).stdout, '0\n/root\n');
 
   const bytes = Buffer.from([0, 255, 1, 254, 10, 13]);
-  await call('write_file', { sandboxId, path: '/work/bin', content: bytes.toString('base64'), encoding: 'base64' });
-  const rb = json(await call('read_file', { sandboxId, path: '/work/bin', encoding: 'base64' }));
+  await call('write_file', { sandboxId, path: 'work/bin', content: bytes.toString('base64'), encoding: 'base64' });
+  const rb = json(await call('read_file', { sandboxId, path: 'work/bin', encoding: 'base64' }));
   assert.ok(Buffer.from(rb.content, 'base64').equals(bytes));
-  const notText = await call('read_file', { sandboxId, path: '/work/bin' });
+  const notText = await call('read_file', { sandboxId, path: 'work/bin' });
   assert.equal(notText.isError, true);
   assert.match(notText.content[0].text, /not valid UTF-8.*base64/);
 
-  const ls = json(await call('list_files', { sandboxId, path: '/work' }));
+  const ls = json(await call('list_files', { sandboxId, path: 'work' }));
   assert.deepEqual(ls.entries.map((e) => [e.name, e.type]), [['bin', 'file'], ['notes', 'dir']]);
 
   const k = await call('sandbox_kill', { sandboxId });

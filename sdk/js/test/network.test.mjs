@@ -43,7 +43,7 @@ test('create with network rules; the box resolves only what they allow; updateNe
 test('getHost forwards a port of the box to the host loopback', async () => {
   const sbx = await Sandbox.create(opts);
   try {
-    await sbx.commands.run('mkdir -p /srv && echo hi-from-box > /srv/index.html && httpd -p 127.0.0.1:8080 -h /srv');
+    await sbx.commands.run('mkdir -p srv && echo hi-from-box > srv/index.html && httpd -p 127.0.0.1:8080 -h /home/user/srv');
     const host = await sbx.getHost(8080);
     assert.match(host, /^127\.0\.0\.1:\d+$/);
     const body = await new Promise((resolve, reject) => {

@@ -132,10 +132,10 @@ test('list: a paginator over the daemon list, filtered by metadata and state', a
 test('connect to an existing sandbox; unknown id is NotFoundError', async () => {
   const sbx = await Sandbox.create(opts);
   try {
-    await sbx.files.write('/root/note', 'from the first client');
+    await sbx.files.write('note', 'from the first client');
     const again = await Sandbox.connect(sbx.sandboxId, opts);
     assert.equal(again.sandboxId, sbx.sandboxId);
-    assert.equal(await again.files.read('/root/note'), 'from the first client');
+    assert.equal(await again.files.read('/home/user/note'), 'from the first client');
     await assert.rejects(Sandbox.connect('nosuchbox', opts), NotFoundError);
   } finally {
     await sbx.kill();
