@@ -1440,6 +1440,59 @@ static int tp_lcore_sha256(lua_State *L) {
   return 1;
 }
 
+/* core.vm_ram_memfd(path, size) -> fd | nil, msg: a microVM snapshot's
+ * guest memory file as a sealed memfd (tp_microvm_ram_memfd), which the
+ * caller passes to QEMU and closes with uv.fs_close. */
+static int tp_lcore_vm_ram_memfd(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  lua_Integer size = luaL_checkinteger(L, 2);
+  tp_error_t err = {0};
+  int fd;
+  if (size <= 0)
+    return luaL_error(L, "vm_ram_memfd: bad size");
+  fd = tp_microvm_ram_memfd(path, (uint64_t) size, &err);
+  if (fd < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    return 2;
+  }
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+/* core.vm_ram_new(size) -> fd | nil, msg (tp_microvm_ram_new) */
+static int tp_lcore_vm_ram_new(lua_State *L) {
+  lua_Integer size = luaL_checkinteger(L, 1);
+  tp_error_t err = {0};
+  int fd;
+  if (size <= 0)
+    return luaL_error(L, "vm_ram_new: bad size");
+  fd = tp_microvm_ram_new((uint64_t) size, &err);
+  if (fd < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    return 2;
+  }
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+/* core.vm_ram_save(fd, path) -> true | nil, msg (tp_microvm_ram_save) */
+static int tp_lcore_vm_ram_save(lua_State *L) {
+  lua_Integer fd = luaL_checkinteger(L, 1);
+  const char *path = luaL_checkstring(L, 2);
+  tp_error_t err = {0};
+  if (fd < 0 || fd > 0x7fffffff)
+    return luaL_error(L, "vm_ram_save: bad fd");
+  if (tp_microvm_ram_save((int) fd, path, &err) < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* core.send_with_fd(sock, data, fd) -> true | nil, msg: writes data on the
  * unix socket sock with fd attached (SCM_RIGHTS), in one sendmsg: how QMP's
  * getfd receives a file (the microVM snapshot). */
@@ -1687,7 +1740,8 @@ int luaopen_tupper_core(lua_State *L) {
       {"box_start", tp_lcore_box_start},   {"box_adopt", tp_lcore_box_adopt},
       {"vm_start", tp_lcore_vm_start},     {"agent_binary", tp_lcore_agent_binary},
       {"vm_adopt", tp_lcore_vm_adopt},     {"proc_start_time", tp_lcore_proc_start_time},
-      {"send_with_fd", tp_lcore_send_with_fd},
+      {"send_with_fd", tp_lcore_send_with_fd}, {"vm_ram_memfd", tp_lcore_vm_ram_memfd},
+      {"vm_ram_new", tp_lcore_vm_ram_new},       {"vm_ram_save", tp_lcore_vm_ram_save},
       {"b64encode", tp_lcore_b64encode},
       {"b64decode", tp_lcore_b64decode},   {"default_image", tp_lcore_default_image},
       {"sha256", tp_lcore_sha256},

@@ -19,6 +19,7 @@
 #ifndef TP_MICROVM_H
 #define TP_MICROVM_H
 
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "error.h"
@@ -60,5 +61,22 @@ int tp_microvm_adopt(const tp_vm_adopt_t *a, tp_box_t *box, tp_error_t *err);
 /* The start time of pid (field 22 of /proc/<pid>/stat, clock ticks since
  * boot) into *out: with the pid, what tells a process from a later one. */
 int tp_microvm_start_time(pid_t pid, unsigned long long *out, tp_error_t *err);
+
+/* A sealed memfd (no writes, no resize, no further seals) holding the guest
+ * memory file at path (size bytes), its zero pages left as holes: what
+ * every VM started from a snapshot maps privately (QEMU's
+ * memory-backend-file with share=off, opening /proc/self/fd/N).  A VM's
+ * writes are copy-on-write pages of its own; none reaches the memfd, which
+ * all VMs of the snapshot share.  Returns the fd (close-on-exec) or -1. */
+int tp_microvm_ram_memfd(const char *path, uint64_t size, tp_error_t *err);
+
+/* A memfd of size bytes (close-on-exec, sealable, not sealed): the guest
+ * memory of the VM a snapshot is made of (memory-backend-file, share=on), so
+ * that its memory is not part of the migration stream.  Returns the fd or -1. */
+int tp_microvm_ram_new(uint64_t size, tp_error_t *err);
+
+/* Writes memfd's non-zero pages to a new file at path (0600, sparse, of the
+ * memfd's size), fsynced: the snapshot's guest memory on disk. */
+int tp_microvm_ram_save(int memfd, const char *path, tp_error_t *err);
 
 #endif

@@ -94,7 +94,7 @@ local swept = {}
 local function sweep(dir, keep)
   if swept[dir] then return end
   swept[dir] = true
-  local tag = keep:match("^initramfs%-(.-)%.cpio$") .. "-" .. core.sha256(M.cmdline(M.accel())):sub(1, 8)
+  local tag = M.snapshot_tag(keep)
   local req = uv.fs_scandir(dir)
   while req do
     local n = uv.fs_scandir_next(req)
@@ -150,19 +150,31 @@ end
 
 --- QEMU's argv for a VM.  o: accel, kernel, initrd, root, rw (paths as
 -- QEMU opens them: /proc/self/fd/N of fds the daemon passed), mem, cpus,
--- cmdline.  The agent channel is the listening socket at QEMU's fd 3 (the
+-- cmdline; ram (a path as well) and share ("on" for the VM a snapshot is
+-- made of, "off" for a VM started from one): the guest memory is that
+-- file, not anonymous memory.  No kernel: a VM started from a snapshot
+-- does not boot.  The agent channel is the listening socket at QEMU's fd 3 (the
 -- daemon bound it in the VM's root-only dir and connects to it; a
 -- restarted daemon connects again).  Nothing beyond what the guest needs: two virtio-blk
 -- disks, one virtio-serial port, the serial console; no NIC, no display, no
 -- monitor, no defaults, no user config; QEMU's seccomp filter on.
 function M.argv(o)
-  return {
+  local mib = tostring(o.mem // (1024 * 1024)) .. "M"
+  local a = {
     M.QEMU,
-    "-M", "microvm,accel=" .. o.accel,
-    "-m", tostring(o.mem // (1024 * 1024)) .. "M", "-smp", tostring(o.cpus),
+    "-M", "microvm,accel=" .. o.accel .. (o.ram and ",memory-backend=mem" or ""),
+    "-m", mib, "-smp", tostring(o.cpus),
     "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
     "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-    "-kernel", o.kernel, "-initrd", o.initrd, "-append", o.cmdline,
+  }
+  if o.ram then
+    a[#a + 1] = "-object"
+    a[#a + 1] = "memory-backend-file,id=mem,size=" .. mib .. ",mem-path=" .. o.ram .. ",share=" .. o.share
+  end
+  if o.kernel then
+    for _, v in ipairs({ "-kernel", o.kernel, "-initrd", o.initrd, "-append", o.cmdline }) do a[#a + 1] = v end
+  end
+  for _, v in ipairs({
     "-serial", "stdio",
     "-drive", "id=root,file=" .. o.root .. ",format=raw,if=none,readonly=on",
     "-device", "virtio-blk-device,drive=root,serial=tupper-root",
@@ -171,7 +183,8 @@ function M.argv(o)
     "-device", "virtio-serial-device,max_ports=2",
     "-chardev", "socket,id=agent,fd=3,server=on,wait=off",
     "-device", "virtserialport,chardev=agent,name=tupper.agent,nr=1",
-  }
+  }) do a[#a + 1] = v end
+  return a
 end
 
 -- Reads the console pipe for as long as QEMU lives, keeping only the last
@@ -327,41 +340,48 @@ local function make_rw(path, size)
 end
 
 -- Starts QEMU.  o: id, dir (exists), uid, cgroup, limits, mem, cpus, rw,
--- accel, incoming (a snapshot file to start from), template (a snapshot's
--- VM: it dies with the daemon).  Returns core's box, the console reader,
--- the QMP client.
+-- accel; ram_fd (the guest memory: the template's memfd, or a snapshot's
+-- sealed one) and share; incoming (a snapshot's device state file to start
+-- from: with -incoming defer, see restore()); template (a snapshot's VM:
+-- it dies with the daemon).  Returns core's box, the console reader, the
+-- QMP client.
 local function launch(p, o)
   local cmdline = M.cmdline(o.accel)
-  -- QEMU opens nothing by path: the daemon opens, QEMU gets fds 4..9
+  -- QEMU opens nothing by path: the daemon opens, QEMU gets fds 4..10
+  -- (kernel, initramfs, image, writable disk, monitor, state, memory); a
+  -- VM started from a snapshot gets no kernel nor initramfs
   local files = { { p.k.vmlinuz, "r" }, { p.initrd, "r" }, { p.root, "r" }, { o.rw, "r+" } }
-  if o.incoming then files[6] = { o.incoming, "r" } end
+  if o.incoming then files[1], files[2], files[6] = false, false, { o.incoming, "r" } end
 
   local pass = {}
   local qpair = uv.socketpair("stream", 0, { cloexec = true }, { cloexec = true })
   local function close_pass()
-    for _, f in pairs(pass) do if f ~= qpair[2] then uv.fs_close(f) end end
+    for i, f in pairs(pass) do if f ~= qpair[2] and i ~= 7 then uv.fs_close(f) end end
   end
-  for i = 1, 6 do
+  for i = 1, 7 do
     if i == 5 then
       pass[5] = qpair[2]
+    elseif i == 7 and o.ram_fd then
+      pass[7] = o.ram_fd -- the caller's
     elseif files[i] then
       local pfd, oerr = uv.fs_open(files[i][1], files[i][2], 384)
       if not pfd then close_pass(); uv.fs_close(qpair[1]); uv.fs_close(qpair[2]); return nil, oerr end
       pass[i] = pfd
     else
-      pass[i] = qpair[2] -- a placeholder keeps the numbering: fd 9 is then unused
+      pass[i] = qpair[2] -- a placeholder keeps the numbering: that fd is then unused
     end
   end
   local function qfd(i) return "/proc/self/fd/" .. (3 + i) end
-  local argv = M.argv({ accel = o.accel, kernel = qfd(1), initrd = qfd(2), root = qfd(3), rw = qfd(4),
-    mem = o.mem, cpus = o.cpus, cmdline = cmdline })
+  local argv = M.argv({ accel = o.accel, kernel = not o.incoming and qfd(1) or nil, initrd = qfd(2),
+    root = qfd(3), rw = qfd(4), mem = o.mem, cpus = o.cpus, cmdline = cmdline,
+    ram = o.ram_fd and qfd(7) or nil, share = o.share })
   argv[#argv + 1] = "-chardev"
   argv[#argv + 1] = "socket,id=qmp,fd=8"
   argv[#argv + 1] = "-mon"
   argv[#argv + 1] = "chardev=qmp,mode=control"
   if o.incoming then
     argv[#argv + 1] = "-incoming"
-    argv[#argv + 1] = "fd:9"
+    argv[#argv + 1] = "defer"
   end
   local fds = uv.pipe({ nonblock = true }, { nonblock = false })
   local cpipe = uv.new_pipe()
@@ -393,30 +413,52 @@ local function launch(p, o)
   return box, con, q
 end
 
--- Polls QMP until pred(reply of cmd) is true (bounded).
-local function qmp_until(q, cmd, pred, ms)
+-- Polls QMP until pred(reply of cmd) is true (bounded: ms, a poll every
+-- step_ms).
+local function qmp_until(q, cmd, pred, ms, step_ms)
   local async = require("tupper.async")
-  for _ = 1, ms // 10 do
+  step_ms = step_ms or 10
+  for _ = 1, ms // step_ms do
     local r, err = q.cmd(cmd)
     if not r then return nil, err end
     local done, ferr = pred(r)
     if done then return r end
     if ferr then return nil, ferr end
-    async.sleep(10)
+    async.sleep(step_ms)
   end
   return nil, cmd .. ": timed out"
 end
 
+-- The guest memory is not in the migration stream (x-ignore-shared): the
+-- template's is a shared file, saved beside the device state.
+local IGNORE_SHARED = { capabilities = { { capability = "x-ignore-shared", state = true } } }
+
+M.SNAPSHOT_FORMAT = "2" -- 2: guest memory in vm.ram, device state in vm.state
+
+-- What a snapshot depends on besides its shape: the initramfs (kernel
+-- version, agent), the kernel command line, QEMU's binary (its migration
+-- format and machine model) and this file's snapshot format.  Snapshots
+-- whose tag differs are never used, and the next daemon's sweep removes them.
+function M.snapshot_tag(initrd_name)
+  local st = uv.fs_stat(M.QEMU)
+  local qemu = st and ("%d-%d-%d"):format(st.size, st.mtime.sec, st.ino) or "none"
+  return (initrd_name:match("^initramfs%-(.-)%.cpio$") or "x") .. "-" ..
+    core.sha256(M.cmdline(M.accel()), "\0", qemu, "\0", M.SNAPSHOT_FORMAT):sub(1, 8)
+end
+
 local snap_inflight = {}
+local ram_fds = {} -- snapshot dir -> its sealed guest memory memfd, for this daemon's life
 
 --- The snapshot for a VM shape (memory, vCPUs, disk size, accel), made on
--- first use: a VM booted to agent-ready, stopped and migrated into
--- <state>/microvm/snap-<key>/vm.state, with its writable disk as it was.
--- Returns the snapshot dir, or nil, err.  Concurrent callers share one build.
+-- first use: a VM whose guest memory is a memfd (memory-backend-file,
+-- share=on) booted to agent-ready, stopped and migrated with
+-- x-ignore-shared into <state>/microvm/snap-<key>/vm.state (the device
+-- state: tens of KiB), its memory written beside it (vm.ram, sparse: the
+-- non-zero pages) and its writable disk as it was (rw.ext4).  Returns the
+-- snapshot dir, or nil, err.  Concurrent callers share one build.
 function M.snapshot(state_dir, p, shape)
-  local key = ("%s-%s-%s-%d-%d-%d"):format(p.initrd:match("initramfs%-(.-)%.cpio$") or "x",
-    core.sha256(M.cmdline(shape.accel)):sub(1, 8), shape.accel, shape.mem // 1048576, shape.cpus,
-    shape.disk // 1048576)
+  local key = ("%s-%s-%d-%d-%d"):format(M.snapshot_tag(p.initrd:match("[^/]+$")), shape.accel,
+    shape.mem // 1048576, shape.cpus, shape.disk // 1048576)
   local snap = state_dir .. "/microvm/snap-" .. key
   if uv.fs_stat(snap .. "/vm.state") then return snap end
   if snap_inflight[snap] then
@@ -427,13 +469,16 @@ function M.snapshot(state_dir, p, shape)
   snap_inflight[snap] = waiters
   local tmp = state_dir .. "/microvm/tmp-snap-" .. core.random_hex(4)
   local uid = alloc_uid("snap" .. key)
+  local ram
   local res, err = pcall(function()
     check(uv.fs_mkdir(tmp, 448))
     check(uv.fs_mkdir(tmp .. "/vm", 448))
     check(make_rw(tmp .. "/rw.ext4", shape.disk))
     uv.fs_chown(tmp .. "/rw.ext4", uid, uid)
+    ram = check(core.vm_ram_new(shape.mem))
     local box, con, q = launch(p, { id = "snap-" .. core.random_hex(4), dir = tmp .. "/vm", uid = uid,
-      mem = shape.mem, cpus = shape.cpus, rw = tmp .. "/rw.ext4", accel = shape.accel, template = true })
+      mem = shape.mem, cpus = shape.cpus, rw = tmp .. "/rw.ext4", accel = shape.accel, template = true,
+      ram_fd = ram, share = "on" })
     if not box then error(con, 0) end
     local sfd = check(uv.fs_open(tmp .. "/vm.state", "w", 384))
     local ready = require("tupper.async").wait(function(cb)
@@ -444,6 +489,7 @@ function M.snapshot(state_dir, p, shape)
     end)
     local ok, why = ready, "the guest's agent did not come up"
     if ok then ok, why = q.cmd("stop") end
+    if ok then ok, why = q.cmd("migrate-set-capabilities", IGNORE_SHARED) end
     -- QMP takes a file only by getfd: the daemon opens it, QEMU receives it
     if ok then ok, why = q.cmd("getfd", { fdname = "snapshot" }, sfd) end
     uv.fs_close(sfd)
@@ -456,10 +502,15 @@ function M.snapshot(state_dir, p, shape)
     end
     q.close()
     con.close()
+    -- QEMU gone, nothing maps the memory any more: what it holds is the
+    -- guest's memory at the stop
     require("tupper.async").wait(function(cb) box:destroy(cb) end)
     if not ok then error("snapshot: " .. tostring(why) .. console_hint(con), 0) end
+    check(core.vm_ram_save(ram, tmp .. "/vm.ram"))
+    check(uv.fs_chown(tmp .. "/rw.ext4", 0, 0))
     check(uv.fs_rename(tmp, snap))
   end)
+  if ram then uv.fs_close(ram) end
   used_uids[uid] = nil
   if uv.fs_stat(tmp) then core.rmtree(tmp) end
   snap_inflight[snap] = nil
@@ -469,23 +520,56 @@ function M.snapshot(state_dir, p, shape)
   return out, e
 end
 
+-- The snapshot's guest memory as a sealed memfd, loaded once per daemon
+-- (the VMs started from it map it privately, copy-on-write).
+local function snapshot_ram(snap, mem)
+  if ram_fds[snap] then return ram_fds[snap] end
+  local fd, err = core.vm_ram_memfd(snap .. "/vm.ram", mem)
+  if not fd then return nil, err end
+  ram_fds[snap] = fd
+  return fd
+end
+
+-- Loads the snapshot's device state into a QEMU started with -incoming
+-- defer (the memory is the snapshot's, mapped), and resumes the guest.
+local function restore(q)
+  local r, err = q.cmd("migrate-set-capabilities", IGNORE_SHARED)
+  if r then r, err = q.cmd("migrate-incoming", { uri = "fd:9" }) end
+  if r then
+    -- the guest stays paused (it was stopped for the snapshot) until cont
+    r, err = qmp_until(q, "query-status", function(st)
+      if st.status == "inmigrate" then return false end
+      if st.status == "paused" or st.status == "postmigrate" or st.status == "prelaunch" then return true end
+      return false, "unexpected state " .. tostring(st.status)
+    end, 60000, 2)
+  end
+  return r, err
+end
+
 --- Starts a VM.  opts: id, dir (must not exist), state_dir, cgroup,
 -- limits (backend limits: memory, cpu_quota, cpu_period, disk).  From the
 -- shape's snapshot (made on first use) unless TUPPER_VM_SNAPSHOT=0 or the
 -- snapshot cannot be made, else by a cold boot.  Returns a box (as
 -- core.box_start's, plus restored = true from a snapshot) or nil, err.
 function M.start(opts)
+  local t = { uv.hrtime() }
+  local function mark() t[#t + 1] = uv.hrtime() end
   local limits = opts.limits or {}
   local p, perr = prepare(opts.state_dir)
   if not p then return nil, perr end
   local mem, cpus = M.sizes(limits)
   local shape = { mem = mem, cpus = cpus, disk = limits.disk or M.DEFAULT_DISK, accel = M.accel() }
-  local snap
+  local snap, ram
   if os.getenv("TUPPER_VM_SNAPSHOT") ~= "0" then
     local serr
     snap, serr = M.snapshot(opts.state_dir, p, shape)
-    if not snap then io.stderr:write("tupper: microVM snapshot unavailable, cold boot: ", tostring(serr), "\n") end
+    if snap then ram, serr = snapshot_ram(snap, shape.mem) end
+    if not ram then
+      snap = nil
+      io.stderr:write("tupper: microVM snapshot unavailable, cold boot: ", tostring(serr), "\n")
+    end
   end
+  mark()
   local uid, uerr = alloc_uid(opts.id)
   if not uid then return nil, uerr end
   local dir = opts.dir
@@ -506,16 +590,15 @@ function M.start(opts)
     if not mok then return fail(merr) end
   end
   uv.fs_chown(rw, uid, uid)
+  mark()
   local box, con, q = launch(p, { id = opts.id, dir = dir, uid = uid, cgroup = opts.cgroup, limits = limits,
-    mem = mem, cpus = cpus, rw = rw, accel = shape.accel, incoming = snap and (snap .. "/vm.state") })
+    mem = mem, cpus = cpus, rw = rw, accel = shape.accel, incoming = snap and (snap .. "/vm.state"),
+    ram_fd = ram, share = "off" })
   if not box then return fail(con) end
+  mark()
   if snap then
-    -- loaded: the guest stays paused (it was stopped for the snapshot) until cont
-    local r, lerr = qmp_until(q, "query-status", function(st)
-      if st.status == "inmigrate" then return false end
-      if st.status == "paused" or st.status == "postmigrate" or st.status == "prelaunch" then return true end
-      return false, "unexpected state " .. tostring(st.status)
-    end, 60000)
+    local r, lerr = restore(q)
+    mark()
     if r then r, lerr = q.cmd("cont") end
     if not r then
       q.close(); con.close()
@@ -525,7 +608,13 @@ function M.start(opts)
     end
   end
   q.close() -- pause is the cgroup freezer's; nothing else needs the monitor
-  if snap then io.stderr:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), "sandbox ", opts.id, " started from snapshot ", snap:match("[^/]+$"), "\n") end
+  mark()
+  if snap then
+    local function ms(i) return (t[i + 1] - t[i]) // 1000000 end
+    io.stderr:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), "sandbox ", opts.id, " started from snapshot ",
+      snap:match("[^/]+$"), (" in %d ms: prepare %d, disk %d, QEMU and its monitor %d, load %d, cont %d\n")
+      :format((t[#t] - t[1]) // 1000000, ms(1), ms(2), ms(3), ms(4), ms(5)))
+  end
   local w = M.wrap(box, uid, con)
   w.restored = snap ~= nil
   return w

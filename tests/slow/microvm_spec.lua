@@ -156,6 +156,7 @@ describe("the microvm backend", function()
     for _, n in ipairs(snaps) do if n:match("%-512%-1%-1024$") then default = n end end
     assert.is_not_nil(default, table.concat(snaps, " "))
     assert.is_not_nil(uv.fs_stat(d.state .. "/microvm/" .. default .. "/vm.state"))
+    assert.is_not_nil(uv.fs_stat(d.state .. "/microvm/" .. default .. "/vm.ram"))
     local b = create()
     assert.matches("started from snapshot", helper.read_file(d.log))
     local probe = "hostname; date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
@@ -170,6 +171,10 @@ describe("the microvm backend", function()
     -- the writable disk is each VM's own
     assert(call("fs.write", { sandbox = a, path = "/root/only-a", data = "a", encoding = "utf8" }))
     assert.are.equal("no\n", run(b, "test -e /root/only-a && echo yes || echo no").stdout)
+    -- and so is its memory: both map the snapshot's, copy-on-write (a
+    -- tmpfs file lives in guest memory only)
+    assert.are.equal(0, run(a, "echo a > /dev/shm/only-a").exit_code)
+    assert.are.equal("no\n", run(b, "test -e /dev/shm/only-a && echo yes || echo no").stdout)
     assert.truthy(call("sandbox.kill", { id = a }).killed)
     assert.truthy(call("sandbox.kill", { id = b }).killed)
   end)
