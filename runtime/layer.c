@@ -809,6 +809,12 @@ int tp_tar_dir(const char *dir, const char *out_path, uid_t uid_base, gid_t gid_
     p += strlen(dir);
     while (*p == '/')
       p++;
+    if (strlen(p) + 2 >= sizeof(rel)) { /* never a truncated name */
+      tp_error_set(err, ENAMETOOLONG, "tar '%s': a path is longer than %d bytes", dir,
+                   TP__PATH_LEN);
+      r = ARCHIVE_FATAL;
+      break;
+    }
     snprintf(rel, sizeof(rel), "./%s", p);
     archive_entry_set_pathname(e, rel);
     if (archive_entry_uid(e) >= (la_int64_t) uid_base &&

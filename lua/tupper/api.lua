@@ -453,12 +453,15 @@ end
 function h.image_remove(d, conn, p)
   local r, err = d.images:remove(p.ref)
   if not r then return nil, rpc.IMAGE_ERROR, err, { kind = "store" } end
+  -- the microVM root images of its layers go with them
+  require("tupper.microvm").gc(d.state)
   return r
 end
 
 function h.image_prune(d, conn, p)
   local r, err = d.images:prune(p.all)
   if not r then return nil, rpc.IMAGE_ERROR, err, { kind = "store" } end
+  require("tupper.microvm").gc(d.state)
   return r
 end
 

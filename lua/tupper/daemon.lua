@@ -67,7 +67,7 @@ function Daemon:_start_box(id, lim, layers, image, image_digest, backend)
   self.reserved[id] = true
   layers = layers or { self.default_image }
   local sb, err = sandbox.start({
-    backend = backend, state_dir = self.state,
+    backend = backend, state_dir = self.state, default_layer = self.default_image,
     id = id, image = image or "default", image_digest = image_digest,
     layers = layers or { self.default_image }, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = M.ID_COUNT, cgroup = self.tag .. "-" .. id,
@@ -314,9 +314,6 @@ function Daemon:create_sandbox(p)
   end
   local sb, err
   local layers = plan and plan.layers or (img and img.layers)
-  if backend == "microvm" and layers and not (#layers == 1 and layers[1] == self.default_image) then
-    return nil, "the microvm backend runs only the default image yet (docs/microvm.md)"
-  end
   local pooled_ok = not lim.disk and (not layers or (#layers == 1 and layers[1] == self.default_image))
   if pooled_ok and backend == "linux" then
     sb, err = self:_take_pooled(lim)

@@ -100,26 +100,27 @@ local function attach(box, opts, adopting)
 end
 
 --- Starts a box and waits for its agent.  opts: backend ("linux", the
--- default, or "microvm": then state_dir too, and the default image only),
+-- default, or "microvm": then state_dir and default_layer too),
 -- id, image (name), layers (the image's read-only layer dirs, lowest first),
 -- dir, uid_base, id_count, cgroup, limits, env, metadata, cwd, on_exit(sb,
 -- proc), on_output(sb, proc, stream, data), on_down(sb, reason).  Returns the
 -- sandbox or nil, err.
 function M.start(opts)
+  local box, err
   if opts.backend == "microvm" then
-    local box, err = require("tupper.microvm").start({ id = opts.id, dir = opts.dir,
-      state_dir = opts.state_dir, cgroup = opts.cgroup, limits = opts.limits })
-    if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
-    return attach(box, opts)
+    box, err = require("tupper.microvm").start({ id = opts.id, dir = opts.dir,
+      state_dir = opts.state_dir, cgroup = opts.cgroup, limits = opts.limits, layers = opts.layers,
+      default_layer = opts.default_layer, uid_base = opts.uid_base, id_count = opts.id_count })
+  else
+    local spec = { id = opts.id, layers = opts.layers, dir = opts.dir,
+      uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
+      cgroup = opts.cgroup, limits = opts.limits }
+    -- the start runs in the thread pool: the loop keeps serving meanwhile
+    box, err = async.wait(function(cb)
+      local ok, serr = core.box_start(spec, cb)
+      if not ok then cb(nil, serr) end
+    end)
   end
-  local spec = { id = opts.id, layers = opts.layers, dir = opts.dir,
-    uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
-    cgroup = opts.cgroup, limits = opts.limits }
-  -- the start runs in the thread pool: the loop keeps serving meanwhile
-  local box, err = async.wait(function(cb)
-    local ok, serr = core.box_start(spec, cb)
-    if not ok then cb(nil, serr) end
-  end)
   if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
   local self, aerr = attach(box, opts)
   if self and not self.net_error then
