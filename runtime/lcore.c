@@ -1310,7 +1310,6 @@ static void tp__destroy_after(uv_work_t *req, int status) {
   lua_State *L = b->L;
   int ref = b->ref_destroy;
   (void) status;
-  b->work_pending = 0;
   b->ref_destroy = LUA_NOREF;
   if (!b->ud_dead && ref != LUA_NOREF) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
@@ -1322,8 +1321,11 @@ static void tp__destroy_after(uv_work_t *req, int status) {
       lua_pushboolean(L, 1);
       lua_pushnil(L);
     }
+    /* the callback resumes Lua code that may run a full GC and collect the
+     * box's userdata: work_pending, still set, keeps b alive through it */
     tp_lua_pcall(L, 2, 0, 0);
   }
+  b->work_pending = 0;
   tp__lbox_maybe_free(b);
 }
 
