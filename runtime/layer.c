@@ -756,9 +756,12 @@ static void cleanup_writep(struct archive **a) {
 
 int tp_tar_dir(const char *dir, const char *out_path, uid_t uid_base, gid_t gid_base,
                uint32_t id_count, tp_error_t *err) {
+  /* out is declared first so that it is closed last: freeing w on an
+   * early return flushes what it holds into out, which must still be
+   * ours (a closed fd number may be another thread's file by then) */
+  cleanup_close int out = -1, in = -1;
   cleanup_archive struct archive *disk = NULL;
   cleanup_write struct archive *w = NULL;
-  cleanup_close int out = -1, in = -1;
   cleanup_free char *buf = malloc(TP__IO_BUF);
   cleanup_tmp char *made = NULL; /* out_path, removed unless complete */
   struct archive_entry *e;
