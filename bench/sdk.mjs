@@ -94,6 +94,31 @@ try {
   console.log(`| bare JSON-RPC | ${b.median.toFixed(2)} | ${b.mean.toFixed(2)} | 1.00x |`);
   console.log(`| @tupper/sdk | ${a.median.toFixed(2)} | ${a.mean.toFixed(2)} | ${(a.median / b.median).toFixed(2)}x |`);
 
+  // what acting as an account costs a small file call: the daemon looks
+  // the account up in the box's /etc/passwd and /etc/group (two reads
+  // through the agent) and the agent switches its filesystem ids around
+  // the call.  The SDK's default (E2B's: `user`) takes this path.
+  await sbx.files.write('/home/user/small.txt', 'x');
+  const asRoot = [];
+  const asUser = [];
+  const stat = (extra) => bare.call('fs.stat', { sandbox: sbx.sandboxId, path: '/home/user/small.txt', ...extra });
+  for (let i = 0; i < 10; i++) { await stat({}); await stat({ user: 'user' }); }
+  for (let i = 0; i < runs; i++) {
+    let t = process.hrtime.bigint();
+    await stat({});
+    asRoot.push(Number(process.hrtime.bigint() - t) / 1e6);
+    t = process.hrtime.bigint();
+    await stat({ user: 'user' });
+    asUser.push(Number(process.hrtime.bigint() - t) / 1e6);
+  }
+  const r0 = stats(asRoot);
+  const r1 = stats(asUser);
+  console.log(`\nfs.stat of a small file, ${runs} runs each`);
+  console.log('| as | median ms | mean ms | ratio to root |');
+  console.log('|---|---:|---:|---:|');
+  console.log(`| root (no user) | ${r0.median.toFixed(2)} | ${r0.mean.toFixed(2)} | 1.00x |`);
+  console.log(`| user: 'user' | ${r1.median.toFixed(2)} | ${r1.mean.toFixed(2)} | ${(r1.median / r0.median).toFixed(2)}x |`);
+
   const data = randomBytes(SIZE);
   const rows = [];
   const time = async (fn) => { const t = process.hrtime.bigint(); await fn(); return Number(process.hrtime.bigint() - t) / 1e9; };
