@@ -154,8 +154,9 @@ describe("tupper.sdk" .. (BACKEND and (" on " .. BACKEND) or ""), function()
 
   it("takes root and / as the default account of an image without a `user` account", function()
     -- a recipe whose setup removes the account: its layer is the image
-    -- (on the linux backend under the backend matrix too: a microVM runs
-    -- only the default image)
+    -- (on the linux backend under the backend matrix too: the account
+    -- logic is the daemon's, and a microVM would first build a root image
+    -- of the recipe's layer)
     local box = tupper.create({ recipe = { name = "nouser.lua", source = [[
       return recipe "nouser" {
         setup = function(box) box:run("sed -i '/^user:/d' /etc/passwd") end,

@@ -141,7 +141,8 @@ test('a sandbox given a working directory starts commands there', async () => {
 
 test('an image without a `user` account: root, in /', async () => {
   // a recipe whose setup removes the account: its layer is the image
-  // (on the linux backend whatever TUPPER_TEST_BACKEND says: a microVM runs only the default image)
+  // (on the linux backend whatever TUPPER_TEST_BACKEND says: the account logic is the daemon's,
+  // and a microVM would first build a root image of the recipe's layer)
   const s = await Sandbox.create({
     ...opts,
     backend: 'linux',
