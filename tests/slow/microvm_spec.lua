@@ -493,16 +493,16 @@ describe("the microvm backend with images of the store", function()
     assert.are.equal("microvm", sb.backend)
     return sb.id
   end
-  local function import(name, layers, config)
+  local function import(name, layers, config, daemon)
     local path = dir .. "/" .. name:gsub("[^%w]", "_")
     oci.oci_layout(path, layers, config or { Env = { "PATH=/bin" } })
-    local code, out, err = helper.cli({ "--socket", d.socket, "import", path, name })
+    local code, out, err = helper.cli({ "--socket", (daemon or d).socket, "import", path, name })
     assert.are.equal(0, code, err)
     return out
   end
-  local function names(pattern)
+  local function names(pattern, state)
     local out = {}
-    local req = uv.fs_scandir(d.state .. "/microvm")
+    local req = uv.fs_scandir((state or d.state) .. "/microvm")
     while req do
       local n = uv.fs_scandir_next(req)
       if not n then break end
@@ -715,6 +715,64 @@ return recipe "vmdeep" {
     assert.is_not_nil(rerr)
     assert.matches("a path is longer than 4096 bytes", rerr.message)
     assert.are.same({}, names("^tmp%-"))
+  end)
+
+  it("leaves nothing a later daemon trusts when it dies in the middle of a root image build", function()
+    local dir2 = helper.tmpdir()
+    local function mounts()
+      local out = {}
+      for line in io.lines("/proc/self/mountinfo") do
+        local mp = line:match("^%S+ %S+ %S+ %S+ (%S+)")
+        if mp and mp:find(dir2, 1, true) == 1 then out[#out + 1] = mp end
+      end
+      return out
+    end
+    local d2, d3
+    local ok, err = pcall(function()
+      d2 = helper.start_daemon(dir2 .. "/d", { pool = 0 })
+      -- 60 MB of random bytes: a build that takes seconds
+      assert(os.execute("mkdir -p " .. dir2 .. "/big && head -c 60000000 /dev/urandom > " .. dir2 ..
+        "/big/blob && tar -C " .. dir2 .. "/big --owner=0 --group=0 -cf " .. dir2 .. "/big.tar blob"))
+      local t = assert(io.open(dir2 .. "/big.tar", "rb"))
+      local bigtar = t:read("a")
+      t:close()
+      import("vmcrash:1", { base, bigtar }, nil, d2)
+      bigtar = nil
+      local c2 = assert(d2.connect())
+      async.spawn(function() c2:call("sandbox.create", { backend = "microvm", image = "vmcrash:1" }) end)
+      sync(function()
+        for _ = 1, 30000 do
+          if (helper.read_file(d2.log) or ""):find("building the microVM image", 1, true) then break end
+          async.sleep(10)
+        end
+        async.sleep(300)
+      end)
+      d2.crash()
+      c2:close()
+      -- the dead daemon's half-made build: a temp dir, no root image
+      assert.are.equal(1, #names("^tmp%-root%-", d2.state))
+      assert.are.same({}, names("^root%-", d2.state))
+      -- the next daemon's first microVM start removes it (unmounting what
+      -- the build had mounted) and builds the root image afresh
+      d3 = helper.start_daemon(dir2 .. "/d", { pool = 0 })
+      local c3 = assert(d3.connect())
+      local sb, cerr = helper.call(c3, "sandbox.create", { backend = "microvm", image = "vmcrash:1" })
+      assert(sb, cerr and cerr.message)
+      local r = sync(function() return helper.run(c3, sb.id, { "/bin/sh", "-c", "stat -c %s /blob" }) end)
+      assert.are.equal("60000000\n", r.stdout)
+      assert.are.same({}, names("^tmp%-", d3.state))
+      assert.are.equal(1, #names("^root%-%x+%.ext4$", d3.state))
+      assert.are.same({}, mounts())
+      assert.truthy(helper.call(c3, "sandbox.kill", { id = sb.id }).killed)
+      c3:close()
+      assert.are.equal(0, d3.stop())
+    end)
+    -- whatever happened, no daemon and nothing mounted of this test stays
+    if d2 and not d2.exit_code then d2.crash() end
+    if d3 and not d3.exit_code then d3.stop() end
+    for _, mp in ipairs(mounts()) do os.execute("umount -l '" .. mp .. "'") end
+    helper.rmrf(dir2)
+    assert(ok, err)
   end)
 
   it("relays the network from inside a guest: an allowed flow works, a refused one is refused", function()
