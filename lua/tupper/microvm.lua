@@ -236,8 +236,14 @@ function M.root_image(state_dir, layers, o)
   root_inflight[key] = waiters
   io.stderr:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), "building the microVM image root-", key, ".ext4 (",
     #layers, " layers)\n")
+  local t0 = uv.hrtime()
   local res, err = build_root(dir, key, layers, o)
   root_inflight[key] = nil
+  if res then
+    local st = uv.fs_stat(res)
+    io.stderr:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), ("microVM image root-%s.ext4 built in %.1f s (%d MiB, sparse)\n")
+      :format(key, (uv.hrtime() - t0) / 1e9, st and st.size // 1048576 or 0))
+  end
   if not res then err = "build the microVM root image: " .. tostring(err) end
   for _, cb in ipairs(waiters) do cb(res, err) end
   return res, err

@@ -2,19 +2,27 @@
 -- mmdebstrap from this host's apt mirror): `tupper build` writes a lock
 -- with the image's digest and package versions, `tupper run --recipe` runs
 -- python3 as the recipe's user, and a create honours the lock.
+local uv = require("luv")
 local helper = require("helper")
 local json = require("tupper.json")
 
 describe("recipes/python.lua", function()
-  local d, dir
+  local d, dir, cache_dir
 
   setup(function()
     dir = helper.tmpdir()
+    -- the microVM kernel: fetched into the spec's temp dir unless
+    -- TUPPER_VM_CACHE names a cache to reuse
+    if not os.getenv("TUPPER_VM_CACHE") then
+      cache_dir = helper.tmpdir()
+      uv.os_setenv("TUPPER_VM_CACHE", cache_dir)
+    end
     d = helper.start_daemon(nil, { pool = 0 })
   end)
   teardown(function()
     if d then assert.are.equal(0, d.stop()) end
     helper.rmrf(dir)
+    if cache_dir then helper.rmrf(cache_dir); uv.os_unsetenv("TUPPER_VM_CACHE") end
     helper.drain()
   end)
 
@@ -47,6 +55,14 @@ describe("recipes/python.lua", function()
     code, out, err = cli("run", "--recipe", path, "--", "sh", "-c", "id -u; pwd; python3 -c 'print(6 * 7)'")
     assert.are.equal(0, code, err)
     assert.are.equal("1000\n/home/user\n42\n", out)
+    -- the same recipe and image on a microVM: the Debian image becomes its
+    -- root image, with the recipe's user, workdir and env
+    code, out, err = cli("run", "--backend", "microvm", "--recipe", path, "--", "sh", "-c",
+      "id -u; pwd; python3 -c 'print(6 * 7)'; echo $LANG; uname -r")
+    assert.are.equal(0, code, err)
+    local kernel = out:match("^1000\n/home/user\n42\nC%.UTF%-8\n(%S+)\n$")
+    assert.is_not_nil(kernel, out)
+    assert.are_not.equal(helper.read_file("/proc/sys/kernel/osrelease"):gsub("%s+$", ""), kernel)
     -- a lock naming an image the store does not have is refused, saying so
     lock.image_digest = "sha256:" .. ("1"):rep(64)
     f = assert(io.open(dir .. "/python.lock", "wb"))
