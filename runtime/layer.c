@@ -807,6 +807,10 @@ int tp_tar_dir(const char *dir, const char *out_path, uid_t uid_base, gid_t gid_
       break;
     }
     archive_read_disk_descend(disk);
+    /* a unix socket is no file of an image (tar cannot hold one either):
+     * one a server left in a recipe's setup layer is left out */
+    if (archive_entry_filetype(e) == AE_IFSOCK)
+      continue;
     /* names relative to the root: "./etc/passwd" */
     p = archive_entry_pathname(e);
     p += strlen(dir);

@@ -199,6 +199,18 @@ describe("the image store", function()
     assert(call(c, "sandbox.kill", { id = sb.id }))
     local _, e = call(c, "image.import", { path = gz })
     assert.truthy(e.message:find("give a name", 1, true), e.message)
+    -- a unix socket in a directory (a server's, left behind) is no file of
+    -- an image: it is left out, the rest comes in
+    assert(os.execute("mkdir -p " .. dir .. "/withsock && echo hi > " .. dir .. "/withsock/hello"))
+    local srv = uv.new_pipe(false)
+    assert(srv:bind(dir .. "/withsock/s.sock"))
+    r, e = call(c, "image.import", { path = dir .. "/withsock", ref = "withsock" })
+    srv:close()
+    assert(r, e and e.message)
+    local info = assert(call(c, "image.inspect", { ref = "withsock" }))
+    local layer = images .. "/layers/" .. info.layers[1].diff_id:sub(8)
+    assert.are.equal("hello", ls(layer))
+    assert(call(c, "image.remove", { ref = "withsock" }))
   end)
 
   it("refuses an unknown image with a clear error", function()
