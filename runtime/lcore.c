@@ -1495,6 +1495,20 @@ static int tp_lcore_vm_ram_save(lua_State *L) {
   return 1;
 }
 
+/* core.vm_copy_sparse(src, dst) -> true | nil, msg (tp_microvm_copy_sparse) */
+static int tp_lcore_vm_copy_sparse(lua_State *L) {
+  const char *src = luaL_checkstring(L, 1);
+  const char *dst = luaL_checkstring(L, 2);
+  tp_error_t err = {0};
+  if (tp_microvm_copy_sparse(src, dst, &err) < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* core.send_with_fd(sock, data, fd) -> true | nil, msg: writes data on the
  * unix socket sock with fd attached (SCM_RIGHTS), in one sendmsg: how QMP's
  * getfd receives a file (the microVM snapshot). */
@@ -1744,6 +1758,7 @@ int luaopen_tupper_core(lua_State *L) {
       {"vm_adopt", tp_lcore_vm_adopt},     {"proc_start_time", tp_lcore_proc_start_time},
       {"send_with_fd", tp_lcore_send_with_fd}, {"vm_ram_memfd", tp_lcore_vm_ram_memfd},
       {"vm_ram_new", tp_lcore_vm_ram_new},       {"vm_ram_save", tp_lcore_vm_ram_save},
+      {"vm_copy_sparse", tp_lcore_vm_copy_sparse},
       {"b64encode", tp_lcore_b64encode},
       {"b64decode", tp_lcore_b64decode},   {"default_image", tp_lcore_default_image},
       {"sha256", tp_lcore_sha256},

@@ -79,4 +79,9 @@ int tp_microvm_ram_new(uint64_t size, tp_error_t *err);
  * memfd's size), fsynced: the snapshot's guest memory on disk. */
 int tp_microvm_ram_save(int memfd, const char *path, tp_error_t *err);
 
+/* Copies the file at src_path to a new file at dst_path (0600, same size),
+ * writing only the non-zero pages of src's data extents: a sparse copy of a
+ * snapshot's writable disk, without a cp process. */
+int tp_microvm_copy_sparse(const char *src_path, const char *dst_path, tp_error_t *err);
+
 #endif

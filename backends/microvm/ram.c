@@ -1,6 +1,7 @@
-/* tp_microvm_ram_memfd: a snapshot's guest memory as a sealed memfd, which
+/* tp_microvm_ram_*: a snapshot's guest memory as a sealed memfd, which
  * every VM started from that snapshot maps privately (docs/microvm.md, "Fast
- * start: snapshots").  See microvm.h. */
+ * start: snapshots"), and the sparse copies of a snapshot's files.  See
+ * microvm.h. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -100,6 +101,25 @@ int tp_microvm_ram_save(int memfd, const char *path, tp_error_t *err) {
   if (fsync(fd) < 0)
     return tp_error_errno(err, errno, "fsync '%s'", path);
   return 0;
+}
+
+int tp_microvm_copy_sparse(const char *src_path, const char *dst_path, tp_error_t *err) {
+  cleanup_close int src = -1;
+  cleanup_close int dst = -1;
+  struct stat st;
+  src = open(src_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (src < 0)
+    return tp_error_errno(err, errno, "open '%s'", src_path);
+  if (fstat(src, &st) < 0)
+    return tp_error_errno(err, errno, "stat '%s'", src_path);
+  if (!S_ISREG(st.st_mode))
+    return tp_error_set(err, EINVAL, "'%s' is not a file", src_path);
+  dst = open(dst_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (dst < 0)
+    return tp_error_errno(err, errno, "create '%s'", dst_path);
+  if (ftruncate(dst, st.st_size) < 0)
+    return tp_error_errno(err, errno, "size '%s'", dst_path);
+  return copy_nonzero(src, dst, src_path, err);
 }
 
 int tp_microvm_ram_memfd(const char *path, uint64_t size, tp_error_t *err) {

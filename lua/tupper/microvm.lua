@@ -51,13 +51,18 @@ end
 
 -- The host's TSC rate in kHz: a TCG guest reads the host's TSC, and without
 -- tsc_early_khz and tsc=reliable its calibration hangs or takes seconds.
+local tsc_cached
 local function tsc_khz()
+  -- read once per daemon: the command line is part of the snapshot key, and
+  -- a host whose reported MHz moves would otherwise change it start by start
+  if tsc_cached ~= nil then return tsc_cached or nil end
   local f = io.open("/proc/cpuinfo")
   if not f then return nil end
   local s = f:read(65536) or ""
   f:close()
   local mhz = tonumber(s:match("cpu MHz%s*:%s*([%d%.]+)"))
-  return mhz and math.floor(mhz * 1000 + 0.5) or nil
+  tsc_cached = mhz and math.floor(mhz * 1000 + 0.5) or false
+  return tsc_cached or nil
 end
 
 local function check(ok, err, what)
@@ -330,15 +335,21 @@ end
 --- The initramfs of this daemon (its agent, the cached kernel's modules),
 -- named after both: an upgraded daemon never boots an older agent, and its
 -- first start removes the older initramfs files and their snapshots.
+local agent_hash -- of this daemon's agent, which does not change while it runs
+
 function M.initramfs(state_dir, k)
-  local agent = core.agent_binary()
+  local agent
+  if not agent_hash then
+    agent = core.agent_binary()
+    agent_hash = core.sha256(agent):sub(1, 16)
+  end
   local dir = state_dir .. "/microvm"
-  local name = "initramfs-" .. k.version .. "-" .. core.sha256(agent):sub(1, 16) .. ".cpio"
+  local name = "initramfs-" .. k.version .. "-" .. agent_hash .. ".cpio"
   local path = dir .. "/" .. name
   check(vmkernel.mkdirs(dir, 448))
   sweep(dir, name)
   if uv.fs_stat(path) then return path end
-  local ok, err = vmkernel.build_initramfs(k, agent, path)
+  local ok, err = vmkernel.build_initramfs(k, agent or core.agent_binary(), path)
   if not ok then return nil, "build the initramfs: " .. tostring(err) end
   return path
 end
@@ -814,9 +825,10 @@ function M.start(opts)
   if not ok then used_uids[uid] = nil; return nil, err end
   local rw = dir .. "/rw.ext4"
   if snap then
-    -- the writable disk as the snapshot's guest left it (sparse copy)
-    local _, cerr = vmkernel.run("/bin/cp", { "--sparse=always", snap .. "/rw.ext4", rw })
-    if cerr then return fail(cerr) end
+    -- the writable disk as the snapshot's guest left it (a sparse copy:
+    -- the blocks mkfs and the template wrote, hundreds of KiB)
+    local cok, cerr = core.vm_copy_sparse(snap .. "/rw.ext4", rw)
+    if not cok then return fail(cerr) end
   else
     local mok, merr = make_rw(rw, shape.disk)
     if not mok then return fail(merr) end

@@ -6,8 +6,10 @@
  * write(), ftruncate, a shared writable mapping, reopening
  * /proc/self/fd/N for writing then writing, unsealing.  All are refused; a
  * private writable mapping (what QEMU maps) works and its writes stay its
- * own.  A file of the wrong size and a symlink are refused.  Exit 0 pass,
- * 1 fail. */
+ * own.  A file of the wrong size and a symlink are refused.  The saved
+ * file is then copied sparsely (what a start does with the snapshot's
+ * writable disk): same bytes, holes kept, an existing target refused.
+ * Exit 0 pass, 1 fail. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -107,6 +109,28 @@ int main(void) {
     munmap(m, NPAGES * PAGE);
   }
   close(fd);
+
+  {
+    char copy[300];
+    unsigned char a[PAGE], b[PAGE];
+    int sfd, cfd, same = 1;
+    snprintf(copy, sizeof(copy), "%s/copy", dir);
+    check(tp_microvm_copy_sparse(path, copy, &err) == 0, "copy_sparse (%s)", err.msg);
+    sfd = open(path, O_RDONLY | O_CLOEXEC);
+    cfd = open(copy, O_RDONLY | O_CLOEXEC);
+    for (int i = 0; i < NPAGES && sfd >= 0 && cfd >= 0; i++)
+      same &= pread(sfd, a, PAGE, (off_t) i * PAGE) == PAGE && pread(cfd, b, PAGE, (off_t) i * PAGE) == PAGE &&
+              memcmp(a, b, PAGE) == 0;
+    check(sfd >= 0 && cfd >= 0 && same, "the copy has the same bytes");
+    check(fstat(cfd, &st) == 0 && st.st_size == NPAGES * PAGE && st.st_blocks * 512 < 8 * PAGE,
+          "the copy is sparse and of the same size");
+    if (sfd >= 0)
+      close(sfd);
+    if (cfd >= 0)
+      close(cfd);
+    check(tp_microvm_copy_sparse(path, copy, &err) < 0, "an existing target is refused (%s)", err.msg);
+    unlink(copy);
+  }
   unlink(link);
   unlink(path);
   rmdir(dir);
