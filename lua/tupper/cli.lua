@@ -38,9 +38,10 @@ commands:
                                 (--all: also images no sandbox uses and no
                                 lockfile pins)
   daemon [--socket PATH] [--state-dir DIR] [--log FILE] [--pool N]
-         [--policy FILE] [--max-layer SIZE]
+         [--vm-pool M] [--policy FILE] [--max-layer SIZE]
                                 run the daemon in the foreground; it keeps
-                                N boxes started for fast creates (default 2);
+                                N boxes started for fast creates (default 2)
+                                and M microVMs frozen (default 0);
                                 FILE's policy binds every sandbox; an image
                                 layer may unpack to SIZE (default 16G)
   repl [-e CODE] [SCRIPT ARG...]
@@ -679,6 +680,9 @@ function M.main(argv)
       elseif a == "--pool" then
         o.pool = math.tointeger(tonumber(v))
         if not o.pool or o.pool < 0 or o.pool > 64 then return die("daemon: --pool wants 0..64") end
+      elseif a == "--vm-pool" then
+        o.vm_pool = math.tointeger(tonumber(v))
+        if not o.vm_pool or o.vm_pool < 0 or o.vm_pool > 16 then return die("daemon: --vm-pool wants 0..16") end
       else return die("daemon: unknown option %s", a) end
       if v == nil then return die("daemon: %s needs a value", a) end
       k = k + 2

@@ -25,6 +25,9 @@ M.MAX_CLIENTS = 1024
 -- and may wait on a box; past this a call is answered -32004 at once
 M.MAX_INFLIGHT = 256
 M.POOL_SIZE = 2 -- boxes kept started and idle for fast creates (tupper daemon --pool N)
+-- microVMs kept started (from the snapshot) and frozen, for fast creates of
+-- the default VM shape (tupper daemon --vm-pool N; docs/microvm.md)
+M.VM_POOL_SIZE = 0
 M.RING_MAX = 65536 -- bytes of recent output kept per process for process.connect
 
 local Daemon = {}
@@ -90,7 +93,8 @@ end
 M.POOL_DELAY_MS = 0
 
 function Daemon:_fill_pool()
-  if self.filling or self.stopping or #self.pool >= self.pool_size then return end
+  if self.filling or self.stopping then return end
+  if #self.pool >= self.pool_size and #self.vm_pool >= self.vm_pool_size then return end
   if not self.pool_timer then self.pool_timer = uv.new_timer() end
   self.pool_timer:start(M.POOL_DELAY_MS, 0, function() self:_refill() end)
 end
@@ -108,8 +112,41 @@ function Daemon:_refill()
       if self.stopping then sb:destroy(); break end
       self.pool[#self.pool + 1] = sb
     end
+    -- a pooled microVM is started like any (from the snapshot: its own
+    -- hostname, clock and entropy), then frozen (its cgroup) until taken
+    while #self.vm_pool < self.vm_pool_size and not self.stopping do
+      local sb, err = self:_start_box(self:_new_id(), {}, nil, nil, nil, "microvm")
+      if not sb then
+        log("microVM pool: %s", err)
+        break
+      end
+      local ok, ferr = true, nil
+      if not self.stopping then ok, ferr = sb:freeze(true) end
+      if self.stopping or not ok then
+        if ferr then log("microVM pool: %s", ferr) end
+        sb:destroy()
+        break
+      end
+      self.vm_pool[#self.vm_pool + 1] = sb
+      log("microVM pool: sandbox %s ready", sb.id)
+    end
     self.filling = false
   end)
+end
+
+-- A pooled microVM, thawed, for a create of the default VM shape (its
+-- guest memory and vCPUs are the VM's own: no limit changes them).
+function Daemon:_take_vm_pooled(lim)
+  if lim.memory or lim.cpus or lim.disk then return nil end
+  while #self.vm_pool > 0 do
+    local sb = table.remove(self.vm_pool, 1)
+    if sb.state == "paused" then
+      local ok, err = sb:freeze(false)
+      if ok then return sb end
+      log("microVM pool: %s", err)
+      async.spawn(function() sb:destroy() end)
+    end
+  end
 end
 
 function Daemon:_take_pooled(lim)
@@ -235,6 +272,7 @@ function Daemon:_images_in_use()
   end
   for _, sb in pairs(self.sandboxes) do add(sb) end
   for _, sb in ipairs(self.pool) do add(sb) end
+  for _, sb in ipairs(self.vm_pool) do add(sb) end
   return { digests = digests, layers = layers }
 end
 
@@ -318,6 +356,8 @@ function Daemon:create_sandbox(p)
   if pooled_ok and backend == "linux" then
     sb, err = self:_take_pooled(lim)
     if err then return nil, err end
+  elseif pooled_ok and backend == "microvm" then
+    sb = self:_take_vm_pooled(lim)
   end
   if not sb then
     sb, err = self:_start_box(self:_new_id(), lim, layers, img and img.ref or image,
@@ -436,11 +476,13 @@ end
 -- A box died on its own (its agent exited or misbehaved): remove it.
 function Daemon:_sandbox_down(sb, reason)
   log("sandbox %s went down: %s", sb.id, reason)
-  for i, pooled in ipairs(self.pool) do
-    if pooled == sb then
-      table.remove(self.pool, i)
-      async.spawn(function() sb:destroy() end)
-      return
+  for _, pool in ipairs({ self.pool, self.vm_pool }) do
+    for i, pooled in ipairs(pool) do
+      if pooled == sb then
+        table.remove(pool, i)
+        async.spawn(function() sb:destroy() end)
+        return
+      end
     end
   end
   async.spawn(function() self:kill_sandbox(sb.id) end)
@@ -736,9 +778,10 @@ function Daemon:shutdown()
     end
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
     for _, pull in pairs(self.pulls) do if pull.session then pull.session:cancel() end end
-    local pool = self.pool
-    self.pool = {}
+    local pool, vm_pool = self.pool, self.vm_pool
+    self.pool, self.vm_pool = {}, {}
     for _, sb in ipairs(pool) do sb:destroy() end
+    for _, sb in ipairs(vm_pool) do sb:destroy() end
     for sb in pairs(self.setups) do sb:destroy() end -- their builds fail and clean up
     require("tupper.debian").cancel_all() -- Debian image builds too
     while self.filling do async.sleep(5) end
@@ -775,6 +818,7 @@ function M.run(opts)
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
     pool = {}, reserved = {}, pulls = {}, pool_size = opts.pool or M.POOL_SIZE,
     pool = {}, reserved = {}, setups = {}, pool_size = opts.pool or M.POOL_SIZE,
+    vm_pool = {}, vm_pool_size = opts.vm_pool or M.VM_POOL_SIZE,
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
   local code = 0

@@ -179,6 +179,58 @@ describe("the microvm backend", function()
     assert.truthy(call("sandbox.kill", { id = b }).killed)
   end)
 
+  it("takes a create of the default shape from its microVM pool: a VM of its own, thawed, with its name and clock", function()
+    local d2 = helper.start_daemon(nil, { pool = 0, args = { "--vm-pool", "1" } })
+    local c2 = assert(d2.connect())
+    -- the VMs that entered the pool, in order
+    local function pooled_ids()
+      local ids = {}
+      for id in (helper.read_file(d2.log) or ""):gmatch("microVM pool: sandbox (%x+) ready") do ids[#ids + 1] = id end
+      return ids
+    end
+    -- the pool fills in the background (its first start makes the snapshot)
+    local deadline = uv.now() + 240000
+    sync(function() while #pooled_ids() < 1 and uv.now() < deadline do async.sleep(100) end end)
+    assert.are.equal(1, #pooled_ids())
+    local sb = assert(helper.call(c2, "sandbox.create", { backend = "microvm" }))
+    -- the pooled VM, started before the create
+    assert.are.equal(pooled_ids()[1], sb.id)
+    assert.are.equal("running", sb.state)
+    local r = sync(function()
+      return helper.run(c2, sb.id, "hostname; date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
+    end)
+    local name, t = r.stdout:match("^(%S+)\n(%d+)\n%x+$")
+    assert.are.equal(sb.id, name)
+    assert.is_true(math.abs(tonumber(t) - os.time()) < 30, r.stdout)
+    -- a create with limits of its own does not take a pooled VM (its shape differs)
+    local sized = assert(helper.call(c2, "sandbox.create", { backend = "microvm", limits = { memory = "256M" } }))
+    assert.are_not.equal(sb.id, sized.id)
+    assert.truthy(helper.call(c2, "sandbox.kill", { id = sb.id }).killed)
+    assert.truthy(helper.call(c2, "sandbox.kill", { id = sized.id }).killed)
+    -- the refill, then a stop with a frozen VM in the pool leaves no QEMU
+    deadline = uv.now() + 240000
+    sync(function() while #pooled_ids() < 2 and uv.now() < deadline do async.sleep(100) end end)
+    local refill = pooled_ids()[2]
+    assert.is_not_nil(refill)
+    local function qemus() -- pids of QEMUs whose cgroup names the refilled VM
+      local pids = {}
+      local req = uv.fs_scandir("/proc")
+      while req do
+        local n = uv.fs_scandir_next(req)
+        if not n then break end
+        if n:match("^%d+$") and (helper.read_file("/proc/" .. n .. "/cgroup") or ""):find(refill, 1, true)
+            and qemu_alive(n) then
+          pids[#pids + 1] = n
+        end
+      end
+      return pids
+    end
+    assert.are.equal(1, #qemus())
+    c2:close()
+    assert.are.equal(0, d2.stop())
+    assert.are.same({}, qemus())
+  end)
+
   it("lets its daemon stop cleanly right after a create and a kill", function()
     -- every handle of the backend (helper processes, console, monitor) is
     -- closed by then: one left for lua_close crashed the daemon at exit
