@@ -91,12 +91,18 @@ end
 -- POOL_DELAY_MS: the create that took a box, and the process.start that
 -- usually follows it, are answered first.
 M.POOL_DELAY_MS = 0
+-- A microVM's start is far costlier (a QEMU start, a restore and the
+-- guest's first requests under TCG: 0.4 s of CPU here): the microVM pool
+-- refills once the daemon has been quiet for this long, so that it does not
+-- compete with the first commands in the VM just taken.
+M.VM_POOL_DELAY_MS = 1500
 
 function Daemon:_fill_pool()
   if self.filling or self.stopping then return end
   if #self.pool >= self.pool_size and #self.vm_pool >= self.vm_pool_size then return end
   if not self.pool_timer then self.pool_timer = uv.new_timer() end
-  self.pool_timer:start(M.POOL_DELAY_MS, 0, function() self:_refill() end)
+  local delay = #self.vm_pool < self.vm_pool_size and M.VM_POOL_DELAY_MS or M.POOL_DELAY_MS
+  self.pool_timer:start(delay, 0, function() self:_refill() end)
 end
 
 function Daemon:_refill()
@@ -120,6 +126,10 @@ function Daemon:_refill()
         log("microVM pool: %s", err)
         break
       end
+      -- the lookup of the default account every create makes (two file
+      -- reads through the agent), once before the VM waits: under TCG the
+      -- guest's first file reads after a restore are its slowest
+      if not self.stopping then sb:account("user") end
       local ok, ferr = true, nil
       if not self.stopping then ok, ferr = sb:freeze(true) end
       if self.stopping or not ok then
