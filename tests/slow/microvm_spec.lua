@@ -668,6 +668,34 @@ describe("the microvm backend with images of the store", function()
     assert.is_true(left[1] == roots[1] or left[1] == roots[2])
   end)
 
+  it("builds one root image for creates of one new image at the same time", function()
+    import("vmimg:3", { base, { { name = "three", data = "3\n" } } })
+    local before = #names("^root%-%x+%.ext4$")
+    local mark = #(helper.read_file(d.log) or "")
+    local results = {}
+    sync(function()
+      local left = 2
+      local done
+      for i = 1, 2 do
+        async.spawn(function()
+          results[i] = { c:call("sandbox.create", { backend = "microvm", image = "vmimg:3" }) }
+          left = left - 1
+          if left == 0 and done then done() end
+        end)
+      end
+      if left > 0 then async.wait(function(cb) done = cb end) end
+    end)
+    for i = 1, 2 do
+      assert(results[i][1], results[i][2] and results[i][2].message)
+      assert.are.equal("3\n", run(results[i][1].id, "cat /three").stdout)
+    end
+    assert.are.equal(before + 1, #names("^root%-%x+%.ext4$"))
+    local n = 0
+    for _ in helper.read_file(d.log):sub(mark + 1):gmatch("building the microVM image root%-") do n = n + 1 end
+    assert.are.equal(1, n)
+    for i = 1, 2 do assert.truthy(call("sandbox.kill", { id = results[i][1].id }).killed) end
+  end)
+
   it("runs a recipe with setup on microVMs, its setup layer on top of the image", function()
     local src = [[
 return recipe "vmsetup" {
