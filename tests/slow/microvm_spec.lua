@@ -844,6 +844,11 @@ return recipe "vmdeep" {
       assert.are.equal(1, #names("^root%-%x+%.ext4$", d3.state))
       assert.are.same({}, mounts())
       assert.truthy(helper.call(c3, "sandbox.kill", { id = sb.id }).killed)
+      -- image prune --all takes the image, and its root image and snapshot with it
+      local pr = assert(helper.call(c3, "image.prune", { all = true }))
+      assert.are.same({ "docker.io/library/vmcrash:1" }, pr.refs)
+      assert.are.same({}, names("^root%-", d3.state))
+      assert.are.same({}, names("^snap%-.*%-r%x+$", d3.state))
       c3:close()
       assert.are.equal(0, d3.stop())
     end)
