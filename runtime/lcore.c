@@ -60,6 +60,7 @@ static const char *const tp__tag_names[TP_TAG_MAX_] = {
     [TP_TAG_SID] = "sid",         [TP_TAG_KIND] = "kind",     [TP_TAG_PORT] = "port",
     [TP_TAG_GRACE] = "grace",
     [TP_TAG_GROUPS] = "groups",
+    [TP_TAG_PIDS] = "pids",
 };
 
 static int tp__tag_repeated(unsigned tag) {
@@ -1787,7 +1788,8 @@ int luaopen_tupper_core(lua_State *L) {
       {"NET_CONNECT", TP_MSG_NET_CONNECT},
       {"PTY_RESIZE", TP_MSG_PTY_RESIZE}, {"WATCH_ADD", TP_MSG_WATCH_ADD},
       {"WATCH_REMOVE", TP_MSG_WATCH_REMOVE}, {"WATCH_EVENT", TP_MSG_WATCH_EVENT},
-      {"VM_INIT", TP_MSG_VM_INIT}, {"VM_ATTACH", TP_MSG_VM_ATTACH}};
+      {"VM_INIT", TP_MSG_VM_INIT}, {"VM_ATTACH", TP_MSG_VM_ATTACH},
+      {"VM_LIMITS", TP_MSG_VM_LIMITS}};
 
   if (luaL_newmetatable(L, TP_BOX_MT)) {
     luaL_newlib(L, box_methods);

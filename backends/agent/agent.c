@@ -170,6 +170,7 @@ static agent_handler_t handler_for(uint8_t type) {
   case TP_MSG_WATCH_REMOVE: return agent_watch_remove;
   case TP_MSG_VM_INIT: return agent_vm_init;
   case TP_MSG_VM_ATTACH: return agent_vm_attach;
+  case TP_MSG_VM_LIMITS: return agent_vm_limits;
   default: return NULL; /* agent -> host types */
   }
 }
@@ -353,7 +354,9 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
   if (fcntl(chan, F_GETFD) < 0)
     return tp_error_errno(err, errno, "channel fd %d", chan);
   a->listen_fd = find_listener(chan);
-  close_inherited_fds(chan, a->listen_fd);
+  /* A guest's /init inherits nothing, and keeps its cgroup fds open */
+  if (!agent_vm_guest)
+    close_inherited_fds(chan, a->listen_fd);
   ensure_std_fds();
   if (fcntl(chan, F_SETFD, FD_CLOEXEC) < 0)
     return tp_error_errno(err, errno, "channel cloexec");

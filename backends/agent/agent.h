@@ -74,6 +74,7 @@ typedef struct agent_proc_s {
   int hold_fd;                /* held (TP_F_EXEC_HOLD): write end of its hold pipe, else -1 */
   int pty;                    /* TP_F_EXEC_PTY: out_fd is the terminal's master, in_fd a dup */
   int status_fd;              /* held: read end of its exec status pipe, else -1 */
+  uint32_t tree;              /* microVM guest: its tree cgroup box/t<tree>, else 0 */
   char **argv;                /* ARG fields as given (PS, messages) */
   agent_chunk_t *q_head;
   agent_chunk_t *q_tail;
@@ -254,6 +255,28 @@ int agent_vm_attach(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_vm_port_init(int fd, tp_error_t *err);
 /* 1 while the host end of the port is open, else 0. */
 int agent_vm_host_connected(int fd);
+
+/* agent_cgroup.c: the guest's cgroups (see the file's header); only in a
+ * microVM guest. */
+/* Mounts the hierarchy, makes box/ (before the switch to the image's root). */
+int agent_cg_setup(tp_error_t *err);
+/* 1 once agent_cg_setup succeeded: processes get trees. */
+int agent_cg_active(void);
+/* A new tree cgroup for a process about to be forked: its number, and its
+ * cgroup.procs opened for writing (the child writes "0" there). */
+int agent_cg_tree_new(uint32_t *tree, int *procs_fd, tp_error_t *err);
+/* The tree's process was reaped (or never ran): removes the tree's cgroup,
+ * or leaves it to agent_cg_sweep while other processes of it live. */
+void agent_cg_tree_done(uint32_t tree);
+/* After reaping: removes lingering trees that are empty now. */
+void agent_cg_sweep(agent_t *a);
+/* sig to every process of the tree; SIGKILL kills it whole (cgroup.kill)
+ * and waits until it is empty. */
+int agent_cg_tree_signal(uint32_t tree, int sig, tp_error_t *err);
+/* Kills every process of box/ and waits (bounded) until they are gone. */
+void agent_cg_kill_all(void);
+/* VM_LIMITS: the box's pids.max. */
+int agent_vm_limits(agent_t *a, const agent_req_t *r, tp_error_t *err);
 
 /* agent_fs.c */
 int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err);

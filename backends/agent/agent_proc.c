@@ -4,7 +4,9 @@
  * execve over a close-on-exec status pipe, so the host gets ERR instead of
  * OK.  With TP_F_EXEC_HOLD the child stops right before execve, all its
  * set-up done, until RELEASE: the host meanwhile moves it into a cgroup of
- * its own, so nothing it will ever run starts outside.  The loop streams
+ * its own, so nothing it will ever run starts outside; in a microVM guest
+ * the child joins such a cgroup of the guest itself, first thing after its
+ * fork (agent_cgroup.c), and SIGNAL goes to that whole tree.  The loop streams
  * OUTPUT as the pipes fill, writes queued STDIN as the child reads, and
  * sends EXIT when the child is reaped, without waiting for grandchildren
  * that keep a pipe open. */
@@ -52,6 +54,7 @@ typedef struct exec_spec_s {
   int err_fd;         /* child's stderr */
   int status_fd;      /* write end of the status pipe (CLOEXEC) */
   int hold_fd;        /* read end of the hold pipe (CLOEXEC), or -1 */
+  int cg_fd;          /* microVM guest: its tree's cgroup.procs (CLOEXEC), or -1 */
   int pty;            /* in/out/err are a terminal's slave: make it the controlling one */
   uid_t uid;
   gid_t gid;
@@ -220,6 +223,9 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
   struct sigaction sa;
   sigset_t none;
 
+  /* Into its tree's cgroup first, before anything it runs can fork. */
+  if (s->cg_fd >= 0 && write(s->cg_fd, "0", 1) != 1)
+    goto fail;
   if (setsid() < 0)
     goto fail;
   /* A new session has no terminal: the slave becomes its controlling one. */
@@ -424,7 +430,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   cleanup_strv char **envp = NULL;
   cleanup_free char *path = NULL;
   cleanup_close int in_r = -1, in_w = -1, out_r = -1, out_w = -1, err_r = -1, err_w = -1;
-  cleanup_close int st_r = -1, st_w = -1, hold_r = -1, hold_w = -1;
+  cleanup_close int st_r = -1, st_w = -1, hold_r = -1, hold_w = -1, cg_fd = -1;
   char cwd[TP_PATH_MAX + 1] = "/";
   int nargs = tp_fields_count(r->fields, r->n, TP_TAG_ARG);
   int nenv = tp_fields_count(r->fields, r->n, TP_TAG_ENV);
@@ -433,6 +439,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   int pty = (flags & TP_F_EXEC_PTY) != 0;
   struct winsize ws = {0};
   unsigned uid = 0, gid = 0;
+  uint32_t tree = 0;
   agent_proc_t *p = NULL;
   exec_status_t st;
   exec_spec_t spec;
@@ -490,17 +497,26 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
       pipe_cloexec(&st_r, &st_w, err) < 0 || (hold && pipe_cloexec(&hold_r, &hold_w, err) < 0))
     return -1;
 
+  /* In a microVM guest the agent gives the process its tree's cgroup itself
+   * (agent_cgroup.c); the host's hold is for a linux box's host cgroups. */
+  if (agent_cg_active() && agent_cg_tree_new(&tree, &cg_fd, err) < 0)
+    return -1;
+
   spec = (exec_spec_t){.path = path, .argv = argv, .envp = envp, .cwd = cwd, .in_fd = in_r,
                        .out_fd = out_w, .err_fd = err_w, .status_fd = st_w, .hold_fd = hold_r,
-                       .uid = (uid_t) uid, .gid = (gid_t) gid, .ngroups = ngroups,
-                       .groups = groups, .nofile = &a->nofile,
+                       .cg_fd = cg_fd, .uid = (uid_t) uid, .gid = (gid_t) gid,
+                       .ngroups = ngroups, .groups = groups, .nofile = &a->nofile,
                        .umask = a->umask, .pty = pty};
   pid = fork();
-  if (pid < 0)
-    return tp_error_errno(err, errno, "exec '%s': fork", argv[0]);
+  if (pid < 0) {
+    int e = errno;
+    agent_cg_tree_done(tree);
+    return tp_error_errno(err, e, "exec '%s': fork", argv[0]);
+  }
   if (pid == 0)
     child_exec(&spec);
 
+  close_fd(&cg_fd);
   close_fd(&st_w); /* so that the read below sees EOF once the child exec'd */
   close_fd(&hold_r);
   /* Ours no longer: the master sees EOF (EIO) once the child's side is all closed. */
@@ -515,6 +531,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     kill(pid, SIGKILL); /* a failed child exits anyway; never wait on a stopped one */
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
       ;
+    agent_cg_tree_done(tree);
     return status_error(&st, "exec", argv[0], cwd, err);
   }
 
@@ -522,7 +539,8 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   if (err_r >= 0)
     set_nonblock(err_r);
   *p = (agent_proc_t){.pid = pid, .out_fd = out_r, .err_fd = err_r, .in_fd = in_w,
-                      .hold_fd = hold_w, .status_fd = hold ? st_r : -1, .argv = argv, .pty = pty};
+                      .hold_fd = hold_w, .status_fd = hold ? st_r : -1, .argv = argv, .pty = pty,
+                      .tree = tree};
   out_r = err_r = in_w = hold_w = -1;
   if (hold)
     st_r = -1;
@@ -682,6 +700,13 @@ int agent_proc_signal(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return tp_error_set(err, EINVAL, "signal: bad signal %lld", (long long) sig);
   if ((p = proc_lookup(a, r, "signal", err)) == NULL)
     return -1;
+  /* A microVM guest's process has its tree's cgroup: the signal reaches all
+   * of it, setsid and double-forked descendants too, as on a linux box. */
+  if (p->tree != 0) {
+    if (agent_cg_tree_signal(p->tree, (int) sig, err) < 0)
+      return tp_error_prefix(err, "signal %lld to process %d", (long long) sig, (int) p->pid);
+    return 0;
+  }
   /* The child is unreaped, so neither its pid nor its group id can have
    * been reused. */
   group_rc = kill(-p->pid, (int) sig);
@@ -825,6 +850,7 @@ static void proc_exited(agent_t *a, agent_proc_t *p, int status) {
     agent_proc_flush_exits(a);
   if (a->exitq_len > 0 || send_exit(a, &e) < 0)
     exit_queue(a, &e);
+  agent_cg_tree_done(p->tree);
   proc_free(a, p);
 }
 
@@ -836,14 +862,16 @@ void agent_proc_reap(agent_t *a) {
     if (pid < 0 && errno == EINTR)
       continue;
     if (pid <= 0)
-      return;
+      break;
     p = proc_find(a, pid);
     if (p != NULL) /* else an orphan we inherited: reaped silently */
       proc_exited(a, p, status);
   }
+  agent_cg_sweep(a); /* the end of a tree's last process is a reap here */
 }
 
 void agent_proc_kill_all(agent_t *a) {
+  agent_cg_kill_all(); /* a guest: every tree, whatever left its group */
   for (int i = 0; i < AGENT_PROC_MAX; i++)
     if (a->procs[i].pid > 0) {
       kill(-a->procs[i].pid, SIGKILL);

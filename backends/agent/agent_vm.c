@@ -331,7 +331,7 @@ int agent_vm_setup(int *chan, tp_error_t *err) {
     return -1;
   if (read_cmdline(cmdline, sizeof(cmdline)) < 0)
     return tp_error_errno(err, errno, "read /proc/cmdline");
-  if (load_modules(cmdline, err) < 0 || lo_up(err) < 0)
+  if (load_modules(cmdline, err) < 0 || lo_up(err) < 0 || agent_cg_setup(err) < 0)
     return -1;
   for (long t = 0; find_port(port, sizeof(port)) < 0; t += 5) {
     if (t >= VM_WAIT_MS)

@@ -115,7 +115,7 @@ int tp_msg_type_valid(unsigned type) {
   case TP_MSG_NET_LISTEN: case TP_MSG_NET_OPEN: case TP_MSG_NET_DATA: case TP_MSG_NET_ACK:
   case TP_MSG_NET_EOF: case TP_MSG_NET_CLOSE: case TP_MSG_NET_DNS: case TP_MSG_NET_CONNECT:
   case TP_MSG_PTY_RESIZE: case TP_MSG_WATCH_ADD: case TP_MSG_WATCH_REMOVE: case TP_MSG_WATCH_EVENT:
-  case TP_MSG_VM_INIT: case TP_MSG_VM_ATTACH:
+  case TP_MSG_VM_INIT: case TP_MSG_VM_ATTACH: case TP_MSG_VM_LIMITS:
     return 1;
   default:
     return 0;
@@ -144,7 +144,7 @@ int tp_tag_kind(unsigned tag) {
   case TP_TAG_SIGNAL: case TP_TAG_ERRNO: case TP_TAG_FLAGS: case TP_TAG_OFFSET:
   case TP_TAG_LENGTH: case TP_TAG_SIZE: case TP_TAG_MODE: case TP_TAG_MTIME:
   case TP_TAG_UID: case TP_TAG_GID: case TP_TAG_TYPE: case TP_TAG_CREATED:
-  case TP_TAG_SID: case TP_TAG_KIND: case TP_TAG_PORT:
+  case TP_TAG_SID: case TP_TAG_KIND: case TP_TAG_PORT: case TP_TAG_PIDS:
   case TP_TAG_COLS: case TP_TAG_ROWS: case TP_TAG_WATCH: case TP_TAG_EVENT:
   case TP_TAG_GRACE:
     return TP_KIND_INT;

@@ -85,6 +85,9 @@ enum tp_msg_type {
                               on a start from a snapshot; ERR EOPNOTSUPP outside a VM.
                               GRACE? (seconds): how long the guest waits for a daemon once the
                               host end of its port closed (default 60) */
+  /* microvm process trees and limits (types 82-84) */
+  TP_MSG_VM_LIMITS = 82,   /* PIDS? -> OK: the guest box cgroup's pids.max (absent: no limit);
+                              sent after VM_INIT; ERR EOPNOTSUPP outside a VM */
   /* microvm re-adoption (types 85-87) */
   TP_MSG_VM_ATTACH = 85,   /* -> OK: the first request of a daemon that (re)connected to a
                               guest's port: the agent drops what belonged to an earlier
@@ -128,6 +131,7 @@ enum tp_tag {
   TP_TAG_SID = 40,     /* int: stream id (agent-made < 2^31, host-made >= 2^31) */
   TP_TAG_KIND = 41,    /* int: TP_NET_* */
   TP_TAG_PORT = 42,    /* int */
+  TP_TAG_PIDS = 43,    /* int: most processes at once (VM_LIMITS) */
   TP_TAG_GRACE = 46,   /* int: seconds (VM_INIT) */
   TP_TAG_MAX_ = 47
 };

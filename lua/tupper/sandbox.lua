@@ -85,6 +85,10 @@ local function attach(box, opts, adopting)
     local sec, usec = uv.gettimeofday()
     local r, ierr = self:request(MSG.VM_INIT, { name = opts.id, data = ent, grace = M.VM_GRACE_S,
                                                  mtime = sec * 1000000000 + usec * 1000 })
+    if r and opts.limits and opts.limits.pids then
+      -- enforced by the guest's own cgroups (agent_cgroup.c)
+      r, ierr = self:request(MSG.VM_LIMITS, { pids = opts.limits.pids })
+    end
     if not r then
       self:destroy()
       return nil, "sandbox " .. opts.id .. ": set up the VM: " .. tostring(ierr)

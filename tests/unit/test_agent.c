@@ -1061,6 +1061,10 @@ static void test_bad_requests(host_t *h, const char *tmp) {
   b = req_begin(h, TP_MSG_EXIT);
   tp_frame_add_int(b, TP_TAG_PID, 1);
   expect_err(req_call(h), EINVAL, "an EXIT frame from the host");
+  /* a microVM guest's requests, refused by an agent that is not one */
+  b = req_begin(h, TP_MSG_VM_LIMITS);
+  tp_frame_add_int(b, TP_TAG_PIDS, 10);
+  expect_err(req_call(h), EOPNOTSUPP, "VM_LIMITS outside a VM");
 
   /* An event-typed frame with id 0 is ignored; a request byte by byte, and
    * two requests in one write, are all answered. */
