@@ -13,7 +13,8 @@
  *      virtio-serial port
  *      (named "tupper.agent" in /sys/class/virtio-ports/);
  *   4. mounts the image read-only, the writable disk, an overlay of the two at /newroot, and
- *      /proc, /sys (read-only), /dev, /dev/pts, /dev/shm in it, then moves
+ *      /proc, /sys (read-only), a /dev as a linux box has it, /dev/pts and
+ *      /dev/shm in it, then moves
  *      /newroot onto / and chroots there;
  *   5. waits until the host end of the port is connected and returns it as
  *      the channel.
@@ -42,6 +43,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -261,6 +263,47 @@ static int find_disk(const char *serial, char *out, size_t cap, tp_error_t *err)
   return tp_error_set(err, ENODEV, "no disk with serial %s", serial);
 }
 
+/* The box's /dev: what a linux-backend box has (backends/linux/box_plan.c),
+ * not the guest's devtmpfs, whose nodes include the disks and the agent's
+ * port. */
+static const struct {
+  const char *name;
+  unsigned major, minor;
+} dev_nodes[] = {{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7},
+                 {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
+
+static const struct {
+  const char *name;
+  const char *target;
+} dev_links[] = {
+    {"ptmx", "pts/ptmx"},          {"fd", "/proc/self/fd"},       {"stdin", "/proc/self/fd/0"},
+    {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"},
+};
+
+static int box_dev(tp_error_t *err) {
+  char path[64];
+  if (do_mount("tmpfs", "/newroot/dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
+               "mode=0755,size=64k,nr_inodes=64", err) < 0)
+    return -1;
+  for (size_t i = 0; i < sizeof(dev_nodes) / sizeof(dev_nodes[0]); i++) {
+    snprintf(path, sizeof(path), "/newroot/dev/%s", dev_nodes[i].name);
+    if (mknod(path, S_IFCHR | 0666, makedev(dev_nodes[i].major, dev_nodes[i].minor)) < 0 ||
+        chmod(path, 0666) < 0) /* past the umask */
+      return tp_error_errno(err, errno, "mknod %s", path);
+  }
+  for (size_t i = 0; i < sizeof(dev_links) / sizeof(dev_links[0]); i++) {
+    snprintf(path, sizeof(path), "/newroot/dev/%s", dev_links[i].name);
+    if (symlink(dev_links[i].target, path) < 0)
+      return tp_error_errno(err, errno, "symlink %s", path);
+  }
+  if (do_mount("devpts", "/newroot/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+               "newinstance,ptmxmode=0666,mode=0620,gid=5", err) < 0 ||
+      do_mount("tmpfs", "/newroot/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+               "mode=1777,size=64m", err) < 0)
+    return -1;
+  return 0;
+}
+
 static int mount_root(tp_error_t *err) {
   const unsigned long nsd = MS_NOSUID | MS_NODEV;
   char root[300], rw[300];
@@ -275,10 +318,7 @@ static int mount_root(tp_error_t *err) {
     return -1;
   if (do_mount("proc", "/newroot/proc", "proc", nsd | MS_NOEXEC, NULL, err) < 0 ||
       do_mount("sysfs", "/newroot/sys", "sysfs", nsd | MS_NOEXEC | MS_RDONLY, NULL, err) < 0 ||
-      do_mount("devtmpfs", "/newroot/dev", "devtmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755", err) < 0 ||
-      do_mount("devpts", "/newroot/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-               "newinstance,ptmxmode=0666,mode=0620", err) < 0 ||
-      do_mount("tmpfs", "/newroot/dev/shm", "tmpfs", nsd | MS_NOEXEC, "mode=1777,size=64m", err) < 0)
+      box_dev(err) < 0)
     return -1;
   if (chdir("/newroot") < 0 || mount(".", "/", NULL, MS_MOVE, NULL) < 0 || chroot(".") < 0 ||
       chdir("/") < 0)
