@@ -1,8 +1,10 @@
 -- The backend matrix: the shared API spec of the Lua client
 -- (tests/spec/sdk_spec.lua: sandboxes, commands with output, exit codes,
--- stdin, env, cwd, background processes, signals, timeouts, files) run
--- again, unchanged, against the microvm backend.  The linux run is the
--- default suite's.  Boots a microVM per test under TCG: slow.
+-- stdin, env, cwd, background processes, signals, timeouts, files) and the
+-- daemon's socket API and CLI end to end (tests/spec/daemon_spec.lua) run
+-- again against the microvm backend; TUPPER_TEST_BACKEND makes every
+-- create of theirs a microVM.  The linux run is the default suite's.
+-- Boots a microVM per test under TCG: slow.
 local uv = require("luv")
 local helper = require("helper")
 
@@ -16,8 +18,10 @@ local saved = helper.TIMEOUT_MS
 helper.TIMEOUT_MS = 300000
 
 local root = os.getenv("TUPPER_ROOT") or "."
-local chunk = assert(loadfile(root .. "/tests/spec/sdk_spec.lua", "t", _ENV))
-chunk()
+for _, name in ipairs({ "sdk_spec", "daemon_spec" }) do
+  local chunk = assert(loadfile(root .. "/tests/spec/" .. name .. ".lua", "t", _ENV))
+  chunk()
+end
 
 describe("the backend matrix", function()
   teardown(function()
@@ -28,7 +32,52 @@ describe("the backend matrix", function()
       uv.os_unsetenv("TUPPER_VM_CACHE")
     end
   end)
-  it("ran the shared spec on microvm", function()
+  it("ran the shared specs on microvm", function()
     assert.are.equal("microvm", os.getenv("TUPPER_TEST_BACKEND"))
+  end)
+
+  -- The TypeScript SDK's tests whose sandbox takes TUPPER_TEST_BACKEND
+  -- (sdk/js/test/daemon.mjs withSandbox): commands (a tree kill with a
+  -- setsid grandchild among them), files, terminals and watches.  The
+  -- others create linux boxes whatever the variable says.  Needs sdk/js
+  -- built (npm ci, npm run build; tests/run.sh's sdk/js suite does it
+  -- first).  Bounded: a hang fails here instead of eating the step.
+  it("passes the TypeScript SDK's sandbox tests on microvm", function()
+    local dir = root .. "/sdk/js"
+    assert(uv.fs_stat(dir .. "/dist/index.js"), "sdk/js is not built: npm ci && npm run build in sdk/js")
+    local files = { "test/commands.test.mjs", "test/files.test.mjs", "test/pty.test.mjs", "test/watch.test.mjs" }
+    local args = { "--test", "--test-timeout=600000" }
+    for _, f in ipairs(files) do args[#args + 1] = f end
+    local out = {}
+    local stdout, stderr = uv.new_pipe(false), uv.new_pipe(false)
+    local code
+    -- its own process group: a timeout stops the runner, its test files
+    -- and the daemons they started, all of them
+    local handle, pid = uv.spawn("node", { args = args, cwd = dir, stdio = { nil, stdout, stderr },
+      detached = true }, function(c, sig) code = sig ~= 0 and 128 + sig or c end)
+    assert(handle, pid)
+    local open = 2
+    local function reader(_, chunk) if chunk then out[#out + 1] = chunk else open = open - 1 end end
+    stdout:read_start(reader)
+    stderr:read_start(reader)
+    local deadline = helper.now() + 20 * 60 * 1000
+    local guard = uv.new_timer()
+    guard:start(1000, 1000, function() end)
+    while (code == nil or open > 0) and helper.now() < deadline do uv.run("once") end
+    guard:close()
+    if code == nil then
+      uv.kill(-pid, "sigterm")
+      local grace = helper.now() + 15000
+      while code == nil and helper.now() < grace do uv.run("once") end
+      uv.kill(-pid, "sigkill")
+      while code == nil do uv.run("once") end
+    end
+    handle:close()
+    if not stdout:is_closing() then stdout:close() end
+    if not stderr:is_closing() then stderr:close() end
+    uv.run("nowait")
+    local text = table.concat(out)
+    assert.are.equal(0, code, text:sub(-6000))
+    assert.matches("# fail 0", text)
   end)
 end)
