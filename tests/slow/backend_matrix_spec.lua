@@ -37,15 +37,17 @@ describe("the backend matrix", function()
   end)
 
   -- The TypeScript SDK's tests whose sandbox takes TUPPER_TEST_BACKEND
-  -- (sdk/js/test/daemon.mjs withSandbox): commands (a tree kill with a
-  -- setsid grandchild among them), files, terminals and watches.  The
+  -- (sdk/js/test/daemon.mjs withSandbox, account.test.mjs): commands (a
+  -- tree kill with a setsid grandchild among them), files, terminals,
+  -- watches and accounts.  The
   -- others create linux boxes whatever the variable says.  Needs sdk/js
   -- built (npm ci, npm run build; tests/run.sh's sdk/js suite does it
   -- first).  Bounded: a hang fails here instead of eating the step.
   it("passes the TypeScript SDK's sandbox tests on microvm", function()
     local dir = root .. "/sdk/js"
     assert(uv.fs_stat(dir .. "/dist/index.js"), "sdk/js is not built: npm ci && npm run build in sdk/js")
-    local files = { "test/commands.test.mjs", "test/files.test.mjs", "test/pty.test.mjs", "test/watch.test.mjs" }
+    local files = { "test/commands.test.mjs", "test/files.test.mjs", "test/pty.test.mjs", "test/watch.test.mjs",
+                    "test/account.test.mjs" }
     local args = { "--test", "--test-timeout=600000" }
     for _, f in ipairs(files) do args[#args + 1] = f end
     local out = {}
