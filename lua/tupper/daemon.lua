@@ -145,13 +145,16 @@ function Daemon:_refill()
 end
 
 -- A pooled microVM, thawed, for a create of the default VM shape (its
--- guest memory and vCPUs are the VM's own: no limit changes them).
+-- guest memory and vCPUs are the VM's own: no limit changes them; a pids
+-- limit is the guest's cgroup's, set on the taken VM).
 function Daemon:_take_vm_pooled(lim)
   if lim.memory or lim.cpus or lim.disk then return nil end
   while #self.vm_pool > 0 do
     local sb = table.remove(self.vm_pool, 1)
     if sb.state == "paused" then
       local ok, err = sb:freeze(false)
+      -- the pids limit is the guest's own (its box cgroup): set it now
+      if ok and lim.pids then ok, err = sb:request(core.MSG.VM_LIMITS, { pids = lim.pids }) end
       if ok then return sb end
       log("microVM pool: %s", err)
       async.spawn(function() sb:destroy() end)

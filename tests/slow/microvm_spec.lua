@@ -273,6 +273,30 @@ describe("the microvm backend", function()
     assert.truthy(call("sandbox.kill", { id = id }).killed)
   end)
 
+  it("sets the pids limit on a VM it takes from its pool", function()
+    local d2 = helper.start_daemon(nil, { pool = 0, args = { "--vm-pool", "1" } })
+    local c2 = assert(d2.connect())
+    local deadline = uv.now() + 240000
+    local pooled
+    sync(function()
+      while not pooled and uv.now() < deadline do
+        pooled = (helper.read_file(d2.log) or ""):match("microVM pool: sandbox (%x+) ready")
+        async.sleep(100)
+      end
+    end)
+    assert.is_not_nil(pooled)
+    local sb = assert(helper.call(c2, "sandbox.create", { backend = "microvm", limits = { pids = 6 } }))
+    assert.are.equal(pooled, sb.id)
+    local r = sync(function()
+      return helper.run(c2, sb.id, "for i in 1 2 3 4 5 6 7 8; do sleep 30 & done; echo all")
+    end)
+    assert.matches("can't fork", r.stderr)
+    assert.is_nil(r.stdout:find("all", 1, true))
+    assert.truthy(helper.call(c2, "sandbox.kill", { id = sb.id }).killed)
+    c2:close()
+    assert.are.equal(0, d2.stop())
+  end)
+
   it("kills a process's whole tree in the guest: a setsid grandchild and a double fork too", function()
     local id = create()
     -- cgroups in the guest (/proc/cgroups counts the whole hierarchy): the
