@@ -686,7 +686,7 @@ function M.snapshot_tag(initrd_name)
 end
 
 local snap_inflight = {}
-local ram_fds = {} -- snapshot dir -> its sealed guest memory memfd, for this daemon's life
+local ram_fds = {} -- snapshot dir -> { fd = its sealed guest memory memfd, id = vm.ram's identity }
 
 --- The snapshot for a VM shape (memory, vCPUs, disk size, accel) and root
 -- image, made on first use: a VM whose guest memory is a memfd
@@ -764,10 +764,24 @@ end
 -- The snapshot's guest memory as a sealed memfd, loaded once per daemon
 -- (the VMs started from it map it privately, copy-on-write).
 local function snapshot_ram(snap, mem)
-  if ram_fds[snap] then return ram_fds[snap] end
+  -- the memfd of a vm.ram that is gone or was replaced (a snapshot removed
+  -- with its root image, a new one at the same path) is never used: its
+  -- pages would not match the state file beside the new one.  VMs started
+  -- from it keep their own mappings.
+  for dir, e in pairs(ram_fds) do
+    local st = uv.fs_stat(dir .. "/vm.ram")
+    local id = st and ("%d:%d:%d.%d:%d"):format(st.dev, st.ino, st.mtime.sec, st.mtime.nsec, st.size)
+    if id ~= e.id then
+      uv.fs_close(e.fd)
+      ram_fds[dir] = nil
+    end
+  end
+  if ram_fds[snap] then return ram_fds[snap].fd end
+  local st = uv.fs_stat(snap .. "/vm.ram")
+  if not st then return nil, "no " .. snap .. "/vm.ram" end
   local fd, err = core.vm_ram_memfd(snap .. "/vm.ram", mem)
   if not fd then return nil, err end
-  ram_fds[snap] = fd
+  ram_fds[snap] = { fd = fd, id = ("%d:%d:%d.%d:%d"):format(st.dev, st.ino, st.mtime.sec, st.mtime.nsec, st.size) }
   return fd
 end
 

@@ -181,6 +181,26 @@ describe("the microvm backend", function()
     assert.truthy(call("sandbox.kill", { id = b }).killed)
   end)
 
+  it("never starts a VM on the memory of a snapshot that was removed and made again", function()
+    -- the daemon keeps a snapshot's memory loaded; a new snapshot at the
+    -- same path (here: the old one removed by hand) must be loaded afresh
+    local first = create()
+    local dir
+    for n in (helper.read_file(d.log) or ""):gmatch("sandbox " .. first .. " started from snapshot (snap%-%S+) in") do dir = n end
+    assert.is_not_nil(dir)
+    assert.truthy(call("sandbox.kill", { id = first }).killed)
+    helper.rmrf(d.state .. "/microvm/" .. dir)
+    local again = create() -- makes the snapshot again (a template boot), then starts from it
+    assert.is_not_nil(uv.fs_stat(d.state .. "/microvm/" .. dir .. "/vm.ram"))
+    local r = run(again, "hostname; echo ok > /root/f; cat /root/f")
+    assert.are.equal(0, r.exit_code, r.stderr)
+    assert.are.equal(again .. "\nok\n", r.stdout)
+    local later = create() -- and the next start too
+    assert.are.equal(later .. "\n", run(later, "hostname").stdout)
+    assert.truthy(call("sandbox.kill", { id = again }).killed)
+    assert.truthy(call("sandbox.kill", { id = later }).killed)
+  end)
+
   it("takes a create of the default shape from its microVM pool: a VM of its own, thawed, with its name and clock", function()
     local d2 = helper.start_daemon(nil, { pool = 0, args = { "--vm-pool", "1" } })
     local c2 = assert(d2.connect())
