@@ -203,6 +203,8 @@ describe("the microvm backend", function()
 
   it("takes a create of the default shape from its microVM pool: a VM of its own, thawed, with its name and clock", function()
     local d2 = helper.start_daemon(nil, { pool = 0, args = { "--vm-pool", "1" } })
+    local stopped = false
+    finally(function() if not stopped then d2.stop() end end) -- a failed assertion leaves no daemon
     local c2 = assert(d2.connect())
     -- the VMs that entered the pool, in order
     local function pooled_ids()
@@ -249,6 +251,7 @@ describe("the microvm backend", function()
     end
     assert.are.equal(1, #qemus())
     c2:close()
+    stopped = true
     assert.are.equal(0, d2.stop())
     assert.are.same({}, qemus())
   end)
