@@ -768,6 +768,60 @@ static void tp__lbox_procs_path(tp_lbox_t *b, char *buf, size_t cap) {
   }
 }
 
+/* For box_adopt and vm_adopt: pushes an empty box userdata and returns it
+ * with *pb set to a new box for dir whose cgroup cgname is re-opened; NULL
+ * (and err, the userdata pushed but empty) on failure.  The caller clears
+ * *pb until tp__adopt_done. */
+static tp_lbox_t **tp__adopt_new(lua_State *L, tp_core_ctx_t *ctx, const char *dir,
+                                 const char *cgname, const char *what, tp_error_t *err) {
+  tp_lbox_t **pb = lua_newuserdatauv(L, sizeof(*pb), 0);
+  tp_lbox_t *b;
+  *pb = NULL;
+  luaL_setmetatable(L, TP_BOX_MT);
+  b = calloc(1, sizeof(*b));
+  if (b == NULL || (b->dir = strdup(dir)) == NULL ||
+      (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
+    if (b != NULL) {
+      free(b->dir);
+      free(b);
+    }
+    tp_error_set(err, ENOMEM, "%s: out of memory", what);
+    return NULL;
+  }
+  b->ref_frame = b->ref_down = b->ref_destroy = LUA_NOREF;
+  b->box.pidfd = b->box.chan_fd = -1;
+  if (ctx->has_cgroups) {
+    if (tp_cgroup_open(&ctx->cgroot, cgname, &b->cg, err) < 0) {
+      free(b->fields);
+      free(b->dir);
+      free(b);
+      return NULL;
+    }
+    b->has_cg = 1;
+  }
+  *pb = b;
+  return pb;
+}
+
+/* An adoption that failed after tp__adopt_new: frees b, returns nil, err. */
+static int tp__adopt_fail(lua_State *L, tp_lbox_t *b, tp_error_t *err) {
+  if (b->has_cg)
+    tp_cgroup_free(&b->cg);
+  free(b->fields);
+  free(b->dir);
+  free(b);
+  return tp__push_err(L, err);
+}
+
+/* An adoption that worked: the userdata on top of the stack owns b. */
+static int tp__adopt_done(lua_State *L, tp_lbox_t **pb, tp_lbox_t *b) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  b->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  *pb = b;
+  return 1;
+}
+
 /* core.vm_adopt{ id=, dir=, pid=, uid=, start_time=, cgroup= }: reconnects to
  * the agent of a microVM a previous daemon started (after a crash), once pid
  * proved to be its QEMU (tp_microvm_adopt), and re-opens its cgroup.  Every
@@ -805,44 +859,17 @@ static int tp_lcore_vm_adopt(lua_State *L) {
   a.uid = (uid_t) uid;
   a.start_time = (unsigned long long) start;
 
-  pb = lua_newuserdatauv(L, sizeof(*pb), 0);
-  *pb = NULL;
-  luaL_setmetatable(L, TP_BOX_MT);
-  b = calloc(1, sizeof(*b));
-  if (b == NULL || (b->dir = strdup(a.dir)) == NULL ||
-      (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
-    if (b != NULL) {
-      free(b->dir);
-      free(b);
-    }
-    tp_error_set(&err, ENOMEM, "adopt VM: out of memory");
+  pb = tp__adopt_new(L, ctx, a.dir, cgname, "adopt VM", &err);
+  if (pb == NULL)
     return tp__push_err(L, &err);
-  }
-  b->ref_frame = b->ref_down = b->ref_destroy = LUA_NOREF;
-  b->box.pidfd = b->box.chan_fd = -1;
+  b = *pb;
+  *pb = NULL;
   b->vm = 1;
-  if (ctx->has_cgroups) {
-    if (tp_cgroup_open(&ctx->cgroot, cgname, &b->cg, &err) < 0)
-      goto fail;
-    b->has_cg = 1;
-  }
   tp__lbox_procs_path(b, procs, sizeof(procs));
   a.cgroup_procs = procs[0] ? procs : NULL;
   if (tp_microvm_adopt(&a, &b->box, &err) < 0)
-    goto fail;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  b->L = lua_tothread(L, -1);
-  lua_pop(L, 1);
-  *pb = b;
-  return 1;
-
-fail:
-  if (b->has_cg)
-    tp_cgroup_free(&b->cg);
-  free(b->fields);
-  free(b->dir);
-  free(b);
-  return tp__push_err(L, &err);
+    return tp__adopt_fail(L, b, &err);
+  return tp__adopt_done(L, pb, b);
 }
 
 /* core.proc_start_time(pid) -> clock ticks since boot | nil, msg */
@@ -880,41 +907,14 @@ static int tp_lcore_box_adopt(lua_State *L) {
   if (!tp_cgroup_valid_name(id) || pid < 1)
     return luaL_error(L, "box_adopt: bad id or pid");
 
-  pb = lua_newuserdatauv(L, sizeof(*pb), 0);
-  *pb = NULL;
-  luaL_setmetatable(L, TP_BOX_MT);
-  b = calloc(1, sizeof(*b));
-  if (b == NULL || (b->dir = strdup(dir)) == NULL ||
-      (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
-    if (b != NULL) {
-      free(b->dir);
-      free(b);
-    }
-    tp_error_set(&err, ENOMEM, "adopt box: out of memory");
+  pb = tp__adopt_new(L, ctx, dir, cgname, "adopt box", &err);
+  if (pb == NULL)
     return tp__push_err(L, &err);
-  }
-  b->ref_frame = b->ref_down = b->ref_destroy = LUA_NOREF;
-  b->box.pidfd = b->box.chan_fd = -1;
-  if (ctx->has_cgroups) {
-    if (tp_cgroup_open(&ctx->cgroot, cgname, &b->cg, &err) < 0)
-      goto fail;
-    b->has_cg = 1;
-  }
+  b = *pb;
+  *pb = NULL;
   if (tp_linux_box_adopt(dir, pid, &b->box, &err) < 0)
-    goto fail;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  b->L = lua_tothread(L, -1);
-  lua_pop(L, 1);
-  *pb = b;
-  return 1;
-
-fail:
-  if (b->has_cg)
-    tp_cgroup_free(&b->cg);
-  free(b->fields);
-  free(b->dir);
-  free(b);
-  return tp__push_err(L, &err);
+    return tp__adopt_fail(L, b, &err);
+  return tp__adopt_done(L, pb, b);
 }
 
 /* box:on(on_frame(type, id, fields), on_down(reason)): starts delivery. */

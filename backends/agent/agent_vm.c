@@ -47,6 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../linux/box_dev.h"
 #include "utils.h"
 
 #define VM_PORT_NAME "tupper.agent"
@@ -266,34 +267,20 @@ static int find_disk(const char *serial, char *out, size_t cap, tp_error_t *err)
 /* The box's /dev: what a linux-backend box has (backends/linux/box_plan.c),
  * not the guest's devtmpfs, whose nodes include the disks and the agent's
  * port. */
-static const struct {
-  const char *name;
-  unsigned major, minor;
-} dev_nodes[] = {{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7},
-                 {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
-
-static const struct {
-  const char *name;
-  const char *target;
-} dev_links[] = {
-    {"ptmx", "pts/ptmx"},          {"fd", "/proc/self/fd"},       {"stdin", "/proc/self/fd/0"},
-    {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"},
-};
-
 static int box_dev(tp_error_t *err) {
   char path[64];
   if (do_mount("tmpfs", "/newroot/dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
                "mode=0755,size=64k,nr_inodes=64", err) < 0)
     return -1;
-  for (size_t i = 0; i < sizeof(dev_nodes) / sizeof(dev_nodes[0]); i++) {
-    snprintf(path, sizeof(path), "/newroot/dev/%s", dev_nodes[i].name);
-    if (mknod(path, S_IFCHR | 0666, makedev(dev_nodes[i].major, dev_nodes[i].minor)) < 0 ||
+  for (size_t i = 0; i < TP_BOX_DEV_NODES; i++) {
+    snprintf(path, sizeof(path), "/newroot/dev/%s", tp_box_dev_nodes[i].name);
+    if (mknod(path, S_IFCHR | 0666, makedev(tp_box_dev_nodes[i].major, tp_box_dev_nodes[i].minor)) < 0 ||
         chmod(path, 0666) < 0) /* past the umask */
       return tp_error_errno(err, errno, "mknod %s", path);
   }
-  for (size_t i = 0; i < sizeof(dev_links) / sizeof(dev_links[0]); i++) {
-    snprintf(path, sizeof(path), "/newroot/dev/%s", dev_links[i].name);
-    if (symlink(dev_links[i].target, path) < 0)
+  for (size_t i = 0; i < TP_BOX_DEV_LINKS; i++) {
+    snprintf(path, sizeof(path), "/newroot/dev/%s", tp_box_dev_links[i].name);
+    if (symlink(tp_box_dev_links[i].target, path) < 0)
       return tp_error_errno(err, errno, "symlink %s", path);
   }
   if (do_mount("devpts", "/newroot/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,

@@ -11,6 +11,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 
+#include "box_dev.h"
 #include "linux_int.h"
 
 /* A bind mount's flags, made read-only (the remount after the bind). */
@@ -174,16 +175,6 @@ static void plan_proc(builder_t *b, const char *proc) {
   }
 }
 
-static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
-
-static const struct {
-  const char *name;
-  const char *target;
-} dev_links[] = {
-    {"ptmx", "pts/ptmx"},          {"fd", "/proc/self/fd"},       {"stdin", "/proc/self/fd/0"},
-    {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"},
-};
-
 static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
   const char *dev = str(b, "%s/dev", rootfs);
   const char *pts = str(b, "%s/dev/pts", rootfs);
@@ -195,11 +186,11 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
   mnt(b, "mount /dev", "tmpfs", dev, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
       str(b, "mode=0755,size=64k,nr_inodes=64,uid=%u,gid=%u", (unsigned) s->uid_base,
           (unsigned) s->gid_base));
-  for (size_t i = 0; i < sizeof(dev_nodes) / sizeof(dev_nodes[0]); i++) {
-    const char *dst = str(b, "%s/dev/%s", rootfs, dev_nodes[i]);
+  for (size_t i = 0; i < TP_BOX_DEV_NODES; i++) {
+    const char *dst = str(b, "%s/dev/%s", rootfs, tp_box_dev_nodes[i].name);
     op(b, TP__OP_FILE, "create dev node", NULL, dst, NULL, 0, NULL, 0666);
     /* The only mounts without nodev: each is one host device node. */
-    mnt(b, "bind dev node", str(b, "/dev/%s", dev_nodes[i]), dst, NULL, MS_BIND, NULL);
+    mnt(b, "bind dev node", str(b, "/dev/%s", tp_box_dev_nodes[i].name), dst, NULL, MS_BIND, NULL);
   }
 
   op(b, TP__OP_DIR, "mkdir /dev/pts", NULL, pts, NULL, 0, NULL, 0755);
@@ -216,9 +207,9 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
       str(b, "mode=1777,size=64m,uid=%u,gid=%u", (unsigned) s->uid_base,
           (unsigned) s->gid_base));
 
-  for (size_t i = 0; i < sizeof(dev_links) / sizeof(dev_links[0]); i++)
-    op(b, TP__OP_SYMLINK, "symlink in /dev", dev_links[i].target,
-       str(b, "%s/dev/%s", rootfs, dev_links[i].name), NULL, 0, NULL, 0);
+  for (size_t i = 0; i < TP_BOX_DEV_LINKS; i++)
+    op(b, TP__OP_SYMLINK, "symlink in /dev", tp_box_dev_links[i].target,
+       str(b, "%s/dev/%s", rootfs, tp_box_dev_links[i].name), NULL, 0, NULL, 0);
 }
 
 /* The disk cap: the ext4 image (attached by the parent, which fills in
