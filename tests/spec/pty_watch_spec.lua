@@ -6,6 +6,30 @@ local helper = require("helper")
 
 local sync = helper.sync
 
+-- Collects the fs.event lines ("<watch> <type> <name>") of sandbox id on
+-- client c; returns seen(line), true once that line arrived (10 s at most),
+-- and the list of lines so far.
+local function watch_events_of(c, id)
+  local events, waiter = {}, nil
+  c:on("fs.event", function(p)
+    if p.sandbox ~= id then return end
+    events[#events + 1] = p.watch .. " " .. p.type .. " " .. p.name
+    if waiter then local w = waiter; waiter = nil; w() end
+  end)
+  return function(line)
+    return sync(function()
+      local deadline = os.time() + 10
+      while os.time() < deadline do
+        for _, e in ipairs(events) do if e == line then return true end end
+        local timer = require("luv").new_timer()
+        async.wait(function(cb) waiter = cb; timer:start(200, 0, cb) end)
+        timer:close()
+      end
+      return false
+    end)
+  end, events
+end
+
 describe("terminals, watches and reattaching", function()
   local d, c, id
 
@@ -90,24 +114,7 @@ describe("terminals, watches and reattaching", function()
   end)
 
   it("streams watch events of a nested tree, and stops them with fs.unwatch", function()
-    local events, waiter = {}, nil
-    c:on("fs.event", function(p)
-      if p.sandbox ~= id then return end
-      events[#events + 1] = p.watch .. " " .. p.type .. " " .. p.name
-      if waiter then local w = waiter; waiter = nil; w() end
-    end)
-    local function seen(line)
-      return sync(function()
-        local deadline = os.time() + 10
-        while os.time() < deadline do
-          for _, e in ipairs(events) do if e == line then return true end end
-          local timer = require("luv").new_timer()
-          async.wait(function(cb) waiter = cb; timer:start(200, 0, cb) end)
-          timer:close()
-        end
-        return false
-      end)
-    end
+    local seen = watch_events_of(c, id)
     assert(call("fs.mkdir", { sandbox = id, path = "/tmp/w/a", parents = true }))
     local w = assert(call("fs.watch", { sandbox = id, path = "/tmp/w", recursive = true })).watch
     local function sh(cmd)
@@ -157,24 +164,7 @@ describe("terminals, watches and reattaching", function()
   end)
 
   it("watches as an account of the box, from its home", function()
-    local events, waiter = {}, nil
-    c:on("fs.event", function(p)
-      if p.sandbox ~= id then return end
-      events[#events + 1] = p.watch .. " " .. p.type .. " " .. p.name
-      if waiter then local w = waiter; waiter = nil; w() end
-    end)
-    local function seen(line)
-      return sync(function()
-        local deadline = os.time() + 10
-        while os.time() < deadline do
-          for _, e in ipairs(events) do if e == line then return true end end
-          local timer = require("luv").new_timer()
-          async.wait(function(cb) waiter = cb; timer:start(200, 0, cb) end)
-          timer:close()
-        end
-        return false
-      end)
-    end
+    local seen, events = watch_events_of(c, id)
     local function sh(cmd, user)
       local r = sync(function() return helper.run(c, id, cmd, { user = user }) end)
       assert.are.equal(0, r.exit_code, r.stderr)
