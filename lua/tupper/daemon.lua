@@ -310,18 +310,20 @@ end
 -- E2B's default account (the TypeScript SDK's, docs/protocol.md): the
 -- recipe's user, else the image's User, else `user` where the image has
 -- that account (as E2B's base image does), else root, whose home is then
--- taken to be /.  Returns its name and home; no name for an image User
--- that is a bare uid without an entry in /etc/passwd.
+-- taken to be /.  Returns its name and home (no name for an image User
+-- that is a bare uid without an entry in /etc/passwd), and whether the
+-- answer came from the image's files alone (not from a recipe, nor a
+-- lookup that failed for another reason than the account's absence).
 local function default_account(sb)
-  if sb.cred then return sb.cred.name, sb.cred.home end
+  if sb.cred then return sb.cred.name, sb.cred.home, false end
   if sb.user then
     local c = sb:_resolve_user(sb.user)
-    if c and c.name then return c.name, c.home or "/" end
-    return nil, c and c.home or "/"
+    if c and c.name then return c.name, c.home or "/", false end
+    return nil, c and c.home or "/", false
   end
-  local acct = sb:account("user")
-  if acct then return acct.name, acct.home end
-  return "root", "/"
+  local acct, _, errno = sb:account("user")
+  if acct then return acct.name, acct.home, true end
+  return "root", "/", errno == 2
 end
 
 function Daemon:create_sandbox(p)
@@ -400,7 +402,20 @@ function Daemon:create_sandbox(p)
   end
   -- the image's Env, WorkingDir and User, under the create's (and recipe's)
   apply_image(sb, img or (plan and plan.image), p)
-  sb.default_user, sb.home = default_account(sb)
+  -- without a recipe, the default account is a function of the image's
+  -- files alone (no code has run in the box yet): kept per image digest, a
+  -- create of an image seen before asks its box nothing (two file reads
+  -- through the agent, which under TCG are a microVM's slowest after a
+  -- snapshot restore)
+  local akey = not plan and (img and img.digest or (image == "default" and "default")) or nil
+  local known = akey and self.accounts[akey]
+  if known then
+    sb.default_user, sb.home = known.name, known.home
+  else
+    local keep
+    sb.default_user, sb.home, keep = default_account(sb)
+    if akey and keep then self.accounts[akey] = { name = sb.default_user, home = sb.home } end
+  end
   sb.metadata = p.metadata or {}
   sb.policy, sb.policy_source = p._policy, p._policy_source
   self:_hook_connect(sb)
@@ -831,6 +846,7 @@ function M.run(opts)
     pool = {}, reserved = {}, pulls = {}, pool_size = opts.pool or M.POOL_SIZE,
     pool = {}, reserved = {}, setups = {}, pool_size = opts.pool or M.POOL_SIZE,
     vm_pool = {}, vm_pool_size = opts.vm_pool or M.VM_POOL_SIZE,
+    accounts = {}, -- image digest -> its default account { name, home }
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
   local code = 0
