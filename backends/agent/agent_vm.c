@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "../linux/box_dev.h"
+#include "../linux/box_proc.h"
 #include "utils.h"
 
 #define VM_PORT_NAME "tupper.agent"
@@ -291,6 +292,39 @@ static int box_dev(tp_error_t *err) {
   return 0;
 }
 
+/* The box's /proc hardened as a linux box's is (box_proc.h): the kernel is
+ * the guest's own, but a box process (root in the guest, without
+ * capabilities) could still write /proc/sysrq-trigger, read kmsg or tune
+ * /proc/sys through the DAC rights root keeps. */
+static int box_proc(tp_error_t *err) {
+  const unsigned long ro = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  char path[64];
+  struct stat st;
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_masked); i++) {
+    snprintf(path, sizeof(path), "/newroot/proc/%s", tp_box_proc_masked[i]);
+    if (lstat(path, &st) < 0 || S_ISDIR(st.st_mode))
+      continue;
+    if (mount("/dev/null", path, NULL, MS_BIND, NULL) < 0 || mount(NULL, path, NULL, ro, NULL) < 0)
+      return tp_error_errno(err, errno, "mask %s", path + 8);
+  }
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_emptied); i++) {
+    snprintf(path, sizeof(path), "/newroot/proc/%s", tp_box_proc_emptied[i]);
+    if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+      continue;
+    if (mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "mode=0555,size=4k,nr_inodes=1") < 0)
+      return tp_error_errno(err, errno, "hide %s", path + 8);
+  }
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_readonly); i++) {
+    snprintf(path, sizeof(path), "/newroot/proc/%s", tp_box_proc_readonly[i]);
+    if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+      continue;
+    if (mount(path, path, NULL, MS_BIND, NULL) < 0 || mount(NULL, path, NULL, ro, NULL) < 0)
+      return tp_error_errno(err, errno, "make %s read-only", path + 8);
+  }
+  return 0;
+}
+
 static int mount_root(tp_error_t *err) {
   const unsigned long nsd = MS_NOSUID | MS_NODEV;
   char root[300], rw[300];
@@ -303,7 +337,7 @@ static int mount_root(tp_error_t *err) {
       do_mount("overlay", "/newroot", "overlay", 0,
                "lowerdir=/mnt/lower,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work", err) < 0)
     return -1;
-  if (do_mount("proc", "/newroot/proc", "proc", nsd | MS_NOEXEC, NULL, err) < 0 ||
+  if (do_mount("proc", "/newroot/proc", "proc", nsd | MS_NOEXEC, NULL, err) < 0 || box_proc(err) < 0 ||
       do_mount("sysfs", "/newroot/sys", "sysfs", nsd | MS_NOEXEC | MS_RDONLY, NULL, err) < 0 ||
       box_dev(err) < 0)
     return -1;

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "box_dev.h"
+#include "box_proc.h"
 #include "linux_int.h"
 
 /* A bind mount's flags, made read-only (the remount after the bind). */
@@ -135,14 +136,8 @@ static int check_spec(const tp_box_spec_t *s, tp_error_t *err) {
   return 0;
 }
 
-/* /proc of the box, hardened as container runtimes do.  The box's proc is
- * the host kernel's, so what exists is decided here by looking at the
- * daemon's /proc: a name the kernel lacks is skipped, not an error. */
-static const char *const proc_masked[] = {"kcore",      "keys",       "key-users",
-                                          "timer_list", "sched_debug", "kmsg",
-                                          "latency_stats", "sysrq-trigger", "config.gz"};
-static const char *const proc_emptied[] = {"acpi", "scsi", "asound", "firmware"};
-static const char *const proc_readonly[] = {"sys", "bus", "fs", "irq"};
+/* /proc of the box (box_proc.h).  The box's proc is the host kernel's, so
+ * what exists is decided here by looking at the daemon's /proc. */
 
 static int host_proc_has(const char *name, int dir) {
   char path[64];
@@ -153,23 +148,23 @@ static int host_proc_has(const char *name, int dir) {
 
 static void plan_proc(builder_t *b, const char *proc) {
   /* Files: /dev/null over them, read-only and nodev, so opening fails. */
-  for (size_t i = 0; i < sizeof(proc_masked) / sizeof(proc_masked[0]); i++) {
-    if (!host_proc_has(proc_masked[i], 0))
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_masked); i++) {
+    if (!host_proc_has(tp_box_proc_masked[i], 0))
       continue;
-    const char *dst = str(b, "%s/%s", proc, proc_masked[i]);
+    const char *dst = str(b, "%s/%s", proc, tp_box_proc_masked[i]);
     mnt(b, "mask /proc file", "/dev/null", dst, NULL, MS_BIND, NULL);
     mnt(b, "make /proc mask read-only", NULL, dst, NULL, TP__RO_REMOUNT, NULL);
   }
   /* Hardware dirs: an empty read-only tmpfs over them. */
-  for (size_t i = 0; i < sizeof(proc_emptied) / sizeof(proc_emptied[0]); i++)
-    if (host_proc_has(proc_emptied[i], 1))
-      mnt(b, "hide /proc dir", "tmpfs", str(b, "%s/%s", proc, proc_emptied[i]), "tmpfs",
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_emptied); i++)
+    if (host_proc_has(tp_box_proc_emptied[i], 1))
+      mnt(b, "hide /proc dir", "tmpfs", str(b, "%s/%s", proc, tp_box_proc_emptied[i]), "tmpfs",
           MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k,nr_inodes=1");
   /* Kernel knobs: readable, never writable (a self-bind made read-only). */
-  for (size_t i = 0; i < sizeof(proc_readonly) / sizeof(proc_readonly[0]); i++) {
-    if (!host_proc_has(proc_readonly[i], 1))
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_readonly); i++) {
+    if (!host_proc_has(tp_box_proc_readonly[i], 1))
       continue;
-    const char *dst = str(b, "%s/%s", proc, proc_readonly[i]);
+    const char *dst = str(b, "%s/%s", proc, tp_box_proc_readonly[i]);
     mnt(b, "bind /proc dir", dst, dst, NULL, MS_BIND, NULL);
     mnt(b, "make /proc dir read-only", NULL, dst, NULL, TP__RO_REMOUNT, NULL);
   }

@@ -89,6 +89,26 @@ describe("the microvm backend", function()
     assert.truthy(call("sandbox.kill", { id = id }).killed)
   end)
 
+  it("masks the guest's /proc as a linux box's is: a box process cannot use sysrq, kmsg or kernel knobs", function()
+    local id = create()
+    -- each write would work for root in the guest (DAC) without the masks:
+    -- 'h' only prints sysrq's help, drop_caches only drops caches
+    local r = run(id, "(echo h > /proc/sysrq-trigger) 2>&1; echo rc=$?; " ..
+      "(echo 3 > /proc/sys/vm/drop_caches) 2>&1; echo rc=$?; " ..
+      "(head -c 1 /proc/kmsg) 2>&1; echo rc=$?; ls -A /proc/acpi 2>&1 | wc -l")
+    assert.are.equal(0, r.exit_code, r.stderr)
+    local rcs = {}
+    for rc in r.stdout:gmatch("rc=(%d+)") do rcs[#rcs + 1] = tonumber(rc) end
+    assert.are.equal(3, #rcs, r.stdout)
+    for i, rc in ipairs(rcs) do assert.are_not.equal(0, rc, "step " .. i .. ": " .. r.stdout) end
+    assert.matches("Read%-only file system", r.stdout)
+    assert.matches("\n0\n$", r.stdout)
+    -- reading is still fine where a linux box allows it
+    r = run(id, "cat /proc/sys/kernel/osrelease")
+    assert.are.equal(0, r.exit_code)
+    assert.truthy(call("sandbox.kill", { id = id }).killed)
+  end)
+
   it("leaves no QEMU, no socket and no files once killed", function()
     local id = create()
     local pid = math.tointeger(record(id).pid)
