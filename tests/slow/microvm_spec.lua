@@ -480,6 +480,13 @@ describe("a microVM whose daemon crashed", function()
     assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. id .. ".json"))
     for _, cg in ipairs(cgs) do assert.is_nil(uv.fs_stat(cg), cg .. " is left") end
   end
+  -- the end of a case: nothing of the VM left, then a clean daemon stop
+  local function finish(c, id, pid, cgs)
+    assert_nothing_left(id, pid, cgs)
+    c:close()
+    assert.are.equal(0, d.stop())
+    d = nil
+  end
   local function restart()
     d = helper.start_daemon(dir, { pool = 0 })
     return assert(d.connect())
@@ -537,10 +544,7 @@ describe("a microVM whose daemon crashed", function()
     assert.are.equal(pid, math.tointeger(record(id).pid))
     assert(helper.call(c, "process.signal", { sandbox = id, pid = bg.pid, signal = "KILL" }))
     assert.truthy(helper.call(c, "sandbox.kill", { id = id }).killed)
-    assert_nothing_left(id, pid, cgs)
-    c:close()
-    assert.are.equal(0, d.stop())
-    d = nil
+    finish(c, id, pid, cgs)
   end)
 
   it("still goes with its daemon on a clean stop (SIGTERM), as a linux box does", function()
@@ -572,10 +576,7 @@ describe("a microVM whose daemon crashed", function()
     local out = sync(function() return helper.run(c, id, { "echo", "thawed" }) end)
     assert.are.equal("thawed\n", out.stdout)
     assert.truthy(helper.call(c, "sandbox.kill", { id = id }).killed)
-    assert_nothing_left(id, pid, cgs)
-    c:close()
-    assert.are.equal(0, d.stop())
-    d = nil
+    finish(c, id, pid, cgs)
   end)
 
   it("is removed with a clear message when its QEMU died while no daemon ran", function()
@@ -589,10 +590,7 @@ describe("a microVM whose daemon crashed", function()
       helper.read_file(d.log))
     local _, err = helper.call(c, "sandbox.get", { id = id })
     assert.is_not_nil(err)
-    assert_nothing_left(id, pid, cgs)
-    c:close()
-    assert.are.equal(0, d.stop())
-    d = nil
+    finish(c, id, pid, cgs)
   end)
 
   it("powers off when no daemon comes back within the grace period, and the next daemon cleans up", function()
@@ -605,10 +603,7 @@ describe("a microVM whose daemon crashed", function()
     assert.is_true(wait_dead(pid, 120000), "the guest did not power off after its grace period")
     c = restart()
     assert.matches("sandbox " .. id .. " cannot be re%-adopted", helper.read_file(d.log))
-    assert_nothing_left(id, pid, cgs)
-    c:close()
-    assert.are.equal(0, d.stop())
-    d = nil
+    finish(c, id, pid, cgs)
   end)
 
   it("never adopts nor kills an unrelated process a tampered record names", function()
