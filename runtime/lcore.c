@@ -1256,13 +1256,6 @@ static int tp_lbox_has_cgroup(lua_State *L) {
   return 1;
 }
 
-/* box:is_vm(): a microVM, whose cgroup holds QEMU (freeze and stats apply to
- * the whole VM; process trees live in the guest's kernel). */
-static int tp_lbox_is_vm(lua_State *L) {
-  lua_pushboolean(L, tp__check_box(L)->vm);
-  return 1;
-}
-
 static int tp_lbox_pid(lua_State *L) {
   lua_pushinteger(L, tp__check_box(L)->box.pid);
   return 1;
@@ -1394,6 +1387,62 @@ static int tp_lbox_gc(lua_State *L) {
   }
   tp__lbox_maybe_free(b);
   return 0;
+}
+
+/* ------------------------------------------------------------- backends */
+
+/* The backends the Lua side can start boxes on, by name.  Each takes its
+ * own spec table (box_start's, vm_start's above); a box behaves the same
+ * whichever started it. */
+static const struct {
+  const char *name;
+  lua_CFunction start, adopt;
+} tp__backends[] = {
+    {"linux", tp_lcore_box_start, tp_lcore_box_adopt},
+    {"microvm", tp_lcore_vm_start, tp_lcore_vm_adopt},
+};
+
+static int tp__backend_index(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  for (size_t i = 0; i < sizeof(tp__backends) / sizeof(tp__backends[0]); i++)
+    if (strcmp(tp__backends[i].name, name) == 0)
+      return (int) i;
+  return -1;
+}
+
+/* core.start(backend, spec, cb(box | nil, msg, code)) -> true | nil, msg */
+static int tp_lcore_start(lua_State *L) {
+  int i = tp__backend_index(L);
+  if (i < 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "unknown backend '%s'", lua_tostring(L, 1));
+    return 2;
+  }
+  lua_remove(L, 1);
+  return tp__backends[i].start(L);
+}
+
+/* core.adopt(backend, spec) -> box | nil, msg, code */
+static int tp_lcore_adopt(lua_State *L) {
+  int i = tp__backend_index(L);
+  if (i < 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "unknown backend '%s'", lua_tostring(L, 1));
+    return 2;
+  }
+  lua_remove(L, 1);
+  return tp__backends[i].adopt(L);
+}
+
+/* core.backends() -> { "linux", "microvm", ... } */
+static int tp_lcore_backends(lua_State *L) {
+  size_t n = sizeof(tp__backends) / sizeof(tp__backends[0]);
+  lua_createtable(L, (int) n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_pushstring(L, tp__backends[i].name);
+    lua_rawseti(L, -2, (lua_Integer) i + 1);
+  }
+  return 1;
 }
 
 /* ------------------------------------------------------------ utilities */
@@ -1752,11 +1801,11 @@ int luaopen_tupper_core(lua_State *L) {
       {"queued", tp_lbox_queued}, {"destroy", tp_lbox_destroy}, {"freeze", tp_lbox_freeze},
       {"stats", tp_lbox_stats}, {"tree", tp_lbox_tree}, {"tree_signal", tp_lbox_tree_signal},
       {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
-      {"has_cgroup", tp_lbox_has_cgroup}, {"is_vm", tp_lbox_is_vm}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
+      {"has_cgroup", tp_lbox_has_cgroup}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
   static const luaL_Reg funcs[] = {
-      {"box_start", tp_lcore_box_start},   {"box_adopt", tp_lcore_box_adopt},
-      {"vm_start", tp_lcore_vm_start},     {"agent_binary", tp_lcore_agent_binary},
-      {"vm_adopt", tp_lcore_vm_adopt},     {"proc_start_time", tp_lcore_proc_start_time},
+      {"start", tp_lcore_start},           {"adopt", tp_lcore_adopt},
+      {"backends", tp_lcore_backends},     {"agent_binary", tp_lcore_agent_binary},
+      {"proc_start_time", tp_lcore_proc_start_time},
       {"send_with_fd", tp_lcore_send_with_fd}, {"vm_ram_memfd", tp_lcore_vm_ram_memfd},
       {"vm_ram_new", tp_lcore_vm_ram_new},       {"vm_ram_save", tp_lcore_vm_ram_save},
       {"vm_copy_sparse", tp_lcore_vm_copy_sparse},
@@ -1769,7 +1818,7 @@ int luaopen_tupper_core(lua_State *L) {
       {"log_to", tp_lcore_log_to},         {"cgroup_init", tp_lcore_cgroup_init},
       {"cgroup_orphans", tp_lcore_cgroup_orphans}, {"cgroup_remove", tp_lcore_cgroup_remove},
       {"cgroup_prune", tp_lcore_cgroup_prune},
-      {"vm_run", tp_lvm_run},              {"embedded_source", tp_lua_embedded_source},
+      {"jail_run", tp_lvm_run},              {"embedded_source", tp_lua_embedded_source},
       {"ledit_open", tp_lcore_ledit_open}, {"ledit_prompt", tp_lcore_ledit_prompt},
       {"ledit_feed", tp_lcore_ledit_feed}, {"ledit_clear", tp_lcore_ledit_clear},
       {"ledit_add_history", tp_lcore_ledit_add_history}, {"ledit_close", tp_lcore_ledit_close},

@@ -100,8 +100,8 @@ lua_State *tp_lua_new(uv_loop_t *loop) {
   lua_setfield(L, -2, "cjson");
   lua_pushcfunction(L, luaopen_tupper_core);
   lua_setfield(L, -2, "tupper.core");
-  lua_pushcfunction(L, luaopen_tupper_vm_core);
-  lua_setfield(L, -2, "tupper.vm_core");
+  lua_pushcfunction(L, luaopen_tupper_recipe_jail_core);
+  lua_setfield(L, -2, "tupper.recipe.jail_core");
   lua_pop(L, 1);
 
   /* embedded modules go right after the preload searcher, unless a

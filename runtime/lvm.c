@@ -1,4 +1,4 @@
-/* tupper.vm_core: runs untrusted Lua (recipes, policy files, their hooks)
+/* tupper.recipe.jail_core: runs untrusted Lua (recipes, policy files, their hooks)
  * inside the daemon's own state, with a budget.
  *
  * Two limits, both per run:
@@ -28,7 +28,7 @@
 
 #include "tupper.h"
 
-#define TP_LVM_HEAP_KEY "tupper.vm_core.heap"
+#define TP_LVM_HEAP_KEY "tupper.recipe.jail_core.heap"
 #define TP_LVM_STEP 1000 /* instructions between two hook calls */
 #define TP_LVM_STR_(x) #x
 #define TP_LVM_STR(x) TP_LVM_STR_(x)
@@ -241,7 +241,7 @@ int tp_lvm_run(lua_State *L) {
 
 #define TP_LVM_SLICE_COST 10000
 
-#define TP_LVM_SESSION_MT "tupper.vm_core.session"
+#define TP_LVM_SESSION_MT "tupper.recipe.jail_core.session"
 
 typedef struct tp_lvm_session_s {
   long long instr_left;  /* instructions left over every slice */
@@ -443,7 +443,7 @@ static void tp__lvm_install(lua_State *L) {
   lua_setallocf(L, tp_lvm_alloc, h);
 }
 
-int luaopen_tupper_vm_core(lua_State *L) {
+int luaopen_tupper_recipe_jail_core(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"run", tp_lvm_run}, {"session", tp__lvm_session}, {"usage", tp__lvm_usage}, {NULL, NULL}};
   static const luaL_Reg session_methods[] = {{"resume", tp__lvm_session_resume}, {NULL, NULL}};

@@ -55,11 +55,11 @@ void tp_lvm_heap_init(tp_lvm_heap_t *h, lua_Alloc base, void *base_ud);
 void *tp_lvm_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 /* run(fn, instruction_limit, memory_limit, time_limit_ms, ...)
  *   -> true, results... | nil, msg
- * (tupper.vm_core.run, and tupper.core.vm_run). */
+ * (tupper.recipe.jail_core.run, and tupper.core.jail_run). */
 int tp_lvm_run(lua_State *L);
-/* luaopen function of `tupper.vm_core` (also built as a loadable module for
- * the Lua specs: build/lua/tupper/vm_core.so). */
-int luaopen_tupper_vm_core(lua_State *L);
+/* luaopen function of `tupper.recipe.jail_core` (also built as a loadable module for
+ * the Lua specs: build/lua/tupper/recipe/jail_core.so). */
+int luaopen_tupper_recipe_jail_core(lua_State *L);
 
 /* Adds http_get to the tupper.core table on the
  * stack top (lhttp.c: the registry client's transport). */

@@ -2,7 +2,7 @@
 -- kernel, the same agent as PID 1, the same frame protocol over a
 -- virtio-serial port (docs/microvm.md).  start() returns a box with the
 -- linux backend's interface (on/send/pid/destroy/freeze/stats, from
--- core.vm_start) for sandbox.lua.  Call from a coroutine.
+-- core.start) for sandbox.lua.  Call from a coroutine.
 local uv = require("luv")
 local core = require("tupper.core")
 local vmkernel = require("tupper.vmkernel")
@@ -628,7 +628,7 @@ local function launch(p, o)
   local con = console_reader(cpipe)
   local limits = o.limits or {}
   local box, serr = require("tupper.async").wait(function(cb)
-    local sok, e = core.vm_start({ id = o.id, dir = o.dir, argv = argv, fds = pass,
+    local sok, e = core.start("microvm", { id = o.id, dir = o.dir, argv = argv, fds = pass,
       uid = o.uid, gid = o.uid, cgroup = o.cgroup, console_fd = fds.write, die_with_parent = o.template,
       limits = { memory = o.mem + M.MEMORY_OVERHEAD, pids = M.QEMU_PIDS,
                  cpu_quota = limits.cpu_quota, cpu_period = limits.cpu_period } }, cb)
@@ -807,7 +807,7 @@ end
 -- default image), uid_base and id_count (who owns the layers' files).  From the
 -- shape's snapshot (made on first use) unless TUPPER_VM_SNAPSHOT=0 or the
 -- snapshot cannot be made, else by a cold boot.  Returns a box (as
--- core.box_start's, plus restored = true from a snapshot) or nil, err.
+-- core.start's, plus restored = true from a snapshot) or nil, err.
 function M.start(opts)
   local t = { uv.hrtime() }
   local function mark() t[#t + 1] = uv.hrtime() end
@@ -880,7 +880,7 @@ end
 
 --- Re-adopts a VM a previous daemon started (after a crash).  opts: id,
 -- dir and cgroup (the daemon's, from the id), pid, uid, start_time (from
--- the sandbox's record: hostile; core.vm_adopt proves pid is this VM's
+-- the sandbox's record: hostile; core.adopt proves pid is this VM's
 -- QEMU before anything is done with it).  Returns a box (no console: the
 -- previous daemon read it) or nil, err.
 function M.adopt(opts)
@@ -889,7 +889,7 @@ function M.adopt(opts)
     return nil, "QEMU's uid in the record is not one of the microVM uids"
   end
   if used_uids[uid] then return nil, "QEMU's uid " .. uid .. " is taken by another VM" end
-  local box, err = core.vm_adopt({ id = opts.id, dir = opts.dir, cgroup = opts.cgroup,
+  local box, err = core.adopt("microvm", { id = opts.id, dir = opts.dir, cgroup = opts.cgroup,
     pid = math.tointeger(opts.pid) or -1, uid = uid, start_time = math.tointeger(opts.start_time) or -1 })
   if not box then return nil, err end
   used_uids[uid] = true
@@ -923,7 +923,7 @@ function M.wrap(box, uid, con)
     end)
   end
   function w.console() return con and con.tail or "" end
-  for _, name in ipairs({ "send", "pid", "queued", "freeze", "stats", "has_cgroup", "set_limits", "is_vm" }) do
+  for _, name in ipairs({ "send", "pid", "queued", "freeze", "stats", "has_cgroup", "set_limits" }) do
     w[name] = function(_, ...) return box[name](box, ...) end
   end
   return w

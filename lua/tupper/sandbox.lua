@@ -121,7 +121,7 @@ function M.start(opts)
       cgroup = opts.cgroup, limits = opts.limits }
     -- the start runs in the thread pool: the loop keeps serving meanwhile
     box, err = async.wait(function(cb)
-      local ok, serr = core.box_start(spec, cb)
+      local ok, serr = core.start("linux", spec, cb)
       if not ok then cb(nil, serr) end
     end)
   end
@@ -148,7 +148,7 @@ function M.adopt(opts)
     box, err = require("tupper.microvm").adopt({ id = opts.id, dir = opts.dir, cgroup = opts.cgroup,
       pid = opts.pid, uid = vm.uid, start_time = vm.start_time })
   else
-    box, err = core.box_adopt({ id = opts.id, dir = opts.dir, pid = opts.pid, cgroup = opts.cgroup })
+    box, err = core.adopt("linux", { id = opts.id, dir = opts.dir, pid = opts.pid, cgroup = opts.cgroup })
   end
   if not box then return nil, "adopt sandbox " .. opts.id .. ": " .. tostring(err) end
   -- a paused VM is frozen whole, its agent too: thawed for the handshake

@@ -3,10 +3,10 @@
 -- per chunk, built from an allow-list of globals (no io, os.execute,
 -- package, require, debug, load, collectgarbage, coroutine); text chunks
 -- only; every run (loading a file, calling one of its functions) under an
--- instruction and a memory budget (tupper.vm_core, runtime/lvm.c).  Values
+-- instruction and a memory budget (tupper.recipe.jail_core, runtime/lvm.c).  Values
 -- leave the VM only as plain copies (`vm.plain`), so the daemon never runs a
 -- metamethod the code planted outside a budget.
-local core = require("tupper.vm_core")
+local core = require("tupper.recipe.jail_core")
 
 local M = {}
 

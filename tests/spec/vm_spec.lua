@@ -1,8 +1,8 @@
 -- The recipe VM (lua/tupper/vm.lua over runtime/lvm.c, loaded here as
--- build/lua/tupper/vm_core.so): escape attempts fail with a clear error and
+-- build/lua/tupper/recipe/jail_core.so): escape attempts fail with a clear error and
 -- leave this process working; runaway code is stopped by its budgets.
 local vm = require("tupper.vm")
-local core = require("tupper.vm_core")
+local core = require("tupper.recipe.jail_core")
 
 local function refused(src, pattern)
   local v, err = vm.load_string(src, "evil.lua")
