@@ -6,7 +6,7 @@ CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all build demo test bench clean
+.PHONY: all build demo test fresh-check bench clean
 
 all: build
 
@@ -28,6 +28,11 @@ test:
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 	@BUILD=$(BUILD) tests/run.sh
+
+# The README's two commands on a bare Debian 12 root (mmdebstrap), in a
+# private mount namespace: not part of `make test` (docs/testing.md).
+fresh-check:
+	@tests/fresh/run.sh
 
 bench: build
 	@./bootstrap.sh bench

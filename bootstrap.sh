@@ -18,6 +18,9 @@ case "$what" in
   test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux"
     # image pull specs: a real registry, skopeo to push to it, htpasswd (bcrypt), openssl (a test CA)
     pkgs="$pkgs docker-registry skopeo apache2-utils openssl python3"
+    # test_seccomp runs real programs under the box's filter: pip and curl
+    # among them (a machine that happens to have them must not hide it)
+    pkgs="$pkgs python3-pip curl"
     # Debian images (tests/slow/debian_spec.lua): mmdebstrap builds them, gpg
     # checks the keyring it picks
     pkgs="$pkgs mmdebstrap gpg" ;;
