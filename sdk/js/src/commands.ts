@@ -3,16 +3,11 @@
  * is `/bin/sh -c cmd`; its output arrives as process.output notifications
  * and its end as process.exit, on the connection that started it.
  */
-import { StringDecoder } from 'node:string_decoder';
-import type { Connection } from './connection';
-import {
-  CommandExitError,
-  type CommandResult,
-  InvalidArgumentError,
-  NotFoundError,
-  SandboxError,
-  TimeoutError,
-} from './errors';
+import { startAs } from './account';
+import { CommandHandle, type HandleOpts, sandboxGone } from './command-handle';
+import { type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, checkTimeoutMs } from './errors';
+import type { SandboxLink } from './link';
+
 
 /** Default timeout of a command, as E2B: 60 s. 0 = none. */
 export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
@@ -50,14 +45,6 @@ export interface CommandStartOpts {
   user?: string;
 }
 
-/** @internal what a handle is made with */
-interface HandleOpts {
-  onStdout?: (data: string) => void | Promise<void>;
-  onStderr?: (data: string) => void | Promise<void>;
-  /** A terminal's raw bytes (pty.create): output goes here, not to stdout. */
-  onData?: (data: Uint8Array) => void | Promise<void>;
-}
-
 /** Options of commands.connect. */
 export interface CommandConnectOpts {
   /** Each chunk of stdout from now on (after the recent output replayed first). */
@@ -85,281 +72,6 @@ export interface ProcessInfo {
   pty?: boolean;
   /** E2B's field; environment is not reported. */
   envs: Record<string, string>;
-}
-
-/** What the sandbox object lends its commands module. */
-export interface SandboxLink {
-  readonly sandboxId: string;
-  readonly conn: Connection;
-  /** True once this SDK killed the sandbox. */
-  readonly killed: boolean;
-  /** The account commands and files act as unless told (E2B's default), if the sandbox names one. */
-  readonly defaultUser?: string;
-  /** Where that account's relative paths and commands start: its home (`/` for the root fallback). */
-  readonly home: string;
-  /** The sandbox's own working directory, when it was given one. */
-  readonly workdir?: string;
-}
-
-/** path, absolute: a relative one is taken from base. */
-export function fromHome(path: string, base: string): string {
-  // an empty path stays empty: the daemon refuses it, as before
-  if (path === '' || path.startsWith('/')) return path;
-  return (base.endsWith('/') ? base : base + '/') + path;
-}
-
-/**
- * The user and cwd params of a process start: an explicit user as it is
- * (the daemon starts it in that account's home unless cwd says otherwise);
- * without one, the default account, in cwd taken from its home, else in
- * the sandbox's own working directory, else in its home.
- */
-export function startAs(
-  link: { readonly defaultUser?: string; readonly home: string; readonly workdir?: string },
-  user: string | undefined,
-  cwd: string | undefined,
-): { user?: string; cwd?: string } {
-  const as = actingAs(link, user);
-  const out: { user?: string; cwd?: string } = {};
-  if (as.user !== undefined) out.user = as.user;
-  if (cwd !== undefined) out.cwd = as.base !== undefined ? fromHome(cwd, as.base) : cwd;
-  // (no default account named: the daemon's own default, the sandbox's cwd)
-  else if (user === undefined && link.defaultUser !== undefined) out.cwd = link.workdir ?? as.base;
-  return out;
-}
-
-/**
- * The account and path a call acts with: an explicit `user` goes to the
- * daemon as it is (which takes relative paths from that account's home);
- * without one, the sandbox's default account, relative paths taken from
- * its home here.  Returns the params to add.
- */
-export function actingAs(
-  link: { readonly defaultUser?: string; readonly home: string },
-  user: string | undefined,
-): { user?: string; base?: string } {
-  if (user !== undefined) return { user };
-  if (link.defaultUser === undefined) return { base: '/' };
-  return { user: link.defaultUser, base: link.home };
-}
-
-function gone(sandboxId: string, why: string): TimeoutError {
-  return new TimeoutError(
-    `sandbox ${sandboxId} is gone (${why}): it was killed or its lifetime ran out. ` +
-      "Give it a longer life with 'timeoutMs' at create or with sbx.setTimeout()",
-  );
-}
-
-/** A TimeoutError when the sandbox is gone, else undefined (it still runs). */
-async function sandboxGone(link: SandboxLink): Promise<TimeoutError | undefined> {
-  if (link.killed) return gone(link.sandboxId, 'killed');
-  try {
-    const info = await link.conn.call<{ state?: string }>('sandbox.get', { id: link.sandboxId });
-    if (info.state === 'running' || info.state === 'paused') return undefined;
-    return gone(link.sandboxId, `state ${String(info.state)}`);
-  } catch (e) {
-    if (e instanceof NotFoundError) return gone(link.sandboxId, 'not found');
-    return gone(link.sandboxId, (e as Error).message);
-  }
-}
-
-/**
- * A command started with `background: true` (and behind every run): its pid,
- * its output so far, and the means to wait for it, feed it and kill it.
- */
-export class CommandHandle implements Partial<CommandResult> {
-  readonly pid: number;
-  private readonly link: SandboxLink;
-  private readonly commands: Commands;
-  private out = '';
-  private err = '';
-  private readonly decoders = { stdout: new StringDecoder('utf8'), stderr: new StringDecoder('utf8') };
-  private readonly onStdout?: (d: string) => void | Promise<void>;
-  private readonly onStderr?: (d: string) => void | Promise<void>;
-  private readonly onData?: (d: Uint8Array) => void | Promise<void>;
-  private result: CommandResult | undefined;
-  private readonly done: Promise<CommandResult>;
-  private settle!: { resolve: (r: CommandResult) => void; reject: (e: Error) => void };
-  private finished = false;
-  private killedByUs = false;
-  private holding = false;
-  private waiters = 0;
-  private dropCloseHandler: () => void = () => {};
-
-  /** @internal made by Commands */
-  constructor(link: SandboxLink, commands: Commands, pid: number, opts: HandleOpts) {
-    this.link = link;
-    this.commands = commands;
-    this.pid = pid;
-    this.onStdout = opts.onStdout;
-    this.onStderr = opts.onStderr;
-    this.onData = opts.onData;
-    this.done = new Promise<CommandResult>((resolve, reject) => {
-      this.settle = { resolve, reject };
-    });
-    // nobody has to call wait(): an unobserved failure is not an unhandled rejection
-    this.done.catch(() => {});
-    link.conn.subscribe(link.sandboxId, pid, (method, params) => this.onNotification(method, params));
-    this.dropCloseHandler = link.conn.onClose((e) =>
-      this.fail(link.killed ? gone(link.sandboxId, 'killed') : new SandboxError(`command ${pid}: ${e.message}`, { cause: e })),
-    );
-    // streaming to callbacks keeps Node alive until the end, as waiting does
-    if (this.onStdout || this.onStderr || this.onData) this.hold();
-  }
-
-  /** Everything the command wrote to stdout so far. */
-  get stdout(): string {
-    return this.out;
-  }
-  /** Everything the command wrote to stderr so far. */
-  get stderr(): string {
-    return this.err;
-  }
-  /** Its exit code, once it ended. */
-  get exitCode(): number | undefined {
-    return this.result?.exitCode;
-  }
-  /** Why it failed, once it ended and if it did. */
-  get error(): string | undefined {
-    return this.result?.error;
-  }
-
-  /**
-   * Waits for the end.  Resolves with the result on exit code 0; rejects with
-   * CommandExitError on any other code or a signal, with TimeoutError when
-   * its timeoutMs killed it or when its sandbox went away.
-   */
-  async wait(): Promise<CommandResult> {
-    this.waiters++;
-    this.hold();
-    try {
-      return await this.done;
-    } finally {
-      this.waiters--;
-    }
-  }
-
-  /** Kills the command and its whole tree (SIGKILL); false when it was no longer running. */
-  async kill(): Promise<boolean> {
-    if (this.finished) return false;
-    this.killedByUs = true;
-    return this.commands.kill(this.pid);
-  }
-
-  /** Writes to its stdin (started with `stdin: true`). */
-  async sendStdin(data: string | Uint8Array): Promise<void> {
-    return this.commands.sendStdin(this.pid, data);
-  }
-
-  /** Closes its stdin once what was written is delivered. */
-  async closeStdin(): Promise<void> {
-    return this.commands.closeStdin(this.pid);
-  }
-
-  /**
-   * Stops receiving its output and its end; the command keeps running (kill
-   * it with commands.kill(pid)).  A wait() still pending rejects.
-   */
-  async disconnect(): Promise<void> {
-    if (this.finished) return;
-    this.fail(new SandboxError(`command ${this.pid}: disconnected; it keeps running in the sandbox`));
-  }
-
-  private hold(): void {
-    if (this.holding || this.finished) return;
-    this.holding = true;
-    this.link.conn.hold();
-  }
-
-  private cleanup(): void {
-    this.finished = true;
-    this.link.conn.unsubscribe(this.link.sandboxId, this.pid);
-    this.dropCloseHandler();
-    this.commands._forget(this);
-    if (this.holding) {
-      this.holding = false;
-      this.link.conn.release();
-    }
-  }
-
-  /** @internal the sandbox went away under this command */
-  _sandboxGone(why: string): void {
-    this.fail(gone(this.link.sandboxId, why));
-  }
-
-  private fail(e: Error): void {
-    if (this.finished) return;
-    this.flush();
-    this.cleanup();
-    this.settle.reject(e);
-  }
-
-  private push(stream: 'stdout' | 'stderr', text: string): void {
-    if (text === '') return;
-    if (stream === 'stdout') {
-      this.out += text;
-      if (this.onStdout) void Promise.resolve(this.onStdout(text)).catch(() => {});
-    } else {
-      this.err += text;
-      if (this.onStderr) void Promise.resolve(this.onStderr(text)).catch(() => {});
-    }
-  }
-
-  private flush(): void {
-    this.push('stdout', this.decoders.stdout.end());
-    this.push('stderr', this.decoders.stderr.end());
-  }
-
-  /** @internal output the daemon kept from before this handle (commands.connect) */
-  _replay(chunks: Array<Record<string, unknown>>): void {
-    for (const c of chunks) this.onNotification('process.output', c);
-  }
-
-  private onNotification(method: string, p: Record<string, unknown>): void {
-    if (this.finished) return;
-    if (method === 'process.output') {
-      const stream = p.stream === 'stderr' ? 'stderr' : 'stdout';
-      const data = typeof p.data === 'string' ? p.data : '';
-      // a chunk that is not valid UTF-8 comes as base64 even when utf8 was
-      // asked for; the decoder joins characters split across chunks
-      const bytes = p.encoding === 'utf8' ? Buffer.from(data, 'utf8') : Buffer.from(data, 'base64');
-      if (this.onData) {
-        const u8 = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-        void Promise.resolve(this.onData(u8)).catch(() => {});
-        return;
-      }
-      this.push(stream, this.decoders[stream].write(bytes));
-    } else if (method === 'process.exit') {
-      this.flush();
-      void this.onExit(p);
-    }
-  }
-
-  private async onExit(p: Record<string, unknown>): Promise<void> {
-    const exitCode = typeof p.exit_code === 'number' ? p.exit_code : -1;
-    const signal = typeof p.signal === 'number' ? p.signal : 0;
-    const result: CommandResult = { exitCode, stdout: this.out, stderr: this.err };
-    if (signal) result.error = signal === 9 ? 'signal: killed' : `signal: ${signal}`;
-    else if (exitCode !== 0) result.error = `exit status ${exitCode}`;
-    this.result = result;
-    this.finished = true;
-    let failure: Error | undefined;
-    if (p.timed_out === true) {
-      failure = new TimeoutError(`command ${this.pid} was killed: it ran past its timeoutMs`);
-    } else if (signal === 9 && !this.killedByUs) {
-      // processes of a killed sandbox report signal 9: is the sandbox still there?
-      failure = (await this.sandboxGone()) ?? new CommandExitError(result);
-    } else if (exitCode !== 0 || signal) {
-      failure = new CommandExitError(result);
-    }
-    this.cleanup();
-    if (failure) this.settle.reject(failure);
-    else this.settle.resolve(result);
-  }
-
-  private async sandboxGone(): Promise<TimeoutError | undefined> {
-    return sandboxGone(this.link);
-  }
 }
 
 /** sbx.commands */
@@ -401,10 +113,7 @@ export class Commands {
     handleOpts: HandleOpts,
     defaultTimeoutMs = DEFAULT_COMMAND_TIMEOUT_MS,
   ): Promise<CommandHandle> {
-    const timeoutMs = opts.timeoutMs ?? defaultTimeoutMs;
-    if (typeof timeoutMs !== 'number' || !Number.isFinite(timeoutMs) || timeoutMs < 0) {
-      throw new InvalidArgumentError(`${method}: bad timeoutMs ${String(timeoutMs)}`);
-    }
+    const timeoutMs = checkTimeoutMs(opts.timeoutMs ?? defaultTimeoutMs, method);
     Object.assign(params, startAs(this.link, opts.user, opts.cwd));
     if (opts.envs !== undefined) params.env = opts.envs;
     if (timeoutMs > 0) params.timeout = timeoutMs / 1000;

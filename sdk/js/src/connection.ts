@@ -262,3 +262,21 @@ export class Connection {
     p.resolve(msg.result);
   }
 }
+
+/** Runs fn on a connection of its own, closed after. */
+export async function withConnection<T>(opts: ConnectionOpts | undefined, fn: (c: Connection) => Promise<T>): Promise<T> {
+  const conn = await Connection.open(opts);
+  try {
+    return await fn(conn);
+  } finally {
+    conn.close();
+  }
+}
+
+/** Only the connection options of opts (a server's options carry more). */
+export function connectionOpts(opts: ConnectionOpts): ConnectionOpts {
+  const conn: ConnectionOpts = {};
+  if (opts.socket !== undefined) conn.socket = opts.socket;
+  if (opts.requestTimeoutMs !== undefined) conn.requestTimeoutMs = opts.requestTimeoutMs;
+  return conn;
+}

@@ -103,6 +103,12 @@ export class PolicyError extends SandboxError {
   }
 }
 
+/** A timeoutMs the caller gave: a finite number, 0 or more; else InvalidArgumentError naming `what`. */
+export function checkTimeoutMs(ms: unknown, what: string): number {
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) throw new InvalidArgumentError(`${what}: bad timeoutMs ${String(ms)}`);
+  return ms;
+}
+
 /** What a finished command gave: E2B's CommandResult. */
 export interface CommandResult {
   exitCode: number;

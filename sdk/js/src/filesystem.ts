@@ -8,43 +8,13 @@
  * from that account's home (`/home/user`; `/` for the root fallback).
  */
 import { ReadableStream } from 'node:stream/web';
-import { actingAs, fromHome, type SandboxLink } from './commands';
-import { InvalidArgumentError, SandboxError, TimeoutError } from './errors';
-
-/** Most raw bytes in one fs.read or fs.write. */
-export const CHUNK = 1 << 20;
-
-/** Kinds of entries, as E2B's FileType (plus what a Linux box also has). */
-export const FileType = {
-  FILE: 'file',
-  DIR: 'dir',
-  SYMLINK: 'symlink',
-  OTHER: 'other',
-} as const;
-export type FileType = (typeof FileType)[keyof typeof FileType];
-
-/** What `write` returns for each file written. */
-export interface WriteInfo {
-  name: string;
-  type?: FileType;
-  path: string;
-}
-
-/** A file or directory, as `list` and `getInfo` describe it. */
-export interface EntryInfo extends WriteInfo {
-  type: FileType;
-  size: number;
-  /** Permission bits, e.g. 0o644. */
-  mode: number;
-  /** `ls -l` style, e.g. "-rw-r--r--". */
-  permissions: string;
-  modifiedTime: Date;
-  /** Target of a symlink. */
-  symlinkTarget?: string;
-  /** Owner and group as seen inside the box (getInfo only). */
-  uid?: number;
-  gid?: number;
-}
+import { asAccount } from './account';
+import { asBuffer, CHUNK, inChunks } from './chunks';
+import { basename, type EntryInfo, FileType, toEntry, type WriteInfo } from './entry';
+import { checkTimeoutMs, InvalidArgumentError } from './errors';
+import type { SandboxLink } from './link';
+import { DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, WatchHandle, type WatchOpts } from './watch';
+import { decodeData } from './wire';
 
 /** A stream of bytes to write: a web ReadableStream or any async iterable of chunks (a Node Readable). */
 export type ByteStream = ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>;
@@ -55,117 +25,6 @@ export interface WriteEntry {
 }
 
 export type ReadFormat = 'text' | 'bytes' | 'blob' | 'stream';
-
-/** What watchDir reports, as E2B's FilesystemEventType (plus tupper's OVERFLOW). */
-export const FilesystemEventType = {
-  CHMOD: 'chmod',
-  CREATE: 'create',
-  REMOVE: 'remove',
-  RENAME: 'rename',
-  WRITE: 'write',
-  /** Events were lost, or a new directory could not be watched (tupper's own). */
-  OVERFLOW: 'overflow',
-} as const;
-export type FilesystemEventType = (typeof FilesystemEventType)[keyof typeof FilesystemEventType];
-
-export interface FilesystemEvent {
-  /** The path relative to the watched directory. */
-  name: string;
-  type: FilesystemEventType;
-  /** Why, for an OVERFLOW. */
-  message?: string;
-}
-
-export interface WatchOpts {
-  /** Also every subdirectory, and each new one as it appears. Default false. */
-  recursive?: boolean;
-  /** Stop watching after this long (onExit gets a TimeoutError); 0 = never. Default 60000, as E2B. */
-  timeoutMs?: number;
-  /** Called once when the watch ends: no argument after stop(), an error otherwise. */
-  onExit?: (err?: Error) => void | Promise<void>;
-  /** The account it watches as (default: the sandbox's default account); see FilesystemRequestOpts. */
-  user?: string;
-  requestTimeoutMs?: number;
-}
-
-/** Default duration of a watch, as E2B: 60 s. */
-export const DEFAULT_WATCH_TIMEOUT_MS = 60_000;
-
-/** A directory being watched (files.watchDir). */
-export class WatchHandle {
-  private readonly link: SandboxLink;
-  /** The daemon's id of this watch. */
-  readonly watchId: number;
-  private readonly onExit?: (err?: Error) => void | Promise<void>;
-  private readonly forget: (h: WatchHandle) => void;
-  private ended = false;
-  private timer?: NodeJS.Timeout;
-  private dropClose: () => void = () => {};
-
-  /** @internal */
-  constructor(
-    link: SandboxLink,
-    watchId: number,
-    onEvent: (e: FilesystemEvent) => void | Promise<void>,
-    opts: WatchOpts,
-    forget: (h: WatchHandle) => void,
-  ) {
-    this.link = link;
-    this.watchId = watchId;
-    this.forget = forget;
-    this.onExit = opts.onExit;
-    link.conn.hold();
-    link.conn.subscribeWatch(link.sandboxId, watchId, (_method, p) => {
-      if (this.ended) return;
-      const type = String(p.type);
-      if (type === 'end') {
-        this.finish(new SandboxError(`watch ${watchId}: ${typeof p.message === 'string' ? p.message : 'ended'}`));
-        return;
-      }
-      const e: FilesystemEvent = { name: String(p.name ?? ''), type: type as FilesystemEventType };
-      if (typeof p.message === 'string') e.message = p.message;
-      void Promise.resolve(onEvent(e)).catch(() => {});
-    });
-    this.dropClose = link.conn.onClose((e) => this.finish(new SandboxError(`watch ${watchId}: ${e.message}`, { cause: e })));
-    const timeoutMs = opts.timeoutMs ?? DEFAULT_WATCH_TIMEOUT_MS;
-    if (timeoutMs > 0) {
-      this.timer = setTimeout(() => {
-        void this.stopWith(new TimeoutError(`watch ${watchId} ran for its timeoutMs (${timeoutMs} ms)`));
-      }, timeoutMs);
-    }
-  }
-
-  /** @internal the sandbox was killed */
-  _sandboxGone(why: string): void {
-    this.finish(new SandboxError(`watch ${this.watchId}: the sandbox is gone (${why})`));
-  }
-
-  /** Stops watching; no event comes after it resolves. */
-  async stop(): Promise<void> {
-    await this.stopWith(undefined);
-  }
-
-  private async stopWith(err: Error | undefined): Promise<void> {
-    if (this.ended) return;
-    this.finish(err);
-    try {
-      await this.link.conn.call('fs.unwatch', { sandbox: this.link.sandboxId, watch: this.watchId });
-    } catch {
-      // the watch or the sandbox ended meanwhile: nothing left to stop
-    }
-  }
-
-  private finish(err: Error | undefined): void {
-    if (this.ended) return;
-    this.ended = true;
-    this.forget(this);
-    if (this.timer) clearTimeout(this.timer);
-    this.link.conn.unsubscribeWatch(this.link.sandboxId, this.watchId);
-    this.dropClose();
-    this.link.conn.release();
-    if (this.onExit) void Promise.resolve(this.onExit(err)).catch(() => {});
-  }
-}
 
 export interface FilesystemRequestOpts {
   /**
@@ -178,37 +37,6 @@ export interface FilesystemRequestOpts {
   user?: string;
   /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
   requestTimeoutMs?: number;
-}
-
-function permissions(type: string, mode: number): string {
-  const kind = type === 'dir' ? 'd' : type === 'symlink' ? 'l' : type === 'file' ? '-' : '?';
-  const rwx = ['r', 'w', 'x'];
-  let s = kind;
-  for (let i = 8; i >= 0; i--) s += mode & (1 << i) ? rwx[(8 - i) % 3] : '-';
-  return s;
-}
-
-function basename(p: string): string {
-  const parts = p.split('/').filter((x) => x !== '');
-  return parts.length ? parts[parts.length - 1] : '/';
-}
-
-function toEntry(r: Record<string, unknown>): EntryInfo {
-  const type = (typeof r.type === 'string' ? r.type : 'other') as FileType;
-  const mode = typeof r.mode === 'number' ? r.mode & 0o7777 : 0;
-  const e: EntryInfo = {
-    name: String(r.name ?? basename(String(r.path ?? ''))),
-    type,
-    path: String(r.path ?? ''),
-    size: typeof r.size === 'number' ? r.size : 0,
-    mode,
-    permissions: permissions(type, mode),
-    modifiedTime: new Date((typeof r.mtime === 'number' ? r.mtime : 0) * 1000),
-  };
-  if (typeof r.link === 'string') e.symlinkTarget = r.link;
-  if (typeof r.uid === 'number') e.uid = r.uid;
-  if (typeof r.gid === 'number') e.gid = r.gid;
-  return e;
 }
 
 /** The chunks of data, without loading a stream or a Blob whole. */
@@ -264,13 +92,7 @@ export class Filesystem {
     user: string | undefined,
     paths: string[] = ['path'],
   ): Promise<T> {
-    const as = actingAs(this.link, user);
-    const p: Record<string, unknown> = { sandbox: this.link.sandboxId, ...params };
-    if (as.user !== undefined) p.user = as.user;
-    if (as.base !== undefined) {
-      for (const k of paths) if (typeof p[k] === 'string') p[k] = fromHome(p[k] as string, as.base);
-    }
-    return this.link.conn.call<T>(method, p);
+    return this.link.conn.call<T>(method, asAccount(this.link, user, { sandbox: this.link.sandboxId, ...params }, paths));
   }
 
   private async readChunk(path: string, offset: number, user: string | undefined): Promise<{ bytes: Buffer; eof: boolean }> {
@@ -280,7 +102,7 @@ export class Filesystem {
       length: CHUNK,
       encoding: 'base64',
     }, user);
-    const bytes = r.encoding === 'utf8' ? Buffer.from(r.data, 'utf8') : Buffer.from(r.data, 'base64');
+    const bytes = decodeData(r.data, r.encoding);
     return { bytes, eof: r.eof || bytes.length === 0 };
   }
 
@@ -369,31 +191,12 @@ export class Filesystem {
   private async writeOne(path: string, data: WriteEntry['data'], user: string | undefined): Promise<WriteInfo> {
     if (typeof path !== 'string' || path === '') throw new InvalidArgumentError('files.write: path must be a non-empty string');
     let offset = 0;
-    let pending: Uint8Array[] = [];
-    let pendingLen = 0;
-    const flush = async (bytes: Uint8Array): Promise<void> => {
-      const b = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    // whole 1 MiB pieces, each sent once the previous one was written; an empty file is one empty write
+    for await (const piece of inChunks(chunksOf(data))) {
+      const b = asBuffer(piece);
       await this.call('fs.write', { path, offset, data: b.toString('base64'), encoding: 'base64' }, user);
       offset += b.length;
-    };
-    for await (const chunk of chunksOf(data)) {
-      let c = chunk;
-      // whole 1 MiB pieces go as they are; smaller ones gather up to 1 MiB
-      while (pendingLen + c.length >= CHUNK) {
-        const take = CHUNK - pendingLen;
-        pending.push(c.subarray(0, take));
-        await flush(pending.length === 1 ? pending[0] : Buffer.concat(pending));
-        pending = [];
-        pendingLen = 0;
-        c = c.subarray(take);
-      }
-      if (c.length > 0) {
-        pending.push(c);
-        pendingLen += c.length;
-      }
     }
-    // the rest, or an empty file
-    if (pendingLen > 0 || offset === 0) await flush(pending.length === 1 ? pending[0] : Buffer.concat(pending));
     return { name: basename(path), type: FileType.FILE, path };
   }
 
@@ -442,16 +245,9 @@ export class Filesystem {
     opts: WatchOpts = {},
   ): Promise<WatchHandle> {
     if (typeof onEvent !== 'function') throw new InvalidArgumentError('files.watchDir: onEvent must be a function');
-    const t = opts.timeoutMs ?? DEFAULT_WATCH_TIMEOUT_MS;
-    if (typeof t !== 'number' || !Number.isFinite(t) || t < 0) throw new InvalidArgumentError(`files.watchDir: bad timeoutMs ${String(t)}`);
+    checkTimeoutMs(opts.timeoutMs ?? DEFAULT_WATCH_TIMEOUT_MS, 'files.watchDir');
     let handle: WatchHandle | undefined;
-    const as = actingAs(this.link, opts.user);
-    const params: Record<string, unknown> = {
-      sandbox: this.link.sandboxId,
-      path: as.base !== undefined ? fromHome(path, as.base) : path,
-      recursive: opts.recursive === true,
-    };
-    if (as.user !== undefined) params.user = as.user;
+    const params = asAccount(this.link, opts.user, { sandbox: this.link.sandboxId, path, recursive: opts.recursive === true });
     await this.link.conn.call<{ watch: number }>(
       'fs.watch',
       params,

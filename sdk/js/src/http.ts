@@ -18,7 +18,9 @@ import * as http from 'node:http';
 import * as net from 'node:net';
 import * as nodePath from 'node:path';
 import { StringDecoder } from 'node:string_decoder';
-import { actingAs, DEFAULT_COMMAND_TIMEOUT_MS, fromHome, startAs } from './commands';
+import { actingAs, fromHome, startAs } from './account';
+import { CHUNK } from './chunks';
+import { DEFAULT_COMMAND_TIMEOUT_MS } from './commands';
 import { Connection, type ConnectionOpts } from './connection';
 import {
   ErrorCode,
@@ -29,8 +31,10 @@ import {
   SandboxError,
   TimeoutError,
 } from './errors';
-import { CHUNK, type EntryInfo } from './filesystem';
-import { Sandbox, type SandboxInfo, type SandboxLimits, type SandboxOpts, type SandboxState } from './sandbox';
+import type { EntryInfo } from './entry';
+import { Sandbox } from './sandbox';
+import type { SandboxInfo, SandboxState } from './sandbox-info';
+import type { SandboxLimits, SandboxOpts } from './sandbox-opts';
 
 /** Where the server listens unless told: loopback only. */
 export const DEFAULT_LISTEN = '127.0.0.1:8787';

@@ -2,45 +2,35 @@
  * @tupper/sdk: tupper's sandboxes from TypeScript, shaped like E2B's SDK so
  * that code written against E2B's `Sandbox` moves by changing the import.
  */
+export { Sandbox, DEFAULT_SANDBOX_TIMEOUT_MS } from './sandbox';
+export { SandboxPaginator, type SandboxListOpts } from './paginator';
+export { type SandboxInfo, type SandboxState, type SandboxMetrics } from './sandbox-info';
 export {
-  Sandbox,
-  SandboxPaginator,
-  DEFAULT_SANDBOX_TIMEOUT_MS,
   type SandboxOpts,
   type SandboxConnectionOpts,
   type SandboxLimits,
-  type SandboxInfo,
-  type SandboxState,
-  type SandboxMetrics,
-  type SandboxListOpts,
   type NetworkRules,
   type NetworkLogEntry,
-} from './sandbox';
+} from './sandbox-opts';
 export {
   Commands,
-  CommandHandle,
   DEFAULT_COMMAND_TIMEOUT_MS,
   type CommandStartOpts,
   type CommandRunOpts,
   type CommandConnectOpts,
   type ProcessInfo,
 } from './commands';
+export { CommandHandle } from './command-handle';
 export { Pty, DEFAULT_PTY_TIMEOUT_MS, PTY_DIM_MAX, type PtyCreateOpts, type PtySize } from './pty';
 export {
   Filesystem,
-  FileType,
-  FilesystemEventType,
-  WatchHandle,
-  DEFAULT_WATCH_TIMEOUT_MS,
-  type FilesystemEvent,
-  type WatchOpts,
   type ByteStream,
-  type EntryInfo,
-  type WriteInfo,
   type WriteEntry,
   type ReadFormat,
   type FilesystemRequestOpts,
 } from './filesystem';
+export { FileType, type EntryInfo, type WriteInfo } from './entry';
+export { FilesystemEventType, WatchHandle, DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, type WatchOpts } from './watch';
 export {
   SandboxError,
   TimeoutError,

@@ -15,7 +15,8 @@ import { z } from 'zod';
 import { Connection, type ConnectionOpts } from './connection';
 import { CommandExitError, InvalidArgumentError, SandboxError, TimeoutError } from './errors';
 import { DEFAULT_SANDBOX_TIMEOUT_MS, Sandbox } from './sandbox';
-import { type CommandHandle, DEFAULT_COMMAND_TIMEOUT_MS } from './commands';
+import type { CommandHandle } from './command-handle';
+import { DEFAULT_COMMAND_TIMEOUT_MS } from './commands';
 
 export interface McpServerOpts extends ConnectionOpts {
   /** Most sandboxes one session may have at once (default 16). */

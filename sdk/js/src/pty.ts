@@ -5,7 +5,9 @@
  * bytes in `onData`, keystrokes go with `sendInput`, and `resize` changes
  * its size (the program gets SIGWINCH).
  */
-import type { CommandHandle, Commands, SandboxLink } from './commands';
+import type { CommandHandle } from './command-handle';
+import type { Commands } from './commands';
+import type { SandboxLink } from './link';
 import { InvalidArgumentError } from './errors';
 
 /** Default lifetime of a terminal's program, as E2B: 60 s (0 = none). */

@@ -3,246 +3,46 @@
  * has its own connection to the daemon (the daemon sends a process's output
  * to the connection that started it); static methods open one for the call.
  */
-import { Commands, type SandboxLink } from './commands';
-import { Connection, type ConnectionOpts } from './connection';
-import { InvalidArgumentError, NotFoundError } from './errors';
+import { Commands } from './commands';
+import { Connection, withConnection } from './connection';
+import { checkTimeoutMs, InvalidArgumentError, NotFoundError } from './errors';
 import { Filesystem } from './filesystem';
-import { policyParam, type PolicyOpt } from './policy';
-import { recipeParam, type RecipeOpt } from './recipe';
+import type { SandboxLink } from './link';
+import { SandboxPaginator, type SandboxListOpts } from './paginator';
+import { policyParam } from './policy';
 import { Pty } from './pty';
+import { recipeParam } from './recipe';
+import { type SandboxInfo, type SandboxMetrics, toInfo, toMetrics } from './sandbox-info';
+import type { NetworkLogEntry, NetworkRules, SandboxConnectionOpts, SandboxOpts } from './sandbox-opts';
 
 /** Default lifetime of a sandbox, as E2B: 5 minutes. */
 export const DEFAULT_SANDBOX_TIMEOUT_MS = 300_000;
 
-/** Options every call that talks to the daemon takes. */
-export interface SandboxConnectionOpts extends ConnectionOpts {
-  /** Accepted and ignored (E2B compatibility): the daemon's socket is guarded by its file mode. */
-  apiKey?: string;
-  /** Accepted and ignored (E2B compatibility). */
-  accessToken?: string;
-  /** Accepted and ignored (E2B compatibility). */
-  domain?: string;
-  /** Accepted and ignored (E2B compatibility). */
-  debug?: boolean;
-}
-
-/** Resource limits (docs/protocol.md, sandbox.create). */
-export interface SandboxLimits {
-  /** Bytes, or a string like "256M", "1.5G". */
-  memory?: number | string;
-  /** CPU quota in cores, e.g. 0.5. */
-  cpus?: number;
-  /** Most processes and threads at once. */
-  pids?: number;
-  /** Most the box may write: bytes or a string like "1G". */
-  disk?: number | string;
-}
-
-/**
- * What a sandbox may reach (docs/network.md): `"none"` (the default), `"all"`
- * (trusted use), or rules such as `"pypi.org"`, `"*.pythonhosted.org:443"`,
- * `"10.1.2.0/24:5432"`; deny wins.
- */
-export type NetworkRules = 'none' | 'all' | { allow?: string[]; deny?: string[] };
-
-/** One decision of the sandbox's network log. */
-export interface NetworkLogEntry {
-  time: string;
-  action: 'allow' | 'deny' | 'fail';
-  via: string;
-  host?: string;
-  port?: number;
-  reason?: string;
-  addr?: string;
-}
-
-export interface SandboxOpts extends SandboxConnectionOpts {
-  /** The image (E2B's template). Only "default", the embedded busybox image, for now. */
-  image?: string;
-  /**
-   * Where it runs: 'linux' (the default: namespaces on the host's kernel) or
-   * 'microvm' (a QEMU microVM with its own kernel; same API, see docs/microvm.md).
-   */
-  backend?: 'linux' | 'microvm';
-  /** Environment of every command. */
-  envs?: Record<string, string>;
-  /** Free-form strings, returned by getInfo and list. */
-  metadata?: Record<string, string>;
-  /** Lifetime: the daemon kills the sandbox this long after create (0: until killed). Default 300000. */
-  timeoutMs?: number;
-  limits?: SandboxLimits;
-  /** Default working directory of commands (default `/`). */
-  cwd?: string;
-  /**
-   * The policy file that binds the sandbox (docs/policy.md): a path, its
-   * text as `{source, name}`, or `false` for none.  Default: the nearest
-   * `tupper.lua` from `process.cwd()` upward, as the CLI does.
-   */
-  policy?: PolicyOpt;
-  /**
-   * The recipe the sandbox is made from (docs/recipes.md): a recipe file's
-   * path (its `.lock` beside it is honoured), a shipped recipe's name, or
-   * `{source, name, lock}`.  Its image, env, workdir, user, limits and files
-   * apply and its setup's layer is used; `envs`, `cwd`, `limits` and
-   * `timeoutMs` given here override the recipe's.
-   */
-  recipe?: RecipeOpt;
-  /** Egress rules; the daemon's HTTP proxy, SOCKS5 and DNS carry what they allow. */
-  network?: NetworkRules;
-}
-
 /** How long a create from a recipe waits by default: its setup (and a Debian image build) may take minutes. */
 export const RECIPE_CREATE_TIMEOUT_MS = 2 * 3600 * 1000;
-
-export type SandboxState = 'running' | 'paused';
-
-/** What getInfo and list say about a sandbox (E2B's SandboxInfo, and tupper's extras). */
-export interface SandboxInfo {
-  sandboxId: string;
-  /** The image it was made from (E2B's template id). */
-  templateId: string;
-  name?: string;
-  metadata: Record<string, string>;
-  state: SandboxState;
-  startedAt: Date;
-  /** When the daemon will kill it; absent without a lifetime. */
-  endAt?: Date;
-  /** CPU quota in cores, when limited. */
-  cpuCount?: number;
-  /** Memory limit in MiB, when limited. */
-  memoryMB?: number;
-  /** The limits set (memory and disk in bytes). */
-  limits: { memory?: number; cpus?: number; pids?: number; disk?: number };
-  /** Its lifetime (0: none). */
-  timeoutMs: number;
-  /** Live processes started through the API. */
-  processes?: number;
-  /** For a sandbox made from a recipe: its name, the key of its setup layer, and whether that layer was cached. */
-  recipe?: { name: string; layer?: string; cached?: boolean };
-  /**
-   * The account commands and files act as unless told otherwise, as E2B:
-   * `user` on an image with a `user` account (E2B's base image has one),
-   * the image's or recipe's User when it names one, else `root`.
-   */
-  defaultUser?: string;
-  /** That account's home: where relative paths and commands start (`/` for the root fallback). */
-  home?: string;
-  /** The working directory the sandbox was given (create's cwd, a recipe's workdir, the image's WorkingDir). */
-  workdir?: string;
-}
-
-/** One sample of the sandbox's counters, from its cgroup. */
-export interface SandboxMetrics {
-  timestamp: Date;
-  /** CPU quota in cores, when limited. */
-  cpuCount?: number;
-  /** Memory in use, bytes. */
-  memUsed: number;
-  /** Memory limit in bytes, when limited. */
-  memTotal?: number;
-  /** Total CPU time used, microseconds. */
-  cpuUsageUsec: number;
-  memoryPeak?: number;
-  pids: number;
-  nrThrottled?: number;
-  throttledUsec?: number;
-  oomKills?: number;
-}
-
-export interface SandboxListOpts extends SandboxConnectionOpts {
-  /**
-   * Filter on the client side: every metadata pair must match; state among
-   * these; started at or after `startedAfter` and before `startedBefore`.
-   */
-  query?: { metadata?: Record<string, string>; state?: SandboxState[]; startedAfter?: Date; startedBefore?: Date };
-  /** Page size (default 100). */
-  limit?: number;
-  /** Where to start: a token from an earlier page. */
-  nextToken?: string;
-}
-
-function toInfo(r: Record<string, unknown>): SandboxInfo {
-  const limits = (r.limits ?? {}) as SandboxInfo['limits'];
-  const info: SandboxInfo = {
-    sandboxId: String(r.id),
-    templateId: String(r.image ?? 'default'),
-    name: String(r.image ?? 'default'),
-    metadata: (r.metadata ?? {}) as Record<string, string>,
-    state: r.state as SandboxState,
-    startedAt: new Date(String(r.created_at)),
-    limits,
-    timeoutMs: Math.round((typeof r.timeout === 'number' ? r.timeout : 0) * 1000),
-  };
-  if (typeof r.expires_at === 'string') info.endAt = new Date(r.expires_at);
-  if (typeof limits.cpus === 'number') info.cpuCount = limits.cpus;
-  if (typeof limits.memory === 'number') info.memoryMB = limits.memory / (1 << 20);
-  if (typeof r.processes === 'number') info.processes = r.processes;
-  if (r.recipe && typeof r.recipe === 'object') info.recipe = r.recipe as SandboxInfo['recipe'];
-  if (typeof r.default_user === 'string') info.defaultUser = r.default_user;
-  if (typeof r.home === 'string') info.home = r.home;
-  if (typeof r.workdir === 'string') info.workdir = r.workdir;
-  return info;
-}
+/** How long a create naming an image may take (the MCP and HTTP servers): a first use pulls it. */
+export const IMAGE_CREATE_TIMEOUT_MS = 30 * 60_000;
 
 function seconds(ms: number, what: string): number {
-  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) throw new InvalidArgumentError(`${what}: bad timeoutMs ${String(ms)}`);
-  return ms / 1000;
-}
-
-async function withConnection<T>(opts: SandboxConnectionOpts | undefined, fn: (c: Connection) => Promise<T>): Promise<T> {
-  const conn = await Connection.open(opts);
-  try {
-    return await fn(conn);
-  } finally {
-    conn.close();
-  }
+  return checkTimeoutMs(ms, what) / 1000;
 }
 
 /**
- * Pages over Sandbox.list(), as E2B's SandboxPaginator: `hasNext` is true
- * until the last page was returned by `nextItems()`.
+ * @internal the connection a Sandbox object holds, for the servers built
+ * on it (a Sandbox has no public "disconnect").
  */
-export class SandboxPaginator {
-  private readonly opts: SandboxListOpts;
-  private readonly limit: number;
-  private offset: number;
-  private more = true;
+function connectionOf(s: Sandbox): Connection | undefined {
+  return (s as unknown as { conn?: Connection }).conn;
+}
 
-  /** @internal */
-  constructor(opts: SandboxListOpts = {}) {
-    this.opts = opts;
-    this.limit = opts.limit ?? 100;
-    if (!Number.isInteger(this.limit) || this.limit < 1) throw new InvalidArgumentError(`Sandbox.list: bad limit ${opts.limit}`);
-    this.offset = opts.nextToken ? Number.parseInt(opts.nextToken, 10) : 0;
-    if (!Number.isInteger(this.offset) || this.offset < 0) throw new InvalidArgumentError(`Sandbox.list: bad nextToken ${opts.nextToken}`);
-  }
+/** @internal lets go of a Sandbox object's connection: the sandbox lives on. */
+export function dropConnection(s: Sandbox): void {
+  connectionOf(s)?.close();
+}
 
-  get hasNext(): boolean {
-    return this.more;
-  }
-
-  /** The token of the next page, while there is one. */
-  get nextToken(): string | undefined {
-    return this.more ? String(this.offset) : undefined;
-  }
-
-  /** The next page of sandboxes, oldest first. */
-  async nextItems(): Promise<SandboxInfo[]> {
-    if (!this.more) throw new InvalidArgumentError('Sandbox.list: no more items to fetch');
-    const r = await withConnection(this.opts, (c) => c.call<{ sandboxes: Array<Record<string, unknown>> }>('sandbox.list', {}));
-    const q = this.opts.query ?? {};
-    const all = r.sandboxes.map(toInfo).filter((s) => {
-      if (q.state && !q.state.includes(s.state)) return false;
-      if (q.startedAfter && s.startedAt.getTime() < q.startedAfter.getTime()) return false;
-      if (q.startedBefore && s.startedAt.getTime() >= q.startedBefore.getTime()) return false;
-      for (const [k, v] of Object.entries(q.metadata ?? {})) if (s.metadata[k] !== v) return false;
-      return true;
-    });
-    const page = all.slice(this.offset, this.offset + this.limit);
-    this.offset += page.length;
-    this.more = this.offset < all.length;
-    return page;
-  }
+/** @internal true once a Sandbox object's connection closed (the daemon may drop one that falls far behind). */
+export function connectionClosed(s: Sandbox): boolean {
+  return connectionOf(s)?.closed === true;
 }
 
 export class Sandbox {
@@ -459,18 +259,6 @@ export class Sandbox {
       this.conn.call<Record<string, number | undefined>>('sandbox.metrics', { id: this.sandboxId }),
       this.getInfo(),
     ]);
-    const s: SandboxMetrics = {
-      timestamp: new Date(),
-      memUsed: m.memory_bytes ?? 0,
-      cpuUsageUsec: m.cpu_usage_usec ?? 0,
-      pids: m.pids ?? 0,
-    };
-    if (info.limits.cpus !== undefined) s.cpuCount = info.limits.cpus;
-    if (info.limits.memory !== undefined) s.memTotal = info.limits.memory;
-    if (m.memory_peak !== undefined) s.memoryPeak = m.memory_peak;
-    if (m.nr_throttled !== undefined) s.nrThrottled = m.nr_throttled;
-    if (m.throttled_usec !== undefined) s.throttledUsec = m.throttled_usec;
-    if (m.oom_kills !== undefined) s.oomKills = m.oom_kills;
-    return [s];
+    return [toMetrics(m, info)];
   }
 }

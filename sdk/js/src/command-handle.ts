@@ -1,0 +1,231 @@
+/**
+ * CommandHandle: one process of a sandbox as this client follows it (a
+ * command of sbx.commands, a terminal of sbx.pty): its output, its end, and
+ * the means to feed and kill it.
+ */
+import { StringDecoder } from 'node:string_decoder';
+import type { Commands } from './commands';
+import { CommandExitError, type CommandResult, NotFoundError, SandboxError, TimeoutError } from './errors';
+import type { SandboxLink } from './link';
+import { decodeData, exitStatus, outputStream } from './wire';
+
+/** @internal what a handle is made with */
+export interface HandleOpts {
+  onStdout?: (data: string) => void | Promise<void>;
+  onStderr?: (data: string) => void | Promise<void>;
+  /** A terminal's raw bytes (pty.create): output goes here, not to stdout. */
+  onData?: (data: Uint8Array) => void | Promise<void>;
+}
+
+function gone(sandboxId: string, why: string): TimeoutError {
+  return new TimeoutError(
+    `sandbox ${sandboxId} is gone (${why}): it was killed or its lifetime ran out. ` +
+      "Give it a longer life with 'timeoutMs' at create or with sbx.setTimeout()",
+  );
+}
+
+/** A TimeoutError when the sandbox is gone, else undefined (it still runs). */
+export async function sandboxGone(link: SandboxLink): Promise<TimeoutError | undefined> {
+  if (link.killed) return gone(link.sandboxId, 'killed');
+  try {
+    const info = await link.conn.call<{ state?: string }>('sandbox.get', { id: link.sandboxId });
+    if (info.state === 'running' || info.state === 'paused') return undefined;
+    return gone(link.sandboxId, `state ${String(info.state)}`);
+  } catch (e) {
+    if (e instanceof NotFoundError) return gone(link.sandboxId, 'not found');
+    return gone(link.sandboxId, (e as Error).message);
+  }
+}
+
+/**
+ * A command started with `background: true` (and behind every run): its pid,
+ * its output so far, and the means to wait for it, feed it and kill it.
+ */
+export class CommandHandle implements Partial<CommandResult> {
+  readonly pid: number;
+  private readonly link: SandboxLink;
+  private readonly commands: Commands;
+  private out = '';
+  private err = '';
+  private readonly decoders = { stdout: new StringDecoder('utf8'), stderr: new StringDecoder('utf8') };
+  private readonly onStdout?: (d: string) => void | Promise<void>;
+  private readonly onStderr?: (d: string) => void | Promise<void>;
+  private readonly onData?: (d: Uint8Array) => void | Promise<void>;
+  private result: CommandResult | undefined;
+  private readonly done: Promise<CommandResult>;
+  private settle!: { resolve: (r: CommandResult) => void; reject: (e: Error) => void };
+  private finished = false;
+  private killedByUs = false;
+  private holding = false;
+  private waiters = 0;
+  private dropCloseHandler: () => void = () => {};
+
+  /** @internal made by Commands */
+  constructor(link: SandboxLink, commands: Commands, pid: number, opts: HandleOpts) {
+    this.link = link;
+    this.commands = commands;
+    this.pid = pid;
+    this.onStdout = opts.onStdout;
+    this.onStderr = opts.onStderr;
+    this.onData = opts.onData;
+    this.done = new Promise<CommandResult>((resolve, reject) => {
+      this.settle = { resolve, reject };
+    });
+    // nobody has to call wait(): an unobserved failure is not an unhandled rejection
+    this.done.catch(() => {});
+    link.conn.subscribe(link.sandboxId, pid, (method, params) => this.onNotification(method, params));
+    this.dropCloseHandler = link.conn.onClose((e) =>
+      this.fail(link.killed ? gone(link.sandboxId, 'killed') : new SandboxError(`command ${pid}: ${e.message}`, { cause: e })),
+    );
+    // streaming to callbacks keeps Node alive until the end, as waiting does
+    if (this.onStdout || this.onStderr || this.onData) this.hold();
+  }
+
+  /** Everything the command wrote to stdout so far. */
+  get stdout(): string {
+    return this.out;
+  }
+  /** Everything the command wrote to stderr so far. */
+  get stderr(): string {
+    return this.err;
+  }
+  /** Its exit code, once it ended. */
+  get exitCode(): number | undefined {
+    return this.result?.exitCode;
+  }
+  /** Why it failed, once it ended and if it did. */
+  get error(): string | undefined {
+    return this.result?.error;
+  }
+
+  /**
+   * Waits for the end.  Resolves with the result on exit code 0; rejects with
+   * CommandExitError on any other code or a signal, with TimeoutError when
+   * its timeoutMs killed it or when its sandbox went away.
+   */
+  async wait(): Promise<CommandResult> {
+    this.waiters++;
+    this.hold();
+    try {
+      return await this.done;
+    } finally {
+      this.waiters--;
+    }
+  }
+
+  /** Kills the command and its whole tree (SIGKILL); false when it was no longer running. */
+  async kill(): Promise<boolean> {
+    if (this.finished) return false;
+    this.killedByUs = true;
+    return this.commands.kill(this.pid);
+  }
+
+  /** Writes to its stdin (started with `stdin: true`). */
+  async sendStdin(data: string | Uint8Array): Promise<void> {
+    return this.commands.sendStdin(this.pid, data);
+  }
+
+  /** Closes its stdin once what was written is delivered. */
+  async closeStdin(): Promise<void> {
+    return this.commands.closeStdin(this.pid);
+  }
+
+  /**
+   * Stops receiving its output and its end; the command keeps running (kill
+   * it with commands.kill(pid)).  A wait() still pending rejects.
+   */
+  async disconnect(): Promise<void> {
+    if (this.finished) return;
+    this.fail(new SandboxError(`command ${this.pid}: disconnected; it keeps running in the sandbox`));
+  }
+
+  private hold(): void {
+    if (this.holding || this.finished) return;
+    this.holding = true;
+    this.link.conn.hold();
+  }
+
+  private cleanup(): void {
+    this.finished = true;
+    this.link.conn.unsubscribe(this.link.sandboxId, this.pid);
+    this.dropCloseHandler();
+    this.commands._forget(this);
+    if (this.holding) {
+      this.holding = false;
+      this.link.conn.release();
+    }
+  }
+
+  /** @internal the sandbox went away under this command */
+  _sandboxGone(why: string): void {
+    this.fail(gone(this.link.sandboxId, why));
+  }
+
+  private fail(e: Error): void {
+    if (this.finished) return;
+    this.flush();
+    this.cleanup();
+    this.settle.reject(e);
+  }
+
+  private push(stream: 'stdout' | 'stderr', text: string): void {
+    if (text === '') return;
+    if (stream === 'stdout') {
+      this.out += text;
+      if (this.onStdout) void Promise.resolve(this.onStdout(text)).catch(() => {});
+    } else {
+      this.err += text;
+      if (this.onStderr) void Promise.resolve(this.onStderr(text)).catch(() => {});
+    }
+  }
+
+  private flush(): void {
+    this.push('stdout', this.decoders.stdout.end());
+    this.push('stderr', this.decoders.stderr.end());
+  }
+
+  /** @internal output the daemon kept from before this handle (commands.connect) */
+  _replay(chunks: Array<Record<string, unknown>>): void {
+    for (const c of chunks) this.onNotification('process.output', c);
+  }
+
+  private onNotification(method: string, p: Record<string, unknown>): void {
+    if (this.finished) return;
+    if (method === 'process.output') {
+      const stream = outputStream(p);
+      // a chunk that is not valid UTF-8 comes as base64 even when utf8 was
+      // asked for; the decoder joins characters split across chunks
+      const bytes = decodeData(p.data, p.encoding);
+      if (this.onData) {
+        const u8 = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+        void Promise.resolve(this.onData(u8)).catch(() => {});
+        return;
+      }
+      this.push(stream, this.decoders[stream].write(bytes));
+    } else if (method === 'process.exit') {
+      this.flush();
+      void this.onExit(p);
+    }
+  }
+
+  private async onExit(p: Record<string, unknown>): Promise<void> {
+    const { exitCode, signal, error } = exitStatus(p);
+    const result: CommandResult = { exitCode, stdout: this.out, stderr: this.err };
+    if (error !== undefined) result.error = error;
+    this.result = result;
+    this.finished = true;
+    let failure: Error | undefined;
+    if (p.timed_out === true) {
+      failure = new TimeoutError(`command ${this.pid} was killed: it ran past its timeoutMs`);
+    } else if (signal === 9 && !this.killedByUs) {
+      // processes of a killed sandbox report signal 9: is the sandbox still there?
+      failure = (await sandboxGone(this.link)) ?? new CommandExitError(result);
+    } else if (exitCode !== 0 || signal) {
+      failure = new CommandExitError(result);
+    }
+    this.cleanup();
+    if (failure) this.settle.reject(failure);
+    else this.settle.resolve(result);
+  }
+}
+

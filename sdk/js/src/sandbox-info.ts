@@ -1,0 +1,100 @@
+/**
+ * What the daemon says about a sandbox (sandbox.get, sandbox.list,
+ * sandbox.metrics), in the SDK's (E2B's) words.
+ */
+
+export type SandboxState = 'running' | 'paused';
+
+/** What getInfo and list say about a sandbox (E2B's SandboxInfo, and tupper's extras). */
+export interface SandboxInfo {
+  sandboxId: string;
+  /** The image it was made from (E2B's template id). */
+  templateId: string;
+  name?: string;
+  metadata: Record<string, string>;
+  state: SandboxState;
+  startedAt: Date;
+  /** When the daemon will kill it; absent without a lifetime. */
+  endAt?: Date;
+  /** CPU quota in cores, when limited. */
+  cpuCount?: number;
+  /** Memory limit in MiB, when limited. */
+  memoryMB?: number;
+  /** The limits set (memory and disk in bytes). */
+  limits: { memory?: number; cpus?: number; pids?: number; disk?: number };
+  /** Its lifetime (0: none). */
+  timeoutMs: number;
+  /** Live processes started through the API. */
+  processes?: number;
+  /** For a sandbox made from a recipe: its name, the key of its setup layer, and whether that layer was cached. */
+  recipe?: { name: string; layer?: string; cached?: boolean };
+  /**
+   * The account commands and files act as unless told otherwise, as E2B:
+   * `user` on an image with a `user` account (E2B's base image has one),
+   * the image's or recipe's User when it names one, else `root`.
+   */
+  defaultUser?: string;
+  /** That account's home: where relative paths and commands start (`/` for the root fallback). */
+  home?: string;
+  /** The working directory the sandbox was given (create's cwd, a recipe's workdir, the image's WorkingDir). */
+  workdir?: string;
+}
+
+/** One sample of the sandbox's counters, from its cgroup. */
+export interface SandboxMetrics {
+  timestamp: Date;
+  /** CPU quota in cores, when limited. */
+  cpuCount?: number;
+  /** Memory in use, bytes. */
+  memUsed: number;
+  /** Memory limit in bytes, when limited. */
+  memTotal?: number;
+  /** Total CPU time used, microseconds. */
+  cpuUsageUsec: number;
+  memoryPeak?: number;
+  pids: number;
+  nrThrottled?: number;
+  throttledUsec?: number;
+  oomKills?: number;
+}
+
+/** A sandbox.get or sandbox.list entry as a SandboxInfo. */
+export function toInfo(r: Record<string, unknown>): SandboxInfo {
+  const limits = (r.limits ?? {}) as SandboxInfo['limits'];
+  const info: SandboxInfo = {
+    sandboxId: String(r.id),
+    templateId: String(r.image ?? 'default'),
+    name: String(r.image ?? 'default'),
+    metadata: (r.metadata ?? {}) as Record<string, string>,
+    state: r.state as SandboxState,
+    startedAt: new Date(String(r.created_at)),
+    limits,
+    timeoutMs: Math.round((typeof r.timeout === 'number' ? r.timeout : 0) * 1000),
+  };
+  if (typeof r.expires_at === 'string') info.endAt = new Date(r.expires_at);
+  if (typeof limits.cpus === 'number') info.cpuCount = limits.cpus;
+  if (typeof limits.memory === 'number') info.memoryMB = limits.memory / (1 << 20);
+  if (typeof r.processes === 'number') info.processes = r.processes;
+  if (r.recipe && typeof r.recipe === 'object') info.recipe = r.recipe as SandboxInfo['recipe'];
+  if (typeof r.default_user === 'string') info.defaultUser = r.default_user;
+  if (typeof r.home === 'string') info.home = r.home;
+  if (typeof r.workdir === 'string') info.workdir = r.workdir;
+  return info;
+}
+
+/** A sandbox.metrics reply (and the limits of its SandboxInfo) as a SandboxMetrics sample taken now. */
+export function toMetrics(m: Record<string, number | undefined>, info: SandboxInfo): SandboxMetrics {
+  const s: SandboxMetrics = {
+    timestamp: new Date(),
+    memUsed: m.memory_bytes ?? 0,
+    cpuUsageUsec: m.cpu_usage_usec ?? 0,
+    pids: m.pids ?? 0,
+  };
+  if (info.limits.cpus !== undefined) s.cpuCount = info.limits.cpus;
+  if (info.limits.memory !== undefined) s.memTotal = info.limits.memory;
+  if (m.memory_peak !== undefined) s.memoryPeak = m.memory_peak;
+  if (m.nr_throttled !== undefined) s.nrThrottled = m.nr_throttled;
+  if (m.throttled_usec !== undefined) s.throttledUsec = m.throttled_usec;
+  if (m.oom_kills !== undefined) s.oomKills = m.oom_kills;
+  return s;
+}

@@ -1,0 +1,83 @@
+/**
+ * What Sandbox.create, Sandbox.connect and the static calls take.
+ */
+import type { ConnectionOpts } from './connection';
+import type { PolicyOpt } from './policy';
+import type { RecipeOpt } from './recipe';
+
+/** Options every call that talks to the daemon takes. */
+export interface SandboxConnectionOpts extends ConnectionOpts {
+  /** Accepted and ignored (E2B compatibility): the daemon's socket is guarded by its file mode. */
+  apiKey?: string;
+  /** Accepted and ignored (E2B compatibility). */
+  accessToken?: string;
+  /** Accepted and ignored (E2B compatibility). */
+  domain?: string;
+  /** Accepted and ignored (E2B compatibility). */
+  debug?: boolean;
+}
+
+/** Resource limits (docs/protocol.md, sandbox.create). */
+export interface SandboxLimits {
+  /** Bytes, or a string like "256M", "1.5G". */
+  memory?: number | string;
+  /** CPU quota in cores, e.g. 0.5. */
+  cpus?: number;
+  /** Most processes and threads at once. */
+  pids?: number;
+  /** Most the box may write: bytes or a string like "1G". */
+  disk?: number | string;
+}
+
+/**
+ * What a sandbox may reach (docs/network.md): `"none"` (the default), `"all"`
+ * (trusted use), or rules such as `"pypi.org"`, `"*.pythonhosted.org:443"`,
+ * `"10.1.2.0/24:5432"`; deny wins.
+ */
+export type NetworkRules = 'none' | 'all' | { allow?: string[]; deny?: string[] };
+
+/** One decision of the sandbox's network log. */
+export interface NetworkLogEntry {
+  time: string;
+  action: 'allow' | 'deny' | 'fail';
+  via: string;
+  host?: string;
+  port?: number;
+  reason?: string;
+  addr?: string;
+}
+
+export interface SandboxOpts extends SandboxConnectionOpts {
+  /** The image (E2B's template). Only "default", the embedded busybox image, for now. */
+  image?: string;
+  /**
+   * Where it runs: 'linux' (the default: namespaces on the host's kernel) or
+   * 'microvm' (a QEMU microVM with its own kernel; same API, see docs/microvm.md).
+   */
+  backend?: 'linux' | 'microvm';
+  /** Environment of every command. */
+  envs?: Record<string, string>;
+  /** Free-form strings, returned by getInfo and list. */
+  metadata?: Record<string, string>;
+  /** Lifetime: the daemon kills the sandbox this long after create (0: until killed). Default 300000. */
+  timeoutMs?: number;
+  limits?: SandboxLimits;
+  /** Default working directory of commands (default `/`). */
+  cwd?: string;
+  /**
+   * The policy file that binds the sandbox (docs/policy.md): a path, its
+   * text as `{source, name}`, or `false` for none.  Default: the nearest
+   * `tupper.lua` from `process.cwd()` upward, as the CLI does.
+   */
+  policy?: PolicyOpt;
+  /**
+   * The recipe the sandbox is made from (docs/recipes.md): a recipe file's
+   * path (its `.lock` beside it is honoured), a shipped recipe's name, or
+   * `{source, name, lock}`.  Its image, env, workdir, user, limits and files
+   * apply and its setup's layer is used; `envs`, `cwd`, `limits` and
+   * `timeoutMs` given here override the recipe's.
+   */
+  recipe?: RecipeOpt;
+  /** Egress rules; the daemon's HTTP proxy, SOCKS5 and DNS carry what they allow. */
+  network?: NetworkRules;
+}
