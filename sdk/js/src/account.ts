@@ -67,3 +67,19 @@ export function startAs(link: AccountInfo, user: string | undefined, cwd: string
   else if (user === undefined && link.defaultUser !== undefined) out.cwd = link.workdir ?? as.base;
   return out;
 }
+
+/**
+ * The params a process start (process.start, pty.create) adds for its
+ * options: its account and cwd (startAs), its env, its timeout in seconds
+ * (none for 0).
+ */
+export function startParams(
+  link: AccountInfo,
+  opts: { cwd?: string; envs?: Record<string, string>; user?: string },
+  timeoutMs: number,
+): Record<string, unknown> {
+  const p: Record<string, unknown> = { ...startAs(link, opts.user, opts.cwd) };
+  if (opts.envs !== undefined) p.env = opts.envs;
+  if (timeoutMs > 0) p.timeout = timeoutMs / 1000;
+  return p;
+}

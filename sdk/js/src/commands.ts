@@ -3,7 +3,7 @@
  * is `/bin/sh -c cmd`; its output arrives as process.output notifications
  * and its end as process.exit, on the connection that started it.
  */
-import { startAs } from './account';
+import { startParams } from './account';
 import { CommandHandle, type HandleOpts, sandboxGone } from './command-handle';
 import { type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, checkTimeoutMs } from './errors';
 import type { SandboxLink } from './link';
@@ -114,9 +114,7 @@ export class Commands {
     defaultTimeoutMs = DEFAULT_COMMAND_TIMEOUT_MS,
   ): Promise<CommandHandle> {
     const timeoutMs = checkTimeoutMs(opts.timeoutMs ?? defaultTimeoutMs, method);
-    Object.assign(params, startAs(this.link, opts.user, opts.cwd));
-    if (opts.envs !== undefined) params.env = opts.envs;
-    if (timeoutMs > 0) params.timeout = timeoutMs / 1000;
+    Object.assign(params, startParams(this.link, opts, timeoutMs));
     let handle: CommandHandle | undefined;
     try {
       await this.link.conn.call<{ pid: number }>(method, params, {

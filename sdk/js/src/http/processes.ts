@@ -6,7 +6,7 @@
  * whoever asks for it, until ten minutes after its end.
  */
 import { StringDecoder } from 'node:string_decoder';
-import { startAs } from '../account';
+import { startParams } from '../account';
 import { DEFAULT_COMMAND_TIMEOUT_MS } from '../commands';
 import { Connection, type ConnectionOpts } from '../connection';
 import { decodeData, outputStream } from '../wire';
@@ -111,11 +111,9 @@ export class Processes {
     const c = await this.connection(id);
     const timeoutMs = o.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
     const params: Record<string, unknown> = { sandbox: id, cmd, encoding: 'utf8' };
-    // the SDK's defaults: the sandbox's default account, in its home
-    Object.assign(params, startAs(await this.boxes.box(id), o.user, o.cwd));
-    if (o.envs !== undefined) params.env = o.envs;
     if (o.stdin) params.stdin = true;
-    if (timeoutMs > 0) params.timeout = timeoutMs / 1000;
+    // the SDK's defaults: the sandbox's default account, in its home
+    Object.assign(params, startParams(await this.boxes.box(id), o, timeoutMs));
     const dec = { stdout: new StringDecoder('utf8'), stderr: new StringDecoder('utf8') };
     const flush = () => {
       for (const stream of ['stdout', 'stderr'] as const) {

@@ -33,6 +33,13 @@ async function target(boxes: BoxCache, c: Exchange): Promise<FileTarget> {
   return { id, path: a.base !== undefined ? fromHome(path, a.base) : path, as: a.user !== undefined ? { user: a.user } : {} };
 }
 
+/** The sandbox, path and account of a call on one path through the SDK's files. */
+function fileQuery(c: Exchange): { id: string; path: string; user: string | undefined } {
+  const id = sandboxParam(c);
+  const path = pathQuery(c);
+  return { id, path, user: userQuery(c) };
+}
+
 /** GET: the file's bytes, read a chunk at a time as the client takes them. */
 async function download(d: Connection, c: Exchange, { id, path, as }: FileTarget): Promise<void> {
   let offset = 0;
@@ -141,25 +148,19 @@ export function register(router: Router, ctx: ServerContext): void {
   });
 
   router.route('DELETE', '/sandboxes/{id}/files', async (c) => {
-    const id = sandboxParam(c);
-    const path = pathQuery(c);
-    const user = userQuery(c);
+    const { id, path, user } = fileQuery(c);
     await boxes.onBox(id, (s) => s.files.remove(path, { user }));
     sendJson(c.res, 200, { removed: true });
   });
 
   router.route('GET', '/sandboxes/{id}/files/list', async (c) => {
-    const id = sandboxParam(c);
-    const path = pathQuery(c);
-    const user = userQuery(c);
+    const { id, path, user } = fileQuery(c);
     const entries: EntryInfo[] = await boxes.onBox(id, (s) => s.files.list(path, { user }));
     sendJson(c.res, 200, { entries });
   });
 
   router.route('GET', '/sandboxes/{id}/files/stat', async (c) => {
-    const id = sandboxParam(c);
-    const path = pathQuery(c);
-    const user = userQuery(c);
+    const { id, path, user } = fileQuery(c);
     sendJson(c.res, 200, await boxes.onBox(id, (s) => s.files.getInfo(path, { user })));
   });
 
