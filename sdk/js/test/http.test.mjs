@@ -1,4 +1,4 @@
-// The HTTP API (src/http.ts) against a real daemon, with fetch: every route,
+// The HTTP API (src/http/) against a real daemon, with fetch: every route,
 // streaming order, binary bodies byte-exact, the auth rules, the limits.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';

@@ -1,4 +1,4 @@
-// The MCP server (src/mcp.ts) through the official SDK's client over stdio,
+// The MCP server (src/mcp/) through the official SDK's client over stdio,
 // against a real daemon: list the tools, call each, a failing command, bad
 // arguments; the session's sandboxes die with it.
 import { after, before, test } from 'node:test';
