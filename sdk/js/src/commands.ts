@@ -8,7 +8,6 @@ import { CommandHandle, type HandleOpts, sandboxGone } from './command-handle';
 import { type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, checkTimeoutMs } from './errors';
 import type { SandboxLink } from './link';
 
-
 /** Default timeout of a command, as E2B: 60 s. 0 = none. */
 export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
 /** Most raw bytes in one process.stdin call. */
