@@ -1,6 +1,6 @@
 --- Test images made by hand: a ustar writer and an OCI image layout of
 -- given layers (gzip'ed), for the specs that import images (images_spec,
--- the slow microvm_spec).
+-- the slow microvm_images_spec).
 local uv = require("luv")
 local json = require("tupper.json")
 
