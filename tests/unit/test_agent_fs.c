@@ -434,9 +434,14 @@ static void test_fs_as(host_t *h, const char *tmp) {
   rec = msg_is_ok(m) ? msg_int(m, TP_TAG_WATCH, -1) : -1;
   msg_free(m);
   check(rec > 0, "WATCH_ADD as 1000 of its home");
-  check(mkdir(join(p, home, "/hidden"), 0700) == 0 && close(creat(join(p, home, "/hidden/f"), 0600)) == 0 &&
-            mkdir(join(p, home, "/open"), 0755) == 0 && chmod(p, 0755) == 0 &&
-            close(creat(join(p, home, "/open/f"), 0600)) == 0,
+  /* open is made 0755 at once (umask 022 for the mkdir): made under the
+   * test's umask 027 and chmod'ed after, it was root's 0750 for a moment, and
+   * an agent quick to walk it as 1000 rightly reported it as unreadable */
+  mode_t um = umask(022);
+  int made = mkdir(join(p, home, "/hidden"), 0700) == 0 && close(creat(join(p, home, "/hidden/f"), 0600)) == 0 &&
+             mkdir(join(p, home, "/open"), 0755) == 0;
+  umask(um);
+  check(made && close(creat(join(p, home, "/open/f"), 0600)) == 0,
         "root makes a 0700 dir (a file in it) and a 0755 one (a file in it) there");
   check(wait_wev(h, rec, TP_WE_CREATE, "open/f") && wait_wev(h, rec, TP_WE_OVERFLOW, "hidden") &&
             !wev_has(h, rec, TP_WE_CREATE, "hidden/f"),
