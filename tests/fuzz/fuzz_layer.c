@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "layer.h"
-#include "linux.h"
+#include "rmtree.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -38,7 +38,9 @@
 
 #include "frame.h"
 #include "tap.h"
+#include "image.h"
 #include "linux.h"
+#include "rmtree.h"
 
 #define UID_BASE 100000000u
 #define ID_COUNT 65536u
@@ -900,7 +902,7 @@ static void test_box(const env_t *e) {
     double t0 = now_ms();
     /* as uv_poll leaves it: destroy must still wait for the exit */
     fcntl(box.pidfd, F_SETFL, fcntl(box.pidfd, F_GETFL) | O_NONBLOCK);
-    r = tp_linux_box_destroy(&box, box_dir, &err);
+    r = tp_box_destroy(&box, box_dir, &err);
     check(r == 0, "destroy: ok in %.2f ms (%s)", now_ms() - t0, r < 0 ? err.msg : "ok");
     check(box.pidfd == -1 && box.chan_fd == -1, "destroy: fds closed and reset");
     check(kill(pid, 0) < 0 && errno == ESRCH, "destroy: PID 1 gone");
@@ -912,7 +914,7 @@ static void test_box(const env_t *e) {
     check(mounts_matching(box_dir) == 0, "destroy: no mount under box_dir left");
     check(!exists(box_dir), "destroy: box_dir removed");
     check(no_children_left(), "destroy: no zombie");
-    check(tp_linux_box_destroy(&box, box_dir, &err) == 0, "destroy: idempotent");
+    check(tp_box_destroy(&box, box_dir, &err) == 0, "destroy: idempotent");
   }
 out:
   free(c.buf);
@@ -1076,7 +1078,7 @@ static void test_box_layers(const env_t *e) {
       free(t);
     }
     free(p);
-    r = tp_linux_box_destroy(&box, box_dir, &err);
+    r = tp_box_destroy(&box, box_dir, &err);
     check(r == 0 && !exists(box_dir), "layers: destroyed (%s)", r < 0 ? err.msg : "ok");
   }
 
@@ -1110,7 +1112,7 @@ static void test_box_layers(const env_t *e) {
     o = box_out(&c, "ls /m | wc -l; cat /m/top");
     check(strcmp(o, "41\n39") == 0, "layers: 40 layers merged, the last on top ('%s')", o);
     free(o);
-    r = tp_linux_box_destroy(&box, box_dir, &err);
+    r = tp_box_destroy(&box, box_dir, &err);
     check(r == 0 && !exists(box_dir), "layers: many-layer box destroyed");
   }
   for (int i = 0; i < 40; i++)
@@ -1223,7 +1225,7 @@ static void test_box_limits(const env_t *e) {
   snprintf(path, sizeof(path), "%s/disk", box_dir);
   check(mounts_matching(path) == 0, "disk: its mount is not in the host's mount table");
 
-  r = tp_linux_box_destroy(&box, box_dir, &err);
+  r = tp_box_destroy(&box, box_dir, &err);
   check(r == 0, "limits: destroyed (%s)", r < 0 ? err.msg : "ok");
   loops = loops_backed_by(box_dir);
   check(loops == 0 && !exists(box_dir), "disk: after destroy no loop device refers to it (%d), "
@@ -1279,7 +1281,7 @@ static void test_limits_failures(const env_t *e) {
         "start: a filter that forbids the exec fails the start cleanly (%s)",
         r < 0 ? err.msg : "started");
   if (r == 0)
-    tp_linux_box_destroy(&box, box_dir, &err);
+    tp_box_destroy(&box, box_dir, &err);
   free(box_dir);
 }
 
@@ -1359,7 +1361,7 @@ static void test_box_outlives_daemon(const env_t *e) {
   snprintf(path, sizeof(path), "\nPPid:\t%d\n", (int) getpid());
   check(st != NULL && strstr(st, path) != NULL, "orphan: reparented to the subreaper");
   free(st);
-  r = tp_linux_box_destroy(&box, box_dir, &err);
+  r = tp_box_destroy(&box, box_dir, &err);
   check(r == 0 && !exists(box_dir), "orphan: destroyed by its new parent (%s)",
         r < 0 ? err.msg : "ok");
 out:
@@ -1416,7 +1418,7 @@ static void test_adopt(void) {
     if (waitid((idtype_t) 3 /* P_PIDFD */, (id_t) b.pidfd, &si, WEXITED | WNOHANG) == 0 ||
         errno != ECHILD)
       _exit(13); /* not ours to reap: destroy must take the other path */
-    if (tp_linux_box_destroy(&b, dir, &e2) < 0)
+    if (tp_box_destroy(&b, dir, &e2) < 0)
       _exit(14);
     if (exists(dir) || b.pidfd != -1 || b.chan_fd != -1)
       _exit(15);
@@ -1522,7 +1524,7 @@ static void test_box_readopt(const env_t *e) {
     } else if ((b.pidfd = (int) syscall(SYS_pidfd_open, box.pid, 0)) < 0) {
       _exit(14);
     }
-    _exit(tp_linux_box_destroy(&b, box_dir, &e2) == 0 ? 0 : 15);
+    _exit(tp_box_destroy(&b, box_dir, &e2) == 0 ? 0 : 15);
   }
   waitpid(kid, &status, 0);
   check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
@@ -1531,7 +1533,7 @@ static void test_box_readopt(const env_t *e) {
         now_ms() - t0, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
   check(loops_backed_by(box_dir) == 0 && !exists(box_dir),
         "readopt: by then no loop device and no file left");
-  r = tp_linux_box_destroy(&box, box_dir, &err); /* reaps the zombie */
+  r = tp_box_destroy(&box, box_dir, &err); /* reaps the zombie */
   check(r == 0 && no_children_left(), "readopt: the parent's destroy still works after (%s)",
         r < 0 ? err.msg : "ok");
 out:
@@ -1558,7 +1560,7 @@ static void *worker_main(void *arg) {
     s = spec_for(w->e, id, dir);
     if (w->index < 2)
       s.disk_bytes = 32 << 20; /* loop devices taken concurrently */
-    if (tp_linux_box_start(&s, &box, &err) < 0 || tp_linux_box_destroy(&box, dir, &err) < 0) {
+    if (tp_linux_box_start(&s, &box, &err) < 0 || tp_box_destroy(&box, dir, &err) < 0) {
       diag("thread %d: %s", w->index, err.msg);
       w->failures++;
     }
@@ -1612,7 +1614,7 @@ static void time_boxes(const env_t *e) {
       t0 = now_ms();
       ok = tp_linux_box_start(&s, &box, &err) == 0;
       t1 = now_ms();
-      ok = ok && tp_linux_box_destroy(&box, dir, &err) == 0;
+      ok = ok && tp_box_destroy(&box, dir, &err) == 0;
       if (!ok)
         diag("timing: %s", err.msg);
       t_start[i] = t1 - t0;

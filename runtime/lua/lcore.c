@@ -28,8 +28,10 @@
 #include "error.h"
 #include "frame.h"
 #include "ledit.h"
+#include "image.h"
 #include "linux.h"
-#include "microvm/microvm.h"
+#include "rmtree.h"
+#include "microvm.h"
 #include "tupper.h"
 #include "utils.h"
 
@@ -1273,8 +1275,8 @@ static int tp_lbox_queued(lua_State *L) {
 static int tp__lbox_destroy_dir(tp_lbox_t *b, tp_error_t *err) {
   char upper[TP__LBOX_PATH_MAX];
   if (b->keep_upper == NULL)
-    return tp_linux_box_destroy(&b->box, b->dir, err);
-  if (tp_linux_box_destroy(&b->box, NULL, err) < 0)
+    return tp_box_destroy(&b->box, b->dir, err);
+  if (tp_box_destroy(&b->box, NULL, err) < 0)
     return -1;
   if (snprintf(upper, sizeof(upper), "%s/upper", b->dir) >= (int) sizeof(upper)) {
     tp_rmtree(b->dir, NULL);
@@ -1379,7 +1381,7 @@ static int tp_lbox_gc(lua_State *L) {
     b->destroyed = 1;
     tp__lbox_stop(b);
     tp__lbox_unref(b);
-    tp_linux_box_destroy(&b->box, b->dir, &err);
+    tp_box_destroy(&b->box, b->dir, &err);
     tp__lbox_drop_cgroups(b, &err);
   } else if (b->ref_destroy != LUA_NOREF) {
     luaL_unref(L, LUA_REGISTRYINDEX, b->ref_destroy);

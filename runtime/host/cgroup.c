@@ -80,17 +80,7 @@ static void nap_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
-int tp_cgroup_valid_name(const char *name) {
-  size_t i;
-  if (name == NULL || !((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= '0' && name[0] <= '9')))
-    return 0;
-  for (i = 1; name[i] != '\0'; i++) {
-    char ch = name[i];
-    if (i > 62 || !((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-'))
-      return 0;
-  }
-  return 1;
-}
+int tp_cgroup_valid_name(const char *name) { return tp_name_valid(name); }
 
 /* ---- files ------------------------------------------------------------------------ */
 
