@@ -49,6 +49,8 @@ static int vm_start(void *state, const tp_start_spec_t *spec, tp_box_t *box, tp_
 }
 
 static int vm_check_adopt(const tp_adopt_spec_t *spec, tp_error_t *err) {
+  if (spec->dir == NULL || spec->dir[0] != '/')
+    return tp_error_set(err, EINVAL, "adopt VM: dir must be absolute");
   if (spec->pid < 2 || spec->pid > 0x7fffffff || spec->uid < 1 || spec->uid > 0x7fffffff ||
       spec->start_time < 0)
     return tp_error_set(err, EINVAL, "adopt VM: bad pid, uid or start time in its record");

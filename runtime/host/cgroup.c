@@ -47,16 +47,21 @@ static void dirs_add(cg_dirs_t *ds, const char *d) {
   ds->d[ds->n++] = d;
 }
 
-/* The distinct directories of cg, one per hierarchy. */
-static void cg_dirs(const tp_cgroup_t *cg, cg_dirs_t *ds) {
-  ds->n = 0;
+int tp_cgroup_dirs(const tp_cgroup_t *cg, const char *dirs[TP_CG_NCTRL]) {
+  cg_dirs_t ds = {.n = 0};
   if (cg->version == 2) {
-    dirs_add(ds, cg->path_v2);
-    return;
+    dirs_add(&ds, cg->path_v2);
+  } else {
+    for (int c = 0; c < TP_CG_NCTRL; c++)
+      dirs_add(&ds, cg->path_v1[c]);
   }
-  for (int c = 0; c < TP_CG_NCTRL; c++)
-    dirs_add(ds, cg->path_v1[c]);
+  for (int i = 0; i < ds.n; i++)
+    dirs[i] = ds.d[i];
+  return ds.n;
 }
+
+/* The distinct directories of cg, one per hierarchy. */
+static void cg_dirs(const tp_cgroup_t *cg, cg_dirs_t *ds) { ds->n = tp_cgroup_dirs(cg, ds->d); }
 
 /* The distinct mount points of root. */
 static void root_mounts(const tp_cgroup_root_t *root, cg_dirs_t *ds) {
