@@ -47,8 +47,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../linux/box_dev.h"
-#include "../linux/box_proc.h"
+#include "box_dev.h"
+#include "box_proc.h"
 #include "utils.h"
 
 #define VM_PORT_NAME "tupper.agent"

@@ -28,9 +28,8 @@
 #include <linux/filter.h>
 #include <sys/types.h>
 
+#include "backend.h" /* tp_box_t */
 #include "error.h"
-
-#include "proto.h" /* TP_AGENT_FD */
 
 #define TP_LAYERS_MAX 128 /* layers of one box (Docker allows 127; overlay 500) */
 
@@ -57,25 +56,14 @@ typedef struct tp_box_spec_s {
   const struct sock_fprog *seccomp; /* NULL = none; loaded with no_new_privs just before the agent's exec */
 } tp_box_spec_t;
 
-typedef struct tp_box_s {
-  pid_t pid;    /* host pid of the box's PID 1 (the agent) */
-  int pidfd;    /* pidfd of pid (CLOEXEC); readable when it exits */
-  int chan_fd;  /* host end of the agent channel (CLOEXEC, non-blocking) */
-} tp_box_t;
-
 /* Creates box_dir (with l/0..l/n-1: symlinks to the layers, for the overlay
  * mount) and starts the box.  On failure nothing is left behind (no
  * process, no directory) and err says which step failed. */
 int tp_linux_box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err);
 
-/* Kills the box's PID 1 (the kernel then kills every process of its PID
- * namespace), reaps it, closes the fds and removes box_dir.  Safe to call on a
- * box whose PID 1 already exited.  Mounts need no cleanup: they live only in
- * the box's own mount namespace, which dies with its last process. */
-int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err);
-/* (For an adopted box, which is not our child, destroy waits up to 10 s for
- * its pidfd to turn readable instead of reaping it: ETIMEDOUT after that,
- * with the box left as it was for a retry.) */
+/* The box's end is tp_box_destroy (backend.h): killing its PID 1 takes
+ * its whole PID namespace down, and its mounts need no cleanup: they live
+ * only in the box's own mount namespace, which dies with its last process. */
 
 /* Takes over a live box started by an earlier daemon: opens a pidfd of pid
  * and connects to <box_dir>/agent.sock, whose listener must be pid (checked
@@ -84,21 +72,11 @@ int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err);
  * is gone or is not that box's agent, ECONNREFUSED if nothing listens. */
 int tp_linux_box_adopt(const char *box_dir, pid_t pid, tp_box_t *box, tp_error_t *err);
 
-/* rm -rf of dir_path without ever following a symlink (openat + O_NOFOLLOW +
- * unlinkat); crossing into another filesystem is refused.  ENOENT is success. */
-int tp_rmtree(const char *dir_path, tp_error_t *err);
-
-/* Lays out the embedded default image (busybox) at `rootfs` if it is not
- * there yet (atomically: built in a temp dir next to it, then renamed):
- * /bin/busybox plus one symlink per applet (applets: busybox --list-full
- * output, one path per line), /etc/passwd, /etc/group, /etc/hostname,
- * /etc/resolv.conf, /root, /tmp (1777), /home/user, /proc, /dev, /sys.
- * Every file is owned by uid_base/gid_base (root in the box). */
-int tp_image_default_ensure(const char *rootfs, const void *busybox, size_t busybox_len,
-                            const char *applets, size_t applets_len, uid_t uid_base,
-                            gid_t gid_base, tp_error_t *err);
-
 /* A sealed, executable memfd holding the agent binary (for spec.agent_fd). */
 int tp_agent_memfd(const void *bin, size_t len, tp_error_t *err);
+
+/* The linux backend's vtable (backend.c): its state is the sealed agent
+ * memfd and the seccomp filter, built once per daemon. */
+extern const tp_backend_t tp_backend_linux;
 
 #endif

@@ -20,6 +20,7 @@
 #include <sys/types.h>
 
 #include "linux.h"
+#include "proto.h" /* TP_AGENT_FD, TP_AGENT_LISTEN_FD */
 
 enum tp__op_kind {
   TP__OP_CGROUP,   /* write "0" to dst (a cgroup.procs or tasks file): join that cgroup */

@@ -14,16 +14,16 @@
  * /proc/self/fd/N).  So the state and cache dirs stay private to root.
  *
  * The result is a tp_box_t like the linux backend's: pid/pidfd are QEMU's,
- * chan_fd carries the agent's frames, and tp_linux_box_destroy (SIGKILL,
- * reap, remove the dir) destroys it. */
+ * chan_fd carries the agent's frames, and tp_box_destroy (SIGKILL, reap,
+ * remove the dir) destroys it. */
 #ifndef TP_MICROVM_H
 #define TP_MICROVM_H
 
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "backend.h" /* tp_box_t */
 #include "error.h"
-#include "linux.h"
 
 typedef struct tp_vm_spec_s {
   const char *const *argv; /* QEMU's argv; argv[0] an absolute path */
@@ -83,5 +83,8 @@ int tp_microvm_ram_save(int memfd, const char *path, tp_error_t *err);
  * writing only the non-zero pages of src's data extents: a sparse copy of a
  * snapshot's writable disk, without a cp process. */
 int tp_microvm_copy_sparse(const char *src_path, const char *dst_path, tp_error_t *err);
+
+/* The microvm backend's vtable (backend.c): no per-daemon state. */
+extern const tp_backend_t tp_backend_microvm;
 
 #endif

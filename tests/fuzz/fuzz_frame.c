@@ -1,8 +1,8 @@
-/* libFuzzer target: the agent frame decoder (backends/agent/frame.c).
+/* libFuzzer target: the agent frame decoder (backends/proto/frame.c).
  *
  * The input is a byte stream as the host reads it from an agent's channel:
  * frames are cut with tp_frame_parse_header, split with tp_fields_parse, and
- * decoded the way runtime/lcore.c's tp__push_fields does it (single tags at
+ * decoded the way runtime/lua/l_frame.c's tp_l_push_fields does it (single tags at
  * most once, ENTRY groups parsed one level deep with a scratch array, no
  * ENTRY inside an ENTRY), only into C instead of a Lua table.  The whole
  * input is also parsed as one bare payload, to reach field parsing without
@@ -10,7 +10,7 @@
  *
  * Beyond "no crash, no sanitizer report", every accepted frame is checked:
  * fields lie inside the payload, integers are 8 bytes, strings carry no NUL
- * and stay under TP_STR_MAX, every tag indexes lcore's name table, a prefix
+ * and stay under TP_STR_MAX, every tag indexes l_frame.c's name table, a prefix
  * of a whole frame is "need more bytes", and re-encoding the decoded fields
  * with the encoder gives back the payload byte for byte. */
 #include <stdint.h>
@@ -36,7 +36,7 @@ typedef struct fz_ctx_s {
   tp_buf_t re;          /* the decoded frame encoded again */
 } fz_ctx_t;
 
-/* lcore.c keeps the tags it has seen in a uint64_t and indexes a table of
+/* l_frame.c keeps the tags it has seen in a uint64_t and indexes a table of
  * TP_TAG_MAX_ names with the tag: any tag the parser accepts must fit both. */
 static int fz_tag_repeated(unsigned tag) {
   return tag == TP_TAG_ARG || tag == TP_TAG_ENV || tag == TP_TAG_ENTRY;
@@ -76,7 +76,7 @@ static void fz_check_field(const tp_field_t *f, const uint8_t *p, uint32_t len) 
   }
 }
 
-/* Mirrors tp__push_fields: returns -1 where lcore.c rejects the payload.
+/* Mirrors tp_l_push_fields: returns -1 where l_frame.c rejects the payload.
  * Accepted fields are appended to ctx->re as the encoder would write them. */
 static int fz_decode(fz_ctx_t *ctx, const tp_field_t *fs, int n, const uint8_t *p, uint32_t len,
                      int nested, tp_field_t *scratch, int scratch_max) {
@@ -143,7 +143,7 @@ static void fz_payload(fz_ctx_t *ctx, uint8_t type, uint32_t id, const uint8_t *
   }
 }
 
-/* The byte stream: frames back to back, as lcore.c's dispatcher sees them. */
+/* The byte stream: frames back to back, as runtime/host/dbox.c's dispatcher sees them. */
 static void fz_stream(fz_ctx_t *ctx, const uint8_t *data, size_t size) {
   size_t off = 0;
   while (off < size) {

@@ -1,4 +1,4 @@
-/* libFuzzer target: the layer unpacker (runtime/layer.c).
+/* libFuzzer target: the layer unpacker (runtime/host/layer.c).
  *
  * The input is a layer blob as an image or a registry hands it over: a tar,
  * possibly gzip'ed or zstd'ed.  It is written to a file and unpacked into a
@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "layer.h"
-#include "linux.h"
+#include "rmtree.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -39,7 +39,9 @@
 
 #include "frame.h"
 #include "tap.h"
+#include "image.h"
 #include "linux.h"
+#include "rmtree.h"
 #include "linux_box.h"
 
 /* ------------------------------------------------------------ mountinfo */
@@ -376,7 +378,7 @@ static void test_box(const env_t *e) {
     double t0 = now_ms();
     /* as uv_poll leaves it: destroy must still wait for the exit */
     fcntl(box.pidfd, F_SETFL, fcntl(box.pidfd, F_GETFL) | O_NONBLOCK);
-    r = tp_linux_box_destroy(&box, box_dir, &err);
+    r = tp_box_destroy(&box, box_dir, &err);
     check(r == 0, "destroy: ok in %.2f ms (%s)", now_ms() - t0, r < 0 ? err.msg : "ok");
     check(box.pidfd == -1 && box.chan_fd == -1, "destroy: fds closed and reset");
     check(kill(pid, 0) < 0 && errno == ESRCH, "destroy: PID 1 gone");
@@ -388,7 +390,7 @@ static void test_box(const env_t *e) {
     check(mounts_matching(box_dir) == 0, "destroy: no mount under box_dir left");
     check(!exists(box_dir), "destroy: box_dir removed");
     check(no_children_left(), "destroy: no zombie");
-    check(tp_linux_box_destroy(&box, box_dir, &err) == 0, "destroy: idempotent");
+    check(tp_box_destroy(&box, box_dir, &err) == 0, "destroy: idempotent");
   }
 out:
   free(c.buf);
@@ -552,7 +554,7 @@ static void test_box_layers(const env_t *e) {
       free(t);
     }
     free(p);
-    r = tp_linux_box_destroy(&box, box_dir, &err);
+    r = tp_box_destroy(&box, box_dir, &err);
     check(r == 0 && !exists(box_dir), "layers: destroyed (%s)", r < 0 ? err.msg : "ok");
   }
 
@@ -586,7 +588,7 @@ static void test_box_layers(const env_t *e) {
     o = box_out(&c, "ls /m | wc -l; cat /m/top");
     check(strcmp(o, "41\n39") == 0, "layers: 40 layers merged, the last on top ('%s')", o);
     free(o);
-    r = tp_linux_box_destroy(&box, box_dir, &err);
+    r = tp_box_destroy(&box, box_dir, &err);
     check(r == 0 && !exists(box_dir), "layers: many-layer box destroyed");
   }
   for (int i = 0; i < 40; i++)

@@ -37,7 +37,9 @@
 
 #include "frame.h"
 #include "tap.h"
+#include "image.h"
 #include "linux.h"
+#include "rmtree.h"
 #include "linux_box.h"
 
 /* ------------------------------------------------------------ daemon death, adoption */
@@ -116,7 +118,7 @@ static void test_box_outlives_daemon(const env_t *e) {
   snprintf(path, sizeof(path), "\nPPid:\t%d\n", (int) getpid());
   check(st != NULL && strstr(st, path) != NULL, "orphan: reparented to the subreaper");
   free(st);
-  r = tp_linux_box_destroy(&box, box_dir, &err);
+  r = tp_box_destroy(&box, box_dir, &err);
   check(r == 0 && !exists(box_dir), "orphan: destroyed by its new parent (%s)",
         r < 0 ? err.msg : "ok");
 out:
@@ -173,7 +175,7 @@ static void test_adopt(void) {
     if (waitid((idtype_t) 3 /* P_PIDFD */, (id_t) b.pidfd, &si, WEXITED | WNOHANG) == 0 ||
         errno != ECHILD)
       _exit(13); /* not ours to reap: destroy must take the other path */
-    if (tp_linux_box_destroy(&b, dir, &e2) < 0)
+    if (tp_box_destroy(&b, dir, &e2) < 0)
       _exit(14);
     if (exists(dir) || b.pidfd != -1 || b.chan_fd != -1)
       _exit(15);
@@ -279,7 +281,7 @@ static void test_box_readopt(const env_t *e) {
     } else if ((b.pidfd = (int) syscall(SYS_pidfd_open, box.pid, 0)) < 0) {
       _exit(14);
     }
-    _exit(tp_linux_box_destroy(&b, box_dir, &e2) == 0 ? 0 : 15);
+    _exit(tp_box_destroy(&b, box_dir, &e2) == 0 ? 0 : 15);
   }
   waitpid(kid, &status, 0);
   check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
@@ -288,7 +290,7 @@ static void test_box_readopt(const env_t *e) {
         now_ms() - t0, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
   check(loops_backed_by(box_dir) == 0 && !exists(box_dir),
         "readopt: by then no loop device and no file left");
-  r = tp_linux_box_destroy(&box, box_dir, &err); /* reaps the zombie */
+  r = tp_box_destroy(&box, box_dir, &err); /* reaps the zombie */
   check(r == 0 && no_children_left(), "readopt: the parent's destroy still works after (%s)",
         r < 0 ? err.msg : "ok");
 out:
@@ -328,7 +330,7 @@ static void *worker_main(void *arg) {
     s = spec_for(w->e, id, dir);
     if (w->index < 2)
       s.disk_bytes = 32 << 20; /* loop devices taken concurrently */
-    if (tp_linux_box_start(&s, &box, &err) < 0 || tp_linux_box_destroy(&box, dir, &err) < 0) {
+    if (tp_linux_box_start(&s, &box, &err) < 0 || tp_box_destroy(&box, dir, &err) < 0) {
       diag("thread %d: %s", w->index, err.msg);
       w->failures++;
     }
@@ -382,7 +384,7 @@ static void time_boxes(const env_t *e) {
       t0 = now_ms();
       ok = tp_linux_box_start(&s, &box, &err) == 0;
       t1 = now_ms();
-      ok = ok && tp_linux_box_destroy(&box, dir, &err) == 0;
+      ok = ok && tp_box_destroy(&box, dir, &err) == 0;
       if (!ok)
         diag("timing: %s", err.msg);
       t_start[i] = t1 - t0;

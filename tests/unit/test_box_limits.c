@@ -36,7 +36,9 @@
 
 #include "frame.h"
 #include "tap.h"
+#include "image.h"
 #include "linux.h"
+#include "rmtree.h"
 #include "linux_box.h"
 
 /* ------------------------------------------------------------ limits */
@@ -137,7 +139,7 @@ static void test_box_limits(const env_t *e) {
   snprintf(path, sizeof(path), "%s/disk", box_dir);
   check(mounts_matching(path) == 0, "disk: its mount is not in the host's mount table");
 
-  r = tp_linux_box_destroy(&box, box_dir, &err);
+  r = tp_box_destroy(&box, box_dir, &err);
   check(r == 0, "limits: destroyed (%s)", r < 0 ? err.msg : "ok");
   loops = loops_backed_by(box_dir);
   check(loops == 0 && !exists(box_dir), "disk: after destroy no loop device refers to it (%d), "
@@ -193,7 +195,7 @@ static void test_limits_failures(const env_t *e) {
         "start: a filter that forbids the exec fails the start cleanly (%s)",
         r < 0 ? err.msg : "started");
   if (r == 0)
-    tp_linux_box_destroy(&box, box_dir, &err);
+    tp_box_destroy(&box, box_dir, &err);
   free(box_dir);
 }
 

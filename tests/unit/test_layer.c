@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "layer.h"
-#include "linux.h"
+#include "rmtree.h"
 #include "tap.h"
 
 #define BASE 100000000u

@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "microvm/microvm.h"
+#include "microvm.h"
 #include "tap.h"
 
 #define QUID 100130000u /* a microVM uid (microvm.lua: 100065536 + n) */

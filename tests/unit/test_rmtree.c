@@ -35,7 +35,9 @@
 
 #include "frame.h"
 #include "tap.h"
+#include "image.h"
 #include "linux.h"
+#include "rmtree.h"
 #include "linux_box.h"
 
 /* ------------------------------------------------------------ tp_rmtree */

@@ -49,6 +49,7 @@
 #include <seccomp.h>
 
 #include "linux.h"
+#include "rmtree.h"
 #include "tp_seccomp.h"
 #include "utils.h"
 #include "tap.h"

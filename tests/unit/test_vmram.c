@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "microvm/microvm.h"
+#include "microvm.h"
 #include "tap.h"
 
 #define PAGE 4096

@@ -11,7 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "linux.h"
+#include "image.h"
+#include "rmtree.h"
 #include "utils.h"
 
 #define TP__APPLET_MAX 255

@@ -38,4 +38,17 @@ static inline void tp__cleanup_pidp(pid_t *pid) {
 
 #define TP_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
+/* 1 if name matches [a-z0-9][a-z0-9-]{0,62} (a sandbox id, a cgroup or
+ * process tree name: safe as a path component and a hostname), else 0. */
+static inline int tp_name_valid(const char *name) {
+  if (name == NULL || !((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= '0' && name[0] <= '9')))
+    return 0;
+  for (size_t i = 1; name[i] != '\0'; i++) {
+    char ch = name[i];
+    if (i > 62 || !((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-'))
+      return 0;
+  }
+  return 1;
+}
+
 #endif

@@ -9,13 +9,14 @@
 #include <string.h>
 
 #include "http.h"
+#include "job.h"
+#include "l_core.h"
 #include "tupper.h"
 #include "utils.h"
 
 #define TP_HTTP_JOB_MT "tupper.http_job"
 
 typedef struct tp_ljob_s {
-  uv_work_t work;
   lua_State *L;            /* main thread */
   int ref_cb, ref_self;
   tp_http_spec_t spec;
@@ -43,8 +44,8 @@ static void tp__ljob_free(tp_ljob_t *j) {
   free(j);
 }
 
-static void tp__http_work(uv_work_t *req) {
-  tp_ljob_t *j = req->data;
+static void tp__http_work(void *data) {
+  tp_ljob_t *j = data;
   j->ret = tp_http_fetch(&j->spec, &j->res, &j->err);
 }
 
@@ -55,8 +56,8 @@ static void tp__setstr(lua_State *L, const char *k, const char *v) {
   lua_setfield(L, -2, k);
 }
 
-static void tp__http_after(uv_work_t *req, int status) {
-  tp_ljob_t *j = req->data;
+static void tp__http_after(void *data, int status) {
+  tp_ljob_t *j = data;
   lua_State *L = j->L;
   tp_http_result_t *r = &j->res;
   j->done = 1;
@@ -250,8 +251,7 @@ static int tp_lcore_http_get(lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   j->L = lua_tothread(L, -1);
   lua_pop(L, 1);
-  j->work.data = j;
-  r = uv_queue_work(luv_loop(L), &j->work, tp__http_work, tp__http_after);
+  r = tp_job_queue(luv_loop(L), tp__http_work, tp__http_after, j);
   if (r < 0) {
     j->done = 1; /* __gc frees it */
     lua_pushnil(L);
@@ -265,7 +265,7 @@ static int tp_lcore_http_get(lua_State *L) {
   return 1;
 }
 
-void tp_lhttp_register(lua_State *L) {
+void tp_l_http_register(lua_State *L) {
   static const luaL_Reg job_methods[] = {
       {"progress", tp_ljob_progress}, {"cancel", tp_ljob_cancel}, {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"http_get", tp_lcore_http_get},

@@ -16,7 +16,7 @@
 
 #include <editline/readline.h>
 
-#include "ledit.h"
+#include "l_core.h"
 
 #define TP_LEDIT_COMPLETER "tupper.ledit.completer"
 #define TP_LEDIT_HISTORY_MAX 1000
@@ -119,7 +119,7 @@ static char **tp__ledit_complete(const char *text, int start, int end) {
 /* core.ledit_open(history_path|nil, completer): sets libedit up and loads
  * the history (at most 1000 lines).  completer(text, line) returns the
  * candidates that replace text, the word before the cursor. */
-int tp_lcore_ledit_open(lua_State *L) {
+static int tp_lcore_ledit_open(lua_State *L) {
   const char *hist = luaL_optstring(L, 1, NULL);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_pushvalue(L, 2);
@@ -140,7 +140,7 @@ int tp_lcore_ledit_open(lua_State *L) {
 }
 
 /* core.ledit_prompt(prompt): shows prompt and starts reading a line. */
-int tp_lcore_ledit_prompt(lua_State *L) {
+static int tp_lcore_ledit_prompt(lua_State *L) {
   const char *prompt = luaL_checkstring(L, 1);
   free(tp__ledit.line);
   tp__ledit.line = NULL;
@@ -152,7 +152,7 @@ int tp_lcore_ledit_prompt(lua_State *L) {
 
 /* core.ledit_feed(): reads what stdin has.  Returns the line once complete,
  * false at end of input (^D), nil while the line is being edited. */
-int tp_lcore_ledit_feed(lua_State *L) {
+static int tp_lcore_ledit_feed(lua_State *L) {
   if (!tp__ledit.installed)
     return luaL_error(L, "ledit_feed: no prompt");
   tp__ledit.L = L;
@@ -176,7 +176,7 @@ int tp_lcore_ledit_feed(lua_State *L) {
 
 /* core.ledit_clear(): drops the line being edited (^C at the prompt) and
  * ends the prompt; call ledit_prompt for a fresh one. */
-int tp_lcore_ledit_clear(lua_State *L) {
+static int tp_lcore_ledit_clear(lua_State *L) {
   (void) L;
   if (tp__ledit.installed) {
     rl_replace_line("", 0);
@@ -188,7 +188,7 @@ int tp_lcore_ledit_clear(lua_State *L) {
 
 /* core.ledit_add_history(line, path|nil): remembers line and rewrites the
  * history file (mode 0600: it may hold secrets).  Returns true, or nil, msg. */
-int tp_lcore_ledit_add_history(lua_State *L) {
+static int tp_lcore_ledit_add_history(lua_State *L) {
   const char *line = luaL_checkstring(L, 1);
   const char *path = luaL_optstring(L, 2, NULL);
   int ret;
@@ -207,11 +207,20 @@ int tp_lcore_ledit_add_history(lua_State *L) {
 }
 
 /* core.ledit_close(): leaves the terminal as it found it. */
-int tp_lcore_ledit_close(lua_State *L) {
+static int tp_lcore_ledit_close(lua_State *L) {
   tp_lcore_ledit_clear(L);
   free(tp__ledit.line);
   tp__ledit.line = NULL;
   lua_pushnil(L);
   lua_setfield(L, LUA_REGISTRYINDEX, TP_LEDIT_COMPLETER);
   return 0;
+}
+
+void tp_l_edit_register(lua_State *L) {
+  static const luaL_Reg funcs[] = {
+      {"ledit_open", tp_lcore_ledit_open},   {"ledit_prompt", tp_lcore_ledit_prompt},
+      {"ledit_feed", tp_lcore_ledit_feed},   {"ledit_clear", tp_lcore_ledit_clear},
+      {"ledit_add_history", tp_lcore_ledit_add_history}, {"ledit_close", tp_lcore_ledit_close},
+      {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
 }

@@ -18,12 +18,8 @@ lua_State *tp_lua_new(uv_loop_t *loop);
  * negative Lua status on error (the error is popped). */
 int tp_lua_pcall(lua_State *L, int nargs, int nresults, int flags);
 
-/* luaopen function of the `tupper.core` module (lcore.c). */
+/* luaopen function of the `tupper.core` module (l_core.c). */
 int luaopen_tupper_core(lua_State *L);
-
-/* Adds the image store's functions (limage.c) to the table on the top of
- * the stack (tupper.core). */
-void tp_limage_register(lua_State *L);
 
 /* Closes a state made by tp_lua_new and frees its allocator's heap. */
 void tp_lua_close(lua_State *L);
@@ -32,7 +28,7 @@ void tp_lua_close(lua_State *L);
  * default"), or nil (lstate.c; registered in tupper.core). */
 int tp_lua_embedded_source(lua_State *L);
 
-/* The recipe VM (lvm.c).  The state's allocator counts the bytes in use and,
+/* The recipe VM (l_jail.c).  The state's allocator counts the bytes in use and,
  * while a run is active, refuses growth beyond the run's budget; the same
  * struct holds the run's instruction budget, read by the count hook. */
 typedef struct tp_lvm_heap_s {
@@ -60,9 +56,5 @@ int tp_lvm_run(lua_State *L);
 /* luaopen function of `tupper.recipe.jail_core` (also built as a loadable module for
  * the Lua specs: build/lua/tupper/recipe/jail_core.so). */
 int luaopen_tupper_recipe_jail_core(lua_State *L);
-
-/* Adds http_get to the tupper.core table on the
- * stack top (lhttp.c: the registry client's transport). */
-void tp_lhttp_register(lua_State *L);
 
 #endif

@@ -19,7 +19,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "linux.h"
+#include "rmtree.h"
 #include "utils.h"
 
 #define TP__RESCANS_MAX 8 /* a dir still not empty after this many passes: give up */

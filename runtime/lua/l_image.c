@@ -18,13 +18,14 @@
 #include <string.h>
 #include <uv.h>
 
+#include "job.h"
 #include "layer.h"
+#include "l_core.h"
 #include "tupper.h"
 
 enum job_kind { JOB_UNPACK, JOB_BLOB, JOB_TAR };
 
 typedef struct img_job_s {
-  uv_work_t work;
   lua_State *L; /* main thread */
   int ref_cb;
   enum job_kind kind;
@@ -45,8 +46,8 @@ static void job_free(img_job_t *j) {
   free(j);
 }
 
-static void job_work(uv_work_t *req) {
-  img_job_t *j = req->data;
+static void job_work(void *data) {
+  img_job_t *j = data;
   switch (j->kind) {
   case JOB_UNPACK:
     j->opts.want_digest = j->want;
@@ -62,8 +63,8 @@ static void job_work(uv_work_t *req) {
   }
 }
 
-static void job_after(uv_work_t *req, int status) {
-  img_job_t *j = req->data;
+static void job_after(void *data, int status) {
+  img_job_t *j = data;
   lua_State *L = j->L;
   lua_rawgeti(L, LUA_REGISTRYINDEX, j->ref_cb);
   luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
@@ -105,8 +106,7 @@ static int job_queue(lua_State *L, img_job_t *j, int cb) {
   lua_pop(L, 1);
   lua_pushvalue(L, cb);
   j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
-  j->work.data = j;
-  r = uv_queue_work(luv_loop(L), &j->work, job_work, job_after);
+  r = tp_job_queue(luv_loop(L), job_work, job_after, j);
   if (r < 0) {
     luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
     job_free(j);
@@ -227,7 +227,7 @@ static int l_digest_valid(lua_State *L) {
   return 1;
 }
 
-void tp_limage_register(lua_State *L) {
+void tp_l_image_register(lua_State *L) {
   static const luaL_Reg funcs[] = {{"layer_unpack", l_layer_unpack},
                                    {"blob_put", l_blob_put},
                                    {"tar_dir", l_tar_dir},

@@ -45,7 +45,7 @@ static pid_t tp__inner_pid(pid_t pid) {
   return fields >= 2 ? (pid_t) last : -1;
 }
 
-int tp_linux_host_pid(const pid_t *candidates, size_t n, pid_t box_pid, pid_t *host,
+int tp_nspid_host_pid(const pid_t *candidates, size_t n, pid_t box_pid, pid_t *host,
                       tp_error_t *err) {
   for (size_t i = 0; i < n; i++) {
     if (tp__inner_pid(candidates[i]) == box_pid) {

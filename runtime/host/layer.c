@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "layer.h"
-#include "linux.h"
+#include "rmtree.h"
 #include "sha256.h"
 #include "utils.h"
 

@@ -24,14 +24,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cgroup.h"
+#include "cgroup_int.h"
 #include "utils.h"
 
 #define CG_MAX_DEPTH 8      /* subs are one level deep; anything deeper is refused */
 #define CG_BUSY_RETRIES 100 /* rmdir EBUSY right after the last exit: retry, 1 ms apart */
 #define CG_PIN_BATCH 128    /* pidfds held at once while killing */
 
-static const char *const ctrl_name[TP_CG_NCTRL] = {"memory", "pids", "cpu", "cpuacct", "freezer"};
+const char *const tp__cg_ctrl_name[TP_CG_NCTRL] = {"memory", "pids", "cpu", "cpuacct", "freezer"};
 
 typedef struct cg_dirs_s {
   const char *d[TP_CG_NCTRL];
@@ -47,16 +47,21 @@ static void dirs_add(cg_dirs_t *ds, const char *d) {
   ds->d[ds->n++] = d;
 }
 
-/* The distinct directories of cg, one per hierarchy. */
-static void cg_dirs(const tp_cgroup_t *cg, cg_dirs_t *ds) {
-  ds->n = 0;
+int tp_cgroup_dirs(const tp_cgroup_t *cg, const char *dirs[TP_CG_NCTRL]) {
+  cg_dirs_t ds = {.n = 0};
   if (cg->version == 2) {
-    dirs_add(ds, cg->path_v2);
-    return;
+    dirs_add(&ds, cg->path_v2);
+  } else {
+    for (int c = 0; c < TP_CG_NCTRL; c++)
+      dirs_add(&ds, cg->path_v1[c]);
   }
-  for (int c = 0; c < TP_CG_NCTRL; c++)
-    dirs_add(ds, cg->path_v1[c]);
+  for (int i = 0; i < ds.n; i++)
+    dirs[i] = ds.d[i];
+  return ds.n;
 }
+
+/* The distinct directories of cg, one per hierarchy. */
+static void cg_dirs(const tp_cgroup_t *cg, cg_dirs_t *ds) { ds->n = tp_cgroup_dirs(cg, ds->d); }
 
 /* The distinct mount points of root. */
 static void root_mounts(const tp_cgroup_root_t *root, cg_dirs_t *ds) {
@@ -69,232 +74,7 @@ static void root_mounts(const tp_cgroup_root_t *root, cg_dirs_t *ds) {
     dirs_add(ds, root->v1[c]);
 }
 
-static long long now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void nap_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-int tp_cgroup_valid_name(const char *name) {
-  size_t i;
-  if (name == NULL || !((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= '0' && name[0] <= '9')))
-    return 0;
-  for (i = 1; name[i] != '\0'; i++) {
-    char ch = name[i];
-    if (i > 62 || !((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-'))
-      return 0;
-  }
-  return 1;
-}
-
-/* ---- files ------------------------------------------------------------------------ */
-
-/* Writes val to dir/file.  With `optional`, a missing file returns 1. */
-static int cg_write(const char *dir, const char *file, const char *val, int optional,
-                    tp_error_t *err) {
-  cleanup_free char *p = NULL;
-  cleanup_close int fd = -1;
-  size_t len = strlen(val);
-  ssize_t w;
-
-  if (asprintf(&p, "%s/%s", dir, file) < 0) {
-    p = NULL;
-    return tp_error_errno(err, ENOMEM, "write '%s/%s'", dir, file);
-  }
-  fd = open(p, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    if (optional && errno == ENOENT)
-      return 1;
-    return tp_error_errno(err, errno, "open '%s'", p);
-  }
-  do
-    w = write(fd, val, len);
-  while (w < 0 && errno == EINTR);
-  if (w < 0)
-    return tp_error_errno(err, errno, "write '%s' to '%s'", val, p);
-  if ((size_t) w != len)
-    return tp_error_set(err, EIO, "short write of '%s' to '%s'", val, p);
-  return 0;
-}
-
-/* Reads fd whole into a NUL-terminated buffer; NULL with errno set. */
-static char *read_fd(int fd) {
-  size_t cap = 4096, len = 0;
-  char *buf = malloc(cap), *nb;
-  ssize_t r;
-
-  if (buf == NULL)
-    return NULL;
-  for (;;) {
-    if (len + 1 >= cap) {
-      nb = cap < (64u << 20) ? realloc(buf, cap * 2) : NULL;
-      if (nb == NULL) {
-        free(buf);
-        errno = ENOMEM;
-        return NULL;
-      }
-      buf = nb;
-      cap *= 2;
-    }
-    r = read(fd, buf + len, cap - len - 1);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0) {
-      int e = errno;
-      free(buf);
-      errno = e;
-      return NULL;
-    }
-    if (r == 0)
-      break;
-    len += (size_t) r;
-  }
-  buf[len] = '\0';
-  return buf;
-}
-
-/* dir/file whole; NULL with errno set (and err, if given). */
-static char *cg_read(const char *dir, const char *file, tp_error_t *err) {
-  cleanup_free char *p = NULL;
-  cleanup_close int fd = -1;
-  char *text;
-  int e;
-
-  if (asprintf(&p, "%s/%s", dir, file) < 0) {
-    p = NULL;
-    tp_error_errno(err, ENOMEM, "read '%s/%s'", dir, file);
-    errno = ENOMEM;
-    return NULL;
-  }
-  fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd >= 0 && (text = read_fd(fd)) != NULL)
-    return text;
-  e = errno;
-  tp_error_errno(err, e, "read '%s'", p);
-  errno = e;
-  return NULL;
-}
-
-/* The value of "key <n>" in a flat keyed file's text, or -1. */
-static int64_t keyed(const char *text, const char *key) {
-  size_t kl = strlen(key);
-  const char *line = text;
-  while (line != NULL && *line != '\0') {
-    if (strncmp(line, key, kl) == 0 && line[kl] == ' ')
-      return strtoll(line + kl + 1, NULL, 10);
-    line = strchr(line, '\n');
-    if (line != NULL)
-      line++;
-  }
-  return -1;
-}
-
-/* 1 if word is one of the space-separated words of text. */
-static int has_word(const char *text, const char *word) {
-  size_t wl = strlen(word);
-  const char *p = text;
-  while ((p = strstr(p, word)) != NULL) {
-    int start = p == text || p[-1] == ' ' || p[-1] == '\n';
-    int end = p[wl] == '\0' || p[wl] == ' ' || p[wl] == '\n';
-    if (start && end)
-      return 1;
-    p += wl;
-  }
-  return 0;
-}
-
-/* A single number (or "max") from dir/file, or -1 if unreadable. */
-static int64_t read_num(const char *dir, const char *file) {
-  cleanup_free char *text = dir ? cg_read(dir, file, NULL) : NULL;
-  if (text == NULL)
-    return -1;
-  if (strncmp(text, "max", 3) == 0)
-    return INT64_MAX;
-  return strtoll(text, NULL, 10);
-}
-
-static int64_t read_keyed(const char *dir, const char *file, const char *key) {
-  cleanup_free char *text = dir ? cg_read(dir, file, NULL) : NULL;
-  return text ? keyed(text, key) : -1;
-}
-
-/* ---- detection -------------------------------------------------------------------- */
-
-/* Decodes mountinfo's octal escapes (\040 for a space) in place. */
-static void unescape(char *s) {
-  char *o = s;
-  for (; *s; s++) {
-    if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
-        s[3] >= '0' && s[3] <= '7') {
-      *o++ = (char) ((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
-      s += 3;
-    } else {
-      *o++ = *s;
-    }
-  }
-  *o = '\0';
-}
-
-static int under(const char *path, const char *dir) {
-  size_t n = strlen(dir);
-  if (strcmp(dir, "/") == 0)
-    return 1;
-  return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
-}
-
-/* One mountinfo line: if it is a v1 cgroup mount below dir, take its controllers. */
-static int v1_line(char *line, tp_cgroup_root_t *root) {
-  char *field[16], *save = NULL, *tok, *opts;
-  int n = 0, sep = -1;
-
-  for (tok = strtok_r(line, " \n", &save); tok != NULL && n < 16; tok = strtok_r(NULL, " \n", &save)) {
-    if (sep < 0 && n >= 6 && strcmp(tok, "-") == 0)
-      sep = n;
-    field[n++] = tok;
-  }
-  if (sep < 0 || sep + 3 >= n || strcmp(field[sep + 1], "cgroup") != 0)
-    return 0;
-  unescape(field[4]);
-  if (!under(field[4], root->dir))
-    return 0;
-  opts = field[sep + 3];
-  for (tok = strtok_r(opts, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save))
-    for (int c = 0; c < TP_CG_NCTRL; c++)
-      if (strcmp(tok, ctrl_name[c]) == 0 && root->v1[c] == NULL) {
-        root->v1[c] = strdup(field[4]);
-        if (root->v1[c] == NULL)
-          return -1;
-        root->avail |= 1u << c;
-      }
-  return 0;
-}
-
-static int detect_v1(tp_cgroup_root_t *root, tp_error_t *err) {
-  FILE *f = fopen("/proc/self/mountinfo", "re");
-  char *line = NULL;
-  size_t cap = 0;
-  int ret = 0;
-
-  if (f == NULL)
-    return tp_error_errno(err, errno, "open /proc/self/mountinfo");
-  while (getline(&line, &cap, f) > 0)
-    if (v1_line(line, root) < 0) {
-      ret = tp_error_errno(err, ENOMEM, "parse /proc/self/mountinfo");
-      break;
-    }
-  free(line);
-  fclose(f);
-  if (ret == 0 && root->avail == 0)
-    ret = tp_error_set(err, ENOTSUP,
-                       "no cgroup2 mount and no v1 memory, pids, cpu or freezer hierarchy at '%s'",
-                       root->dir);
-  return ret;
-}
+int tp_cgroup_valid_name(const char *name) { return tp_name_valid(name); }
 
 void tp_cgroup_root_free(tp_cgroup_root_t *root) {
   free(root->dir);
@@ -318,22 +98,14 @@ int tp_cgroup_detect(const char *root_dir, tp_cgroup_root_t *root, tp_error_t *e
     return -1;
   }
   if (sfs.f_type == CGROUP2_SUPER_MAGIC) {
-    cleanup_free char *ctl = cg_read(root->dir, "cgroup.controllers", err);
-    root->version = 2;
-    root->v2 = strdup(root->dir);
-    if (ctl == NULL || root->v2 == NULL) {
-      if (root->v2 == NULL)
-        tp_error_errno(err, ENOMEM, "cgroup root");
+    if (tp__cg_v2_detect(root, err) < 0) {
       tp_cgroup_root_free(root);
       return -1;
     }
-    for (int c = TP_CG_MEMORY; c <= TP_CG_CPU; c++)
-      if (has_word(ctl, ctrl_name[c]))
-        root->avail |= 1u << c;
     return 0;
   }
   root->version = 1;
-  if (detect_v1(root, err) < 0) {
+  if (tp__cg_v1_detect(root, err) < 0) {
     tp_cgroup_root_free(root);
     return -1;
   }
@@ -393,11 +165,6 @@ static int box_init(tp_cgroup_t *cg, const tp_cgroup_root_t *root, const char *i
   return 0;
 }
 
-static int is_dir(const char *p) {
-  struct stat st;
-  return lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 /* dir's parent, as a fresh string. */
 static char *parent_of(const char *dir) {
   const char *slash = strrchr(dir, '/');
@@ -423,88 +190,11 @@ static unsigned limits_need(const tp_cgroup_limits_t *lim) {
          (lim->cpu_quota ? 1u << TP_CG_CPU : 0);
 }
 
-/* v2: enables controllers `want` for dir's children; a failure matters only
- * for those in `need`. */
-static int v2_enable(const char *dir, unsigned want, unsigned need, tp_error_t *err) {
-  cleanup_free char *avail = cg_read(dir, "cgroup.controllers", err);
-  cleanup_free char *on = avail ? cg_read(dir, "cgroup.subtree_control", err) : NULL;
-  char val[16];
-
-  if (on == NULL)
-    return -1;
-  for (int c = TP_CG_MEMORY; c <= TP_CG_CPU; c++) {
-    if (!(want & (1u << c)) || has_word(on, ctrl_name[c]))
-      continue;
-    if (!has_word(avail, ctrl_name[c])) {
-      if (need & (1u << c))
-        return tp_error_set(err, EOPNOTSUPP, "the %s controller is not available in '%s'",
-                            ctrl_name[c], dir);
-      continue;
-    }
-    snprintf(val, sizeof(val), "+%s", ctrl_name[c]);
-    if (cg_write(dir, "cgroup.subtree_control", val, 0, err) < 0 && (need & (1u << c))) {
-      if (err != NULL && err->code == EBUSY)
-        tp_error_prefix(err, "'%s' holds processes of its own, move them to a child cgroup first",
-                        dir);
-      return -1;
-    }
-  }
-  return 0;
-}
-
-static int write_limits_v2(const tp_cgroup_t *cg, const tp_cgroup_limits_t *lim, int64_t period,
-                           tp_error_t *err) {
-  char v[64];
-  if (lim->memory) {
-    snprintf(v, sizeof(v), "%" PRId64, lim->memory);
-    if (cg_write(cg->path_v2, "memory.max", v, 0, err) < 0 ||
-        cg_write(cg->path_v2, "memory.swap.max", "0", 1, err) < 0)
-      return -1;
-  }
-  if (lim->pids) {
-    snprintf(v, sizeof(v), "%" PRId64, lim->pids);
-    if (cg_write(cg->path_v2, "pids.max", v, 0, err) < 0)
-      return -1;
-  }
-  if (lim->cpu_quota) {
-    snprintf(v, sizeof(v), "%" PRId64 " %" PRId64, lim->cpu_quota, period);
-    if (cg_write(cg->path_v2, "cpu.max", v, 0, err) < 0)
-      return -1;
-  }
-  return 0;
-}
-
-static int write_limits_v1(const tp_cgroup_t *cg, const tp_cgroup_limits_t *lim, int64_t period,
-                           tp_error_t *err) {
-  char v[32];
-  if (lim->memory) {
-    /* memsw must stay >= the memory limit: memory first (memsw is unlimited now) */
-    snprintf(v, sizeof(v), "%" PRId64, lim->memory);
-    if (cg_write(cg->path_v1[TP_CG_MEMORY], "memory.limit_in_bytes", v, 0, err) < 0 ||
-        cg_write(cg->path_v1[TP_CG_MEMORY], "memory.memsw.limit_in_bytes", v, 1, err) < 0)
-      return -1;
-  }
-  if (lim->pids) {
-    snprintf(v, sizeof(v), "%" PRId64, lim->pids);
-    if (cg_write(cg->path_v1[TP_CG_PIDS], "pids.max", v, 0, err) < 0)
-      return -1;
-  }
-  if (lim->cpu_quota) {
-    snprintf(v, sizeof(v), "%" PRId64, period);
-    if (cg_write(cg->path_v1[TP_CG_CPU], "cpu.cfs_period_us", v, 0, err) < 0)
-      return -1;
-    snprintf(v, sizeof(v), "%" PRId64, lim->cpu_quota);
-    if (cg_write(cg->path_v1[TP_CG_CPU], "cpu.cfs_quota_us", v, 0, err) < 0)
-      return -1;
-  }
-  return 0;
-}
-
 /* mkdir that reports whether it made the dir (1) or found it (0). */
 static int mkdir_made(const char *p, tp_error_t *err) {
   if (mkdir(p, 0755) == 0)
     return 1;
-  if (errno == EEXIST && is_dir(p))
+  if (errno == EEXIST && tp__cg_is_dir(p))
     return 0;
   return tp_error_errno(err, errno, "mkdir '%s'", p);
 }
@@ -523,7 +213,7 @@ static int make_one(const cg_dirs_t *ds, int i, int version, unsigned want, unsi
     if (r < 0)
       return -1;
     made_parent[i] |= r;
-    if (version == 2 && v2_enable(parent, want, need, err) < 0)
+    if (version == 2 && tp__cg_v2_enable(parent, want, need, err) < 0)
       return -1;
   }
   if (mkdir(ds->d[i], 0755) < 0)
@@ -580,10 +270,10 @@ int tp_cgroup_set_limits(const tp_cgroup_t *cg, const tp_cgroup_limits_t *lim, t
     for (size_t i = 0; i < sizeof(ctrl_of) / sizeof(ctrl_of[0]); i++)
       if ((need & (1u << ctrl_of[i])) && cg->path_v1[ctrl_of[i]] == NULL)
         return tp_error_set(err, EOPNOTSUPP, "a %s limit needs the %s controller",
-                            ctrl_name[ctrl_of[i]], ctrl_name[ctrl_of[i]]);
+                            tp__cg_ctrl_name[ctrl_of[i]], tp__cg_ctrl_name[ctrl_of[i]]);
   }
-  if ((cg->version == 2 ? write_limits_v2(cg, lim, period, err)
-                        : write_limits_v1(cg, lim, period, err)) < 0)
+  if ((cg->version == 2 ? tp__cg_v2_limits(cg, lim, period, err)
+                        : tp__cg_v1_limits(cg, lim, period, err)) < 0)
     return tp_error_prefix(err, "limits of cgroup %s", cg->id);
   return 0;
 }
@@ -607,20 +297,20 @@ int tp_cgroup_create(const tp_cgroup_root_t *root, const char *id, const tp_cgro
   for (int c = TP_CG_MEMORY; c <= TP_CG_CPU; c++)
     if ((need & (1u << c)) && !(root->avail & (1u << c))) {
       tp_error_set(err, EOPNOTSUPP, "a %s limit needs the %s controller, which %s '%s' lacks",
-                   ctrl_name[c], ctrl_name[c], root->version == 2 ? "the cgroup2 mount" : "the v1 root",
+                   tp__cg_ctrl_name[c], tp__cg_ctrl_name[c], root->version == 2 ? "the cgroup2 mount" : "the v1 root",
                    root->dir);
       goto fail;
     }
   if (root->version == 2) {
     want = root->avail & ((1u << TP_CG_MEMORY) | (1u << TP_CG_PIDS) | (1u << TP_CG_CPU));
-    if (v2_enable(root->v2, want, need, err) < 0)
+    if (tp__cg_v2_enable(root->v2, want, need, err) < 0)
       goto fail;
   }
   cg_dirs(cg, &ds);
   if (make_dirs(&ds, root->version, want, need, made_parent, made, err) < 0)
     goto undo;
-  if ((root->version == 2 ? write_limits_v2(cg, lim, period, err)
-                          : write_limits_v1(cg, lim, period, err)) < 0)
+  if ((root->version == 2 ? tp__cg_v2_limits(cg, lim, period, err)
+                          : tp__cg_v1_limits(cg, lim, period, err)) < 0)
     goto undo;
   return 0;
 
@@ -638,10 +328,10 @@ int tp_cgroup_open(const tp_cgroup_root_t *root, const char *id, tp_cgroup_t *cg
   if (box_init(cg, root, id, err) < 0)
     return -1;
   if (cg->version == 2) {
-    found = is_dir(cg->path_v2);
+    found = tp__cg_is_dir(cg->path_v2);
   } else {
     for (int c = 0; c < TP_CG_NCTRL; c++) {
-      if (cg->path_v1[c] != NULL && !is_dir(cg->path_v1[c])) {
+      if (cg->path_v1[c] != NULL && !tp__cg_is_dir(cg->path_v1[c])) {
         free(cg->path_v1[c]);
         cg->path_v1[c] = NULL;
       }
@@ -697,7 +387,7 @@ int tp_cgroup_attach(const tp_cgroup_t *cg, pid_t pid, tp_error_t *err) {
     return tp_error_set(err, EINVAL, "attach pid %d: no such cgroup or pid", (int) pid);
   snprintf(v, sizeof(v), "%d", (int) pid);
   for (int i = 0; i < ds.n; i++)
-    if (cg_write(ds.d[i], "cgroup.procs", v, 0, err) < 0)
+    if (tp__cg_write(ds.d[i], "cgroup.procs", v, 0, err) < 0)
       return tp_error_prefix(err, "attach pid %d", (int) pid);
   return 0;
 }
@@ -766,7 +456,7 @@ static int collect(pidset_t *s, const char *dir, int depth, tp_error_t *err) {
 
   if (depth > CG_MAX_DEPTH)
     return tp_error_set(err, ELOOP, "cgroup tree too deep at '%s'", dir);
-  text = cg_read(dir, "cgroup.procs", NULL);
+  text = tp__cg_read(dir, "cgroup.procs", NULL);
   if (text == NULL)
     return errno == ENOENT ? 0 : tp_error_errno(err, errno, "read '%s/cgroup.procs'", dir);
   if (pidset_add_text(s, text) < 0)
@@ -820,81 +510,17 @@ int tp_cgroup_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *e
 
 /* ---- freeze ----------------------------------------------------------------------- */
 
-/* v2: waits until cgroup.events of dir says key == want. */
-static int v2_wait_event(const char *dir, const char *key, int64_t want, long long deadline,
-                         tp_error_t *err) {
-  cleanup_free char *p = NULL;
-  cleanup_close int fd = -1;
-  char buf[512];
-
-  if (asprintf(&p, "%s/cgroup.events", dir) < 0) {
-    p = NULL;
-    return tp_error_errno(err, ENOMEM, "wait on '%s'", dir);
-  }
-  fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0)
-    return tp_error_errno(err, errno, "open '%s'", p);
-  for (;;) {
-    struct pollfd pfd = {fd, POLLPRI, 0};
-    ssize_t r = pread(fd, buf, sizeof(buf) - 1, 0);
-    long long left;
-    if (r < 0)
-      return tp_error_errno(err, errno, "read '%s'", p);
-    buf[r] = '\0';
-    if (keyed(buf, key) == want)
-      return 0;
-    left = deadline - now_ms();
-    if (left <= 0)
-      return tp_error_set(err, ETIMEDOUT, "'%s' still not %s %" PRId64 " after %d ms", p, key,
-                          want, TP_CGROUP_TIMEOUT_MS);
-    /* woken by the kernel's notification; re-read at least every 50 ms anyway */
-    if (poll(&pfd, 1, left < 50 ? (int) left : 50) < 0 && errno != EINTR)
-      return tp_error_errno(err, errno, "poll '%s'", p);
-  }
-}
-
-/* v1: waits until freezer.state of dir reads want. */
-static int v1_wait_state(const char *dir, const char *want, long long deadline, tp_error_t *err) {
-  long ms = 1;
-  for (;;) {
-    cleanup_free char *st = cg_read(dir, "freezer.state", err);
-    if (st == NULL)
-      return -1;
-    st[strcspn(st, "\n")] = '\0';
-    if (strcmp(st, want) == 0)
-      return 0;
-    if (now_ms() >= deadline)
-      return tp_error_set(err, ETIMEDOUT, "'%s/freezer.state' still %s after %d ms", dir, st,
-                          TP_CGROUP_TIMEOUT_MS);
-    nap_ms(ms);
-    if (ms < 16)
-      ms *= 2;
-  }
-}
-
 int tp_cgroup_freeze(const tp_cgroup_t *cg, int frozen, tp_error_t *err) {
-  long long deadline = now_ms() + TP_CGROUP_TIMEOUT_MS;
+  long long deadline = tp__cg_now_ms() + TP_CGROUP_TIMEOUT_MS;
   const char *dir = cg->version == 2 ? cg->path_v2 : cg->path_v1[TP_CG_FREEZER];
   const char *what = frozen ? "freeze" : "thaw";
 
   if (dir == NULL)
     return tp_error_set(err, ENOTSUP, "%s cgroup %s: no freezer hierarchy", what,
                         cg->id ? cg->id : "(closed)");
-  if (cg->version == 2) {
-    if (cg_write(dir, "cgroup.freeze", frozen ? "1" : "0", 0, err) < 0 ||
-        v2_wait_event(dir, "frozen", frozen ? 1 : 0, deadline, err) < 0)
-      goto fail;
-    return 0;
-  }
-  if (cg_write(dir, "freezer.state", frozen ? "FROZEN" : "THAWED", 0, err) < 0 ||
-      v1_wait_state(dir, frozen ? "FROZEN" : "THAWED", deadline, err) < 0)
-    goto fail;
+  if ((cg->version == 2 ? tp__cg_v2_freeze : tp__cg_v1_freeze)(dir, frozen, deadline, err) < 0)
+    return tp_error_prefix(err, "%s cgroup %s", what, cg->id);
   return 0;
-fail:
-  if (frozen) /* do not leave it half frozen */
-    cg_write(dir, cg->version == 2 ? "cgroup.freeze" : "freezer.state",
-             cg->version == 2 ? "0" : "THAWED", 0, NULL);
-  return tp_error_prefix(err, "%s cgroup %s", what, cg->id);
 }
 
 /* ---- kill ------------------------------------------------------------------------- */
@@ -963,10 +589,10 @@ static int kill_by_signal(const tp_cgroup_t *cg, long long deadline, tp_error_t 
       return -1;
     if (left == 0)
       return 0;
-    if (now_ms() >= deadline)
+    if (tp__cg_now_ms() >= deadline)
       return tp_error_set(err, ETIMEDOUT, "%zu processes still alive after %d ms", left,
                           TP_CGROUP_TIMEOUT_MS);
-    nap_ms(ms);
+    tp__cg_nap_ms(ms);
     if (ms < 16)
       ms *= 2;
   }
@@ -974,23 +600,23 @@ static int kill_by_signal(const tp_cgroup_t *cg, long long deadline, tp_error_t 
 }
 
 int tp_cgroup_kill(const tp_cgroup_t *cg, tp_error_t *err) {
-  long long deadline = now_ms() + TP_CGROUP_TIMEOUT_MS;
+  long long deadline = tp__cg_now_ms() + TP_CGROUP_TIMEOUT_MS;
   int any = 0, r;
   cg_dirs_t ds;
 
   cg_dirs(cg, &ds);
   for (int i = 0; i < ds.n; i++)
-    any |= is_dir(ds.d[i]);
+    any |= tp__cg_is_dir(ds.d[i]);
   if (!any)
     return 0; /* nothing left to kill */
   if (cg->version == 2) {
-    r = cg_write(cg->path_v2, "cgroup.kill", "1", 1, err);
+    r = tp__cg_write(cg->path_v2, "cgroup.kill", "1", 1, err);
     if (r == 0)
-      r = v2_wait_event(cg->path_v2, "populated", 0, deadline, err);
+      r = tp__cg_v2_wait_event(cg->path_v2, "populated", 0, deadline, err);
     else if (r == 1) /* before linux 5.14 */
       r = kill_by_signal(cg, deadline, err);
     if (r == 0) /* the v1 path ends thawed: so does this one */
-      r = cg_write(cg->path_v2, "cgroup.freeze", "0", 1, err) < 0 ? -1 : 0;
+      r = tp__cg_write(cg->path_v2, "cgroup.freeze", "0", 1, err) < 0 ? -1 : 0;
   } else {
     r = kill_by_signal(cg, deadline, err);
   }
@@ -1003,35 +629,17 @@ int tp_cgroup_kill(const tp_cgroup_t *cg, tp_error_t *err) {
 
 int tp_cgroup_stats(const tp_cgroup_t *cg, tp_cgroup_stats_t *st, tp_error_t *err) {
   cg_dirs_t ds;
-  int64_t v;
 
   cg_dirs(cg, &ds);
   if (ds.n == 0)
     return tp_error_set(err, EINVAL, "stats: cgroup closed");
   for (int i = 0; i < ds.n; i++)
-    if (!is_dir(ds.d[i]))
+    if (!tp__cg_is_dir(ds.d[i]))
       return tp_error_set(err, ENOENT, "stats of cgroup %s: '%s' is gone", cg->id, ds.d[i]);
-  if (cg->version == 2) {
-    const char *d = cg->path_v2;
-    cleanup_free char *cpu = cg_read(d, "cpu.stat", NULL);
-    st->memory_current = read_num(d, "memory.current");
-    st->memory_peak = read_num(d, "memory.peak");
-    st->cpu_usage_usec = cpu ? keyed(cpu, "usage_usec") : -1;
-    st->nr_throttled = cpu ? keyed(cpu, "nr_throttled") : -1;
-    st->throttled_usec = cpu ? keyed(cpu, "throttled_usec") : -1;
-    st->pids_current = read_num(d, "pids.current");
-    st->oom_kills = read_keyed(d, "memory.events", "oom_kill");
-    return 0;
-  }
-  st->memory_current = read_num(cg->path_v1[TP_CG_MEMORY], "memory.usage_in_bytes");
-  st->memory_peak = read_num(cg->path_v1[TP_CG_MEMORY], "memory.max_usage_in_bytes");
-  v = read_num(cg->path_v1[TP_CG_CPUACCT], "cpuacct.usage");
-  st->cpu_usage_usec = v < 0 ? -1 : v / 1000;
-  st->nr_throttled = read_keyed(cg->path_v1[TP_CG_CPU], "cpu.stat", "nr_throttled");
-  v = read_keyed(cg->path_v1[TP_CG_CPU], "cpu.stat", "throttled_time");
-  st->throttled_usec = v < 0 ? -1 : v / 1000;
-  st->pids_current = read_num(cg->path_v1[TP_CG_PIDS], "pids.current");
-  st->oom_kills = read_keyed(cg->path_v1[TP_CG_MEMORY], "memory.oom_control", "oom_kill");
+  if (cg->version == 2)
+    tp__cg_v2_stats(cg, st);
+  else
+    tp__cg_v1_stats(cg, st);
   return 0;
 }
 
@@ -1067,7 +675,7 @@ static int rmdir_tree(const char *dir, int depth, tp_error_t *err) {
     if (errno != EBUSY || i == CG_BUSY_RETRIES)
       ret = tp_error_errno(err, errno, "rmdir '%s'", dir);
     else
-      nap_ms(1);
+      tp__cg_nap_ms(1);
   }
   return ret;
 }

@@ -144,6 +144,12 @@ void tp_cgroup_list_free(char **ids, size_t n);
  * tp_cgroup_destroy when its tree is gone (the box's destroy removes it too). */
 int tp_cgroup_sub(const tp_cgroup_t *cg, const char *name, tp_cgroup_t *sub, tp_error_t *err);
 
+/* The distinct directories of cg, one per hierarchy, each of which lists
+ * cg's processes in its cgroup.procs: on v2 the one dir, on v1 each mounted
+ * hierarchy's once (controllers sharing one count once), in controller
+ * order, so dirs[0] is the first controller's.  Returns how many. */
+int tp_cgroup_dirs(const tp_cgroup_t *cg, const char *dirs[TP_CG_NCTRL]);
+
 /* Moves process pid (its whole thread group) into cg in every hierarchy.  On
  * failure it may be in some of them: the caller should kill it. */
 int tp_cgroup_attach(const tp_cgroup_t *cg, pid_t pid, tp_error_t *err);

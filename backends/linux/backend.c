@@ -1,0 +1,99 @@
+/* The linux backend's vtable: a box is a set of namespaces around the agent
+ * (linux.h).  Its per-daemon state is what every box shares and the daemon
+ * builds once: the agent as a sealed memfd and the seccomp filter. */
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "linux.h"
+#include "tp_seccomp.h"
+
+typedef struct tp__linux_state_s {
+  int agent_fd;
+  struct sock_fprog seccomp;
+} tp__linux_state_t;
+
+static void linux_fini(void *state) {
+  tp__linux_state_t *s = state;
+  if (s == NULL)
+    return;
+  tp_seccomp_free(&s->seccomp);
+  if (s->agent_fd >= 0)
+    close(s->agent_fd);
+  free(s);
+}
+
+static int linux_init(const tp_backend_env_t *env, void **state, tp_error_t *err) {
+  tp__linux_state_t *s = calloc(1, sizeof(*s));
+  if (s == NULL)
+    return tp_error_set(err, ENOMEM, "linux backend: out of memory");
+  s->agent_fd = tp_agent_memfd(env->agent, env->agent_len, err);
+  if (s->agent_fd < 0) {
+    free(s);
+    return -1;
+  }
+  if (tp_seccomp_build(&s->seccomp, err) < 0) { /* no box runs without its filter */
+    close(s->agent_fd);
+    free(s);
+    return -1;
+  }
+  *state = s;
+  return 0;
+}
+
+static int linux_check_start(tp_start_spec_t *spec, tp_error_t *err) {
+  if (spec->layers == NULL)
+    return tp_error_set(err, EINVAL, "box_start: layers must be a list of dirs");
+  if (spec->n_layers < 1 || spec->n_layers > TP_LAYERS_MAX)
+    return tp_error_set(err, EINVAL, "box_start: 1 to %d layers, not %d", TP_LAYERS_MAX,
+                        spec->n_layers);
+  if (spec->uid_base == TP_SPEC_UNSET)
+    return tp_error_set(err, EINVAL, "box_start: uid_base is required");
+  if (spec->gid_base == TP_SPEC_UNSET)
+    spec->gid_base = spec->uid_base;
+  if (spec->id_count == TP_SPEC_UNSET)
+    spec->id_count = 65536;
+  if (spec->disk_bytes == TP_SPEC_UNSET)
+    spec->disk_bytes = 0;
+  return 0;
+}
+
+static int linux_start(void *state, const tp_start_spec_t *spec, tp_box_t *box, tp_error_t *err) {
+  const tp__linux_state_t *s = state;
+  tp_box_spec_t bs = {
+      .id = spec->id,
+      .layers = spec->layers,
+      .box_dir = spec->dir,
+      .agent_fd = s->agent_fd,
+      .uid_base = (uid_t) spec->uid_base,
+      .gid_base = (gid_t) spec->gid_base,
+      .id_count = (uint32_t) spec->id_count,
+      .cgroup_procs = spec->cgroup_procs,
+      .disk_bytes = spec->disk_bytes,
+      .seccomp = &s->seccomp,
+  };
+  return tp_linux_box_start(&bs, box, err);
+}
+
+static int linux_check_adopt(const tp_adopt_spec_t *spec, tp_error_t *err) {
+  if (spec->pid < 1 || spec->pid > 0x7fffffff)
+    return tp_error_set(err, EINVAL, "adopt box: bad pid in its record");
+  return 0;
+}
+
+static int linux_adopt(void *state, const tp_adopt_spec_t *spec, tp_box_t *box, tp_error_t *err) {
+  (void) state;
+  return tp_linux_box_adopt(spec->dir, (pid_t) spec->pid, box, err);
+}
+
+const tp_backend_t tp_backend_linux = {
+    .name = "linux",
+    .flags = TP_BACKEND_CG_BOX | TP_BACKEND_OOM_PROTECT,
+    .init = linux_init,
+    .fini = linux_fini,
+    .check_start = linux_check_start,
+    .start = linux_start,
+    .check_adopt = linux_check_adopt,
+    .adopt = linux_adopt,
+    .destroy = tp_box_destroy,
+};

@@ -1,0 +1,217 @@
+/* tp_dbox_t: the box object's channel, frames and lifetime.  Start, adopt
+ * and destroy are in dbox_life.c, process trees in dbox_tree.c. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dbox_int.h"
+
+tp_dbox_t *tp__dbox_new(const tp_backend_t *be, uv_loop_t *loop, const char *dir) {
+  tp_dbox_t *b = calloc(1, sizeof(*b));
+  if (b == NULL)
+    return NULL;
+  if ((b->dir = strdup(dir)) == NULL ||
+      (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
+    free(b->dir);
+    free(b);
+    return NULL;
+  }
+  b->be = be;
+  b->loop = loop;
+  b->box.pid = 0;
+  b->box.pidfd = b->box.chan_fd = -1;
+  return b;
+}
+
+void tp__dbox_free(tp_dbox_t *b) {
+  free(b->rbuf);
+  free(b->fields);
+  free(b->dir);
+  free(b->keep_upper);
+  free(b);
+}
+
+void tp__dbox_maybe_free(tp_dbox_t *b) {
+  if (b->open_handles > 0 || b->work_pending || !b->released)
+    return;
+  tp__dbox_free(b);
+}
+
+static void tp__dbox_close_cb(uv_handle_t *h) {
+  tp_dbox_t *b = h->data;
+  b->open_handles--;
+  tp__dbox_maybe_free(b);
+}
+
+void tp__dbox_stop(tp_dbox_t *b) {
+  if (!b->started)
+    return;
+  b->started = 0;
+  uv_read_stop((uv_stream_t *) &b->chan);
+  uv_close((uv_handle_t *) &b->chan, tp__dbox_close_cb); /* closes chan_fd */
+  b->box.chan_fd = -1;
+  uv_close((uv_handle_t *) &b->exitp, tp__dbox_close_cb);
+  /* uv_poll made the pidfd non-blocking; destroy waits on it */
+  int fl = fcntl(b->box.pidfd, F_GETFL);
+  if (fl >= 0)
+    fcntl(b->box.pidfd, F_SETFL, fl & ~O_NONBLOCK);
+}
+
+/* The box is unusable from now on: tell the owner once. */
+static void tp__dbox_down(tp_dbox_t *b, const char *reason) {
+  if (b->down)
+    return;
+  b->down = 1;
+  if (b->started) {
+    uv_read_stop((uv_stream_t *) &b->chan);
+    uv_poll_stop(&b->exitp);
+  }
+  if (b->released || b->on_down == NULL)
+    return;
+  b->on_down(b, reason);
+}
+
+static void tp__dbox_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  tp_dbox_t *b = h->data;
+  size_t max = TP_FRAME_HDR + TP_FRAME_MAX;
+  (void) suggested;
+  if (b->rcap - b->rlen < 65536 && b->rcap < max) {
+    size_t cap = b->rcap ? b->rcap * 2 : 131072;
+    if (cap > max)
+      cap = max;
+    uint8_t *p = realloc(b->rbuf, cap);
+    if (p != NULL) {
+      b->rbuf = p;
+      b->rcap = cap;
+    }
+  }
+  buf->base = (char *) b->rbuf + b->rlen;
+  buf->len = b->rcap - b->rlen;
+}
+
+/* Delivers every complete frame in rbuf; returns -1 on a protocol error. */
+static int tp__dbox_dispatch(tp_dbox_t *b) {
+  size_t off = 0;
+  int ret = 0;
+  while (!b->down && !b->destroyed) {
+    tp_frame_t f;
+    long n = tp_frame_parse_header(b->rbuf + off, b->rlen - off, &f);
+    if (n == 0)
+      break;
+    /* from the agent: events, replies and network stream frames only */
+    if (n < 0 || (f.type >= TP_MSG_EXEC && !tp_msg_net_stream(f.type) && f.type != TP_MSG_WATCH_EVENT)) {
+      ret = -1;
+      break;
+    }
+    int m = tp_fields_parse(f.payload, f.len, b->fields, TP_FIELDS_MAX);
+    if (m < 0) {
+      ret = -1;
+      break;
+    }
+    off += (size_t) n; /* consumed before the call: it may destroy the box */
+    if (!b->released && b->on_frame != NULL &&
+        b->on_frame(b, f.type, f.id, b->fields, m, b->fields + TP_FIELDS_MAX, TP_FIELDS_MAX) < 0) {
+      ret = -1;
+      break;
+    }
+  }
+  if (b->rbuf != NULL && off > 0) {
+    memmove(b->rbuf, b->rbuf + off, b->rlen - off);
+    b->rlen -= off;
+  }
+  return ret;
+}
+
+static void tp__dbox_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  tp_dbox_t *b = s->data;
+  (void) buf;
+  if (nread < 0) {
+    tp__dbox_down(b, nread == UV_EOF ? "agent channel closed" : uv_strerror((int) nread));
+    return;
+  }
+  b->rlen += (size_t) nread;
+  if (tp__dbox_dispatch(b) < 0)
+    tp__dbox_down(b, "agent protocol error: malformed frame");
+}
+
+static void tp__dbox_exit_cb(uv_poll_t *p, int status, int events) {
+  tp_dbox_t *b = p->data;
+  (void) status;
+  (void) events;
+  tp__dbox_down(b, "box init exited");
+}
+
+int tp_dbox_on(tp_dbox_t *b, tp_dbox_frame_cb on_frame, tp_dbox_down_cb on_down,
+               tp_error_t *err) {
+  int r;
+  if (b->started || b->destroyed || b->open_handles > 0)
+    return tp_error_set(err, EBUSY, "box: on() called twice or after destroy");
+  if ((r = uv_pipe_init(b->loop, &b->chan, 0)) < 0)
+    return tp_error_set(err, -r, "box channel: %s", uv_strerror(r));
+  b->chan.data = b;
+  b->open_handles++;
+  /* from here the pipe is in the loop's handle queue: every failure must
+   * close it before b can be freed (the box keeps chan_fd: uv_pipe_open
+   * took it only if it succeeded) */
+  if ((r = uv_pipe_open(&b->chan, b->box.chan_fd)) == 0 &&
+      (r = uv_poll_init(b->loop, &b->exitp, b->box.pidfd)) < 0)
+    b->box.chan_fd = -1; /* the pipe owns it now: uv_close closes it */
+  if (r < 0) {
+    uv_close((uv_handle_t *) &b->chan, tp__dbox_close_cb);
+    return tp_error_set(err, -r, "box channel: %s", uv_strerror(r));
+  }
+  b->exitp.data = b;
+  b->open_handles++;
+  b->started = 1;
+  b->on_frame = on_frame;
+  b->on_down = on_down;
+  uv_read_start((uv_stream_t *) &b->chan, tp__dbox_alloc_cb, tp__dbox_read_cb);
+  uv_poll_start(&b->exitp, UV_READABLE, tp__dbox_exit_cb);
+  return 0;
+}
+
+int tp_dbox_running(const tp_dbox_t *b) { return b->started && !b->down && !b->destroyed; }
+
+typedef struct tp__wreq_s {
+  uv_write_t req;
+  tp_buf_t buf;
+} tp__wreq_t;
+
+static void tp__dbox_write_cb(uv_write_t *req, int status) {
+  tp__wreq_t *w = (tp__wreq_t *) req;
+  (void) status; /* a failed write shows up as EOF on the read side */
+  tp_buf_free(&w->buf);
+  free(w);
+}
+
+int tp_dbox_send(tp_dbox_t *b, tp_buf_t *buf, tp_error_t *err) {
+  tp__wreq_t *w;
+  uv_buf_t ub;
+  int r;
+  if (!tp_dbox_running(b)) {
+    tp_buf_free(buf);
+    return tp_error_set(err, EPIPE, "box is not running");
+  }
+  w = calloc(1, sizeof(*w));
+  if (w == NULL) {
+    tp_buf_free(buf);
+    return tp_error_set(err, ENOMEM, "out of memory");
+  }
+  w->buf = *buf;
+  memset(buf, 0, sizeof(*buf));
+  ub = uv_buf_init((char *) w->buf.data, (unsigned) w->buf.len);
+  r = uv_write(&w->req, (uv_stream_t *) &b->chan, &ub, 1, tp__dbox_write_cb);
+  if (r < 0) {
+    tp_buf_free(&w->buf);
+    free(w);
+    return tp_error_set(err, -r, "box channel: %s", uv_strerror(r));
+  }
+  return 0;
+}
+
+size_t tp_dbox_queued(const tp_dbox_t *b) {
+  return b->started ? uv_stream_get_write_queue_size((const uv_stream_t *) &b->chan) : 0;
+}
+
+int tp_dbox_has_cgroup(const tp_dbox_t *b) { return b->has_cg && !b->destroyed; }

@@ -1,0 +1,147 @@
+/* tupper: the daemon's box object, the same whichever backend runs the box.
+ *
+ * A tp_dbox_t is a tp_box_t (the backend's: PID 1's pidfd and the agent
+ * channel) plus what the daemon keeps around it: the channel on the loop
+ * with its frames reassembled in a bounded buffer, validated (frame.c) and
+ * handed over as decoded fields; the box cgroup and its process trees (sub
+ * cgroups); start, adopt and destroy, whose blocking parts run in the
+ * thread pool.  Its owner (the Lua binding, or a C test) gets callbacks and
+ * never sees a byte of the stream.
+ *
+ * From the agent only events, replies and network stream frames are taken:
+ * anything else, a frame that does not parse, or a payload the owner
+ * rejects, and the box goes down ("agent protocol error").
+ *
+ * Lifetime (libuv's rules): the object is freed once its owner released it
+ * (tp_dbox_release), its handles are closed and no job is pending; after
+ * the release no callback runs. */
+#ifndef TP_DBOX_H
+#define TP_DBOX_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "cgroup.h"
+#include "daemon.h"
+#include "error.h"
+#include "frame.h"
+
+typedef struct tp_dbox_s tp_dbox_t;
+
+/* A frame from the agent: fields[0..n) (nested groups still encoded;
+ * scratch has room for scratch_max fields to decode one).  Return < 0 to
+ * reject the payload: the box goes down. */
+typedef int (*tp_dbox_frame_cb)(tp_dbox_t *b, unsigned type, uint32_t id, const tp_field_t *fields,
+                                int n, tp_field_t *scratch, int scratch_max);
+/* The box is unusable from now on (its channel closed, PID 1 exited, a
+ * protocol error): once. */
+typedef void (*tp_dbox_down_cb)(tp_dbox_t *b, const char *reason);
+/* A start's end: b, or NULL and err. */
+typedef void (*tp_dbox_start_cb)(void *data, tp_dbox_t *b, const tp_error_t *err);
+/* A destroy's end: ret 0, or -1 and err. */
+typedef void (*tp_dbox_done_cb)(tp_dbox_t *b, int ret, const tp_error_t *err);
+
+/* One process tree of a box: a sub cgroup. */
+typedef struct tp_dbox_tree_s {
+  struct tp_dbox_tree_s *next;
+  char name[32];
+  tp_cgroup_t cg;
+} tp_dbox_tree_t;
+
+struct tp_dbox_s {
+  void *data; /* the owner's */
+  const tp_backend_t *be;
+  tp_box_t box;
+  char *dir;
+  uv_loop_t *loop;
+  uv_pipe_t chan;
+  uv_poll_t exitp;
+  int open_handles; /* initialised handles whose close callback is pending */
+  int work_pending; /* a destroy job is queued */
+  int started;      /* tp_dbox_on ran: the handles exist */
+  int down;         /* the down callback ran (or the box was destroyed) */
+  int destroyed;    /* tp_dbox_destroy or the release ran */
+  int released;     /* the owner is gone: never call back */
+  tp_dbox_frame_cb on_frame;
+  tp_dbox_down_cb on_down;
+  tp_dbox_done_cb on_done;
+  uint8_t *rbuf;
+  size_t rlen, rcap;
+  tp_field_t *fields; /* TP_FIELDS_MAX, then as many for nested groups */
+  tp_error_t werr;    /* the destroy job's */
+  int wret;
+  int has_cg; /* cg is a live box cgroup */
+  tp_cgroup_t cg;
+  tp_dbox_tree_t *trees;
+  char *keep_upper; /* destroy: move <dir>/upper here before removing dir */
+};
+
+/* A start, as the owner describes it; strings and lists are borrowed until
+ * tp_dbox_start returns. */
+typedef struct tp_dbox_start_s {
+  tp_start_spec_t spec; /* cgroup_procs is set here */
+  const char *cgroup;   /* the box cgroup's name (NULL: spec.id) */
+  tp_cgroup_limits_t limits;
+} tp_dbox_start_t;
+
+/* Checks the start (be->check_start, then: limits on a backend whose box
+ * lives in its cgroup need cgroups), makes be's daemon state on first use,
+ * copies what the job needs and queues it: in the pool, the box cgroup
+ * (tupper/<cgroup>, with the limits) when the daemon has cgroups, then
+ * be->start, whose PID 1 joins that cgroup before anything of the box runs,
+ * then (TP_BACKEND_OOM_PROTECT) tp_oom_protect.  cb(data, ...) runs on the
+ * loop when it is done.  -1 and err (EINVAL from the check) if nothing was
+ * queued: then cb never runs.  req->spec is normalised in place. */
+int tp_dbox_start(tp_daemon_t *d, uv_loop_t *loop, const tp_backend_t *be, tp_dbox_start_t *req,
+                  tp_dbox_start_cb cb, void *data, tp_error_t *err);
+
+/* Takes over a box a previous daemon started: re-opens its cgroup (when the
+ * daemon has cgroups), then be->check_adopt and be->adopt.  NULL and err on
+ * failure, nothing signalled. */
+tp_dbox_t *tp_dbox_adopt(tp_daemon_t *d, uv_loop_t *loop, const tp_backend_t *be,
+                         tp_adopt_spec_t *spec, const char *cgroup, tp_error_t *err);
+
+/* Starts delivering frames and the down event.  EBUSY if called twice or
+ * after destroy; else a uv error, the box unchanged. */
+int tp_dbox_on(tp_dbox_t *b, tp_dbox_frame_cb on_frame, tp_dbox_down_cb on_down,
+               tp_error_t *err);
+
+/* 1 if requests can be sent. */
+int tp_dbox_running(const tp_dbox_t *b);
+/* Writes an encoded frame; takes buf (freed when written, or on failure). */
+int tp_dbox_send(tp_dbox_t *b, tp_buf_t *buf, tp_error_t *err);
+/* Bytes queued on the channel. */
+size_t tp_dbox_queued(const tp_dbox_t *b);
+
+/* 1 if the box has a live cgroup (not after destroy). */
+int tp_dbox_has_cgroup(const tp_dbox_t *b);
+
+/* Moves process box_pid (as the box sees it) into a new sub cgroup `name`,
+ * so that its whole tree can be signalled or killed, setsid and
+ * double-fork included.  EEXIST if the tree exists; EOPNOTSUPP where the
+ * box's processes are not in its cgroup (an engine's box). */
+int tp_dbox_tree(tp_dbox_t *b, const char *name, pid_t box_pid, tp_error_t *err);
+tp_dbox_tree_t *tp_dbox_tree_find(tp_dbox_t *b, const char *name);
+/* sig to every process of t (SIGKILL: the whole tree, waiting until it is
+ * gone); *n gets how many were signalled. */
+int tp_dbox_tree_signal(tp_dbox_t *b, tp_dbox_tree_t *t, int sig, size_t *n, tp_error_t *err);
+int tp_dbox_tree_count(tp_dbox_t *b, tp_dbox_tree_t *t, size_t *n, tp_error_t *err);
+/* Kills what is left of t and removes its cgroup; t is freed. */
+int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
+
+/* Kills every process of the box at once and, in the pool, waits for its
+ * end, removes its dir and its cgroups; with keep_upper (an absolute path on
+ * the dir's filesystem that does not exist) the box's upper dir is moved
+ * there first.  *queued = 1: done(b, ...) runs on the loop later; 0: it
+ * could not be queued and was done here (the result is returned).  EBUSY
+ * if already destroyed. */
+int tp_dbox_destroy(tp_dbox_t *b, const char *keep_upper, tp_dbox_done_cb done, int *queued,
+                    tp_error_t *err);
+
+/* The owner lets go: no callback runs from now on; a box not destroyed yet
+ * is destroyed here, on the loop.  b is freed when its handles and job are
+ * done. */
+void tp_dbox_release(tp_dbox_t *b);
+
+#endif

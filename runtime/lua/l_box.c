@@ -1,0 +1,347 @@
+/* tupper.core's box userdata: a tp_dbox_t (runtime/host/dbox.h) seen from
+ * Lua.  on() delivers the agent's frames as tables of decoded fields (the
+ * bytes never reach Lua), send() encodes a request, destroy() runs in the
+ * thread pool; the cgroup methods act on the box cgroup. */
+#include <errno.h>
+#include <lauxlib.h>
+#include <luv/luv.h>
+#include <signal.h>
+#include <string.h>
+
+#include "l_core.h"
+#include "tupper.h"
+
+/* The userdata: the box object and the Lua side of its callbacks. */
+typedef struct tp_lbox_s {
+  tp_dbox_t *b;
+  lua_State *L; /* main thread */
+  int ref_frame, ref_down, ref_destroy;
+} tp_lbox_t;
+
+void tp_l_box_push(lua_State *L, tp_dbox_t *b) {
+  tp_lbox_t *u = lua_newuserdatauv(L, sizeof(*u), 0);
+  u->b = NULL;
+  u->ref_frame = u->ref_down = u->ref_destroy = LUA_NOREF;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  u->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  luaL_setmetatable(L, TP_L_BOX_MT);
+  if (b != NULL)
+    tp_l_box_set(L, -1, b);
+}
+
+void tp_l_box_set(lua_State *L, int idx, tp_dbox_t *b) {
+  tp_lbox_t *u = luaL_checkudata(L, idx, TP_L_BOX_MT);
+  u->b = b;
+  b->data = u;
+}
+
+static tp_lbox_t *tp__check_lbox(lua_State *L) {
+  tp_lbox_t *u = luaL_checkudata(L, 1, TP_L_BOX_MT);
+  if (u->b == NULL)
+    luaL_error(L, "box is gone");
+  return u;
+}
+
+static tp_dbox_t *tp__check_box(lua_State *L) { return tp__check_lbox(L)->b; }
+
+static tp_dbox_t *tp__check_cg(lua_State *L) {
+  tp_dbox_t *b = tp__check_box(L);
+  if (!tp_dbox_has_cgroup(b))
+    luaL_error(L, "box has no cgroup");
+  return b;
+}
+
+static void tp__lbox_unref(tp_lbox_t *u) {
+  luaL_unref(u->L, LUA_REGISTRYINDEX, u->ref_frame);
+  luaL_unref(u->L, LUA_REGISTRYINDEX, u->ref_down);
+  u->ref_frame = u->ref_down = LUA_NOREF;
+}
+
+static int tp__lbox_frame_cb(tp_dbox_t *b, unsigned type, uint32_t id, const tp_field_t *fs,
+                             int n, tp_field_t *scratch, int scratch_max) {
+  tp_lbox_t *u = b->data;
+  lua_State *L = u->L;
+  if (u->ref_frame == LUA_NOREF)
+    return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, u->ref_frame);
+  lua_pushinteger(L, type);
+  lua_pushinteger(L, (lua_Integer) id);
+  if (tp_l_push_fields(L, fs, n, 0, scratch, scratch_max) < 0) {
+    lua_pop(L, 3);
+    return -1;
+  }
+  tp_lua_pcall(L, 3, 0, 0);
+  return 0;
+}
+
+static void tp__lbox_down_cb(tp_dbox_t *b, const char *reason) {
+  tp_lbox_t *u = b->data;
+  if (u->ref_down == LUA_NOREF)
+    return;
+  lua_rawgeti(u->L, LUA_REGISTRYINDEX, u->ref_down);
+  lua_pushstring(u->L, reason);
+  tp_lua_pcall(u->L, 1, 0, 0);
+}
+
+/* box:on(on_frame(type, id, fields), on_down(reason)): starts delivery. */
+static int tp_lbox_on(lua_State *L) {
+  tp_lbox_t *u = tp__check_lbox(L);
+  tp_error_t err = {0};
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  if (tp_dbox_on(u->b, tp__lbox_frame_cb, tp__lbox_down_cb, &err) < 0) {
+    if (err.code == EBUSY)
+      return luaL_error(L, "%s", err.msg);
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    return 2;
+  }
+  lua_pushvalue(L, 2);
+  u->ref_frame = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, 3);
+  u->ref_down = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* box:send(type, id, fields) -> true | nil, msg */
+static int tp_lbox_send(lua_State *L) {
+  tp_dbox_t *b = tp__check_box(L);
+  lua_Integer type = luaL_checkinteger(L, 2);
+  lua_Integer id = luaL_checkinteger(L, 3);
+  tp_error_t err = {0};
+  tp_buf_t buf;
+
+  luaL_checktype(L, 4, LUA_TTABLE);
+  if (!tp_msg_type_valid((unsigned) type) || type < TP_MSG_EXEC || type == TP_MSG_WATCH_EVENT)
+    return luaL_error(L, "send: not a request type: %d", (int) type);
+  if ((id <= 0 && !(id == 0 && tp_msg_net_stream((unsigned) type))) || id > (lua_Integer) UINT32_MAX)
+    return luaL_error(L, "send: bad request id");
+  /* pass 1: every value has the right type (may raise: nothing held yet) */
+  tp_l_check_fields(L, 4);
+  if (!tp_dbox_running(b)) {
+    lua_pushnil(L);
+    lua_pushstring(L, "box is not running");
+    return 2;
+  }
+  /* pass 2: encode (no Lua error can happen while buf is held) */
+  memset(&buf, 0, sizeof(buf));
+  if (tp_l_encode_fields(L, 4, (unsigned) type, (uint32_t) id, &buf) < 0) {
+    tp_buf_free(&buf);
+    lua_pushnil(L);
+    lua_pushstring(L, "request too large for one frame");
+    return 2;
+  }
+  if (tp_dbox_send(b, &buf, &err) < 0) { /* buf is freed */
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* box:freeze(true|false) -> true | nil, msg */
+static int tp_lbox_freeze(lua_State *L) {
+  tp_dbox_t *b = tp__check_cg(L);
+  tp_error_t err = {0};
+  if (tp_cgroup_freeze(&b->cg, lua_toboolean(L, 2), &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* box:set_limits{ memory=, pids=, cpu_quota=, cpu_period= } -> true | nil, msg */
+static int tp_lbox_set_limits(lua_State *L) {
+  tp_dbox_t *b = tp__check_cg(L);
+  tp_cgroup_limits_t lim;
+  tp_error_t err = {0};
+  luaL_checktype(L, 2, LUA_TTABLE);
+  tp_l_limits(L, 2, &lim, NULL);
+  if (tp_cgroup_set_limits(&b->cg, &lim, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* box:stats() -> { memory_current=, ... } (fields the kernel lacks are absent) */
+static int tp_lbox_stats(lua_State *L) {
+  static const char *const names[] = {"memory_current", "memory_peak",  "cpu_usage_usec",
+                                      "nr_throttled",   "throttled_usec", "pids_current",
+                                      "oom_kills"};
+  tp_dbox_t *b = tp__check_cg(L);
+  tp_cgroup_stats_t st;
+  tp_error_t err = {0};
+  if (tp_cgroup_stats(&b->cg, &st, &err) < 0)
+    return tp_l_push_err(L, &err);
+  const int64_t vals[] = {st.memory_current, st.memory_peak,    st.cpu_usage_usec,
+                          st.nr_throttled,   st.throttled_usec, st.pids_current,
+                          st.oom_kills};
+  _Static_assert(sizeof(vals) / sizeof(vals[0]) == sizeof(names) / sizeof(names[0]),
+                 "one name per counter");
+  lua_createtable(L, 0, 7);
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    if (vals[i] >= 0) {
+      lua_pushinteger(L, (lua_Integer) vals[i]);
+      lua_setfield(L, -2, names[i]);
+    }
+  }
+  return 1;
+}
+
+/* box:tree(name, box_pid): moves process box_pid (as the box sees it) into a
+ * new sub cgroup `name`, so that its whole tree can be signalled or killed,
+ * setsid and double-fork included.  true | nil, msg */
+static int tp_lbox_tree(lua_State *L) {
+  tp_dbox_t *b = tp__check_cg(L);
+  const char *name = luaL_checkstring(L, 2);
+  pid_t bpid = (pid_t) luaL_checkinteger(L, 3);
+  tp_error_t err = {0};
+  luaL_argcheck(L, strlen(name) < sizeof(((tp_dbox_tree_t *) 0)->name) && tp_cgroup_valid_name(name),
+                2, "bad name");
+  if (tp_dbox_tree_find(b, name) != NULL)
+    return luaL_error(L, "tree '%s' exists", name);
+  if (tp_dbox_tree(b, name, bpid, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static tp_dbox_tree_t *tp__check_tree(lua_State *L, tp_dbox_t *b) {
+  tp_dbox_tree_t *t = tp_dbox_tree_find(b, luaL_checkstring(L, 2));
+  if (t == NULL)
+    luaL_error(L, "no such tree");
+  return t;
+}
+
+/* box:tree_signal(name, sig): sig to every process of the tree; SIGKILL
+ * kills it whole and waits until it is gone.  -> number signalled | nil, msg */
+static int tp_lbox_tree_signal(lua_State *L) {
+  tp_dbox_t *b = tp__check_cg(L);
+  tp_dbox_tree_t *t = tp__check_tree(L, b);
+  int sig = (int) luaL_checkinteger(L, 3);
+  tp_error_t err = {0};
+  size_t n = 0;
+  luaL_argcheck(L, sig >= 1 && sig <= 64, 3, "bad signal");
+  if (tp_dbox_tree_signal(b, t, sig, &n, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushinteger(L, (lua_Integer) n);
+  return 1;
+}
+
+/* box:tree_count(name) -> processes left in the tree */
+static int tp_lbox_tree_count(lua_State *L) {
+  tp_dbox_t *b = tp__check_cg(L);
+  tp_dbox_tree_t *t = tp__check_tree(L, b);
+  tp_error_t err = {0};
+  size_t n = 0;
+  if (tp_dbox_tree_count(b, t, &n, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushinteger(L, (lua_Integer) n);
+  return 1;
+}
+
+/* box:tree_remove(name): kills what is left of the tree, removes its cgroup. */
+static int tp_lbox_tree_remove(lua_State *L) {
+  tp_dbox_t *b = tp__check_cg(L);
+  tp_dbox_tree_t *t = tp__check_tree(L, b);
+  tp_error_t err = {0};
+  if (tp_dbox_tree_remove(b, t, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tp_lbox_has_cgroup(lua_State *L) {
+  lua_pushboolean(L, tp_dbox_has_cgroup(tp__check_box(L)));
+  return 1;
+}
+
+static int tp_lbox_pid(lua_State *L) {
+  lua_pushinteger(L, tp__check_box(L)->box.pid);
+  return 1;
+}
+
+static int tp_lbox_queued(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer) tp_dbox_queued(tp__check_box(L)));
+  return 1;
+}
+
+static void tp__lbox_done_cb(tp_dbox_t *b, int ret, const tp_error_t *err) {
+  tp_lbox_t *u = b->data;
+  lua_State *L = u->L;
+  int ref = u->ref_destroy;
+  u->ref_destroy = LUA_NOREF;
+  if (ref == LUA_NOREF)
+    return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  if (ret < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, err->msg);
+  } else {
+    lua_pushboolean(L, 1);
+    lua_pushnil(L);
+  }
+  tp_lua_pcall(L, 2, 0, 0);
+}
+
+/* box:destroy(cb(ok, err)[, keep_upper]): kills every process of the box
+ * and removes its directory in the thread pool; cb runs on the loop when
+ * done.  keep_upper (an absolute path on the box dir's filesystem that does
+ * not exist): the box's writable layer is moved there first (recipe setup
+ * layers; a box with a disk cap has none to keep). */
+static int tp_lbox_destroy(lua_State *L) {
+  tp_lbox_t *u = tp__check_lbox(L);
+  const char *keep = luaL_optstring(L, 3, NULL);
+  tp_error_t err = {0};
+  int queued;
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  if (u->b->destroyed)
+    return luaL_error(L, "box already destroyed");
+  luaL_argcheck(L, keep == NULL || (keep[0] == '/' && strlen(keep) < 4096), 3,
+                "must be an absolute path");
+  tp__lbox_unref(u);
+  lua_pushvalue(L, 2);
+  u->ref_destroy = luaL_ref(L, LUA_REGISTRYINDEX);
+  int r = tp_dbox_destroy(u->b, keep, tp__lbox_done_cb, &queued, &err);
+  if (r < 0 || !queued) { /* not queued: done here, cb never runs */
+    luaL_unref(L, LUA_REGISTRYINDEX, u->ref_destroy);
+    u->ref_destroy = LUA_NOREF;
+    if (r < 0)
+      return tp_l_push_err(L, &err);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tp_lbox_gc(lua_State *L) {
+  tp_lbox_t *u = luaL_checkudata(L, 1, TP_L_BOX_MT);
+  tp_dbox_t *b = u->b;
+  u->b = NULL;
+  if (b == NULL)
+    return 0;
+  tp__lbox_unref(u);
+  luaL_unref(L, LUA_REGISTRYINDEX, u->ref_destroy);
+  u->ref_destroy = LUA_NOREF;
+  b->data = NULL;
+  tp_dbox_release(b); /* destroys it here if destroy() never ran */
+  return 0;
+}
+
+void tp_l_box_register(lua_State *L) {
+  static const luaL_Reg box_methods[] = {
+      {"on", tp_lbox_on},       {"send", tp_lbox_send},       {"pid", tp_lbox_pid},
+      {"queued", tp_lbox_queued}, {"destroy", tp_lbox_destroy}, {"freeze", tp_lbox_freeze},
+      {"stats", tp_lbox_stats}, {"tree", tp_lbox_tree}, {"tree_signal", tp_lbox_tree_signal},
+      {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
+      {"has_cgroup", tp_lbox_has_cgroup}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
+  if (luaL_newmetatable(L, TP_L_BOX_MT)) {
+    luaL_newlib(L, box_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, tp_lbox_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+}
