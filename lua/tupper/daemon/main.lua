@@ -1,19 +1,19 @@
 --- `tupper daemon`: owns every sandbox on the host and serves the socket API.
 local uv = require("luv")
 local core = require("tupper.core")
-local async = require("tupper.async")
-local json = require("tupper.json")
-local rpc = require("tupper.rpc")
-local schema = require("tupper.schema")
-local api = require("tupper.api")
-local sandbox = require("tupper.sandbox")
-local paths = require("tupper.paths")
-local guard = require("tupper.guard")
-local registry = require("tupper.registry")
-local build = require("tupper.build")
-local layers = require("tupper.layers")
-local netrelay = require("tupper.netrelay")
-local images = require("tupper.images")
+local async = require("tupper.util.async")
+local json = require("tupper.util.json")
+local rpc = require("tupper.wire.rpc")
+local schema = require("tupper.wire.schema")
+local api = require("tupper.daemon.api")
+local sandbox = require("tupper.daemon.sandbox")
+local paths = require("tupper.util.paths")
+local guard = require("tupper.recipe.guard")
+local registry = require("tupper.image.registry")
+local build = require("tupper.recipe.build")
+local layers = require("tupper.image.layers")
+local netrelay = require("tupper.net.relay")
+local images = require("tupper.image.store")
 
 local M = {}
 
@@ -259,7 +259,7 @@ function Daemon:_hook_connect(sb)
   sb.net.on_connect = function(host, port, addr)
     for _, pol in ipairs(guard.policies_of(self, sb)) do
       if pol.on_connect then
-        local ok, err = require("tupper.policy").check_connect(pol, host, port, addr)
+        local ok, err = require("tupper.recipe.policy").check_connect(pol, host, port, addr)
         if not ok then return false, err end
       end
     end
@@ -437,7 +437,7 @@ function Daemon:_apply_recipe(sb, plan, p)
   sb.image = plan.image.ref
   sb.recipe = { name = r.name, layer = plan.layer, cached = plan.cached, image_digest = plan.image.digest }
   if r.user ~= nil then
-    local cred, err = require("tupper.setup").lookup_user(sb, r.user)
+    local cred, err = require("tupper.recipe.setup").lookup_user(sb, r.user)
     if not cred then return nil, ("%s: %s"):format(r.origin and r.origin.file or r.name, err) end
     sb.cred = cred
   end
@@ -810,7 +810,7 @@ function Daemon:shutdown()
     for _, sb in ipairs(pool) do sb:destroy() end
     for _, sb in ipairs(vm_pool) do sb:destroy() end
     for sb in pairs(self.setups) do sb:destroy() end -- their builds fail and clean up
-    require("tupper.debian").cancel_all() -- Debian image builds too
+    require("tupper.image.debian").cancel_all() -- Debian image builds too
     while self.filling do async.sleep(5) end
     for conn in pairs(self.clients) do conn:close() end
     core.cgroup_prune()
@@ -863,7 +863,7 @@ function M.run(opts)
     end
     if ok and opts.policy then
       -- the daemon's own policy binds every sandbox, whatever clients send
-      self.policy, err = require("tupper.policy").load(opts.policy)
+      self.policy, err = require("tupper.recipe.policy").load(opts.policy)
       ok = self.policy ~= nil
     end
     if ok then

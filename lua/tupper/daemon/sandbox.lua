@@ -2,10 +2,10 @@
 -- inside it, and the processes started through the API.  Requests to the
 -- agent are asynchronous: call them from a coroutine (tupper.async).
 local core = require("tupper.core")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local uv = require("luv")
-local netrelay = require("tupper.netrelay")
-local netrules = require("tupper.netrules")
+local netrelay = require("tupper.net.relay")
+local netrules = require("tupper.net.rules")
 
 local MSG = core.MSG
 local M = {}
@@ -112,7 +112,7 @@ end
 function M.start(opts)
   local box, err
   if opts.backend == "microvm" then
-    box, err = require("tupper.microvm").start({ id = opts.id, dir = opts.dir,
+    box, err = require("tupper.backend.microvm.box").start({ id = opts.id, dir = opts.dir,
       state_dir = opts.state_dir, cgroup = opts.cgroup, limits = opts.limits, layers = opts.layers,
       default_layer = opts.default_layer, uid_base = opts.uid_base, id_count = opts.id_count })
   else
@@ -145,7 +145,7 @@ function M.adopt(opts)
   if opts.backend == "microvm" then
     -- opts.vm: QEMU's uid and start time, from the record
     local vm = type(opts.vm) == "table" and opts.vm or {}
-    box, err = require("tupper.microvm").adopt({ id = opts.id, dir = opts.dir, cgroup = opts.cgroup,
+    box, err = require("tupper.backend.microvm.box").adopt({ id = opts.id, dir = opts.dir, cgroup = opts.cgroup,
       pid = opts.pid, uid = vm.uid, start_time = vm.start_time })
   else
     box, err = core.adopt("linux", { id = opts.id, dir = opts.dir, pid = opts.pid, cgroup = opts.cgroup })

@@ -5,7 +5,7 @@
 -- core.start) for sandbox.lua.  Call from a coroutine.
 local uv = require("luv")
 local core = require("tupper.core")
-local vmkernel = require("tupper.vmkernel")
+local vmkernel = require("tupper.backend.microvm.kernel")
 
 local M = {}
 
@@ -166,7 +166,7 @@ local function build_root(dir, key, layers, o)
     check(vmkernel.run(M.MOUNT, { "-t", "overlay", "-o",
       "ro,index=off,xino=off,lowerdir=" .. table.concat(lower, ":"), "overlay", "m" }, { cwd = tmp }))
     mounted = true
-    local tok, terr = require("tupper.async").wait(function(cb)
+    local tok, terr = require("tupper.util.async").wait(function(cb)
       local qok, e = core.tar_dir(tmp .. "/m", tmp .. "/root.tar", o.uid_base, o.uid_base, o.id_count, cb)
       if not qok then cb(nil, e) end
     end)
@@ -206,7 +206,7 @@ local function build_root(dir, key, layers, o)
       check(vmkernel.run(M.DEBUGFS, { "-w", "-R", "rmdir /lost+found", tmp .. "/root.ext4" }))
     end
     check(uv.fs_chmod(tmp .. "/root.ext4", 420))
-    local json = require("tupper.json")
+    local json = require("tupper.util.json")
     local fd2 = check(uv.fs_open(tmp .. "/root.json", "w", 384))
     check(uv.fs_write(fd2, json.encode({ layers = layers, uid_base = o.uid_base, size = size })))
     uv.fs_close(fd2)
@@ -235,7 +235,7 @@ function M.root_image(state_dir, layers, o)
   if uv.fs_stat(path) then return path end
   if root_inflight[key] then
     local w = root_inflight[key]
-    return require("tupper.async").wait(function(cb) w[#w + 1] = cb end)
+    return require("tupper.util.async").wait(function(cb) w[#w + 1] = cb end)
   end
   local waiters = {}
   root_inflight[key] = waiters
@@ -260,7 +260,7 @@ end
 -- the number of root images removed.
 function M.gc(state_dir)
   local dir = state_dir .. "/microvm"
-  local json = require("tupper.json")
+  local json = require("tupper.util.json")
   local removed, live = 0, {}
   local req = uv.fs_scandir(dir)
   local names = {}
@@ -511,7 +511,7 @@ local function qmp_open(fd)
       end
     end
   end)
-  local async = require("tupper.async")
+  local async = require("tupper.util.async")
   -- with_fd: a file descriptor passed along (SCM_RIGHTS), for getfd
   function q.cmd(name, args, with_fd)
     if q.closed then return nil, q.closed end
@@ -627,7 +627,7 @@ local function launch(p, o)
   cpipe:open(fds.read)
   local con = console_reader(cpipe)
   local limits = o.limits or {}
-  local box, serr = require("tupper.async").wait(function(cb)
+  local box, serr = require("tupper.util.async").wait(function(cb)
     local sok, e = core.start("microvm", { id = o.id, dir = o.dir, argv = argv, fds = pass,
       uid = o.uid, gid = o.uid, cgroup = o.cgroup, console_fd = fds.write, die_with_parent = o.template,
       limits = { memory = o.mem + M.MEMORY_OVERHEAD, pids = M.QEMU_PIDS,
@@ -646,7 +646,7 @@ local function launch(p, o)
   local q, qerr = qmp_open(qpair[1])
   if not q then
     con.close()
-    require("tupper.async").wait(function(cb) box:destroy(cb) end)
+    require("tupper.util.async").wait(function(cb) box:destroy(cb) end)
     return nil, "QEMU's monitor: " .. tostring(qerr)
   end
   return box, con, q
@@ -655,7 +655,7 @@ end
 -- Polls QMP until pred(reply of cmd) is true (bounded: ms, a poll every
 -- step_ms).
 local function qmp_until(q, cmd, pred, ms, step_ms)
-  local async = require("tupper.async")
+  local async = require("tupper.util.async")
   step_ms = step_ms or 10
   for _ = 1, ms // step_ms do
     local r, err = q.cmd(cmd)
@@ -704,7 +704,7 @@ function M.snapshot(state_dir, p, shape)
   if uv.fs_stat(snap .. "/vm.state") then return snap end
   if snap_inflight[snap] then
     local w = snap_inflight[snap]
-    return require("tupper.async").wait(function(cb) w[#w + 1] = cb end)
+    return require("tupper.util.async").wait(function(cb) w[#w + 1] = cb end)
   end
   local waiters = {}
   snap_inflight[snap] = waiters
@@ -722,9 +722,9 @@ function M.snapshot(state_dir, p, shape)
       ram_fd = ram, share = "on" })
     if not box then error(con, 0) end
     local sfd = check(uv.fs_open(tmp .. "/vm.state", "w", 384))
-    local ready = require("tupper.async").wait(function(cb)
+    local ready = require("tupper.util.async").wait(function(cb)
       local t = uv.new_timer()
-      t:start(require("tupper.sandbox").VM_READY_TIMEOUT_MS, 0, function() t:close(); cb(false) end)
+      t:start(require("tupper.daemon.sandbox").VM_READY_TIMEOUT_MS, 0, function() t:close(); cb(false) end)
       box:on(function(typ) if typ == core.MSG.READY then if not t:is_closing() then t:close() end; cb(true) end end,
              function() if not t:is_closing() then t:close() end; cb(false) end)
     end)
@@ -745,7 +745,7 @@ function M.snapshot(state_dir, p, shape)
     con.close()
     -- QEMU gone, nothing maps the memory any more: what it holds is the
     -- guest's memory at the stop
-    require("tupper.async").wait(function(cb) box:destroy(cb) end)
+    require("tupper.util.async").wait(function(cb) box:destroy(cb) end)
     if not ok then error("snapshot: " .. tostring(why) .. console_hint(con), 0) end
     check(core.vm_ram_save(ram, tmp .. "/vm.ram"))
     check(uv.fs_chown(tmp .. "/rw.ext4", 0, 0))
@@ -860,7 +860,7 @@ function M.start(opts)
     if r then r, lerr = q.cmd("cont") end
     if not r then
       q.close(); con.close()
-      require("tupper.async").wait(function(cb) box:destroy(cb) end)
+      require("tupper.util.async").wait(function(cb) box:destroy(cb) end)
       used_uids[uid] = nil
       return nil, "start from the snapshot: " .. tostring(lerr) .. console_hint(con)
     end
