@@ -14,6 +14,10 @@ local build = require("tupper.recipe.build")
 local layers = require("tupper.image.layers")
 local netrelay = require("tupper.net.relay")
 local images = require("tupper.image.store")
+local backends = require("tupper.backend.registry")
+local debian = require("tupper.image.debian")
+local policy = require("tupper.recipe.policy")
+local setup = require("tupper.recipe.setup")
 
 local M = {}
 
@@ -24,10 +28,6 @@ M.MAX_CLIENTS = 1024
 -- requests one connection may have running at once: each is a coroutine
 -- and may wait on a box; past this a call is answered -32004 at once
 M.MAX_INFLIGHT = 256
-M.POOL_SIZE = 2 -- boxes kept started and idle for fast creates (tupper daemon --pool N)
--- microVMs kept started (from the snapshot) and frozen, for fast creates of
--- the default VM shape (tupper daemon --vm-pool N; docs/microvm.md)
-M.VM_POOL_SIZE = 0
 M.RING_MAX = 65536 -- bytes of recent output kept per process for process.connect
 
 local Daemon = {}
@@ -65,7 +65,7 @@ end
 -- Starts a box with limits lim (may be empty) on read-only layers (lowest
 -- first; default: the default image); image names it, image_digest is its
 -- manifest's (what the image store keeps while the box lives); backend is
--- "linux" (nil) or "microvm".
+-- a name of backend/registry.lua (nil: the default).
 function Daemon:_start_box(id, lim, layers, image, image_digest, backend)
   self.reserved[id] = true
   layers = layers or { self.default_image }
@@ -84,24 +84,20 @@ function Daemon:_start_box(id, lim, layers, image, image_digest, backend)
   return sb, err
 end
 
--- Keeps pool_size boxes started and idle, so that a create of the default
--- image with no disk cap takes one at once instead of waiting for a start.
--- Starting a box blocks the loop for a few milliseconds (the clone and its
--- mounts), so the refill waits until the daemon has been quiet for
--- POOL_DELAY_MS: the create that took a box, and the process.start that
--- usually follows it, are answered first.
-M.POOL_DELAY_MS = 0
--- A microVM's start is far costlier (a QEMU start, a restore and the
--- guest's first requests under TCG: 0.4 s of CPU here): the microVM pool
--- refills once the daemon has been quiet for this long, so that it does not
--- compete with the first commands in the VM just taken.
-M.VM_POOL_DELAY_MS = 1500
-
+-- Keeps each backend's pool of boxes started and idle (its `pool`:
+-- backend/registry.lua), so that a create of the default image with no
+-- disk cap takes one at once instead of waiting for a start.  The refill
+-- waits until the daemon has been quiet for the longest delay_ms of the
+-- pools that are short: the create that took a box, and the process.start
+-- that usually follows it, are answered first.
 function Daemon:_fill_pool()
   if self.filling or self.stopping then return end
-  if #self.pool >= self.pool_size and #self.vm_pool >= self.vm_pool_size then return end
+  local delay
+  for _, pool in ipairs(self.pools) do
+    if #pool.boxes < pool.size then delay = math.max(delay or 0, pool.backend.pool.delay_ms) end
+  end
+  if not delay then return end
   if not self.pool_timer then self.pool_timer = uv.new_timer() end
-  local delay = #self.vm_pool < self.vm_pool_size and M.VM_POOL_DELAY_MS or M.POOL_DELAY_MS
   self.pool_timer:start(delay, 0, function() self:_refill() end)
 end
 
@@ -109,73 +105,35 @@ function Daemon:_refill()
   if self.filling or self.stopping then return end
   self.filling = true
   async.spawn(function()
-    while #self.pool < self.pool_size and not self.stopping do
-      local sb, err = self:_start_box(self:_new_id(), {})
-      if not sb then
-        log("pool: %s", err)
-        break
+    for _, pool in ipairs(self.pools) do
+      local b = pool.backend
+      while #pool.boxes < pool.size and not self.stopping do
+        local sb, err = self:_start_box(self:_new_id(), {}, nil, nil, nil, b.name)
+        if not sb then
+          log("%s: %s", b.pool.label, err)
+          break
+        end
+        local ok, ferr = true, nil
+        if not self.stopping and b.pool_park then
+          ok, ferr = b.pool_park(sb, function() return self.stopping end)
+        end
+        if self.stopping or not ok then
+          if ferr then log("%s: %s", b.pool.label, ferr) end
+          sb:destroy()
+          break
+        end
+        pool.boxes[#pool.boxes + 1] = sb
+        if b.pool_park then log("%s: sandbox %s ready", b.pool.label, sb.id) end
       end
-      if self.stopping then sb:destroy(); break end
-      self.pool[#self.pool + 1] = sb
-    end
-    -- a pooled microVM is started like any (from the snapshot: its own
-    -- hostname, clock and entropy), then frozen (its cgroup) until taken
-    while #self.vm_pool < self.vm_pool_size and not self.stopping do
-      local sb, err = self:_start_box(self:_new_id(), {}, nil, nil, nil, "microvm")
-      if not sb then
-        log("microVM pool: %s", err)
-        break
-      end
-      -- the lookup of the default account every create makes (two file
-      -- reads through the agent), once before the VM waits: under TCG the
-      -- guest's first file reads after a restore are its slowest
-      if not self.stopping then sb:account("user") end
-      local ok, ferr = true, nil
-      if not self.stopping then ok, ferr = sb:freeze(true) end
-      if self.stopping or not ok then
-        if ferr then log("microVM pool: %s", ferr) end
-        sb:destroy()
-        break
-      end
-      self.vm_pool[#self.vm_pool + 1] = sb
-      log("microVM pool: sandbox %s ready", sb.id)
     end
     self.filling = false
   end)
 end
 
--- A pooled microVM, thawed, for a create of the default VM shape (its
--- guest memory and vCPUs are the VM's own: no limit changes them; a pids
--- limit is the guest's cgroup's, set on the taken VM).
-function Daemon:_take_vm_pooled(lim)
-  if lim.memory or lim.cpus or lim.disk then return nil end
-  while #self.vm_pool > 0 do
-    local sb = table.remove(self.vm_pool, 1)
-    if sb.state == "paused" then
-      local ok, err = sb:freeze(false)
-      -- the pids limit is the guest's own (its box cgroup): set it now
-      if ok and lim.pids then ok, err = sb:request(core.MSG.VM_LIMITS, { pids = lim.pids }) end
-      if ok then return sb end
-      log("microVM pool: %s", err)
-      async.spawn(function() sb:destroy() end)
-    end
-  end
-end
-
-function Daemon:_take_pooled(lim)
-  while #self.pool > 0 do
-    local sb = table.remove(self.pool, 1)
-    if sb.state == "running" then
-      if lim.memory or lim.pids or lim.cpus then
-        local ok, err = sb.box:set_limits(backend_limits(lim))
-        if not ok then
-          async.spawn(function() sb:destroy() end)
-          return nil, err
-        end
-      end
-      return sb
-    end
-  end
+-- A pooled box of backend b for a create with limits lim, or nil (then
+-- start one), or nil, err (the create fails).
+function Daemon:_take_pooled(b, lim)
+  return b.pool_take(self.pools[b.name].boxes, lim, backend_limits(lim), log)
 end
 
 --- Pulls an image from its registry into the store (<state>/images, an OCI
@@ -259,7 +217,7 @@ function Daemon:_hook_connect(sb)
   sb.net.on_connect = function(host, port, addr)
     for _, pol in ipairs(guard.policies_of(self, sb)) do
       if pol.on_connect then
-        local ok, err = require("tupper.recipe.policy").check_connect(pol, host, port, addr)
+        local ok, err = policy.check_connect(pol, host, port, addr)
         if not ok then return false, err end
       end
     end
@@ -284,8 +242,9 @@ function Daemon:_images_in_use()
     for _, l in ipairs(sb.layers or {}) do layers[l] = true end
   end
   for _, sb in pairs(self.sandboxes) do add(sb) end
-  for _, sb in ipairs(self.pool) do add(sb) end
-  for _, sb in ipairs(self.vm_pool) do add(sb) end
+  for _, pool in ipairs(self.pools) do
+    for _, sb in ipairs(pool.boxes) do add(sb) end
+  end
   return { digests = digests, layers = layers }
 end
 
@@ -352,10 +311,11 @@ function Daemon:create_sandbox(p)
     end
     if not img then return nil, err end
   end
+  local b = backends.get(p.backend)
   for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
-    -- a microVM's guest enforces pids itself, in its own kernel's cgroups
+    -- a guest may enforce pids itself, in its own kernel's cgroups
     if p.limits and p.limits[name] and not self.enforces[name]
-       and not (name == "pids" and p.backend == "microvm") then
+       and not (name == "pids" and b.guest_pids) then
       return nil, ("the '%s' limit cannot be enforced on this host yet"):format(name)
     end
   end
@@ -363,19 +323,16 @@ function Daemon:create_sandbox(p)
   for _ in pairs(self.sandboxes) do count = count + 1 end
   if count >= M.MAX_SANDBOXES then return nil, "too many sandboxes" end
   local lim = p.limits or {}
-  local backend = p.backend or "linux"
   local sb, err
   local layers = plan and plan.layers or (img and img.layers)
   local pooled_ok = not lim.disk and (not layers or (#layers == 1 and layers[1] == self.default_image))
-  if pooled_ok and backend == "linux" then
-    sb, err = self:_take_pooled(lim)
+  if pooled_ok then
+    sb, err = self:_take_pooled(b, lim)
     if err then return nil, err end
-  elseif pooled_ok and backend == "microvm" then
-    sb = self:_take_vm_pooled(lim)
   end
   if not sb then
     sb, err = self:_start_box(self:_new_id(), lim, layers, img and img.ref or image,
-                              (plan and plan.image.digest) or (img and img.digest), backend)
+                              (plan and plan.image.digest) or (img and img.digest), b.name)
     if not sb then
       log("create failed: %s", err)
       return nil, err
@@ -437,7 +394,7 @@ function Daemon:_apply_recipe(sb, plan, p)
   sb.image = plan.image.ref
   sb.recipe = { name = r.name, layer = plan.layer, cached = plan.cached, image_digest = plan.image.digest }
   if r.user ~= nil then
-    local cred, err = require("tupper.recipe.setup").lookup_user(sb, r.user)
+    local cred, err = setup.lookup_user(sb, r.user)
     if not cred then return nil, ("%s: %s"):format(r.origin and r.origin.file or r.name, err) end
     sb.cred = cred
   end
@@ -503,10 +460,10 @@ end
 -- A box died on its own (its agent exited or misbehaved): remove it.
 function Daemon:_sandbox_down(sb, reason)
   log("sandbox %s went down: %s", sb.id, reason)
-  for _, pool in ipairs({ self.pool, self.vm_pool }) do
-    for i, pooled in ipairs(pool) do
+  for _, pool in ipairs(self.pools) do
+    for i, pooled in ipairs(pool.boxes) do
       if pooled == sb then
-        table.remove(pool, i)
+        table.remove(pool.boxes, i)
         async.spawn(function() sb:destroy() end)
         return
       end
@@ -717,11 +674,11 @@ function Daemon:_recover()
         if not pol then rec = nil end
       end
       local backend = type(rec) == "table" and rec.backend or nil
-      if backend ~= nil and backend ~= "linux" and backend ~= "microvm" then
+      if backend ~= nil and not backends.known(backend) then
         err = "unknown backend"
       elseif type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
         sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers,
-          backend = backend or nil, vm = type(rec.vm) == "table" and rec.vm or nil,
+          backend = backend or nil, saved = type(rec.vm) == "table" and rec.vm or nil,
           paused = rec.paused == true,
           image_digest = rec.image_digest, user = rec.user, dir = self.boxes .. "/" .. id,
           pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
@@ -805,12 +762,13 @@ function Daemon:shutdown()
     end
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
     for _, pull in pairs(self.pulls) do if pull.session then pull.session:cancel() end end
-    local pool, vm_pool = self.pool, self.vm_pool
-    self.pool, self.vm_pool = {}, {}
-    for _, sb in ipairs(pool) do sb:destroy() end
-    for _, sb in ipairs(vm_pool) do sb:destroy() end
+    for _, pool in ipairs(self.pools) do
+      local boxes = pool.boxes
+      pool.boxes = {}
+      for _, sb in ipairs(boxes) do sb:destroy() end
+    end
     for sb in pairs(self.setups) do sb:destroy() end -- their builds fail and clean up
-    require("tupper.image.debian").cancel_all() -- Debian image builds too
+    debian.cancel_all() -- Debian image builds too
     while self.filling do async.sleep(5) end
     for conn in pairs(self.clients) do conn:close() end
     core.cgroup_prune()
@@ -843,12 +801,17 @@ end
 -- Returns the exit code.
 function M.run(opts)
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
-    pool = {}, reserved = {}, pulls = {}, pool_size = opts.pool or M.POOL_SIZE,
-    pool = {}, reserved = {}, setups = {}, pool_size = opts.pool or M.POOL_SIZE,
-    vm_pool = {}, vm_pool_size = opts.vm_pool or M.VM_POOL_SIZE,
+    reserved = {}, pulls = {}, setups = {}, pools = {},
     accounts = {}, -- image digest -> its default account { name, home }
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
+  -- one pool per backend, in the registry's order (by index, and by name)
+  for _, name in ipairs(backends.NAMES) do
+    local b = backends.get(name)
+    local pool = { backend = b, size = opts[b.pool.option] or b.pool.size, boxes = {} }
+    self.pools[#self.pools + 1] = pool
+    self.pools[name] = pool
+  end
   local code = 0
   async.spawn(function()
     local ok, err = mkdirs(self.state, tonumber("711", 8))
@@ -863,7 +826,7 @@ function M.run(opts)
     end
     if ok and opts.policy then
       -- the daemon's own policy binds every sandbox, whatever clients send
-      self.policy, err = require("tupper.recipe.policy").load(opts.policy)
+      self.policy, err = policy.load(opts.policy)
       ok = self.policy ~= nil
     end
     if ok then

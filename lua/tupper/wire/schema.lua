@@ -4,6 +4,7 @@
 -- that docs/protocol.md documents each method and that the daemon answers
 -- each of them.
 local units = require("tupper.util.units")
+local backends = require("tupper.backend.registry")
 
 local M = {}
 
@@ -51,7 +52,7 @@ local NETWORK = { type = "network" }
 M.NETWORK = NETWORK
 -- where a sandbox runs: namespaces on the host's kernel, or a microVM with
 -- a kernel of its own (docs/microvm.md)
-M.BACKEND = { type = "enum", values = { "linux", "microvm" } }
+M.BACKEND = { type = "enum", values = backends.NAMES }
 M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B
 M.methods = {
   ["hello"] = {
