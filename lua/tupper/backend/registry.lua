@@ -49,6 +49,14 @@ function M.get(name)
   return require(mod)
 end
 
+--- The limits of a create (memory, pids, disk, cpus) as backends take
+-- them (cpus as a CFS quota and period).
+function M.limits(lim)
+  return { memory = lim.memory, pids = lim.pids, disk = lim.disk,
+           cpu_quota = lim.cpus and math.max(1000, math.floor(lim.cpus * 100000)) or nil,
+           cpu_period = lim.cpus and 100000 or nil }
+end
+
 --- Calls every backend's gc(state_dir), where it has one.
 function M.gc(state_dir)
   for _, name in ipairs(M.NAMES) do

@@ -12,6 +12,7 @@ local MSG = core.MSG
 local M = {}
 
 M.REQUEST_TIMEOUT_MS = 120000
+M.ID_COUNT = 65536 -- uids and gids mapped into each box
 M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 -- TP_WE_* of proto.h, by number
 M.WATCH_EVENTS = { "create", "write", "remove", "rename", "chmod", "overflow", "end" }
