@@ -15,9 +15,9 @@
 -- wrong>".  The module never needs tupper.core: it runs under plain lua5.4
 -- with luv as well as inside the tupper binary.
 local uv = require("luv")
-local async = require("tupper.async")
-local client = require("tupper.client")
-local b64 = require("tupper.b64")
+local async = require("tupper.util.async")
+local client = require("tupper.wire.client")
+local b64 = require("tupper.util.b64")
 
 local M = {}
 
@@ -555,9 +555,9 @@ local function policy_param(opt)
     return { source = opt.source, name = opt.name or "tupper.lua" }
   end
   if opt ~= nil and type(opt) ~= "string" then fail("policy must be a path, {source = ...} or false") end
-  local path = opt or require("tupper.policy").find()
+  local path = opt or require("tupper.recipe.policy").find()
   if not path then return nil end
-  local text, err = require("tupper.vm").read_source(path)
+  local text, err = require("tupper.recipe.jail").read_source(path)
   if not text then fail("policy: %s", tostring(err)) end
   return { source = text, name = path }
 end
@@ -570,7 +570,7 @@ local function recipe_param(opt)
     if type(opt.source) ~= "string" then fail("recipe.source must be a string") end
     return { source = opt.source, name = opt.name or "recipe.lua", lock = opt.lock }
   end
-  local spec, err = require("tupper.recipe").client_spec(opt)
+  local spec, err = require("tupper.recipe.file").client_spec(opt)
   if not spec then fail("%s", tostring(err)) end
   return spec
 end

@@ -5,8 +5,8 @@
 -- pass the name check, rewritten heads with no NUL that end the head), a
 -- DNS answer built for a parsed query parses back to its address, an
 -- NXDOMAIN to nothing, and addresses survive format -> parse unchanged.
-local parse = require("tupper.netparse")
-local rules = require("tupper.netrules")
+local parse = require("tupper.net.parse")
+local rules = require("tupper.net.rules")
 
 local SYNTH = "\198\18\0\1"
 

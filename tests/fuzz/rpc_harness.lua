@@ -21,10 +21,10 @@
 --    runs once.
 -- Findings that are known and reported are counted (printed once each)
 -- unless FUZZ_RPC_STRICT=1, which makes them fatal like any other.
-local rpc = require("tupper.rpc")
-local json = require("tupper.json")
-local schema = require("tupper.schema")
-local has_units, units = pcall(require, "tupper.units")
+local rpc = require("tupper.wire.rpc")
+local json = require("tupper.util.json")
+local schema = require("tupper.wire.schema")
+local has_units, units = pcall(require, "tupper.util.units")
 
 local STRICT = os.getenv("FUZZ_RPC_STRICT") == "1"
 local CAPS = { 16, 200, 4096, rpc.MAX_LINE }

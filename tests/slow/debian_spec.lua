@@ -7,7 +7,7 @@
 -- docs/images.md).  The build cache is the test daemon's state dir under
 -- $TMPDIR, so nothing outlives the run; each run builds twice.
 local uv = require("luv")
-local json = require("tupper.json")
+local json = require("tupper.util.json")
 local helper = require("helper")
 
 local BUILD_MS = 40 * 60 * 1000 -- one build's bound: a hang fails, it cannot eat CI's time

@@ -4,7 +4,7 @@
 -- python3 as the recipe's user, and a create honours the lock.
 local uv = require("luv")
 local helper = require("helper")
-local json = require("tupper.json")
+local json = require("tupper.util.json")
 
 describe("recipes/python.lua", function()
   local d, dir, cache_dir

@@ -1,7 +1,7 @@
 -- Crash safety: SIGKILL the daemon; the next one re-adopts the boxes that are
 -- still whole and removes whatever else the dead one left.
 local uv = require("luv")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local helper = require("helper")
 
 local sync = helper.sync

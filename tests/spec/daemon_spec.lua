@@ -2,8 +2,8 @@
 -- API and the CLI.  Isolation is asserted from inside the box, and every
 -- sandbox is checked to leave nothing behind.
 local uv = require("luv")
-local async = require("tupper.async")
-local schema = require("tupper.schema")
+local async = require("tupper.util.async")
+local schema = require("tupper.wire.schema")
 local helper = require("helper")
 
 local sync = helper.sync
@@ -272,7 +272,7 @@ describe("the daemon", function()
         '{"jsonrpc":"2.0","id":2,"method":"sandbox.get","params":{"id":5}}\n',
         '{"jsonrpc":"1.0","id":3,"method":"hello"}\n',
         '[1,2]\n', '{"jsonrpc":"2.0","id":4,"method":"hello"}\n' }, 6)
-      local json = require("tupper.json")
+      local json = require("tupper.util.json")
       local codes = {}
       for i = 1, 6 do codes[i] = json.decode(got[i]) end
       assert.are.equal(-32700, codes[1].error.code)
@@ -297,7 +297,7 @@ describe("the daemon", function()
         lines[i] = ('{"jsonrpc":"2.0","id":%d,"method":"fs.stat","params":{"sandbox":"%s","path":"/"}}\n'):format(i, id)
       end
       local got = raw({ table.concat(lines) }, 1000)
-      local json = require("tupper.json")
+      local json = require("tupper.util.json")
       local ok, busy = 0, 0
       for _, line in ipairs(got) do
         local m = json.decode(line)
@@ -312,7 +312,7 @@ describe("the daemon", function()
     it("kills a sandbox created with kill_on_disconnect when its client goes away", function()
       local got = raw({ '{"jsonrpc":"2.0","id":1,"method":"sandbox.create","params":{"kill_on_disconnect":true' ..
         (BACKEND and (',"backend":"' .. BACKEND .. '"') or "") .. '}}\n' }, 1)
-      local json = require("tupper.json")
+      local json = require("tupper.util.json")
       local id = json.decode(got[1]).result.id
       assert.truthy(id)
       local gone = sync(function()

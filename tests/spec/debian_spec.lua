@@ -2,9 +2,9 @@
 -- the recipe field's strict validation with file:line, the host's apt
 -- sources and the mirror chosen from them, dpkg status, locks, cache keys.
 local uv = require("luv")
-local debian = require("tupper.debian")
-local recipe = require("tupper.recipe")
-local sha256 = require("tupper.sha256")
+local debian = require("tupper.image.debian")
+local recipe = require("tupper.recipe.file")
+local sha256 = require("tupper.util.sha256")
 local helper = require("helper")
 
 local function write(path, text)

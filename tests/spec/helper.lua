@@ -1,8 +1,8 @@
 --- Test helpers: run coroutines to completion on the luv loop, start a real
 -- daemon in a private temp dir, run the tupper CLI, decode base64.
 local uv = require("luv")
-local async = require("tupper.async")
-local client = require("tupper.client")
+local async = require("tupper.util.async")
+local client = require("tupper.wire.client")
 
 local M = {}
 

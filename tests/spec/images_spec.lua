@@ -4,8 +4,8 @@
 -- applied to processes, hostile archives refused with nothing left behind,
 -- rmi/prune/pins, and two creates sharing one unpack.
 local uv = require("luv")
-local async = require("tupper.async")
-local json = require("tupper.json")
+local async = require("tupper.util.async")
+local json = require("tupper.util.json")
 local helper = require("helper")
 
 local call, sync = helper.call, helper.sync

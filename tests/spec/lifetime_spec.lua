@@ -1,6 +1,6 @@
 -- Sandbox lifetimes and process timeouts, enforced by the daemon.
 local uv = require("luv")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local helper = require("helper")
 
 local sync = helper.sync

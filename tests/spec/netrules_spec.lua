@@ -1,7 +1,7 @@
 -- Network rules and the parsers of what a box sends through the relay
 -- (tupper.netrules, tupper.netparse): pure functions, fed hostile bytes.
-local rules = require("tupper.netrules")
-local parse = require("tupper.netparse")
+local rules = require("tupper.net.rules")
+local parse = require("tupper.net.parse")
 
 local LOOP = "\127\0\0\1"
 

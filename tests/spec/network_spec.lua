@@ -8,8 +8,8 @@
 -- proxy, SOCKS and DNS ports are, and nothing else is.
 local uv = require("luv")
 local h = require("helper")
-local json = require("tupper.json")
-local parse = require("tupper.netparse")
+local json = require("tupper.util.json")
+local parse = require("tupper.net.parse")
 
 local function sh(cmd)
   local p = io.popen(cmd .. " 2>&1")
@@ -28,7 +28,7 @@ end
 
 local function wait_port(port)
   h.sync(function()
-    local async = require("tupper.async")
+    local async = require("tupper.util.async")
     for _ = 1, 200 do
       local t = uv.new_tcp()
       local err = async.wait(function(cb) t:connect("127.0.0.1", port, function(e) cb(e) end) end)
@@ -368,7 +368,7 @@ return policy {
     local port = tonumber(out:match("^127%.0%.0%.1:(%d+)\n$"))
     assert.truthy(port)
     local body = h.sync(function()
-      local async = require("tupper.async")
+      local async = require("tupper.util.async")
       local t = uv.new_tcp()
       local err = async.wait(function(cb) t:connect("127.0.0.1", port, function(e) cb(e) end) end)
       assert(not err, err)

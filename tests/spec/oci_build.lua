@@ -2,7 +2,7 @@
 -- given layers (gzip'ed), for the specs that import images (images_spec,
 -- the slow microvm_images_spec).
 local uv = require("luv")
-local json = require("tupper.json")
+local json = require("tupper.util.json")
 
 local M = {}
 

@@ -3,8 +3,8 @@
 -- kept across a daemon crash, and the CLI finding tupper.lua upward.
 local uv = require("luv")
 local helper = require("helper")
-local guard = require("tupper.guard")
-local policy = require("tupper.policy")
+local guard = require("tupper.recipe.guard")
+local policy = require("tupper.recipe.policy")
 
 local sync = helper.sync
 local call = helper.call

@@ -1,7 +1,7 @@
 -- Integration specs for terminals (pty.*), watching (fs.watch), reattaching
 -- to a process (process.connect) and running as an account of the box
 -- (user): a real daemon, real sandboxes, hostile params refused.
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local helper = require("helper")
 
 local sync = helper.sync

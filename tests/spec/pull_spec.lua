@@ -85,7 +85,7 @@ describe("tupper pull", function()
     for hex in pairs(b) do
       assert.are.equal(hex, R.sha256_file(d.state .. "/images/blobs/sha256/" .. hex))
     end
-    local index = require("tupper.json").decode(helper.read_file(d.state .. "/images/index.json"))
+    local index = require("tupper.util.json").decode(helper.read_file(d.state .. "/images/index.json"))
     local m = index.manifests[1]
     assert.are.equal(reg.host .. "/test/busybox:busybox", m.annotations["org.opencontainers.image.ref.name"])
     assert.are.equal(out:match("@(sha256:%x+)"), m.digest)
@@ -141,7 +141,7 @@ describe("tupper pull", function()
   end)
 
   it("image.pull answers its documented fields and reports progress", function()
-    local schema = require("tupper.schema")
+    local schema = require("tupper.wire.schema")
     local c = d.connect()
     local progress = {}
     c:on("image.progress", function(p) progress[#progress + 1] = p end)
@@ -334,11 +334,11 @@ describe("tupper pull", function()
         local name = h2 and uv.fs_scandir_next(h2)
         local st = name and uv.fs_stat(d2.state .. "/images/partial/" .. name)
         if st and st.size == half then return end
-        require("tupper.async").sleep(20)
+        require("tupper.util.async").sleep(20)
       end
     end)
     d2.crash()
-    helper.sync(function() while not exited do require("tupper.async").sleep(5) end end)
+    helper.sync(function() while not exited do require("tupper.util.async").sleep(5) end end)
     h:close()
     assert.are_not.equal(0, exited)
     local d3 = helper.start_daemon(dir .. "/d2", { env = env })
@@ -350,7 +350,7 @@ describe("tupper pull", function()
   end)
 
   it("shares one download between two pulls of one reference at once", function()
-    local async = require("tupper.async")
+    local async = require("tupper.util.async")
     local c = d.connect()
     local results = {}
     helper.sync(function()

@@ -4,7 +4,7 @@
 -- still serving after it).
 local uv = require("luv")
 local helper = require("helper")
-local json = require("tupper.json")
+local json = require("tupper.util.json")
 
 local function write(path, text)
   local f = assert(io.open(path, "wb"))
@@ -146,7 +146,7 @@ describe("recipes in sandboxes", function()
       return recipe "together" { setup = function(box)
         box:run("cat /proc/sys/kernel/random/uuid > /built; sleep 0.5")
       end }]]
-    local async = require("tupper.async")
+    local async = require("tupper.util.async")
     local results = {}
     helper.sync(function()
       local left = 2
@@ -412,7 +412,7 @@ describe("a recipe's setup when the daemon stops", function()
     local d = helper.start_daemon(nil, { pool = 0 })
     local c = d.connect()
     local done, res, err
-    require("tupper.async").spawn(function()
+    require("tupper.util.async").spawn(function()
       res, err = c:call("sandbox.create", { recipe = { name = "slow.lua", source = [[
         return recipe "slow" { setup = function(box) box:run("sleep 30") end }]] } })
       done = true
@@ -422,16 +422,16 @@ describe("a recipe's setup when the daemon stops", function()
       for _ = 1, 500 do
         local names = ls(d.state .. "/layers")
         if #names > 0 then return end
-        require("tupper.async").sleep(10)
+        require("tupper.util.async").sleep(10)
       end
     end)
-    helper.sync(function() require("tupper.async").sleep(300) end)
+    helper.sync(function() require("tupper.util.async").sleep(300) end)
     local state = d.state
     local layers_before = ls(state .. "/layers")
     assert.are.equal(1, #layers_before) -- the build's tmp dir
     uv.kill(d.pid, "sigterm")
     helper.sync(function()
-      while not (d.exit_code and done) do require("tupper.async").sleep(10) end
+      while not (d.exit_code and done) do require("tupper.util.async").sleep(10) end
     end)
     assert.are.equal(0, d.exit_code)
     assert.is_nil(res)

@@ -3,7 +3,7 @@
 -- layer stacked above the image's layers, and a build's lock pinning the
 -- image's digest in the store.
 local helper = require("helper")
-local json = require("tupper.json")
+local json = require("tupper.util.json")
 local R = require("registry_helper")
 
 local q = R.q
@@ -82,7 +82,7 @@ end)
 
 describe("shipped recipes", function()
   it("ship one per image the project builds or pulls, each valid", function()
-    local recipe = require("tupper.recipe")
+    local recipe = require("tupper.recipe.file")
     local alpine = assert(recipe.load_embedded("alpine"))
     assert.are.equal("docker.io/library/alpine:3.20", alpine.image)
     local python = assert(recipe.load_embedded("python"))

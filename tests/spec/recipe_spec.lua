@@ -1,7 +1,7 @@
 -- Recipes and policy files: loading, strict validation with file and line,
--- policy caps and hooks (lua/tupper/recipe.lua, lua/tupper/policy.lua).
-local recipe = require("tupper.recipe")
-local policy = require("tupper.policy")
+-- policy caps and hooks (lua/tupper/recipe/file.lua, lua/tupper/recipe/policy.lua).
+local recipe = require("tupper.recipe.file")
+local policy = require("tupper.recipe.policy")
 
 local tmp = os.getenv("TMPDIR") or "/tmp"
 

@@ -2,7 +2,7 @@
 -- 127.0.0.1, OCI image layouts built by the test, skopeo to push them, and
 -- a scripted hostile registry (fake_registry.lua).
 local uv = require("luv")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local helper = require("helper")
 
 local M = {}
@@ -199,7 +199,7 @@ end
 -- its descriptor (not yet in index.json).  opts: arch, cmd, env.
 function M.image(layout, layers, opts)
   opts = opts or {}
-  local json = require("tupper.json")
+  local json = require("tupper.util.json")
   local diff_ids, descs = {}, {}
   for i, l in ipairs(layers) do
     diff_ids[i] = l.diff_id
@@ -220,7 +220,7 @@ end
 
 --- Adds an image index over manifests; returns its descriptor.
 function M.index(layout, manifests)
-  local json = require("tupper.json")
+  local json = require("tupper.util.json")
   local ix = { schemaVersion = 2, mediaType = "application/vnd.oci.image.index.v1+json", manifests = manifests }
   local dig, size = add_json(layout, layout .. "/../index-blob.json", json.encode(ix))
   return { mediaType = ix.mediaType, digest = dig, size = size }
@@ -228,7 +228,7 @@ end
 
 --- Writes oci-layout and index.json naming each descriptor by its tag.
 function M.finish_layout(layout, tagged)
-  local json = require("tupper.json")
+  local json = require("tupper.util.json")
   local ms = {}
   for tag, d in pairs(tagged) do
     ms[#ms + 1] = { mediaType = d.mediaType, digest = d.digest, size = d.size,

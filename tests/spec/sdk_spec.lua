@@ -4,7 +4,7 @@
 local uv = require("luv")
 local helper = require("helper")
 local tupper = require("tupper.sdk")
-local b64 = require("tupper.b64")
+local b64 = require("tupper.util.b64")
 
 -- The backend matrix: TUPPER_TEST_BACKEND=microvm runs this same spec
 -- against microVMs (tests/slow/backend_matrix_spec.lua); default: linux.
@@ -268,7 +268,7 @@ describe("tupper.sdk" .. (BACKEND and (" on " .. BACKEND) or ""), function()
     for _ = 1, 100 do
       left = #box.commands:list()
       if left == 0 then break end
-      tupper.run(function() require("tupper.async").sleep(20) end)
+      tupper.run(function() require("tupper.util.async").sleep(20) end)
     end
     assert.are.equal(0, left)
     box:kill()

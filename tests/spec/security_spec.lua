@@ -7,7 +7,7 @@
 -- does today: a test of a layer that is still being built fails until it
 -- lands, with a message that says what the probe saw.
 local uv = require("luv")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local helper = require("helper")
 
 local sync = helper.sync

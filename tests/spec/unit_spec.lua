@@ -1,6 +1,6 @@
 -- Unit specs of the pure-Lua parts: JSON, schema validation, line framing.
-local json = require("tupper.json")
-local schema = require("tupper.schema")
+local json = require("tupper.util.json")
+local schema = require("tupper.wire.schema")
 local helper = require("helper")
 
 describe("json", function()
@@ -75,7 +75,7 @@ describe("the checked-in schema", function()
 end)
 
 describe("units", function()
-  local units = require("tupper.units")
+  local units = require("tupper.util.units")
   it("parses sizes", function()
     assert.are.equal(256 * 1024 * 1024, units.size("256M"))
     assert.are.equal(1536 * 1024 * 1024, units.size("1.5G"))

@@ -1,7 +1,7 @@
--- The recipe VM (lua/tupper/vm.lua over runtime/lvm.c, loaded here as
+-- The recipe VM (lua/tupper/recipe/jail.lua over runtime/lvm.c, loaded here as
 -- build/lua/tupper/recipe/jail_core.so): escape attempts fail with a clear error and
 -- leave this process working; runaway code is stopped by its budgets.
-local vm = require("tupper.vm")
+local vm = require("tupper.recipe.jail")
 local core = require("tupper.recipe.jail_core")
 
 local function refused(src, pattern)

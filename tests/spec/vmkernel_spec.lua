@@ -1,7 +1,7 @@
 -- The microVM initramfs builder's pure parts: the newc cpio writer (read
 -- back by busybox cpio), the module .modinfo reader against good and
 -- hostile ELF files, and dependency ordering.
-local vmkernel = require("tupper.vmkernel")
+local vmkernel = require("tupper.backend.microvm.kernel")
 local helper = require("helper")
 
 -- A minimal ELF64 LE file whose sections are { name, bytes }, plus the

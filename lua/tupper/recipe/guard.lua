@@ -16,8 +16,8 @@
 --   * any other method on a sandbox whose policy has hooks is refused
 --     unless listed below as harmless: a new method is closed until it is
 --     classified here (fail closed).
-local policy = require("tupper.policy")
-local rpc = require("tupper.rpc")
+local policy = require("tupper.recipe.policy")
+local rpc = require("tupper.wire.rpc")
 
 local M = {}
 

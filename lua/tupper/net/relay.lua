@@ -6,8 +6,8 @@
 -- logged in a bounded ring.
 local uv = require("luv")
 local core = require("tupper.core")
-local rules = require("tupper.netrules")
-local parse = require("tupper.netparse")
+local rules = require("tupper.net.rules")
+local parse = require("tupper.net.parse")
 
 local MSG, NET = core.MSG, core.NET
 local M = {}

@@ -10,7 +10,7 @@
 -- the modules as /modules/NN-name.ko in load order, and the empty dirs the
 -- agent mounts on.  Call from a coroutine (tupper.async).
 local uv = require("luv")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 
 local M = {}
 
@@ -29,7 +29,7 @@ function M.cache_dir()
   return c .. "/tupper/microvm"
 end
 
-local mkdirs = require("tupper.paths").mkdirs
+local mkdirs = require("tupper.util.paths").mkdirs
 M.mkdirs = mkdirs
 
 --- Runs a program and waits for it: returns stdout, or nil, err (with the

@@ -1,10 +1,10 @@
 --- The Lua client of the socket API, used by the CLI (and later the REPL).
 -- Calls are asynchronous: use them from a coroutine (tupper.async).
 local uv = require("luv")
-local async = require("tupper.async")
-local rpc = require("tupper.rpc")
-local schema = require("tupper.schema")
-local paths = require("tupper.paths")
+local async = require("tupper.util.async")
+local rpc = require("tupper.wire.rpc")
+local schema = require("tupper.wire.schema")
+local paths = require("tupper.util.paths")
 
 local M = {}
 

@@ -16,8 +16,8 @@
 -- pool: call it from a coroutine (tupper.async).
 local uv = require("luv")
 local core = require("tupper.core")
-local async = require("tupper.async")
-local json = require("tupper.json")
+local async = require("tupper.util.async")
+local json = require("tupper.util.json")
 
 local M = {}
 

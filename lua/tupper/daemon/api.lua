@@ -2,11 +2,14 @@
 -- validated params (tupper.schema) and returns a result table, or nil, code,
 -- message[, data] for a JSON-RPC error.
 local core = require("tupper.core")
-local json = require("tupper.json")
-local rpc = require("tupper.rpc")
-local schema = require("tupper.schema")
-local guard = require("tupper.guard")
-local sandbox = require("tupper.sandbox")
+local json = require("tupper.util.json")
+local rpc = require("tupper.wire.rpc")
+local schema = require("tupper.wire.schema")
+local guard = require("tupper.recipe.guard")
+local sandbox = require("tupper.daemon.sandbox")
+local async = require("tupper.util.async")
+local build = require("tupper.recipe.build")
+local backends = require("tupper.backend.registry")
 
 local MSG = core.MSG
 local M = {}
@@ -81,7 +84,6 @@ function h.sandbox_create(d, conn, p)
 end
 
 function h.recipe_build(d, conn, p)
-  local build = require("tupper.build")
   local loaded, err = build.load(p.recipe)
   if not loaded then return nil, rpc.SANDBOX_ERROR, err end
   -- the daemon's own policy judges the setup's commands and files
@@ -214,7 +216,7 @@ local function start(sb, conn, argv, p, x)
       proc.timer:close()
       proc.timer = nil
       proc.timed_out = true
-      require("tupper.async").spawn(function() sb:signal(proc, 9) end)
+      async.spawn(function() sb:signal(proc, 9) end)
     end)
   end
   return { pid = proc.pid }
@@ -453,15 +455,15 @@ end
 function h.image_remove(d, conn, p)
   local r, err = d.images:remove(p.ref)
   if not r then return nil, rpc.IMAGE_ERROR, err, { kind = "store" } end
-  -- the microVM root images of its layers go with them
-  require("tupper.microvm").gc(d.state)
+  -- what backends made of its layers (a microVM's root images) goes with them
+  backends.gc(d.state)
   return r
 end
 
 function h.image_prune(d, conn, p)
   local r, err = d.images:prune(p.all)
   if not r then return nil, rpc.IMAGE_ERROR, err, { kind = "store" } end
-  require("tupper.microvm").gc(d.state)
+  backends.gc(d.state)
   return r
 end
 

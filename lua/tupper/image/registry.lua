@@ -11,8 +11,8 @@
 -- file, so a bad resume is caught, and then retried from zero).
 local uv = require("luv")
 local core = require("tupper.core")
-local async = require("tupper.async")
-local json = require("tupper.json")
+local async = require("tupper.util.async")
+local json = require("tupper.util.json")
 
 local M = {}
 
@@ -434,7 +434,7 @@ end
 
 ---------------------------------------------------------------- the store's files
 
-local mkdirs = require("tupper.paths").mkdirs -- 0755
+local mkdirs = require("tupper.util.paths").mkdirs -- 0755
 
 -- Writes data to path through a temporary file in tmpdir (the layout's
 -- partial/: no half-written file is ever under a name the store reads).

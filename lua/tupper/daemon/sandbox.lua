@@ -1,24 +1,18 @@
---- A sandbox as the daemon sees it: a box of the linux backend, the agent
--- inside it, and the processes started through the API.  Requests to the
+--- A sandbox as the daemon sees it: a box of a backend (backend/registry.lua),
+-- the agent inside it, and the processes started through the API.  Requests to the
 -- agent are asynchronous: call them from a coroutine (tupper.async).
 local core = require("tupper.core")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local uv = require("luv")
-local netrelay = require("tupper.netrelay")
-local netrules = require("tupper.netrules")
+local netrelay = require("tupper.net.relay")
+local netrules = require("tupper.net.rules")
+local backends = require("tupper.backend.registry")
 
 local MSG = core.MSG
 local M = {}
 
-M.READY_TIMEOUT_MS = 10000
-M.VM_READY_TIMEOUT_MS = 90000 -- a cold boot under TCG emulation takes seconds
 M.REQUEST_TIMEOUT_MS = 120000
--- how long a microVM's guest keeps running with no daemon attached (a
--- crash) before it powers off; a linux box's agent waits as long
-M.VM_GRACE_S = (function()
-  local g = math.tointeger(tonumber(os.getenv("TUPPER_VM_GRACE") or ""))
-  return g and g >= 0 and g <= 86400 and g or 60
-end)()
+M.ID_COUNT = 65536 -- uids and gids mapped into each box
 M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 -- TP_WE_* of proto.h, by number
 M.WATCH_EVENTS = { "create", "write", "remove", "rename", "chmod", "overflow", "end" }
@@ -46,18 +40,16 @@ local function attach(box, opts, adopting)
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
     cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, watches = {}, hooks = opts,
     limits = opts.limits_info, pid = box:pid(), adopting = adopting, cred = opts.cred, recipe = opts.recipe,
-    backend = opts.backend or "linux", vm = box.vm or nil,
+    backend = opts.backend_impl.name, impl = opts.backend_impl,
     default_user = opts.default_user, home = opts.home, workdir = opts.workdir,
   }, Sandbox)
   box:on(function(t, id, f) self:_frame(t, id, f) end,
          function(reason) self:_down(reason) end)
   local ok, why = async.wait(function(cb)
-    -- a VM started from a snapshot said READY before the snapshot: its
-    -- VM_INIT below is the handshake; a re-adopted VM's is VM_ATTACH
-    if box.restored or (adopting and self.vm) then return cb(true) end
+    if not self.impl.awaits_ready(box, adopting) then return cb(true) end
     self._ready = cb
     self._ready_timer = uv.new_timer()
-    self._ready_timer:start(self.vm and M.VM_READY_TIMEOUT_MS or M.READY_TIMEOUT_MS, 0,
+    self._ready_timer:start(self.impl.ready_timeout_ms, 0,
                             function() cb(false, "agent did not start in time") end)
   end)
   self._ready = nil
@@ -67,32 +59,10 @@ local function attach(box, opts, adopting)
     return nil, "sandbox " .. opts.id .. ": " .. tostring(why)
   end
   self.state = "running"
-  if adopting and self.vm then
-    -- the guest's agent may or may not have seen the dead daemon's
-    -- connection close: VM_ATTACH makes it drop what was that one's.  Its
-    -- id is random: a reply the agent still owed the dead daemon (sent as
-    -- the port reopened) is not taken for this one's
-    self.next_id = 0x10000 + (tonumber(core.random_hex(3), 16) % 0x7fff0000)
-    local r, aerr = self:request(MSG.VM_ATTACH, {})
-    if not r then
-      self:destroy()
-      return nil, "sandbox " .. opts.id .. ": re-attach to the VM's agent: " .. tostring(aerr)
-    end
-  elseif self.vm then
-    -- the guest's clock, hostname and random pool are its own (and, from a
-    -- snapshot, the snapshot's): the daemon sets them
-    local ent = uv.random(64) or core.random_hex(32)
-    local sec, usec = uv.gettimeofday()
-    local r, ierr = self:request(MSG.VM_INIT, { name = opts.id, data = ent, grace = M.VM_GRACE_S,
-                                                 mtime = sec * 1000000000 + usec * 1000 })
-    if r and opts.limits and opts.limits.pids then
-      -- enforced by the guest's own cgroups (agent_cgroup.c)
-      r, ierr = self:request(MSG.VM_LIMITS, { pids = opts.limits.pids })
-    end
-    if not r then
-      self:destroy()
-      return nil, "sandbox " .. opts.id .. ": set up the VM: " .. tostring(ierr)
-    end
+  local hok, herr = self.impl.handshake(self, opts, adopting)
+  if not hok then
+    self:destroy()
+    return nil, "sandbox " .. opts.id .. ": " .. tostring(herr)
   end
   -- the network relay: the agent binds its proxy, SOCKS and DNS ports
   -- before any box process runs (docs/network.md).  An agent without it (a
@@ -103,28 +73,15 @@ local function attach(box, opts, adopting)
   return self
 end
 
---- Starts a box and waits for its agent.  opts: backend ("linux", the
--- default, or "microvm": then state_dir and default_layer too),
+--- Starts a box and waits for its agent.  opts: backend (a name of
+-- backend/registry.lua; nil: the default), state_dir and default_layer,
 -- id, image (name), layers (the image's read-only layer dirs, lowest first),
 -- dir, uid_base, id_count, cgroup, limits, env, metadata, cwd, on_exit(sb,
 -- proc), on_output(sb, proc, stream, data), on_down(sb, reason).  Returns the
 -- sandbox or nil, err.
 function M.start(opts)
-  local box, err
-  if opts.backend == "microvm" then
-    box, err = require("tupper.microvm").start({ id = opts.id, dir = opts.dir,
-      state_dir = opts.state_dir, cgroup = opts.cgroup, limits = opts.limits, layers = opts.layers,
-      default_layer = opts.default_layer, uid_base = opts.uid_base, id_count = opts.id_count })
-  else
-    local spec = { id = opts.id, layers = opts.layers, dir = opts.dir,
-      uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
-      cgroup = opts.cgroup, limits = opts.limits }
-    -- the start runs in the thread pool: the loop keeps serving meanwhile
-    box, err = async.wait(function(cb)
-      local ok, serr = core.start("linux", spec, cb)
-      if not ok then cb(nil, serr) end
-    end)
-  end
+  opts.backend_impl = backends.get(opts.backend)
+  local box, err = opts.backend_impl.start(opts)
   if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
   local self, aerr = attach(box, opts)
   if self and not self.net_error then
@@ -141,18 +98,12 @@ end
 -- which processes still run.  opts as for start, plus pid (the agent's host
 -- pid).  Returns the sandbox or nil, err.
 function M.adopt(opts)
-  local box, err
-  if opts.backend == "microvm" then
-    -- opts.vm: QEMU's uid and start time, from the record
-    local vm = type(opts.vm) == "table" and opts.vm or {}
-    box, err = require("tupper.microvm").adopt({ id = opts.id, dir = opts.dir, cgroup = opts.cgroup,
-      pid = opts.pid, uid = vm.uid, start_time = vm.start_time })
-  else
-    box, err = core.adopt("linux", { id = opts.id, dir = opts.dir, pid = opts.pid, cgroup = opts.cgroup })
-  end
+  opts.backend_impl = backends.get(opts.backend)
+  -- opts.saved: the backend's part of the record (record().vm)
+  local box, err = opts.backend_impl.adopt(opts)
   if not box then return nil, "adopt sandbox " .. opts.id .. ": " .. tostring(err) end
-  -- a paused VM is frozen whole, its agent too: thawed for the handshake
-  local refreeze = box.vm and opts.paused and box:has_cgroup()
+  -- a backend whose pause freezes the agent too: thawed for the handshake
+  local refreeze = opts.backend_impl.agent_frozen and opts.paused and box:has_cgroup()
   if refreeze then box:freeze(false) end
   local self, aerr = attach(box, opts, true)
   if not self then return nil, aerr end
@@ -189,8 +140,8 @@ function Sandbox:record()
            policy = self.policy_source, cred = self.cred, recipe = self.recipe,
            network = self.network, default_user = self.default_user, home = self.home,
            workdir = self.workdir,
-           -- a microVM's QEMU: what proves its pid is still it (microvm.adopt)
-           vm = self.vm and { uid = self.box.uid, start_time = self.box.start_time } or nil }
+           -- the backend's own (a microVM's QEMU: what proves its pid is still it)
+           vm = self.impl.record(self.box) }
 end
 
 --- Sets the network rules (a value netrules.compile takes), narrowed by
@@ -219,8 +170,8 @@ end
 
 function Sandbox:_frame(t, id, f)
   if t >= MSG.NET_OPEN and t <= MSG.NET_CONNECT then
-    -- a re-adopted VM's agent may still send the dead daemon's streams' frames
-    if self.adopting and self.vm and not self.net then return end
+    -- a re-adopted guest's agent may still send the dead daemon's streams' frames
+    if self.adopting and self.impl.guest_kernel and not self.net then return end
     if id ~= 0 or not self.net then return self:_hostile("unexpected network frame") end
     return self.net:frame(t, f)
   elseif t == MSG.READY then
@@ -233,8 +184,8 @@ function Sandbox:_frame(t, id, f)
     end
   elseif t == MSG.OK or t == MSG.ERR then
     local p = self.pending[id]
-    -- a re-adopted VM's agent may answer what the dead daemon asked
-    if not p and self.adopting and self.vm then return end
+    -- a re-adopted guest's agent may answer what the dead daemon asked
+    if not p and self.adopting and self.impl.guest_kernel then return end
     if not p then return self:_hostile("reply to an unknown request " .. id) end
     self.pending[id] = nil
     p.timer:stop(); p.timer:close()
@@ -538,7 +489,8 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   for k, v in pairs(env or {}) do merged[k] = v end
   for k, v in pairs(merged) do envl[#envl + 1] = k .. "=" .. v end
   table.sort(envl)
-  local hold = self.box:has_cgroup() and not self.vm -- a VM's processes are in its own kernel
+  -- a guest's processes are in its own kernel: no host cgroup per tree
+  local hold = self.box:has_cgroup() and not self.impl.guest_kernel
   local fields = { args = argv, env = envl, cwd = cwd or self.cwd,
                    flags = (stdin and 1 or 0) | (hold and 2 or 0) | (x.pty and 4 or 0),
                    uid = cred and cred.uid, gid = cred and cred.gid }
@@ -578,7 +530,7 @@ end
 --- Signals a process: its whole tree where it has a cgroup, else its
 -- process group.  Returns true or nil, msg, errno.
 function Sandbox:signal(proc, sig)
-  if proc.tree and self.box:has_cgroup() and not self.vm then
+  if proc.tree and self.box:has_cgroup() and not self.impl.guest_kernel then
     local n, err = self.box:tree_signal(proc.tree, sig)
     if not n then return nil, err, 0 end
     return true
@@ -591,7 +543,7 @@ end
 -- A process ended: its tree's cgroup goes once nothing of the tree is left
 -- (background children keep it until they end or the box is destroyed).
 function Sandbox:_tree_done(proc)
-  if not proc.tree or not self.box:has_cgroup() or self.vm then return end
+  if not proc.tree or not self.box:has_cgroup() or self.impl.guest_kernel then return end
   local n = self.box:tree_count(proc.tree)
   if n == 0 then self.box:tree_remove(proc.tree) end
 end

@@ -10,10 +10,10 @@
 -- Loaded in the locked-down VM (tupper.vm); each hook call runs under
 -- vm.CALL_LIMITS.  A hook that fails, loops or returns nothing refuses
 -- (fail closed).  docs/policy.md.
-local schema = require("tupper.schema")
-local units = require("tupper.units")
-local recipe = require("tupper.recipe")
-local vm = require("tupper.vm")
+local schema = require("tupper.wire.schema")
+local units = require("tupper.util.units")
+local recipe = require("tupper.recipe.file")
+local vm = require("tupper.recipe.jail")
 
 local M = {}
 

@@ -12,7 +12,7 @@
 -- LANG=C.UTF-8, a fixed /etc/hostname and /etc/hosts.  docs/images.md,
 -- "Debian images".
 --
---     local debian = require("tupper.debian")
+--     local debian = require("tupper.image.debian")
 --     -- in a coroutine (tupper.async): the build waits on the loop
 --     local img, err = debian.build(spec, { cache = state .. "/debian" })
 --     -- img = { tar = "/abs/rootfs.tar", key = "<sha256 hex>", suite = "bookworm",
@@ -32,9 +32,9 @@
 -- the chroot.  Only packages from the archive's signed indexes are
 -- installed; names are validated before they reach apt.
 local uv = require("luv")
-local async = require("tupper.async")
-local json = require("tupper.json")
-local sha256 = require("tupper.sha256")
+local async = require("tupper.util.async")
+local json = require("tupper.util.json")
+local sha256 = require("tupper.util.sha256")
 
 local M = {}
 
@@ -463,7 +463,7 @@ end
 
 -- ------------------------------------------------------------- files
 
-local mkdirs = require("tupper.paths").mkdirs
+local mkdirs = require("tupper.util.paths").mkdirs
 
 --- Removes a tree without following symlinks.
 local function rmtree(path)
@@ -532,7 +532,7 @@ end
 -- expects, written the same way on every build.
 local CUSTOMIZE = [[
 #!/bin/sh
-# Written by tupper (lua/tupper/debian.lua): what an agent expects of a
+# Written by tupper (lua/tupper/image/debian.lua): what an agent expects of a
 # general-purpose sandbox.  $1 is the chroot.
 set -eu
 root=$1

@@ -4,7 +4,7 @@
 -- sends more is answered with an error and disconnected, and a peer that
 -- does not read its replies is disconnected before they pile up past
 -- MAX_BACKLOG.
-local json = require("tupper.json")
+local json = require("tupper.util.json")
 
 local M = {}
 

@@ -3,7 +3,8 @@
 -- schema` prints it as JSON (docs/protocol.schema.json), and the tests check
 -- that docs/protocol.md documents each method and that the daemon answers
 -- each of them.
-local units = require("tupper.units")
+local units = require("tupper.util.units")
+local backends = require("tupper.backend.registry")
 
 local M = {}
 
@@ -51,7 +52,7 @@ local NETWORK = { type = "network" }
 M.NETWORK = NETWORK
 -- where a sandbox runs: namespaces on the host's kernel, or a microVM with
 -- a kernel of its own (docs/microvm.md)
-M.BACKEND = { type = "enum", values = { "linux", "microvm" } }
+M.BACKEND = { type = "enum", values = backends.NAMES }
 M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B
 M.methods = {
   ["hello"] = {
@@ -353,7 +354,7 @@ function check(name, spec, v)
     end
     return nil, v
   elseif t == "network" then
-    local rs, err = require("tupper.netrules").compile(v)
+    local rs, err = require("tupper.net.rules").compile(v)
     if not rs then return ("'%s': %s"):format(name, err) end
     return nil, rs.spec
   elseif t == "map" then
@@ -405,7 +406,7 @@ end
 
 --- The schema as a plain table for JSON (`tupper schema`).
 function M.export()
-  local json = require("tupper.json")
+  local json = require("tupper.util.json")
   local out = { protocol = M.PROTOCOL, methods = {}, notifications = {} }
   local names = {}
   for name in pairs(M.methods) do names[#names + 1] = name end

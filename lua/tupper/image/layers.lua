@@ -10,7 +10,7 @@
 -- (a recipe may compute them).  docs/recipes.md.
 local uv = require("luv")
 local core = require("tupper.core")
-local json = require("tupper.json")
+local json = require("tupper.util.json")
 
 local M = {}
 
@@ -118,7 +118,7 @@ function Store:ensure(key, build, info)
   if layer then return layer, false end
   local waiting = self.building[key]
   if waiting then
-    local l, err = require("tupper.async").wait(function(cb) waiting[#waiting + 1] = cb end)
+    local l, err = require("tupper.util.async").wait(function(cb) waiting[#waiting + 1] = cb end)
     if not l then return nil, err end
     return l, false
   end

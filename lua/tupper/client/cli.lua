@@ -1,10 +1,10 @@
 --- The `tupper` command line: client verbs over the socket API.
 local uv = require("luv")
 local core = require("tupper.core")
-local async = require("tupper.async")
-local client = require("tupper.client")
-local json = require("tupper.json")
-local schema = require("tupper.schema")
+local async = require("tupper.util.async")
+local client = require("tupper.wire.client")
+local json = require("tupper.util.json")
+local schema = require("tupper.wire.schema")
 
 local M = {}
 
@@ -266,11 +266,11 @@ end
 -- The policy file a create sends (docs/policy.md): --policy FILE, none with
 -- --no-policy, else the nearest tupper.lua from the working directory up.
 local function policy_param(o)
-  local policy = require("tupper.policy")
+  local policy = require("tupper.recipe.policy")
   if o.policy == false then return nil end
   local path = o.policy or policy.find()
   if not path then return nil end
-  local text, err = require("tupper.vm").read_source(path)
+  local text, err = require("tupper.recipe.jail").read_source(path)
   if not text then error(("policy: %s"):format(err), 0) end
   return { source = text, name = path }
 end
@@ -280,14 +280,14 @@ local verbs = {}
 -- The `recipe` param of --recipe FILE|NAME, or nil.
 recipe_spec = function(o)
   if not o.recipe then return nil end
-  return require("tupper.recipe").client_spec(o.recipe)
+  return require("tupper.recipe.file").client_spec(o.recipe)
 end
 
 --- tupper build RECIPE: builds the recipe's layer and writes RECIPE.lock.
 function verbs.build(c, args)
   if #args ~= 1 then return die("build wants one recipe file") end
   local path = args[1]
-  local rec = require("tupper.recipe")
+  local rec = require("tupper.recipe.file")
   -- the old lock goes along: an unchanged recipe's Debian image is rebuilt
   -- from its locked package versions
   local spec, serr = rec.client_spec(path)
@@ -322,7 +322,7 @@ function verbs.run(c, args)
   -- with max.timeout refuses "forever", so it lives as long as that allows
   if o.limits.timeout == nil then
     o.limits.timeout = 0
-    local p = pol and require("tupper.policy").load_string(pol.source, pol.name)
+    local p = pol and require("tupper.recipe.policy").load_string(pol.source, pol.name)
     if p and p.max and p.max.timeout then o.limits.timeout = p.max.timeout end
   end
   -- the box goes with this client, even if it is killed (docker run --rm
@@ -675,7 +675,7 @@ function M.main(argv)
       elseif a == "--policy" then o.policy = v
       elseif a == "--uid-base" then o.uid_base = math.tointeger(tonumber(v))
       elseif a == "--max-layer" then
-        o.max_layer = require("tupper.units").size(v or "")
+        o.max_layer = require("tupper.util.units").size(v or "")
         if not o.max_layer then return die("daemon: --max-layer wants a size, e.g. 4G") end
       elseif a == "--pool" then
         o.pool = math.tointeger(tonumber(v))
@@ -687,11 +687,11 @@ function M.main(argv)
       if v == nil then return die("daemon: %s needs a value", a) end
       k = k + 2
     end
-    return require("tupper.daemon").run(o)
+    return require("tupper.daemon.main").run(o)
   elseif verb == "mcp" or verb == "http" then
-    return require("tupper.nodejs").main(verb, args, g)
+    return require("tupper.client.nodejs").main(verb, args, g)
   elseif verb == "repl" then
-    local ok, code = pcall(require("tupper.repl").main, args, g)
+    local ok, code = pcall(require("tupper.client.repl").main, args, g)
     uv.walk(function(h) if not h:is_closing() then h:close() end end)
     uv.run()
     if not ok then return die("%s", tostring(code)) end

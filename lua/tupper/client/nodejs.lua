@@ -11,9 +11,9 @@
 --   /usr/local/lib/node_modules/@tupper/sdk, /usr/lib/node_modules/@tupper/sdk
 -- The node binary is $TUPPER_NODE, else `node` from PATH.
 local uv = require("luv")
-local async = require("tupper.async")
-local client = require("tupper.client")
-local paths = require("tupper.paths")
+local async = require("tupper.util.async")
+local client = require("tupper.wire.client")
+local paths = require("tupper.util.paths")
 
 local M = {}
 

@@ -9,9 +9,9 @@
 -- an unknown field, a wrong type or a bad size fails with the file, the
 -- line and what was expected.  Whether the runtime can honour a valid
 -- recipe is a separate question: M.check_enforceable.  docs/recipes.md.
-local debian = require("tupper.debian")
-local schema = require("tupper.schema")
-local vm = require("tupper.vm")
+local debian = require("tupper.image.debian")
+local schema = require("tupper.wire.schema")
+local vm = require("tupper.recipe.jail")
 
 local M = {}
 
@@ -194,7 +194,7 @@ end
 -- parse is refused here, naming the file and line.  Returns true, or nil, err.
 function M.check_enforceable(r)
   if r.network ~= nil and r.network ~= "none" then
-    local ok, err = require("tupper.netrules").compile(r.network)
+    local ok, err = require("tupper.net.rules").compile(r.network)
     if not ok then
       local o = r.origin or { file = "recipe" }
       return nil, M.where({ file = o.file, line = o.line }, nil, err)
@@ -256,7 +256,7 @@ end
 -- the specs; the binary carries its recipes embedded).
 local function tree_recipes_dir()
   local src = debug.getinfo(1, "S").source
-  local dir = src:match("^@(.*)/lua/tupper/recipe%.lua$") or src:match("^@(.*)lua/tupper/recipe%.lua$")
+  local dir = src:match("^@(.*)/lua/tupper/recipe/file%.lua$") or src:match("^@(.*)lua/tupper/recipe/file%.lua$")
   if dir == nil then return nil end
   return (dir == "" and "." or dir) .. "/recipes"
 end

@@ -1,0 +1,87 @@
+--- Starts a microVM's QEMU: the files it gets as fds, its argv, its
+-- console and its monitor.  Call from a coroutine.
+local uv = require("luv")
+local core = require("tupper.core")
+local async = require("tupper.util.async")
+local qemu = require("tupper.backend.microvm.qemu")
+local console = require("tupper.backend.microvm.console")
+local qmp = require("tupper.backend.microvm.qmp")
+
+local M = {}
+
+--- Starts QEMU.  o: id, dir (exists), uid, cgroup, limits, mem, cpus, rw,
+-- accel; ram_fd (the guest memory: the template's memfd, or a snapshot's
+-- sealed one) and share; incoming (a snapshot's device state file to start
+-- from: with -incoming defer, see restore()); template (a snapshot's VM:
+-- it dies with the daemon).  Returns core's box, the console reader, the
+-- QMP client.
+function M.launch(p, o)
+  local cmdline = qemu.cmdline(o.accel)
+  -- QEMU opens nothing by path: the daemon opens, QEMU gets fds 4..10
+  -- (kernel, initramfs, image, writable disk, monitor, state, memory); a
+  -- VM started from a snapshot gets no kernel nor initramfs
+  local files = { { p.k.vmlinuz, "r" }, { p.initrd, "r" }, { p.root, "r" }, { o.rw, "r+" } }
+  if o.incoming then files[1], files[2], files[6] = false, false, { o.incoming, "r" } end
+
+  local pass = {}
+  local qpair = uv.socketpair("stream", 0, { cloexec = true }, { cloexec = true })
+  local function close_pass()
+    for i, f in pairs(pass) do if f ~= qpair[2] and i ~= 7 then uv.fs_close(f) end end
+  end
+  for i = 1, 7 do
+    if i == 5 then
+      pass[5] = qpair[2]
+    elseif i == 7 and o.ram_fd then
+      pass[7] = o.ram_fd -- the caller's
+    elseif files[i] then
+      local pfd, oerr = uv.fs_open(files[i][1], files[i][2], 384)
+      if not pfd then close_pass(); uv.fs_close(qpair[1]); uv.fs_close(qpair[2]); return nil, oerr end
+      pass[i] = pfd
+    else
+      pass[i] = qpair[2] -- a placeholder keeps the numbering: that fd is then unused
+    end
+  end
+  local function qfd(i) return "/proc/self/fd/" .. (3 + i) end
+  local argv = qemu.argv({ accel = o.accel, kernel = not o.incoming and qfd(1) or nil, initrd = qfd(2),
+    root = qfd(3), rw = qfd(4), mem = o.mem, cpus = o.cpus, cmdline = cmdline,
+    ram = o.ram_fd and qfd(7) or nil, share = o.share })
+  argv[#argv + 1] = "-chardev"
+  argv[#argv + 1] = "socket,id=qmp,fd=8"
+  argv[#argv + 1] = "-mon"
+  argv[#argv + 1] = "chardev=qmp,mode=control"
+  if o.incoming then
+    argv[#argv + 1] = "-incoming"
+    argv[#argv + 1] = "defer"
+  end
+  local fds = uv.pipe({ nonblock = true }, { nonblock = false })
+  local cpipe = uv.new_pipe()
+  cpipe:open(fds.read)
+  local con = console.open(cpipe)
+  local limits = o.limits or {}
+  local box, serr = async.wait(function(cb)
+    local sok, e = core.start("microvm", { id = o.id, dir = o.dir, argv = argv, fds = pass,
+      uid = o.uid, gid = o.uid, cgroup = o.cgroup, console_fd = fds.write, die_with_parent = o.template,
+      limits = { memory = o.mem + qemu.MEMORY_OVERHEAD, pids = qemu.QEMU_PIDS,
+                 cpu_quota = limits.cpu_quota, cpu_period = limits.cpu_period } }, cb)
+    if not sok then cb(nil, e) end
+  end)
+  uv.fs_close(fds.write)
+  close_pass()
+  uv.fs_close(qpair[2])
+  if not box then
+    local hint = console.hint(con)
+    con.close()
+    uv.fs_close(qpair[1])
+    return nil, tostring(serr) .. hint
+  end
+  local q, qerr = qmp.open(qpair[1])
+  if not q then
+    con.close()
+    async.wait(function(cb) box:destroy(cb) end)
+    return nil, "QEMU's monitor: " .. tostring(qerr)
+  end
+  return box, con, q
+end
+
+
+return M

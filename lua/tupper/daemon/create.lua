@@ -1,0 +1,316 @@
+--- sandbox.create as the daemon runs it: recipe params, image resolution
+-- and pull-on-first-use, the pooled or new box, the image's settings and
+-- the default account.  Methods of the daemon (daemon/main.lua mixes them in).
+local core = require("tupper.core")
+local async = require("tupper.util.async")
+local schema = require("tupper.wire.schema")
+local sandbox = require("tupper.daemon.sandbox")
+local guard = require("tupper.recipe.guard")
+local registry = require("tupper.image.registry")
+local build = require("tupper.recipe.build")
+local policy = require("tupper.recipe.policy")
+local setup = require("tupper.recipe.setup")
+local backends = require("tupper.backend.registry")
+local log = require("tupper.daemon.log").log
+
+local MAX_SANDBOXES = 1024
+
+local D = {}
+
+function D:_new_id()
+  local id
+  repeat id = core.random_hex(6) until not self.sandboxes[id] and not self.reserved[id]
+  return id
+end
+
+-- Starts a box with limits lim (may be empty) on read-only layers (lowest
+-- first; default: the default image); image names it, image_digest is its
+-- manifest's (what the image store keeps while the box lives); backend is
+-- a name of backend/registry.lua (nil: the default).
+function D:_start_box(id, lim, layers, image, image_digest, backend)
+  self.reserved[id] = true
+  layers = layers or { self.default_image }
+  local sb, err = sandbox.start({
+    backend = backend, state_dir = self.state, default_layer = self.default_image,
+    id = id, image = image or "default", image_digest = image_digest,
+    layers = layers or { self.default_image }, dir = self.boxes .. "/" .. id,
+    uid_base = self.uid_base, id_count = sandbox.ID_COUNT, cgroup = self.tag .. "-" .. id,
+    limits = backends.limits(lim),
+    on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
+    on_exit = function(s, proc) self:_exit(s, proc) end,
+    on_down = function(s, reason) self:_sandbox_down(s, reason) end,
+    on_watch = function(s, w, kind, name, msg) self:_watch_event(s, w, kind, name, msg) end,
+  })
+  self.reserved[id] = nil
+  return sb, err
+end
+
+--- Pulls an image from its registry into the store (<state>/images, an OCI
+-- layout: tupper.registry).  on_progress(done, total) may be nil.  Two
+-- pulls of one ref at once share the download.  Returns the pull's result
+-- (ref, digest, config, layers, size) or nil, message, kind.
+function D:pull_image(refstr, on_progress)
+  local ref, perr = registry.parse_ref(refstr)
+  if not ref then return nil, perr, "invalid" end
+  local running = self.pulls[ref.name]
+  if running then
+    if on_progress then running.listeners[#running.listeners + 1] = on_progress end
+    return async.wait(function(cb) running.waiters[#running.waiters + 1] = cb end)
+  end
+  running = { waiters = {}, listeners = { on_progress } }
+  self.pulls[ref.name] = running
+  log("pulling %s", ref.name)
+  local ok, res = pcall(registry.pull, self.state .. "/images", ref.name, {
+    on_session = function(s) running.session = s end, record = self.images == nil,
+    on_progress = function(done, total)
+      for _, fn in ipairs(running.listeners) do fn(done, total) end
+    end })
+  if ok and self.images then
+    -- the store unpacks the layers and records the ref: a pulled image is
+    -- ready to run, and one whose layers the store refuses is not recorded
+    local img, terr = self.images:tag(res.ref, res.digest)
+    if not img then ok, res = false, { kind = "image", message = ("%s: %s"):format(res.ref, terr) } end
+  end
+  self.pulls[ref.name] = nil
+  local out
+  if ok then
+    log("pulled %s (%s, %d bytes)", ref.name, res.digest, res.size)
+    out = table.pack(res)
+  else
+    local msg = type(res) == "table" and res.message or tostring(res)
+    local kind = type(res) == "table" and res.kind or "internal"
+    if kind == "internal" then log("pull %s: internal error: %s", ref.name, msg) end
+    log("pull %s failed: %s", ref.name, msg)
+    out = table.pack(nil, msg, kind)
+  end
+  for _, cb in ipairs(running.waiters) do cb(table.unpack(out, 1, out.n)) end
+  return table.unpack(out, 1, out.n)
+end
+D._pull = D.pull_image -- the image store's pull-on-first-use hook
+
+-- A create from a recipe, before any policy sees it: the recipe is loaded
+-- and checked, and its env, workdir and limits become the create's params
+-- under those the request gives explicitly (docs/recipes.md, "Explicit
+-- parameters"), so that the policies cap and judge what will really run.
+-- Returns the params and the loaded recipe, or nil, err.
+function D:_recipe_params(p)
+  if p.image then
+    return nil, "'image' and 'recipe' together: the recipe names its image"
+  end
+  local loaded, err = build.load(p.recipe)
+  if not loaded then return nil, err end
+  local r = loaded.recipe
+  local q = {}
+  for k, v in pairs(p) do q[k] = v end
+  q.image = build.image_name(r.image) -- what policies see; the plan has the image itself
+  local env = {}
+  for k, v in pairs(r.env or {}) do env[k] = v end
+  for k, v in pairs(p.env or {}) do env[k] = v end
+  q.env = next(env) and env or nil
+  q.cwd = p.cwd or r.workdir
+  q.backend = p.backend or r.backend
+  local lim = {}
+  for k, v in pairs(r.limits or {}) do lim[k] = v end
+  for k, v in pairs(p.limits or {}) do lim[k] = v end
+  q.limits = next(lim) and lim or nil
+  -- the recipe's network rules, unless the request names its own
+  if p.network == nil and r.network ~= nil and r.network ~= "none" then q.network = r.network end
+  return q, loaded
+end
+
+--- Every connection the rules allow is then put to the on_connect hooks
+-- of the policies binding the sandbox (the daemon's, then its own): any
+-- that does not return true refuses it, with its reason.
+function D:_hook_connect(sb)
+  if not sb.net then return end
+  sb.net.on_connect = function(host, port, addr)
+    for _, pol in ipairs(guard.policies_of(self, sb)) do
+      if pol.on_connect then
+        local ok, err = policy.check_connect(pol, host, port, addr)
+        if not ok then return false, err end
+      end
+    end
+    return true
+  end
+end
+
+--- The `network` values of the policies binding a sandbox: the daemon's,
+-- then the sandbox's own (pol).
+function D:policy_networks(pol)
+  local out = {}
+  if self.policy and self.policy.network ~= nil then out[#out + 1] = self.policy.network end
+  if pol and pol.network ~= nil then out[#out + 1] = pol.network end
+  return out
+end
+
+-- What live sandboxes use, for the store's remove and prune.
+function D:_images_in_use()
+  local digests, layers = {}, {}
+  local function add(sb)
+    if sb.image_digest then digests[sb.image_digest] = true end
+    for _, l in ipairs(sb.layers or {}) do layers[l] = true end
+  end
+  for _, sb in pairs(self.sandboxes) do add(sb) end
+  for _, pool in ipairs(self.pools) do
+    for _, sb in ipairs(pool.boxes) do add(sb) end
+  end
+  return { digests = digests, layers = layers }
+end
+
+-- The sandbox's settings from its image's config, under the caller's.
+local function apply_image(sb, img, p)
+  local env = {}
+  for _, kv in ipairs(img and img.config and img.config.env or {}) do
+    local k, v = kv:match("^([^=]+)=(.*)$")
+    if k then env[k] = v end
+  end
+  for k, v in pairs(p.env or {}) do env[k] = v end
+  sb.env = env
+  local cfg = img and img.config or {}
+  sb.cwd = p.cwd or cfg.workdir or "/"
+  -- a working directory the sandbox was given (not the fallback /): the
+  -- TypeScript SDK starts commands there rather than in the account's home
+  sb.workdir = p.cwd or (cfg.workdir ~= "" and cfg.workdir) or nil
+  local user = cfg.user
+  sb.user = user ~= "root" and user ~= "0" and user ~= "0:0" and user or nil
+end
+
+-- E2B's default account (the TypeScript SDK's, docs/protocol.md): the
+-- recipe's user, else the image's User, else `user` where the image has
+-- that account (as E2B's base image does), else root, whose home is then
+-- taken to be /.  Returns its name and home (no name for an image User
+-- that is a bare uid without an entry in /etc/passwd), and whether the
+-- answer came from the image's files alone (not from a recipe, nor a
+-- lookup that failed for another reason than the account's absence).
+local function default_account(sb)
+  if sb.cred then return sb.cred.name, sb.cred.home, false end
+  if sb.user then
+    local c = sb:_resolve_user(sb.user)
+    if c and c.name then return c.name, c.home or "/", false end
+    return nil, c and c.home or "/", false
+  end
+  local acct, _, errno = sb:account("user")
+  if acct then return acct.name, acct.home, true end
+  return "root", "/", errno == 2
+end
+
+function D:create_sandbox(p)
+  local plan
+  if p._recipe then
+    -- the image, lock and layer (built here unless cached); the policies
+    -- that bind the sandbox also judge the setup's commands and files
+    local pols = guard.policies_of(self, { policy = p._policy })
+    local err
+    plan, err = build.prepare(self, p._recipe, { policies = pols })
+    if not plan then return nil, err end
+  end
+  local image = p.image or "default"
+  local img
+  if image ~= "default" and not plan then
+    local err
+    img, err = self.images:resolve(image)
+    if not img then
+      -- pull-on-first-use (tupper.registry), then the store has it
+      local pulled, perr = self:_pull(image)
+      if pulled then
+        img, err = self.images:resolve(image)
+      elseif perr then
+        err = ("%s; pulling it failed: %s"):format(err, perr)
+      end
+    end
+    if not img then return nil, err end
+  end
+  local b = backends.get(p.backend)
+  for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
+    -- a guest may enforce pids itself, in its own kernel's cgroups
+    if p.limits and p.limits[name] and not self.enforces[name]
+       and not (name == "pids" and b.guest_pids) then
+      return nil, ("the '%s' limit cannot be enforced on this host yet"):format(name)
+    end
+  end
+  local count = 0
+  for _ in pairs(self.sandboxes) do count = count + 1 end
+  if count >= MAX_SANDBOXES then return nil, "too many sandboxes" end
+  local lim = p.limits or {}
+  local sb, err
+  local layers = plan and plan.layers or (img and img.layers)
+  local pooled_ok = not lim.disk and (not layers or (#layers == 1 and layers[1] == self.default_image))
+  if pooled_ok then
+    sb, err = self:_take_pooled(b, lim)
+    if err then return nil, err end
+  end
+  if not sb then
+    sb, err = self:_start_box(self:_new_id(), lim, layers, img and img.ref or image,
+                              (plan and plan.image.digest) or (img and img.digest), b.name)
+    if not sb then
+      log("create failed: %s", err)
+      return nil, err
+    end
+  end
+  if self.stopping then -- the daemon began to shut down while this box started
+    sb:destroy()
+    return nil, "the daemon is shutting down"
+  end
+  self:_fill_pool()
+  if p.network ~= nil and p.network ~= "none" then
+    local ok, nerr = sb:set_network(p.network, self:policy_networks(p._policy))
+    if not ok then
+      sb:destroy()
+      return nil, nerr
+    end
+  end
+  if plan then
+    local ok, rerr = self:_apply_recipe(sb, plan, p)
+    if not ok then
+      sb:destroy()
+      return nil, rerr
+    end
+  end
+  -- the image's Env, WorkingDir and User, under the create's (and recipe's)
+  apply_image(sb, img or (plan and plan.image), p)
+  -- without a recipe, the default account is a function of the image's
+  -- files alone (no code has run in the box yet): kept per image digest, a
+  -- create of an image seen before asks its box nothing (two file reads
+  -- through the agent, which under TCG are a microVM's slowest after a
+  -- snapshot restore)
+  local akey = not plan and (img and img.digest or (image == "default" and "default")) or nil
+  local known = akey and self.accounts[akey]
+  if known then
+    sb.default_user, sb.home = known.name, known.home
+  else
+    local keep
+    sb.default_user, sb.home, keep = default_account(sb)
+    if akey and keep then self.accounts[akey] = { name = sb.default_user, home = sb.home } end
+  end
+  sb.metadata = p.metadata or {}
+  sb.policy, sb.policy_source = p._policy, p._policy_source
+  self:_hook_connect(sb)
+  sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
+  sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
+  self.sandboxes[sb.id] = sb
+  local timeout = lim.timeout
+  if timeout == nil then timeout = schema.DEFAULT_TIMEOUT end
+  self:set_timeout(sb, timeout) -- also writes the record
+  log("sandbox %s created", sb.id)
+  return sb
+end
+
+-- What a recipe sets on a started box: its user (looked up in the box's
+-- /etc/passwd) and its workdir (made if missing); sb.recipe says which
+-- recipe and layer it came from (sandbox.get shows it).
+function D:_apply_recipe(sb, plan, p)
+  local r = plan.recipe
+  sb.image = plan.image.ref
+  sb.recipe = { name = r.name, layer = plan.layer, cached = plan.cached, image_digest = plan.image.digest }
+  if r.user ~= nil then
+    local cred, err = setup.lookup_user(sb, r.user)
+    if not cred then return nil, ("%s: %s"):format(r.origin and r.origin.file or r.name, err) end
+    sb.cred = cred
+  end
+  if p.cwd and p.cwd ~= "/" then
+    sb:request(core.MSG.FS_MKDIR, { path = p.cwd, mode = 493, flags = 1 })
+  end
+  return true
+end
+
+return D

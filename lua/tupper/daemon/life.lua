@@ -1,0 +1,95 @@
+--- A sandbox's life in the daemon: its record on disk (for re-adoption
+-- after a crash), its lifetime timer, its kill and its death.  Methods of
+-- the daemon (daemon/main.lua mixes them in).
+local uv = require("luv")
+local async = require("tupper.util.async")
+local json = require("tupper.util.json")
+local log = require("tupper.daemon.log").log
+
+local D = {}
+
+-- The record of a live sandbox, <state>/boxes/<id>.json, written atomically:
+-- what a restarted daemon needs to re-adopt it after a crash.
+function D:save(sb)
+  if sb.state ~= "running" and sb.state ~= "paused" then return end
+  local path = self.boxes .. "/" .. sb.id .. ".json"
+  local text = json.encode(sb:record())
+  local fd = uv.fs_open(path .. ".tmp", "w", tonumber("600", 8))
+  if not fd then return end
+  uv.fs_write(fd, text)
+  uv.fs_close(fd)
+  uv.fs_rename(path .. ".tmp", path)
+end
+
+function D:unsave(id)
+  uv.fs_unlink(self.boxes .. "/" .. id .. ".json")
+end
+
+--- Sets a sandbox's remaining lifetime to seconds from now (0: none).
+local function stop_life_timer(sb)
+  if sb.life_timer then
+    sb.life_timer:stop()
+    sb.life_timer:close()
+    sb.life_timer = nil
+  end
+end
+
+function D:set_timeout(sb, seconds)
+  stop_life_timer(sb)
+  sb.timeout = seconds
+  sb.expires_at = nil
+  if seconds and seconds > 0 then
+    sb.expires_at = os.time() + math.ceil(seconds)
+    sb.life_timer = uv.new_timer()
+    sb.life_timer:start(math.ceil(seconds * 1000), 0, function()
+      log("sandbox %s reached its timeout", sb.id)
+      async.spawn(function() self:kill_sandbox(sb.id) end)
+    end)
+  end
+  self:save(sb)
+end
+
+function D:kill_sandbox(id)
+  local sb = self.sandboxes[id]
+  if not sb or not sb.destroy then return false end
+  self.sandboxes[id] = nil
+  stop_life_timer(sb)
+  self:unsave(id)
+  local ok, err = sb:destroy()
+  if not ok then log("sandbox %s: cleanup: %s", id, tostring(err)) end
+  log("sandbox %s killed", id)
+  return true
+end
+
+-- A box died on its own (its agent exited or misbehaved): remove it.
+function D:_sandbox_down(sb, reason)
+  log("sandbox %s went down: %s", sb.id, reason)
+  for _, pool in ipairs(self.pools) do
+    for i, pooled in ipairs(pool.boxes) do
+      if pooled == sb then
+        table.remove(pool.boxes, i)
+        async.spawn(function() sb:destroy() end)
+        return
+      end
+    end
+  end
+  async.spawn(function() self:kill_sandbox(sb.id) end)
+end
+
+--- A paused sandbox's lifetime stands still: its timer stops, keeping what
+-- was left, and runs on at resume.
+function D:pause_timeout(sb)
+  if not sb.expires_at then return end
+  local left = math.max(1, sb.expires_at - os.time())
+  self:set_timeout(sb, 0)
+  sb.paused_left = left
+end
+
+function D:resume_timeout(sb)
+  if sb.paused_left then
+    self:set_timeout(sb, sb.paused_left)
+    sb.paused_left = nil
+  end
+end
+
+return D

@@ -1,0 +1,292 @@
+--- `tupper daemon`: owns every sandbox on the host and serves the socket API.
+local uv = require("luv")
+local core = require("tupper.core")
+local async = require("tupper.util.async")
+local json = require("tupper.util.json")
+local paths = require("tupper.util.paths")
+local rpc = require("tupper.wire.rpc")
+local schema = require("tupper.wire.schema")
+local api = require("tupper.daemon.api")
+local sandbox = require("tupper.daemon.sandbox")
+local log = require("tupper.daemon.log").log
+local guard = require("tupper.recipe.guard")
+local build = require("tupper.recipe.build")
+local policy = require("tupper.recipe.policy")
+local layers = require("tupper.image.layers")
+local images = require("tupper.image.store")
+local debian = require("tupper.image.debian")
+local netrelay = require("tupper.net.relay")
+local backends = require("tupper.backend.registry")
+-- the daemon's methods, by what they do (mixed into Daemon below)
+local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
+                require("tupper.daemon.life"), require("tupper.daemon.events"),
+                (require("tupper.daemon.recover")) } -- (): require also returns the path
+
+local M = {}
+
+M.UID_BASE = 100000000
+M.MAX_CLIENTS = 1024
+-- requests one connection may have running at once: each is a coroutine
+-- and may wait on a box; past this a call is answered -32004 at once
+M.MAX_INFLIGHT = 256
+
+local Daemon = {}
+Daemon.__index = Daemon
+
+--- An 8-hex-digit tag of a path (FNV-1a), naming this daemon's cgroups.
+function M.tag(path)
+  local h = 0xcbf29ce484222325
+  for i = 1, #path do
+    h = (h ~ path:byte(i)) * 0x100000001b3
+  end
+  return ("%08x"):format(h & 0xffffffff)
+end
+
+M.log = log
+
+local mkdirs = paths.mkdirs
+
+for _, part in ipairs(PARTS) do
+  for k, v in pairs(part) do Daemon[k] = v end
+end
+
+function Daemon:_request(conn, msg)
+  local id = msg.id
+  local is_call = id ~= nil
+  if is_call and type(id) ~= "string" and type(id) ~= "number" and id ~= json.null then
+    return conn:error(nil, rpc.INVALID_REQUEST, "'id' must be a string or a number")
+  end
+  if msg.jsonrpc ~= "2.0" or type(msg.method) ~= "string" then
+    return conn:error(id, rpc.INVALID_REQUEST, "not a JSON-RPC 2.0 request")
+  end
+  if self.pool_timer and self.pool_timer:is_active() then self:_fill_pool() end
+  local handler = api.lookup(msg.method)
+  if not handler then
+    if is_call then return conn:error(id, rpc.METHOD_NOT_FOUND, ("unknown method '%s'"):format(msg.method:sub(1, 100))) end
+    return
+  end
+  local params, err = schema.validate(msg.method, msg.params)
+  if not params then
+    if is_call then return conn:error(id, rpc.INVALID_PARAMS, msg.method .. ": " .. err) end
+    return
+  end
+  local inflight = conn.inflight or 0
+  if inflight >= M.MAX_INFLIGHT then
+    if is_call then
+      return conn:error(id, rpc.BUSY, ("too many requests in flight on this connection (at most %d)"):format(M.MAX_INFLIGHT))
+    end
+    return
+  end
+  local loaded
+  if msg.method == "sandbox.create" and params.recipe then
+    params, loaded = self:_recipe_params(params)
+    if not params then
+      if is_call then return conn:error(id, rpc.SANDBOX_ERROR, loaded) end
+      return
+    end
+  end
+  conn.inflight = inflight + 1
+  async.spawn(function()
+    -- the policies first (an fs call's account is looked up in the box)
+    local gok, checked, gerr, gcode, gdata = xpcall(guard.check, debug.traceback, self, msg.method, params)
+    if not gok or not checked then
+      conn.inflight = conn.inflight - 1
+      if not gok then log("internal error in the policy check of %s: %s", msg.method, tostring(checked)) end
+      if is_call then
+        if not gok then return conn:error(id, rpc.INTERNAL_ERROR, "internal error") end
+        return conn:error(id, gcode or rpc.POLICY_DENIED, gerr, gdata)
+      end
+      return
+    end
+    params = checked
+    if loaded then params._recipe = loaded end -- internal, after the policies
+    local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
+    conn.inflight = conn.inflight - 1
+    if not is_call then return end
+    if not ok then
+      log("internal error in %s: %s", msg.method, tostring(res))
+      return conn:error(id, rpc.INTERNAL_ERROR, "internal error")
+    end
+    if res == nil then return conn:error(id, code or rpc.INTERNAL_ERROR, message or "failed", data) end
+    conn:reply(id, res)
+  end)
+end
+
+function Daemon:_accept()
+  local client = uv.new_pipe(false)
+  if not self.server:accept(client) then client:close(); return end
+  if self.nclients >= M.MAX_CLIENTS then client:close(); return end
+  self.nclients = self.nclients + 1
+  local conn
+  conn = rpc.wrap(client, {
+    message = function(c, msg, err)
+      if not msg then return c:error(nil, rpc.PARSE_ERROR, "parse error: " .. tostring(err)) end
+      if msg[1] ~= nil then return c:error(nil, rpc.INVALID_REQUEST, "batch requests are not supported") end
+      self:_request(c, msg)
+    end,
+    close = function()
+      self.nclients = self.nclients - 1
+      self.clients[conn] = nil
+      -- sandboxes created with kill_on_disconnect go with their client
+      for id in pairs(conn.owned or {}) do
+        async.spawn(function() self:kill_sandbox(id) end)
+      end
+      -- and its watches: nobody would get their events
+      for w, sb in pairs(conn.watches or {}) do
+        async.spawn(function() sb:unwatch(w) end)
+      end
+      conn.watches = nil
+    end,
+  })
+  self.clients[conn] = true
+end
+
+function Daemon:shutdown()
+  if self.stopping then return end
+  self.stopping = true
+  log("shutting down")
+  async.spawn(function()
+    if self.server and not self.server:is_closing() then self.server:close() end
+    uv.fs_unlink(self.socket)
+    for id, sb in pairs(self.sandboxes) do
+      if sb.destroy then self:kill_sandbox(id) end
+    end
+    if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
+    for _, pull in pairs(self.pulls) do if pull.session then pull.session:cancel() end end
+    for _, pool in ipairs(self.pools) do
+      local boxes = pool.boxes
+      pool.boxes = {}
+      for _, sb in ipairs(boxes) do sb:destroy() end
+    end
+    for sb in pairs(self.setups) do sb:destroy() end -- their builds fail and clean up
+    debian.cancel_all() -- Debian image builds too
+    while self.filling do async.sleep(5) end
+    for conn in pairs(self.clients) do conn:close() end
+    core.cgroup_prune()
+    -- everything is gone: a late SIGTERM (a second Ctrl-C) must not make
+    -- a clean exit look like a death by signal
+    for _, s in ipairs(self.signals) do s:close() end
+    core.ignore_stop_signals()
+    if self.lock then uv.fs_close(self.lock); self.lock = nil end
+  end)
+end
+
+local function listen(path)
+  local probe = uv.new_pipe(false)
+  local live = async.wait(function(cb)
+    probe:connect(path, function(err) cb(err == nil) end)
+  end)
+  probe:close()
+  if live then return nil, "a daemon already listens on " .. path end
+  uv.fs_unlink(path)
+  local server = uv.new_pipe(false)
+  local old = core.umask(tonumber("177", 8))
+  local ok, err = server:bind(path)
+  core.umask(old)
+  if not ok then server:close(); return nil, ("bind %s: %s"):format(path, err) end
+  uv.fs_chmod(path, tonumber("600", 8))
+  return server
+end
+
+--- Runs the daemon until SIGTERM/SIGINT.  opts: socket, state_dir, uid_base.
+-- Returns the exit code.
+function M.run(opts)
+  local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
+    reserved = {}, pulls = {}, setups = {}, pools = {},
+    accounts = {}, -- image digest -> its default account { name, home }
+    socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
+    uid_base = opts.uid_base or M.UID_BASE }, Daemon)
+  -- one pool per backend, in the registry's order (by index, and by name)
+  for _, name in ipairs(backends.NAMES) do
+    local b = backends.get(name)
+    local pool = { backend = b, size = opts[b.pool.option] or b.pool.size, boxes = {} }
+    self.pools[#self.pools + 1] = pool
+    self.pools[name] = pool
+  end
+  local code = 0
+  async.spawn(function()
+    local ok, err = mkdirs(self.state, tonumber("711", 8))
+    if ok then ok, err = uv.fs_chmod(self.state, tonumber("711", 8)) end
+    if ok then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
+    if ok and opts.log then ok, err = core.log_to(opts.log) end
+    -- the daemon's own environment, never a client: a hosts file and an
+    -- upstream resolver for the network relay (tests, split-view hosts)
+    if ok then
+      ok, err = netrelay.configure({ hosts = os.getenv("TUPPER_NET_HOSTS"),
+                                     resolver = os.getenv("TUPPER_NET_RESOLVER") })
+    end
+    if ok and opts.policy then
+      -- the daemon's own policy binds every sandbox, whatever clients send
+      self.policy, err = policy.load(opts.policy)
+      ok = self.policy ~= nil
+    end
+    if ok then
+      self.lock, err = core.lock(self.state .. "/lock")
+      ok = self.lock ~= nil
+    end
+    if ok then
+      self.boxes = self.state .. "/boxes"
+      ok, err = mkdirs(self.boxes, tonumber("711", 8))
+    end
+    if ok then
+      -- cgroups of boxes carry a tag of the state dir: two daemons on one
+      -- host never touch each other's boxes
+      self.tag = M.tag(uv.fs_realpath(self.state) or self.state)
+      local info, cgerr = core.cgroup_init(opts.cgroup_root)
+      if info then
+        self.cgroups = info
+        self.enforces = { memory = info.memory, pids = info.pids, cpus = info.cpu,
+                          pause = info.freezer }
+      else
+        log("no usable cgroups (%s): limits, pause and whole-tree kill are off", cgerr)
+      end
+      -- the disk cap puts the box's writable layer on an ext4 image
+      self.enforces.disk = uv.fs_access("/dev/loop-control", "rw") and
+        (uv.fs_access("/sbin/mkfs.ext4", "x") or uv.fs_access("/usr/sbin/mkfs.ext4", "x")) or nil
+    end
+    if ok then ok, err = mkdirs(self.state .. "/images/default", tonumber("711", 8)) end
+    if ok then
+      self.default_image = self.state .. "/images/default/rootfs"
+      ok, err = core.default_image(self.default_image, self.uid_base, self.uid_base)
+    end
+    if ok then
+      self.layer_store, err = layers.open(self.state .. "/layers")
+      ok = self.layer_store ~= nil
+    end
+    if ok then
+      self.images, err = images.open(self.state .. "/images", { uid_base = self.uid_base,
+        id_count = sandbox.ID_COUNT, default_layers = { self.default_image }, log = log,
+        default_digest = function() return build.default_digest(self) end,
+        pulling = function() return next(self.pulls) ~= nil end,
+        limits = opts.max_layer and { max_tar_bytes = opts.max_layer, max_bytes = opts.max_layer } or nil,
+        in_use = function() return self:_images_in_use() end })
+      ok = self.images ~= nil
+    end
+    if ok then
+      self:_recover()
+      if self.cgroups then self:_sweep_cgroups() end
+    end
+    if ok then
+      self.server, err = listen(self.socket)
+      ok = self.server ~= nil
+    end
+    if not ok then
+      io.stderr:write("tupper daemon: ", tostring(err), "\n")
+      code = 1
+      if self.lock then uv.fs_close(self.lock) end
+      return
+    end
+    self.server:listen(128, function(e) if not e then self:_accept() end end)
+    for _, name in ipairs({ "sigint", "sigterm" }) do
+      local s = uv.new_signal()
+      s:start(name, function() self:shutdown() end)
+      self.signals[#self.signals + 1] = s
+    end
+    log("tupper daemon %s listening on %s (state %s)", core.version, self.socket, self.state)
+    self:_refill()
+  end)
+  uv.run()
+  return code
+end
+
+return M

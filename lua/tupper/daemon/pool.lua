@@ -1,0 +1,62 @@
+--- The daemon's pools of warm boxes, one per backend (its `pool`:
+-- backend/registry.lua).  Methods of the daemon (daemon/main.lua mixes them in).
+local uv = require("luv")
+local async = require("tupper.util.async")
+local backends = require("tupper.backend.registry")
+local log = require("tupper.daemon.log").log
+
+local D = {}
+
+-- Keeps each backend's pool of boxes started and idle (its `pool`:
+-- backend/registry.lua), so that a create of the default image with no
+-- disk cap takes one at once instead of waiting for a start.  The refill
+-- waits until the daemon has been quiet for the longest delay_ms of the
+-- pools that are short: the create that took a box, and the process.start
+-- that usually follows it, are answered first.
+function D:_fill_pool()
+  if self.filling or self.stopping then return end
+  local delay
+  for _, pool in ipairs(self.pools) do
+    if #pool.boxes < pool.size then delay = math.max(delay or 0, pool.backend.pool.delay_ms) end
+  end
+  if not delay then return end
+  if not self.pool_timer then self.pool_timer = uv.new_timer() end
+  self.pool_timer:start(delay, 0, function() self:_refill() end)
+end
+
+function D:_refill()
+  if self.filling or self.stopping then return end
+  self.filling = true
+  async.spawn(function()
+    for _, pool in ipairs(self.pools) do
+      local b = pool.backend
+      while #pool.boxes < pool.size and not self.stopping do
+        local sb, err = self:_start_box(self:_new_id(), {}, nil, nil, nil, b.name)
+        if not sb then
+          log("%s: %s", b.pool.label, err)
+          break
+        end
+        local ok, ferr = true, nil
+        if not self.stopping and b.pool_park then
+          ok, ferr = b.pool_park(sb, function() return self.stopping end)
+        end
+        if self.stopping or not ok then
+          if ferr then log("%s: %s", b.pool.label, ferr) end
+          sb:destroy()
+          break
+        end
+        pool.boxes[#pool.boxes + 1] = sb
+        if b.pool_park then log("%s: sandbox %s ready", b.pool.label, sb.id) end
+      end
+    end
+    self.filling = false
+  end)
+end
+
+-- A pooled box of backend b for a create with limits lim, or nil (then
+-- start one), or nil, err (the create fails).
+function D:_take_pooled(b, lim)
+  return b.pool_take(self.pools[b.name].boxes, lim, backends.limits(lim), log)
+end
+
+return D

@@ -1,0 +1,124 @@
+--- A daemon's start after a crash: re-adopts the boxes the previous one
+-- left whole and removes what else it left.  Methods of the daemon
+-- (daemon/main.lua mixes them in).
+local uv = require("luv")
+local core = require("tupper.core")
+local json = require("tupper.util.json")
+local sandbox = require("tupper.daemon.sandbox")
+local guard = require("tupper.recipe.guard")
+local backends = require("tupper.backend.registry")
+local log = require("tupper.daemon.log").log
+
+local D = {}
+
+local function read_json(path)
+  local fd = uv.fs_open(path, "r", 0)
+  if not fd then return nil end
+  local st = uv.fs_fstat(fd)
+  local text = st and st.size < 4194304 and uv.fs_read(fd, st.size, 0)
+  uv.fs_close(fd)
+  return text and json.decode(text)
+end
+
+-- After a crash: re-adopts the boxes a previous daemon left that are still
+-- whole, and removes everything else it left in boxes/ (directories,
+-- records, cgroups).
+function D:_recover()
+  local names = {}
+  local dir = uv.fs_scandir(self.boxes)
+  while dir do
+    local name = uv.fs_scandir_next(dir)
+    if not name then break end
+    names[#names + 1] = name
+  end
+  local seen = {}
+  for _, name in ipairs(names) do
+    local id = name:match("^([a-z0-9]+)%.json$")
+    if id and not seen[id] then
+      seen[id] = true
+      local rec = read_json(self.boxes .. "/" .. name)
+      local sb, err, pol
+      if type(rec) == "table" and type(rec.policy) == "table" then
+        -- the sandbox's policy binds it after a crash too: one that no
+        -- longer loads means no re-adoption (fail closed)
+        pol, err = guard.load_client_policy(rec.policy)
+        if not pol then rec = nil end
+      end
+      local backend = type(rec) == "table" and rec.backend or nil
+      if backend ~= nil and not backends.known(backend) then
+        err = "unknown backend"
+      elseif type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
+        sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers,
+          backend = backend or nil, saved = type(rec.vm) == "table" and rec.vm or nil,
+          paused = rec.paused == true,
+          image_digest = rec.image_digest, user = rec.user, dir = self.boxes .. "/" .. id,
+          pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
+          metadata = rec.metadata, env = rec.env, cwd = rec.cwd, limits_info = rec.limits,
+          cred = type(rec.cred) == "table" and rec.cred or nil,
+          default_user = type(rec.default_user) == "string" and rec.default_user or nil,
+          home = type(rec.home) == "string" and rec.home or nil,
+          workdir = type(rec.workdir) == "string" and rec.workdir or nil,
+          recipe = type(rec.recipe) == "table" and rec.recipe or nil,
+          on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
+          on_exit = function(s, proc) self:_exit(s, proc) end,
+          on_down = function(s, reason) self:_sandbox_down(s, reason) end,
+          on_watch = function(s, w, kind, name, msg) self:_watch_event(s, w, kind, name, msg) end })
+      else
+        err = err or "unreadable record"
+      end
+      if sb then
+        self.sandboxes[id] = sb
+        if pol then sb.policy, sb.policy_source = pol, rec.policy end
+        self:_hook_connect(sb)
+        if rec.network ~= nil then
+          local nok, nerr = sb:set_network(rec.network, self:policy_networks(sb.policy))
+          if not nok then log("sandbox %s: network rules not restored: %s", id, tostring(nerr)) end
+        end
+        if rec.paused then sb.state = "paused" end
+        local left = rec.expires_at and (rec.expires_at - os.time())
+        if rec.expires_at then
+          self:set_timeout(sb, math.max(1, left))
+          if rec.paused then self:pause_timeout(sb) end
+        else
+          self:set_timeout(sb, 0)
+        end
+        log("sandbox %s re-adopted (%d processes)", id, (function()
+          local n = 0
+          for _ in pairs(sb.procs) do n = n + 1 end
+          return n
+        end)())
+      else
+        log("sandbox %s cannot be re-adopted (%s): removing it", id, tostring(err))
+        self:unsave(id)
+      end
+    end
+  end
+  -- what is left: boxes nobody re-adopted, half-made ones, stray files
+  for _, name in ipairs(names) do
+    local id = name:match("^([a-z0-9]+)") or name
+    if not self.sandboxes[id] and not name:match("%.json$") then
+      if self.cgroups then core.cgroup_remove(self.tag .. "-" .. id) end
+      local path = self.boxes .. "/" .. name
+      local st = uv.fs_lstat(path)
+      local ok, err = true, nil
+      if st and st.type == "directory" then ok, err = core.rmtree(path)
+      elseif st then ok, err = uv.fs_unlink(path) end
+      if not ok then log("cannot remove %s: %s", name, err) end
+    end
+  end
+end
+
+-- Removes the cgroups of this daemon's boxes that no live sandbox owns: a
+-- previous daemon's, after a crash.  Other daemons' cgroups (another state
+-- dir) carry another tag and are left alone.
+function D:_sweep_cgroups()
+  local prefix = self.tag .. "-"
+  for _, name in ipairs(core.cgroup_orphans()) do
+    if name:sub(1, #prefix) == prefix and not self.sandboxes[name:sub(#prefix + 1)] then
+      local ok, err = core.cgroup_remove(name)
+      if not ok then log("cannot remove stale cgroup %s: %s", name, err) end
+    end
+  end
+end
+
+return D
