@@ -11,7 +11,7 @@ extern const unsigned char tp_blob_applets_start[], tp_blob_applets_end[];
 
 /* Embedded Lua sources (generated): module name -> source. */
 typedef struct tp_lua_src_s {
-  const char *name;   /* "tupper.daemon", or "recipes/default" */
+  const char *name;   /* "tupper.daemon.main", or "recipes/default" */
   const char *src;
   size_t len;
 } tp_lua_src_t;

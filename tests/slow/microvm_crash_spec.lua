@@ -3,7 +3,7 @@
 -- fetched into the spec's temp dir unless TUPPER_VM_CACHE names a cache to
 -- reuse.
 local uv = require("luv")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local helper = require("helper")
 local vm = require("microvm_helper")
 

@@ -3,7 +3,7 @@
 -- fetched into the spec's temp dir unless TUPPER_VM_CACHE names a cache to
 -- reuse.
 local uv = require("luv")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local helper = require("helper")
 local vm = require("microvm_helper")
 
@@ -15,7 +15,7 @@ local sync = helper.sync
 -- from inside a guest.
 describe("the microvm backend with images of the store", function()
   local oci = require("oci_build")
-  local json = require("tupper.json")
+  local json = require("tupper.util.json")
   local d, c, dir, vm_undo, servers, hp
   local APPLETS = { "sh", "cat", "ls", "id", "echo", "pwd", "env", "test", "stat", "find", "wc", "mkdir",
                     "rm", "wget", "head", "tr", "mv" }

@@ -8,7 +8,7 @@
 -- Boots microVMs (TCG here): slow.  The guest kernel is fetched into the
 -- spec's temp dir unless TUPPER_VM_CACHE names a cache to reuse.
 local uv = require("luv")
-local async = require("tupper.async")
+local async = require("tupper.util.async")
 local helper = require("helper")
 local vm = require("microvm_helper")
 
