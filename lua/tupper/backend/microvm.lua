@@ -50,6 +50,9 @@ M.pool = { option = "vm_pool", size = 0, delay_ms = 1500, label = "microVM pool"
 local function prepare(state_dir, o)
   local k, kerr = kernel.ensure_kernel()
   if not k then return nil, kerr end
+  -- before anything keyed by the kernel command line (the initramfs sweep,
+  -- the snapshot): it differs between KVM and TCG
+  qemu.decide_accel(state_dir, k.vmlinuz)
   local initrd, ierr = image.initramfs(state_dir, k)
   if not initrd then return nil, ierr end
   local root, rerr

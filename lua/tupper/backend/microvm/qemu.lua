@@ -4,6 +4,7 @@
 -- parts that start QEMU are launch.lua's.
 local uv = require("luv")
 local kernel = require("tupper.backend.microvm.kernel")
+local accel = require("tupper.backend.microvm.accel")
 
 local M = {}
 
@@ -27,22 +28,22 @@ M.IMAGE_SIZE_MIN = 64 * 1024 * 1024
 M.IMAGE_SIZE_MAX = 64 * 1024 * 1024 * 1024 -- a root image (sparse), TUPPER_VM_IMAGE_MAX to choose
 M.READY_TIMEOUT_MS = 90000 -- for the guest's agent: a cold boot under TCG emulation takes seconds
 
-local warned = false
 local used_uids = {}
 
---- "kvm" or "tcg": $TUPPER_VM_ACCEL, else kvm when /dev/kvm opens for
--- reading and writing, else tcg (with a warning, once: for testing only).
+--- "kvm" or "tcg" (and why, for TCG): what accel.decide chose, or before
+-- the first VM start what the host says without a trial.
 function M.accel()
-  local env = os.getenv("TUPPER_VM_ACCEL")
-  if env == "kvm" or env == "tcg" then return env end
-  local fd = uv.fs_open("/dev/kvm", "r+", 0)
-  if fd then uv.fs_close(fd); return "kvm" end
-  if not warned then
-    warned = true
-    io.stderr:write("tupper: warning: no usable /dev/kvm: microVMs run under TCG emulation, ",
-      "which is slow and meant for testing (docs/microvm.md)\n")
-  end
-  return "tcg"
+  return accel.current()
+end
+
+--- Decides the accelerator once per daemon, trying KVM with the guest
+-- kernel vmlinuz where the host offers it (accel.lua).  Call from a
+-- coroutine, before the first VM of the daemon starts.
+function M.decide_accel(state_dir, vmlinuz)
+  local uid = M.alloc_uid("accel-trial")
+  local a = accel.decide({ state_dir = state_dir, vmlinuz = vmlinuz, qemu = M.QEMU, uid = uid })
+  if uid then M.free_uid(uid) end
+  return a
 end
 
 -- The host's TSC rate in kHz: a TCG guest reads the host's TSC, and without
