@@ -44,7 +44,10 @@ class Daemon:
         deadline = time.monotonic() + 10
         while not _answers(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                text = open(self.log).read() if os.path.exists(self.log) else ""
+                text = ""
+                if os.path.exists(self.log):
+                    with open(self.log) as f:
+                        text = f.read()
                 self.stop()
                 raise RuntimeError(f"the daemon did not start: {text}")
             time.sleep(0.01)

@@ -126,3 +126,17 @@ def test_permissions_follow_the_account(sbx):
     assert sbx.files.read("/root/rootfile", user="root") == "r", "an explicit account's relative paths start at its home"
     with pytest.raises(PermissionDeniedException):
         sbx.files.read("/root/rootfile")
+
+
+def test_disk_limit_is_not_enough_space(opts):
+    from tupper import NotEnoughSpaceException, Sandbox
+
+    try:
+        sbx = Sandbox.create(limits={"disk": "1M"}, **opts)
+    except SandboxException as e:
+        pytest.skip(f"this host cannot enforce a disk limit: {e}")
+    try:
+        with pytest.raises(NotEnoughSpaceException):
+            sbx.files.write("fill.bin", b"\0" * (4 << 20))
+    finally:
+        sbx.kill()
