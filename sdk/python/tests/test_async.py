@@ -232,3 +232,43 @@ def test_watch_dir(opts):
                 await sbx.files.watch_dir("nope", lambda e: None)
 
     run(go())
+
+
+def test_async_bounds_and_missing_daemon(tmp_path, monkeypatch):
+    from tupper import _connection
+
+    async def go():
+        with pytest.raises(SandboxException) as e:
+            await AsyncSandbox.create(socket=str(tmp_path / "none.sock"))
+        assert "TUPPER_SOCKET" in str(e.value)
+
+        monkeypatch.setattr(_connection, "MAX_LINE", 1024)
+        path = str(tmp_path / "loud.sock")
+
+        async def loud(reader, writer):
+            await reader.readline()
+            writer.write(b"x" * 4096)
+            await writer.drain()
+            await reader.read()
+            writer.close()
+
+        mute_path = str(tmp_path / "mute.sock")
+
+        async def mute(reader, writer):
+            await reader.read()
+            writer.close()
+
+        srv = await asyncio.start_unix_server(loud, path)
+        srv2 = await asyncio.start_unix_server(mute, mute_path)
+        try:
+            with pytest.raises(SandboxException) as e:
+                await AsyncSandbox.create(socket=path, request_timeout=5)
+            assert "over 1024 bytes" in str(e.value)
+            with pytest.raises(TimeoutException) as e:
+                await AsyncSandbox.create(socket=mute_path, request_timeout=0.3)
+            assert "request_timeout" in str(e.value)
+        finally:
+            srv.close()
+            srv2.close()
+
+    run(go())

@@ -156,6 +156,11 @@ def test_pause_resume_metrics(opts, sbx):
         assert again.commands.run("echo back").stdout == "back\n"
     finally:
         again.close()
+    assert len(Sandbox.get_metrics(sbx.sandbox_id, **opts)) == 1
+    assert Sandbox.pause(sbx.sandbox_id, **opts) is True
+    assert sbx.is_running() is False
+    sbx.connect()  # the instance form resumes too
+    assert sbx.is_running() is True
 
 
 def test_bad_arguments_are_clear(opts):
