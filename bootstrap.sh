@@ -21,6 +21,7 @@ case "$what" in
     # test_seccomp runs real programs under the box's filter: pip and curl
     # among them (a machine that happens to have them must not hide it)
     pkgs="$pkgs python3-pip curl"
+    pkgs="$pkgs python3-pytest" # the sdk/python suite
     # Debian images (tests/slow/debian_spec.lua): mmdebstrap builds them, gpg
     # checks the keyring it picks
     pkgs="$pkgs mmdebstrap gpg" ;;

@@ -46,6 +46,9 @@ suite "fuzz targets" env FUZZ_BUILD="$BUILD/fuzz" tests/fuzz/run.sh "${FUZZ_SECO
 suite "Lua specs" lua5.4 /usr/bin/busted --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" \
   -o utfTerminal tests/spec
 suite "sdk/js" sh -c "cd sdk/js && npm ci --no-audit --no-fund >/dev/null && npm test"
+# Debian's python3 and python3-pytest (not a pyenv python first in PATH);
+# pytest's exit 5 (no test ran) fails the suite like any other non-zero exit
+suite "sdk/python" env PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m pytest -q -p no:cacheprovider sdk/python/tests
 # slow suites (image builds, microVM boots): their own step with a bound, so
 # a hang fails the suite instead of eating CI's 90 minutes
 if ls tests/slow/*_spec.lua >/dev/null 2>&1; then

@@ -1,0 +1,419 @@
+"""
+One connection to the daemon: JSON-RPC 2.0, one JSON object per line, over
+its unix socket (docs/protocol.md).
+
+Both forms share :class:`_Dispatch`, which matches replies to requests by id
+and hands notifications to whoever subscribed to their key: ``("p", sandbox,
+pid)`` for a process's output and exit, ``("w", sandbox, watch)`` for a
+watch's events.  :class:`Connection` reads on one daemon thread;
+:class:`AsyncConnection` on one asyncio task.  Every line read is bounded
+(:data:`MAX_LINE`); a longer one closes the connection.
+"""
+import asyncio
+import json
+import os
+import socket as _socket
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .exceptions import SandboxException, TimeoutException, from_rpc_error
+
+#: The protocol version this package speaks.
+PROTOCOL = 1
+#: How this client introduces itself in ``hello``.
+CLIENT = "tupper-python/0.1.0"
+#: How long a request waits for its reply unless told otherwise (seconds), as E2B.
+DEFAULT_REQUEST_TIMEOUT = 60.0
+#: The longest line read from the daemon: its own bound on a line (16 MiB).
+MAX_LINE = 16 << 20
+
+Notification = Callable[[str, Dict[str, Any]], None]
+Key = Tuple[Any, ...]
+
+
+def default_socket() -> str:
+    """
+    Where the daemon listens, as the daemon and the TypeScript SDK decide it:
+    ``$TUPPER_SOCKET``, else ``/run/tupper/tupper.sock`` for root, else
+    ``$XDG_RUNTIME_DIR/tupper.sock``, else ``/tmp/tupper-UID/tupper.sock``.
+    """
+    env = os.environ.get("TUPPER_SOCKET")
+    if env:
+        return env
+    uid = os.getuid()
+    if uid == 0:
+        return "/run/tupper/tupper.sock"
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    if run:
+        return os.path.join(run, "tupper.sock")
+    return f"/tmp/tupper-{uid}/tupper.sock"
+
+
+def _unreachable(path: str, e: BaseException) -> SandboxException:
+    return SandboxException(
+        f"cannot reach the tupper daemon at {path} ({e}): is `tupper daemon` running? "
+        "Pass socket=... or set TUPPER_SOCKET to use another one"
+    )
+
+
+def _check_timeout(value: Optional[float], what: str) -> Optional[float]:
+    """A request timeout: None or 0 for none, else a positive number of seconds."""
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value:
+        from .exceptions import InvalidArgumentException
+
+        raise InvalidArgumentException(f"{what}: bad request_timeout {value!r}")
+    return float(value)
+
+
+def subscription_key(method: str, params: Dict[str, Any]) -> Key:
+    """The key a notification is delivered by."""
+    if method == "fs.event":
+        return ("w", params.get("sandbox"), params.get("watch"))
+    return ("p", params.get("sandbox"), params.get("pid"))
+
+
+class _Pending:
+    __slots__ = ("method", "on_result", "result", "error", "event", "future")
+
+    def __init__(self, method: str, on_result: Optional[Callable[[Any], None]]) -> None:
+        self.method = method
+        self.on_result = on_result
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self.event: Optional[threading.Event] = None
+        self.future: Optional["asyncio.Future[Any]"] = None
+
+
+class _Dispatch:
+    """Request ids, replies and notifications; shared by both connection forms."""
+
+    def __init__(self, socket_path: str, request_timeout: Optional[float]) -> None:
+        self.socket_path = socket_path
+        self.request_timeout = request_timeout
+        self._next_id = 1
+        self._pending: Dict[int, _Pending] = {}
+        self._subs: Dict[Key, Notification] = {}
+        self._close_handlers: List[Callable[[BaseException], None]] = []
+        self._lock = threading.Lock()
+        self.closed_with: Optional[BaseException] = None
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is gone."""
+        return self.closed_with is not None
+
+    def subscribe(self, key: Key, fn: Notification) -> None:
+        """Delivers the notifications of key to fn (on the reading thread or task)."""
+        with self._lock:
+            self._subs[key] = fn
+
+    def unsubscribe(self, key: Key) -> None:
+        with self._lock:
+            self._subs.pop(key, None)
+
+    def on_close(self, fn: Callable[[BaseException], None]) -> Callable[[], None]:
+        """Calls fn once when the connection goes away; returns a function that cancels it."""
+        with self._lock:
+            self._close_handlers.append(fn)
+
+        def cancel() -> None:
+            with self._lock:
+                if fn in self._close_handlers:
+                    self._close_handlers.remove(fn)
+
+        return cancel
+
+    def _encode(self, method: str, params: Dict[str, Any], p: _Pending) -> Tuple[int, bytes]:
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            self._pending[rid] = p
+        line = json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}, separators=(",", ":"))
+        return rid, line.encode("utf-8") + b"\n"
+
+    def _forget(self, rid: int) -> bool:
+        with self._lock:
+            return self._pending.pop(rid, None) is not None
+
+    def _settle(self, p: _Pending) -> None:
+        raise NotImplementedError
+
+    def _on_line(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            self._shutdown(SandboxException("the daemon sent a line that is not JSON"))
+            return
+        if not isinstance(msg, dict):
+            return
+        if isinstance(msg.get("method"), str) and "id" not in msg:
+            params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+            with self._lock:
+                fn = self._subs.get(subscription_key(msg["method"], params))
+            if fn is not None:
+                fn(msg["method"], params)
+            return
+        rid = msg.get("id")
+        with self._lock:
+            p = self._pending.pop(rid, None) if isinstance(rid, int) else None
+        if p is None:
+            return  # a late reply to a request that timed out
+        err = msg.get("error")
+        if err is not None:
+            p.error = from_rpc_error(err if isinstance(err, dict) else {}, p.method)
+        else:
+            p.result = msg.get("result")
+            if p.on_result is not None:
+                try:
+                    # runs before the next line is read: a caller that must see
+                    # every notification after the reply subscribes here
+                    p.on_result(p.result)
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    p.error = e
+        self._settle(p)
+
+    def _shutdown(self, err: BaseException) -> None:
+        with self._lock:
+            if self.closed_with is not None:
+                return
+            self.closed_with = err
+            pending = list(self._pending.values())
+            self._pending.clear()
+            handlers = list(self._close_handlers)
+            self._close_handlers.clear()
+            self._subs.clear()
+        for p in pending:
+            p.error = err
+            self._settle(p)
+        for h in handlers:
+            try:
+                h(err)
+            except Exception:  # noqa: BLE001 - a handler's failure must not stop the others
+                pass
+
+
+class Connection(_Dispatch):
+    """A blocking connection; replies and notifications are read on one daemon thread."""
+
+    def __init__(self, sock: _socket.socket, socket_path: str, request_timeout: Optional[float]) -> None:
+        super().__init__(socket_path, request_timeout)
+        self._sock = sock
+        self._wlock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_loop, name="tupper-reader", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def open(cls, socket: Optional[str] = None, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "Connection":
+        """Connects to the daemon and says hello (protocol 1)."""
+        path = socket or default_socket()
+        timeout = _check_timeout(request_timeout, "connect")
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+        except OSError as e:
+            s.close()
+            raise _unreachable(path, e) from e
+        conn = cls(s, path, timeout)
+        try:
+            hello = conn.call("hello", {"protocol": PROTOCOL, "client": CLIENT})
+            if hello.get("protocol") != PROTOCOL:
+                raise SandboxException(f"the daemon speaks protocol {hello.get('protocol')}, not {PROTOCOL}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def call(
+        self,
+        method: str,
+        params: Dict[str, Any],
+        on_result: Optional[Callable[[Any], None]] = None,
+        timeout: Any = "default",
+    ) -> Any:
+        """Sends a request and returns its result (raising the daemon's error as an exception)."""
+        if self.closed_with is not None:
+            raise self.closed_with
+        p = _Pending(method, on_result)
+        p.event = threading.Event()
+        rid, line = self._encode(method, params, p)
+        try:
+            with self._wlock:
+                self._sock.sendall(line)
+        except OSError as e:
+            self._forget(rid)
+            self._shutdown(SandboxException(f"the connection to the tupper daemon failed: {e}"))
+            raise self.closed_with from e  # type: ignore[misc]
+        limit = self.request_timeout if timeout == "default" else _check_timeout(timeout, method)
+        if not p.event.wait(limit):
+            if self._forget(rid):
+                raise TimeoutException(
+                    f"{method}: no answer from the daemon in {limit} s: "
+                    "the 'request_timeout' option can be used to increase this timeout"
+                )
+            p.event.wait()
+        if p.error is not None:
+            raise p.error
+        return p.result
+
+    def _settle(self, p: _Pending) -> None:
+        assert p.event is not None
+        p.event.set()
+
+    def _read_loop(self) -> None:
+        buf = bytearray()
+        err: BaseException = SandboxException("the connection to the tupper daemon closed")
+        try:
+            while True:
+                chunk = self._sock.recv(1 << 16)
+                if not chunk:
+                    break
+                start = 0
+                while True:
+                    nl = chunk.find(b"\n", start)
+                    if nl < 0:
+                        break
+                    buf += chunk[start:nl]
+                    start = nl + 1
+                    if len(buf) > MAX_LINE:
+                        raise SandboxException(f"the daemon sent a line over {MAX_LINE} bytes")
+                    if buf:
+                        self._on_line(bytes(buf))
+                    buf.clear()
+                    if self.closed_with is not None:
+                        return
+                buf += chunk[start:]
+                if len(buf) > MAX_LINE:
+                    raise SandboxException(f"the daemon sent a line over {MAX_LINE} bytes")
+        except SandboxException as e:
+            err = e
+        except OSError as e:
+            if self.closed_with is None:
+                err = SandboxException(f"the connection to the tupper daemon failed: {e}")
+        finally:
+            self._shutdown(err)
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Closes the connection; what still waits on it fails."""
+        with self._lock:
+            self._close_handlers.clear()
+        self._shutdown(SandboxException("the connection was closed"))
+        try:
+            self._sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if threading.current_thread() is not self._reader:
+            self._reader.join(5)
+
+
+class AsyncConnection(_Dispatch):
+    """An asyncio connection; replies and notifications are read on one task."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, socket_path: str, request_timeout: Optional[float]) -> None:
+        super().__init__(socket_path, request_timeout)
+        self._r = reader
+        self._w = writer
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    async def open(cls, socket: Optional[str] = None, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "AsyncConnection":
+        """Connects to the daemon and says hello (protocol 1)."""
+        path = socket or default_socket()
+        timeout = _check_timeout(request_timeout, "connect")
+        try:
+            reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE + 1)
+        except OSError as e:
+            raise _unreachable(path, e) from e
+        conn = cls(reader, writer, path, timeout)
+        try:
+            hello = await conn.call("hello", {"protocol": PROTOCOL, "client": CLIENT})
+            if hello.get("protocol") != PROTOCOL:
+                raise SandboxException(f"the daemon speaks protocol {hello.get('protocol')}, not {PROTOCOL}")
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def call(
+        self,
+        method: str,
+        params: Dict[str, Any],
+        on_result: Optional[Callable[[Any], None]] = None,
+        timeout: Any = "default",
+    ) -> Any:
+        """Sends a request and returns its result (raising the daemon's error as an exception)."""
+        if self.closed_with is not None:
+            raise self.closed_with
+        p = _Pending(method, on_result)
+        p.future = asyncio.get_running_loop().create_future()
+        rid, line = self._encode(method, params, p)
+        try:
+            self._w.write(line)
+            await self._w.drain()
+        except OSError as e:
+            self._forget(rid)
+            self._shutdown(SandboxException(f"the connection to the tupper daemon failed: {e}"))
+            raise self.closed_with from e  # type: ignore[misc]
+        limit = self.request_timeout if timeout == "default" else _check_timeout(timeout, method)
+        try:
+            return await asyncio.wait_for(asyncio.shield(p.future), limit)
+        except asyncio.TimeoutError:
+            if self._forget(rid):
+                raise TimeoutException(
+                    f"{method}: no answer from the daemon in {limit} s: "
+                    "the 'request_timeout' option can be used to increase this timeout"
+                ) from None
+            return await p.future
+
+    def _settle(self, p: _Pending) -> None:
+        assert p.future is not None
+        if p.future.done():
+            return
+        if p.error is not None:
+            p.future.set_exception(p.error)
+        else:
+            p.future.set_result(p.result)
+
+    async def _read_loop(self) -> None:
+        err: BaseException = SandboxException("the connection to the tupper daemon closed")
+        try:
+            while self.closed_with is None:
+                try:
+                    line = await self._r.readuntil(b"\n")
+                except asyncio.IncompleteReadError:
+                    break
+                except asyncio.LimitOverrunError:
+                    err = SandboxException(f"the daemon sent a line over {MAX_LINE} bytes")
+                    break
+                line = line[:-1]
+                if line:
+                    self._on_line(line)
+        except OSError as e:
+            err = SandboxException(f"the connection to the tupper daemon failed: {e}")
+        except asyncio.CancelledError:
+            err = SandboxException("the connection was closed")
+        finally:
+            self._shutdown(err)
+            self._w.close()
+
+    async def close(self) -> None:
+        """Closes the connection; what still waits on it fails."""
+        with self._lock:
+            self._close_handlers.clear()
+        self._shutdown(SandboxException("the connection was closed"))
+        self._w.close()
+        if asyncio.current_task() is not self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except BaseException:  # noqa: BLE001 - it was cancelled
+                pass
+            try:
+                await self._w.wait_closed()
+            except (OSError, asyncio.CancelledError):
+                pass

@@ -1,0 +1,1 @@
+"""The asyncio form: AsyncSandbox and its modules."""

@@ -1,0 +1,1 @@
+"""The blocking form: Sandbox and its modules."""
