@@ -10,10 +10,12 @@ local NAME = "tupper.backend.microvm.accel"
 
 -- A fresh copy of the module (its decision is made once per daemon), as
 -- if TUPPER_VM_ACCEL were unset.
+local warnings = {}
 local function fresh()
   package.loaded[NAME] = nil
   local a = require(NAME)
   a.getenv = function() return nil end
+  a.warn = function(msg) warnings[#warnings + 1] = msg end
   return a
 end
 
@@ -84,6 +86,8 @@ describe("the microVM accelerator", function()
       assert.are.equal("tcg", accel)
       assert.matches("KVM cannot run a guest here: the guest kernel printed nothing", why)
       assert.matches("Probing EDD", why)
+      assert.matches("^tupper: warning: microVMs run under TCG emulation.*KVM cannot run a guest here",
+        warnings[#warnings])
       -- the next daemon of this boot reads the answer: no trial
       local b = fresh()
       b.DEVICE = a.DEVICE

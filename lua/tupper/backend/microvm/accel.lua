@@ -21,6 +21,7 @@ M.TRIAL_OUTPUT_MAX = 65536
 M.CACHE_MAX = 4096
 M.DEVICE = "/dev/kvm"
 M.getenv = os.getenv    -- where TUPPER_VM_ACCEL is read (a spec gives its own)
+M.warn = function(msg) io.stderr:write(msg) end -- the daemon's log
 
 local decided           -- { accel =, why = } once known
 local inflight          -- callbacks waiting for a trial under way
@@ -159,8 +160,8 @@ function M.decide(opts)
   decided = { accel = accel, why = why }
   if accel == "tcg" and not warned then
     warned = true
-    io.stderr:write("tupper: warning: microVMs run under TCG emulation, which is slow and meant for ",
-      "testing: ", why or "", " (docs/microvm.md)\n")
+    M.warn("tupper: warning: microVMs run under TCG emulation, which is slow and meant for testing: " ..
+      (why or "") .. " (docs/microvm.md)\n")
   end
   local waiting = inflight or {}
   inflight = nil
