@@ -11,6 +11,7 @@
 -- agent mounts on.  Call from a coroutine (tupper.async).
 local uv = require("luv")
 local async = require("tupper.util.async")
+local paths = require("tupper.util.paths")
 
 local M = {}
 
@@ -29,7 +30,7 @@ function M.cache_dir()
   return c .. "/tupper/microvm"
 end
 
-local mkdirs = require("tupper.util.paths").mkdirs
+local mkdirs = paths.mkdirs
 M.mkdirs = mkdirs
 
 --- Runs a program and waits for it: returns stdout, or nil, err (with the
@@ -115,20 +116,7 @@ function M.modinfo(data)
   return res
 end
 
-local function read_file(path, max)
-  local fd, err = uv.fs_open(path, "r", 0)
-  if not fd then return nil, err end
-  local st = uv.fs_fstat(fd)
-  if not st or st.size > (max or 64 * 1024 * 1024) then
-    uv.fs_close(fd)
-    return nil, path .. ": too large"
-  end
-  local data = uv.fs_read(fd, st.size, 0)
-  uv.fs_close(fd)
-  if not data or #data ~= st.size then return nil, path .. ": short read" end
-  return data
-end
-M.read_file = read_file
+local read_file = paths.read_file
 
 -- Writes data to path atomically (temp file, then rename).
 local function write_file(path, data, mode)
@@ -227,6 +215,7 @@ end
 
 -- Fetches and unpacks the kernel package into dir/<version>; returns version.
 local function fetch(cache)
+  -- lazy (here and below): tupper.core exists only in the binary; the specs load this module under plain lua5.4
   local tmp = cache .. "/tmp-" .. uv.getpid() .. "-" .. require("tupper.core").random_hex(4)
   local ok, err = mkdirs(tmp, 448)
   if not ok then return nil, err end
