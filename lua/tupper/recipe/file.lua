@@ -9,7 +9,7 @@
 -- an unknown field, a wrong type or a bad size fails with the file, the
 -- line and what was expected.  Whether the runtime can honour a valid
 -- recipe is a separate question: M.check_enforceable.  docs/recipes.md.
-local debian = require("tupper.image.debian")
+local debian_lock = require("tupper.image.debian_lock")
 local json = require("tupper.util.json")
 local rules = require("tupper.net.rules")
 local schema = require("tupper.wire.schema")
@@ -124,7 +124,7 @@ local CHECKS = {
   end,
   image = function(v)
     -- an image's name, or a Debian image to build: { debian = "bookworm", packages = {...} }
-    if type(v) == "table" then return debian.check_spec(v, "image") end
+    if type(v) == "table" then return debian_lock.check_spec(v, "image") end
     if type(v) ~= "string" then
       return "'image' must be an image name or { debian = \"bookworm\", packages = { ... } }"
     end
