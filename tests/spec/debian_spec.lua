@@ -16,19 +16,23 @@ local function write(path, text)
   return path
 end
 
+-- The pid a stand-in wrote to path ("<pid>\n"), or nil while there is none.
 local function read_pid(path)
-  local f = assert(io.open(path))
+  local f = io.open(path)
+  if not f then return nil end
   local s = f:read("a")
   f:close()
-  return s
+  return tonumber(s:match("^(%d+)\n"))
 end
 
-local function is_zombie(pid)
+-- Whether pid runs: there, and not a zombie (one that has exited and
+-- waits for its new parent to reap it).
+local function alive(pid)
   local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return true end
+  if not f then return false end
   local s = f:read("a")
   f:close()
-  return s:match("^%d+ %b() (%a)") == "Z"
+  return s:match("^%d+ %(.*%) (%a)") ~= "Z"
 end
 
 local DEB822 = [[
@@ -374,26 +378,46 @@ describe("debian builds' child process", function()
 
   it("kills the whole process group at the time bound, and on cancel_all", function()
     local dir = helper.tmpdir()
-    local bin = fake(dir, "sleep 300 &\necho $! > " .. dir .. "/child.pid\nsleep 300\n")
+    -- two children in the build's group: one holding stdout, and one deaf
+    -- to SIGTERM with its stdout elsewhere (the build's EOF does not wait
+    -- for it)
+    local bin = fake(dir, "sleep 300 &\necho $! > " .. dir .. "/child.pid\n" ..
+      "(trap '' TERM; exec sleep 300 >/dev/null 2>&1) &\necho $! > " .. dir .. "/deaf.pid\nsleep 300\n")
+    local function children()
+      local a, b = read_pid(dir .. "/child.pid"), read_pid(dir .. "/deaf.pid")
+      return a and b and { a, b } or nil
+    end
+    local function assert_gone(pids)
+      for _, pid in ipairs(pids) do
+        assert.is_false(alive(pid), ("the build's background child %d survived"):format(pid))
+      end
+    end
     local img, err = with(bin, function()
       return helper.sync(debian.build, { debian = "bookworm" },
         { cache = dir .. "/cache", mirror = mirror, aptopts = {}, timeout = 0.3 })
     end)
     assert.is_nil(img)
     assert.matches("took longer than 0.3 s and was killed", err)
-    local child = tonumber(read_pid(dir .. "/child.pid"))
-    assert.is_nil(uv.fs_stat("/proc/" .. child .. "/stat") and not is_zombie(child) or nil,
-      "the build's background child survived")
+    assert_gone(assert(children(), "the stand-in wrote no pids"))
     assert.are.same({}, leftovers(dir .. "/cache"))
-    -- a daemon shutting down stops its builds
-    local t = uv.new_timer()
-    t:start(300, 0, function() t:close(); debian.cancel_all() end)
+    -- a daemon shutting down stops its builds: once both children are there
+    os.remove(dir .. "/child.pid")
+    os.remove(dir .. "/deaf.pid")
+    local t, waited = uv.new_timer(), 0
+    t:start(10, 10, function()
+      waited = waited + 10
+      if children() or waited > 30000 then
+        t:close()
+        debian.cancel_all()
+      end
+    end)
     img, err = with(bin, function()
       return helper.sync(debian.build, { debian = "bookworm", packages = { "git" } },
         { cache = dir .. "/cache", mirror = mirror, aptopts = {} })
     end)
     assert.is_nil(img)
     assert.matches("stopped", err)
+    assert_gone(assert(children(), "the stand-in wrote no pids"))
     assert.are.same({}, leftovers(dir .. "/cache"))
     debian.rmtree(dir)
   end)

@@ -11,6 +11,7 @@ local apt = require("tupper.image.debian_apt")
 local M = {}
 
 M.STDOUT_MAX = 1024 * 1024 -- bytes of mmdebstrap's stdout kept
+M.GROUP_WAIT_MS = 2000     -- how long a stopped run waits for the last of its process group
 
 -- ------------------------------------------------------------ children
 
@@ -27,10 +28,59 @@ local function close(h)
   if h and not h:is_closing() then h:close() end
 end
 
+-- The state (R, S, Z, ...) and process group of the process pid, from
+-- /proc/<pid>/stat ("pid (comm) state ppid pgrp ..."; comm may hold
+-- spaces and parentheses, hence the last ')').
+local function proc_state(pid)
+  local fd = uv.fs_open("/proc/" .. pid .. "/stat", "r", 0)
+  if not fd then return nil end
+  local text = uv.fs_read(fd, 4096, 0)
+  uv.fs_close(fd)
+  local state, pgrp = (text or ""):match("^%d+ %(.*%) (%a) %-?%d+ (%-?%d+)")
+  return state, tonumber(pgrp)
+end
+
+-- Whether a process of group pgid is alive.  A zombie is not: it has
+-- exited, and its new parent (the members are reparented once the leader
+-- is reaped) reaps it when it will, which kill(-pgid, 0) cannot tell.
+local function group_alive(pgid)
+  local ok, _, name = uv.kill(-pgid, 0)
+  if not ok and name == "ESRCH" then return false end
+  local dir = uv.fs_scandir("/proc")
+  if not dir then return true end
+  while true do
+    local pid = uv.fs_scandir_next(dir)
+    if not pid then return false end
+    if pid:match("^%d+$") then
+      local state, pgrp = proc_state(pid)
+      if pgrp == pgid and state ~= "Z" then return true end
+    end
+  end
+end
+
+-- SIGKILLs group pgid, then calls done() once none of it is alive, or
+-- after wait_ms (a process stuck in the kernel does not hold the caller
+-- for ever); polls every 20 ms, killing again what a fork let in.
+local function kill_group(pgid, wait_ms, done)
+  uv.kill(-pgid, "sigkill")
+  if not group_alive(pgid) then return done() end
+  local t, left = uv.new_timer(), wait_ms
+  t:start(20, 20, function()
+    left = left - 20
+    uv.kill(-pgid, "sigkill")
+    if left > 0 and group_alive(pgid) then return end
+    t:close()
+    done()
+  end)
+end
+
 --- Runs argv (argv[1] an absolute path) with environment env (a list of
 -- "K=V"); waits in the calling coroutine.  Keeps at most stdout_max bytes
--- of stdout (more fails the run).  After timeout seconds its whole process
--- group is killed.  Returns { code, signal, stdout, over, stopped =
+-- of stdout (more fails the run).  After timeout seconds, or on
+-- cancel_all, its whole process group is stopped (SIGTERM, SIGKILL 10 s
+-- later); a run stopped so, or past stdout_max, returns only once no
+-- process of its group is alive (GROUP_WAIT_MS at most after the leader
+-- and stdout are done).  Returns { code, signal, stdout, over, stopped =
 -- "timeout"|"cancel"|nil }, or nil, err.
 function M.run(argv, env, stdout_max, timeout)
   local null = uv.fs_open("/dev/null", "r", 0)
@@ -43,16 +93,23 @@ function M.run(argv, env, stdout_max, timeout)
     local function finish()
       pending = pending - 1
       if pending > 0 then return end
+      running[pid] = nil
       close(timer); close(killer)
-      cb({ code = code, signal = sig, stdout = table.concat(chunks), over = over,
-           stopped = why })
+      local function done()
+        cb({ code = code, signal = sig, stdout = table.concat(chunks), over = over,
+             stopped = why })
+      end
+      if not (why or over) then return done() end
+      -- the leader is gone and stdout is at EOF, but a member may live on:
+      -- one that ignored SIGTERM and let go of stdout, or one that closed
+      -- its fds on its way out and is not a zombie yet
+      kill_group(pid, M.GROUP_WAIT_MS, done)
     end
     local args = {}
     for i = 2, #argv do args[#args + 1] = argv[i] end
     handle, pid = uv.spawn(argv[1], { args = args, env = env, stdio = { null, out, 2 }, detached = true },
       function(c, s)
         code, sig = c, s
-        running[pid] = nil
         close(handle)
         finish()
       end)
