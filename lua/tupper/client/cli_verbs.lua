@@ -110,8 +110,8 @@ end
 -- The policy file a create sends (docs/policy.md): --policy FILE, none with
 -- --no-policy, else the nearest tupper.lua from the working directory up.
 local function policy_param(o)
-  -- lazy (here and in build, run, recipe_spec): start-up cost, only a verb that
-  -- sends a policy or a recipe loads the recipe VM
+  -- lazy: start-up cost, only a verb that sends a policy or a recipe loads
+  -- the recipe VM
   local policy = require("tupper.recipe.policy")
   if o.policy == false then return nil end
   local path = o.policy or policy.find()
@@ -124,14 +124,14 @@ end
 -- The `recipe` param of --recipe FILE|NAME, or nil.
 local function recipe_spec(o)
   if not o.recipe then return nil end
-  return require("tupper.recipe.file").client_spec(o.recipe)
+  return require("tupper.recipe.file").client_spec(o.recipe) -- lazy: start-up cost, as above
 end
 
 --- tupper build RECIPE: builds the recipe's layer and writes RECIPE.lock.
 function M.build(c, args)
   if #args ~= 1 then return die("build wants one recipe file") end
   local path = args[1]
-  local rec = require("tupper.recipe.file")
+  local rec = require("tupper.recipe.file") -- lazy: start-up cost, as above
   -- the old lock goes along: an unchanged recipe's Debian image is rebuilt
   -- from its locked package versions
   local spec, serr = rec.client_spec(path)
@@ -166,6 +166,7 @@ function M.run(c, args)
   -- with max.timeout refuses "forever", so it lives as long as that allows
   if o.limits.timeout == nil then
     o.limits.timeout = 0
+    -- lazy: start-up cost, as above
     local p = pol and require("tupper.recipe.policy").load_string(pol.source, pol.name)
     if p and p.max and p.max.timeout then o.limits.timeout = p.max.timeout end
   end

@@ -215,12 +215,12 @@ end
 
 -- Fetches and unpacks the kernel package into dir/<version>; returns version.
 local function fetch(cache)
-  -- lazy (here and below): tupper.core exists only in the binary; the specs load this module under plain lua5.4
+  -- lazy: tupper.core exists only in the binary; the specs load this module under plain lua5.4
   local tmp = cache .. "/tmp-" .. uv.getpid() .. "-" .. require("tupper.core").random_hex(4)
   local ok, err = mkdirs(tmp, 448)
   if not ok then return nil, err end
   local function fail(e)
-    require("tupper.core").rmtree(tmp)
+    require("tupper.core").rmtree(tmp) -- lazy: only in the binary, as above
     return nil, "fetch the guest kernel: " .. e
   end
   local deb = os.getenv("TUPPER_VM_KERNEL_DEB")
@@ -268,7 +268,7 @@ local function fetch(cache)
   if not rok and not tostring(rerr):find("ENOTEMPTY") and not tostring(rerr):find("EEXIST") then
     return fail(rerr)
   end
-  require("tupper.core").rmtree(tmp)
+  require("tupper.core").rmtree(tmp) -- lazy: only in the binary, as above
   assert(write_file(cache .. "/current", version .. "\n"))
   return version
 end
