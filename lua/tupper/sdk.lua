@@ -555,9 +555,10 @@ local function policy_param(opt)
     return { source = opt.source, name = opt.name or "tupper.lua" }
   end
   if opt ~= nil and type(opt) ~= "string" then fail("policy must be a path, {source = ...} or false") end
+  -- lazy: start-up cost, an SDK program without policy or recipe loads no recipe VM
   local path = opt or require("tupper.recipe.policy").find()
   if not path then return nil end
-  local text, err = require("tupper.recipe.jail").read_source(path)
+  local text, err = require("tupper.recipe.jail").read_source(path) -- lazy: as above
   if not text then fail("policy: %s", tostring(err)) end
   return { source = text, name = path }
 end
@@ -570,7 +571,7 @@ local function recipe_param(opt)
     if type(opt.source) ~= "string" then fail("recipe.source must be a string") end
     return { source = opt.source, name = opt.name or "recipe.lua", lock = opt.lock }
   end
-  local spec, err = require("tupper.recipe.file").client_spec(opt)
+  local spec, err = require("tupper.recipe.file").client_spec(opt) -- lazy: start-up cost, as above
   if not spec then fail("%s", tostring(err)) end
   return spec
 end

@@ -3,6 +3,8 @@
 -- sources and the mirror chosen from them, dpkg status, locks, cache keys.
 local uv = require("luv")
 local debian = require("tupper.image.debian")
+local apt = require("tupper.image.debian_apt")
+local locks = require("tupper.image.debian_lock")
 local recipe = require("tupper.recipe.file")
 local sha256 = require("tupper.util.sha256")
 local helper = require("helper")
@@ -14,19 +16,23 @@ local function write(path, text)
   return path
 end
 
+-- The pid a stand-in wrote to path ("<pid>\n"), or nil while there is none.
 local function read_pid(path)
-  local f = assert(io.open(path))
+  local f = io.open(path)
+  if not f then return nil end
   local s = f:read("a")
   f:close()
-  return s
+  return tonumber(s:match("^(%d+)\n"))
 end
 
-local function is_zombie(pid)
+-- Whether pid runs: there, and not a zombie (one that has exited and
+-- waits for its new parent to reap it).
+local function alive(pid)
   local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return true end
+  if not f then return false end
   local s = f:read("a")
   f:close()
-  return s:match("^%d+ %b() (%a)") == "Z"
+  return s:match("^%d+ %(.*%) (%a)") ~= "Z"
 end
 
 local DEB822 = [[
@@ -76,7 +82,7 @@ describe("debian image spec", function()
       bad[#bad + 1] = { { debian = "bookworm", packages = { "git", n } }, "'image.packages[2]' must be a Debian package name" }
     end
     local many = {}
-    for i = 1, debian.MAX_PACKAGES + 1 do many[i] = "p" .. i end
+    for i = 1, locks.MAX_PACKAGES + 1 do many[i] = "p" .. i end
     bad[#bad + 1] = { { debian = "bookworm", packages = many }, "more than" }
     for _, case in ipairs(bad) do
       local err, val, path = debian.check_spec(case[1], "image")
@@ -124,7 +130,7 @@ end)
 
 describe("apt sources", function()
   it("parses deb822, comments inside paragraphs included", function()
-    local e = debian.parse_deb822(DEB822, "debian.sources")
+    local e = apt.parse_deb822(DEB822, "debian.sources")
     assert.are.equal(2, #e)
     assert.are.same({ "deb" }, e[1].types)
     assert.are.same({ "http://deb.debian.org/debian" }, e[1].uris)
@@ -136,7 +142,7 @@ describe("apt sources", function()
   end)
 
   it("reads Enabled, case-insensitive fields, and inline keys as no path", function()
-    local e = debian.parse_deb822([[
+    local e = apt.parse_deb822([[
 types: deb deb-src
 uris: https://a.example/debian https://b.example/debian
 suites: bookworm
@@ -162,7 +168,7 @@ Signed-By:
   end)
 
   it("parses one-line sources with options and comments", function()
-    local e = debian.parse_list([[
+    local e = apt.parse_list([[
 # a comment
 deb [arch=amd64 signed-by=/etc/apt/keyrings/d.gpg] http://ftp.example/debian bookworm main contrib # trailing
 deb-src http://ftp.example/debian bookworm main
@@ -181,7 +187,7 @@ deb [signed-by=relative.gpg] http://ftp.example/debian bookworm-updates main
   end)
 
   it("picks the suite with its -updates and -security, nothing else", function()
-    local entries = debian.parse_list([[
+    local entries = apt.parse_list([[
 deb http://m.example/debian bookworm main
 deb http://m.example/debian bookworm-updates main
 deb http://m.example/debian bookworm-backports main
@@ -193,30 +199,30 @@ deb file:///srv/mirror bookworm main
 deb cdrom:[Debian]/ bookworm main
 deb http://m.example/debian bookworm main$(touch /tmp/x)
 ]], "sources.list")
-    local m = assert(debian.select_mirror(entries, "bookworm"))
+    local m = assert(apt.select_mirror(entries, "bookworm"))
     local lines = {}
     for _, x in ipairs(m) do
-      for _, l in ipairs(debian.source_lines(x)) do lines[#lines + 1] = l end
+      for _, l in ipairs(apt.source_lines(x)) do lines[#lines + 1] = l end
     end
     assert.are.same({
       "deb http://m.example/debian bookworm main",
       "deb http://m.example/debian bookworm-updates main",
       "deb http://s.example/debian-security bookworm-security main",
     }, lines)
-    local none, err = debian.select_mirror(entries, "sid")
+    local none, err = apt.select_mirror(entries, "sid")
     assert.is_nil(none)
     assert.is_truthy(err:find('no http(s) entry for suite "sid"', 1, true))
     -- only -security for the suite is not enough: the suite itself must be there
-    none = debian.select_mirror(debian.parse_list("deb http://s/ bookworm-security main\n", "x"), "bookworm")
+    none = apt.select_mirror(apt.parse_list("deb http://s/ bookworm-security main\n", "x"), "bookworm")
     assert.is_nil(none)
   end)
 
   it("writes one line per suite, with the keyring", function()
-    local m = assert(debian.select_mirror(debian.parse_deb822(DEB822, "d.sources"), "bookworm"))
+    local m = assert(apt.select_mirror(apt.parse_deb822(DEB822, "d.sources"), "bookworm"))
     assert.are.same({
       "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main",
       "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-updates main",
-    }, debian.source_lines(m[1]))
+    }, apt.source_lines(m[1]))
     assert.are.equal(2, #m)
   end)
 
@@ -228,16 +234,16 @@ deb http://m.example/debian bookworm main$(touch /tmp/x)
     write(dir .. "/sources.list.d/a.list", "deb http://two.example/debian bookworm-updates main\n")
     write(dir .. "/sources.list.d/c.list.disabled", "deb http://never.example/debian bookworm main\n")
     write(dir .. "/sources.list.d/d.sources.save", "deb http://never.example/debian bookworm main\n")
-    local e = debian.host_sources(dir)
+    local e = apt.host_sources(dir)
     local uris = {}
     for i, x in ipairs(e) do uris[i] = x.uris[1] end
     assert.are.same({ "http://one.example/debian", "http://two.example/debian",
                       "http://deb.debian.org/debian", "http://deb.debian.org/debian-security" }, uris)
     -- a sources file too large to be one is not read
-    write(dir .. "/sources.list", ("#"):rep(debian.MAX_SOURCE_FILE + 1))
-    assert.are.equal(3, #debian.host_sources(dir))
+    write(dir .. "/sources.list", ("#"):rep(apt.MAX_SOURCE_FILE + 1))
+    assert.are.equal(3, #apt.host_sources(dir))
     debian.rmtree(dir)
-    assert.are.same({}, debian.host_sources(dir))
+    assert.are.same({}, apt.host_sources(dir))
   end)
 end)
 
@@ -260,21 +266,21 @@ Status: install ok installed
 Version: 1:2.39.5-0+deb12u2
 ]]
   it("reads installed packages from dpkg's status", function()
-    assert.are.same({ "base-files=12.4+deb12u10", "git=1:2.39.5-0+deb12u2" }, debian.parse_status(STATUS))
+    assert.are.same({ "base-files=12.4+deb12u10", "git=1:2.39.5-0+deb12u2" }, locks.parse_status(STATUS))
   end)
 
   it("checks a lock and refuses hostile ones", function()
     local good = { debian = "bookworm", epoch = debian.EPOCH, include = { "git" },
                    packages = { "git=1:2.39.5-0+deb12u2", "base-files=12.4+deb12u10" },
                    mirror = { { uri = "http://deb.debian.org/debian", suites = { "bookworm" }, components = { "main" } } } }
-    local l = assert(debian.check_lock(good))
+    local l = assert(locks.check_lock(good))
     assert.are.same({ "base-files=12.4+deb12u10", "git=1:2.39.5-0+deb12u2" }, l.packages)
     local function bad(patch, want)
       local t = {}
       for k, v in pairs(good) do t[k] = v end
       for k, v in pairs(patch) do t[k] = v end
       if patch.drop then t[patch.drop] = nil; t.drop = nil end
-      local ok, err = debian.check_lock(t)
+      local ok, err = locks.check_lock(t)
       assert.is_nil(ok)
       assert.is_truthy(err:find(want, 1, true), want .. ": got " .. tostring(err))
     end
@@ -291,7 +297,7 @@ Version: 1:2.39.5-0+deb12u2
     bad({ mirror = { { uri = "file:///etc", suites = {}, components = {} } } }, "'mirror[1]'")
     bad({ mirror = { { uri = "http://x/ bookworm main\ndeb http://evil", suites = {}, components = {} } } }, "'mirror[1]'")
     bad({ mirror = "http://x" }, "'mirror'")
-    assert.is_nil((debian.check_lock("x")))
+    assert.is_nil((locks.check_lock("x")))
   end)
 
   it("keys the cache by suite, mirror and package set", function()
@@ -372,26 +378,46 @@ describe("debian builds' child process", function()
 
   it("kills the whole process group at the time bound, and on cancel_all", function()
     local dir = helper.tmpdir()
-    local bin = fake(dir, "sleep 300 &\necho $! > " .. dir .. "/child.pid\nsleep 300\n")
+    -- two children in the build's group: one holding stdout, and one deaf
+    -- to SIGTERM with its stdout elsewhere (the build's EOF does not wait
+    -- for it)
+    local bin = fake(dir, "sleep 300 &\necho $! > " .. dir .. "/child.pid\n" ..
+      "(trap '' TERM; exec sleep 300 >/dev/null 2>&1) &\necho $! > " .. dir .. "/deaf.pid\nsleep 300\n")
+    local function children()
+      local a, b = read_pid(dir .. "/child.pid"), read_pid(dir .. "/deaf.pid")
+      return a and b and { a, b } or nil
+    end
+    local function assert_gone(pids)
+      for _, pid in ipairs(pids) do
+        assert.is_false(alive(pid), ("the build's background child %d survived"):format(pid))
+      end
+    end
     local img, err = with(bin, function()
       return helper.sync(debian.build, { debian = "bookworm" },
         { cache = dir .. "/cache", mirror = mirror, aptopts = {}, timeout = 0.3 })
     end)
     assert.is_nil(img)
     assert.matches("took longer than 0.3 s and was killed", err)
-    local child = tonumber(read_pid(dir .. "/child.pid"))
-    assert.is_nil(uv.fs_stat("/proc/" .. child .. "/stat") and not is_zombie(child) or nil,
-      "the build's background child survived")
+    assert_gone(assert(children(), "the stand-in wrote no pids"))
     assert.are.same({}, leftovers(dir .. "/cache"))
-    -- a daemon shutting down stops its builds
-    local t = uv.new_timer()
-    t:start(300, 0, function() t:close(); debian.cancel_all() end)
+    -- a daemon shutting down stops its builds: once both children are there
+    os.remove(dir .. "/child.pid")
+    os.remove(dir .. "/deaf.pid")
+    local t, waited = uv.new_timer(), 0
+    t:start(10, 10, function()
+      waited = waited + 10
+      if children() or waited > 30000 then
+        t:close()
+        debian.cancel_all()
+      end
+    end)
     img, err = with(bin, function()
       return helper.sync(debian.build, { debian = "bookworm", packages = { "git" } },
         { cache = dir .. "/cache", mirror = mirror, aptopts = {} })
     end)
     assert.is_nil(img)
     assert.matches("stopped", err)
+    assert_gone(assert(children(), "the stand-in wrote no pids"))
     assert.are.same({}, leftovers(dir .. "/cache"))
     debian.rmtree(dir)
   end)

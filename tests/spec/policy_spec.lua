@@ -4,6 +4,7 @@
 local uv = require("luv")
 local helper = require("helper")
 local guard = require("tupper.recipe.guard")
+local paths = require("tupper.util.paths")
 local policy = require("tupper.recipe.policy")
 
 local sync = helper.sync
@@ -36,11 +37,11 @@ end
 
 describe("guard", function()
   it("cleans paths lexically before hooks see them", function()
-    assert.are.equal("/etc/passwd", guard.clean_path("/tmp/../etc/passwd"))
-    assert.are.equal("/etc/passwd", guard.clean_path("//etc/./passwd/"))
-    assert.are.equal("/", guard.clean_path("/../../.."))
-    assert.are.equal("/home/user/a", guard.clean_path("a", "/home/user"))
-    assert.are.equal("/etc", guard.clean_path("../../etc", "/home/user"))
+    assert.are.equal("/etc/passwd", paths.clean_path("/tmp/../etc/passwd"))
+    assert.are.equal("/etc/passwd", paths.clean_path("//etc/./passwd/"))
+    assert.are.equal("/", paths.clean_path("/../../.."))
+    assert.are.equal("/home/user/a", paths.clean_path("a", "/home/user"))
+    assert.are.equal("/etc", paths.clean_path("../../etc", "/home/user"))
   end)
 
   it("refuses a method no rule covers on a sandbox with hooks (fail closed)", function()

@@ -46,7 +46,7 @@ end
 function M.get(name)
   local mod = MODULES[name or M.DEFAULT]
   if not mod then error("unknown backend " .. tostring(name), 2) end
-  return require(mod)
+  return require(mod) -- lazy: start-up cost (a client verb needs the names, never a backend)
 end
 
 --- The limits of a create (memory, pids, disk, cpus) as backends take

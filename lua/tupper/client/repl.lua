@@ -229,7 +229,7 @@ end
 
 --- The interactive prompt.  Returns the exit code (0).
 function M.interactive(env)
-  local core = require("tupper.core")
+  local core = require("tupper.core") -- lazy: only in the binary; the specs load the REPL under plain lua5.4
   local hist = history_path()
   core.ledit_open(hist, function(text) return M.complete(env, text) end)
   local buf, current, code = nil, nil, 0

@@ -1,6 +1,7 @@
 --- The socket API's methods.  Each handler runs in its own coroutine with
 -- validated params (tupper.schema) and returns a result table, or nil, code,
 -- message[, data] for a JSON-RPC error.
+local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local rpc = require("tupper.wire.rpc")
@@ -10,6 +11,7 @@ local sandbox = require("tupper.daemon.sandbox")
 local async = require("tupper.util.async")
 local build = require("tupper.recipe.build")
 local backends = require("tupper.backend.registry")
+local paths = require("tupper.util.paths")
 
 local MSG = core.MSG
 local M = {}
@@ -203,14 +205,13 @@ local function start(sb, conn, argv, p, x)
   local acct, c, m, dt = account_for(sb, p)
   if c then return nil, c, m, dt end
   -- a relative cwd is taken from the account's home (else from /)
-  local cwd = p.cwd and guard.clean_path(p.cwd, acct and acct.home or "/")
+  local cwd = p.cwd and paths.clean_path(p.cwd, acct and acct.home or "/")
   if not cwd and acct then cwd = acct.home end
   local proc, err, errno = sb:exec(argv, p.env, cwd, p.stdin, conn, acct, x)
   if not proc then return nil, rpc.PROCESS_ERROR, err, errno_data(errno) end
   proc.encoding = p.encoding or "base64"
   if p.timeout and p.timeout > 0 then
     -- the process (and its group) is killed when its time is up
-    local uv = require("luv")
     proc.timer = uv.new_timer()
     proc.timer:start(math.ceil(p.timeout * 1000), 0, function()
       proc.timer:close()

@@ -7,13 +7,13 @@ local uv = require("luv")
 local netrelay = require("tupper.net.relay")
 local netrules = require("tupper.net.rules")
 local backends = require("tupper.backend.registry")
+local paths = require("tupper.util.paths")
 
 local MSG = core.MSG
 local M = {}
 
 M.REQUEST_TIMEOUT_MS = 120000
 M.ID_COUNT = 65536 -- uids and gids mapped into each box
-M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 -- TP_WE_* of proto.h, by number
 M.WATCH_EVENTS = { "create", "write", "remove", "rename", "chmod", "overflow", "end" }
 
@@ -482,7 +482,7 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   cred = cred or self.cred
   x = x or {}
   local envl = {}
-  local merged = { PATH = M.DEFAULT_PATH, HOME = cred and cred.home or "/root", HOSTNAME = self.id,
+  local merged = { PATH = paths.DEFAULT_PATH, HOME = cred and cred.home or "/root", HOSTNAME = self.id,
                    TERM = "xterm", USER = cred and cred.name or nil, LOGNAME = cred and cred.name or nil }
   for k, v in pairs(self:proxy_env()) do merged[k] = v end
   for k, v in pairs(self.env) do merged[k] = v end

@@ -11,6 +11,7 @@
 local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
+local async = require("tupper.util.async")
 
 local M = {}
 
@@ -118,7 +119,7 @@ function Store:ensure(key, build, info)
   if layer then return layer, false end
   local waiting = self.building[key]
   if waiting then
-    local l, err = require("tupper.util.async").wait(function(cb) waiting[#waiting + 1] = cb end)
+    local l, err = async.wait(function(cb) waiting[#waiting + 1] = cb end)
     if not l then return nil, err end
     return l, false
   end

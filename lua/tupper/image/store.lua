@@ -1,7 +1,8 @@
 --- The image store (docs/images.md): content-addressed blobs, layers
 -- unpacked once and shared read-only by every sandbox, refs naming images,
 -- pins held by lockfiles, and imports of OCI image layouts, docker-archive
--- tars and plain rootfs tars or directories.
+-- tars and plain rootfs tars or directories (image/import.lua; the OCI
+-- format's pieces are image/oci.lua).
 --
 --   <dir>/blobs/sha256/<hex>   blobs (manifests, configs, layer tars), verified
 --   <dir>/layers/<hex>/        a layer unpacked (hex of its diff id)
@@ -18,12 +19,13 @@ local uv = require("luv")
 local core = require("tupper.core")
 local async = require("tupper.util.async")
 local json = require("tupper.util.json")
+local paths = require("tupper.util.paths")
+local import = require("tupper.image.import")
+local oci = require("tupper.image.oci")
 
 local M = {}
 
-M.DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-M.MAX_JSON = 4 * 1048576        -- a manifest, config or index.json
-M.MAX_LAYERS = 127              -- the backend takes 128 layers; Docker's cap is 127
+M.MAX_JSON, M.MAX_LAYERS = oci.MAX_JSON, oci.MAX_LAYERS
 M.LIMITS = {
   max_blob = 16 * 2 ^ 30 // 1,     -- one blob as stored
   max_tar_bytes = 16 * 2 ^ 30 // 1, -- one layer uncompressed
@@ -31,22 +33,15 @@ M.LIMITS = {
   max_entries = 1000000,            -- entries of one layer
 }
 
-local MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-local MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
-local MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
-local MANIFEST_TYPES = { [MEDIA_MANIFEST] = true,
-  ["application/vnd.docker.distribution.manifest.v2+json"] = true }
-local INDEX_TYPES = { ["application/vnd.oci.image.index.v1+json"] = true,
-  ["application/vnd.docker.distribution.manifest.list.v2+json"] = true }
-
 local Store = {}
 Store.__index = Store
 
----------------------------------------------------------------- helpers
+-- the imports (image/import.lua) are methods of the store too
+Store.import, Store._commit, Store._stage = import.import, import._commit, import._stage
+Store._import_oci, Store._import_docker = import._import_oci, import._import_docker
+Store._import_rootfs_tar = import._import_rootfs_tar
 
-local function iso_now()
-  return os.date("!%Y-%m-%dT%H:%M:%SZ")
-end
+---------------------------------------------------------------- helpers
 
 local function mkdir(path, mode)
   local ok, err, name = uv.fs_mkdir(path, mode)
@@ -54,17 +49,14 @@ local function mkdir(path, mode)
   return true
 end
 
-local function read_file(path, max)
-  local fd, err = uv.fs_open(path, "r", 0)
-  if not fd then return nil, err end
-  local st = uv.fs_fstat(fd)
-  if not st or st.type ~= "file" then uv.fs_close(fd); return nil, path .. " is not a regular file" end
-  if st.size > max then uv.fs_close(fd); return nil, ("%s is over %d bytes"):format(path, max) end
-  local data, rerr = uv.fs_read(fd, st.size, 0)
-  uv.fs_close(fd)
-  if not data then return nil, rerr end
-  return data
-end
+local read_file = paths.read_file
+local hex, pick, config_of, decode_object = oci.hex, oci.pick, oci.config_of, oci.decode_object
+local MEDIA_MANIFEST, INDEX_TYPES = oci.MEDIA_MANIFEST, oci.INDEX_TYPES
+
+--- 1 if d is "sha256:<64 lowercase hex>".
+M.valid_digest = oci.valid_digest
+--- Normalizes an image reference as Docker does (image/oci.lua).
+M.normalize = oci.normalize
 
 local function write_atomic(path, text, mode)
   local tmp = path .. ".tmp"
@@ -76,58 +68,6 @@ local function write_atomic(path, text, mode)
   if ok then ok, werr = uv.fs_rename(tmp, path) end
   if not ok then uv.fs_unlink(tmp); return nil, werr end
   return true
-end
-
-local function decode_object(text, what)
-  local v, err = json.decode(text)
-  if type(v) ~= "table" then return nil, ("%s is not a JSON object (%s)"):format(what, tostring(err or "")) end
-  return v
-end
-
-local function hex(digest) return digest:sub(8) end
-
---- 1 if d is "sha256:<64 lowercase hex>".
-function M.valid_digest(d) return core.digest_valid(d) end
-
--- A list of strings (argv, env), or nil; anything else is an error.
-local function string_list(v, what)
-  if v == nil or v == json.null then return nil end
-  if type(v) ~= "table" then return nil, what .. " is not a list" end
-  local out = {}
-  for i, s in ipairs(v) do
-    if type(s) ~= "string" or #s > 32768 then return nil, what .. " has a bad entry" end
-    out[i] = s
-  end
-  if #out > 4096 then return nil, what .. " is too long" end
-  return out
-end
-
---- Normalizes an image reference as Docker does: "alpine" ->
--- "docker.io/library/alpine:latest"; "ghcr.io/a/b" -> "ghcr.io/a/b:latest";
--- a digest reference ("name@sha256:...") keeps its digest.  "default" and
--- bare digests ("sha256:...") are left alone.  Returns nil, err for a name
--- that is not a reference.
-function M.normalize(ref)
-  if type(ref) ~= "string" or ref == "" or #ref > 256 then return nil, "bad image reference" end
-  if ref == "default" or M.valid_digest(ref) then return ref end
-  if ref:find("[^%w%._/:@%-]") or ref:find("%.%.") or ref:find("//") or ref:match("^[/:@%.%-]") then
-    return nil, ("'%s' is not an image reference"):format(ref)
-  end
-  local name, digest = ref:match("^([^@]+)@(.+)$")
-  name = name or ref
-  if digest and not M.valid_digest(digest) then return nil, ("'%s': bad digest"):format(ref) end
-  local tag
-  local last = name:match("[^/]+$")
-  if last:find(":") then name, tag = name:match("^(.*):([^:/]+)$") end
-  if tag and not tag:match("^[%w_][%w_%.%-]*$") then return nil, ("'%s': bad tag"):format(ref) end
-  local first = name:match("^[^/]+")
-  if not (name:find("/") and (first:find("[%.:]") or first == "localhost")) then
-    name = "docker.io/" .. name
-  end
-  if name:match("^docker%.io/[^/]+$") then name = name:gsub("^docker%.io/", "docker.io/library/") end
-  if name:find("[A-Z]") then return nil, ("'%s': repository names are lowercase"):format(ref) end
-  if digest then return name .. "@" .. digest end
-  return name .. ":" .. (tag or "latest")
 end
 
 ---------------------------------------------------------------- open
@@ -221,7 +161,7 @@ function Store:_set_ref(name, digest)
   if digest then
     local st = uv.fs_stat(self:blob_path(digest))
     out[#out + 1] = { mediaType = MEDIA_MANIFEST, digest = digest, size = st and st.size or 0,
-                      annotations = { [REF_NAME] = name, [CREATED] = iso_now() } }
+                      annotations = { [REF_NAME] = name, [CREATED] = oci.now() } }
   end
   t.manifests = json.array(out)
   return write_atomic(self.dir .. "/index.json", json.encode(t), tonumber("644", 8))
@@ -327,40 +267,6 @@ function Store:ensure_layer(digest, diff_id)
 end
 
 ---------------------------------------------------------------- images
-
-local function config_of(cfg)
-  local c = type(cfg.config) == "table" and cfg.config or {}
-  local env = string_list(c.Env, "Env") or {}
-  local entrypoint = string_list(c.Entrypoint, "Entrypoint")
-  local cmd = string_list(c.Cmd, "Cmd")
-  local workdir = type(c.WorkingDir) == "string" and c.WorkingDir ~= "" and c.WorkingDir or "/"
-  if workdir:sub(1, 1) ~= "/" then workdir = "/" .. workdir end
-  local user = type(c.User) == "string" and c.User ~= "" and c.User or "root"
-  return { env = env, entrypoint = entrypoint and #entrypoint > 0 and entrypoint or nil,
-           cmd = cmd and #cmd > 0 and cmd or nil, workdir = workdir, user = user }
-end
-
-local function host_arch()
-  local m = uv.os_uname().machine
-  return ({ x86_64 = "amd64", aarch64 = "arm64", armv7l = "arm", i686 = "386" })[m] or m
-end
-
--- Picks the manifest descriptor of an OCI index for ref's tag or this host.
-local function pick(index, tag, what)
-  if type(index.manifests) ~= "table" or #index.manifests == 0 then return nil, what .. " lists no manifests" end
-  local arch, chosen = host_arch(), {}
-  for _, d in ipairs(index.manifests) do
-    if type(d) == "table" then
-      local ann = type(d.annotations) == "table" and d.annotations["org.opencontainers.image.ref.name"]
-      local p = type(d.platform) == "table" and d.platform
-      if tag and ann and (ann == tag or ann:match(":([^:/]+)$") == tag) then return d end
-      if not p or (p.os == "linux" and p.architecture == arch) then chosen[#chosen + 1] = d end
-    end
-  end
-  if #chosen == 1 then return chosen[1] end
-  if #chosen == 0 then return nil, what .. " has no image for linux/" .. arch end
-  return nil, what .. " holds several images: name one (tupper import PATH NAME:TAG)"
-end
 
 -- The manifest and config of an image by manifest digest (or by the
 -- digest of an image index: this host's manifest in it), checked.
@@ -660,263 +566,6 @@ end
 function Store:_sweep_temps_idle()
   if next(self.unpacking) or (self.importing or 0) > 0 then return end
   self:_sweep_temps()
-end
-
----------------------------------------------------------------- import
-
--- path inside root (no symlink leading out), or nil.
-local function inside(root, rel)
-  if type(rel) ~= "string" or rel == "" or rel:sub(1, 1) == "/" or #rel > 4096 then return nil end
-  for part in rel:gmatch("[^/]+") do
-    if part == ".." then return nil end
-  end
-  local real = uv.fs_realpath(root .. "/" .. rel)
-  local rroot = uv.fs_realpath(root)
-  if not real or not rroot or real:sub(1, #rroot + 1) ~= rroot .. "/" then return nil end
-  local st = uv.fs_stat(real)
-  if not st or st.type ~= "file" then return nil end
-  return real
-end
-
--- Adds a manifest whose config and layer blobs are in the store: checks
--- it, unpacks the layers, returns its digest.
-function Store:_commit(manifest_text)
-  local digest, err = self:_put_text(manifest_text)
-  if not digest then return nil, err end
-  self.busy[digest] = (self.busy[digest] or 0) + 1
-  local img, ierr = self:_image(nil, digest)
-  self.busy[digest] = self.busy[digest] - 1
-  if self.busy[digest] == 0 then self.busy[digest] = nil end
-  if not img then return nil, ierr end
-  return digest
-end
-
-local function manifest_for(config_digest, config_size, layers)
-  local ls = {}
-  for i, l in ipairs(layers) do
-    ls[i] = { mediaType = l.media_type or MEDIA_LAYER, digest = l.digest, size = l.size }
-  end
-  return json.encode({ schemaVersion = 2, mediaType = MEDIA_MANIFEST,
-    config = { mediaType = MEDIA_CONFIG, digest = config_digest, size = config_size }, layers = ls })
-end
-
-local function file_size(path)
-  local st = uv.fs_stat(path)
-  return st and st.size or 0
-end
-
--- A plain rootfs tar (any compression the unpacker takes): one layer.
--- staged: the dir it was unpacked into already, named by its diff id hex.
-function Store:_import_rootfs_tar(path, staged)
-  local digest, err = self:put_blob(path)
-  if not digest then return nil, err end
-  local info
-  if staged then
-    -- the stage is that layer, unpacked by the same rules: move it in
-    local h = staged:match("(%x+)$")
-    info = { diff_id = "sha256:" .. h }
-    local ok, rerr, code = uv.fs_rename(staged, self.layers_dir .. "/" .. h)
-    if ok then self:_wrote("layers", info.diff_id)
-    elseif code ~= "EEXIST" and code ~= "ENOTEMPTY" then return nil, rerr end
-  else
-    local uerr
-    info, uerr = async.wait(function(cb)
-      local ok, e = core.layer_unpack({ blob = self:blob_path(digest), dir = self.layers_dir,
-        uid_base = self.uid_base, gid_base = self.gid_base, id_count = self.id_count,
-        max_tar_bytes = self.limits.max_tar_bytes, max_bytes = self.limits.max_bytes,
-        max_entries = self.limits.max_entries, digest = digest }, cb)
-      if not ok then cb(nil, e) end
-    end)
-    if not info then return nil, uerr end
-    if not info.existed then self:_wrote("layers", info.diff_id) end
-  end
-  local cfg = json.encode({ architecture = host_arch(), os = "linux", created = iso_now(),
-    config = { Env = { "PATH=" .. M.DEFAULT_PATH } },
-    rootfs = { type = "layers", diff_ids = { info.diff_id } } })
-  local cdigest, cerr = self:_put_text(cfg)
-  if not cdigest then return nil, cerr end
-  return self:_commit(manifest_for(cdigest, #cfg, { { digest = digest, size = file_size(path) } }))
-end
-
--- docker save's layout: manifest.json [{ Config, RepoTags, Layers }].
-function Store:_import_docker(root)
-  local text, err = read_file(root .. "/manifest.json", M.MAX_JSON)
-  if not text then return nil, err end
-  local list = json.decode(text)
-  if type(list) ~= "table" or type(list[1]) ~= "table" then return nil, "manifest.json: not a list of images" end
-  if #list > 1 then return nil, "manifest.json holds several images: import one archive per image" end
-  local entry = list[1]
-  local cpath = inside(root, entry.Config)
-  if not cpath then return nil, "manifest.json: Config is not a file of the archive" end
-  local want = type(entry.Config) == "string" and entry.Config:match("(%x+)%.json$")
-  want = want and #want == 64 and ("sha256:" .. want) or nil
-  local bw = type(entry.Config) == "string" and entry.Config:match("^blobs/sha256/(%x+)$")
-  if bw and #bw == 64 then want = "sha256:" .. bw end
-  local cdigest, cerr = self:put_blob(cpath, want)
-  if not cdigest then return nil, "config: " .. cerr end
-  local cfg, perr = self:_json_blob(cdigest, "config")
-  if not cfg then return nil, perr end
-  if type(entry.Layers) ~= "table" or #entry.Layers < 1 or #entry.Layers > M.MAX_LAYERS then
-    return nil, "manifest.json: Layers must list 1 to " .. M.MAX_LAYERS .. " layers"
-  end
-  local layers = {}
-  for i, rel in ipairs(entry.Layers) do
-    local lpath = inside(root, rel)
-    if not lpath then return nil, ("manifest.json: layer %d is not a file of the archive"):format(i) end
-    local lw = type(rel) == "string" and rel:match("^blobs/sha256/(%x+)$")
-    local digest, lerr = self:put_blob(lpath, lw and #lw == 64 and "sha256:" .. lw or nil)
-    if not digest then return nil, ("layer %d: %s"):format(i, lerr) end
-    layers[i] = { digest = digest, size = file_size(lpath) }
-  end
-  local tag = type(entry.RepoTags) == "table" and type(entry.RepoTags[1]) == "string" and entry.RepoTags[1] or nil
-  local digest, merr = self:_commit(manifest_for(cdigest, file_size(cpath), layers))
-  return digest, merr, tag
-end
-
--- An OCI image layout (index.json, blobs/sha256/...).
-function Store:_import_oci(root, ref)
-  local text, err = read_file(root .. "/index.json", M.MAX_JSON)
-  if not text then return nil, err end
-  local index, derr = decode_object(text, "index.json")
-  if not index then return nil, derr end
-  local tag = ref and ref:match(":([^:/]+)$")
-  local desc, perr = pick(index, tag, "index.json")
-  if not desc then return nil, perr end
-  local function blob(d, what)
-    if type(d) ~= "table" or not M.valid_digest(d.digest) then return nil, what .. ": bad descriptor" end
-    local path = inside(root, "blobs/sha256/" .. hex(d.digest))
-    if not path then return nil, ("%s %s is missing from the layout"):format(what, d.digest) end
-    if math.tointeger(d.size) and file_size(path) ~= d.size then
-      return nil, ("%s %s: size %d, the descriptor says %d"):format(what, d.digest, file_size(path), d.size)
-    end
-    local digest, berr = self:put_blob(path, d.digest)
-    if not digest then return nil, ("%s: %s"):format(what, berr) end
-    return digest, nil, path
-  end
-  local mdigest, merr = blob(desc, "manifest")
-  if not mdigest then return nil, merr end
-  local m, jerr = self:_json_blob(mdigest, "manifest")
-  if not m then return nil, jerr end
-  if INDEX_TYPES[m.mediaType or desc.mediaType] or (m.manifests and not m.layers) then
-    local inner, ierr = pick(m, tag, "image index " .. mdigest)
-    if not inner then return nil, ierr end
-    mdigest, merr = blob(inner, "manifest")
-    if not mdigest then return nil, merr end
-    m, jerr = self:_json_blob(mdigest, "manifest")
-    if not m then return nil, jerr end
-  end
-  if m.mediaType and not MANIFEST_TYPES[m.mediaType] then
-    return nil, ("manifest %s: media type %s is not an image manifest"):format(mdigest, tostring(m.mediaType))
-  end
-  local ok, cerr = blob(m.config, "config")
-  if not ok then return nil, cerr end
-  if type(m.layers) ~= "table" then return nil, "manifest " .. mdigest .. " has no layers" end
-  for i, l in ipairs(m.layers) do
-    local lok, lerr = blob(l, "layer " .. i)
-    if not lok then return nil, lerr end
-  end
-  self.busy[mdigest] = (self.busy[mdigest] or 0) + 1
-  local img, ierr = self:_image(nil, mdigest)
-  self.busy[mdigest] = self.busy[mdigest] - 1
-  if self.busy[mdigest] == 0 then self.busy[mdigest] = nil end
-  if not img then return nil, ierr end
-  local ann = type(desc.annotations) == "table" and desc.annotations["org.opencontainers.image.ref.name"]
-  return mdigest, nil, ann
-end
-
--- A tar of a whole archive, unpacked into a staging dir with the layer
--- unpacker's rules (it is as hostile as any layer).
-function Store:_stage(path, stage)
-  local ok, err = mkdir(stage, tonumber("700", 8))
-  if not ok then return nil, err end
-  local info, uerr = async.wait(function(cb)
-    local qok, e = core.layer_unpack({ blob = path, dir = stage, uid_base = self.uid_base,
-      gid_base = self.gid_base, id_count = self.id_count, max_tar_bytes = self.limits.max_tar_bytes,
-      max_bytes = self.limits.max_bytes, max_entries = self.limits.max_entries }, cb)
-    if not qok then cb(nil, e) end
-  end)
-  if not info then return nil, uerr end
-  return stage .. "/" .. hex(info.diff_id)
-end
-
-local function is_file(p)
-  local st = uv.fs_lstat(p)
-  return st and st.type == "file"
-end
-
---- Imports path: an OCI image layout (dir or tar with index.json and
--- oci-layout), a docker-archive (`docker save`: manifest.json), or a plain
--- rootfs tar or directory; names it ref (else the archive's own name).
--- Returns { ref, digest } or nil, err; a failed import leaves nothing.
-function Store:import(path, ref)
-  if type(path) ~= "string" or path:sub(1, 1) ~= "/" then return nil, "import: the path must be absolute" end
-  local name
-  if ref then
-    local nerr
-    name, nerr = M.normalize(ref)
-    if not name then return nil, nerr end
-    if name == "default" or M.valid_digest(name) or name:find("@") then
-      return nil, ("'%s' cannot name an image"):format(ref)
-    end
-  end
-  local st = uv.fs_stat(path)
-  if not st then return nil, ("import: no such file or directory: %s"):format(path) end
-  self.importing = (self.importing or 0) + 1
-  local written = { blobs = {}, layers = {} }
-  self.written[coroutine.running()] = written
-  local stage = self.tmp .. "/import-" .. core.random_hex(8)
-  local digest, err, own_name
-  if st.type == "directory" then
-    if is_file(path .. "/index.json") and is_file(path .. "/oci-layout") then
-      digest, err, own_name = self:_import_oci(path, name)
-    elseif is_file(path .. "/manifest.json") then
-      digest, err, own_name = self:_import_docker(path)
-    else
-      local ok, merr = mkdir(stage, tonumber("700", 8))
-      local tar = stage .. "/rootfs.tar"
-      if ok then
-        ok, merr = async.wait(function(cb)
-          local qok, e = core.tar_dir(path, tar, self.uid_base, self.gid_base, self.id_count, cb)
-          if not qok then cb(nil, e) end
-        end)
-      end
-      if ok then digest, err = self:_import_rootfs_tar(tar) else err = merr end
-    end
-  elseif st.type == "file" then
-    local root, serr = self:_stage(path, stage)
-    if not root then
-      err = serr
-    elseif is_file(root .. "/index.json") and is_file(root .. "/oci-layout") then
-      digest, err, own_name = self:_import_oci(root, name)
-    elseif is_file(root .. "/manifest.json") then
-      digest, err, own_name = self:_import_docker(root)
-    else
-      digest, err = self:_import_rootfs_tar(path, root)
-    end
-  else
-    err = "import: " .. path .. " is neither a file nor a directory"
-  end
-  core.rmtree(stage)
-  if digest then
-    local final = name
-    if not final and own_name then final = M.normalize(own_name) end
-    if not final then
-      err, digest = "the archive names no image: give a name (tupper import PATH NAME)", nil
-    else
-      local ok, serr = self:_set_ref(final, digest)
-      if ok then
-        self.importing = self.importing - 1
-        self.written[coroutine.running()] = nil
-        return { ref = final, digest = digest }
-      end
-      err, digest = serr, nil
-    end
-  end
-  self.importing = self.importing - 1
-  self.written[coroutine.running()] = nil
-  -- nothing of a failed import stays (what it shares with others does)
-  self:_collect(written)
-  return nil, err
 end
 
 return M

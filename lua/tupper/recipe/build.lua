@@ -6,6 +6,8 @@
 local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
+local debian = require("tupper.image.debian")
+local layers = require("tupper.image.layers")
 local recipe = require("tupper.recipe.file")
 local setup = require("tupper.recipe.setup")
 local vm = require("tupper.recipe.jail")
@@ -99,7 +101,7 @@ local function debian_image(d, spec, pinned, rebuild)
     return img
   end
   -- built (or found) and imported once, as localhost/tupper/debian-<suite>:<key>
-  local img, err = require("tupper.image.debian").image(d.images, spec, { cache = d.state .. "/debian", lock = rebuild })
+  local img, err = debian.image(d.images, spec, { cache = d.state .. "/debian", lock = rebuild })
   if not img then return nil, "image: " .. tostring(err) end
   return img
 end
@@ -152,7 +154,7 @@ function M.parse_lock(text, source, chunk)
   for _, k in ipairs({ "recipe_sha256", "image", "image_digest" }) do
     if type(lock[k]) ~= "string" or #lock[k] > 300 then return nil, ("the lock's '%s' is missing"):format(k) end
   end
-  if lock.layer ~= nil and lock.layer ~= json.null and not require("tupper.image.layers").valid_key(lock.layer) then
+  if lock.layer ~= nil and lock.layer ~= json.null and not layers.valid_key(lock.layer) then
     return nil, "the lock's 'layer' is not a layer key"
   end
   local sha = core.sha256(source)
@@ -271,7 +273,7 @@ function M.prepare(d, loaded, opts)
   for i, l in ipairs(img.layers) do layers_list[i] = l end
   local key, cached = nil, nil
   if r.setup or r.files then
-    key = require("tupper.image.layers").key(img.digest, source, r.files)
+    key = layers.key(img.digest, source, r.files)
     if lock and not opts.build and lock.layer and lock.layer ~= json.null and lock.layer ~= key then
       return nil, ("%s: the lock names layer %s, but the recipe and its image make %s: run `tupper build` again")
         :format(chunk, lock.layer:sub(1, 12), key:sub(1, 12))

@@ -9,7 +9,9 @@
 -- an unknown field, a wrong type or a bad size fails with the file, the
 -- line and what was expected.  Whether the runtime can honour a valid
 -- recipe is a separate question: M.check_enforceable.  docs/recipes.md.
-local debian = require("tupper.image.debian")
+local debian_lock = require("tupper.image.debian_lock")
+local json = require("tupper.util.json")
+local rules = require("tupper.net.rules")
 local schema = require("tupper.wire.schema")
 local vm = require("tupper.recipe.jail")
 
@@ -64,7 +66,7 @@ end
 
 -- ------------------------------------------------------------- checks
 
-local is_array = debian.is_array -- a list: keys 1..#t only
+local is_array = json.is_array -- a list: keys 1..#t only
 
 --- Checks a network field: "none", "all", or { allow = {rule...}, deny =
 -- {rule...} } with rules like "pypi.org:443" or "10.0.0.0/8".  Returns
@@ -122,7 +124,7 @@ local CHECKS = {
   end,
   image = function(v)
     -- an image's name, or a Debian image to build: { debian = "bookworm", packages = {...} }
-    if type(v) == "table" then return debian.check_spec(v, "image") end
+    if type(v) == "table" then return debian_lock.check_spec(v, "image") end
     if type(v) ~= "string" then
       return "'image' must be an image name or { debian = \"bookworm\", packages = { ... } }"
     end
@@ -194,7 +196,7 @@ end
 -- parse is refused here, naming the file and line.  Returns true, or nil, err.
 function M.check_enforceable(r)
   if r.network ~= nil and r.network ~= "none" then
-    local ok, err = require("tupper.net.rules").compile(r.network)
+    local ok, err = rules.compile(r.network)
     if not ok then
       local o = r.origin or { file = "recipe" }
       return nil, M.where({ file = o.file, line = o.line }, nil, err)
@@ -269,6 +271,7 @@ function M.embedded_source(name)
     return nil, ("no shipped recipe %q"):format(tostring(name))
   end
   local chunkname = "recipes/" .. name .. ".lua"
+  -- lazy: tupper.core exists only in the binary (the specs load recipes under plain lua5.4)
   local ok, core = pcall(require, "tupper.core")
   local text = ok and core.embedded_source and core.embedded_source("recipes/" .. name)
   if text then return text, chunkname end

@@ -18,6 +18,7 @@
 --     classified here (fail closed).
 local policy = require("tupper.recipe.policy")
 local rpc = require("tupper.wire.rpc")
+local paths = require("tupper.util.paths")
 
 local M = {}
 
@@ -63,21 +64,6 @@ M.HARMLESS = {
 
 -- the errno names an account's lookup may fail with
 M.ERRNO_CODES = { [2] = "ENOENT", [5] = "EIO", [7] = "E2BIG", [22] = "EINVAL", [27] = "EFBIG" }
-
---- A clean absolute path: relative paths are taken from base (absolute),
--- `.` and empty parts dropped, `..` goes up (never above /).
-function M.clean_path(path, base)
-  if path:sub(1, 1) ~= "/" then path = (base or "/") .. "/" .. path end
-  local parts = {}
-  for part in path:gmatch("[^/]+") do
-    if part == ".." then
-      parts[#parts] = nil
-    elseif part ~= "." then
-      parts[#parts + 1] = part
-    end
-  end
-  return "/" .. table.concat(parts, "/")
-end
 
 --- Loads the policy a client sent with a create ({source, name}).
 -- Returns the policy or nil, err.
@@ -148,7 +134,7 @@ function M.check(d, method, params)
       params._account, base = acct, acct.home
     end
     for _, key in ipairs(file.paths) do
-      if params[key] then params[key] = M.clean_path(params[key], base) end
+      if params[key] then params[key] = paths.clean_path(params[key], base) end
     end
     for _, pol in ipairs(pols) do
       for _, key in ipairs(file.paths) do

@@ -10,6 +10,7 @@
 -- Loaded in the locked-down VM (tupper.vm); each hook call runs under
 -- vm.CALL_LIMITS.  A hook that fails, loops or returns nothing refuses
 -- (fail closed).  docs/policy.md.
+local uv = require("luv")
 local schema = require("tupper.wire.schema")
 local units = require("tupper.util.units")
 local recipe = require("tupper.recipe.file")
@@ -86,8 +87,7 @@ end
 
 --- The path of the nearest tupper.lua from start_dir upward, or nil.
 function M.find(start_dir)
-  local ok, uv = pcall(require, "luv")
-  local cwd = ok and uv.cwd() or os.getenv("PWD") or "."
+  local cwd = uv.cwd() or os.getenv("PWD") or "."
   local dir = start_dir or cwd
   if dir:sub(1, 1) ~= "/" then dir = cwd .. "/" .. dir end
   dir = dir:gsub("/+$", "")

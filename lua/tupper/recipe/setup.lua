@@ -12,6 +12,8 @@ local core = require("tupper.core")
 local async = require("tupper.util.async")
 local schema = require("tupper.wire.schema")
 local vm = require("tupper.recipe.jail")
+local policy = require("tupper.recipe.policy")
+local paths = require("tupper.util.paths")
 
 local MSG = core.MSG
 local M = {}
@@ -206,7 +208,7 @@ end
 -- file operation: true or nil, err.
 function M.check_file(ctx, op, path)
   for _, pol in ipairs(ctx.policies or {}) do
-    local ok, err = require("tupper.recipe.policy").check_file(pol, op, path)
+    local ok, err = policy.check_file(pol, op, path)
     if not ok then return nil, err end
   end
   return true
@@ -216,7 +218,7 @@ end
 local function do_run(ctx, q)
   local sb = ctx.sb
   for _, pol in ipairs(ctx.policies or {}) do
-    local argv, err = require("tupper.recipe.policy").check_exec(pol, q.argv)
+    local argv, err = policy.check_exec(pol, q.argv)
     if not argv then return nil, err end
     q.argv = argv
   end
@@ -350,7 +352,7 @@ local OPS = {
 local function perform(ctx, op, q)
   local fop = FILE_OPS[op]
   if fop then
-    local clean = require("tupper.recipe.guard").clean_path
+    local clean = paths.clean_path
     q.path = clean(q.path)
     if q.path2 then q.path2 = clean(q.path2) end
     local ok, err = M.check_file(ctx, fop, q.path)

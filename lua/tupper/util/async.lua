@@ -1,6 +1,8 @@
 --- Coroutines over the libuv loop: a request handler runs in its own
 -- coroutine and waits for callbacks (agent replies, timers) without blocking
 -- the loop.
+local uv = require("luv")
+
 local M = {}
 
 local function report(co, ok, err)
@@ -38,7 +40,6 @@ end
 
 --- Sleeps ms milliseconds inside a coroutine.
 function M.sleep(ms)
-  local uv = require("luv")
   return M.wait(function(cb)
     local t = uv.new_timer()
     t:start(ms, 0, function() t:close(); cb() end)

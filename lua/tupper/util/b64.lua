@@ -57,6 +57,7 @@ function M.lua_decode(s)
   return table.concat(out)
 end
 
+-- optional: tupper.core exists only in the binary (the specs run under plain lua5.4)
 local ok, core = pcall(require, "tupper.core")
 if ok and type(core) == "table" and core.b64encode then
   M.encode, M.decode = core.b64encode, core.b64decode

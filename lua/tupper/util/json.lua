@@ -22,6 +22,17 @@ function M.array(t)
   return t
 end
 
+--- Whether the table t is a list: its keys are exactly 1..#t (what a
+-- recipe's or a lock's list must be; checked before a hostile table is read
+-- with ipairs).
+function M.is_array(t)
+  local n = #t
+  for k in pairs(t) do
+    if math.type(k) ~= "integer" or k < 1 or k > n then return false end
+  end
+  return true
+end
+
 --- Encodes v; returns the text or nil, err.
 function M.encode(v)
   local ok, s = pcall(codec.encode, v)

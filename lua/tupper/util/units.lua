@@ -54,6 +54,18 @@ function M.duration(v)
   return M.duration(total)
 end
 
+--- A byte count for people, as progress bars and listings print it:
+-- "512 B", "1.5 MiB" (powers of 1024, up to TiB); with opts.si, "1.5 MB"
+-- (powers of 1000, up to GB).
+function M.human(n, opts)
+  n = tonumber(n) or 0
+  local base, names = 1024, { "B", "KiB", "MiB", "GiB", "TiB" }
+  if opts and opts.si then base, names = 1000, { "B", "KB", "MB", "GB" } end
+  local u = 1
+  while n >= base and u < #names do n = n / base; u = u + 1 end
+  return u == 1 and ("%d B"):format(n) or ("%.1f %s"):format(n, names[u])
+end
+
 --- A human form of bytes, for listings.
 function M.format_size(n)
   for _, u in ipairs({ { "T", 1024 ^ 4 }, { "G", 1024 ^ 3 }, { "M", 1024 ^ 2 }, { "K", 1024 } }) do

@@ -3,6 +3,8 @@
 -- schema` prints it as JSON (docs/protocol.schema.json), and the tests check
 -- that docs/protocol.md documents each method and that the daemon answers
 -- each of them.
+local json = require("tupper.util.json")
+local rules = require("tupper.net.rules")
 local units = require("tupper.util.units")
 local backends = require("tupper.backend.registry")
 
@@ -354,7 +356,7 @@ function check(name, spec, v)
     end
     return nil, v
   elseif t == "network" then
-    local rs, err = require("tupper.net.rules").compile(v)
+    local rs, err = rules.compile(v)
     if not rs then return ("'%s': %s"):format(name, err) end
     return nil, rs.spec
   elseif t == "map" then
@@ -406,7 +408,6 @@ end
 
 --- The schema as a plain table for JSON (`tupper schema`).
 function M.export()
-  local json = require("tupper.util.json")
   local out = { protocol = M.PROTOCOL, methods = {}, notifications = {} }
   local names = {}
   for name in pairs(M.methods) do names[#names + 1] = name end

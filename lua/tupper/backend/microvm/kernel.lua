@@ -11,6 +11,7 @@
 -- agent mounts on.  Call from a coroutine (tupper.async).
 local uv = require("luv")
 local async = require("tupper.util.async")
+local paths = require("tupper.util.paths")
 
 local M = {}
 
@@ -29,7 +30,7 @@ function M.cache_dir()
   return c .. "/tupper/microvm"
 end
 
-local mkdirs = require("tupper.util.paths").mkdirs
+local mkdirs = paths.mkdirs
 M.mkdirs = mkdirs
 
 --- Runs a program and waits for it: returns stdout, or nil, err (with the
@@ -115,20 +116,7 @@ function M.modinfo(data)
   return res
 end
 
-local function read_file(path, max)
-  local fd, err = uv.fs_open(path, "r", 0)
-  if not fd then return nil, err end
-  local st = uv.fs_fstat(fd)
-  if not st or st.size > (max or 64 * 1024 * 1024) then
-    uv.fs_close(fd)
-    return nil, path .. ": too large"
-  end
-  local data = uv.fs_read(fd, st.size, 0)
-  uv.fs_close(fd)
-  if not data or #data ~= st.size then return nil, path .. ": short read" end
-  return data
-end
-M.read_file = read_file
+local read_file = paths.read_file
 
 -- Writes data to path atomically (temp file, then rename).
 local function write_file(path, data, mode)
@@ -227,11 +215,12 @@ end
 
 -- Fetches and unpacks the kernel package into dir/<version>; returns version.
 local function fetch(cache)
+  -- lazy: tupper.core exists only in the binary; the specs load this module under plain lua5.4
   local tmp = cache .. "/tmp-" .. uv.getpid() .. "-" .. require("tupper.core").random_hex(4)
   local ok, err = mkdirs(tmp, 448)
   if not ok then return nil, err end
   local function fail(e)
-    require("tupper.core").rmtree(tmp)
+    require("tupper.core").rmtree(tmp) -- lazy: only in the binary, as above
     return nil, "fetch the guest kernel: " .. e
   end
   local deb = os.getenv("TUPPER_VM_KERNEL_DEB")
@@ -279,7 +268,7 @@ local function fetch(cache)
   if not rok and not tostring(rerr):find("ENOTEMPTY") and not tostring(rerr):find("EEXIST") then
     return fail(rerr)
   end
-  require("tupper.core").rmtree(tmp)
+  require("tupper.core").rmtree(tmp) -- lazy: only in the binary, as above
   assert(write_file(cache .. "/current", version .. "\n"))
   return version
 end
