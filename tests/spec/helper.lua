@@ -56,6 +56,23 @@ function M.call(c, method, params)
   return M.sync(function() return c:call(method, params) end)
 end
 
+--- For an after_each of a block whose tests share one daemon: kills every
+-- sandbox client c's daemon lists but those named in keep (a set of ids),
+-- so a test that failed before its own kill does not leave its box to the
+-- next tests.  Returns how many it killed.
+function M.kill_sandboxes(c, keep)
+  keep = keep or {}
+  local r = M.call(c, "sandbox.list", {})
+  local n = 0
+  for _, sb in ipairs(r and r.sandboxes or {}) do
+    if not keep[sb.id] then
+      M.call(c, "sandbox.kill", { id = sb.id })
+      n = n + 1
+    end
+  end
+  return n
+end
+
 --- Closes every handle still open and runs the loop until they are gone:
 -- call at the end of a spec file so the Lua state closes with no live handle.
 function M.drain()
@@ -374,6 +391,48 @@ local function sweep_cgroups(tag)
   return n
 end
 
+-- Stops daemons (in start order) and the boxes they leave: each still
+-- running is stopped (SIGTERM, which destroys its boxes; SIGKILL after a
+-- bound); a state dir whose last daemon is gone (crashed, or killed) with
+-- boxes still in it gets a daemon started on it again, re-adopting them,
+-- and stopped, so they go too.  note(fmt, ...) hears what was done.
+local function release_daemons(list, note)
+  note = note or function() end
+  local latest, order = {}, {}
+  for _, d in ipairs(list) do
+    if not latest[d.state] then order[#order + 1] = d.state end
+    latest[d.state] = d
+    local how = end_process(d, 30000)
+    if how then note("%s daemon %d (%s)", how, d.pid, d.dir) end
+  end
+  for _, state in ipairs(order) do
+    local d = latest[state]
+    local scan = uv.fs_scandir(state .. "/boxes")
+    if scan and uv.fs_scandir_next(scan) then
+      local ok, d2 = pcall(M.start_daemon, d.dir, d.opts)
+      if ok then
+        end_process(d2, 30000)
+        note("restarted and stopped daemon %d's state (%s) for its boxes", d.pid, d.dir)
+      else
+        note("could not restart daemon %d's state (%s): %s", d.pid, d.dir, tostring(d2))
+      end
+    end
+  end
+end
+
+--- For a test's finally or a block's teardown: releases daemons d1, d2, ...
+-- (nil ones skipped) whatever state a failure left them in, as
+-- release_daemons above (a crashed daemon's boxes included), and removes
+-- their dirs.  Daemons already stopped cost nothing.
+function M.release(...)
+  local args, list = table.pack(...), {}
+  for i = 1, args.n do
+    if args[i] then list[#list + 1] = args[i] end
+  end
+  release_daemons(list)
+  for _, d in ipairs(list) do M.rmrf(d.dir) end
+end
+
 --- Releases whatever this spec file started through the helper and is still
 -- there, as a failed test leaves it: tracked processes and running daemons
 -- are stopped (SIGTERM, which destroys a daemon's boxes; SIGKILL after a
@@ -393,16 +452,13 @@ function M.cleanup_all()
     local how = end_process(p, 5000)
     if how then note("%s process %d (%s)", how, p.pid, p.name or "tracked") end
   end
-  local dirs, known, latest, order = {}, {}, {}, {}
+  local dirs, known = {}, {}
   for _, dir in ipairs(rec.dirs) do dirs[#dirs + 1] = dir end -- parents before the daemons' dirs in them
   for _, d in ipairs(rec.daemons) do
     known[d.pid] = true
     dirs[#dirs + 1] = d.dir
-    if not latest[d.state] then order[#order + 1] = d.state end
-    latest[d.state] = d
-    local how = end_process(d, 30000)
-    if how then note("%s daemon %d (%s)", how, d.pid, d.dir) end
   end
+  release_daemons(rec.daemons, note)
   local tags = {}
   for _, f in ipairs(foreign_daemons(dirs, known)) do
     local pid = f.pid
@@ -413,20 +469,6 @@ function M.cleanup_all()
     local how = "stopped"
     if alive(pid) then how = "killed"; uv.kill(pid, "sigkill") end
     note("%s daemon %d started outside the helper", how, pid)
-  end
-  -- a state dir whose last daemon is gone but whose boxes are not
-  for _, state in ipairs(order) do
-    local d = latest[state]
-    local scan = uv.fs_scandir(state .. "/boxes")
-    if scan and uv.fs_scandir_next(scan) then
-      local ok, d2 = pcall(M.start_daemon, d.dir, d.opts)
-      if ok then
-        end_process(d2, 30000)
-        note("restarted and stopped daemon %d's state (%s) for its boxes", d.pid, d.dir)
-      else
-        note("could not restart daemon %d's state (%s): %s", d.pid, d.dir, tostring(d2))
-      end
-    end
   end
   started = { daemons = {}, dirs = {}, procs = {} } -- the restarts' own records
   for _, d in ipairs(rec.daemons) do
