@@ -43,8 +43,10 @@ suite() {
 suite "C unit tests" sh -c "cd '$BUILD' && ctest --output-on-failure"
 # every fuzz target for a short, bounded time (a longer run: tests/fuzz/run.sh 600)
 suite "fuzz targets" env FUZZ_BUILD="$BUILD/fuzz" tests/fuzz/run.sh "${FUZZ_SECONDS:-20}"
-suite "Lua specs" lua5.4 /usr/bin/busted --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" \
-  -o utfTerminal tests/spec
+# --helper: after each spec file, what its tests started and left (a test
+# that failed before its cleanup) is released and named on one line
+suite "Lua specs" lua5.4 /usr/bin/busted --helper tests/spec/cleanup.lua \
+  --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" -o utfTerminal tests/spec
 suite "sdk/js" sh -c "cd sdk/js && npm ci --no-audit --no-fund >/dev/null && npm test"
 # Debian's python3 and python3-pytest (not a pyenv python first in PATH);
 # pytest's exit 5 (no test ran) fails the suite like any other non-zero exit
@@ -52,7 +54,7 @@ suite "sdk/python" env PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m pytest -q -
 # slow suites (image builds, microVM boots): their own step with a bound, so
 # a hang fails the suite instead of eating CI's 90 minutes
 if ls tests/slow/*_spec.lua >/dev/null 2>&1; then
-  suite "slow specs" timeout "${SLOW_SECONDS:-2700}" lua5.4 /usr/bin/busted \
+  suite "slow specs" timeout "${SLOW_SECONDS:-2700}" lua5.4 /usr/bin/busted --helper tests/spec/cleanup.lua \
     --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" -o utfTerminal tests/slow
 fi
 

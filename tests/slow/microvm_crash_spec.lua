@@ -21,16 +21,18 @@ describe("a microVM whose daemon crashed", function()
   end)
 
   teardown(function()
-    if d and not d.exit_code then d.stop() end
+    helper.release(d)
     if dir then helper.rmrf(dir) end
     if vm_undo then vm_undo() end
     uv.os_unsetenv("TUPPER_VM_GRACE")
     helper.drain()
   end)
 
-  -- a failed test leaves no daemon (nor its VMs) behind
+  -- a failed test leaves no daemon (nor its VMs) behind: one that failed
+  -- after its crash and before the restart has its state restarted and
+  -- stopped, so the QEMU it left goes too
   after_each(function()
-    if d and not d.exit_code then d.stop() end
+    helper.release(d)
     d = nil
   end)
 
@@ -214,6 +216,10 @@ describe("a microVM whose daemon crashed", function()
     local other, opid = uv.spawn("/usr/bin/setpriv", { args = { "--reuid=" .. quid, "--regid=" .. quid,
       "--clear-groups", "/bin/sleep", "1000" } }, function() end)
     assert(other, opid)
+    finally(function() -- the unrelated process, whatever the checks say
+      uv.kill(opid, "sigkill")
+      if not other:is_closing() then other:close() end
+    end)
     local function start_time(p)
       local s = helper.read_file("/proc/" .. p .. "/stat") or ""
       local fields = {}
@@ -240,8 +246,6 @@ describe("a microVM whose daemon crashed", function()
     -- the unrelated process lives on, untouched; the VM's QEMU went with its cgroup
     assert.are.equal(ostart, start_time(opid))
     assert_nothing_left(id, pid, cgs)
-    uv.kill(opid, "sigkill")
-    other:close()
     c:close()
     assert.are.equal(0, d.stop())
     d = nil

@@ -354,10 +354,10 @@ return recipe "vmdeep" {
       c3:close()
       assert.are.equal(0, d3.stop())
     end)
-    -- whatever happened, no daemon and nothing mounted of this test stays
-    if d2 and not d2.exit_code then d2.crash() end
-    if d3 and not d3.exit_code then d3.stop() end
+    -- whatever happened, no daemon and nothing mounted of this test stays:
+    -- release stops d3, or restarts d2's state if it died with a VM there
     for _, mp in ipairs(mounts()) do os.execute("umount -l '" .. mp .. "'") end
+    helper.release(d2, d3)
     helper.rmrf(dir2)
     assert(ok, err)
   end)

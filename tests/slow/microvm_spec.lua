@@ -271,6 +271,7 @@ describe("the microvm backend", function()
     -- every handle of the backend (helper processes, console, monitor) is
     -- closed by then: one left for lua_close crashed the daemon at exit
     local d2 = helper.start_daemon(nil, { pool = 0 })
+    finally(function() helper.release(d2) end) -- a failed assertion leaves no daemon (nor VM)
     local c2 = assert(d2.connect())
     local sb = assert(helper.call(c2, "sandbox.create", { backend = "microvm" }))
     assert.truthy(helper.call(c2, "sandbox.kill", { id = sb.id }).killed)
@@ -312,6 +313,7 @@ describe("the microvm backend", function()
 
   it("sets the pids limit on a VM it takes from its pool", function()
     local d2 = helper.start_daemon(nil, { pool = 0, args = { "--vm-pool", "1" } })
+    finally(function() helper.release(d2) end) -- a failed assertion leaves no daemon (nor VM)
     local c2 = assert(d2.connect())
     local deadline = uv.now() + 240000
     local pooled

@@ -49,6 +49,8 @@ describe("the daemon", function()
     if d then assert.are.equal(0, d.stop()) end
     helper.drain()
   end)
+  -- the boxes of a test that failed before its kill (none is shared)
+  after_each(function() if c then helper.kill_sandboxes(c) end end)
 
   local function call(method, params) return helper.call(c, method, params) end
 
@@ -484,19 +486,27 @@ describe("the CLI without a daemon", function()
     for _, k in ipairs({ "TUPPER_VM_CACHE", "TUPPER_VM_ACCEL", "TUPPER_VM_SNAPSHOT" }) do
       if os.getenv(k) then env[#env + 1] = k .. "=" .. os.getenv(k) end
     end
+    local function started_pid()
+      local p = io.popen("pgrep -f 'tupper daemon --socket " .. socket .. "'")
+      local pid = p:read("a"):match("%d+")
+      p:close()
+      return pid
+    end
+    -- the daemon it started is stopped whatever the assertions say
+    finally(function()
+      local pid = started_pid()
+      if pid then
+        uv.kill(tonumber(pid), "sigterm")
+        sync(function()
+          while uv.fs_stat("/proc/" .. pid) do async.sleep(5) end
+        end)
+      end
+      helper.rmrf(dir)
+      helper.drain()
+    end)
     local code, out, err = helper.cli(args, { env = env })
     assert.are.equal(0, code, err)
     assert.are.equal("auto\n", out)
-    -- stop the daemon it started
-    local p = io.popen("pgrep -f 'tupper daemon --socket " .. socket .. "'")
-    local pid = p:read("a"):match("%d+")
-    p:close()
-    assert.truthy(pid, "no daemon was started")
-    uv.kill(tonumber(pid), "sigterm")
-    sync(function()
-      while uv.fs_stat("/proc/" .. pid) do async.sleep(5) end
-    end)
-    helper.rmrf(dir)
-    helper.drain()
+    assert.truthy(started_pid(), "no daemon was started")
   end)
 end)

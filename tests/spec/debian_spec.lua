@@ -228,6 +228,7 @@ deb http://m.example/debian bookworm main$(touch /tmp/x)
 
   it("reads a host's apt dir as apt does", function()
     local dir = helper.tmpdir()
+    finally(function() helper.rmrf(dir) end)
     assert(uv.fs_mkdir(dir .. "/sources.list.d", 493))
     write(dir .. "/sources.list", "deb http://one.example/debian bookworm main\n")
     write(dir .. "/sources.list.d/b.sources", DEB822)
@@ -317,6 +318,10 @@ Version: 1:2.39.5-0+deb12u2
     debian.MMDEBSTRAP = "/nonexistent/mmdebstrap"
     local mirror = { { uri = "http://127.0.0.1:9/debian", suites = { "bookworm" }, components = { "main" } } }
     local dir = helper.tmpdir()
+    finally(function()
+      debian.MMDEBSTRAP = saved
+      helper.rmrf(dir)
+    end)
     local img, err = helper.sync(debian.build, { debian = "bookworm" }, { cache = dir .. "/c", mirror = mirror })
     debian.MMDEBSTRAP = saved
     assert.is_nil(img)
@@ -327,7 +332,6 @@ Version: 1:2.39.5-0+deb12u2
     img, err = helper.sync(debian.build, { debian = "bookworm", packages = { "-x" } }, { cache = dir, mirror = mirror })
     assert.is_nil(img)
     assert.is_truthy(err:find("Debian package name", 1, true))
-    debian.rmtree(dir)
   end)
 end)
 
@@ -365,6 +369,7 @@ describe("debian builds' child process", function()
 
   it("reports apt's error lines from the log, and leaves nothing behind", function()
     local dir = helper.tmpdir()
+    finally(function() helper.rmrf(dir) end)
     local bin = fake(dir, 'echo "I: downloading" > "$log"\necho "E: Unable to locate package nope" >> "$log"\nexit 1\n')
     local img, err = with(bin, function()
       return helper.sync(debian.build, { debian = "bookworm", packages = { "nope" } },
@@ -373,11 +378,20 @@ describe("debian builds' child process", function()
     assert.is_nil(img)
     assert.matches("mmdebstrap failed %(exit 1%):\nE: Unable to locate package nope", err)
     assert.are.same({}, leftovers(dir .. "/cache"))
-    debian.rmtree(dir)
   end)
 
   it("kills the whole process group at the time bound, and on cancel_all", function()
     local dir = helper.tmpdir()
+    finally(function()
+      -- the stand-in's background sleeps, if the build's kill missed them
+      for _, f in ipairs({ "/child.pid", "/deaf.pid" }) do
+        local child = tonumber((helper.read_file(dir .. f) or ""):match("%d+"))
+        if child and (helper.read_file("/proc/" .. child .. "/cmdline") or ""):match("^sleep") then
+          uv.kill(child, "sigkill")
+        end
+      end
+      helper.rmrf(dir)
+    end)
     -- two children in the build's group: one holding stdout, and one deaf
     -- to SIGTERM with its stdout elsewhere (the build's EOF does not wait
     -- for it)
@@ -419,7 +433,6 @@ describe("debian builds' child process", function()
     assert.matches("stopped", err)
     assert_gone(assert(children(), "the stand-in wrote no pids"))
     assert.are.same({}, leftovers(dir .. "/cache"))
-    debian.rmtree(dir)
   end)
 end)
 

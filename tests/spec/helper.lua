@@ -1,5 +1,7 @@
 --- Test helpers: run coroutines to completion on the luv loop, start a real
--- daemon in a private temp dir, run the tupper CLI, decode base64.
+-- daemon in a private temp dir, run the tupper CLI, decode base64; and a
+-- record of what they started, which M.cleanup_all releases after each spec
+-- file (tests/spec/cleanup.lua) whatever the file's tests left.
 local uv = require("luv")
 local async = require("tupper.util.async")
 local client = require("tupper.wire.client")
@@ -54,6 +56,23 @@ function M.call(c, method, params)
   return M.sync(function() return c:call(method, params) end)
 end
 
+--- For an after_each of a block whose tests share one daemon: kills every
+-- sandbox client c's daemon lists but those named in keep (a set of ids),
+-- so a test that failed before its own kill does not leave its box to the
+-- next tests.  Returns how many it killed.
+function M.kill_sandboxes(c, keep)
+  keep = keep or {}
+  local r = M.call(c, "sandbox.list", {})
+  local n = 0
+  for _, sb in ipairs(r and r.sandboxes or {}) do
+    if not keep[sb.id] then
+      M.call(c, "sandbox.kill", { id = sb.id })
+      n = n + 1
+    end
+  end
+  return n
+end
+
 --- Closes every handle still open and runs the loop until they are gone:
 -- call at the end of a spec file so the Lua state closes with no live handle.
 function M.drain()
@@ -61,9 +80,36 @@ function M.drain()
   uv.run()
 end
 
+-- What this spec file started through the helper: daemons (in start
+-- order), temp dirs and other processes (M.track).  busted insulates each
+-- spec file, so each file has its own copy of this module and of this
+-- record; M.cleanup_all runs at the file's end.
+local started = { daemons = {}, dirs = {}, procs = {} }
+
 function M.tmpdir()
   local base = os.getenv("TMPDIR") or "/tmp"
-  return assert(uv.fs_mkdtemp(base .. "/tupper-spec-XXXXXX"))
+  local dir = assert(uv.fs_mkdtemp(base .. "/tupper-spec-XXXXXX"))
+  started.dirs[#started.dirs + 1] = dir
+  return dir
+end
+
+--- Records a process a test spawned itself ({ pid, handle, exit_code } as
+-- its exit callback sets it), for M.cleanup_all to end if it still runs.
+function M.track(proc, name)
+  proc.name = proc.name or name
+  started.procs[#started.procs + 1] = proc
+  return proc
+end
+
+--- The tag a daemon on state dir `state` gives its boxes' cgroups
+-- (<tag>-<box id>): FNV-1a of the dir's real path, as the daemon computes it.
+function M.cgroup_tag(state)
+  local path = uv.fs_realpath(state) or state
+  local h = 0xcbf29ce484222325
+  for i = 1, #path do
+    h = (h ~ path:byte(i)) * 0x100000001b3
+  end
+  return ("%08x"):format(h & 0xffffffff)
 end
 
 function M.rmrf(path)
@@ -79,12 +125,43 @@ local function read_file(path)
 end
 M.read_file = read_file
 
+-- Runs the loop until proc.exit_code is set (its exit callback ran) or ms
+-- have passed; true if it exited.
+local function wait_exit(proc, ms)
+  local deadline = M.now() + ms
+  local guard = uv.new_timer()
+  guard:start(50, 50, function() end)
+  while proc.exit_code == nil and M.now() < deadline do uv.run("once") end
+  guard:close()
+  uv.run("nowait")
+  return proc.exit_code ~= nil
+end
+
+-- Ends a process we spawned: SIGTERM, up to ms for it to exit, then
+-- SIGKILL.  Returns "stopped" or "killed" (nil if it had already exited).
+local function end_process(proc, ms)
+  local how
+  if proc.exit_code == nil then
+    how = "stopped"
+    uv.kill(proc.pid, "sigterm")
+    if not wait_exit(proc, ms) then
+      how = "killed"
+      uv.kill(proc.pid, "sigkill")
+      wait_exit(proc, 5000)
+    end
+  end
+  if proc.handle and not proc.handle:is_closing() then proc.handle:close() end
+  return how
+end
+
 --- Starts `tupper daemon` on a private socket and state dir.  Returns a
--- daemon object: socket, state, dir, pid, stop().
+-- daemon object: socket, state, dir, pid, tag (of its cgroups), stop(),
+-- crash().  It is recorded for M.cleanup_all.
 function M.start_daemon(dir, opts)
   dir = dir or M.tmpdir()
   opts = opts or {}
-  local d = { dir = dir, socket = dir .. "/tupper.sock", state = dir .. "/state", log = dir .. "/daemon.log" }
+  local d = { dir = dir, socket = dir .. "/tupper.sock", state = dir .. "/state", log = dir .. "/daemon.log",
+              opts = opts }
   local args = { "daemon", "--socket", d.socket, "--state-dir", d.state, "--log", d.log }
   if opts.pool then
     args[#args + 1] = "--pool"
@@ -105,6 +182,7 @@ function M.start_daemon(dir, opts)
   end)
   assert(handle, pid)
   d.handle, d.pid = handle, pid
+  started.daemons[#started.daemons + 1] = d
   M.sync(function()
     local deadline = M.now() + 30000 -- a re-adopting daemon on a loaded machine takes seconds
     while M.now() < deadline do
@@ -118,17 +196,21 @@ function M.start_daemon(dir, opts)
     end
     error("daemon did not start: " .. tostring(read_file(d.log)))
   end)
+  d.tag = M.cgroup_tag(d.state)
   function d.connect()
     return M.sync(client.connect, { socket = d.socket, autostart = false })
   end
   --- SIGKILLs the daemon (a crash): its boxes stay; the dir is kept.
   function d.crash()
+    d.crashed = true
     uv.kill(d.pid, "sigkill")
     M.sync(function()
       while not d.exit_code do async.sleep(5) end
     end)
-    d.handle:close()
+    if not d.handle:is_closing() then d.handle:close() end
   end
+  --- SIGTERMs the daemon (its boxes are destroyed), waits, removes its dir;
+  -- returns its exit code.  Safe to call again, and after crash().
   function d.stop()
     if not d.exit_code then
       uv.kill(d.pid, "sigterm")
@@ -136,7 +218,7 @@ function M.start_daemon(dir, opts)
         while not d.exit_code do async.sleep(5) end
       end)
     end
-    d.handle:close()
+    if not d.handle:is_closing() then d.handle:close() end
     M.rmrf(dir)
     return d.exit_code
   end
@@ -237,6 +319,192 @@ function M.run(c, sandbox, argv, opts)
   if not exit then async.wait(function(cb) waiter = cb end) end
   return { stdout = table.concat(out), stderr = table.concat(err), exit_code = exit.exit_code,
            signal = exit.signal, pid = pid }
+end
+
+-- Is path dir itself or below it?
+local function under(path, dir)
+  return path == dir or path:sub(1, #dir + 1) == dir .. "/"
+end
+
+local function alive(pid)
+  local stat = read_file("/proc/" .. pid .. "/stat")
+  return stat ~= nil and stat:match("^%d+ %b() (%a)") ~= "Z"
+end
+
+-- `tupper daemon` processes not started through M.start_daemon (the CLI
+-- starts one on demand) whose command line names a path under one of dirs:
+-- { pid, tag (of its cgroups, if it names its state dir) }.
+local function foreign_daemons(dirs, known)
+  local found = {}
+  local scan = uv.fs_scandir("/proc")
+  while scan do
+    local name = uv.fs_scandir_next(scan)
+    if not name then break end
+    local pid = tonumber(name)
+    if pid and not known[pid] then
+      local argv, is_daemon, mine = {}, false, false
+      for a in (read_file("/proc/" .. name .. "/cmdline") or ""):gmatch("[^%z]+") do argv[#argv + 1] = a end
+      local state
+      if argv[1] and argv[1]:match("tupper$") then
+        for i = 2, #argv do
+          if argv[i] == "daemon" then is_daemon = true end
+          if argv[i - 1] == "--state-dir" then state = argv[i] end
+          for _, dir in ipairs(dirs) do mine = mine or under(argv[i], dir) end
+        end
+      end
+      if is_daemon and mine then found[#found + 1] = { pid = pid, tag = state and M.cgroup_tag(state) } end
+    end
+  end
+  return found
+end
+
+-- Kills what is left in the cgroups of daemon tag `tag` (a box whose daemon
+-- can no longer destroy it) and removes them; returns how many boxes had
+-- cgroups (one per controller on cgroup v1).
+local function sweep_cgroups(tag)
+  local p = io.popen("find /sys/fs/cgroup -mindepth 1 -maxdepth 6 -type d -name '" .. tag .. "-*' 2>/dev/null")
+  local tops, boxes, n = {}, {}, 0
+  for line in p:lines() do
+    tops[#tops + 1] = line
+    local name = line:match("[^/]+$")
+    if not boxes[name] then boxes[name] = true; n = n + 1 end
+  end
+  p:close()
+  for _, top in ipairs(tops) do
+    p = io.popen("find '" .. top .. "' -depth -type d 2>/dev/null")
+    for cg in p:lines() do
+      for file, value in pairs({ ["freezer.state"] = "THAWED", ["cgroup.freeze"] = "0" }) do
+        local f = io.open(cg .. "/" .. file, "w")
+        if f then f:write(value); f:close() end
+      end
+      for pid in (read_file(cg .. "/cgroup.procs") or ""):gmatch("%d+") do uv.kill(tonumber(pid), "sigkill") end
+    end
+    p:close()
+  end
+  for _, top in ipairs(tops) do
+    for _ = 1, 100 do -- the killed take a moment to leave
+      os.execute("find '" .. top .. "' -depth -type d -exec rmdir {} + 2>/dev/null")
+      if not uv.fs_stat(top) then break end
+      uv.sleep(20)
+    end
+  end
+  return n
+end
+
+-- Stops daemons (in start order) and the boxes they leave: each still
+-- running is stopped (SIGTERM, which destroys its boxes; SIGKILL after a
+-- bound); a state dir whose last daemon is gone (crashed, or killed) with
+-- boxes still in it gets a daemon started on it again, re-adopting them,
+-- and stopped, so they go too.  note(fmt, ...) hears what was done.
+local function release_daemons(list, note)
+  note = note or function() end
+  local latest, order = {}, {}
+  for _, d in ipairs(list) do
+    if not latest[d.state] then order[#order + 1] = d.state end
+    latest[d.state] = d
+    local how = end_process(d, 30000)
+    if how then note("%s daemon %d (%s)", how, d.pid, d.dir) end
+  end
+  for _, state in ipairs(order) do
+    local d = latest[state]
+    local scan = uv.fs_scandir(state .. "/boxes")
+    if scan and uv.fs_scandir_next(scan) then
+      local ok, d2 = pcall(M.start_daemon, d.dir, d.opts)
+      if ok then
+        end_process(d2, 30000)
+        note("restarted and stopped daemon %d's state (%s) for its boxes", d.pid, d.dir)
+      else
+        note("could not restart daemon %d's state (%s): %s", d.pid, d.dir, tostring(d2))
+      end
+    end
+  end
+end
+
+--- For a test's finally or a block's teardown: releases daemons d1, d2, ...
+-- (nil ones skipped) whatever state a failure left them in, as
+-- release_daemons above (a crashed daemon's boxes included), and removes
+-- their dirs.  Daemons already stopped cost nothing.
+function M.release(...)
+  local args, list = table.pack(...), {}
+  for i = 1, args.n do
+    if args[i] then list[#list + 1] = args[i] end
+  end
+  release_daemons(list)
+  for _, d in ipairs(list) do M.rmrf(d.dir) end
+end
+
+--- Releases whatever this spec file started through the helper and is still
+-- there, as a failed test leaves it: tracked processes and running daemons
+-- are stopped (SIGTERM, which destroys a daemon's boxes; SIGKILL after a
+-- bound); a daemon that crashed (d.crash(), a test's SIGKILL) with boxes in
+-- its state dir and no later daemon on that dir is restarted there and
+-- stopped, so its boxes go too; a daemon the CLI started on demand under
+-- one of the dirs is stopped; cgroups of these daemons' tags still there
+-- are emptied and removed; mounts under the dirs are detached and the dirs
+-- removed.  Returns a list of what it had to do (empty: nothing was left).
+function M.cleanup_all()
+  local done = {}
+  local function note(fmt, ...) done[#done + 1] = fmt:format(...) end
+  local rec = started
+  started = { daemons = {}, dirs = {}, procs = {} }
+
+  for _, p in ipairs(rec.procs) do
+    local how = end_process(p, 5000)
+    if how then note("%s process %d (%s)", how, p.pid, p.name or "tracked") end
+  end
+  local dirs, known = {}, {}
+  for _, dir in ipairs(rec.dirs) do dirs[#dirs + 1] = dir end -- parents before the daemons' dirs in them
+  for _, d in ipairs(rec.daemons) do
+    known[d.pid] = true
+    dirs[#dirs + 1] = d.dir
+  end
+  release_daemons(rec.daemons, note)
+  local tags = {}
+  for _, f in ipairs(foreign_daemons(dirs, known)) do
+    local pid = f.pid
+    if f.tag then tags[#tags + 1] = { tag = f.tag, pid = pid } end
+    uv.kill(pid, "sigterm")
+    local deadline = M.now() + 30000
+    while alive(pid) and M.now() < deadline do uv.sleep(20) end
+    local how = "stopped"
+    if alive(pid) then how = "killed"; uv.kill(pid, "sigkill") end
+    note("%s daemon %d started outside the helper", how, pid)
+  end
+  started = { daemons = {}, dirs = {}, procs = {} } -- the restarts' own records
+  for _, d in ipairs(rec.daemons) do
+    if d.tag then tags[#tags + 1] = { tag = d.tag, pid = d.pid } end
+  end
+  local swept = {}
+  for _, t in ipairs(tags) do
+    if not swept[t.tag] then
+      swept[t.tag] = true
+      local n = sweep_cgroups(t.tag)
+      if n > 0 then note("removed the cgroups of %d boxes of daemon %d (tag %s)", n, t.pid, t.tag) end
+    end
+  end
+  local mounts = {}
+  for line in (read_file("/proc/self/mountinfo") or ""):gmatch("[^\n]+") do
+    local point = line:match("^%S+ %S+ %S+ %S+ (%S+)")
+    for _, dir in ipairs(dirs) do
+      if point and under(point, dir) then mounts[#mounts + 1] = point end
+    end
+  end
+  for i = #mounts, 1, -1 do
+    os.execute("umount -l '" .. mounts[i] .. "' 2>/dev/null")
+    note("unmounted %s", mounts[i])
+  end
+  local removed = 0
+  for _, dir in ipairs(dirs) do
+    if uv.fs_stat(dir) then
+      removed = removed + 1
+      os.execute("rm -rf --one-file-system '" .. dir .. "'")
+    end
+  end
+  if removed > 0 then note("removed %d dirs", removed) end
+  -- and no handle left open (a failed test's connection): the Lua state
+  -- must not close with live handles
+  M.drain()
+  return done
 end
 
 return M

@@ -97,8 +97,10 @@ describe("the image store", function()
     images = d.state .. "/images"
   end)
   teardown(function()
-    if c then c:close() end
-    if d then d.stop() end
+    if c then pcall(c.close, c) end
+    -- release: a daemon the crash test killed and did not get to restart
+    -- is restarted on its state, so the box it left goes too
+    helper.release(d)
     helper.rmrf(dir)
     helper.drain()
   end)

@@ -320,10 +320,16 @@ describe("tupper pull", function()
   end)
 
   it("resumes a pull killed mid-blob with a Range request", function()
-    local d2 = helper.start_daemon(dir .. "/d2", { env = env })
+    local d2, d3 = helper.start_daemon(dir .. "/d2", { env = env }), nil
     local exited
     local h = uv.spawn(helper.BIN, { args = { "--socket", d2.socket, "pull", fake.host .. "/stall:latest" } },
       function(c) exited = c end)
+    -- the pull's client and the daemons go whatever the assertions say
+    finally(function()
+      if exited == nil then uv.process_kill(h, "sigkill") end
+      if not h:is_closing() then h:close() end
+      helper.release(d2, d3)
+    end)
     local half
     helper.sync(function()
       -- until the registry sent half the layer and tupper wrote all of it
@@ -341,7 +347,7 @@ describe("tupper pull", function()
     helper.sync(function() while not exited do require("tupper.util.async").sleep(5) end end)
     h:close()
     assert.are_not.equal(0, exited)
-    local d3 = helper.start_daemon(dir .. "/d2", { env = env })
+    d3 = helper.start_daemon(dir .. "/d2", { env = env })
     local code, _, err = helper.cli({ "--socket", d3.socket, "pull", fake.host .. "/stall:latest" })
     d3.stop()
     assert.are.equal(0, code, err)
@@ -387,6 +393,7 @@ describe("tupper pull", function()
     local tmux = "env -u TMUX TERM=xterm tmux -S " .. q(tdir .. "/tmux.sock") .. " -f /dev/null"
     local cmd = ("%s --socket %s pull %s/slow-bar:latest; echo exit=$?; sleep 60"):format(
       q(helper.BIN), q(d.socket), fake.host)
+    finally(function() R.sh(tmux .. " kill-server") end)
     R.must(tmux .. " new-session -d -s pull -x 150 -y 20 " .. q(cmd))
     local text
     local deadline = uv.now() + 20000

@@ -41,6 +41,8 @@ describe("recipes in sandboxes", function()
     if d then assert.are.equal(0, d.stop()) end
     helper.drain()
   end)
+  -- a failed test's box must not fail the next test's no_leftovers
+  after_each(function() if c then helper.kill_sandboxes(c) end end)
 
   local function create(source, name, extra)
     local p = { recipe = { name = name or "spec.lua", source = source } }
@@ -336,6 +338,7 @@ describe("recipes in sandboxes", function()
 
   it("tupper run --recipe, tupper build and its lockfile", function()
     local dir = helper.tmpdir()
+    finally(function() helper.rmrf(dir) end) -- boxes left go with the block's daemon
     local path = dir .. "/app.lua"
     local src = [[
 return recipe "app" {
@@ -402,7 +405,6 @@ return recipe "app" {
     local id = out:match("^(%S+)\n$")
     assert.are.equal(built, (sh(id, "cat /built")))
     kill(id)
-    helper.rmrf(dir)
     no_leftovers()
   end)
 end)
@@ -411,6 +413,11 @@ describe("a recipe's setup when the daemon stops", function()
   it("ends the setup, keeps no layer and exits cleanly", function()
     local d = helper.start_daemon(nil, { pool = 0 })
     local c = d.connect()
+    finally(function()
+      c:close()
+      helper.release(d)
+      helper.drain()
+    end)
     local done, res, err
     require("tupper.util.async").spawn(function()
       res, err = c:call("sandbox.create", { recipe = { name = "slow.lua", source = [[
@@ -441,8 +448,5 @@ describe("a recipe's setup when the daemon stops", function()
       if not n:match("^tmp%-") then left[#left + 1] = n end
     end
     assert.are.same({}, left) -- no layer committed from a setup cut short
-    c:close()
-    d.stop()
-    helper.drain()
   end)
 end)

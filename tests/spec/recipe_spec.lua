@@ -3,7 +3,15 @@
 local recipe = require("tupper.recipe.file")
 local policy = require("tupper.recipe.policy")
 
-local tmp = os.getenv("TMPDIR") or "/tmp"
+local helper = require("helper")
+
+-- each block's files in a temp dir of its own, removed after it (they were
+-- left in $TMPDIR)
+local tmp
+local function own_tmpdir()
+  setup(function() tmp = helper.tmpdir() end)
+  teardown(function() helper.rmrf(tmp) end)
+end
 
 local function write(path, text)
   local f = assert(io.open(path, "wb"))
@@ -13,6 +21,7 @@ local function write(path, text)
 end
 
 describe("recipe", function()
+  own_tmpdir()
   it("loads the embedded default recipe", function()
     local r = assert(recipe.load_embedded("default"))
     assert.are.equal("default", r.name)
@@ -102,6 +111,7 @@ return recipe "python" {
 end)
 
 describe("policy", function()
+  own_tmpdir()
   local function pol(text) return assert(policy.load_string(text, "tupper.lua")) end
 
   it("caps limits and refuses above the cap, naming the rule", function()
@@ -192,12 +202,12 @@ describe("policy", function()
   end)
   it("is found upward from a project directory", function()
     local root = tmp .. "/policy-find"
+    finally(function() os.execute(("rm -rf '%s'"):format(root)) end)
     os.execute(("mkdir -p '%s/a/b/c'"):format(root))
     write(root .. "/a/tupper.lua", "return { max = { pids = 10 } }")
     assert.are.equal(root .. "/a/tupper.lua", policy.find(root .. "/a/b/c"))
     assert.are.equal(root .. "/a/tupper.lua", policy.find(root .. "/a/"))
     local p = assert(policy.load(policy.find(root .. "/a/b")))
     assert.are.equal(10, p.max.pids)
-    os.execute(("rm -rf '%s'"):format(root))
   end)
 end)

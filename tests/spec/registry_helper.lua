@@ -80,6 +80,7 @@ local function spawn(proc, bin, args, env)
   uv.fs_close(log)
   assert(handle, pid)
   proc.handle, proc.pid = handle, pid
+  helper.track(proc, bin) -- ended after the spec file if its teardown never ran
   function proc.stop()
     if not proc.exit_code then
       uv.kill(pid, "sigterm")

@@ -26,8 +26,11 @@ before(async () => {
   sbx = await Sandbox.create(opts);
 });
 after(async () => {
-  await sbx.kill();
-  assert.equal((await daemon.stop()).code, 0);
+  try {
+    await sbx?.kill();
+  } finally {
+    if (daemon) assert.equal((await daemon.stop()).code, 0);
+  }
 });
 
 test('commands run as user, in /home/user, unless told otherwise', async () => {

@@ -12,6 +12,37 @@ import { fileURLToPath } from 'node:url';
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const BIN = process.env.TUPPER_BIN || path.resolve(here, '../../../build/tupper');
 
+// The net under the after hooks.  Every daemon (and other process, through
+// track) a test file started is recorded until it exits.  A file whose
+// hooks never stopped one (a test that failed before its stop, an after
+// hook that threw) would never end: that daemon's process and a sandbox's
+// socket keep node's loop alive.  So once the file's tests are over, what
+// still runs a minute later (the file's own after hooks have long stopped
+// theirs by then) is sent SIGTERM, which destroys a daemon's boxes, and its
+// dir removed; the timer itself keeps nobody waiting.  A process still
+// running when the file's process exits is sent SIGTERM too.
+const LEAK_GRACE_MS = 60_000;
+const live = new Map(); // child process -> its temp dir, or null
+function leaked() {
+  for (const [child, dir] of live) {
+    process.stderr.write(`daemon.mjs: pid ${child.pid} outlived its test file's hooks: SIGTERM\n`);
+    if (dir) child.once('exit', () => fs.rmSync(dir, { recursive: true, force: true }));
+    child.kill('SIGTERM');
+  }
+}
+after(() => { setTimeout(leaked, LEAK_GRACE_MS).unref(); });
+process.on('exit', () => {
+  for (const child of live.keys()) child.kill('SIGTERM');
+});
+
+/** Records a child process to be sent SIGTERM if it still runs a minute
+ * after this file's tests, or when the file's process exits; returns it. */
+export function track(child, dir = null) {
+  live.set(child, dir);
+  child.once('exit', () => live.delete(child));
+  return child;
+}
+
 function answers(socket) {
   return new Promise((resolve) => {
     const s = net.createConnection({ path: socket });
@@ -40,7 +71,8 @@ export async function startDaemon() {
     }
     await new Promise((r) => setTimeout(r, 10));
   }
-  return {
+  track(child, dir);
+  const daemon = {
     socket,
     dir,
     log,
@@ -55,11 +87,13 @@ export async function startDaemon() {
       return exited;
     },
   };
+  return daemon;
 }
 
 /** Starts a private daemon and one sandbox for a test file (node:test
  * before/after hooks); `use(daemon, sbx)` receives them.  The sandbox is
- * killed and the daemon must stop cleanly afterwards.  TUPPER_TEST_BACKEND
+ * killed and the daemon must stop cleanly afterwards (stopped even when the
+ * kill fails).  TUPPER_TEST_BACKEND
  * (e.g. microvm) picks the sandbox's backend: the same tests, another
  * backend (docs/microvm.md). */
 export function withSandbox(Sandbox, use) {
@@ -72,7 +106,11 @@ export function withSandbox(Sandbox, use) {
     use(daemon, sbx);
   });
   after(async () => {
-    await sbx.kill();
-    assert.equal((await daemon.stop()).code, 0);
+    try {
+      await sbx?.kill();
+    } finally {
+      // stopped whatever the kill did (a before that failed has no sbx)
+      if (daemon) assert.equal((await daemon.stop()).code, 0);
+    }
   });
 }

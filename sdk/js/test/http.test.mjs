@@ -8,7 +8,7 @@ import * as http from 'node:http';
 import { spawn } from 'node:child_process';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { BIN, startDaemon } from './daemon.mjs';
+import { BIN, startDaemon, track } from './daemon.mjs';
 import { HTTP_ROUTES, listenHttp, openApiPath } from '../dist/http.js';
 import { Sandbox } from '../dist/index.js';
 
@@ -29,9 +29,12 @@ before(async () => {
 });
 
 after(async () => {
-  await api.close();
-  for (const s of await Sandbox.list({ socket: daemon.socket }).nextItems()) await Sandbox.kill(s.sandboxId, { socket: daemon.socket });
-  assert.equal((await daemon.stop()).code, 0);
+  try {
+    await api?.close();
+    for (const s of await Sandbox.list({ socket: daemon.socket }).nextItems()) await Sandbox.kill(s.sandboxId, { socket: daemon.socket });
+  } finally {
+    if (daemon) assert.equal((await daemon.stop()).code, 0);
+  }
 });
 
 function post(path, body, headers = {}) {
@@ -568,10 +571,10 @@ test('auth: off loopback a token is required; wrong or missing tokens get 401', 
 const PKG = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
 function tupperHttp(args, env = {}) {
-  const child = spawn(BIN, ['--socket', daemon.socket, 'http', ...args], {
+  const child = track(spawn(BIN, ['--socket', daemon.socket, 'http', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, TUPPER_SDK_JS: PKG, ...env },
-  });
+  })); // ended with the file if a failed test never sent its SIGTERM
   let err = '';
   child.stderr.on('data', (d) => (err += d));
   const exit = new Promise((resolve) => child.once('exit', (code, sig) => resolve({ code, sig, err })));

@@ -52,9 +52,12 @@ before(async () => {
 });
 
 after(async () => {
-  await client?.close();
-  await until('the session ends and its sandboxes go', async () => (await boxes()).length === 0);
-  assert.equal((await daemon.stop()).code, 0);
+  try {
+    await client?.close();
+    await until('the session ends and its sandboxes go', async () => (await boxes()).length === 0);
+  } finally {
+    if (daemon) assert.equal((await daemon.stop()).code, 0);
+  }
 });
 
 test('the tools are listed with descriptions and input schemas', async () => {
