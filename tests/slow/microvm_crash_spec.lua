@@ -68,7 +68,7 @@ describe("a microVM whose daemon crashed", function()
   local function wait_dead(pid, ms)
     return sync(function()
       for _ = 1, ms // 100 do
-        if not qemu_alive(pid) then return true end
+        if vm.dead(pid) then return true end
         async.sleep(100)
       end
       return false

@@ -13,6 +13,15 @@ function M.qemu_alive(pid)
   return s:find("qemu%-system") ~= nil
 end
 
+-- pid has finished exiting: gone, or a zombie.  A process that is still
+-- exiting has an empty cmdline (its memory goes first) while its files,
+-- QEMU's agent socket among them, are still open: qemu_alive is false for
+-- it, but it is not dead yet.
+function M.dead(pid)
+  local s = helper.read_file("/proc/" .. pid .. "/stat")
+  return s == nil or s:match("^%d+ %b() (%a)") == "Z"
+end
+
 -- daemon d's record of sandbox id (boxes/<id>.json in its state dir)
 function M.record(d, id)
   local text = assert(helper.read_file(d.state .. "/boxes/" .. id .. ".json"))
