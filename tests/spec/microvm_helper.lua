@@ -13,13 +13,19 @@ function M.qemu_alive(pid)
   return s:find("qemu%-system") ~= nil
 end
 
--- pid has finished exiting: gone, or a zombie.  A process that is still
--- exiting has an empty cmdline (its memory goes first) while its files,
--- QEMU's agent socket among them, are still open: qemu_alive is false for
--- it, but it is not dead yet.
+-- pid has finished exiting, every thread of it: gone, or a zombie that is
+-- alone in its thread group.  A process that is still exiting has an empty
+-- cmdline (its memory goes first) while its files, QEMU's agent socket
+-- among them, are still open; and QEMU's main thread is a zombie while its
+-- other threads still exit.  Until the last one is gone, a daemon can
+-- still connect to the socket (and then see it reset).
 function M.dead(pid)
   local s = helper.read_file("/proc/" .. pid .. "/stat")
-  return s == nil or s:match("^%d+ %b() (%a)") == "Z"
+  if s == nil then return true end
+  if s:match("^%d+ %b() (%a)") ~= "Z" then return false end
+  local n, req = 0, uv.fs_scandir("/proc/" .. pid .. "/task")
+  while req and uv.fs_scandir_next(req) do n = n + 1 end
+  return n <= 1
 end
 
 -- daemon d's record of sandbox id (boxes/<id>.json in its state dir)
