@@ -25,7 +25,7 @@ function D:unsave(id)
   uv.fs_unlink(self.boxes .. "/" .. id .. ".json")
 end
 
---- Sets a sandbox's remaining lifetime to seconds from now (0: none).
+-- Stops and drops sb's lifetime timer, if it has one.
 local function stop_life_timer(sb)
   if sb.life_timer then
     sb.life_timer:stop()
@@ -34,6 +34,7 @@ local function stop_life_timer(sb)
   end
 end
 
+--- Sets a sandbox's remaining lifetime to seconds from now (0: none).
 function D:set_timeout(sb, seconds)
   stop_life_timer(sb)
   sb.timeout = seconds
