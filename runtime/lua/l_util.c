@@ -1,6 +1,6 @@
-/* tupper.core's small utilities: base64, SHA-256, random ids, the state
- * dir's lock, umask, signals, the log file, rmtree, the embedded agent and
- * default image. */
+/* tupper.core's small utilities: base64, SHA-256 (l_digest.c's), random
+ * ids, the state dir's lock, umask, signals, the log file, rmtree, the
+ * embedded agent and default image. */
 #include <errno.h>
 #include <fcntl.h>
 #include <lauxlib.h>
@@ -13,11 +13,11 @@
 #include <unistd.h>
 
 #include "base64.h"
-#include "crypto.h"
 #include "embed.h"
 #include "image.h"
 #include "l_core.h"
 #include "rmtree.h"
+#include "tupper.h"
 
 static int tp_lcore_b64encode(lua_State *L) {
   size_t n;
@@ -40,30 +40,6 @@ static int tp_lcore_b64decode(lua_State *L) {
     return 2;
   }
   luaL_pushresultsize(&B, m);
-  return 1;
-}
-
-/* core.sha256(s...) -> the hex SHA-256 of the strings, concatenated;
- * raises when libcrypto cannot be loaded.  Every argument is checked before
- * the hash is held, and the hash freed before anything raises (STYLE 12). */
-static int tp_lcore_sha256(lua_State *L) {
-  tp_sha256_t c = {0};
-  tp_error_t err = {0};
-  char hex[TP_SHA256_HEX_LEN + 1];
-  int n = lua_gettop(L), ok;
-  for (int i = 1; i <= n; i++)
-    luaL_checkstring(L, i);
-  ok = tp_sha256_init(&c, &err) == 0;
-  for (int i = 1; ok && i <= n; i++) {
-    size_t len;
-    const char *s = lua_tolstring(L, i, &len);
-    ok = tp_sha256_update(&c, s, len, &err) == 0;
-  }
-  ok = ok && tp_sha256_final(&c, hex, &err) == 0;
-  tp_sha256_close(&c);
-  if (!ok)
-    return luaL_error(L, "%s", err.msg);
-  lua_pushlstring(L, hex, TP_SHA256_HEX_LEN);
   return 1;
 }
 
@@ -175,7 +151,7 @@ void tp_l_util_register(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"agent_binary", tp_lcore_agent_binary}, {"b64encode", tp_lcore_b64encode},
       {"b64decode", tp_lcore_b64decode},       {"default_image", tp_lcore_default_image},
-      {"sha256", tp_lcore_sha256},             {"rmtree", tp_lcore_rmtree},
+      {"sha256", tp_ldigest_sha256},           {"rmtree", tp_lcore_rmtree},
       {"umask", tp_lcore_umask},               {"ignore_stop_signals", tp_lcore_ignore_stop_signals},
       {"random_hex", tp_lcore_random_hex},     {"lock", tp_lcore_lock},
       {"log_to", tp_lcore_log_to},             {NULL, NULL}};
