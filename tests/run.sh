@@ -29,7 +29,7 @@ export TMPDIR
 export TUPPER_STATE_DIR="$TMPDIR/default-state"
 export TUPPER_BIN="$BUILD/tupper" TUPPER_AGENT="$BUILD/tupper-agent" TUPPER_ROOT="$ROOT"
 export TUPPER_PROBE="$BUILD/tupper-probe"
-export LUA_CPATH="$BUILD/lua/?.so;${LUA_CPATH:-;}" # tupper.recipe.jail_core for the VM specs
+export LUA_CPATH="$BUILD/lua/?.so;${LUA_CPATH:-;}" # tupper.recipe.jail_core, tupper.util.digest
 
 passed=0
 failed=0

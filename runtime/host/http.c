@@ -1,16 +1,16 @@
 /* tupper: one bounded HTTP GET over libcurl (see http.h).
  *
- * libcurl and libcrypto are opened with dlopen at first use, not linked:
- * libcurl drags in some thirty shared libraries (TLS, Kerberos, LDAP, ...)
- * and loading them cost every CLI verb about ten milliseconds of start-up
- * (`tupper run -- true` takes 18 ms in all).  Only a pull pays for them. */
+ * libcurl is opened with dlopen at first use, not linked: it drags in some
+ * thirty shared libraries (TLS, Kerberos, LDAP, ...) and loading them cost
+ * every CLI verb about ten milliseconds of start-up (`tupper run -- true`
+ * takes 18 ms in all).  Only a pull pays for them.  A file download is
+ * hashed as it arrives, by libcrypto through crypto.h (opened the same way). */
 #define CURL_DISABLE_TYPECHECK 1 /* its macros would wrap our pointers' calls */
 #include <curl/curl.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "crypto.h"
 #include "http.h"
 #include "utils.h"
 
@@ -29,7 +30,7 @@ typedef struct tp__xfer_s {
   tp_http_result_t *res;
   CURL *curl;
   int fd;                 /* file mode */
-  EVP_MD_CTX *md;
+  tp_sha256_t md;         /* file mode: of the whole file */
   int64_t have;           /* bytes of the file already there (resume) */
   int64_t got;            /* body bytes of the final answer */
   size_t hdr_bytes;       /* header bytes of the current answer */
@@ -52,42 +53,28 @@ static struct {
   TP_SYM(curl_easy_strerror);
   TP_SYM(curl_slist_append);
   TP_SYM(curl_slist_free_all);
-  TP_SYM(EVP_MD_CTX_new);
-  TP_SYM(EVP_MD_CTX_free);
-  TP_SYM(EVP_DigestInit_ex);
-  TP_SYM(EVP_DigestUpdate);
-  TP_SYM(EVP_DigestFinal_ex);
-  TP_SYM(EVP_sha256);
 } tp__lib;
 static pthread_once_t tp__lib_once = PTHREAD_ONCE_INIT;
 static char tp__lib_err[256];
 
 static void tp__lib_load(void) {
   void *curl = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
-  void *crypto = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
-  struct { void *lib; const char *name; void **slot; } syms[] = {
-#define TP_CURL(n) {curl, #n, (void **) &tp__lib.n}
-#define TP_CRYPTO(n) {crypto, #n, (void **) &tp__lib.n}
+  struct { const char *name; void **slot; } syms[] = {
+#define TP_CURL(n) {#n, (void **) &tp__lib.n}
       TP_CURL(curl_global_init),     TP_CURL(curl_easy_init),     TP_CURL(curl_easy_setopt),
       TP_CURL(curl_easy_perform),    TP_CURL(curl_easy_getinfo),  TP_CURL(curl_easy_cleanup),
       TP_CURL(curl_easy_strerror),   TP_CURL(curl_slist_append),  TP_CURL(curl_slist_free_all),
-      TP_CRYPTO(EVP_MD_CTX_new),     TP_CRYPTO(EVP_MD_CTX_free),  TP_CRYPTO(EVP_DigestInit_ex),
-      TP_CRYPTO(EVP_DigestUpdate),   TP_CRYPTO(EVP_DigestFinal_ex),
-      TP_CRYPTO(EVP_sha256),
 #undef TP_CURL
-#undef TP_CRYPTO
   };
-  if (curl == NULL || crypto == NULL) {
-    snprintf(tp__lib_err, sizeof(tp__lib_err), "cannot load %s (install %s): %s",
-             curl == NULL ? "libcurl.so.4" : "libcrypto.so.3",
-             curl == NULL ? "libcurl4" : "libssl3", dlerror());
+  if (curl == NULL) {
+    snprintf(tp__lib_err, sizeof(tp__lib_err), "cannot load libcurl.so.4 (install libcurl4): %s",
+             dlerror());
     return;
   }
   for (size_t i = 0; i < TP_ARRAY_SIZE(syms); i++) {
-    *syms[i].slot = dlsym(syms[i].lib, syms[i].name);
+    *syms[i].slot = dlsym(curl, syms[i].name);
     if (*syms[i].slot == NULL) {
-      snprintf(tp__lib_err, sizeof(tp__lib_err), "%s lacks %s", i < 9 ? "libcurl" : "libcrypto",
-               syms[i].name);
+      snprintf(tp__lib_err, sizeof(tp__lib_err), "libcurl lacks %s", syms[i].name);
       return;
     }
   }
@@ -97,24 +84,16 @@ static void tp__lib_load(void) {
   }
 }
 
+/* libcurl, and libcrypto for the downloads' digests (crypto.h). */
 static int tp__lib_ready(tp_error_t *err) {
   pthread_once(&tp__lib_once, tp__lib_load);
   if (tp__lib_err[0] != '\0')
     return tp_error_set(err, ENOSYS, "%s", tp__lib_err);
-  return 0;
+  return tp_crypto_load(err);
 }
 
 int tp_http_global_init(tp_error_t *err) {
   return tp__lib_ready(err);
-}
-
-static void tp__hex(const unsigned char *d, unsigned n, char *out) {
-  static const char x[] = "0123456789abcdef";
-  for (unsigned i = 0; i < n; i++) {
-    out[2 * i] = x[d[i] >> 4];
-    out[2 * i + 1] = x[d[i] & 15];
-  }
-  out[2 * n] = '\0';
 }
 
 static void tp__fail(tp__xfer_t *x, tp_http_kind_t kind, const char *fmt, ...) TP_PRINTF(3, 4);
@@ -213,9 +192,14 @@ static int tp__body_start(tp__xfer_t *x) {
         return -1;
       }
     } else if (x->have > 0) { /* it ignored the range: start over */
-      if (ftruncate(x->fd, 0) < 0 || lseek(x->fd, 0, SEEK_SET) < 0 ||
-          tp__lib.EVP_DigestInit_ex(x->md, tp__lib.EVP_sha256(), NULL) != 1) {
+      tp_error_t herr = {0};
+      if (ftruncate(x->fd, 0) < 0 || lseek(x->fd, 0, SEEK_SET) < 0) {
         tp__fail(x, TP_HTTP_EIO, "truncate %s: %s", s->file, strerror(errno));
+        return -1;
+      }
+      tp_sha256_close(&x->md);
+      if (tp_sha256_init(&x->md, &herr) < 0) {
+        tp__fail(x, TP_HTTP_EIO, "%s", herr.msg);
         return -1;
       }
       x->have = 0;
@@ -278,8 +262,9 @@ static size_t tp__write_cb(char *buf, size_t size, size_t n, void *ud) {
     }
     off += (size_t) w;
   }
-  if (tp__lib.EVP_DigestUpdate(x->md, buf, len) != 1) {
-    tp__fail(x, TP_HTTP_EIO, "sha256 failed");
+  tp_error_t herr;
+  if (tp_sha256_update(&x->md, buf, len, &herr) < 0) {
+    tp__fail(x, TP_HTTP_EIO, "%s", herr.msg);
     return 0;
   }
   x->got += (int64_t) len;
@@ -322,8 +307,8 @@ static int tp__open_file(tp__xfer_t *x, tp_error_t *err) {
       continue;
     if (n <= 0)
       return tp_error_errno(err, n < 0 ? errno : EIO, "read %s", s->file);
-    if (tp__lib.EVP_DigestUpdate(x->md, buf, (size_t) n) != 1)
-      return tp_error_set(err, EIO, "sha256 failed");
+    if (tp_sha256_update(&x->md, buf, (size_t) n, err) < 0)
+      return tp_error_prefix(err, "hash %s", s->file);
     done += n;
   }
   x->have = s->offset;
@@ -334,8 +319,6 @@ int tp_http_fetch(const tp_http_spec_t *spec, tp_http_result_t *res, tp_error_t 
   tp__xfer_t x = {.spec = spec, .res = res, .fd = -1};
   struct curl_slist *hdrs = NULL;
   char range[64], curl_err[CURL_ERROR_SIZE] = "";
-  unsigned char dig[EVP_MAX_MD_SIZE];
-  unsigned dig_len = 0;
   const char *eff = NULL;
   int https = strncmp(spec->url, "https://", 8) == 0;
   int ret = -1;
@@ -351,9 +334,12 @@ int tp_http_fetch(const tp_http_spec_t *spec, tp_http_result_t *res, tp_error_t 
     return tp_error_set(err, EPROTO, "refusing %.200s: only https (plain http only for registries marked insecure)",
                         spec->url);
   }
-  x.md = tp__lib.EVP_MD_CTX_new();
+  if (spec->file != NULL && tp_sha256_init(&x.md, err) < 0) {
+    res->kind = TP_HTTP_EIO;
+    goto out;
+  }
   x.curl = tp__lib.curl_easy_init();
-  if (x.md == NULL || x.curl == NULL || tp__lib.EVP_DigestInit_ex(x.md, tp__lib.EVP_sha256(), NULL) != 1) {
+  if (x.curl == NULL) {
     res->kind = TP_HTTP_EIO;
     tp_error_set(err, ENOMEM, "http: out of memory");
     goto out;
@@ -439,9 +425,14 @@ int tp_http_fetch(const tp_http_spec_t *spec, tp_http_result_t *res, tp_error_t 
     tp__lib.curl_easy_getinfo(x.curl, CURLINFO_RESPONSE_CODE, &res->status);
     x.ok_body = res->status >= 200 && res->status < 300;
     if (x.ok_body && spec->file != NULL && x.have > 0 && res->status != 206) {
-      if (ftruncate(x.fd, 0) < 0 || tp__lib.EVP_DigestInit_ex(x.md, tp__lib.EVP_sha256(), NULL) != 1) {
+      if (ftruncate(x.fd, 0) < 0) {
         res->kind = TP_HTTP_EIO;
         tp_error_errno(err, errno, "truncate %s", spec->file);
+        goto out;
+      }
+      tp_sha256_close(&x.md);
+      if (tp_sha256_init(&x.md, err) < 0) {
+        res->kind = TP_HTTP_EIO;
         goto out;
       }
       x.have = 0;
@@ -459,12 +450,10 @@ int tp_http_fetch(const tp_http_spec_t *spec, tp_http_result_t *res, tp_error_t 
       tp_error_errno(err, errno, "sync %s", spec->file);
       goto out;
     }
-    if (tp__lib.EVP_DigestFinal_ex(x.md, dig, &dig_len) != 1) {
+    if (tp_sha256_final(&x.md, res->sha256, err) < 0) {
       res->kind = TP_HTTP_EIO;
-      tp_error_set(err, EIO, "sha256 failed");
       goto out;
     }
-    tp__hex(dig, dig_len, res->sha256);
     res->size = x.have + x.got;
   }
   ret = 0;
@@ -472,8 +461,7 @@ out:
   if (x.curl != NULL)
     tp__lib.curl_easy_cleanup(x.curl);
   tp__lib.curl_slist_free_all(hdrs);
-  if (x.md != NULL)
-    tp__lib.EVP_MD_CTX_free(x.md);
+  tp_sha256_close(&x.md);
   if (x.fd >= 0)
     close(x.fd);
   return ret;

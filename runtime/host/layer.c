@@ -7,7 +7,8 @@
  * libarchive is opened with dlopen at first use, not linked: it brings a
  * dozen shared libraries (its compressors, libxml2, nettle, acl...), whose
  * loading would cost every CLI verb start-up time; only the daemon's first
- * import or unpack pays for them.  sha256 is tupper's own (sha256.c). */
+ * import or unpack pays for them.  SHA-256 is libcrypto's (crypto.h), opened
+ * the same way. */
 #define _GNU_SOURCE
 #include <archive.h>
 #include <archive_entry.h>
@@ -24,9 +25,9 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "crypto.h"
 #include "layer.h"
 #include "rmtree.h"
-#include "sha256.h"
 #include "utils.h"
 
 /* Every libarchive function used here, called through a pointer loaded at
@@ -137,12 +138,10 @@ int tp_digest_valid(const char *s) {
   return 1;
 }
 
-static void md_final(tp_sha256_t *md, char out[TP_DIGEST_LEN + 1]) {
-  unsigned char h[32];
-  tp_sha256_final(md, h);
+/* out gets "sha256:<hex>" of what md hashed. */
+static int md_final(tp_sha256_t *md, char out[TP_DIGEST_LEN + 1], tp_error_t *err) {
   memcpy(out, "sha256:", 7);
-  for (unsigned i = 0; i < 32; i++)
-    snprintf(out + 7 + 2 * i, 3, "%02x", h[i]);
+  return tp_sha256_final(md, out + 7, err);
 }
 
 static void cleanup_archivep(struct archive **a) {
@@ -186,6 +185,15 @@ typedef struct ux_s {
   unsigned char tar_buf[TP__IO_BUF];
 } ux_t;
 
+static void cleanup_uxp(ux_t **u) {
+  if (*u != NULL) {
+    tp_sha256_close(&(*u)->blob_md);
+    tp_sha256_close(&(*u)->tar_md);
+    free(*u);
+  }
+}
+#define cleanup_ux __attribute__((cleanup(cleanup_uxp)))
+
 static ssize_t blob_read(struct archive *a, void *data, const void **buf) {
   ux_t *u = data;
   ssize_t n;
@@ -199,7 +207,11 @@ static ssize_t blob_read(struct archive *a, void *data, const void **buf) {
     archive_set_error(a, errno, "read blob");
     return -1;
   }
-  tp_sha256_update(&u->blob_md, u->blob_buf, (size_t) n);
+  if (tp_sha256_update(&u->blob_md, u->blob_buf, (size_t) n, u->err) < 0) {
+    u->failed = 1;
+    archive_set_error(a, EIO, "hash blob");
+    return -1;
+  }
   *buf = u->blob_buf;
   return n;
 }
@@ -232,7 +244,11 @@ static ssize_t tar_read(struct archive *a, void *data, const void **buf) {
     archive_set_error(a, EFBIG, "too big");
     return -1;
   }
-  tp_sha256_update(&u->tar_md, u->tar_buf, (size_t) n);
+  if (tp_sha256_update(&u->tar_md, u->tar_buf, (size_t) n, u->err) < 0) {
+    u->failed = 1;
+    archive_set_error(a, EIO, "hash layer");
+    return -1;
+  }
   *buf = u->tar_buf;
   return n;
 }
@@ -561,7 +577,7 @@ static int unpack_all(ux_t *u, struct archive *tar) {
 
 int tp_layer_unpack(const char *blob, const char *layers_dir, const tp_layer_opts_t *o,
                     tp_layer_info_t *info, tp_error_t *err) {
-  cleanup_free ux_t *u = calloc(1, sizeof(ux_t));
+  cleanup_ux ux_t *u = calloc(1, sizeof(ux_t));
   cleanup_close int blob_fd = -1, root = -1, ldfd = -1;
   cleanup_archive struct archive *raw = NULL, *tar = NULL;
   cleanup_tmp char *tmp = NULL;
@@ -576,8 +592,8 @@ int tp_layer_unpack(const char *blob, const char *layers_dir, const tp_layer_opt
   tar = archive_read_new();
   if (u == NULL || raw == NULL || tar == NULL)
     return tp_error_set(err, ENOMEM, "unpack layer: out of memory");
-  tp_sha256_init(&u->blob_md);
-  tp_sha256_init(&u->tar_md);
+  if (tp_sha256_init(&u->blob_md, err) < 0 || tp_sha256_init(&u->tar_md, err) < 0)
+    return tp_error_prefix(err, "unpack layer");
   if (o->id_count < 1 || o->uid_base == 0 || o->gid_base == 0)
     return tp_error_set(err, EINVAL, "unpack layer: bad id range");
   if ((o->want_digest && !tp_digest_valid(o->want_digest)) ||
@@ -650,8 +666,8 @@ int tp_layer_unpack(const char *blob, const char *layers_dir, const tp_layer_opt
     if (n == 0)
       break;
   }
-  md_final(&u->blob_md, info->digest);
-  md_final(&u->tar_md, info->diff_id);
+  if (md_final(&u->blob_md, info->digest, err) < 0 || md_final(&u->tar_md, info->diff_id, err) < 0)
+    return tp_error_prefix(err, "unpack layer");
   if (o->want_digest && strcmp(o->want_digest, info->digest) != 0)
     return tp_error_set(err, EBADMSG, "layer blob digest mismatch: want %s, got %s",
                         o->want_digest, info->digest);
@@ -676,7 +692,7 @@ int tp_layer_unpack(const char *blob, const char *layers_dir, const tp_layer_opt
 int tp_blob_put(const char *src, const char *blobs_dir, const char *want, uint64_t max_bytes,
                 char digest[TP_DIGEST_LEN + 1], tp_error_t *err) {
   cleanup_close int in = -1, out = -1;
-  tp_sha256_t md;
+  cleanup_sha256 tp_sha256_t md = {0};
   cleanup_tmp char *tmp = NULL;
   cleanup_free char *dst = NULL;
   cleanup_free unsigned char *buf = malloc(TP__IO_BUF);
@@ -685,9 +701,10 @@ int tp_blob_put(const char *src, const char *blobs_dir, const char *want, uint64
 
   if (buf == NULL)
     return tp_error_set(err, ENOMEM, "blob: out of memory");
-  tp_sha256_init(&md);
   if (want != NULL && !tp_digest_valid(want))
     return tp_error_set(err, EINVAL, "blob: '%.100s' is not sha256:<64 hex>", want);
+  if (tp_sha256_init(&md, err) < 0)
+    return tp_error_prefix(err, "blob '%s'", src);
   in = open(src, O_RDONLY | O_CLOEXEC);
   if (in < 0)
     return tp_error_errno(err, errno, "open '%s'", src);
@@ -717,7 +734,8 @@ int tp_blob_put(const char *src, const char *blobs_dir, const char *want, uint64
     if (total > max_bytes)
       return tp_error_set(err, EFBIG, "'%s' is over %llu bytes", src,
                           (unsigned long long) max_bytes);
-    tp_sha256_update(&md, buf, (size_t) n);
+    if (tp_sha256_update(&md, buf, (size_t) n, err) < 0)
+      return tp_error_prefix(err, "blob '%s'", src);
     for (ssize_t off = 0; out >= 0 && off < n;) {
       ssize_t w = write(out, buf + off, (size_t) (n - off));
       if (w < 0 && errno == EINTR)
@@ -727,7 +745,8 @@ int tp_blob_put(const char *src, const char *blobs_dir, const char *want, uint64
       off += w;
     }
   }
-  md_final(&md, digest);
+  if (md_final(&md, digest, err) < 0)
+    return tp_error_prefix(err, "blob '%s'", src);
   if (want != NULL && strcmp(want, digest) != 0)
     return tp_error_set(err, EBADMSG, "digest mismatch for '%s': want %s, got %s", src, want,
                         digest);

@@ -1,6 +1,6 @@
-/* tupper.core's small utilities: base64, SHA-256, random ids, the state
- * dir's lock, umask, signals, the log file, rmtree, the embedded agent and
- * default image. */
+/* tupper.core's small utilities: base64, SHA-256 (l_digest.c's), random
+ * ids, the state dir's lock, umask, signals, the log file, rmtree, the
+ * embedded agent and default image. */
 #include <errno.h>
 #include <fcntl.h>
 #include <lauxlib.h>
@@ -17,7 +17,7 @@
 #include "image.h"
 #include "l_core.h"
 #include "rmtree.h"
-#include "sha256.h"
+#include "tupper.h"
 
 static int tp_lcore_b64encode(lua_State *L) {
   size_t n;
@@ -40,27 +40,6 @@ static int tp_lcore_b64decode(lua_State *L) {
     return 2;
   }
   luaL_pushresultsize(&B, m);
-  return 1;
-}
-
-/* core.sha256(s...) -> the hex SHA-256 of the strings, concatenated. */
-static int tp_lcore_sha256(lua_State *L) {
-  tp_sha256_t c;
-  unsigned char d[32];
-  char hex[65];
-  int n = lua_gettop(L);
-  for (int i = 1; i <= n; i++)
-    luaL_checkstring(L, i);
-  tp_sha256_init(&c);
-  for (int i = 1; i <= n; i++) {
-    size_t len;
-    const char *s = lua_tolstring(L, i, &len);
-    tp_sha256_update(&c, s, len);
-  }
-  tp_sha256_final(&c, d);
-  for (int i = 0; i < 32; i++)
-    snprintf(hex + 2 * i, 3, "%02x", d[i]);
-  lua_pushlstring(L, hex, 64);
   return 1;
 }
 
@@ -172,7 +151,7 @@ void tp_l_util_register(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"agent_binary", tp_lcore_agent_binary}, {"b64encode", tp_lcore_b64encode},
       {"b64decode", tp_lcore_b64decode},       {"default_image", tp_lcore_default_image},
-      {"sha256", tp_lcore_sha256},             {"rmtree", tp_lcore_rmtree},
+      {"sha256", tp_ldigest_sha256},           {"rmtree", tp_lcore_rmtree},
       {"umask", tp_lcore_umask},               {"ignore_stop_signals", tp_lcore_ignore_stop_signals},
       {"random_hex", tp_lcore_random_hex},     {"lock", tp_lcore_lock},
       {"log_to", tp_lcore_log_to},             {NULL, NULL}};

@@ -57,4 +57,12 @@ int tp_lvm_run(lua_State *L);
  * the Lua specs: build/lua/tupper/recipe/jail_core.so). */
 int luaopen_tupper_recipe_jail_core(lua_State *L);
 
+/* sha256(s...) -> the hex SHA-256 of the strings, concatenated; raises when
+ * libcrypto cannot be loaded (l_digest.c: tupper.util.digest.sha256, and
+ * tupper.core.sha256). */
+int tp_ldigest_sha256(lua_State *L);
+/* luaopen function of `tupper.util.digest` (also built as a loadable module
+ * for the Lua specs: build/lua/tupper/util/digest.so). */
+int luaopen_tupper_util_digest(lua_State *L);
+
 #endif

@@ -6,7 +6,7 @@ local debian = require("tupper.image.debian")
 local apt = require("tupper.image.debian_apt")
 local locks = require("tupper.image.debian_lock")
 local recipe = require("tupper.recipe.file")
-local sha256 = require("tupper.util.sha256")
+local digest = require("tupper.util.digest")
 local helper = require("helper")
 
 local function write(path, text)
@@ -436,12 +436,26 @@ describe("debian builds' child process", function()
   end)
 end)
 
-describe("sha256", function()
+-- The cache keys' hash: tupper.util.digest, libcrypto's SHA-256 (the spec
+-- loads build/lua/tupper/util/digest.so, the binary its preloaded copy).
+describe("digest.sha256", function()
   it("matches FIPS 180-4's vectors", function()
-    assert.are.equal("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", sha256.hex(""))
-    assert.are.equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", sha256.hex("abc"))
+    assert.are.equal("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", digest.sha256(""))
+    assert.are.equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", digest.sha256("abc"))
     assert.are.equal("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
-      sha256.hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"))
-    assert.are.equal("cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0", sha256.hex(("a"):rep(1000000)))
+      digest.sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"))
+    assert.are.equal("cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0",
+      digest.sha256(("a"):rep(1000000)))
+  end)
+
+  it("hashes its arguments as one message", function()
+    assert.are.equal(digest.sha256("abc"), digest.sha256("a", "", "bc"))
+    assert.are.equal("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
+      digest.sha256("abcdbcdecdefdefgefghfghighijhijk", "ijkljklmklmnlmnomnopnopq"))
+    assert.are.equal("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", digest.sha256())
+  end)
+
+  it("refuses what is not a string", function()
+    assert.has_error(function() digest.sha256("a", {}) end)
   end)
 end)

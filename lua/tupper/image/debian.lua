@@ -35,7 +35,7 @@ local uv = require("luv")
 local async = require("tupper.util.async")
 local json = require("tupper.util.json")
 local paths = require("tupper.util.paths")
-local sha256 = require("tupper.util.sha256")
+local digest = require("tupper.util.digest")
 local apt = require("tupper.image.debian_apt")
 local locks = require("tupper.image.debian_lock")
 local driver = require("tupper.image.debian_run")
@@ -75,7 +75,7 @@ function M.key_of(suite, mirror, include, pins)
     parts[#parts + 1] = "pins"
     for _, p in ipairs(pins) do parts[#parts + 1] = p end
   end
-  return sha256.hex(table.concat(parts, "\n"))
+  return digest.sha256(table.concat(parts, "\n"))
 end
 
 local inflight = {} -- key -> list of waiting callbacks, while a build of that key runs
