@@ -25,14 +25,13 @@
 -- schema need it without loading a backend.
 local M = {}
 
---- The backend names, the default first.
+--- The backend names, the default first: a new backend is its module,
+-- tupper.backend.<name>, and its name here.
 M.NAMES = { "linux", "microvm" }
 M.DEFAULT = "linux"
 
-local MODULES = {
-  linux = "tupper.backend.linux",
-  microvm = "tupper.backend.microvm",
-}
+local MODULES = {}
+for _, name in ipairs(M.NAMES) do MODULES[name] = "tupper.backend." .. name end
 
 --- Whether name is a backend's.
 function M.known(name)
