@@ -51,6 +51,10 @@ mmdebstrap --quiet --variant=minbase --include=git,ca-certificates,make bookworm
   exit 1
 }
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The network's trust, as for resolv.conf: where the host reaches the
+# registries through a TLS proxy of its own CA, its CA bundle, and node's
+# extra CA setting, go into the root (nothing of the project's does)
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt" 2>/dev/null || true
 git clone --quiet --no-local "$repo" "$root/root/tupper"
 echo "fresh-check: root ready in $(($(date +%s) - t0)) s, HEAD $(git rev-parse --short HEAD)"
 
@@ -72,6 +76,7 @@ in_root() {
     rmdir /.host
     cd /root/tupper
     exec env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin TERM=dumb LANG=C.UTF-8 \
+      ${NODE_EXTRA_CA_CERTS:+NODE_EXTRA_CA_CERTS=$NODE_EXTRA_CA_CERTS} \
       sh -c "$cmd"' fresh "$root" "$*" >"$log/$name" 2>&1
 }
 
