@@ -476,10 +476,29 @@ describe("the CLI", function()
 end)
 
 describe("the CLI without a daemon", function()
-  it("starts one on demand", function()
+  it("fails with how to start one, and starts none", function()
+    local dir = helper.tmpdir()
+    finally(function() helper.rmrf(dir) end)
+    local socket = dir .. "/s.sock"
+    local env = { "TUPPER_SOCKET=" .. socket, "PATH=" .. os.getenv("PATH") }
+    for _, verb in ipairs({ { "ls" }, { "run", "--", "true" }, { "kill", "abc" } }) do
+      local args = { "--state-dir", dir .. "/state" }
+      for _, a in ipairs(verb) do args[#args + 1] = a end
+      local code, out, err = helper.cli(args, { env = env })
+      assert.are.equal(125, code)
+      assert.are.equal("", out)
+      assert.truthy(err:find("no tupper daemon answers at " .. socket, 1, true), err)
+      assert.truthy(err:find("tupper daemon --socket " .. socket, 1, true), err)
+      assert.truthy(err:find("--autostart", 1, true), err)
+    end
+    assert.falsy(uv.fs_stat(socket), "a daemon was started")
+    assert.falsy(uv.fs_stat(dir .. "/state"), "a state dir was made")
+  end)
+
+  it("starts a private one with --autostart", function()
     local dir = helper.tmpdir()
     local socket = dir .. "/s.sock"
-    local args = { "--state-dir", dir .. "/state" }
+    local args = { "--state-dir", dir .. "/state", "--autostart" }
     for _, a in ipairs(cli_backend({ "run", "--", "echo", "auto" })) do args[#args + 1] = a end
     local env = { "TUPPER_SOCKET=" .. socket, "PATH=" .. os.getenv("PATH") }
     -- a microVM's kernel cache and accelerator, as the suite chose them
