@@ -14,6 +14,7 @@ pkgs="$pkgs libarchive-dev" # the image store: layer tars (gzip, zstd)
 # microvm backend: QEMU's microvm machine runs the VMs; the guest kernel is
 # fetched with apt-get download and unpacked with dpkg-deb (docs/microvm.md)
 pkgs="$pkgs qemu-system-x86"
+pkgs="$pkgs scdoc" # the man pages (docs/man), made in the default build
 case "$what" in
   test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux"
     # image pull specs: a real registry, skopeo to push to it, htpasswd (bcrypt), openssl (a test CA)
@@ -24,7 +25,9 @@ case "$what" in
     pkgs="$pkgs python3-pytest" # the sdk/python suite
     # Debian images (tests/slow/debian_spec.lua): mmdebstrap builds them, gpg
     # checks the keyring it picks
-    pkgs="$pkgs mmdebstrap gpg" ;;
+    pkgs="$pkgs mmdebstrap gpg"
+    # the CLI spec checks the man pages (man -l, lexgrog) and the zsh completion
+    pkgs="$pkgs man-db zsh" ;;
   bench) pkgs="$pkgs hyperfine bubblewrap crun podman"
     pkgs="$pkgs docker-registry skopeo umoci curl python3" ;; # bench/pull
 esac
