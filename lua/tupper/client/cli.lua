@@ -136,7 +136,8 @@ function M.main(argv)
   if verb == "image" then
     local sub = argv[i]
     if sub == nil or sub == "--help" or sub == "-h" then
-      io.stdout:write(cli_doc.group_help("image"))
+      -- asked for, on stdout; a usage error, on stderr
+      ;(sub and io.stdout or io.stderr):write(cli_doc.group_help("image"))
       return sub and 0 or 2
     end
     name = "image " .. (SUB_ALIAS[sub] or sub)

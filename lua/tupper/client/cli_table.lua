@@ -57,6 +57,7 @@ opt("recipe", { value = "FILE|NAME", kind = "file", summary = "make the sandbox 
 
 -- listings and logs
 opt("json", { summary = "print JSON" })
+opt("network-log", { long = "network", key = "network", summary = "the network decisions instead of output" })
 opt("quiet", { short = "q", summary = "print only the ids" })
 opt("no-trunc", { summary = "do not shorten ids, references and digests" })
 opt("follow", { short = "f", summary = "keep printing as new output comes" })
@@ -204,7 +205,7 @@ M.VERBS = {
     synopsis = "[OPTIONS] ID [PID]",
     summary = "a sandbox's process output, or its network decisions",
     description = { "Prints the output of the process PID of sandbox ID (or of its processes), or, with --network, the sandbox's network decisions: each connection allowed or denied, and why." },
-    options = { "network", "json", "follow", "tail" },
+    options = { "network-log", "json", "follow", "tail" },
     args = { ID, { name = "PID", kind = "string", optional = true } },
     examples = { { "tupper logs --network $id", "what it tried to reach" }, { "tupper logs -f $id", "" } } },
   { name = "port", group = "sandboxes", daemon = true,
