@@ -62,7 +62,7 @@ opt("quiet", { short = "q", summary = "print only the ids" })
 opt("no-trunc", { summary = "do not shorten ids, references and digests" })
 opt("follow", { short = "f", summary = "keep printing as new output comes" })
 opt("tail", { value = "N", kind = "int", min = 0, summary = "print only the last N lines" })
-opt("no-stream", { summary = "print once and exit (the default; for docker habits)" })
+opt("no-stream", { summary = "print once and exit (the default when stdout is not a terminal)" })
 opt("recursive", { short = "r", summary = "copy directories and what is in them" })
 opt("archive", { short = "a", summary = "keep modes and times (implies -r)" })
 
@@ -197,7 +197,7 @@ M.VERBS = {
   { name = "stats", group = "sandboxes", daemon = true,
     synopsis = "[--json] [--no-stream] [ID...]",
     summary = "resource counters of sandboxes",
-    description = { "Prints the resource counters (CPU time, memory, processes, throttling, OOM kills) of each sandbox named, or of every sandbox: one line each. With one ID and no --json, one counter a line." },
+    description = { "Prints the resource counters (CPU time, memory, processes, throttling, OOM kills) of each sandbox named, or of every sandbox: one line each. On a terminal the table is redrawn every 2 seconds until interrupted, unless --no-stream. With one ID and not on a terminal (or with --no-stream), one counter a line; --json prints the object of one ID, else an array." },
     options = { "json", "no-stream" },
     args = { { name = "ID", kind = "id", optional = true, repeatable = true } },
     examples = { { "tupper stats", "every sandbox" }, { "tupper stats --json $id", "" } } },

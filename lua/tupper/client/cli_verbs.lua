@@ -353,15 +353,14 @@ function M.resume(c, p) return each_id(c, p, "sandbox.resume", "resume") end
 
 local function num(v) return tostring(math.tointeger(v) or v or "-") end
 
---- tupper stats [ID...]: one ID, its counters one a line (or its JSON
--- object); none or several, one table (or a JSON array) of them, every
--- sandbox for none.  A sandbox gone between the list and its counters is
--- left out of "every sandbox"; a named one that fails is an error.
-function M.stats(c, p)
-  local ids, all = p.args, #p.args == 0
+-- The counters of the sandboxes named, or of every sandbox (one gone
+-- between the list and its counters is left out): the list (each with its
+-- id) and the exit code so far (125 when a named one failed).
+local function gather_stats(c, named)
+  local ids, all = named, #named == 0
   if all then
     local r, err = c:call("sandbox.list", {})
-    if not r then return die("%s", errmsg(err)) end
+    if not r then return {}, die("%s", errmsg(err)) end
     ids = {}
     for _, s in ipairs(r.sandboxes) do ids[#ids + 1] = s.id end
   end
@@ -375,6 +374,38 @@ function M.stats(c, p)
       code = die("stats %s: %s", id, errmsg(err))
     end
   end
+  return results, code
+end
+
+local function stats_table(results)
+  local rows = {}
+  for _, r in ipairs(results) do
+    rows[#rows + 1] = { r.id, ("%.2fs"):format((tonumber(r.cpu_usage_usec) or 0) / 1e6),
+      units.human(math.tointeger(r.memory_bytes) or 0), units.human(math.tointeger(r.memory_peak) or 0),
+      num(r.pids), num(r.nr_throttled), num(r.oom_kills) }
+  end
+  M.print_table({ "ID", "CPU", "MEMORY", "PEAK", "PIDS", "THROTTLED", "OOM KILLS" }, rows)
+end
+
+M.STATS_INTERVAL_MS = 2000
+
+--- tupper stats [ID...]: one table (or a JSON array) of the sandboxes
+-- named, or of every sandbox; one ID: its counters one a line (or its JSON
+-- object), as before.  On a terminal, without --no-stream or --json, the
+-- table is redrawn every STATS_INTERVAL_MS until ^C (docker stats' habit).
+function M.stats(c, p)
+  if not p.opts.no_stream and not p.opts.json and uv.guess_handle(1) == "tty" then
+    while not c.closed do
+      local results, code = gather_stats(c, p.args)
+      if code ~= 0 then return code end
+      io.stdout:write("\27[H\27[2J")
+      stats_table(results)
+      io.stdout:flush()
+      async.sleep(M.STATS_INTERVAL_MS)
+    end
+    return die("lost the connection to the daemon")
+  end
+  local results, code = gather_stats(c, p.args)
   if #p.args == 1 then
     local r = results[1]
     if not r then return code end
@@ -390,13 +421,7 @@ function M.stats(c, p)
     print(json.encode(json.array(results)))
     return code
   end
-  local rows = {}
-  for _, r in ipairs(results) do
-    rows[#rows + 1] = { r.id, ("%.2fs"):format((tonumber(r.cpu_usage_usec) or 0) / 1e6),
-      units.human(math.tointeger(r.memory_bytes) or 0), units.human(math.tointeger(r.memory_peak) or 0),
-      num(r.pids), num(r.nr_throttled), num(r.oom_kills) }
-  end
-  M.print_table({ "ID", "CPU", "MEMORY", "PEAK", "PIDS", "THROTTLED", "OOM KILLS" }, rows)
+  stats_table(results)
   return code
 end
 
