@@ -26,6 +26,34 @@ local function no_daemon_env(dir)
   return { "TUPPER_SOCKET=" .. dir .. "/none.sock", "PATH=" .. os.getenv("PATH") }
 end
 
+-- zsh -f drive.zsh COMPFILE INPUT WANT: types INPUT and a TAB into an
+-- interactive zsh on a pty with COMPFILE loaded; exit 0 when the line
+-- shows WANT (escapes stripped) within 10 s
+local ZSH_DRIVER = [==[
+zmodload zsh/zpty
+setopt extendedglob
+zpty z zsh -f -i
+zpty -w z "PS1='%% '; autoload -Uz compinit; compinit -u -D -d \$HOME/zcd; source $1; print READY"
+local out="" chunk
+local -i end=$(( SECONDS + 10 ))
+while (( SECONDS < end )); do
+  zpty -r -t z chunk && out+=$chunk
+  [[ $out == *READY*READY* || $out == *$'\n'READY* ]] && break
+  sleep 0.05
+done
+out=""
+zpty -w -n z "$2"$'\t'
+while (( SECONDS < end )); do
+  zpty -r -t z chunk && out+=$chunk
+  [[ ${out//$'\033'\[[0-9;?]#[a-zA-Z]/} == *"$3"* ]] && break
+  sleep 0.05
+done
+zpty -d z
+out=${out//$'\033'\[[0-9;?]#[a-zA-Z]/}
+print -r -- "${(q)out}" >&2
+[[ $out == *"$3"* ]]
+]==]
+
 describe("the verb table's parser", function()
   local function parse(verb, args)
     return cli_args.parse(cli_table.verb(verb), args)
@@ -405,6 +433,24 @@ describe("the CLI against a daemon", function()
       :format(dir, path))
     assert.are.equal(0, c, o)
     assert.are.equal("_tupper 1 1\n", o)
+    -- and it completes: an interactive zsh on a pty (zsh/zpty) gets the
+    -- words and a TAB, and the line must come back completed
+    local drive = dir .. "/drive.zsh"
+    f = assert(io.open(drive, "w"))
+    f:write(ZSH_DRIVER)
+    f:close()
+    for _, t in ipairs({
+      { "tupper ru", "tupper run " },
+      { "tupper run --memo", "tupper run --memory " },
+      { "tupper run --backend mi", "--backend microvm " },
+      { "tupper image pr", "tupper image prune " },
+      { "tupper completion z", "completion zsh " },
+      { "tupper kill ", "tupper kill " .. id .. " " }, -- the one sandbox, from the daemon
+    }) do
+      o, c = sh(("HOME='%s' TUPPER_SOCKET='%s' PATH='%s':\"$PATH\" zsh -f '%s' '%s' '%s' '%s'"):format(dir, d.socket,
+        BUILD, drive, path, t[1], t[2]))
+      assert.are.equal(0, c, ("%q did not complete to %q: %s"):format(t[1], t[2], o))
+    end
   end)
 end)
 
