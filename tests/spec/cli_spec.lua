@@ -339,6 +339,30 @@ describe("the CLI against a daemon", function()
     assert.truthy(out:find(id, 1, true), out)
   end)
 
+  it("reaches a function for every verb that talks to the daemon", function()
+    local ARGS = {
+      run = { "--", "true" }, create = { "--timeout", "1m" }, exec = { "nosuchbox", "true" }, ls = {},
+      cp = { dir .. "/nofile", "nosuchbox:/x" }, kill = { "nosuchbox" }, pause = { "nosuchbox" },
+      resume = { "nosuchbox" }, stats = { "nosuchbox" }, logs = { "--network", "nosuchbox" },
+      port = { "nosuchbox", "80" }, pull = { "-q", "127.0.0.1:1/nosuch:1" }, import = { dir .. "/nofile" },
+      images = {}, rmi = { "nosuch:1" }, ["image ls"] = {}, ["image inspect"] = { "nosuch:1" },
+      ["image rm"] = { "nosuch:1" }, ["image import"] = { dir .. "/nofile" }, ["image prune"] = {},
+      build = { dir .. "/nofile.lua" },
+    }
+    for _, v in ipairs(cli_table.VERBS) do
+      if v.daemon then
+        local argv = {}
+        for w in v.name:gmatch("%S+") do argv[#argv + 1] = w end
+        assert.truthy(ARGS[v.name], "no case for " .. v.name)
+        for _, a in ipairs(ARGS[v.name]) do argv[#argv + 1] = a end
+        local code, out, err = cli(argv)
+        assert.truthy(code == 0 or code == 125, v.name .. ": " .. code .. " " .. err)
+        assert.falsy(err:find("attempt to", 1, true) or err:find("stack traceback", 1, true), v.name .. ": " .. err)
+        if v.name == "create" then cli({ "kill", out:match("%x+") }) end
+      end
+    end
+  end)
+
   it("refuses what this build parses but does not do yet, clearly", function()
     local code, _, err = cli({ "exec", "-t", id, "true" })
     assert.are.equal(125, code)

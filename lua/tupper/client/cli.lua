@@ -39,7 +39,8 @@ local function client_main(v, p, g)
       code = die("%s", err)
       return
     end
-    local fn = verbs[v.alias or v.name:gsub(" ", "_")]
+    -- "image prune" is verbs.image_prune; "image ls" is verbs.images
+    local fn = verbs[v.alias or (v.name:gsub(" ", "_"))]
     local ok, res = pcall(fn, c, p)
     if not ok then code = die("%s", tostring(res)) else code = res end
     c:close()
@@ -153,8 +154,7 @@ function M.main(argv)
   local p, err = cli_args.parse(v, args)
   if not p then return die("%s: %s (see tupper %s --help)", v.name, err, v.name) end
   if p.help then io.stdout:write(cli_doc.verb_help(v)); return 0 end
-  local fn = LOCAL[v.name]
-  if fn then return fn(p, g, v.name) end
+  if not v.daemon then return LOCAL[v.name](p, g, v.name) end
   local ok, code = pcall(client_main, v, p, g)
   if not ok then return die("%s", tostring(code)) end
   return code

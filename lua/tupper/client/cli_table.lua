@@ -85,7 +85,7 @@ dopt("accel", { value = "MODE", kind = "enum", values = { "auto", "kvm", "tcg" }
 
 -- the rest
 opt("eval", { long = false, short = "e", key = "eval", value = "CODE", kind = "string", repeatable = true,
-  summary = "run CODE (repeatable); no prompt" })
+  summary = "run CODE, with no prompt" })
 opt("listen", { value = "ADDR:PORT", kind = "string", summary = "where to listen (default 127.0.0.1:8080)" })
 opt("token", { value = "TOKEN", kind = "string", summary = "every request must carry Authorization: Bearer TOKEN" })
 opt("max-body", { value = "BYTES", kind = "string", summary = "largest file upload or stdin body (default 1 GiB)" })
