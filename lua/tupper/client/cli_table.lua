@@ -26,7 +26,7 @@ end
 
 -- global options (before the verb)
 opt("socket", { value = "PATH", kind = "file", summary = "the daemon's socket (default: $TUPPER_SOCKET, else the per-user default)" })
-opt("state-dir", { value = "DIR", kind = "dir", summary = "the daemon's state directory (an auto-started daemon's, and `tupper daemon`'s)" })
+opt("state-dir", { value = "DIR", kind = "dir", summary = "the state directory of a daemon --autostart starts (and the one doctor checks)" })
 opt("autostart", { summary = "start a private daemon when none answers (also TUPPER_AUTOSTART=1)" })
 opt("help", { short = "h", summary = "show this help" })
 opt("version", { summary = "print the version" })
@@ -289,9 +289,12 @@ M.VERBS = {
     synopsis = "[OPTIONS]",
     summary = "run the daemon in the foreground",
     description = { "Runs the daemon that owns the sandboxes, in the foreground, until SIGTERM or SIGINT (which destroy its sandboxes). See tupper-daemon(8) for its socket, state directory, signals and files." },
-    options = list("socket", "state-dir", "log", "pool", "vm-pool", "policy", "max-layer", "uid-base",
-      "default-memory", "default-cpus", "default-pids", "default-disk", "max-sandboxes", "max-memory",
-      "max-clients", "idle-timeout", "accel"),
+    options = { { name = "socket", summary = "listen on PATH (default: $TUPPER_SOCKET, else the per-user default)" },
+      { name = "state-dir", summary = "keep the state in DIR (default: $TUPPER_STATE_DIR, else the per-user default)" },
+      "log", "pool", "vm-pool",
+      { name = "policy", summary = "bind every sandbox to this policy file, whatever clients send (tupper-policy(5))" },
+      "max-layer", "uid-base", "default-memory", "default-cpus", "default-pids", "default-disk", "max-sandboxes",
+      "max-memory", "max-clients", "idle-timeout", "accel" },
     args = {},
     examples = {
       { "tupper daemon &", "a daemon for this user" },
