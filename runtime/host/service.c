@@ -27,6 +27,14 @@ int tp_service_listen_fd(int fd, char *path, size_t size, tp_error_t *err) {
 
   if (size > 0)
     path[0] = '\0';
+  /* an fd the manager passed survived exec, so it has no FD_CLOEXEC; one
+   * that has it was opened by this process (the loop's epoll fd takes the
+   * lowest free number): fd was not passed at all */
+  flags = fcntl(fd, F_GETFD);
+  if (flags < 0)
+    return tp_error_errno(err, errno, "fd %d", fd);
+  if (flags & FD_CLOEXEC)
+    return tp_error_set(err, EBADF, "fd %d was not passed in (not open when the daemon started)", fd);
   if (fstat(fd, &st) < 0)
     return tp_error_errno(err, errno, "fd %d", fd);
   if (!S_ISSOCK(st.st_mode))
@@ -41,8 +49,7 @@ int tp_service_listen_fd(int fd, char *path, size_t size, tp_error_t *err) {
     return tp_error_set(err, EPROTOTYPE, "fd %d is not a stream socket (ListenStream=)", fd);
   if (!listening)
     return tp_error_set(err, EINVAL, "fd %d is not listening (Accept=no)", fd);
-  flags = fcntl(fd, F_GETFD);
-  if (flags < 0 || fcntl(fd, F_SETFD, flags | FD_CLOEXEC) < 0)
+  if (fcntl(fd, F_SETFD, flags | FD_CLOEXEC) < 0)
     return tp_error_errno(err, errno, "fd %d: FD_CLOEXEC", fd);
   memset(&sa, 0, sizeof(sa));
   if (getsockname(fd, (struct sockaddr *) &sa, &len) < 0)
