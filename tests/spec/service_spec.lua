@@ -112,10 +112,13 @@ for _ in range(2):
     local act = spawn({ "/usr/bin/systemd-socket-activate", "-l", sock, "--fdname=tupper.socket",
       "-E", "NOTIFY_SOCKET=" .. notify,
       BIN, "daemon", "--state-dir", dir .. "/state", "--log", log, "--pool", "0" }, env_with())
-    wait_for("the activation socket", function() return exists(sock) end)
     -- nothing runs the daemon yet: systemd-socket-activate execs it on the
-    -- first connection
-    local c = assert(helper.sync(client.connect, { socket = sock, autostart = false }))
+    -- first connection (refused between its bind and its listen)
+    local c
+    wait_for("the activation socket", function()
+      c = client.connect({ socket = sock, autostart = false })
+      return c ~= nil
+    end)
     local created = assert(helper.call(c, "sandbox.create", {}))
     local r = assert(helper.sync(helper.run, c, created.id, { "sh", "-c", "echo activated; exit 3" }))
     assert.are.equal("activated\n", r.stdout)
