@@ -21,8 +21,15 @@ pkg="$stage/tupper"
 DESTDIR="$pkg" cmake --install "$build" --prefix /usr >/dev/null
 strip --strip-unneeded "$pkg/usr/bin/tupper"
 mkdir -p "$pkg/usr/share/doc/tupper"
-printf 'tupper %s, built from its source tree; see README.md there.\n' "$version" \
-  >"$pkg/usr/share/doc/tupper/README.Debian"
+cat >"$pkg/usr/share/doc/tupper/README.Debian" <<EOT
+tupper $version, built from its source tree with make deb (docs/install.md there).
+
+tupper.socket (enabled by the package) listens on /run/tupper/tupper.sock and
+starts tupper.service on the first connection.  The socket is 0660 root:tupper:
+whoever can use it controls every sandbox on this host, so add only trusted
+users to the tupper group; a client that is not root sets
+TUPPER_SOCKET=/run/tupper/tupper.sock.  State: /var/lib/tupper (kept on purge).
+EOT
 
 # dpkg-shlibdeps reads debian/control from its working directory
 mkdir "$stage/debian"
