@@ -23,7 +23,7 @@
 #   FRESH_KEEP=1 keeps the root (its path is printed) for a look afterwards.
 #   FRESH_MIRROR overrides mmdebstrap's mirror.
 set -eu
-what=${1:-both}
+what=${1:-all}
 case "$what" in demo | test | deb | both | all) ;; *) echo "usage: $0 [demo|test|deb|both|all]" >&2; exit 2 ;; esac
 [ "$(id -u)" = 0 ] || { echo "fresh-check: run as root (it builds a root and mounts)" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
