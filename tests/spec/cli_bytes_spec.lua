@@ -438,6 +438,9 @@ describe("tupper CLI byte paths", function()
       })
       assert.is_true(r.ok, json.encode(r.failed) .. r.out)
       assert.are.equal(0, r.exit, r.out)
+      -- raw output: the box's CR LF is not made CR CR LF on our side
+      assert.truthy(r.out:find("M42\r\n", 1, true), r.out)
+      assert.is_nil(r.out:find("M42\r\r\n", 1, true), r.out)
       local pid = r.out:match("detached; process (%d+)")
       -- it keeps running: listed, and its output is there
       local code, out = cli({ "logs", id })
@@ -446,7 +449,19 @@ describe("tupper CLI byte paths", function()
       code, out = cli({ "logs", id, pid })
       assert.are.equal(0, code)
       assert.truthy(out:find("still-here-2", 1, true), out)
+      -- and attach takes us back: what it showed, then input again
+      r = on_pty({ "attach", id, pid }, {
+        { "expect", "still-here-2" }, { "send", "\3" }, { "expect", "# " },
+        { "send", "stty size; echo back-$((2+3))\r" }, { "expect", "24 80" }, { "expect", "back-5" },
+        { "send", "\29" }, { "expect", "detached; process " .. pid },
+      })
+      assert.is_true(r.ok, json.encode(r.failed) .. r.out)
+      assert.are.equal(0, r.exit, r.out)
       assert.are.equal(0, (cli({ "exec", id, "kill", "-9", pid })))
+      local err
+      code, _, err = cli({ "attach", id, pid })
+      assert.are.equal(125, code)
+      assert.truthy(err:find("no process", 1, true), err)
     end)
     it("exec -it --detach-keys and a program that ends: its exit code", function()
       -- ^] is a key like any other now; a held ^P goes on when x follows
@@ -458,6 +473,26 @@ describe("tupper CLI byte paths", function()
       local code, _, err = cli({ "exec", "-it", "--detach-keys", "alt-x", id, "true" })
       assert.are.equal(125, code)
       assert.truthy(err:find("detach-keys", 1, true))
+    end)
+    it("attach refuses a process without a terminal", function()
+      local child = {}
+      child.handle, child.pid = uv.spawn(helper.BIN, { args = { "--socket", d.socket, "exec", id, "--", "sleep", "30" } },
+        function(c, s) child.exit_code = s ~= 0 and 128 + s or c end)
+      helper.track(child, "exec")
+      local pid
+      local deadline = helper.now() + 10000
+      while not pid and helper.now() < deadline do
+        local _, out = cli({ "logs", "--json", id })
+        for _, p in ipairs(json.decode(out) or {}) do if p.argv[1] == "sleep" then pid = math.tointeger(p.pid) end end
+      end
+      assert.truthy(pid)
+      local code, _, err = cli({ "attach", id, tostring(pid) })
+      assert.are.equal(125, code)
+      assert.truthy(err:find("has no terminal", 1, true), err)
+      local kcode, kout, kerr = cli({ "exec", id, "kill", tostring(pid) })
+      assert.are.equal(0, kcode, kout .. kerr)
+      helper.sync(function() while not child.exit_code do async.sleep(5) end end)
+      child.handle:close()
     end)
     it("exec -t alone and run -it", function()
       local r = on_pty({ "exec", "-t", id, "sh", "-c", "tty; exit 3" })
@@ -625,7 +660,7 @@ describe("tupper CLI byte paths", function()
         local code, out = cli({ "logs", "--json", id })
         if code == 0 then
           for _, p in ipairs(json.decode(out) or {}) do
-            if p.argv[1] == "sh" and p.argv[3] and p.argv[3]:find("echo l1", 1, true) then pid = p.pid end
+            if p.argv[1] == "sh" and p.argv[3] and p.argv[3]:find("echo l1", 1, true) then pid = math.tointeger(p.pid) end
           end
         end
       end

@@ -24,6 +24,9 @@ commands:
   run [OPTIONS] [--] CMD...     run CMD in a new sandbox, then remove it
   create [OPTIONS]              create a sandbox and print its id
   exec [OPTIONS] ID [--] CMD... run CMD in a sandbox
+  attach [--detach-keys K] ID PID
+                                back onto the terminal of a process that
+                                exec -it started (after detaching: ^])
   ls [--json]                   list sandboxes
   cp [-r] [-a] SRC DST          copy files or trees (-r): SRC ID:/path,
                                 ID:/path DST, - for a tar stream (docs/cli.md)

@@ -187,6 +187,9 @@ function M.detacher(keys)
 end
 
 -- ---- a process on the box's terminal -----------------------------------
+--
+-- (run_pty with o.attach_pid is `tupper attach`: the same session on a
+-- process that already has a terminal)
 
 local function term_size()
   for _, fd in ipairs({ 1, 0, 2 }) do
@@ -204,7 +207,8 @@ end
 -- and returns its exit code.  o.interactive sends the CLI's stdin to the
 -- terminal (with stdin a terminal: in raw mode, restored on every way out);
 -- o.detach (exec only) lets the detach keys (o.detach_keys, default
--- ctrl-]) leave the program running and return 0.  The terminal's size
+-- ctrl-]) leave the program running and return 0.  o.attach_pid: instead
+-- of starting argv, join that process of the box (it has a terminal).  The terminal's size
 -- follows ours (SIGWINCH).  Output is written untouched: -t asked for it.
 function M.run_pty(c, id, argv, o)
   local keys = M.DEFAULT_DETACH
@@ -231,8 +235,23 @@ function M.run_pty(c, id, argv, o)
   for k, v in pairs(o.env or {}) do env[k] = v end
   if env.TERM == nil then env.TERM = os.getenv("TERM") or "xterm" end
   local cols, rows = term_size()
-  local r, err = c:call("pty.create", { sandbox = id, argv = argv, env = env, cwd = o.workdir,
-    cols = cols, rows = rows })
+  local r, err, backlog
+  if o.attach_pid then
+    -- an existing process: what its terminal showed lately, then the rest
+    pid = o.attach_pid
+    r, err = c:call("process.connect", { sandbox = id, pid = pid })
+    if r then
+      -- written once our terminal is raw: a key typed on seeing it must go to the box
+      backlog = {}
+      for _, ch in ipairs(r.output or {}) do
+        backlog[#backlog + 1] = ch.encoding == "utf8" and ch.data or (b64.decode(ch.data) or "")
+      end
+      async.spawn(function() c:call("pty.resize", { sandbox = id, pid = pid, cols = cols, rows = rows }) end)
+    end
+  else
+    r, err = c:call("pty.create", { sandbox = id, argv = argv, env = env, cwd = o.workdir,
+      cols = cols, rows = rows })
+  end
   if not r then
     io.stderr:write("tupper: ", type(err) == "table" and tostring(err.message) or tostring(err), "\n")
     local code = type(err) == "table" and err.data and err.data.code
@@ -264,6 +283,11 @@ function M.run_pty(c, id, argv, o)
     if kind == "tty" then
       tty_in = uv.new_tty(0, true)
       tty_in:set_mode(1) -- raw: keys go to the box's terminal, its line discipline does the rest
+      -- libuv's raw mode keeps output processing: without this a box's
+      -- bare LF (curses uses it to move down) would come out as CR LF.
+      -- luv binds no termios; the mode libuv saved is restored at the end
+      -- (libuv made fd 0 close-on-exec: stty reads the controlling terminal)
+      os.execute("stty -opost </dev/tty 2>/dev/null")
       input = tty_in
     else
       input = uv.new_pipe(false)
@@ -290,6 +314,10 @@ function M.run_pty(c, id, argv, o)
       if hit then detached = true; input:read_stop(); wake() end
     end)
   end
+  if backlog then
+    io.stdout:write(table.concat(backlog))
+    io.stdout:flush()
+  end
   if not exited and not detached and not c.closed then async.wait(function(cb) done_cb = cb end) end
   if tty_in then
     tty_in:set_mode(0)
@@ -299,7 +327,7 @@ function M.run_pty(c, id, argv, o)
   end
   for _, h in ipairs(handles) do if not h:is_closing() then h:close() end end
   if detached and not exited then
-    io.stderr:write(("\r\ntupper: detached; process %d keeps running in %s (its output: tupper logs -f %s %d)\r\n")
+    io.stderr:write(("\r\ntupper: detached; process %d keeps running in %s (back: tupper attach %s %d)\r\n")
       :format(pid, id, id, pid))
     return 0
   end
@@ -310,6 +338,25 @@ function M.run_pty(c, id, argv, o)
   local sig = math.tointeger(exited.signal) or 0
   if sig > 0 then return 128 + sig end
   return math.tointeger(exited.exit_code) or 125
+end
+
+
+--- tupper attach ID PID: back onto a process's terminal (one exec -t
+-- started, detached from or not), with stdin, resize and the detach keys
+-- as exec -it.  o: { detach_keys }.  Returns the exit code.
+function M.attach(c, o, args)
+  local id, pid = args[1], math.tointeger(tonumber(args[2] or ""))
+  if not id or not pid or #args ~= 2 then io.stderr:write("tupper: usage: tupper attach ID PID\n"); return 125 end
+  local l, err = c:call("process.list", { sandbox = id })
+  if not l then io.stderr:write("tupper: attach: ", tostring(type(err) == "table" and err.message or err), "\n"); return 125 end
+  local proc
+  for _, p in ipairs(l.processes) do if p.pid == pid then proc = p end end
+  if not proc then io.stderr:write(("tupper: attach: no process %d in %s (tupper logs %s lists them)\n"):format(pid, id, id)); return 125 end
+  if not proc.pty then
+    io.stderr:write(("tupper: attach: process %d has no terminal; its output: tupper logs -f %s %d\n"):format(pid, id, pid))
+    return 125
+  end
+  return M.run_pty(c, id, nil, { attach_pid = pid, interactive = true, detach = true, detach_keys = o.detach_keys })
 end
 
 return M

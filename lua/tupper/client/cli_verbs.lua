@@ -303,6 +303,22 @@ local function each_id(c, args, method, verb)
   return code
 end
 
+-- cli-b: client/cli_tty.lua; parsing stays here until the table-driven CLI
+function M.attach(c, args)
+  local o, rest = {}, {}
+  local k = 1
+  while k <= #args do
+    if args[k] == "--detach-keys" then
+      k = k + 1
+      o.detach_keys = args[k]
+      if o.detach_keys == nil then return die("attach: --detach-keys needs a value") end
+    elseif args[k]:sub(1, 1) == "-" then return die("attach: unknown option '%s'", args[k])
+    else rest[#rest + 1] = args[k] end
+    k = k + 1
+  end
+  return cli_tty.attach(c, o, rest)
+end
+
 -- cli-b: client/cli_logs.lua; parsing stays here until the table-driven CLI
 function M.logs(c, args)
   local o, rest = {}, {}
