@@ -130,13 +130,32 @@ end
 
 -- ---- sources -------------------------------------------------------------------
 
+--- fs.stat of path in box sid, following symlinks (SRC itself is followed,
+-- as on the host; symlinks below it are copied as symlinks): the path
+-- reached and its stat.  Raises a string.
+function M.box_follow(c, sid, path)
+  local st, err = c:call("fs.stat", { sandbox = sid, path = path })
+  if not st then error(errmsg(err), 0) end
+  local hops = 0
+  while st.type == "symlink" do
+    hops = hops + 1
+    if hops > 40 or type(st.link) ~= "string" or st.link == "" then
+      error(("%s: too many levels of symbolic links"):format(shown(path)), 0)
+    end
+    path = st.link:sub(1, 1) == "/" and st.link or join(dirname(path), st.link)
+    st, err = c:call("fs.stat", { sandbox = sid, path = path })
+    if not st then error(("%s: %s"):format(shown(path), errmsg(err)), 0) end
+  end
+  return path, st
+end
+
 --- The entries of a box's tree at path (a file: one entry), in pre-order,
 -- passed to emit(entry) one by one; raises a string on a failed call.  Entries are counted
 -- and each file is read no further than the size it was listed with.
 function M.box_source(c, sid, root, recursive)
   return function(emit)
-    local st, err = c:call("fs.stat", { sandbox = sid, path = root })
-    if not st then error(errmsg(err), 0) end
+    local st
+    root, st = M.box_follow(c, sid, root)
     local count = 0
     local function file_copy(path, size)
       return function(write)
@@ -709,13 +728,12 @@ function M.cp(c, o, args)
       io.stdout:flush()
       return 0
     end
-    local st, serr = c:call("fs.stat", { sandbox = sid, path = spath })
-    if not st then error(errmsg(serr), 0) end
+    local _, st = M.box_follow(c, sid, spath)
     local dst_st = uv.fs_stat(dst)
     local root, rerr = copy_root(spath, st.type == "dir", dst,
       dst_st and (dst_st.type == "directory" and "dir" or "file"))
     if not root then error(rerr, 0) end
-    if st.type ~= "dir" and st.type ~= "file" and st.type ~= "symlink" then
+    if st.type ~= "dir" and st.type ~= "file" then
       error(("%s is not a file or directory"):format(shown(spath)), 0)
     end
     local sink = M.host_sink(root)

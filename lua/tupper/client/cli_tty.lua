@@ -224,7 +224,10 @@ function M.run_pty(c, id, argv, o)
     if p.sandbox == id and p.pid == pid then
       local data = p.data
       if p.encoding ~= "utf8" then data = b64.decode(data) or "" end
-      if not io.stdout:write(data) or not io.stdout:flush() then os.exit(141) end
+      if not io.stdout:write(data) or not io.stdout:flush() then
+        uv.tty_reset_mode() -- our terminal is not left raw
+        os.exit(141)
+      end
     end
   end)
   c:on("process.exit", function(p)
