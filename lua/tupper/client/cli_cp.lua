@@ -276,7 +276,10 @@ function M.host_sink(dest, opts)
   local function ensure_dir(parts, n)
     local rel = table.concat(parts, "/", 1, n)
     if dirs[rel] then return true end
-    if n > 0 and not ensure_dir(parts, n - 1) then return false end
+    if n > 0 then
+      local ok, err = ensure_dir(parts, n - 1)
+      if not ok then return false, err end
+    end
     local path = join(dest, rel)
     local st = uv.fs_lstat(path)
     if not st then
@@ -322,10 +325,10 @@ function M.host_sink(dest, opts)
         if #parts == 0 then error(err, 0) end
         skip(ent, err)
       else
-        local path = join(dest, table.concat(parts, "/"))
-        local fx = fixups_by[path]
-        if not fx then fx = { path = path }; fixups[#fixups + 1] = fx; fixups_by[path] = fx end
-        fx.mode, fx.mtime = (ent.mode or 493) & 1023, ent.mtime
+        -- a directory this copy made takes the entry's mode and time; one
+        -- that was there (a merge) keeps its own
+        local fx = fixups_by[join(dest, table.concat(parts, "/"))]
+        if fx then fx.mode, fx.mtime = (ent.mode or 493) & 1023, ent.mtime end
         if (ent.mode or 0) & 3072 ~= 0 then warn("%s: setuid/setgid bits dropped", shown(ent.path ~= "" and ent.path or basename(dest))) end
       end
     else
@@ -374,7 +377,7 @@ function M.host_sink(dest, opts)
             local lok, lerr = uv.fs_symlink(ent.link, tmp)
             if not lok then error(lerr, 0) end
           end)
-          if not pok then skip(ent, tostring(perr2)) end
+          if not pok then skip(ent, tostring(perr2)) else files[rel] = nil end
         end
       elseif ent.type == "hardlink" then
         local lparts = M.check_path(ent.link or "")
