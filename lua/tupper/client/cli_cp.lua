@@ -420,6 +420,8 @@ function M.box_sink(c, sid, dest, archive)
     if not r then error(("%s: %s"):format(method, errmsg(err)), 0) end
     return r
   end
+  -- fs.setattr takes no time before the epoch
+  local function time_of(ent) return ent.mtime and math.max(ent.mtime, 0) end
   local function mode_of(ent, def)
     local m = (ent.mode or def) & 4095
     if not archive then m = m & 1023 end
@@ -446,7 +448,7 @@ function M.box_sink(c, sid, dest, archive)
     local target = join(dest, table.concat(parts, "/"))
     if ent.type == "dir" then
       call("fs.mkdir", { path = target, parents = #parts == 0, mode = 448 })
-      fixups[#fixups + 1] = { path = target, mode = mode_of(ent, 493), mtime = ent.mtime }
+      fixups[#fixups + 1] = { path = target, mode = mode_of(ent, 493), mtime = time_of(ent) }
     elseif ent.type == "file" then
       place(target, function(tmp)
         local offset, wrote = 0, false
@@ -455,12 +457,12 @@ function M.box_sink(c, sid, dest, archive)
           offset, wrote = offset + #data, true
         end)
         if not wrote then call("fs.write", { path = tmp, data = "", offset = 0, mode = 384, truncate = true }) end
-        call("fs.setattr", { path = tmp, mode = mode_of(ent, 420), mtime = ent.mtime })
+        call("fs.setattr", { path = tmp, mode = mode_of(ent, 420), mtime = time_of(ent) })
       end)
     elseif ent.type == "symlink" and type(ent.link) == "string" and ent.link ~= "" then
       place(target, function(tmp)
         call("fs.symlink", { path = tmp, target = ent.link })
-        if ent.mtime then call("fs.setattr", { path = tmp, mtime = ent.mtime }) end
+        if ent.mtime then call("fs.setattr", { path = tmp, mtime = time_of(ent) }) end
       end)
     else
       warn("skipped %s: not a file, directory or symlink", shown(ent.path == "" and "." or ent.path))

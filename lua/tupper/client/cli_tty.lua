@@ -279,7 +279,7 @@ function M.run_pty(c, id, argv, o)
       end)
     end)
   end
-  local tty_in
+  local tty_in, is_sending
   if o.interactive then
     local kind = uv.guess_handle(0)
     local input
@@ -299,6 +299,7 @@ function M.run_pty(c, id, argv, o)
     end
     local feed = M.detacher(keys)
     local queue, sending = {}, false
+    is_sending = function() return sending or #queue > 0 end
     local function pump()
       if sending then return end
       sending = true
@@ -322,6 +323,9 @@ function M.run_pty(c, id, argv, o)
     io.stdout:flush()
   end
   if not exited and not detached and not c.closed then async.wait(function(cb) done_cb = cb end) end
+  -- keys typed before the detach keys still go (for a second at most)
+  local drain_until = uv.now() + 1000
+  while detached and is_sending and is_sending() and not c.closed and uv.now() < drain_until do async.sleep(5) end
   if tty_in then
     tty_in:set_mode(0)
     uv.tty_reset_mode()
