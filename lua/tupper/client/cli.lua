@@ -24,13 +24,20 @@ commands:
   run [OPTIONS] [--] CMD...     run CMD in a new sandbox, then remove it
   create [OPTIONS]              create a sandbox and print its id
   exec [OPTIONS] ID [--] CMD... run CMD in a sandbox
+  attach [--detach-keys K] ID PID
+                                back onto the terminal of a process that
+                                exec -it started (after detaching: ^])
   ls [--json]                   list sandboxes
-  cp SRC DST                    copy a file: FILE ID:/path or ID:/path FILE
+  cp [-r] [-a] SRC DST          copy files or trees (-r): SRC ID:/path,
+                                ID:/path DST, - for a tar stream (docs/cli.md)
   kill ID...                    kill sandboxes and remove them
   pause ID... / resume ID...    freeze and thaw every process of sandboxes
   stats [--json] ID             resource counters of a sandbox
   pull [-q] REF                 pull an image (linux/amd64) from its registry
                                 into the daemon's store; prints REF@DIGEST
+  logs [-f] [--tail N] [--json] ID [PID]
+                                a process's output (-f: until it exits);
+                                no PID: the sandbox's processes
   logs --network [--json] ID    the sandbox's network decisions (allow/deny)
   port ID PORT                  forward PORT of the sandbox to the host's
                                 loopback; prints 127.0.0.1:HOSTPORT
@@ -63,6 +70,8 @@ commands:
 
 options of run, create and exec:
   -i, --interactive     pass stdin through (run, exec)
+  -t, --tty             on a terminal of the box (run, exec; -it with -i)
+  --detach-keys KEYS    exec -it: keys that detach (default ctrl-]; '' none)
   -e, --env K=V         set an environment variable (repeatable)
   -w, --workdir DIR     working directory (run, exec; create: the default)
   --image NAME          image (run, create; default: the embedded 'default');

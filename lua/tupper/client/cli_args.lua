@@ -39,6 +39,10 @@ function M.parse_opts(args, i, allowed)
     elseif not allowed[a] then
       error(("unknown option %s"):format(a), 0)
     elseif a == "-i" or a == "--interactive" then o.interactive = true
+    -- cli-b (client/cli_tty.lua): a terminal of the box, and its detach keys
+    elseif a == "-t" or a == "--tty" then o.tty = true
+    elseif a == "-it" or a == "-ti" then o.tty, o.interactive = true, true
+    elseif a == "--detach-keys" then o.detach_keys = value()
     elseif a == "-e" or a == "--env" then kv(o.env, value())
     elseif a == "--metadata" then kv(o.metadata, value())
     elseif a == "-w" or a == "--workdir" then o.workdir = value()
@@ -88,6 +92,7 @@ RUN_OPTS["--recipe"] = 1
 for _, o in ipairs(LIMIT_OPTS) do RUN_OPTS[o] = 1; CREATE_OPTS[o] = 1 end
 local EXEC_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
   ["--workdir"] = 1 }
+for _, t in ipairs({ "-t", "--tty", "-it", "-ti", "--detach-keys" }) do RUN_OPTS[t] = 1; EXEC_OPTS[t] = 1 end -- cli-b
 M.RUN_OPTS, M.CREATE_OPTS, M.EXEC_OPTS = RUN_OPTS, CREATE_OPTS, EXEC_OPTS
 
 --- The sandbox id and path of "ID:/path" (cp's remote side), or nil.

@@ -8,17 +8,25 @@ local async = require("tupper.util.async")
 local json = require("tupper.util.json")
 local units = require("tupper.util.units")
 local cli_args = require("tupper.client.cli_args")
+-- cli-b: terminals, cp and logs live in their own files
+local cli_tty = require("tupper.client.cli_tty")
+local cli_cp = require("tupper.client.cli_cp")
+local cli_logs = require("tupper.client.cli_logs")
 
 local M = {}
 
 local die, errmsg, parse_opts = cli_args.die, cli_args.errmsg, cli_args.parse_opts
 local RUN_OPTS, CREATE_OPTS, EXEC_OPTS = cli_args.RUN_OPTS, cli_args.CREATE_OPTS, cli_args.EXEC_OPTS
-local split_remote = cli_args.split_remote
 
+-- cli-b: a box's bytes on our terminal go through the escaping filter
+local out_filters = {}
 local function write_out(stream, p)
   local data = p.data
   if p.encoding ~= "utf8" then data = core.b64decode(data) or "" end
   local f = stream == "stderr" and io.stderr or io.stdout
+  local fd = stream == "stderr" and 2 or 1
+  out_filters[fd] = out_filters[fd] or cli_tty.filter(fd)
+  data = out_filters[fd](data)
   if not f:write(data) or not f:flush() then
     -- our reader went away (`tupper run -- yes | head -1`): end as a
     -- SIGPIPE would; the daemon kills the box when we disconnect
@@ -63,6 +71,7 @@ end
 
 -- Runs argv in sandbox id, streaming output; returns the exit code.
 local function run_in(c, id, argv, o)
+  if o.tty then return cli_tty.run_pty(c, id, argv, o) end -- cli-b
   local exited
   local done_cb
   local pid
@@ -214,6 +223,7 @@ function M.exec(c, args)
   if not id then return die("exec needs a sandbox id") end
   if rest[1] == "--" then table.remove(rest, 1) end
   if #rest == 0 then return die("exec needs a command") end
+  o.detach = true -- cli-b: the detach keys leave an exec's process running
   return run_in(c, id, rest, o)
 end
 
@@ -293,29 +303,41 @@ local function each_id(c, args, method, verb)
   return code
 end
 
+-- cli-b: client/cli_tty.lua; parsing stays here until the table-driven CLI
+function M.attach(c, args)
+  local o, rest = {}, {}
+  local k = 1
+  while k <= #args do
+    if args[k] == "--detach-keys" then
+      k = k + 1
+      o.detach_keys = args[k]
+      if o.detach_keys == nil then return die("attach: --detach-keys needs a value") end
+    elseif args[k]:sub(1, 1) == "-" then return die("attach: unknown option '%s'", args[k])
+    else rest[#rest + 1] = args[k] end
+    k = k + 1
+  end
+  return cli_tty.attach(c, o, rest)
+end
+
+-- cli-b: client/cli_logs.lua; parsing stays here until the table-driven CLI
 function M.logs(c, args)
-  local network, as_json, id = false, false, nil
-  for _, a in ipairs(args) do
-    if a == "--network" then network = true
-    elseif a == "--json" then as_json = true
-    elseif id == nil and a:sub(1, 1) ~= "-" then id = a
-    else return die("logs: unexpected argument '%s'", a) end
+  local o, rest = {}, {}
+  local k = 1
+  while k <= #args do
+    local a = args[k]
+    if a == "--network" then o.network = true
+    elseif a == "--json" then o.json = true
+    elseif a == "-f" or a == "--follow" then o.follow = true
+    elseif a == "--tail" then
+      k = k + 1
+      o.tail = math.tointeger(tonumber(args[k] or ""))
+      if not o.tail or o.tail < 0 then return die("logs: --tail wants a number of lines") end
+    elseif a:sub(1, 1) == "-" then return die("logs: unknown option '%s'", a)
+    else rest[#rest + 1] = a end
+    k = k + 1
   end
-  if not network then return die("logs: only --network is supported (process output streams with exec)") end
-  if not id then return die("logs needs a sandbox id") end
-  local r, err = c:call("sandbox.network_log", { id = id })
-  if not r then return die("logs %s: %s", id, errmsg(err)) end
-  if as_json then
-    print(json.encode(json.array(r.entries)))
-    return 0
-  end
-  for _, e in ipairs(r.entries) do
-    local port = math.tointeger(e.port)
-    print(("%s %-5s %-11s %s%s%s%s"):format(e.time, e.action, e.via, tostring(e.host or "?"),
-      port and (":" .. port) or "", e.addr and (" -> " .. e.addr) or "",
-      e.reason and ("  (" .. e.reason .. ")") or ""))
-  end
-  return 0
+  if #rest == 0 then return die("logs needs a sandbox id") end
+  return cli_logs.logs(c, o, rest)
 end
 
 function M.port(c, args)
@@ -408,44 +430,16 @@ function M.image(c, args)
   return die("image: want ls, inspect, rm, import or prune")
 end
 
+-- cli-b: client/cli_cp.lua; parsing stays here until the table-driven CLI
 function M.cp(c, args)
-  if #args ~= 2 then return die("cp wants SRC DST") end
-  local sid, spath = split_remote(args[1])
-  local did, dpath = split_remote(args[2])
-  if (sid and did) or (not sid and not did) then
-    return die("cp copies between the host and a sandbox: FILE ID:/path or ID:/path FILE")
+  local o, rest = {}, {}
+  for _, a in ipairs(args) do
+    if a == "-r" or a == "-R" or a == "--recursive" then o.recursive = true
+    elseif a == "-a" or a == "--archive" then o.archive = true
+    elseif a ~= "-" and a:sub(1, 1) == "-" then return die("cp: unknown option '%s'", a)
+    else rest[#rest + 1] = a end
   end
-  local chunk = core.CHUNK_MAX
-  if did then
-    local f, err = io.open(args[1], "rb")
-    if not f then return die("%s", err) end
-    local offset = 0
-    repeat
-      local data = f:read(chunk) or ""
-      local r, e = c:call("fs.write", { sandbox = did, path = dpath, data = core.b64encode(data),
-        offset = offset, truncate = offset == 0 })
-      if not r then f:close(); return die("cp: %s", errmsg(e)) end
-      offset = offset + #data
-    until #data < chunk
-    f:close()
-    return 0
-  end
-  local st, serr = c:call("fs.stat", { sandbox = sid, path = spath })
-  if not st then return die("cp: %s", errmsg(serr)) end
-  if st.type ~= "file" then return die("cp: %s is a %s; only files are copied", spath, st.type) end
-  local f, err = io.open(args[2], "wb")
-  if not f then return die("%s", err) end
-  local offset = 0
-  while true do
-    local r, e = c:call("fs.read", { sandbox = sid, path = spath, offset = offset, length = chunk })
-    if not r then f:close(); return die("cp: %s", errmsg(e)) end
-    local data = core.b64decode(r.data) or ""
-    f:write(data)
-    offset = offset + #data
-    if r.eof or #data == 0 then break end
-  end
-  f:close()
-  return 0
+  return cli_cp.cp(c, o, rest)
 end
 
 return M
