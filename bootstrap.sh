@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs what tupper needs to build and test, from Debian's archive only.
 # Idempotent: packages already present are left alone, and apt is not even
-# consulted when nothing is missing.  Usage: ./bootstrap.sh [build|test|bench]
+# consulted when nothing is missing.  Usage: ./bootstrap.sh [build|test|bench|deb]
 set -eu
 
 what=${1:-build}
@@ -26,8 +26,12 @@ case "$what" in
     # Debian images (tests/slow/debian_spec.lua): mmdebstrap builds them, gpg
     # checks the keyring it picks
     pkgs="$pkgs mmdebstrap gpg"
+    # the service specs: systemd-analyze verify on the units,
+    # systemd-socket-activate; dpkg-shlibdeps for make deb
+    pkgs="$pkgs systemd dpkg-dev"
     # the CLI spec checks the man pages (man -l, lexgrog) and the zsh completion
     pkgs="$pkgs man-db zsh" ;;
+  deb) pkgs="$pkgs dpkg-dev" ;; # make deb: dpkg-shlibdeps computes Depends
   bench) pkgs="$pkgs hyperfine bubblewrap crun podman"
     pkgs="$pkgs docker-registry skopeo umoci curl python3" ;; # bench/pull
 esac

@@ -360,6 +360,8 @@ describe("the daemon", function()
       ["fs.list"] = { sandbox = id, path = "/" }, ["fs.mkdir"] = { sandbox = id, path = "/d" },
       ["fs.write"] = { sandbox = id, path = "/g", data = "eA==" },
       ["fs.rename"] = { sandbox = id, from = "/g", to = "/h" },
+      ["fs.setattr"] = { sandbox = id, path = "/f", mode = 384, mtime = 1000000000 },
+      ["fs.symlink"] = { sandbox = id, path = "/lnk", target = "f" },
       ["fs.remove"] = { sandbox = id, path = "/h" },
       ["recipe.build"] = { recipe = { name = "default" } },
       ["sandbox.update_network"] = { id = id, network = { allow = { "example.com:443" } } },
@@ -375,7 +377,7 @@ describe("the daemon", function()
     local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "sandbox.set_timeout",
       "sandbox.metrics", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
-      "fs.rename", "fs.remove", "recipe.build",
+      "fs.rename", "fs.remove", "fs.setattr", "fs.symlink", "recipe.build",
       "sandbox.update_network", "sandbox.network_log", "sandbox.expose",
       "image.import", "image.list", "image.inspect", "image.remove", "image.prune",
       "process.connect", "pty.create", "fs.watch" }

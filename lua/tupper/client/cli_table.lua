@@ -33,8 +33,8 @@ opt("version", { summary = "print the version" })
 
 -- run, create, exec
 opt("interactive", { short = "i", summary = "pass stdin through" })
-opt("tty", { short = "t", summary = "give the process a terminal (a pty)" })
-opt("detach-keys", { value = "KEYS", kind = "string", summary = "the key sequence that detaches from a -t process (e.g. ctrl-p,ctrl-q)" })
+opt("tty", { short = "t", summary = "on a terminal of the box (-it: and stdin, in raw mode)" })
+opt("detach-keys", { value = "KEYS", kind = "string", summary = "keys that detach from a terminal, e.g. ctrl-p,ctrl-q (default ctrl-]; '' none)" })
 opt("env", { short = "e", value = "K=V", kind = "kv", repeatable = true, summary = "set an environment variable" })
 opt("workdir", { short = "w", value = "DIR", kind = "string", summary = "working directory (in the box)" })
 opt("image", { value = "NAME", kind = "image", summary = "image (default: the embedded 'default')" })
@@ -64,7 +64,8 @@ opt("follow", { short = "f", summary = "keep printing as new output comes" })
 opt("tail", { value = "N", kind = "int", min = 0, summary = "print only the last N lines" })
 opt("no-stream", { summary = "print once and exit (the default when stdout is not a terminal)" })
 opt("recursive", { short = "r", summary = "copy directories and what is in them" })
-opt("archive", { short = "a", summary = "keep modes and times (implies -r)" })
+opt("recursive-R", { long = false, short = "R", key = "recursive", summary = "the same as -r" })
+opt("archive", { short = "a", summary = "also keep setuid/setgid bits into a box (implies -r)" })
 
 -- daemon
 local function dopt(name, t) opt(name, t); O[name].daemon = true end
@@ -148,6 +149,7 @@ M.VERBS = {
     summary = "run CMD in a sandbox",
     description = {
       "Runs CMD in the sandbox ID with its output streamed to this terminal; the exit code is CMD's (as for run). Options come before CMD; `--` ends them explicitly.",
+      "With -t the command runs on a terminal of the box (-it: with this terminal's keys, in raw mode); the detach keys (default ctrl-]) leave it running there, and tupper attach goes back to it.",
     },
     options = { "interactive", "tty", "detach-keys", "env", "workdir" },
     args = { ID, { name = "CMD", kind = "command", repeatable = true } },
@@ -156,6 +158,13 @@ M.VERBS = {
       { "tupper exec -it $id sh", "a shell on a terminal" },
       { "tupper exec -e DEBUG=1 -w /tmp $id -- env", "" },
     } },
+  { name = "attach", group = "sandboxes", daemon = true,
+    synopsis = "[--detach-keys KEYS] ID PID",
+    summary = "back onto the terminal of a process exec -it started",
+    description = { "Shows what the terminal of process PID of sandbox ID showed last, sizes it to this window, and sends it this terminal's keys again, until the process exits or the detach keys (default ctrl-]) are typed." },
+    options = { "detach-keys" },
+    args = { ID, { name = "PID", kind = "string" } },
+    examples = { { "tupper attach $id 12", "" } } },
   { name = "ls", group = "sandboxes", daemon = true,
     synopsis = "[--json] [-q] [--no-trunc]",
     summary = "list sandboxes",
@@ -165,13 +174,15 @@ M.VERBS = {
     examples = { { "tupper ls", "" }, { "tupper ls -q | xargs tupper kill", "kill every sandbox" } } },
   { name = "cp", group = "sandboxes", daemon = true,
     synopsis = "[-r] [-a] SRC DST",
-    summary = "copy files between the host and a sandbox",
-    description = { "Copies FILE to ID:/path or ID:/path to FILE; exactly one side is in a sandbox." },
-    options = { "recursive", "archive" },
+    summary = "copy files or trees between the host and a sandbox",
+    description = { "Copies SRC to ID:DEST (host to box) or ID:SRC to DEST (box to host), as docker cp does: a directory needs -r; modes, times and symlinks are kept; every file is written under a temporary name and renamed once whole. `-` as DEST writes a tar stream of ID:SRC to stdout; `-` as SRC unpacks a tar stream from stdin into ID:DIR. What comes out of a box never writes outside DEST (docs/cli.md)." },
+    options = { "recursive", "recursive-R", "archive" },
     args = { { name = "SRC", kind = "remote" }, { name = "DST", kind = "remote" } },
     examples = {
       { "tupper cp ./script.sh $id:/root/script.sh", "" },
       { "tupper cp $id:/root/out.txt ./out.txt", "" },
+      { "tupper cp -r ./project $id:/home/user", "" },
+      { "tupper cp $id:/var/log - | tar tv", "a tar stream" },
     } },
   { name = "kill", group = "sandboxes", daemon = true,
     synopsis = "ID...",
@@ -204,10 +215,11 @@ M.VERBS = {
   { name = "logs", group = "sandboxes", daemon = true,
     synopsis = "[OPTIONS] ID [PID]",
     summary = "a sandbox's process output, or its network decisions",
-    description = { "Prints the output of the process PID of sandbox ID (or of its processes), or, with --network, the sandbox's network decisions: each connection allowed or denied, and why." },
+    description = { "With no PID, lists the sandbox's processes started through the API; with a PID, prints what it wrote lately (the daemon keeps 64 KiB), and with -f follows it until it exits (the exit code is then the process's). With --network, the sandbox's network decisions: each connection allowed or denied, and why." },
     options = { "network-log", "json", "follow", "tail" },
     args = { ID, { name = "PID", kind = "string", optional = true } },
-    examples = { { "tupper logs --network $id", "what it tried to reach" }, { "tupper logs -f $id", "" } } },
+    examples = { { "tupper logs $id", "its processes" }, { "tupper logs -f --tail 20 $id 12", "" },
+      { "tupper logs --network $id", "what it tried to reach" } } },
   { name = "port", group = "sandboxes", daemon = true,
     synopsis = "ID PORT",
     summary = "forward a port of a sandbox to the host's loopback",

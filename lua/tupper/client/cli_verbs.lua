@@ -9,18 +9,14 @@ local async = require("tupper.util.async")
 local json = require("tupper.util.json")
 local units = require("tupper.util.units")
 local cli_args = require("tupper.client.cli_args")
+-- cli-b: terminals, cp and logs live in their own files
+local cli_tty = require("tupper.client.cli_tty")
+local cli_cp = require("tupper.client.cli_cp")
+local cli_logs = require("tupper.client.cli_logs")
 
 local M = {}
 
 local die, errmsg, box_opts = cli_args.die, cli_args.errmsg, cli_args.box_opts
-local split_remote = cli_args.split_remote
-
--- what this build parses but does not do yet (the terminal, recursive
--- copies and process logs come with client/cli_tty.lua, cli_cp.lua and
--- cli_logs.lua): a clear refusal, never a silent difference
-local function unsupported(verb, what)
-  return die("%s: %s is not supported by this build", verb, what)
-end
 
 --- Prints rows (lists of strings) under headers, each column as wide as
 -- its widest cell (the last one unpadded), two spaces apart.
@@ -51,10 +47,15 @@ function M.trunc(s, n, keep)
   return s:sub(1, n - 1) .. "\u{2026}"
 end
 
+-- cli-b: a box's bytes on our terminal go through the escaping filter
+local out_filters = {}
 local function write_out(stream, p)
   local data = p.data
   if p.encoding ~= "utf8" then data = core.b64decode(data) or "" end
   local f = stream == "stderr" and io.stderr or io.stdout
+  local fd = stream == "stderr" and 2 or 1
+  out_filters[fd] = out_filters[fd] or cli_tty.filter(fd)
+  data = out_filters[fd](data)
   if not f:write(data) or not f:flush() then
     -- our reader went away (`tupper run -- yes | head -1`): end as a
     -- SIGPIPE would; the daemon kills the box when we disconnect
@@ -99,6 +100,7 @@ end
 
 -- Runs argv in sandbox id, streaming output; returns the exit code.
 local function run_in(c, id, argv, o)
+  if o.tty then return cli_tty.run_pty(c, id, argv, o) end -- cli-b
   local exited
   local done_cb
   local pid
@@ -194,7 +196,6 @@ end
 
 function M.run(c, p)
   local o, rest = box_opts(p), p.cmd or {}
-  if o.tty then return unsupported("run", "-t (a terminal)") end
   local image_cmd = #rest == 0 and o.image and o.image ~= "default"
   if #rest == 0 then rest = { "/bin/sh" } end
   local pol = policy_param(o)
@@ -245,7 +246,7 @@ end
 
 function M.exec(c, p)
   local o = box_opts(p)
-  if o.tty then return unsupported("exec", "-t (a terminal)") end
+  o.detach = true -- cli-b: the detach keys leave an exec's process running
   return run_in(c, p.args[1], p.cmd, o)
 end
 
@@ -318,25 +319,16 @@ local function each_id(c, p, method, verb)
   return code
 end
 
+--- tupper attach ID PID (client/cli_tty.lua).
+function M.attach(c, p)
+  return cli_tty.attach(c, { detach_keys = p.opts.detach_keys }, p.args)
+end
+
+--- tupper logs [--network] [--json] [-f] [--tail N] ID [PID]
+-- (client/cli_logs.lua).
 function M.logs(c, p)
-  local id, as_json = p.args[1], p.opts.json
-  if not p.opts.network then return unsupported("logs", "a process's output (only --network is)") end
-  if p.args[2] or p.opts.follow or p.opts.tail then
-    return die("logs --network takes no PID, --follow or --tail")
-  end
-  local r, err = c:call("sandbox.network_log", { id = id })
-  if not r then return die("logs %s: %s", id, errmsg(err)) end
-  if as_json then
-    print(json.encode(json.array(r.entries)))
-    return 0
-  end
-  for _, e in ipairs(r.entries) do
-    local port = math.tointeger(e.port)
-    print(("%s %-5s %-11s %s%s%s%s"):format(e.time, e.action, e.via, tostring(e.host or "?"),
-      port and (":" .. port) or "", e.addr and (" -> " .. e.addr) or "",
-      e.reason and ("  (" .. e.reason .. ")") or ""))
-  end
-  return 0
+  local o = p.opts
+  return cli_logs.logs(c, { network = o.network, json = o.json, follow = o.follow, tail = o.tail }, p.args)
 end
 
 function M.port(c, p)
@@ -480,45 +472,9 @@ function M.image_prune(c, p)
   return 0
 end
 
+--- tupper cp [-r] [-a] SRC DST (client/cli_cp.lua).
 function M.cp(c, p)
-  if p.opts.recursive or p.opts.archive then return unsupported("cp", "-r/-a (directories)") end
-  local args = p.args
-  local sid, spath = split_remote(args[1])
-  local did, dpath = split_remote(args[2])
-  if (sid and did) or (not sid and not did) then
-    return die("cp copies between the host and a sandbox: FILE ID:/path or ID:/path FILE")
-  end
-  local chunk = core.CHUNK_MAX
-  if did then
-    local f, err = io.open(args[1], "rb")
-    if not f then return die("%s", err) end
-    local offset = 0
-    repeat
-      local data = f:read(chunk) or ""
-      local r, e = c:call("fs.write", { sandbox = did, path = dpath, data = core.b64encode(data),
-        offset = offset, truncate = offset == 0 })
-      if not r then f:close(); return die("cp: %s", errmsg(e)) end
-      offset = offset + #data
-    until #data < chunk
-    f:close()
-    return 0
-  end
-  local st, serr = c:call("fs.stat", { sandbox = sid, path = spath })
-  if not st then return die("cp: %s", errmsg(serr)) end
-  if st.type ~= "file" then return die("cp: %s is a %s; only files are copied", spath, st.type) end
-  local f, err = io.open(args[2], "wb")
-  if not f then return die("%s", err) end
-  local offset = 0
-  while true do
-    local r, e = c:call("fs.read", { sandbox = sid, path = spath, offset = offset, length = chunk })
-    if not r then f:close(); return die("cp: %s", errmsg(e)) end
-    local data = core.b64decode(r.data) or ""
-    f:write(data)
-    offset = offset + #data
-    if r.eof or #data == 0 then break end
-  end
-  f:close()
-  return 0
+  return cli_cp.cp(c, { recursive = p.opts.recursive, archive = p.opts.archive }, p.args)
 end
 
 return M

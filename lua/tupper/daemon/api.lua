@@ -440,6 +440,24 @@ function h.fs_rename(d, conn, p)
   return {}
 end
 
+function h.fs_setattr(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local r, c, m, x = agent_call(sb, MSG.FS_SETATTR, as(p, { path = abs_path(p.path), mode = p.mode,
+    mtime = p.mtime }), rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  return {}
+end
+
+function h.fs_symlink(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local r, c, m, x = agent_call(sb, MSG.FS_SYMLINK, as(p, { path = abs_path(p.path), link = p.target }),
+    rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  return {}
+end
+
 function h.image_list(d, conn, p)
   local list = d.images:list()
   for _, i in ipairs(list) do i.created = i.created or json.null end

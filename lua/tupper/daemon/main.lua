@@ -17,6 +17,7 @@ local images = require("tupper.image.store")
 local debian = require("tupper.image.debian")
 local netrelay = require("tupper.net.relay")
 local backends = require("tupper.backend.registry")
+local activation = require("tupper.daemon.activation")
 -- the daemon's methods, by what they do (mixed into Daemon below)
 local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
                 require("tupper.daemon.life"), require("tupper.daemon.events"),
@@ -147,7 +148,9 @@ function Daemon:shutdown()
   log("shutting down")
   async.spawn(function()
     if self.server and not self.server:is_closing() then self.server:close() end
-    uv.fs_unlink(self.socket)
+    -- an activated socket's path belongs to the service manager (tupper.socket)
+    if not self.activated then uv.fs_unlink(self.socket) end
+    self.notify("STOPPING=1")
     for id, sb in pairs(self.sandboxes) do
       if sb.destroy then self:kill_sandbox(id) end
     end
@@ -171,7 +174,14 @@ function Daemon:shutdown()
   end)
 end
 
-local function listen(path)
+local function listen(path, activated)
+  if activated then
+    -- the manager's socket, already bound and listening (activation.lua)
+    local server = uv.new_pipe(false)
+    local ok, err = server:open(activated.fd)
+    if not ok then server:close(); return nil, ("socket activation: fd %d: %s"):format(activated.fd, err) end
+    return server
+  end
   local probe = uv.new_pipe(false)
   local live = async.wait(function(cb)
     probe:connect(path, function(err) cb(err == nil) end)
@@ -196,6 +206,13 @@ function M.run(opts)
     accounts = {}, -- image digest -> its default account { name, home }
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
+  -- before anything starts a process: these variables must not leak to it
+  local activated, aerr = activation.listen_socket()
+  self.notify = activation.notifier()
+  if activated then
+    self.activated = activated
+    if activated.path ~= "" then self.socket = activated.path end
+  end
   -- one pool per backend, in the registry's order (by index, and by name)
   for _, name in ipairs(backends.NAMES) do
     local b = backends.get(name)
@@ -205,9 +222,10 @@ function M.run(opts)
   end
   local code = 0
   async.spawn(function()
-    local ok, err = mkdirs(self.state, tonumber("711", 8))
+    local ok, err = activated ~= nil, aerr
+    if ok then ok, err = mkdirs(self.state, tonumber("711", 8)) end
     if ok then ok, err = uv.fs_chmod(self.state, tonumber("711", 8)) end
-    if ok then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
+    if ok and not self.activated then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
     if ok and opts.log then ok, err = core.log_to(opts.log) end
     -- the daemon's own environment, never a client: a hosts file and an
     -- upstream resolver for the network relay (tests, split-view hosts)
@@ -267,7 +285,7 @@ function M.run(opts)
       if self.cgroups then self:_sweep_cgroups() end
     end
     if ok then
-      self.server, err = listen(self.socket)
+      self.server, err = listen(self.socket, self.activated)
       ok = self.server ~= nil
     end
     if not ok then
@@ -282,7 +300,10 @@ function M.run(opts)
       s:start(name, function() self:shutdown() end)
       self.signals[#self.signals + 1] = s
     end
-    log("tupper daemon %s listening on %s (state %s)", core.version, self.socket, self.state)
+    log("tupper daemon %s listening on %s%s (state %s)", core.version, self.socket,
+      self.activated and " (socket-activated)" or "", self.state)
+    local nok, nerr = self.notify("READY=1")
+    if not nok then log("sd_notify READY=1: %s", tostring(nerr)) end
     self:_refill()
   end)
   uv.run()

@@ -61,19 +61,24 @@ function M.autostart(opts)
   return env == "1" or env == "true" or env == "yes"
 end
 
--- where a tupper.socket unit may be installed
+-- where a tupper.socket unit may be installed, and the socket it listens on
 M.UNIT_DIRS = { "/etc/systemd/system", "/usr/local/lib/systemd/system", "/lib/systemd/system",
   "/usr/lib/systemd/system" }
+M.SYSTEM_SOCKET = "/run/tupper/tupper.sock"
 
 --- What to say when no daemon answers at socket: how to start one.
 function M.no_daemon(socket, err)
-  local default = socket == paths.socket()
   local unit = false
-  for _, dir in ipairs(M.UNIT_DIRS) do unit = unit or (default and uv.fs_stat(dir .. "/tupper.socket") ~= nil) end
+  for _, dir in ipairs(M.UNIT_DIRS) do unit = unit or uv.fs_stat(dir .. "/tupper.socket") ~= nil end
+  local hint = ""
+  if unit and socket == M.SYSTEM_SOCKET then
+    hint = " or `systemctl start tupper.socket`"
+  elseif socket ~= M.SYSTEM_SOCKET and (uv.fs_stat(M.SYSTEM_SOCKET) or {}).type == "socket" then
+    hint = (" or use the system's (TUPPER_SOCKET=%s)"):format(M.SYSTEM_SOCKET)
+  end
   return ("no tupper daemon answers at %s (%s): start one with `%s`%s, or pass --autostart "
     .. "(or set TUPPER_AUTOSTART=1) to start a private one"):format(socket, err,
-    default and "tupper daemon &" or ("tupper daemon --socket " .. socket .. " &"),
-    unit and " or `systemctl start tupper.socket`" or "")
+    socket == paths.socket() and "tupper daemon &" or ("tupper daemon --socket " .. socket .. " &"), hint)
 end
 
 --- Connects to the daemon.  opts: socket, state_dir, autostart (default:

@@ -262,6 +262,19 @@ M.methods = {
   },
 }
 
+M.methods["fs.setattr"] = {
+  doc = "Sets a file's mode (chmod; ignored for a symlink) and/or its access and modification "
+    .. "time (seconds since the epoch), never following a final symlink.",
+  params = { sandbox = ID, user = USER, path = PATH, mode = { type = "integer", min = 0, max = 4095 },
+             mtime = { type = "integer", min = 0, max = 99999999999 }, required = { "sandbox", "path" } },
+  result = {},
+}
+M.methods["fs.symlink"] = {
+  doc = "Makes path a symlink to target (taken as text, never resolved by the daemon); an existing path is an error.",
+  params = { sandbox = ID, user = USER, path = PATH, target = PATH, required = { "sandbox", "path", "target" } },
+  result = {},
+}
+
 M.methods["image.pull"] = {
   doc = "Pulls an image from its registry into the daemon's store (linux/amd64); progress = true sends image.progress notifications.",
   params = { ref = { type = "string", min = 1, max = 512 }, progress = { type = "boolean" },
