@@ -87,8 +87,8 @@ dopt("accel", { value = "MODE", kind = "enum", values = { "auto", "kvm", "tcg" }
 -- the rest
 opt("eval", { long = false, short = "e", key = "eval", value = "CODE", kind = "string", repeatable = true,
   summary = "run CODE, with no prompt" })
-opt("listen", { value = "ADDR:PORT", kind = "string", summary = "where to listen (default 127.0.0.1:8080)" })
-opt("token", { value = "TOKEN", kind = "string", summary = "every request must carry Authorization: Bearer TOKEN" })
+opt("listen", { value = "ADDR:PORT", kind = "string", summary = "where to listen (default 127.0.0.1:8787); any address but loopback needs a token" })
+opt("token", { value = "TOKEN", kind = "string", summary = "every request must carry Authorization: Bearer TOKEN (at least 16 characters; default: $TUPPER_HTTP_TOKEN)" })
 opt("max-body", { value = "BYTES", kind = "string", summary = "largest file upload or stdin body (default 1 GiB)" })
 opt("max-json", { value = "BYTES", kind = "string", summary = "largest JSON body (default 1 MiB)" })
 opt("all", { short = "a", summary = "also images no sandbox uses and no lockfile pins" })
@@ -329,10 +329,10 @@ M.VERBS = {
   { name = "http", group = "servers",
     synopsis = "[--listen ADDR:PORT] [--token TOKEN] [--socket PATH]",
     summary = "serve the HTTP API (needs node)",
-    description = { "Serves the HTTP API (docs/http.md) on ADDR:PORT. Needs node and the built @tupper/sdk package." },
+    description = { "Serves the HTTP API (docs/http.md; sdk/js/openapi.json, also at /openapi.json) on ADDR:PORT, in the foreground. Needs node and the built @tupper/sdk package." },
     options = { "listen", "token", "socket", "max-body", "max-json" },
     args = {},
-    examples = { { "tupper http --listen 127.0.0.1:8080 --token $(cat token)", "" } } },
+    examples = { { "tupper http --listen 127.0.0.1:8787 --token $(cat token)", "" } } },
   { name = "doctor", group = "host",
     synopsis = "[--json] [--kvm-check]",
     summary = "report what this host can do and what to fix",
