@@ -95,8 +95,17 @@ function LOCAL.daemon(p, g)
   -- lazy: start-up cost, only `tupper daemon` loads the daemon
   return require("tupper.daemon.main").run(daemon_opts(p, g))
 end
+-- mcp and http: their options, checked here, go to the node server in
+-- the one spelling it reads (`--listen X`, never `--listen=X`)
 function LOCAL.mcp(p, g, verb)
-  return require("tupper.client.nodejs").main(verb, p.raw, g) -- lazy: start-up cost, as above
+  local args = {}
+  for _, o in ipairs(cli_table.verb(verb).options) do
+    if p.opts[o.key] ~= nil then
+      args[#args + 1] = "--" .. o.long
+      if o.kind then args[#args + 1] = p.opts[o.key] end
+    end
+  end
+  return require("tupper.client.nodejs").main(verb, args, g) -- lazy: start-up cost, as above
 end
 LOCAL.http = LOCAL.mcp
 function LOCAL.repl(p, g)
