@@ -9,6 +9,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { BIN, startDaemon } from './daemon.mjs';
 import { MCP_TOOLS } from '../dist/mcp.js';
+import { ERROR_TYPES } from '../dist/http.js';
 import { Sandbox } from '../dist/index.js';
 import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
 import { withConnection } from '../dist/connection.js';
@@ -40,6 +41,7 @@ function json(r) {
 function failed(r) {
   assert.equal(r.isError, true);
   const [line, ...rest] = r.content[0].text.split('\n');
+  assert.ok(ERROR_TYPES.includes(line.split(':')[0]), line);
   assert.deepEqual(JSON.parse(rest.join('\n')), r.structuredContent);
   return { line, v: r.structuredContent };
 }
@@ -183,7 +185,7 @@ test('create, run, write, read, list, kill', async () => {
 test('a failing command is a tool error carrying its output and exit code', async () => {
   const { sandboxId } = json(await call('sandbox_create', {}));
   const r = failed(await call('run_command', { sandboxId, cmd: 'echo partial; echo oops >&2; exit 3' }));
-  assert.match(r.line, /exit status 3/);
+  assert.equal(r.line, 'CommandExitError: exit status 3');
   assert.deepEqual(ended(r.v), { exitCode: 3, stdout: 'partial\n', stderr: 'oops\n', error: 'exit status 3' });
   const t = failed(await call('run_command', { sandboxId, cmd: 'echo before; sleep 30', timeoutMs: 300 }));
   assert.match(t.line, /^TimeoutError/);
@@ -333,6 +335,18 @@ test('progress notifications keep a waiting client with a short timeout (resetTi
       onprogress: () => {},
     });
     assert.equal(json(w).stdout, 'bg\n');
+
+    // a create that takes long (a recipe's setup) is the same
+    let n = 0;
+    const slow = { source: 'return recipe "mcp-slow" { setup = function(box) box:run("sleep 5") end }', name: 'mcp-slow.lua' };
+    const made = await client.callTool({ name: 'sandbox_create', arguments: { recipe: slow } }, CallToolResultSchema, {
+      timeout: 2000,
+      resetTimeoutOnProgress: true,
+      onprogress: () => n++,
+    });
+    assert.ok(!made.isError, made.content[0].text);
+    assert.ok(n >= 3, `${n} progress notifications`);
+    await call('sandbox_kill', { sandboxId: json(made).sandboxId });
   } finally {
     await call('sandbox_kill', { sandboxId });
   }

@@ -158,7 +158,7 @@ export class Session {
 
   /** fn's result, or its error as a tool error; nothing runs once the session is closing. */
   async guarded(fn: () => Promise<ToolResult>): Promise<ToolResult> {
-    if (this.ended) return fail('the session is closing');
+    if (this.ended) return fail('SandboxError: the session is closing');
     try {
       return await fn();
     } catch (e) {

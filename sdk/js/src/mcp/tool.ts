@@ -11,7 +11,7 @@
  */
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { z } from 'zod';
-import { SandboxError } from '../errors';
+import { ERROR_TYPES, SandboxError } from '../errors';
 
 export type ToolResult = {
   content: Array<{ type: 'text'; text: string }>;
@@ -107,13 +107,17 @@ export function fail(text: string, value?: Record<string, unknown>): ToolResult 
   return { content: [{ type: 'text', text: `${text}\n${JSON.stringify(value)}` }], structuredContent: value, isError: true };
 }
 
-/** A thrown error as an MCP tool error: its kind and message, never a crash. */
+/**
+ * A thrown error as an MCP tool error, never a crash: its type (one of
+ * ERROR_TYPES, the names the SDK and the HTTP API use) and message.
+ */
 export function toolError(e: unknown): ToolResult {
   if (e instanceof SandboxError) {
     const errno = e.errnoCode ? ` (${e.errnoCode})` : '';
-    return fail(`${e.name}: ${e.message}${errno}`);
+    const type = (ERROR_TYPES as readonly string[]).includes(e.name) ? e.name : 'SandboxError';
+    return fail(`${type}: ${e.message}${errno}`);
   }
-  return fail(`Error: ${e instanceof Error ? e.message : String(e)}`);
+  return fail(`InternalError: ${e instanceof Error ? e.message : String(e)}`);
 }
 
 /**

@@ -157,8 +157,8 @@ async function run(session: Session, a: RunArgs, ctx: CallContext): Promise<Tool
   }
   const v = report(session, f);
   if (v.exitCode === 0 && !v.error) return ok(v);
-  if (v.timedOut) return fail(`TimeoutError: the command ran past its timeoutMs and was killed`, v);
-  return fail(`the command failed (${String(v.error ?? `exit status ${String(v.exitCode)}`)})`, v);
+  if (v.timedOut) return fail('TimeoutError: the command ran past its timeoutMs and was killed', v);
+  return fail(`CommandExitError: ${String(v.error ?? `exit status ${String(v.exitCode)}`)}`, v);
 }
 
 export function register(server: McpServer, session: Session): void {
