@@ -395,6 +395,7 @@ test('a named sandbox is kept across sessions, found again by name or id', async
     id = made.sandboxId;
     assert.equal(made.kept, true);
     await call('write_file', { sandboxId: id, path: 'state', content: 'from session a' }, a);
+    const bg = json(await call('run_command', { sandboxId: id, cmd: 'echo early; sleep 8; echo late', background: true }, a));
     const other = json(await call('sandbox_create', {}, a));
     await a.close();
     await until("session a's own sandbox goes", async () => !(await boxes()).includes(other.sandboxId));
@@ -413,6 +414,11 @@ test('a named sandbox is kept across sessions, found again by name or id', async
     const c = await connect(process.execPath, [ENTRY, '--socket', daemon.socket]);
     try {
       assert.equal(json(await call('read_file', { sandboxId: id, path: 'state' }, c)).content, 'from session a');
+      // a background command session a started runs on, and is attached to
+      const w = json(await call('command_output', { sandboxId: id, pid: bg.pid, waitMs: 20000 }, c));
+      assert.equal(w.reattached, true);
+      assert.equal(w.exitCode, 0);
+      assert.equal(w.stdout, 'early\nlate\n');
       assert.deepEqual(json(await call('sandbox_kill', { sandboxId: id }, c)), { sandboxId: id, killed: true });
     } finally {
       await c.close();

@@ -95,4 +95,5 @@ export const commandOutputShape = () => ({
   stdoutOffset: z.number().int().describe('Where the stdout given ends: pass it as stdoutOffset to read on.'),
   stderrOffset: z.number().int().describe('Where the stderr given ends: pass it as stderrOffset to read on.'),
   truncated: z.boolean().optional().describe('True when stdout or stderr was cut; the marker says how much more there is.'),
+  reattached: z.boolean().optional().describe('True when another session started it: its output starts at the last 64 KiB the daemon kept.'),
 });

@@ -45,6 +45,8 @@ export interface Followed {
   /** Settles when it ended (never rejects). */
   ended: Promise<void>;
   done: boolean;
+  /** Set when another session started it and this one attached to it (a kept sandbox). */
+  reattached?: boolean;
 }
 
 export class Session {

@@ -6,7 +6,8 @@
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { z } from 'zod';
 import { DEFAULT_COMMAND_TIMEOUT_MS } from '../../commands';
-import { CommandExitError, InvalidArgumentError, SandboxError, TimeoutError } from '../../errors';
+import type { CommandHandle } from '../../command-handle';
+import { CommandExitError, InvalidArgumentError, NotFoundError, SandboxError, TimeoutError } from '../../errors';
 import * as S from '../schemas';
 import type { Followed, Session } from '../session';
 import { type CallContext, cut, fail, ok, type ToolResult, tool } from '../tool';
@@ -37,9 +38,42 @@ function stdinBytes(a: RunArgs, max: number): Uint8Array | undefined {
   return b;
 }
 
+/** A follower for a handle: counts its output (killing it past maxCapture) and notes how it ended. */
+function follower(session: Session, sandboxId: string): { f: Followed & { failure?: string }; count: (d: string) => void; bind: (h: CommandHandle) => void } {
+  const { maxCapture } = session.limits;
+  let seen = 0;
+  const f = { sandboxId, flooded: false, timedOut: false, done: false } as Followed & { failure?: string };
+  const count = (d: string) => {
+    seen += d.length;
+    if (seen > maxCapture && !f.flooded) {
+      f.flooded = true;
+      void f.handle?.kill().catch(() => false);
+    }
+  };
+  const bind = (h: CommandHandle) => {
+    f.handle = h;
+    if (f.flooded) void h.kill().catch(() => false);
+    f.ended = h
+      .wait()
+      .then(
+        () => {},
+        (e: unknown) => {
+          if (e instanceof TimeoutError) {
+            f.timedOut = h.exitCode !== undefined;
+            f.failure = e.message;
+          } else if (!(e instanceof CommandExitError)) f.failure = e instanceof Error ? e.message : String(e);
+        },
+      )
+      .finally(() => {
+        f.done = true;
+      });
+  };
+  return { f, count, bind };
+}
+
 /** Starts the command, followed by the session; one that writes more than maxCapture characters is killed. */
 async function start(session: Session, a: RunArgs): Promise<Followed> {
-  const { maxCapture, maxFile } = session.limits;
+  const { maxFile } = session.limits;
   const input = stdinBytes(a, maxFile);
   const sbx = await session.box(a.sandboxId);
   const o: { cwd?: string; envs?: Record<string, string>; timeoutMs: number; stdin?: boolean; user?: string } = {
@@ -49,29 +83,9 @@ async function start(session: Session, a: RunArgs): Promise<Followed> {
   if (a.user !== undefined) o.user = a.user;
   if (a.envs !== undefined) o.envs = a.envs;
   if (input !== undefined) o.stdin = true;
-  let seen = 0;
-  const f = { sandboxId: a.sandboxId, flooded: false, timedOut: false, done: false } as Followed & { failure?: string };
-  const count = (d: string) => {
-    seen += d.length;
-    if (seen > maxCapture && !f.flooded) {
-      f.flooded = true;
-      void f.handle?.kill().catch(() => false);
-    }
-  };
+  const { f, count, bind } = follower(session, a.sandboxId);
   const h = await sbx.commands.run(a.cmd, { ...o, background: true, onStdout: count, onStderr: count });
-  f.handle = h;
-  if (f.flooded) void h.kill().catch(() => false);
-  f.ended = h.wait().then(
-    () => {},
-    (e: unknown) => {
-      if (e instanceof TimeoutError) {
-        f.timedOut = h.exitCode !== undefined;
-        f.failure = e.message;
-      } else if (!(e instanceof CommandExitError)) f.failure = e instanceof Error ? e.message : String(e);
-    },
-  ).finally(() => {
-    f.done = true;
-  });
+  bind(h);
   if (input !== undefined) {
     try {
       await h.sendStdin(input);
@@ -81,6 +95,30 @@ async function start(session: Session, a: RunArgs): Promise<Followed> {
       if (h.exitCode === undefined && !(e instanceof SandboxError)) throw e;
     }
   }
+  return f;
+}
+
+/**
+ * The session's background command pid; in a kept sandbox, a command still
+ * running that another session started is attached to (its output from
+ * the last 64 KiB the daemon kept on, the offsets counted from there).
+ */
+async function followed(session: Session, id: string, pid: number): Promise<Followed> {
+  const mine = session.commands.get(`${id}/${pid}`);
+  if (mine) return mine;
+  const sbx = await session.box(id);
+  if (!session.kept.has(id)) return session.followed(id, pid);
+  const { f, count, bind } = follower(session, id);
+  let h: CommandHandle;
+  try {
+    h = await sbx.commands.connect(pid, { onStdout: count, onStderr: count });
+  } catch (e) {
+    if (e instanceof NotFoundError) throw new NotFoundError(`no command ${pid} running in sandbox ${id} (one that ended in another session is not kept)`);
+    throw e;
+  }
+  bind(h);
+  f.reattached = true;
+  session.follow(f);
   return f;
 }
 
@@ -106,6 +144,7 @@ function report(session: Session, f: Followed & { failure?: string }, outFrom = 
   if (f.done && error) v.error = error;
   if (f.timedOut) v.timedOut = true;
   if (out.truncated || err.truncated) v.truncated = true;
+  if (f.reattached) v.reattached = true;
   return v;
 }
 
@@ -208,7 +247,8 @@ export function register(server: McpServer, session: Session): void {
       description:
         'The output of a background command (from run_command with background: true) from stdoutOffset and stderrOffset on, and whether it still runs. ' +
         'waitMs > 0 waits that long at most for its end first (sending progress notifications when the request has a progressToken). ' +
-        'Pass the returned offsets to the next call to read on. A command that ended non-zero is reported here as data (exitCode), not as a tool error.',
+        'Pass the returned offsets to the next call to read on. A command that ended non-zero is reported here as data (exitCode), not as a tool error. ' +
+          'In a kept (named) sandbox, a command another session started is attached to while it runs (reattached: its output from the last 64 KiB the daemon kept).',
       inputSchema: {
         sandboxId: S.sandboxId(),
         pid: S.pid(),
@@ -221,7 +261,7 @@ export function register(server: McpServer, session: Session): void {
     },
     ({ sandboxId: id, pid, stdoutOffset, stderrOffset, waitMs }, ctx) =>
       session.guarded(async () => {
-        const f = session.followed(id, pid);
+        const f = await followed(session, id, pid);
         if (waitMs) await waitFor(session, f, waitMs, ctx);
         return ok(report(session, f, stdoutOffset ?? 0, stderrOffset ?? 0));
       }),
@@ -239,7 +279,7 @@ export function register(server: McpServer, session: Session): void {
     },
     ({ sandboxId: id, pid }) =>
       session.guarded(async () => {
-        const f = session.followed(id, pid);
+        const f = await followed(session, id, pid);
         const killed = f.done ? false : await f.handle.kill();
         await f.ended;
         return ok({ sandboxId: id, pid, killed });

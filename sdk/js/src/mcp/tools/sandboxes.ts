@@ -6,6 +6,7 @@ import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { z } from 'zod';
 import { InvalidArgumentError, SandboxError } from '../../errors';
 import { createParams, type ServerCreateOpts } from '../../http/create-params';
+import { policyParam } from '../../policy';
 import { DEFAULT_SANDBOX_TIMEOUT_MS, IMAGE_CREATE_TIMEOUT_MS, RECIPE_CREATE_TIMEOUT_MS, Sandbox } from '../../sandbox';
 import type { SandboxInfo } from '../../sandbox-info';
 import { imagesText } from '../facts';
@@ -70,6 +71,9 @@ async function create(session: Session, a: CreateArgs, ctx: CallContext): Promis
   const { name, ...opts } = a;
   if (name !== undefined) opts.metadata = { ...opts.metadata, [KEEP_KEY]: name };
   const params = createParams(opts);
+  // the server's own policy binds what it makes, as the CLI's and the SDK's creates
+  const policy = await policyParam(undefined);
+  if (policy !== undefined) params.policy = policy;
   if (name === undefined) params.kill_on_disconnect = true;
   const c = await session.connection();
   // an image not pulled yet is pulled by this create, a recipe's first
