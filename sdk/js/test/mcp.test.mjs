@@ -221,7 +221,7 @@ test('bad arguments are tool errors, and the server lives on', async () => {
   assert.match(d.content[0].text, /NotFoundError: no sandbox not-mine in this session/);
   const p = await call('command_output', { sandboxId: 'x', pid: 1 });
   assert.equal(p.isError, true);
-  assert.match(p.content[0].text, /NotFoundError: no background command 1/);
+  assert.match(p.content[0].text, /NotFoundError: no sandbox x in this session/);
   const q = await call('sandbox_create', { recipe: './mine.lua' });
   assert.equal(q.isError, true);
   assert.match(q.content[0].text, /recipe/);
@@ -286,6 +286,9 @@ test('background commands: pid at once, polled and waited for from offsets, kill
     const from = json(await call('command_output', { sandboxId, pid: b.pid, stdoutOffset: 2, stderrOffset: 4 }));
     assert.equal(from.stdout, '2\n3\n');
     assert.equal(from.stderr, '');
+    const unknown = await call('command_output', { sandboxId, pid: 99999 });
+    assert.equal(unknown.isError, true);
+    assert.match(unknown.content[0].text, /^NotFoundError: no background command 99999/);
     const past = await call('command_output', { sandboxId, pid: b.pid, stdoutOffset: 99 });
     assert.equal(past.isError, true);
     assert.match(past.content[0].text, /offset past the output/);
@@ -303,6 +306,30 @@ test('background commands: pid at once, polled and waited for from offsets, kill
   } finally {
     await call('sandbox_kill', { sandboxId });
   }
+});
+
+test('a create in the background: a createId at once, sandbox_wait gives the sandbox once made', async () => {
+  const slow = { source: 'return recipe "mcp-bg" { setup = function(box) box:run("sleep 3") end }', name: 'mcp-bg.lua' };
+  const t0 = Date.now();
+  const started = json(await call('sandbox_create', { recipe: slow, background: true }));
+  assert.ok(Date.now() - t0 < 2500, 'answered before the setup ended');
+  assert.equal(started.state, 'creating');
+  assert.match(started.createId, /^create-[0-9a-f]+$/);
+  assert.deepEqual(json(await call('sandbox_wait', { createId: started.createId })), { state: 'creating', createId: started.createId });
+  const made = json(await call('sandbox_wait', { createId: started.createId, waitMs: 60000 }));
+  assert.equal(made.state, 'running');
+  assert.ok((await boxes()).includes(made.sandboxId));
+  assert.equal(json(await call('run_command', { sandboxId: made.sandboxId, cmd: 'echo ready' })).stdout, 'ready\n');
+  // given once
+  const again = await call('sandbox_wait', { createId: started.createId });
+  assert.equal(again.isError, true);
+  assert.match(again.content[0].text, /^NotFoundError/);
+  await call('sandbox_kill', { sandboxId: made.sandboxId });
+  // a create that fails in the background fails its wait
+  const bad = json(await call('sandbox_create', { recipe: { source: 'return recipe "x" { nope = 1 }' }, background: true }));
+  const failedWait = await call('sandbox_wait', { createId: bad.createId, waitMs: 30000 });
+  assert.equal(failedWait.isError, true);
+  assert.match(failedWait.content[0].text, /nope/);
 });
 
 test('progress notifications keep a waiting client with a short timeout (resetTimeoutOnProgress)', async () => {

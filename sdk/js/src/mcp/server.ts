@@ -33,6 +33,7 @@ export interface McpServerOpts extends ConnectionOpts {
 /** The tools, by name: handy for clients and for the tests. */
 export const MCP_TOOLS = [
   'sandbox_create',
+  'sandbox_wait',
   'sandbox_list',
   'sandbox_kill',
   'sandbox_port',

@@ -4,7 +4,8 @@
  */
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { z } from 'zod';
-import { InvalidArgumentError, SandboxError } from '../../errors';
+import { randomBytes } from 'node:crypto';
+import { InvalidArgumentError, NotFoundError, SandboxError } from '../../errors';
 import { createParams, type ServerCreateOpts } from '../../http/create-params';
 import { policyParam } from '../../policy';
 import { DEFAULT_SANDBOX_TIMEOUT_MS, IMAGE_CREATE_TIMEOUT_MS, RECIPE_CREATE_TIMEOUT_MS, Sandbox } from '../../sandbox';
@@ -16,7 +17,28 @@ import { type CallContext, ok, tool, withProgress } from '../tool';
 
 interface CreateArgs extends Omit<ServerCreateOpts, 'policy'> {
   name?: string;
+  background?: boolean;
 }
+
+/** A create running in the background (sandbox_create with background: true). */
+interface Pending {
+  done: boolean;
+  result?: Record<string, unknown>;
+  error?: unknown;
+  settled: Promise<void>;
+}
+
+const MAX_PENDING = 16;
+const pendingOf = new WeakMap<Session, Map<string, Pending>>();
+
+function pendings(session: Session): Map<string, Pending> {
+  let m = pendingOf.get(session);
+  if (!m) pendingOf.set(session, (m = new Map()));
+  return m;
+}
+
+/** A context for work that outlives its request: no progress, never cancelled. */
+const DETACHED: CallContext = { signal: new AbortController().signal, wantsProgress: false, progress: () => {} };
 
 function describe(id: string, i: SandboxInfo, extra: Record<string, unknown> = {}): Record<string, unknown> {
   const v: Record<string, unknown> = {
@@ -41,12 +63,85 @@ const sandboxShape = () => ({
   startedAt: z.string(),
   endAt: z.string().nullable().describe('When its lifetime ends (null: until killed).'),
   metadata: z.record(z.string()),
+  ...moreShape(),
+});
+
+/** What sandbox_create and sandbox_wait answer: a sandbox, or a create still running (state "creating", createId). */
+const createdShape = () => ({
+  sandboxId: z.string().optional().describe('The id, once it is made.'),
+  state: z.string().describe('running, paused, or creating (a background create still at work: see sandbox_wait).'),
+  createId: z.string().optional().describe('The background create to pass to sandbox_wait.'),
+  image: z.string().optional(),
+  startedAt: z.string().optional(),
+  endAt: z.string().nullable().optional().describe('When its lifetime ends (null: until killed).'),
+  metadata: z.record(z.string()).optional(),
+  ...moreShape(),
+});
+
+const moreShape = () => ({
   defaultUser: z.string().optional().describe('The account commands and file tools act as by default.'),
   home: z.string().optional().describe("That account's home: relative paths and commands start there."),
   workdir: z.string().optional(),
   kept: z.boolean().optional().describe('True for a sandbox kept by name beyond the session.'),
   reused: z.boolean().optional().describe('True when sandbox_create found the kept sandbox of that name and gave it back.'),
 });
+
+/** Starts create in the background; its result waits for sandbox_wait. */
+function startPending(session: Session, args: CreateArgs): Record<string, unknown> {
+  const all = pendings(session);
+  if (all.size >= MAX_PENDING) {
+    const old = [...all].find(([, p]) => p.done);
+    if (!old) throw new InvalidArgumentError(`this session already has ${MAX_PENDING} background creates at work: wait for one`);
+    all.delete(old[0]);
+  }
+  const createId = `create-${randomBytes(6).toString('hex')}`;
+  const p = { done: false } as Pending;
+  p.settled = create(session, args, DETACHED).then(
+    (r) => {
+      p.result = r;
+    },
+    (e: unknown) => {
+      p.error = e;
+    },
+  ).finally(() => {
+    p.done = true;
+  });
+  all.set(createId, p);
+  return { state: 'creating', createId };
+}
+
+/** Waits at most ms for a background create, with progress; its sandbox once made (or its error, thrown). */
+async function waitPending(session: Session, createId: string, ms: number, ctx: CallContext): Promise<Record<string, unknown>> {
+  const p = pendings(session).get(createId);
+  if (!p) throw new NotFoundError(`no background create ${createId} in this session (a finished one is given once)`);
+  if (!p.done && ms > 0) {
+    const t0 = Date.now();
+    let timer: NodeJS.Timeout | undefined;
+    let onAbort: (() => void) | undefined;
+    try {
+      await withProgress(
+        ctx,
+        session.limits.progressIntervalMs,
+        () => `creating: ${Math.round((Date.now() - t0) / 1000)} s`,
+        Promise.race([
+          p.settled,
+          new Promise<void>((resolve) => {
+            timer = setTimeout(resolve, ms);
+            onAbort = () => resolve();
+            ctx.signal.addEventListener('abort', onAbort);
+          }),
+        ]),
+      );
+    } finally {
+      clearTimeout(timer);
+      if (onAbort) ctx.signal.removeEventListener('abort', onAbort);
+    }
+  }
+  if (!p.done) return { state: 'creating', createId };
+  pendings(session).delete(createId);
+  if (p.error !== undefined) throw p.error;
+  return p.result!;
+}
 
 /** The running kept sandbox of that name, if there is one. */
 async function keptNamed(session: Session, name: string): Promise<string | undefined> {
@@ -58,6 +153,7 @@ async function keptNamed(session: Session, name: string): Promise<string | undef
 async function create(session: Session, a: CreateArgs, ctx: CallContext): Promise<Record<string, unknown>> {
   const { boxes } = session;
   const { maxSandboxes, progressIntervalMs } = session.limits;
+  if (a.background) return startPending(session, { ...a, background: false });
   if (a.name !== undefined) {
     const id = await keptNamed(session, a.name);
     if (id !== undefined) {
@@ -68,7 +164,7 @@ async function create(session: Session, a: CreateArgs, ctx: CallContext): Promis
   if (boxes.size >= maxSandboxes) {
     throw new InvalidArgumentError(`this session already has ${boxes.size} sandboxes (at most ${maxSandboxes}); kill one first`);
   }
-  const { name, ...opts } = a;
+  const { name, background: _, ...opts } = a;
   if (name !== undefined) opts.metadata = { ...opts.metadata, [KEEP_KEY]: name };
   const params = createParams(opts);
   // the server's own policy binds what it makes, as the CLI's and the SDK's creates
@@ -117,7 +213,8 @@ export function register(server: McpServer, session: Session): void {
         `Images: ${imagesText(facts)}; another registry reference (e.g. "python:3.12-slim") is pulled on first use, which may take minutes. ` +
         `It lives timeoutMs (default ${DEFAULT_SANDBOX_TIMEOUT_MS}; 0 = until killed or the session ends). No network unless network says so. ` +
         'It is killed when this session ends, unless it has a name: then it is kept, and a later sandbox_create with the same name (in any session) gives it back. ' +
-        'A long create (a pull, a recipe setup) sends progress notifications when the request has a progressToken.',
+        'A long create (a pull, a recipe setup) sends progress notifications when the request has a progressToken; ' +
+        'with background: true it answers at once with a createId for sandbox_wait.',
       inputSchema: {
         image: z.string().min(1).max(512).optional().describe(`The image: ${imagesText(facts)}, or a registry reference. Not together with recipe.`),
         recipe: S.recipe().optional(),
@@ -140,11 +237,33 @@ export function register(server: McpServer, session: Session): void {
           .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]*$/)
           .optional()
           .describe('Keep the sandbox beyond this session under this name: a later sandbox_create with the same name gets it back.'),
+        background: z
+          .boolean()
+          .optional()
+          .describe('Answer at once with a createId (state "creating") and make the sandbox meanwhile; sandbox_wait gives it once made.'),
       },
-      outputSchema: sandboxShape(),
+      outputSchema: createdShape(),
       annotations: { readOnlyHint: false, destructiveHint: false, idempotentHint: false, openWorldHint: true },
     },
     (args, ctx) => session.guarded(async () => ok(await create(session, args, ctx))),
+  );
+
+  tool(
+    server,
+    'sandbox_wait',
+    {
+      title: 'Wait for a background create',
+      description:
+        'The sandbox a sandbox_create with background: true makes, once made (the same result as sandbox_create), else state "creating". ' +
+        'waitMs > 0 waits that long at most first, sending progress notifications when the request has a progressToken. A failed create is a tool error.',
+      inputSchema: {
+        createId: z.string().min(1).max(64).describe('The createId sandbox_create returned.'),
+        waitMs: z.number().int().min(0).max(24 * 3600 * 1000).optional().describe('Wait this long at most (default 0: answer now).'),
+      },
+      outputSchema: createdShape(),
+      annotations: { readOnlyHint: true, openWorldHint: false },
+    },
+    ({ createId, waitMs }, ctx) => session.guarded(async () => ok(await waitPending(session, createId, waitMs ?? 0, ctx))),
   );
 
   tool(
