@@ -270,6 +270,10 @@ test('long output is sent once, cut with a marker saying how much more; offsets 
     // a multi-byte tail: the marker counts bytes
     const m = json(await call('run_command', { sandboxId, cmd: `head -c 100002 /dev/zero | tr "\\0" a; printf 'ééé'` }));
     assert.match(m.stdout, /\n\[truncated, 8 bytes more\]$/);
+    // never half a surrogate pair: the cut comes before the emoji
+    const e = json(await call('run_command', { sandboxId, cmd: `head -c 99999 /dev/zero | tr "\\0" a; printf '\\360\\237\\230\\200b'` }));
+    assert.equal(e.stdout, 'a'.repeat(99_999) + '\n[truncated, 5 bytes more]');
+    assert.equal(e.stdoutOffset, 99_999);
   } finally {
     await call('sandbox_kill', { sandboxId });
   }

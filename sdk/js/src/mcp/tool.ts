@@ -127,9 +127,12 @@ export function toolError(e: unknown): ToolResult {
 export function cut(s: string, from: number, max: number): { text: string; next: number; truncated: boolean } {
   const rest = s.slice(from);
   if (rest.length <= max) return { text: rest, next: s.length, truncated: false };
-  const text = rest.slice(0, max);
-  const more = Buffer.byteLength(rest.slice(max), 'utf8');
-  return { text: `${text}\n[truncated, ${more} bytes more]`, next: from + max, truncated: true };
+  // never between the two halves of a surrogate pair
+  let n = max;
+  const c = rest.charCodeAt(n - 1);
+  if (n > 1 && c >= 0xd800 && c <= 0xdbff) n--;
+  const more = Buffer.byteLength(rest.slice(n), 'utf8');
+  return { text: `${rest.slice(0, n)}\n[truncated, ${more} bytes more]`, next: from + n, truncated: true };
 }
 
 /**
