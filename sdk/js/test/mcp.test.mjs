@@ -3,6 +3,10 @@
 // arguments; the session's sandboxes die with it.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
+import * as crypto from 'node:crypto';
+import { execFileSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
@@ -457,5 +461,59 @@ test('a named sandbox is kept across sessions, found again by name or id', async
     assert.ok(!(await boxes()).includes(id));
   } finally {
     if (id) await Sandbox.kill(id, { socket: daemon.socket }).catch(() => {});
+  }
+});
+
+// an OCI image layout of one small layer (a file), for image.import
+function ociLayout(dir, ref) {
+  const blobs = path.join(dir, 'blobs', 'sha256');
+  fs.mkdirSync(blobs, { recursive: true });
+  const sha = (b) => crypto.createHash('sha256').update(b).digest('hex');
+  const put = (b) => {
+    const d = sha(b);
+    fs.writeFileSync(path.join(blobs, d), b);
+    return { digest: `sha256:${d}`, size: b.length };
+  };
+  const root = path.join(dir, 'root');
+  fs.mkdirSync(path.join(root, 'etc'), { recursive: true });
+  fs.writeFileSync(path.join(root, 'etc', 'hello'), 'from an imported image\n');
+  const tar = execFileSync('tar', ['-C', root, '--owner=0', '--group=0', '-cf', '-', 'etc']);
+  const gz = execFileSync('gzip', ['-n', '-c'], { input: tar });
+  const layer = put(gz);
+  const config = Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', config: {}, rootfs: { type: 'layers', diff_ids: [`sha256:${sha(tar)}`] } }));
+  const cfg = put(config);
+  const manifest = Buffer.from(
+    JSON.stringify({
+      schemaVersion: 2,
+      mediaType: 'application/vnd.oci.image.manifest.v1+json',
+      config: { mediaType: 'application/vnd.oci.image.config.v1+json', ...cfg },
+      layers: [{ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', ...layer }],
+    }),
+  );
+  const m = put(manifest);
+  fs.writeFileSync(
+    path.join(dir, 'index.json'),
+    JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: 'application/vnd.oci.image.manifest.v1+json', ...m, annotations: { 'org.opencontainers.image.ref.name': ref } }] }),
+  );
+  fs.writeFileSync(path.join(dir, 'oci-layout'), '{"imageLayoutVersion":"1.0.0"}');
+}
+
+test("the descriptions name the images of the daemon's store", async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tupper-mcp-oci-'));
+  let c;
+  try {
+    ociLayout(dir, 'mcp-described:1');
+    await withConnection({ socket: daemon.socket }, (d) => d.call('image.import', { path: dir, ref: 'mcp-described:1' }));
+    // a new session asks the daemon at its start
+    c = await connect(process.execPath, [ENTRY, '--socket', daemon.socket]);
+    const { tools } = await c.listTools();
+    const create = tools.find((t) => t.name === 'sandbox_create');
+    assert.match(create.description, /in this daemon's store: "(docker\.io\/library\/)?mcp-described:1"/);
+    assert.match(create.inputSchema.properties.image.description, /mcp-described:1"/);
+    assert.match(c.getInstructions(), /mcp-described:1"/);
+  } finally {
+    await c?.close();
+    await withConnection({ socket: daemon.socket }, (d) => d.call('image.remove', { ref: 'mcp-described:1' })).catch(() => {});
+    fs.rmSync(dir, { recursive: true, force: true });
   }
 });
