@@ -108,6 +108,7 @@ function LOCAL.mcp(p, g, verb)
   return require("tupper.client.nodejs").main(verb, args, g) -- lazy: start-up cost, as above
 end
 LOCAL.http = LOCAL.mcp
+
 function LOCAL.repl(p, g)
   local ok, code = pcall(require("tupper.client.repl").main, p.raw, g) -- lazy: start-up cost, as above
   uv.walk(function(h) if not h:is_closing() then h:close() end end)
@@ -147,7 +148,8 @@ function M.main(argv)
     local sub = argv[i]
     if sub == nil or sub == "--help" or sub == "-h" then
       -- asked for, on stdout; a usage error, on stderr
-      ;(sub and io.stdout or io.stderr):write(cli_doc.group_help("image"))
+      local out = sub and io.stdout or io.stderr
+      out:write(cli_doc.group_help("image"))
       return sub and 0 or 2
     end
     name = "image " .. (SUB_ALIAS[sub] or sub)
