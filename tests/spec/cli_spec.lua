@@ -129,14 +129,14 @@ describe("the verb table's parser", function()
     end
   end)
 
-  it("keeps the old parse_opts entry point", function()
-    local o, rest = cli_args.parse_opts({ "x", "-i", "--allow", "a:1", "--allow", "b:2", "--no-policy", "id1", "cat" },
-      2, cli_args.RUN_OPTS)
+  it("turns a box's options into what the verbs send", function()
+    local o = cli_args.box_opts(assert(parse("run", { "-i", "--allow", "a:1", "--allow", "b:2", "--no-policy",
+      "--memory", "1G", "--timeout", "90", "cat" })))
     assert.is_true(o.interactive)
     assert.are.same({ allow = { "a:1", "b:2" } }, o.network)
     assert.is_false(o.policy)
-    assert.are.same({ "id1", "cat" }, rest)
-    assert.has_error(function() cli_args.parse_opts({ "--network", "all", "--deny", "x:1" }, 1, "run") end,
+    assert.are.same({ memory = "1G", timeout = 90 }, o.limits)
+    assert.has_error(function() cli_args.box_opts(assert(parse("run", { "--network", "all", "--deny", "x:1" }))) end,
       "--allow/--deny and --network do not mix")
   end)
 

@@ -8,7 +8,6 @@
 -- the options.  A verb whose arguments end in a command (run, exec) or a
 -- script (repl) stops at it: what follows is the command's own.
 local units = require("tupper.util.units")
-local cli_table = require("tupper.client.cli_table")
 
 local M = {}
 
@@ -188,29 +187,6 @@ function M.box_opts(p)
     b.network = o.network
   end
   return b
-end
-
---- The old entry point, for callers written before the table: parses the
--- options of verb (a verb name; M.RUN_OPTS etc. are those names) from
--- args[i]; returns the box options (M.box_opts) and every argument after
--- them.  Raises (a string) on a bad one.
-function M.parse_opts(args, i, verb)
-  local sub = {}
-  for k = i, #args do sub[#sub + 1] = args[k] end
-  local p, err = M.parse(cli_table.verb(verb), sub)
-  if not p then error(err, 0) end
-  local o = M.box_opts(p)
-  local rest = {}
-  for _, a in ipairs(p.args) do rest[#rest + 1] = a end
-  for _, a in ipairs(p.cmd or {}) do rest[#rest + 1] = a end
-  return o, rest
-end
-M.RUN_OPTS, M.CREATE_OPTS, M.EXEC_OPTS = "run", "create", "exec"
-
---- The sandbox id and path of "ID:/path" (cp's remote side), or nil.
-function M.split_remote(s)
-  local id, path = s:match("^([a-z0-9][a-z0-9-]*):(.+)$")
-  return id, path
 end
 
 return M
