@@ -528,8 +528,21 @@ describe("tupper doctor", function()
     assert.are.equal("warn", by.daemon.status)
     assert.truthy(by.daemon.detail:find(dir .. "/none.sock", 1, true))
     for _, n in ipairs({ "user namespaces", "overlayfs", "seccomp" }) do assert.are.equal("ok", by[n].status, n) end
-    local cg = helper.read_file("/proc/self/mounts"):find(" /sys/fs/cgroup cgroup2 ") and "v2" or "v1"
-    assert.truthy(by.cgroups.detail:find("^" .. cg), by.cgroups.detail)
+    local mounts = helper.read_file("/proc/self/mounts")
+    local v2 = mounts:find(" /sys/fs/cgroup cgroup2 ") ~= nil
+    assert.truthy(by.cgroups.detail:find("^" .. (v2 and "v2" or "v1")), by.cgroups.detail)
+    -- and the same as data
+    assert.are.equal(v2 and 2 or 1, by.cgroups.facts.version)
+    assert.are.equal((not v2 and mounts:match("%S+ (%S+) cgroup2 ")) or nil, by.cgroups.facts.hybrid)
+    assert.truthy(({ kvm = 1, tcg = 1, untried = 1 })[by.kvm.facts.accel], by.kvm.facts.accel)
+    -- /dev/kvm is the device's check: a host whose device QEMU cannot open runs TCG
+    local st = uv.fs_stat("/dev/kvm")
+    if not st or st.mode & 6 ~= 6 then
+      assert.are.equal("tcg", by.kvm.facts.accel)
+      assert.are.equal("warn", by.kvm.status)
+    end
+    assert.is_false(by.daemon.facts.answers)
+    assert.is_number(by["open files"].facts.soft)
     code, out = helper.cli({ "--state-dir", dir .. "/state", "doctor" }, { env = env })
     assert.are.equal(0, code)
     for _, n in ipairs(NAMES) do assert.truthy(out:find("  " .. n .. " ", 1, true), n) end

@@ -64,6 +64,11 @@ local function check(name, status, detail, fix, blocker)
     blocker = (status == "fail" and blocker) or nil }
 end
 
+-- What the last check found, as data for --json (its "facts").
+local function facts(t)
+  checks[#checks].facts = t
+end
+
 local function mounts()
   local list = {}
   for line in (read("/proc/self/mounts", 1 << 20) or ""):gmatch("[^\n]+") do
@@ -80,18 +85,24 @@ local function check_cgroups()
       "; limits, pause, stats and whole-tree kill are off",
       "mount cgroup2 on /sys/fs/cgroup (or the v1 memory, pids, cpu and freezer hierarchies)")
   end
-  local kind = "v" .. tostring(info.version)
+  local kind, hybrid = "v" .. tostring(info.version), nil
   if info.version == 1 then
     for _, m in ipairs(mounts()) do
-      if m.type == "cgroup2" then kind = ("v1 (hybrid: cgroup2 at %s, unused)"):format(m.dir) end
+      if m.type == "cgroup2" then
+        kind = ("v1 (hybrid: cgroup2 at %s, unused)"):format(m.dir)
+        hybrid = m.dir
+      end
     end
   end
+  local f = { version = info.version, hybrid = hybrid, memory = info.memory, pids = info.pids, cpu = info.cpu,
+    freezer = info.freezer }
   local have, missing = {}, {}
   for _, c in ipairs({ "memory", "pids", "cpu", "freezer" }) do
     if info[c] then have[#have + 1] = c else missing[#missing + 1] = c end
   end
   if #missing == 0 then
-    return check("cgroups", "ok", ("%s; usable: %s"):format(kind, table.concat(have, " ")))
+    check("cgroups", "ok", ("%s; usable: %s"):format(kind, table.concat(have, " ")))
+    return facts(f)
   end
   local limit = { memory = "--memory", pids = "--pids", cpu = "--cpus", freezer = "pause" }
   local off = {}
@@ -100,6 +111,7 @@ local function check_cgroups()
     table.concat(missing, " "), table.concat(off, ", ")),
     info.version == 2 and "enable them in the parent's cgroup.subtree_control (systemd: Delegate=yes)"
       or "mount the missing v1 hierarchies under /sys/fs/cgroup")
+  facts(f)
 end
 
 local function check_userns()
@@ -174,10 +186,11 @@ local function check_qemu()
   local version = code == 0 and out:match("version ([%w%.%-+~]+)")
   check("qemu", version and "ok" or "warn", version and (qemu.QEMU .. " " .. version) or
     (qemu.QEMU .. " --version failed: " .. out:sub(1, 200)), not version and "reinstall qemu-system-x86" or nil)
+  facts({ path = qemu.QEMU, version = version or nil })
   return version ~= nil
 end
 
-local function check_kvm(state, kvm_check, have_qemu)
+local function kvm_checks(state, kvm_check, have_qemu)
   local a, why = accel.static()
   local fix_mode = ("chmod 0666 %s (or a udev rule: KERNEL==\"kvm\", MODE=\"0666\")"):format(accel.DEVICE)
   if a == "tcg" then
@@ -204,17 +217,30 @@ local function check_kvm(state, kvm_check, have_qemu)
   if d and d.accel == "kvm" then return check("kvm", "ok", "a guest kernel booted under KVM (this boot's trial)") end
   if d then return check("kvm", "warn", tostring(d.why) .. " (this boot's trial); microVMs run under TCG") end
   check("kvm", "ok", accel.DEVICE .. " opens; the first microVM tries a guest on it (tupper doctor --kvm-check tries now)")
+  return "untried"
+end
+
+-- the KVM line, with its facts: accel (what a microVM would run on) and why
+local function check_kvm(state, kvm_check, have_qemu)
+  local untried = kvm_checks(state, kvm_check, have_qemu) == "untried"
+  local c = checks[#checks]
+  -- accel: what a microVM runs on (kvm or tcg), or "untried" before the
+  -- first trial of this boot
+  facts({ accel = untried and "untried" or (c.status == "ok" and "kvm" or "tcg"), device = accel.DEVICE })
 end
 
 local function check_nofile()
   local soft, hard = (read("/proc/self/limits") or ""):match("Max open files%s+(%S+)%s+(%S+)")
   local n = soft == "unlimited" and math.huge or tonumber(soft)
   if not n then return check("open files", "warn", "cannot read /proc/self/limits") end
+  local f = { soft = tonumber(soft) or soft, hard = tonumber(hard) or hard }
   if n < M.NOFILE_WANT then
-    return check("open files", "warn", ("limit %s (hard %s): a daemon with many boxes runs out"):format(soft, hard),
+    check("open files", "warn", ("limit %s (hard %s): a daemon with many boxes runs out"):format(soft, hard),
       ("ulimit -n %d before tupper daemon (systemd: LimitNOFILE=65536)"):format(M.NOFILE_WANT))
+    return facts(f)
   end
   check("open files", "ok", ("limit %s (hard %s)"):format(soft, hard))
+  facts(f)
 end
 
 local function check_daemon(socket)
@@ -228,13 +254,15 @@ local function check_daemon(socket)
   end
   if res.ok then
     local s = res.server or {}
-    return check("daemon", "ok", ("answers at %s (tupper %s, protocol %s)"):format(socket, tostring(s.version or "?"),
+    check("daemon", "ok", ("answers at %s (tupper %s, protocol %s)"):format(socket, tostring(s.version or "?"),
       tostring(math.tointeger(s.protocol) or s.protocol or "?")))
+    return facts({ socket = socket, answers = true, version = s.version })
   end
   local e = tostring(res.err)
   check("daemon", "warn", e:find("^no tupper daemon") and e:match("^(.-%))") or e,
     ("tupper daemon%s &  (or systemctl start tupper.socket)"):format(socket == paths.socket() and "" or
       (" --socket " .. socket)))
+  facts({ socket = socket, answers = false })
 end
 
 local function check_state(dir)
