@@ -543,6 +543,14 @@ describe("tupper doctor", function()
     end
     assert.is_false(by.daemon.facts.answers)
     assert.is_number(by["open files"].facts.soft)
+    -- --kvm-check tries a guest only where the device's checks pass; its
+    -- answer is the same kind of line
+    local code2, out2 = helper.cli({ "--state-dir", dir .. "/state", "doctor", "--json", "--kvm-check" }, { env = env })
+    assert.are.equal(0, code2)
+    local kvm
+    for _, c in ipairs(json.decode(out2).checks) do if c.name == "kvm" then kvm = c end end
+    assert.truthy(({ kvm = 1, tcg = 1 })[kvm.facts.accel], kvm.facts.accel)
+    if not st or st.mode & 6 ~= 6 then assert.are.equal(by.kvm.detail, kvm.detail) end
     code, out = helper.cli({ "--state-dir", dir .. "/state", "doctor" }, { env = env })
     assert.are.equal(0, code)
     for _, n in ipairs(NAMES) do assert.truthy(out:find("  " .. n .. " ", 1, true), n) end
