@@ -18,6 +18,9 @@ M.MAX_INFLIGHT = 256         -- requests running at once on one connection
 M.MAX_STREAMS = 256          -- fs watches and process attachments of one connection
 M.IDLE_TIMEOUT = 600         -- seconds a connection with nothing going on is kept
 
+-- n rounded down to whole MiB (a size people read in sandbox.get)
+local function mib(n) return n // MiB * MiB end
+
 --- The host's facts the defaults are relative to: memory (bytes: RAM, or
 -- the daemon's own cgroup limit when lower), cpus (usable by the daemon)
 -- and disk_free (bytes free where boxes' disks go, the state dir).
@@ -28,11 +31,8 @@ function M.host(state_dir)
   local cpus = uv.available_parallelism and uv.available_parallelism() or #(uv.cpu_info() or {})
   local st = state_dir and uv.fs_statfs(state_dir)
   local free = st and math.tointeger(st.bavail * st.bsize) or nil
-  return { memory = mem > 0 and mem or GiB, cpus = math.max(1, cpus), disk_free = free }
+  return { memory = mem > 0 and mib(mem) or GiB, cpus = math.max(1, cpus), disk_free = free }
 end
-
--- n rounded down to whole MiB (a size people read in sandbox.get)
-local function mib(n) return n // MiB * MiB end
 
 --- The limits a box gets for each one its create leaves out: memory
 -- min(1 GiB, RAM/4); cpus min(2, the host's); pids 1024; disk min(4 GiB,
