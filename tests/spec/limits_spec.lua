@@ -108,6 +108,46 @@ local function raw(socket)
   return r
 end
 
+describe("the default limits", function()
+  local limits = require("tupper.daemon.limits")
+
+  it("are relative to the host, and the daemon's options replace them", function()
+    local small = limits.defaults({ memory = 2 * GiB + 12345, cpus = 1, disk_free = GiB })
+    assert.are.same({ memory = 512 * MiB, cpus = 1, pids = 1024, disk = 256 * MiB, timeout = 300 }, small)
+    local big = limits.defaults({ memory = 64 * GiB, cpus = 32, disk_free = 1024 * GiB })
+    assert.are.same({ memory = GiB, cpus = 2, pids = 1024, disk = 4 * GiB, timeout = 300 }, big)
+    local tiny = limits.defaults({ memory = 128 * MiB, cpus = 1, disk_free = 10 * MiB })
+    assert.are.same({ 64 * MiB, 64 * MiB }, { tiny.memory, tiny.disk })
+    local set = limits.defaults({ memory = 64 * GiB, cpus = 32 },
+                                { default_memory = 0, default_pids = 50, default_timeout = 0 })
+    assert.are.same({ 0, 50, 0 }, { set.memory, set.pids, set.timeout })
+    assert.are.same({ "default_memory", 512 * MiB }, { limits.parse_option("--default-memory", "512M") })
+    assert.are.same({ "idle_timeout", 0.5 }, { limits.parse_option("--idle-timeout", "500ms") })
+    local k, err = limits.parse_option("--max-sandboxes", "-1")
+    assert.is_nil(k)
+    assert.matches("--max-sandboxes: wants a number", err, 1, true)
+  end)
+
+  it("are a microVM's shape: guest memory, vCPUs and disk", function()
+    -- the backends' modules load in the tupper binary only (tupper.core)
+    local code, out, err = helper.cli({ "repl", "-e", [[
+      local limits = require("tupper.daemon.limits")
+      local backends = require("tupper.backend.registry")
+      local qemu = require("tupper.backend.microvm.qemu")
+      local d = limits.defaults({ memory = 64 * 2^30 // 1, cpus = 32, disk_free = 2^40 // 1 })
+      -- a host without cgroups nor loop devices: the VM's shape holds all the same
+      local blim = backends.limits(limits.for_backend(limits.effective({}, d, {}, backends.get("microvm"))))
+      local mem, cpus = qemu.sizes(blim)
+      local l = limits.effective({}, d, { memory = true }, backends.get("linux"))
+      print(mem, cpus, blim.disk, blim.pids, l.memory, l.cpus, l.pids, l.disk, l.timeout)
+    ]] })
+    assert.are.equal(0, code, err)
+    -- guest memory 1 GiB, 2 vCPUs, a 4 GiB disk, pids in the guest; a linux
+    -- box on that host keeps only what it can enforce (memory here)
+    assert.are.equal(table.concat({ GiB, 2, 4 * GiB, 1024, GiB, "nil", "nil", "nil", 300 }, "\t") .. "\n", out)
+  end)
+end)
+
 describe("a daemon's default limits", function()
   local d, c
   local host_mem, host_cpus

@@ -276,14 +276,14 @@ function D:create_sandbox(p)
   local b = backends.get(p.backend)
   local asked = p.limits or {}
   for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
-    -- a guest may enforce pids itself, in its own kernel's cgroups
-    if asked[name] and asked[name] ~= 0 and not self.enforces[name]
-       and not (name == "pids" and b.guest_pids) then
+    -- a guest may enforce pids itself, in its own kernel's cgroups; a VM's
+    -- memory, vCPUs and disk are its shape
+    if asked[name] and asked[name] ~= 0 and not limits.enforceable(name, self.enforces, b) then
       return nil, ("the '%s' limit cannot be enforced on this host yet"):format(name)
     end
   end
   -- the daemon's defaults for what the create leaves out (docs/limits.md)
-  local lim = limits.effective(asked, self.defaults, self.enforces, b.guest_pids)
+  local lim = limits.effective(asked, self.defaults, self.enforces, b)
   local ok, cerr, cdata = self:_check_caps(lim)
   if not ok then return nil, cerr, cdata end
   local token = {}

@@ -121,18 +121,27 @@ function M.cap_error(name, value, what)
     { cap = name, value = value, option = M.CAP_OPTION[name] }
 end
 
+--- Whether limit k can be enforced for a box of backend b (its module:
+-- guest_kernel, guest_pids) on this host (enforces: the daemon's set).  A
+-- VM's memory, vCPUs and disk are its shape, its pids its guest's cgroup.
+function M.enforceable(k, enforces, b)
+  b = b or {}
+  if enforces[k] then return true end
+  if k == "pids" then return b.guest_pids == true end
+  return b.guest_kernel == true
+end
+
 --- The effective limits of a create: each limit it names (0: none), the
--- default for each it leaves out, and only those the host can enforce
--- (enforces: the daemon's set; guest_pids: the backend enforces pids
--- itself).  Returns limits as sandbox.get shows them (0 for none).
-function M.effective(asked, defaults, enforces, guest_pids)
+-- default for each it leaves out, where it can be enforced (enforces and b
+-- as for enforceable).  Returns limits as sandbox.get shows them (0 for
+-- none; a default that cannot be enforced is left out, not an error).
+function M.effective(asked, defaults, enforces, b)
   local out = {}
   for _, k in ipairs({ "memory", "cpus", "pids", "disk" }) do
     local v = asked[k]
     if v == nil then
       v = defaults[k]
-      -- a default the host cannot enforce is left out, not an error
-      if v and v ~= 0 and not enforces[k] and not (k == "pids" and guest_pids) then v = nil end
+      if v and v ~= 0 and not M.enforceable(k, enforces, b) then v = nil end
     end
     out[k] = v
   end

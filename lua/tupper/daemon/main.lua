@@ -325,7 +325,7 @@ function M.run(opts)
       self.caps = limits.caps(self.host, opts)
       for _, name in ipairs(backends.NAMES) do
         local b = backends.get(name)
-        self.pool_limits[name] = limits.effective({}, self.defaults, self.enforces, b.guest_pids)
+        self.pool_limits[name] = limits.effective({}, self.defaults, self.enforces, b)
       end
       local d = self.defaults
       log("default limits: memory %s, cpus %g, pids %d, disk %s, timeout %gs; caps: %d sandboxes, "
