@@ -117,6 +117,11 @@ function Daemon:_request(conn, msg)
     end
     params = checked
     if loaded then params._recipe = loaded end -- internal, after the policies
+    local sid = params.sandbox or params.id
+    if type(sid) == "string" and self.sandboxes[sid] then
+      conn.uses = conn.uses or {}
+      conn.uses[sid] = true -- not idle while that box lives
+    end
     local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
     conn.inflight = conn.inflight - 1
     if not is_call then return end
@@ -125,6 +130,10 @@ function Daemon:_request(conn, msg)
       return conn:error(id, rpc.INTERNAL_ERROR, "internal error")
     end
     if res == nil then return conn:error(id, code or rpc.INTERNAL_ERROR, message or "failed", data) end
+    if msg.method == "sandbox.create" and type(res.id) == "string" then
+      conn.uses = conn.uses or {}
+      conn.uses[res.id] = true
+    end
     conn:reply(id, res)
   end)
 end
@@ -144,9 +153,15 @@ end
 
 -- Whether a connection is idle: no request running, and nothing it would
 -- miss by going (no watch, no process of its own or attached to, no box
--- that dies with it).  An idle one is closed after the idle timeout.
+-- that dies with it), and no live sandbox it made or used (an SDK's
+-- Sandbox object keeps one connection for its box, however quiet).  An
+-- idle one is closed after the idle timeout.
 function Daemon:_idle(conn)
   if (conn.inflight or 0) > 0 or next(conn.watches or {}) or next(conn.owned or {}) then return false end
+  for id in pairs(conn.uses or {}) do
+    if self.sandboxes[id] then return false end
+    conn.uses[id] = nil
+  end
   for _, sb in pairs(self.sandboxes) do
     for _, proc in pairs(sb.procs or {}) do
       if proc.owner == conn or (proc.listeners and proc.listeners[conn]) then return false end
