@@ -3,7 +3,6 @@
 -- the default account.  Methods of the daemon (daemon/main.lua mixes them in).
 local core = require("tupper.core")
 local async = require("tupper.util.async")
-local schema = require("tupper.wire.schema")
 local sandbox = require("tupper.daemon.sandbox")
 local guard = require("tupper.recipe.guard")
 local registry = require("tupper.image.registry")
@@ -286,10 +285,24 @@ function D:create_sandbox(p)
   local lim = limits.effective(asked, self.defaults, self.enforces, b)
   local ok, cerr, cdata = self:_check_caps(lim)
   if not ok then return nil, cerr, cdata end
+  -- counted against the caps until it is a sandbox, or failed
   local token = {}
   self.creating[token] = lim.memory or 0
-  local sb, err = self:_make_box(b, lim, plan, img, image)
+  local sb, err = self:_finish_create(p, b, lim, plan, img, image)
   self.creating[token] = nil
+  if sb then
+    self.sandboxes[sb.id] = sb
+    self:set_timeout(sb, lim.timeout) -- also writes the record
+    log("sandbox %s created", sb.id)
+  end
+  return sb, err
+end
+
+-- The rest of a create that fits the caps: the box, its network, recipe,
+-- image settings and default account.  Returns the sandbox (not yet in
+-- self.sandboxes) or nil, err.
+function D:_finish_create(p, b, lim, plan, img, image)
+  local sb, err = self:_make_box(b, lim, plan, img, image)
   if not sb then return nil, err end
   if self.stopping then -- the daemon began to shut down while this box started
     sb:destroy()
@@ -331,11 +344,6 @@ function D:create_sandbox(p)
   self:_hook_connect(sb)
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
-  self.sandboxes[sb.id] = sb
-  local timeout = lim.timeout
-  if timeout == nil then timeout = schema.DEFAULT_TIMEOUT end
-  self:set_timeout(sb, timeout) -- also writes the record
-  log("sandbox %s created", sb.id)
   return sb
 end
 
