@@ -348,11 +348,15 @@ describe("a daemon's caps", function()
     assert(call(c, "fs.watch", { sandbox = id, path = "/tmp" }))
     local _, err = call(c, "fs.watch", { sandbox = id, path = "/" })
     assert.are.equal(-32004, err.code)
-    assert.are.equal("too many watches and process attachments on this connection (1): "
+    assert.are.equal("too many watches, process attachments and port forwards on this connection (1): "
       .. "this daemon's cap is 1 (tupper daemon --max-streams)", err.message)
-    -- another connection has its own
+    _, err = call(c, "sandbox.expose", { id = id, port = 8000 })
+    assert.are.same({ -32004, "streams" }, { err.code, err.data.cap })
+    -- another connection has its own: a port forward counts too
     local c2 = assert(d.connect())
-    assert(call(c2, "fs.watch", { sandbox = id, path = "/" }))
+    assert(call(c2, "sandbox.expose", { id = id, port = 8000 }))
+    _, err = call(c2, "fs.watch", { sandbox = id, path = "/" })
+    assert.are.same({ -32004, "streams" }, { err.code, err.data.cap })
     c2:close()
   end)
 end)

@@ -29,7 +29,7 @@ local M = {}
 M.UID_BASE = 100000000
 -- methods that subscribe a connection to a stream of notifications
 -- (counted against the daemon's streams cap, daemon/limits.lua)
-local STREAM_METHODS = { ["fs.watch"] = true, ["process.connect"] = true }
+local STREAM_METHODS = { ["fs.watch"] = true, ["process.connect"] = true, ["sandbox.expose"] = true }
 
 local Daemon = {}
 Daemon.__index = Daemon
@@ -88,7 +88,7 @@ function Daemon:_request(conn, msg)
     if n >= caps.streams then
       if is_call then
         local m, data = limits.cap_error("streams", caps.streams,
-          ("too many watches and process attachments on this connection (%d)"):format(n))
+          ("too many watches, process attachments and port forwards on this connection (%d)"):format(n))
         return conn:error(id, rpc.BUSY, m, data)
       end
       return
@@ -133,16 +133,22 @@ function Daemon:_request(conn, msg)
     if msg.method == "sandbox.create" and type(res.id) == "string" then
       conn.uses = conn.uses or {}
       conn.uses[res.id] = true
+    elseif msg.method == "sandbox.expose" then
+      conn.exposes = conn.exposes or {}
+      conn.exposes[params.id .. ":" .. params.port] = params.id
     end
     conn:reply(id, res)
   end)
 end
 
--- The fs watches and process attachments (process.connect) a connection
--- holds: each streams notifications to it.
+-- The fs watches, process attachments (process.connect) and port forwards
+-- (sandbox.expose, while their box lives) a connection holds.
 function Daemon:_streams_of(conn)
   local n = 0
   for _ in pairs(conn.watches or {}) do n = n + 1 end
+  for key, id in pairs(conn.exposes or {}) do
+    if self.sandboxes[id] then n = n + 1 else conn.exposes[key] = nil end
+  end
   for _, sb in pairs(self.sandboxes) do
     for _, proc in pairs(sb.procs or {}) do
       if proc.listeners and proc.listeners[conn] then n = n + 1 end
