@@ -56,6 +56,12 @@ commands:
                                 and M microVMs frozen (default 0);
                                 FILE's policy binds every sandbox; an image
                                 layer may unpack to SIZE (default 16G)
+         [--default-memory|--default-disk SIZE] [--default-cpus N]
+         [--default-pids N] [--default-timeout DUR] [--max-sandboxes N]
+         [--max-memory SIZE] [--max-clients N] [--max-requests N]
+         [--max-streams N] [--idle-timeout DUR]
+                                every box's default limits and the daemon's
+                                caps (0: none; docs/limits.md)
   repl [-e CODE] [SCRIPT ARG...]
                                 a Lua prompt with the client API loaded as
                                 `tupper` (docs/repl.md); -e and SCRIPT run
@@ -146,6 +152,7 @@ function M.main(argv)
     return 0
   elseif verb == "daemon" then
     local o = { socket = g.socket, state_dir = g.state_dir }
+    local dlimits = require("tupper.daemon.limits") -- lazy: only `tupper daemon` needs its options
     local k = 1
     while k <= #args do
       local a, v = args[k], args[k + 1]
@@ -163,6 +170,10 @@ function M.main(argv)
       elseif a == "--vm-pool" then
         o.vm_pool = math.tointeger(tonumber(v))
         if not o.vm_pool or o.vm_pool < 0 or o.vm_pool > 16 then return die("daemon: --vm-pool wants 0..16") end
+      elseif dlimits.OPTIONS[a] and v ~= nil then -- --default-memory, --max-sandboxes, ... (docs/limits.md)
+        local key, val = dlimits.parse_option(a, v)
+        if not key then return die("daemon: %s", val) end
+        o[key] = val
       else return die("daemon: unknown option %s", a) end
       if v == nil then return die("daemon: %s needs a value", a) end
       k = k + 2
