@@ -51,11 +51,23 @@ local function client_main(v, p, g)
   return code
 end
 
--- `tupper daemon`'s options into the daemon's opts: each under its key,
--- the sizes in bytes; the daemon checks the rest.
+-- `tupper daemon`'s options into the daemon's opts: each under its key;
+-- --max-layer in bytes, and the limits and caps (--default-memory,
+-- --max-sandboxes, ...) as daemon/limits.lua parses them.  Returns opts,
+-- or nil and what is wrong.
 local function daemon_opts(p, g)
+  local dlimits = require("tupper.daemon.limits") -- lazy: only `tupper daemon` needs its options
   local o = { socket = g.socket, state_dir = g.state_dir }
-  for k, val in pairs(p.opts) do o[k] = val end
+  for _, opt in ipairs(cli_table.verb("daemon").options) do
+    local val = p.opts[opt.key]
+    if val ~= nil and opt.long and dlimits.OPTIONS["--" .. opt.long] then
+      local key, parsed = dlimits.parse_option("--" .. opt.long, val)
+      if not key then return nil, parsed end
+      o[key] = parsed
+    elseif val ~= nil then
+      o[opt.key] = val
+    end
+  end
   if o.max_layer then o.max_layer = units.size(o.max_layer) end
   return o
 end
@@ -92,8 +104,10 @@ function LOCAL.doctor(p, g)
   return require("tupper.client.doctor").main(p, g) -- lazy: start-up cost, as above
 end
 function LOCAL.daemon(p, g)
+  local o, err = daemon_opts(p, g)
+  if not o then return die("daemon: %s (see tupper daemon --help)", err) end
   -- lazy: start-up cost, only `tupper daemon` loads the daemon
-  return require("tupper.daemon.main").run(daemon_opts(p, g))
+  return require("tupper.daemon.main").run(o)
 end
 -- mcp and http: their options, checked here, go to the node server in
 -- the one spelling it reads (`--listen X`, never `--listen=X`)

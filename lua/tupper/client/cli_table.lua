@@ -74,14 +74,17 @@ dopt("pool", { value = "N", kind = "int", min = 0, max = 64, summary = "linux bo
 dopt("vm-pool", { value = "N", kind = "int", min = 0, max = 16, summary = "microVMs kept frozen for fast creates (default 0)" })
 dopt("max-layer", { value = "SIZE", kind = "size", summary = "most an image layer may unpack to (default 16G)" })
 dopt("uid-base", { value = "UID", kind = "int", min = 1, summary = "first host uid of the boxes' mapped ranges" })
-dopt("default-memory", { value = "SIZE", kind = "string", summary = "memory limit of a box that asks for none" })
-dopt("default-cpus", { value = "N", kind = "string", summary = "CPU quota of a box that asks for none" })
-dopt("default-pids", { value = "N", kind = "string", summary = "process limit of a box that asks for none" })
-dopt("default-disk", { value = "SIZE", kind = "string", summary = "disk limit of a box that asks for none" })
-dopt("max-sandboxes", { value = "N", kind = "string", summary = "most sandboxes at once" })
-dopt("max-memory", { value = "SIZE", kind = "string", summary = "most memory all sandboxes may ask for together" })
-dopt("max-clients", { value = "N", kind = "string", summary = "most client connections at once" })
-dopt("idle-timeout", { value = "DURATION", kind = "string", summary = "exit after this long with no client and no sandbox (socket activation)" })
+dopt("default-memory", { value = "SIZE", kind = "string", summary = "the default memory limit of a box (0: none; docs/limits.md)" })
+dopt("default-cpus", { value = "N", kind = "string", summary = "the default CPU quota in cores (0: none)" })
+dopt("default-pids", { value = "N", kind = "string", summary = "the default pids limit (0: none)" })
+dopt("default-disk", { value = "SIZE", kind = "string", summary = "the default disk cap (0: none)" })
+dopt("default-timeout", { value = "DURATION", kind = "string", summary = "the default lifetime of a created box (0: until killed)" })
+dopt("max-sandboxes", { value = "N", kind = "string", summary = "most live sandboxes (default 1024; 0: no cap)" })
+dopt("max-memory", { value = "SIZE", kind = "string", summary = "most the sandboxes' memory limits may total (default: the host's memory; 0: no cap)" })
+dopt("max-clients", { value = "N", kind = "string", summary = "most connections at once (default 1024; 0: no cap)" })
+dopt("max-requests", { value = "N", kind = "string", summary = "most requests in flight on one connection (default 256; 0: no cap)" })
+dopt("max-streams", { value = "N", kind = "string", summary = "most watches, process attachments and port forwards of one connection (default 256; 0: no cap)" })
+dopt("idle-timeout", { value = "DURATION", kind = "string", summary = "close a connection idle this long (default 600s; 0: never)" })
 dopt("accel", { value = "MODE", kind = "enum", values = { "auto", "kvm", "tcg" }, summary = "the microVMs' accelerator: auto (try KVM), kvm or tcg" })
 
 -- the rest
@@ -305,8 +308,8 @@ M.VERBS = {
       { name = "state-dir", summary = "keep the state in DIR (default: $TUPPER_STATE_DIR, else the per-user default)" },
       "log", "pool", "vm-pool",
       { name = "policy", summary = "bind every sandbox to this policy file, whatever clients send (tupper-policy(5))" },
-      "max-layer", "uid-base", "default-memory", "default-cpus", "default-pids", "default-disk", "max-sandboxes",
-      "max-memory", "max-clients", "idle-timeout", "accel" },
+      "max-layer", "uid-base", "default-memory", "default-cpus", "default-pids", "default-disk", "default-timeout",
+      "max-sandboxes", "max-memory", "max-clients", "max-requests", "max-streams", "idle-timeout", "accel" },
     args = {},
     examples = {
       { "tupper daemon &", "a daemon for this user" },

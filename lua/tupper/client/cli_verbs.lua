@@ -140,6 +140,9 @@ local function run_in(c, id, argv, o)
     io.stderr:write("tupper: lost the connection to the daemon\n")
     return 125
   end
+  if exited.oom_killed == true then
+    io.stderr:write("tupper: the command was killed: out of memory (the sandbox's memory limit)\n")
+  end
   local sig = math.tointeger(exited.signal) or 0
   if sig > 0 then return 128 + sig end
   return math.tointeger(exited.exit_code) or 125

@@ -72,8 +72,9 @@ function h.hello(d, conn, p)
 end
 
 function h.sandbox_create(d, conn, p)
-  local sb, err = d:create_sandbox(p)
-  if not sb then return nil, rpc.SANDBOX_ERROR, err end
+  local sb, err, data = d:create_sandbox(p)
+  -- data: a daemon cap refused it (daemon/limits.lua), a busy daemon's -32004
+  if not sb then return nil, data and rpc.BUSY or rpc.SANDBOX_ERROR, err, data end
   if p.kill_on_disconnect then
     if conn.closed then
       d:kill_sandbox(sb.id)

@@ -175,7 +175,7 @@ test('getMetrics: one sample of the cgroup counters', async () => {
 
 test('errors are typed', async () => {
   await assert.rejects(Sandbox.create({ ...opts, image: 'nosuchimage' }), SandboxError);
-  await assert.rejects(Sandbox.create({ ...opts, limits: { pids: 0 } }), (e) => e instanceof InvalidArgumentError && e.code === -32602);
+  await assert.rejects(Sandbox.create({ ...opts, limits: { pids: -1 } }), (e) => e instanceof InvalidArgumentError && e.code === -32602);
   await assert.rejects(Sandbox.create({ socket: daemon.dir + '/nothing.sock' }), (e) => e instanceof SandboxError && /cannot reach/.test(e.message));
   const e = new CommandExitError({ exitCode: 2, stdout: 'o', stderr: 'e', error: 'exit status 2' });
   assert.ok(e instanceof SandboxError && e instanceof Error);
