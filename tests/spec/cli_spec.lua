@@ -142,8 +142,8 @@ describe("the verb table's parser", function()
 
   it("has every daemon option the daemon's helpers add, each under its snake_case key", function()
     local v = cli_table.verb("daemon")
-    local want = { "default-memory", "default-cpus", "default-pids", "default-disk", "max-sandboxes", "max-memory",
-      "max-clients", "idle-timeout", "accel", "socket", "state-dir", "log", "pool", "vm-pool", "policy",
+    local want = { "default-memory", "default-cpus", "default-pids", "default-disk", "default-timeout",
+      "max-sandboxes", "max-memory", "max-clients", "max-requests", "max-streams", "idle-timeout", "accel", "socket", "state-dir", "log", "pool", "vm-pool", "policy",
       "max-layer", "uid-base" }
     for _, long in ipairs(want) do
       local p = assert(cli_args.parse(v, { "--" .. long, long == "accel" and "tcg" or "7" }))
@@ -231,6 +231,14 @@ describe("tupper --help and VERB --help", function()
     code, _, err = helper.cli({ "help", "nosuch" })
     assert.are.equal(125, code)
     assert.truthy(err:find("no command 'nosuch'", 1, true), err)
+    -- the daemon's limits and caps, as daemon/limits.lua reads them, before it starts
+    code, _, err = helper.cli({ "daemon", "--socket", dir .. "/d.sock", "--default-memory", "12Q" })
+    assert.are.equal(125, code)
+    assert.truthy(err:find("daemon: --default-memory: bad size \"12Q\"", 1, true), err)
+    code, _, err = helper.cli({ "daemon", "--socket", dir .. "/d.sock", "--max-sandboxes", "-1" })
+    assert.are.equal(125, code)
+    assert.truthy(err:find("--max-sandboxes: wants a number from 0", 1, true), err)
+    assert.falsy(uv.fs_stat(dir .. "/d.sock"))
     code, _, err = helper.cli({ "completion", "fish" })
     assert.are.equal(125, code)
     assert.truthy(err:find("want bash or zsh", 1, true), err)
