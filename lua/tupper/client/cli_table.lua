@@ -89,7 +89,7 @@ dopt("accel", { value = "MODE", kind = "enum", values = { "auto", "kvm", "tcg" }
 
 -- the rest
 opt("eval", { long = false, short = "e", key = "eval", value = "CODE", kind = "string", repeatable = true,
-  summary = "run CODE, with no prompt" })
+  summary = "run CODE and print what it returns" })
 opt("listen", { value = "ADDR:PORT", kind = "string", summary = "where to listen (default 127.0.0.1:8787); any address but loopback needs a token" })
 opt("token", { value = "TOKEN", kind = "string", summary = "every request must carry Authorization: Bearer TOKEN (at least 16 characters; default: $TUPPER_HTTP_TOKEN)" })
 opt("max-body", { value = "BYTES", kind = "string", summary = "largest file upload or stdin body (default 1 GiB)" })
@@ -318,14 +318,14 @@ M.VERBS = {
   { name = "repl", group = "servers",
     synopsis = "[-e CODE]... [SCRIPT [ARG...]]",
     summary = "a Lua prompt with the client API loaded",
-    description = { "A Lua prompt with the client API loaded as the global `tupper` (docs/repl.md); -e CODE and SCRIPT run without a prompt. Options stop at SCRIPT." },
+    description = { "A Lua prompt with the client API loaded as the global `tupper` (docs/repl.md). -e CODE runs CODE and prints what it returns; SCRIPT runs a Lua file, its ARGs in `arg` and `...`. With neither, an interactive prompt (or, when stdin is not a terminal, the chunks read from stdin). Options stop at SCRIPT." },
     options = { "eval" },
     args = { { name = "SCRIPT", kind = "script", optional = true }, { name = "ARG", kind = "string", optional = true, repeatable = true } },
     examples = { { "tupper repl", "" }, { "tupper repl -e 'return tupper.ls()'", "" } } },
   { name = "mcp", group = "servers",
     synopsis = "[--socket PATH]",
     summary = "serve MCP on stdio (needs node)",
-    description = { "Serves the Model Context Protocol on stdin and stdout for an agent, with tools that create sandboxes and run commands in them (docs/mcp.md). Needs node and the built @tupper/sdk package." },
+    description = { "Serves the Model Context Protocol on stdin and stdout for an agent: tools to create sandboxes, run commands in them, read, write and list their files, and kill them (docs/mcp.md). Every sandbox the session created is killed when it ends, except those created with a name (kept). Needs node and the built @tupper/sdk package." },
     options = { "socket" },
     args = {},
     examples = { { "tupper mcp", "" } } },
