@@ -81,7 +81,8 @@ export class TupperFilesystem extends MastraFilesystem {
     if (this.base !== undefined) return clean(this.base);
     const s = this.source;
     if (isTupperSandbox(s)) {
-      if (s.workingDirectory) return clean(s.workingDirectory);
+      const wd = s._defaultCwd();
+      if (wd) return clean(wd);
       return s.sandboxId ? s.instance.home : '/home/user';
     }
     return s.home;

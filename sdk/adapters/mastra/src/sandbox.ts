@@ -87,6 +87,8 @@ function cleanEnv(...envs: Array<Record<string, string | undefined> | NodeJS.Pro
 
 /** What Mastra's (command, args) become: argv when command is one program, else a shell line. */
 export function toInvocation(command: string, args?: string[]): string | string[] {
+  if (typeof command !== 'string' || command === '') throw new InvalidArgumentError('executeCommand: command must be a non-empty string');
+  if (args !== undefined && args !== null && !Array.isArray(args)) throw new InvalidArgumentError('executeCommand: args must be an array of strings (options come third)');
   if (!args || args.length === 0) return command;
   if (SHELL_SAFE.test(command)) return [command, ...args];
   return `${command} ${args.map(shellQuote).join(' ')}`;
@@ -183,8 +185,8 @@ export class TupperProcessManager extends SandboxProcessManager<TupperSandbox> {
       ...(options.onStderr ? { onStderr: options.onStderr } : {}),
     });
     const inv = options.originalInvocation ? toInvocation(options.originalInvocation.command, options.originalInvocation.args) : command;
-    const envs = cleanEnv(this.env, this.sandbox.getEnv(), options.env);
-    const cwd = options.cwd ?? this.sandbox.workingDirectory;
+    const envs = cleanEnv(this.env, this.sandbox._envOverlay(), options.env);
+    const cwd = options.cwd ?? this.sandbox._defaultCwd();
     const user = this.sandbox.user;
     let handle: CommandHandle;
     try {
@@ -286,6 +288,17 @@ export class TupperSandbox extends MastraSandbox {
     this.defaultTimeoutMs = opts.defaultTimeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
   }
 
+  /** @internal Mastra's env overlay (setEnv; Mastra before 1.5x has none: the constructor's env) */
+  _envOverlay(): Record<string, string | undefined> | undefined {
+    const self = this as unknown as { getEnv?: () => Record<string, string | undefined> };
+    return typeof self.getEnv === 'function' ? self.getEnv() : this.opts.env;
+  }
+
+  /** @internal the default working directory of commands, if one was given */
+  _defaultCwd(): string | undefined {
+    return (this as { workingDirectory?: string }).workingDirectory ?? this.opts.workingDirectory;
+  }
+
   /** The @tupper/sdk Sandbox underneath (after start). */
   get instance(): Sandbox {
     if (!this.sbx) throw new SandboxError(`${this.id}: not started`);
@@ -340,8 +353,8 @@ export class TupperSandbox extends MastraSandbox {
   override async executeCommand(command: string, args?: string[], options: ExecuteCommandOptions = {}): Promise<CommandResult> {
     await this.ensureRunning();
     const inv = toInvocation(command, args);
-    const envs = cleanEnv(this.getEnv(), options.env);
-    const cwd = options.cwd ?? this.workingDirectory;
+    const envs = cleanEnv(this._envOverlay(), options.env);
+    const cwd = options.cwd ?? this._defaultCwd();
     const timeoutMs = options.timeout ?? this.defaultTimeoutMs;
     const max = options.maxRetainedBytes;
     const startedAt = Date.now();
@@ -440,6 +453,6 @@ export class TupperSandbox extends MastraSandbox {
 
   override getInstructions(): string {
     return 'Commands run in a tupper sandbox: an isolated Linux box (its own filesystem, processes and network rules). ' +
-      `Commands run as ${this.user ?? 'the box\'s default account'}${this.workingDirectory ? ` in ${this.workingDirectory}` : ''}.`;
+      `Commands run as ${this.user ?? 'the box\'s default account'}${this._defaultCwd() ? ` in ${this._defaultCwd()}` : ''}.`;
   }
 }
