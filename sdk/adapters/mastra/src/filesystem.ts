@@ -34,7 +34,7 @@ import type { TupperSandbox } from './sandbox';
 export interface TupperFilesystemOptions {
   /** The sandbox whose files these are: a Mastra TupperSandbox (started on first use) or an @tupper/sdk Sandbox. */
   sandbox: TupperSandbox | Sandbox;
-  /** Where relative paths start (default: the account's home, /home/user on the default image). */
+  /** Where relative paths start (default: the sandbox's working directory, else the account's home: /home/user on the default image). */
   basePath?: string;
   /** The box's account the operations act as (default: the sandbox's). */
   user?: string;
@@ -83,9 +83,9 @@ export class TupperFilesystem extends MastraFilesystem {
     if (isTupperSandbox(s)) {
       const wd = s._defaultCwd();
       if (wd) return clean(wd);
-      return s.sandboxId ? s.instance.home : '/home/user';
+      return s.sandboxId ? (s.instance.workdir ?? s.instance.home) : '/home/user';
     }
-    return s.home;
+    return s.workdir ?? s.home;
   }
 
   override async init(): Promise<void> {
