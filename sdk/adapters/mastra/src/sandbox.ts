@@ -21,6 +21,7 @@ import type {
   ProcessInfo as MastraProcessInfo,
   ProviderStatus,
   SandboxFileInput,
+  SandboxCloneOptions,
   SandboxInfo,
   SandboxNetworking,
   SandboxStartResult,
@@ -450,6 +451,23 @@ export class TupperSandbox extends MastraSandbox {
   override async snapshot(): Promise<void> {}
 
   override readonly supportsCheckpoints = false;
+
+  /**
+   * A sibling sandbox with this one's options (socket, image or recipe,
+   * limits, network, policy, ...) and the overrides given; no I/O: it makes
+   * its own box on start(), or attaches to `sandboxId`.  Checkpoint names
+   * are ignored (tupper has no snapshots yet).
+   */
+  clone(options: SandboxCloneOptions = {}): TupperSandbox {
+    const { id: _id, sandboxId: _sid, ...rest } = this.opts;
+    return new TupperSandbox({
+      ...rest,
+      ...(options.id !== undefined ? { id: options.id } : {}),
+      ...(options.sandboxId !== undefined ? { sandboxId: options.sandboxId } : {}),
+      ...(options.env !== undefined ? { env: { ...(rest.env ?? {}), ...options.env } } : {}),
+      ...(options.workingDirectory !== undefined ? { workingDirectory: options.workingDirectory } : {}),
+    });
+  }
 
   override getInstructions(): string {
     return 'Commands run in a tupper sandbox: an isolated Linux box (its own filesystem, processes and network rules). ' +

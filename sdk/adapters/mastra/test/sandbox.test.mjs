@@ -154,3 +154,18 @@ test('stop pauses the box and start resumes it; destroy kills only a box it made
   await joined._destroy();
   assert.equal(await sb.instance.isRunning(), true);
 });
+
+test('clone: a sibling with the same options makes its own box on start', async () => {
+  const twin = sb.clone({ id: 'twin', env: { TWIN: '1' } });
+  assert.equal(twin.id, 'twin');
+  assert.equal(twin.sandboxId, undefined, 'no I/O before start');
+  try {
+    const r = await twin.executeCommand('echo $OVERLAY-$TWIN; cat /sys/fs/cgroup/memory.max 2>/dev/null || true');
+    assert.equal(r.stdout.split('\n')[0], 'yes-1');
+    assert.notEqual(twin.sandboxId, sb.sandboxId);
+    assert.equal((await twin.getInfo()).resources.memoryMB, 256);
+  } finally {
+    await twin._destroy();
+  }
+  assert.equal(await sb.instance.isRunning(), true);
+});
