@@ -5,6 +5,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { startDaemon } from '../../../js/test/daemon.mjs';
 import { adapter, deepagents, loaded } from './framework.mjs';
+import { Sandbox, NotFoundError } from '../../../js/dist/index.js';
 
 const { TupperSandbox, createTupperBackend } = adapter;
 let daemon;
@@ -98,4 +99,23 @@ test('the factory connects to a running sandbox by id, and close() leaves that o
   // limits reached the box
   const mem = await be.execute('cat /sys/fs/cgroup/memory.max 2>/dev/null || echo none');
   if (mem.output.trim() !== 'none') assert.equal(mem.output.trim(), String(256 * 1024 * 1024));
+});
+
+test('the factory makes a box from a recipe, with its limits and network, and close() kills it', async () => {
+  const source = 'return recipe "adapter-test" { image = "default", env = { FROM_RECIPE = "yes" }, workdir = "/tmp" }';
+  const r = await createTupperBackend({ socket: daemon.socket, policy: false, recipe: { source, name: 'adapter-test' }, limits: { pids: 64 }, network: 'none' });
+  let closed = false;
+  try {
+    assert.equal((await r.execute('echo $FROM_RECIPE; pwd')).output, 'yes\n/tmp\n');
+    const info = await r.sandbox.getInfo();
+    assert.equal(info.limits.pids, 64);
+    // no network: a name does not resolve to the outside
+    const net = await r.execute('wget -q -T 2 -O- http://example.com/ 2>&1; echo rc=$?');
+    assert.match(net.output, /rc=[1-9]/);
+    await r.close();
+    closed = true;
+    await assert.rejects(Sandbox.getInfo(r.id, { socket: daemon.socket }), NotFoundError);
+  } finally {
+    if (!closed) await r.close();
+  }
 });
