@@ -169,3 +169,15 @@ test('clone: a sibling with the same options makes its own box on start', async 
   }
   assert.equal(await sb.instance.isRunning(), true);
 });
+
+test("setEnv: Mastra's runtime env overlay reaches later commands and processes", async (t) => {
+  if (typeof sb.setEnv !== 'function') return t.skip(`@mastra/core ${loaded.version} has no setEnv`);
+  sb.setEnv((env) => ({ ...env, LATER: 'x', OVERLAY: undefined }));
+  try {
+    assert.equal((await sb.executeCommand('echo $LATER-${OVERLAY:-unset}')).stdout, 'x-unset\n');
+    const p = await sb.processes.spawn('echo $LATER', { stdinMode: 'ignore' });
+    assert.equal((await p.wait()).stdout, 'x\n');
+  } finally {
+    sb.setEnv((env) => ({ ...env, LATER: undefined, OVERLAY: 'yes' }));
+  }
+});
