@@ -142,6 +142,10 @@ export interface CommandResult {
   error?: string;
   stdout: string;
   stderr: string;
+  /** With maxOutputBytes: whether older output was dropped, and how many bytes per stream. */
+  truncated?: boolean;
+  stdoutDroppedBytes?: number;
+  stderrDroppedBytes?: number;
 }
 
 /**

@@ -20,7 +20,7 @@ export {
   type CommandConnectOpts,
   type ProcessInfo,
 } from './commands';
-export { CommandHandle } from './command-handle';
+export { CommandHandle, AbortError } from './command-handle';
 export { Pty, DEFAULT_PTY_TIMEOUT_MS, PTY_DIM_MAX, type PtyCreateOpts, type PtySize } from './pty';
 export {
   Filesystem,
@@ -28,6 +28,8 @@ export {
   type WriteEntry,
   type ReadFormat,
   type FilesystemRequestOpts,
+  type FilesystemWriteOpts,
+  type FilesystemCopyOpts,
 } from './filesystem';
 export { FileType, type EntryInfo, type WriteInfo } from './entry';
 export { FilesystemEventType, WatchHandle, DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, type WatchOpts } from './watch';
