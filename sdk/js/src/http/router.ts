@@ -18,6 +18,7 @@ export const HTTP_ROUTES: ReadonlyArray<{ method: string; path: string }> = [
   ['GET', '/sandboxes/{id}/metrics'],
   ['POST', '/sandboxes/{id}/commands'],
   ['GET', '/sandboxes/{id}/commands'],
+  ['POST', '/sandboxes/{id}/code'],
   ['GET', '/sandboxes/{id}/commands/{pid}'],
   ['DELETE', '/sandboxes/{id}/commands/{pid}'],
   ['POST', '/sandboxes/{id}/commands/{pid}/stdin'],

@@ -4,6 +4,7 @@
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { type ConnectionOpts, connectionOpts } from '../connection';
 import { Session } from './session';
+import * as code from './tools/code';
 import * as commands from './tools/commands';
 import * as files from './tools/files';
 import * as sandboxes from './tools/sandboxes';
@@ -29,6 +30,7 @@ export const MCP_TOOLS = [
   'sandbox_list',
   'sandbox_kill',
   'run_command',
+  'run_code',
   'read_file',
   'write_file',
   'list_files',
@@ -61,6 +63,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
   // in MCP_TOOLS' order
   sandboxes.register(server, session);
   commands.register(server, session);
+  code.register(server, session);
   files.register(server, session);
 
   async function close(): Promise<void> {

@@ -4,13 +4,14 @@
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { z } from 'zod';
 import { InvalidArgumentError, SandboxError } from '../../errors';
-import { DEFAULT_SANDBOX_TIMEOUT_MS, IMAGE_CREATE_TIMEOUT_MS, Sandbox } from '../../sandbox';
+import { DEFAULT_SANDBOX_TIMEOUT_MS, IMAGE_CREATE_TIMEOUT_MS, RECIPE_CREATE_TIMEOUT_MS, Sandbox } from '../../sandbox';
 import { sandboxId, stringMap } from '../schemas';
 import type { Session } from '../session';
 import { ok, tool } from '../tool';
 
 interface CreateArgs {
   image?: string;
+  recipe?: string;
   envs?: Record<string, string>;
   metadata?: Record<string, string>;
   timeoutMs?: number;
@@ -19,7 +20,7 @@ interface CreateArgs {
 }
 
 /** Creates a sandbox that dies with the session's connection, and adopts it. */
-async function create(session: Session, { image, envs, metadata, timeoutMs, memory, cpus }: CreateArgs): Promise<Record<string, unknown>> {
+async function create(session: Session, { image, recipe, envs, metadata, timeoutMs, memory, cpus }: CreateArgs): Promise<Record<string, unknown>> {
   const { boxes } = session;
   const { maxSandboxes } = session.limits;
   if (boxes.size >= maxSandboxes) {
@@ -30,11 +31,14 @@ async function create(session: Session, { image, envs, metadata, timeoutMs, memo
   if (cpus !== undefined) limits.cpus = cpus;
   const params: Record<string, unknown> = { limits, kill_on_disconnect: true };
   if (image !== undefined) params.image = image;
+  if (recipe !== undefined) params.recipe = { name: recipe };
   if (envs !== undefined) params.env = envs;
   if (metadata !== undefined) params.metadata = metadata;
   const c = await session.connection();
   // an image not pulled yet is pulled by this create: give it time
-  const r = await c.call<{ id: string }>('sandbox.create', params, image !== undefined ? { timeoutMs: IMAGE_CREATE_TIMEOUT_MS } : {});
+  // (a recipe's first use builds its image: longer still)
+  const wait = recipe !== undefined ? { timeoutMs: RECIPE_CREATE_TIMEOUT_MS } : image !== undefined ? { timeoutMs: IMAGE_CREATE_TIMEOUT_MS } : {};
+  const r = await c.call<{ id: string }>('sandbox.create', params, wait);
   let sbx: Sandbox;
   try {
     sbx = await Sandbox.connect(r.id, session.conn);
@@ -67,6 +71,11 @@ export function register(server: McpServer, session: Session): void {
           .max(512)
           .optional()
           .describe('The image, e.g. "default" (busybox, the default) or a registry reference such as "python:3.12-slim" (pulled on first use, which may take minutes).'),
+        recipe: z
+          .string()
+          .regex(/^[A-Za-z0-9._-]{1,64}$/)
+          .optional()
+          .describe('A shipped recipe instead of an image, e.g. "code-interpreter" (Python with Jupyter, numpy, pandas, matplotlib: for run_code) or "python". Its first use builds it (minutes).'),
         envs: stringMap.optional().describe('Environment variables of every command in the sandbox.'),
         metadata: stringMap.optional().describe('Free-form labels, returned by sandbox_list.'),
         timeoutMs: z
