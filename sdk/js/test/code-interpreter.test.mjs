@@ -157,6 +157,23 @@ describe('code interpreter, the recipe', { skip: SHARED ? false : 'needs TUPPER_
     assert.equal((await sbx.runCode('kept')).text, "'still here'");
   });
 
+  test('a cell that ignores the interrupt, or kills its kernel, gets a fresh kernel in the same context', async () => {
+    const ctx = await sbx.createCodeContext();
+    await sbx.runCode('lost = 1', { context: ctx });
+    await assert.rejects(
+      sbx.runCode('import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass', { context: ctx, timeoutMs: 1000 }),
+      (e) => e instanceof TimeoutError && /restarted/.test(e.message),
+    );
+    assert.equal((await sbx.runCode('"lost" in dir()', { context: ctx })).text, 'False');
+    await sbx.runCode('lost = 1', { context: ctx });
+    const dead = await sbx.runCode('import os\nos._exit(1)', { context: ctx });
+    assert.equal(dead.error.name, 'DeadKernelError');
+    assert.equal((await sbx.runCode('"lost" in dir()', { context: ctx })).text, 'False');
+    await sbx.removeCodeContext(ctx);
+    // the default context was not touched
+    assert.equal((await sbx.runCode('x')).text, '42');
+  });
+
   test('contexts: create, run in, list, restart, remove', async () => {
     const ctx = await sbx.createCodeContext({ cwd: '/tmp' });
     assert.equal(ctx.language, 'python');
