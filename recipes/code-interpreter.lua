@@ -50,6 +50,7 @@ STREAM_MAX = 1 << 20           # stdout + stderr text of one cell
 RESULTS_MAX = 16 << 20         # the data of one cell's results
 RESULT_COUNT_MAX = 256         # results of one cell
 CONTEXTS_MAX = 8               # kernels at once (each is a process of ~60 MB)
+REQUESTS_MAX = 64             # requests in flight (each waits on its own thread)
 ENVS_MAX = 256                 # variables of one execute
 ENV_BYTES_MAX = 64 << 10       # all names and values of one execute
 INTERRUPT_GRACE = 5.0          # seconds an interrupted cell has to stop before a restart
@@ -339,8 +340,17 @@ class Driver:
         if cid is not None:
             cid = check_id(cid)
         ctx = self.context(cid)
-        with ctx.lock:
-            ctx.execute(self.out, rid, code, timeout, envs)
+        # the timeout counts from here: the wait behind an earlier cell of
+        # the context too (the kernel's own start does not)
+        start = time.monotonic()
+        if not ctx.lock.acquire(timeout=timeout if timeout else -1):
+            self.out.send(rid, type="timeout", restarted=False, waited=True)
+            return
+        try:
+            left = None if not timeout else max(0.001, timeout - (time.monotonic() - start))
+            ctx.execute(self.out, rid, code, left, envs)
+        finally:
+            ctx.lock.release()
 
 
 def check_language(language):
@@ -401,12 +411,20 @@ def read_requests(fin):
             yield line
 
 
+def run_one(driver, inflight, req):
+    try:
+        driver.handle(req)
+    finally:
+        inflight.release()
+
+
 def main():
     fin, fout = private_stdio()
     # the kernels inherit it: ipykernel's debugger otherwise warns on every start
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     out = Out(fout)
     driver = Driver(out)
+    inflight = threading.BoundedSemaphore(REQUESTS_MAX)
     out.send(0, type="ready", languages=list(LANGUAGES), limits={
         "cell": CELL_MAX, "stream": STREAM_MAX, "results": RESULTS_MAX, "contexts": CONTEXTS_MAX})
     for line in read_requests(fin):
@@ -421,8 +439,13 @@ def main():
         if not isinstance(req, dict):
             out.send(None, type="fail", kind="invalid", message="a request is a JSON object")
             continue
+        if not inflight.acquire(blocking=False):
+            rid = req.get("id")
+            out.send(rid if isinstance(rid, int) else None, type="fail", kind="limit",
+                     message="at most %d requests at once" % REQUESTS_MAX)
+            continue
         # each request on its own thread: a cell waits only for its own context
-        threading.Thread(target=driver.handle, args=(req,), daemon=True).start()
+        threading.Thread(target=run_one, args=(driver, inflight, req), daemon=True).start()
     # stdin closed: the SDK let go; stop every kernel
     with driver.lock:
         ctxs = list(driver.contexts.values())

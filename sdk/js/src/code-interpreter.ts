@@ -23,7 +23,7 @@ export const DEFAULT_RUN_CODE_TIMEOUT_MS = 60_000;
 /** Most bytes of UTF-8 in one cell (the driver's own bound). */
 export const CODE_MAX_BYTES = 1 << 20;
 /** How long past its timeoutMs a cell may take to be interrupted (or its kernel restarted) and report. */
-const INTERRUPT_SLACK_MS = 90_000;
+const INTERRUPT_SLACK_MS = 150_000;
 
 /** Options of runCode (E2B's RunCodeOpts). */
 export interface RunCodeOpts {
@@ -146,7 +146,9 @@ export async function runCodeIn(sbx: BaseSandbox, code: string, opts: RunCodeOpt
   if (end.type === 'fail') throw failure(end, 'runCode');
   if (end.type === 'timeout') {
     throw new TimeoutError(
-      end.restarted === true
+      end.waited === true
+        ? `runCode: the cell waited past timeoutMs (${timeoutMs} ms) for the context's previous cell to end; it did not run`
+        : end.restarted === true
         ? `runCode: the cell ran past timeoutMs (${timeoutMs} ms) and did not stop when interrupted; its context was restarted, its variables are gone`
         : `runCode: the cell ran past timeoutMs (${timeoutMs} ms) and was interrupted; the context keeps its variables`,
     );

@@ -174,6 +174,24 @@ describe('code interpreter, the recipe', { skip: SHARED ? false : 'needs TUPPER_
     assert.equal((await sbx.runCode('x')).text, '42');
   });
 
+  test('cells of one context run in turn, of two contexts at once; the wait counts against timeoutMs', async () => {
+    const other = await sbx.createCodeContext();
+    try {
+      await sbx.runCode('import time', { context: other });
+      await sbx.runCode('import time');
+      let t0 = Date.now();
+      await Promise.all([sbx.runCode('time.sleep(1.5)'), sbx.runCode('time.sleep(1.5)', { context: other })]);
+      const both = Date.now() - t0;
+      assert.ok(both < 2900, `two contexts took ${both} ms`);
+      t0 = Date.now();
+      const first = sbx.runCode('time.sleep(2)\n"first"');
+      await assert.rejects(sbx.runCode('"second"', { timeoutMs: 500 }), (e) => e instanceof TimeoutError && /did not run/.test(e.message));
+      assert.equal((await first).text, "'first'");
+    } finally {
+      await sbx.removeCodeContext(other);
+    }
+  });
+
   test('contexts: create, run in, list, restart, remove', async () => {
     const ctx = await sbx.createCodeContext({ cwd: '/tmp' });
     assert.equal(ctx.language, 'python');

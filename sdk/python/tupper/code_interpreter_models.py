@@ -23,7 +23,7 @@ EVENT_LINE_MAX = 40 << 20
 #: How long the driver has to say it is ready (seconds).
 READY_TIMEOUT = 60.0
 #: How long past its timeout a cell may take to be interrupted (or its kernel restarted) and report.
-INTERRUPT_SLACK = 90.0
+INTERRUPT_SLACK = 150.0
 
 _FORMATS = (
     ("text/plain", "text"),
@@ -249,6 +249,9 @@ class Collector:
         if end.get("type") == "fail":
             raise failure(end, "run_code")
         if end.get("type") == "timeout":
+            if end.get("waited"):
+                raise TimeoutException(f"run_code: the cell waited past its timeout ({timeout} s) for the context's "
+                                       "previous cell to end; it did not run")
             if end.get("restarted"):
                 raise TimeoutException(f"run_code: the cell ran past its timeout ({timeout} s) and did not stop when "
                                        "interrupted; its context was restarted, its variables are gone")
