@@ -40,10 +40,18 @@ export function dropConnection(s: Sandbox): void {
   connectionOf(s)?.close();
 }
 
+/** @internal what a Sandbox object lends its modules (the code interpreter's driver runs on it). */
+export function linkOf(s: Sandbox): SandboxLink {
+  return (s as unknown as { link: SandboxLink }).link;
+}
+
 /** @internal true once a Sandbox object's connection closed (the daemon may drop one that falls far behind). */
 export function connectionClosed(s: Sandbox): boolean {
   return connectionOf(s)?.closed === true;
 }
+
+/** The constructor a static create/connect calls: `this`, so a subclass makes its own kind. */
+type SandboxClass = new (conn: Connection, r: Record<string, unknown>) => Sandbox;
 
 export class Sandbox {
   /** The sandbox's id. */
@@ -56,6 +64,7 @@ export class Sandbox {
   readonly pty: Pty;
   private readonly conn: Connection;
   private readonly state: { killed: boolean };
+  private readonly link: SandboxLink;
 
   /**
    * The account commands and files act as unless their `user` says
@@ -90,6 +99,7 @@ export class Sandbox {
       home: this.home,
       workdir: info.workdir,
     };
+    this.link = link;
     this.commands = new Commands(link);
     this.files = new Filesystem(link);
     this.pty = new Pty(link, this.commands);
@@ -126,7 +136,7 @@ export class Sandbox {
       // minutes, not the usual request bound, unless the caller set one
       const callOpts = opts.recipe !== undefined && opts.requestTimeoutMs === undefined ? { timeoutMs: RECIPE_CREATE_TIMEOUT_MS } : {};
       const r = await conn.call<Record<string, unknown>>('sandbox.create', params, callOpts);
-      return new Sandbox(conn, r);
+      return new (this as unknown as SandboxClass)(conn, r);
     } catch (e) {
       conn.close();
       throw e;
@@ -145,7 +155,7 @@ export class Sandbox {
       if (opts.timeoutMs !== undefined) {
         await conn.call('sandbox.set_timeout', { id: sandboxId, timeout: seconds(opts.timeoutMs, 'Sandbox.connect') });
       }
-      return new Sandbox(conn, r);
+      return new (this as unknown as SandboxClass)(conn, r);
     } catch (e) {
       conn.close();
       throw e;
