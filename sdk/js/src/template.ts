@@ -142,7 +142,8 @@ type Step =
 
 type Base = { image: string } | { debian: string; packages: string[] };
 
-const PYTHON_PACKAGES = ['ca-certificates', 'curl', 'git', 'python3', 'python3-pip', 'python3-venv'];
+// the shipped python recipe's (recipes/python.lua): one Debian image, built once, for both
+const PYTHON_PACKAGES = ['ca-certificates', 'curl', 'git', 'python3', 'python3-pip'];
 // versions of Python bookworm's python3 is (Debian 12 ships 3.11)
 const DEBIAN_PYTHON = new Set(['3', '3.11']);
 const SUITES: Record<string, string> = { stable: 'bookworm', '12': 'bookworm', '11': 'bullseye', '13': 'trixie' };
@@ -244,6 +245,7 @@ export class TemplateBuilder {
   /** The base template: what `Sandbox.create('base')` gives (Debian bookworm with Python, git and curl; user `user` in /home/user). */
   fromBaseImage(): this {
     this.base = { debian: 'bookworm', packages: [...PYTHON_PACKAGES] };
+    this.setEnvs({ LANG: 'C.UTF-8', PYTHONUNBUFFERED: '1' });
     this.user ??= 'user';
     this.workdir ??= '/home/user';
     return this;
