@@ -175,3 +175,17 @@ test('registered templates survive a daemon restart', async () => {
     assert.equal(await d.stop(), 0);
   }
 });
+
+test('bases: Debian images tupper builds take aptInstall as packages; other versions are Docker Hub images', async () => {
+  const deb = await Template.toRecipe(Template().fromDebianImage('stable').aptInstall(['git', 'jq']).runCmd('git --version'), 'deb:1');
+  assert.match(deb, /^return recipe "deb-1" \{$/m);
+  assert.match(deb, /image = \{ debian = "bookworm", packages = \{ "ca-certificates", "git", "jq" \} \}/);
+  assert.doesNotMatch(deb, /apt-get/);
+  const base = await Template.toRecipe(Template().fromBaseImage(), 'b');
+  assert.match(base, /packages = \{ "ca-certificates", "curl", "git", "python3", "python3-pip" \}/);
+  assert.match(base, /user = "user"/);
+  const py = await Template.toRecipe(Template().fromPythonImage('3.12').aptInstall('vim'), 'p');
+  assert.match(py, /image = "docker\.io\/library\/python:3\.12"/);
+  assert.match(py, /apt-get install -y 'vim'/);
+  assert.match(await Template.toRecipe(Template().fromNodeImage(), 'n'), /image = "docker\.io\/library\/node:lts"/);
+});
