@@ -142,6 +142,13 @@ end
 local h = {}
 M.handlers = h
 
+-- Bytes for a client, as api.encode_data makes them (text when they are
+-- UTF-8, else base64); not required from daemon/api.lua, which requires this.
+local function api_encode(data)
+  if utf8.len(data) and not data:find("\0", 1, true) then return data, "utf8" end
+  return core.b64encode(data), "base64"
+end
+
 --- recipe.register {name, source, file, lock, build}: checks the recipe
 -- (it must load), builds its layer first when `build` says so (the
 -- daemon's policy judges the setup, as for recipe.build), then keeps it.
@@ -154,7 +161,16 @@ function h.recipe_register(d, conn, p)
   local built
   if p.build then
     local plan
-    plan, err = build.prepare(d, loaded, { build = true, policies = d.policy and { d.policy } or {} })
+    local on_log
+    if p.logs then
+      -- routed by the client as a process's output: sandbox = the token, pid 0
+      on_log = function(stream, data)
+        if conn.closed then return end
+        local out, enc = api_encode(data)
+        conn:notify("recipe.log", { sandbox = p.logs, pid = 0, stream = stream, data = out, encoding = enc })
+      end
+    end
+    plan, err = build.prepare(d, loaded, { build = true, policies = d.policy and { d.policy } or {}, on_log = on_log })
     if not plan then return nil, rpc.SANDBOX_ERROR, err end
     built = { image = plan.image.ref, image_digest = plan.image.digest, layer = plan.layer or json.null,
               cached = plan.cached == true }

@@ -84,7 +84,7 @@ M.methods = {
     doc = "Keeps a recipe (its source text) under a name, across restarts: sandbox.create's `template` finds it; `build` builds its layer first.",
     params = { name = { type = "string", min = 1, max = 256 }, source = RECIPE.fields.source,
                file = { type = "string", min = 1, max = 256 }, lock = RECIPE.fields.lock,
-               build = { type = "boolean" }, required = { "name", "source" } },
+               build = { type = "boolean" }, logs = ID, required = { "name", "source" } },
     result = { "name", "recipe", "file", "sha256", "registered_at", "locked", "build" },
   },
   ["recipe.list"] = {
@@ -306,6 +306,7 @@ M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out", "oom_killed" },
   ["image.progress"] = { "ref", "done", "total" },
+  ["recipe.log"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["fs.event"] = { "sandbox", "watch", "type", "name", "message" },
 }
 

@@ -20,6 +20,7 @@
  * Other versions, fromUbuntuImage, fromNodeImage and fromAlpineImage are
  * the Docker Hub images E2B names.
  */
+import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { withConnection, type ConnectionOpts } from './connection';
@@ -114,7 +115,7 @@ export interface TemplateBuildOpts extends ConnectionOpts {
   name?: string;
   /** Makes a new layer even when one of this recipe is cached. */
   skipCache?: boolean;
-  /** Build log lines, as E2B's: the start, the image, the layer, the end. */
+  /** Build log lines, as E2B's: the start, each line the setup's commands print (stderr as 'warn'), the image, the layer, the end. */
   onBuildLogs?: (entry: LogEntry) => void;
   /** Bound of the build call (default TEMPLATE_BUILD_TIMEOUT_MS). */
   requestTimeoutMs?: number;
@@ -532,9 +533,29 @@ async function build(t: TemplateBuilder, nameOrOpts: string | TemplateBuildOpts,
   const source = await t.toRecipe(name);
   log('info', `Building template ${name}`);
   try {
-    const r = await withConnection(opts, (c) =>
-      c.call<RegisterResult>('recipe.register', { name, source, file: `template ${name}`, build: true }, { timeoutMs: opts.requestTimeoutMs ?? TEMPLATE_BUILD_TIMEOUT_MS }),
-    );
+    const r = await withConnection(opts, async (c) => {
+      // the setup's output, as it runs: recipe.log notifications routed by a token of this call
+      const token = opts.onBuildLogs ? `build-${randomBytes(8).toString('hex')}` : undefined;
+      if (token) {
+        let partial = { stdout: '', stderr: '' };
+        c.subscribe(token, 0, (_method, p) => {
+          const stream = p.stream === 'stderr' ? 'stderr' : 'stdout';
+          const text = partial[stream] + (p.encoding === 'base64' ? Buffer.from(String(p.data), 'base64').toString('utf8') : String(p.data ?? ''));
+          const lines = text.split('\n');
+          partial = { ...partial, [stream]: lines.pop() ?? '' };
+          for (const l of lines) log(stream === 'stderr' ? 'warn' : 'info', l);
+        });
+      }
+      try {
+        return await c.call<RegisterResult>(
+          'recipe.register',
+          { name, source, file: `template ${name}`, build: true, ...(token ? { logs: token } : {}) },
+          { timeoutMs: opts.requestTimeoutMs ?? TEMPLATE_BUILD_TIMEOUT_MS },
+        );
+      } finally {
+        if (token) c.unsubscribe(token, 0);
+      }
+    });
     const b = r.build;
     if (b) {
       log('info', `Image ${b.image} (${b.image_digest})`);

@@ -47,13 +47,15 @@ test('a Template builds, registers and creates; its start command runs at every 
     .setEnvs({ GREETING: 'hello' })
     .setWorkdir('/app')
     .copy('app/', '/app/')
-    .runCmd('chmod 755 serve.sh && echo built > /app/built')
+    .runCmd('chmod 755 serve.sh && echo built > /app/built && echo "step output: $(pwd)"')
     .setStartCmd('./serve.sh', waitForPort(8080));
   const logs = [];
   const info = await Template.build(t, 'busy-app:v1', { ...opts, onBuildLogs: (e) => logs.push(e.message) });
   assert.equal(info.name, 'busy-app:v1');
   assert.match(info.buildId, /^[0-9a-f]{64}$/);
   assert.ok(logs.some((l) => /Layer [0-9a-f]{64} built/.test(l)), logs.join('\n'));
+  // the setup's own output, line by line, as it ran
+  assert.ok(logs.includes('step output: /app'), logs.join('\n'));
   assert.ok(await Template.exists('busy-app:v1', opts));
   for (let i = 0; i < 2; i++) {
     const sbx = await Sandbox.create('busy-app:v1', opts);
