@@ -124,6 +124,16 @@ describe("templates", function()
       helper.call(c, "sandbox.kill", { id = sb.id })
     end
     no_boxes()
+    -- the policies that bind the sandbox judge the start command, as any process start
+    local pol = { name = "tupper.lua", source = [[
+      return policy { on_exec = function(argv)
+        if (argv[3] or ""):find("exec sleep 1000", 1, true) then return false, "no servers here" end
+        return true
+      end }]] }
+    local sb, err = helper.call(c, "sandbox.create", { template = "served:v1", policy = pol })
+    assert.is_nil(sb)
+    assert.truthy(msg(err):find("no servers here", 1, true), msg(err))
+    no_boxes()
   end)
 
   it("fails a create whose ready check never passes, in bounded time", function()

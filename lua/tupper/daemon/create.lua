@@ -362,7 +362,7 @@ function D:_finish_create(p, b, lim, plan, img, image)
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
   if plan and plan.recipe.start then
     -- the recipe's start command, and its ready check the create waits for
-    local ok, serr = start.run(sb, plan.recipe.start)
+    local ok, serr = start.run(sb, plan.recipe.start, guard.policies_of(self, sb))
     if not ok then
       sb:destroy()
       return nil, ("%s: %s"):format(plan.recipe.origin and plan.recipe.origin.file or plan.recipe.name, serr)

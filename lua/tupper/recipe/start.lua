@@ -9,6 +9,7 @@
 local uv = require("luv")
 local core = require("tupper.core")
 local async = require("tupper.util.async")
+local policy = require("tupper.recipe.policy")
 
 local M = {}
 
@@ -24,8 +25,16 @@ end
 -- Starts `/bin/sh -c cmd` in sb and collects its output (the tail) and its
 -- exit through a listener of its own (as process.connect attaches one).
 -- Returns the process and its collector, or nil, err.
-local function spawn(sb, cmd)
-  local proc, err = sb:exec({ "/bin/sh", "-c", cmd }, nil, nil, false, nil, nil)
+local function spawn(sb, cmd, policies)
+  -- judged (and maybe rewritten) by the policies binding the sandbox, as
+  -- every process.start is
+  local argv = { "/bin/sh", "-c", cmd }
+  for _, pol in ipairs(policies or {}) do
+    local out, perr = policy.check_exec(pol, argv)
+    if not out then return nil, perr end
+    argv = out
+  end
+  local proc, err = sb:exec(argv, nil, nil, false, nil, nil)
   if not proc then return nil, err end
   local col = { parts = {}, n = 0 }
   local l = { closed = false }
@@ -78,14 +87,15 @@ local function code_of(proc)
 end
 
 --- Starts spec.cmd in sb and waits for spec.ready (both optional, at least
--- one given), within spec.timeout seconds.  Returns true, or nil, err: what
+-- one given), within spec.timeout seconds; policies (those binding the
+-- sandbox) judge both commands, as they judge process.start.  Returns true, or nil, err: what
 -- failed, with the check's and the start command's output.  The caller
 -- destroys the box on failure.
-function M.run(sb, spec)
+function M.run(sb, spec, policies)
   local deadline = uv.now() + spec.timeout * 1000
   local sproc, scol
   if spec.cmd then
-    sproc, scol = spawn(sb, spec.cmd)
+    sproc, scol = spawn(sb, spec.cmd, policies)
     if not sproc then return nil, ("start command %q: cannot start: %s"):format(spec.cmd:sub(1, 200), tostring(scol)) end
     sb.start_pid = sproc.pid
   end
@@ -108,7 +118,7 @@ function M.run(sb, spec)
       return finish(nil, ("start command %q ended (%s) before the ready check %q passed%s")
         :format(spec.cmd:sub(1, 200), code_of(sproc), spec.ready:sub(1, 200), start_out()))
     end
-    local rproc, rcol = spawn(sb, spec.ready)
+    local rproc, rcol = spawn(sb, spec.ready, policies)
     if not rproc then return finish(nil, ("ready check %q: cannot start: %s"):format(spec.ready:sub(1, 200), tostring(rcol))) end
     local exited = wait_exit(rcol, deadline - uv.now())
     detach(rproc, rcol)
