@@ -8,6 +8,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { BIN, startDaemon, track } from './daemon.mjs';
 import {
@@ -155,7 +156,14 @@ test('registered templates survive a daemon restart', async () => {
   const start = async () => {
     const child = track(spawn(BIN, ['daemon', '--socket', socket, '--state-dir', state, '--log', path.join(dir, 'log')], { stdio: 'ignore' }));
     const exit = new Promise((r) => child.once('exit', (code) => r(code)));
-    for (let i = 0; i < 1000 && !fs.existsSync(socket); i++) await new Promise((r) => setTimeout(r, 10));
+    // up once its socket answers (a stopped daemon's file may still be there)
+    const answers = () =>
+      new Promise((resolve) => {
+        const s = net.createConnection({ path: socket });
+        s.once('connect', () => { s.destroy(); resolve(true); });
+        s.once('error', () => { s.destroy(); resolve(false); });
+      });
+    for (let i = 0; i < 1000 && !(await answers()); i++) await new Promise((r) => setTimeout(r, 10));
     return { stop: async () => { child.kill('SIGTERM'); return exit; } };
   };
   let d = await start();
