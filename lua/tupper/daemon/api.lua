@@ -509,6 +509,9 @@ function h.image_pull(d, conn, p)
   return { ref = res.ref, digest = res.digest, size = res.size, layers = json.array(layers) }
 end
 
+-- recipe.register, recipe.list, recipe.remove: the template registry's
+for k, fn in pairs(require("tupper.daemon.templates").handlers) do h[k] = fn end
+
 function M.lookup(method)
   if not schema.methods[method] then return nil end
   return h[(method:gsub("%.", "_"))]

@@ -9,6 +9,8 @@ local registry = require("tupper.image.registry")
 local build = require("tupper.recipe.build")
 local policy = require("tupper.recipe.policy")
 local setup = require("tupper.recipe.setup")
+local start = require("tupper.recipe.start")
+local templates = require("tupper.daemon.templates")
 local backends = require("tupper.backend.registry")
 local limits = require("tupper.daemon.limits")
 local units = require("tupper.util.units")
@@ -94,6 +96,20 @@ D._pull = D.pull_image -- the image store's pull-on-first-use hook
 -- parameters"), so that the policies cap and judge what will really run.
 -- Returns the params and the loaded recipe, or nil, err.
 function D:_recipe_params(p)
+  if p.template then
+    -- a template's name: a registered recipe, a shipped one, else an image
+    if p.image or p.recipe then return nil, "'template' names the image or recipe: not with 'image' or 'recipe'" end
+    local q = {}
+    for k, v in pairs(p) do q[k] = v end
+    q.template = nil
+    local spec = templates.resolve(self, p.template)
+    if not spec then
+      q.image = p.template
+      return q
+    end
+    q.recipe = spec
+    p = q
+  end
   if p.image then
     return nil, "'image' and 'recipe' together: the recipe names its image"
   end
@@ -344,6 +360,18 @@ function D:_finish_create(p, b, lim, plan, img, image)
   self:_hook_connect(sb)
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
+  if plan and plan.recipe.start then
+    -- the recipe's start command, and its ready check the create waits for
+    local ok, serr = start.run(sb, plan.recipe.start, guard.policies_of(self, sb))
+    if not ok then
+      sb:destroy()
+      return nil, ("%s: %s"):format(plan.recipe.origin and plan.recipe.origin.file or plan.recipe.name, serr)
+    end
+    if self.stopping then
+      sb:destroy()
+      return nil, "the daemon is shutting down"
+    end
+  end
   return sb
 end
 

@@ -96,7 +96,7 @@ function Daemon:_request(conn, msg)
     end
   end
   local loaded
-  if msg.method == "sandbox.create" and params.recipe then
+  if msg.method == "sandbox.create" and (params.recipe or params.template) then
     params, loaded = self:_recipe_params(params)
     if not params then
       if is_call then return conn:error(id, rpc.SANDBOX_ERROR, loaded) end

@@ -71,7 +71,7 @@ M.methods = {
     params = { image = { type = "string", min = 1, max = 256 },
                env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS, network = NETWORK,
                kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE,
-               backend = M.BACKEND },
+               backend = M.BACKEND, template = { type = "string", min = 1, max = 256 } },
     result = { "id", "image", "backend", "state", "created_at", "metadata", "limits", "timeout",
                "default_user", "home" },
   },
@@ -79,6 +79,23 @@ M.methods = {
     doc = "Builds a recipe's layer (files and setup) unless cached, and returns what a lockfile of it pins.",
     params = { recipe = RECIPE, required = { "recipe" } },
     result = { "recipe", "image", "image_digest", "layer", "cached", "lock" },
+  },
+  ["recipe.register"] = {
+    doc = "Keeps a recipe (its source text) under a name, across restarts: sandbox.create's `template` finds it; `build` builds its layer first.",
+    params = { name = { type = "string", min = 1, max = 256 }, source = RECIPE.fields.source,
+               file = { type = "string", min = 1, max = 256 }, lock = RECIPE.fields.lock,
+               build = { type = "boolean" }, logs = ID, required = { "name", "source" } },
+    result = { "name", "recipe", "file", "sha256", "registered_at", "locked", "build" },
+  },
+  ["recipe.list"] = {
+    doc = "The recipes registered with the daemon, by name.",
+    params = {},
+    result = { "recipes" },
+  },
+  ["recipe.remove"] = {
+    doc = "Forgets a registered recipe; false when there was none.  Its cached layer stays.",
+    params = { name = { type = "string", min = 1, max = 256 }, required = { "name" } },
+    result = { "removed" },
   },
   ["sandbox.get"] = {
     doc = "Describes one sandbox.",
@@ -289,6 +306,7 @@ M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out", "oom_killed" },
   ["image.progress"] = { "ref", "done", "total" },
+  ["recipe.log"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["fs.event"] = { "sandbox", "watch", "type", "name", "message" },
 }
 

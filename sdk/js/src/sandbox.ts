@@ -11,7 +11,7 @@ import type { SandboxLink } from './link';
 import { SandboxPaginator, type SandboxListOpts } from './paginator';
 import { policyParam } from './policy';
 import { Pty } from './pty';
-import { recipeParam } from './recipe';
+import { recipeParam, templateParams } from './recipe';
 import { type SandboxInfo, type SandboxMetrics, toInfo, toMetrics } from './sandbox-info';
 import type { NetworkLogEntry, NetworkRules, SandboxConnectionOpts, SandboxOpts } from './sandbox-opts';
 
@@ -107,22 +107,26 @@ export class Sandbox {
 
   /**
    * Creates a sandbox.  `Sandbox.create()`, `Sandbox.create(opts)` or, as in
-   * E2B, `Sandbox.create(template, opts)` with the image as the template.
+   * E2B, `Sandbox.create(template, opts)`: a recipe (a file, one registered
+   * with the daemon, a shipped one: 'base' is the Python one), else an image.
    */
   static async create(opts?: SandboxOpts): Promise<Sandbox>;
   static async create(template: string, opts?: SandboxOpts): Promise<Sandbox>;
   static async create(templateOrOpts?: string | SandboxOpts, maybeOpts?: SandboxOpts): Promise<Sandbox> {
-    const opts: SandboxOpts =
-      typeof templateOrOpts === 'string' ? { ...maybeOpts, image: templateOrOpts } : { ...templateOrOpts };
+    const opts: SandboxOpts = typeof templateOrOpts === 'string' ? { ...maybeOpts } : { ...templateOrOpts };
+    // a template: a recipe (a file, registered, shipped), else an image (recipe.ts)
+    const tpl = typeof templateOrOpts === 'string' ? templateParams(templateOrOpts) : {};
+    if (tpl.recipe !== undefined) opts.recipe = tpl.recipe;
     const limits: Record<string, unknown> = { ...opts.limits };
     // a recipe may set the lifetime; only an explicit timeoutMs overrides it
-    if (opts.timeoutMs !== undefined || opts.recipe === undefined) {
+    if (opts.timeoutMs !== undefined || (opts.recipe === undefined && tpl.template === undefined)) {
       limits.timeout = seconds(opts.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS, 'Sandbox.create');
     }
     const params: Record<string, unknown> = {};
     if (Object.keys(limits).length > 0) params.limits = limits;
     if (opts.recipe !== undefined) params.recipe = await recipeParam(opts.recipe);
     if (opts.image !== undefined) params.image = opts.image;
+    if (tpl.template !== undefined) params.template = tpl.template;
     if (opts.backend !== undefined) params.backend = opts.backend;
     if (opts.envs !== undefined) params.env = opts.envs;
     if (opts.metadata !== undefined) params.metadata = opts.metadata;
@@ -134,7 +138,8 @@ export class Sandbox {
     try {
       // a recipe's first create runs its setup (and may build its image):
       // minutes, not the usual request bound, unless the caller set one
-      const callOpts = opts.recipe !== undefined && opts.requestTimeoutMs === undefined ? { timeoutMs: RECIPE_CREATE_TIMEOUT_MS } : {};
+      const long = opts.recipe !== undefined || tpl.template !== undefined;
+      const callOpts = long && opts.requestTimeoutMs === undefined ? { timeoutMs: RECIPE_CREATE_TIMEOUT_MS } : {};
       const r = await conn.call<Record<string, unknown>>('sandbox.create', params, callOpts);
       return new (this as unknown as SandboxClass)(conn, r);
     } catch (e) {
