@@ -40,15 +40,30 @@ export interface SandboxInfo {
   workdir?: string;
 }
 
-/** One sample of the sandbox's counters, from its cgroup. */
+/** getMetrics' window (E2B's): tupper keeps no series, so only a window holding now has a sample. */
+export interface SandboxMetricsOpts {
+  start?: Date;
+  end?: Date;
+  requestTimeoutMs?: number;
+}
+
+/** One sample of the sandbox's counters, from its cgroup: E2B's fields, then tupper's. */
 export interface SandboxMetrics {
   timestamp: Date;
-  /** CPU quota in cores, when limited. */
-  cpuCount?: number;
+  /** CPU used since the previous sample, percent of the cores it may use. */
+  cpuUsedPct: number;
+  /** Cores it may use: its CPU limit rounded up, else the host's count. */
+  cpuCount: number;
   /** Memory in use, bytes. */
   memUsed: number;
-  /** Memory limit in bytes, when limited. */
-  memTotal?: number;
+  /** Its memory limit in bytes, else the host's memory. */
+  memTotal: number;
+  /** Page cache in bytes: tupper does not split it out of memUsed (0). */
+  memCache: number;
+  /** Bytes used on the box's `/`. */
+  diskUsed: number;
+  /** Its disk limit in bytes, else the size of the filesystem under the box's `/`. */
+  diskTotal: number;
   /** Total CPU time used, microseconds. */
   cpuUsageUsec: number;
   memoryPeak?: number;
@@ -86,12 +101,16 @@ export function toInfo(r: Record<string, unknown>): SandboxInfo {
 export function toMetrics(m: Record<string, number | undefined>, info: SandboxInfo): SandboxMetrics {
   const s: SandboxMetrics = {
     timestamp: new Date(),
+    cpuUsedPct: 0,
+    cpuCount: info.limits.cpus ?? 0,
+    memTotal: info.limits.memory ?? 0,
+    memCache: 0,
+    diskUsed: 0,
+    diskTotal: info.limits.disk ?? 0,
     memUsed: m.memory_bytes ?? 0,
     cpuUsageUsec: m.cpu_usage_usec ?? 0,
     pids: m.pids ?? 0,
   };
-  if (info.limits.cpus !== undefined) s.cpuCount = info.limits.cpus;
-  if (info.limits.memory !== undefined) s.memTotal = info.limits.memory;
   if (m.memory_peak !== undefined) s.memoryPeak = m.memory_peak;
   if (m.nr_throttled !== undefined) s.nrThrottled = m.nr_throttled;
   if (m.throttled_usec !== undefined) s.throttledUsec = m.throttled_usec;

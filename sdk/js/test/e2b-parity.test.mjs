@@ -1,0 +1,318 @@
+// Code written for E2B's SDK, run unchanged against a real daemon: one
+// account and one home for commands, files and terminals (also on an image
+// without WorkingDir), getHost as a string, a killed sandbox answering
+// false, E2B's error classes, options (network, allowInternetAccess,
+// secure, lifecycle) taken and unknown ones refused, connect extending a
+// lifetime, the list paginator, and metrics with E2B's fields.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import http from 'node:http';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { startDaemon } from './daemon.mjs';
+import {
+  Sandbox,
+  SandboxError,
+  NotFoundError,
+  FileNotFoundError,
+  SandboxNotFoundError,
+  RateLimitError,
+  InvalidArgumentError,
+  ALL_TRAFFIC,
+} from '../dist/index.js';
+import { Connection } from '../dist/connection.js';
+
+let daemon;
+let opts;
+let tmp;
+before(async () => {
+  daemon = await startDaemon();
+  opts = { socket: daemon.socket };
+  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'tupper-e2b-'));
+});
+after(async () => {
+  try {
+    const r = await daemon.stop();
+    assert.equal(r.code, 0);
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
+/** One request on a connection of its own. */
+async function rpc(method, params) {
+  const c = await Connection.open(opts);
+  try {
+    return await c.call(method, params);
+  } finally {
+    c.close();
+  }
+}
+
+/**
+ * A plain rootfs tar (no image config, so no WorkingDir) made of the
+ * host's static busybox with a `user` account (uid 1000, home /home/user
+ * owned by it), imported into the daemon as `ref`.
+ */
+async function importPlainImage(ref) {
+  const busybox = ['/bin/busybox', '/usr/bin/busybox'].find((p) => fs.existsSync(p));
+  assert.ok(busybox, 'busybox is needed (bootstrap installs busybox-static)');
+  const root = path.join(tmp, 'rootfs');
+  for (const d of ['bin', 'etc', 'tmp', 'root', 'home/user']) fs.mkdirSync(path.join(root, d), { recursive: true });
+  fs.copyFileSync(busybox, path.join(root, 'bin/busybox'));
+  fs.chmodSync(path.join(root, 'bin/busybox'), 0o755);
+  for (const a of ['sh', 'pwd', 'mkdir', 'cat', 'ls', 'id', 'echo', 'df', 'sleep', 'true', 'stat']) {
+    fs.symlinkSync('busybox', path.join(root, 'bin', a));
+  }
+  fs.writeFileSync(path.join(root, 'etc/passwd'), 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n');
+  fs.writeFileSync(path.join(root, 'etc/group'), 'root:x:0:\nuser:x:1000:\n');
+  const tar = path.join(tmp, 'plain.tar');
+  execFileSync('tar', ['-cf', tar, '--owner=0', '--group=0', '--exclude=./home/user', '-C', root, '.']);
+  execFileSync('tar', ['-rf', tar, '--owner=1000', '--group=1000', '-C', root, './home/user']);
+  await rpc('image.import', { path: tar, ref });
+}
+
+test('one account, one home: an image without WorkingDir runs commands in /home/user, where files put relative paths', async () => {
+  await importPlainImage('plain-e2b:1');
+  const sbx = await Sandbox.create('plain-e2b:1', opts);
+  try {
+    assert.equal((await sbx.commands.run('pwd')).stdout, '/home/user\n');
+    // E2B's docs: write a file by a relative path, run it by the same one
+    await sbx.files.write('app/main.sh', 'echo "hello from $(pwd) as $(id -un)"\n');
+    assert.equal((await sbx.commands.run('sh app/main.sh')).stdout, 'hello from /home/user as user\n');
+    await sbx.commands.run('mkdir app2');
+    assert.equal((await sbx.files.getInfo('app2')).path, '/home/user/app2');
+    // a terminal starts there too
+    let seen = '';
+    const h = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { seen += Buffer.from(d).toString(); } });
+    await sbx.pty.sendInput(h.pid, new TextEncoder().encode('pwd; exit\n'));
+    await h.wait().catch(() => {});
+    assert.match(seen, /\/home\/user\r?\n/);
+    // root where root is meant: its own home
+    assert.equal((await sbx.commands.run('pwd; id -u', { user: 'root' })).stdout, '/root\n0\n');
+    // a cwd still wins
+    assert.equal((await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout, '/tmp\n');
+  } finally {
+    await sbx.kill();
+  }
+});
+
+test('getHost returns a string, usable in a template literal (E2B\'s `https://${sbx.getHost(3000)}`)', async () => {
+  const sbx = await Sandbox.create(opts);
+  try {
+    await sbx.commands.run('mkdir -p srv && echo e2b-style > srv/index.html && httpd -p 127.0.0.1:3000 -h /home/user/srv');
+    const host = sbx.getHost(3000);
+    assert.equal(typeof host, 'string');
+    assert.match(host, /^127\.0\.0\.1:\d+$/);
+    assert.equal(sbx.getHost(3000), host, 'the same port gives the same host');
+    const url = `http://${sbx.getHost(3000)}/index.html`;
+    const body = await new Promise((resolve, reject) => {
+      http.get(url, (res) => {
+        let data = '';
+        res.on('data', (c) => { data += c; });
+        res.on('end', () => resolve(data));
+      }).on('error', reject);
+    });
+    assert.equal(body, 'e2b-style\n');
+    assert.equal(await sbx.getHost(3000), host, 'awaiting it, as older code did, still works');
+    assert.throws(() => sbx.getHost(0), InvalidArgumentError);
+    assert.throws(() => sbx.getHost(70000), InvalidArgumentError);
+  } finally {
+    await sbx.kill();
+  }
+  assert.throws(() => sbx.getHost(3000), SandboxNotFoundError);
+});
+
+test('after kill: isRunning and a second kill answer false; getInfo and connect throw SandboxNotFoundError', async () => {
+  const sbx = await Sandbox.create(opts);
+  assert.equal(await sbx.isRunning(), true);
+  assert.equal(await sbx.kill(), true);
+  assert.equal(await sbx.isRunning(), false);
+  assert.equal(await sbx.kill(), false);
+  await assert.rejects(sbx.getInfo(), (e) => e instanceof SandboxNotFoundError && e instanceof NotFoundError && e instanceof SandboxError);
+  await assert.rejects(sbx.connect(), SandboxNotFoundError);
+  await assert.rejects(Sandbox.connect(sbx.sandboxId, opts), SandboxNotFoundError);
+  await assert.rejects(Sandbox.getInfo('nosuchbox', opts), (e) => e instanceof SandboxNotFoundError && e.name === 'SandboxNotFoundError');
+  assert.equal(await Sandbox.kill(sbx.sandboxId, opts), false);
+});
+
+test('error classes: FileNotFoundError for a missing file, RateLimitError when the daemon says busy', async () => {
+  const sbx = await Sandbox.create(opts);
+  try {
+    await assert.rejects(sbx.files.read('no/such/file'), (e) => e instanceof FileNotFoundError && e instanceof NotFoundError && e.name === 'FileNotFoundError');
+    await assert.rejects(sbx.files.getInfo('/nope'), FileNotFoundError);
+    // a process that is not there is a NotFoundError, not a file's nor a sandbox's
+    await assert.rejects(sbx.commands.connect(999999), (e) => e instanceof NotFoundError && !(e instanceof FileNotFoundError) && !(e instanceof SandboxNotFoundError));
+    // more requests in flight on one connection than the daemon takes
+    const rs = await Promise.allSettled(Array.from({ length: 600 }, () => sbx.files.read('/etc/passwd')));
+    const busy = rs.filter((r) => r.status === 'rejected');
+    assert.ok(busy.length > 0, 'some requests are refused');
+    for (const r of busy) assert.ok(r.reason instanceof RateLimitError && r.reason instanceof SandboxError, String(r.reason));
+    assert.ok(rs.some((r) => r.status === 'fulfilled'));
+  } finally {
+    await sbx.kill();
+  }
+});
+
+test('unknown options are errors in JavaScript too; E2B options without a counterpart say why', async () => {
+  await assert.rejects(Sandbox.create({ ...opts, timeOutMs: 1000 }), (e) => e instanceof InvalidArgumentError && /unknown option 'timeOutMs'/.test(e.message));
+  await assert.rejects(Sandbox.create('default', { ...opts, envz: {} }), /unknown option 'envz'/);
+  await assert.rejects(Sandbox.create({ ...opts, mcp: {} }), /option 'mcp' is not supported/);
+  await assert.rejects(Sandbox.create({ ...opts, volumeMounts: { '/data': 'v' } }), /option 'volumeMounts' is not supported/);
+  await assert.rejects(Sandbox.create({ ...opts, network: { allowOut: ['x.org'], egress: 1 } }), /unknown network option 'egress'/);
+  await assert.rejects(Sandbox.create({ ...opts, allowInternetAccess: 'yes' }), /allowInternetAccess must be a boolean/);
+  await assert.rejects(Sandbox.create({ ...opts, lifecycle: { onTimeout: 'pause' } }), /'pause' is not supported/);
+  await assert.rejects(Sandbox.create({ ...opts, lifecycle: { onTimeout: 'explode' } }), InvalidArgumentError);
+  await assert.rejects(Sandbox.create({ ...opts, lifecycle: { onTimeout: 'kill', autoResume: true } }), InvalidArgumentError);
+  await assert.rejects(Sandbox.connect('x', { ...opts, timeoutMS: 5 }), /unknown option 'timeoutMS'/);
+  await assert.rejects(Sandbox.connect('x', { ...opts, onResume: 'reboot' }), /'reboot' is not supported/);
+  assert.throws(() => Sandbox.list({ ...opts, qeury: {} }), /unknown option 'qeury'/);
+  assert.throws(() => Sandbox.list({ ...opts, query: { state: ['gone'] } }), InvalidArgumentError);
+  // nothing was created by the refused calls
+  assert.deepEqual(await Sandbox.list(opts).nextItems(), []);
+  // accepted: E2B's template, secure, lifecycle kill, apiKey and friends
+  const sbx = await Sandbox.create({
+    ...opts,
+    template: 'default',
+    secure: true,
+    lifecycle: { onTimeout: 'kill' },
+    apiKey: 'e2b_ignored',
+    domain: 'e2b.app',
+    requestTimeoutMs: 30_000,
+    metadata: { from: 'e2b' },
+  });
+  try {
+    assert.deepEqual((await sbx.getInfo()).metadata, { from: 'e2b' });
+  } finally {
+    await sbx.kill();
+  }
+});
+
+/** Does the box's resolver answer name (with the daemon's synthetic address)? */
+async function resolves(sbx, name) {
+  const r = await sbx.commands.run(`nslookup ${name} 127.0.0.1`, { timeoutMs: 30_000 }).catch((e) => e.result ?? e);
+  return /Address: 198\.18\./.test(r.stdout ?? '');
+}
+
+test("E2B's network options: allowOut/denyOut, allowInternetAccess, updateNetwork; the default stays no network", async () => {
+  const only = await Sandbox.create({ ...opts, network: { allowOut: ['pypi.org', '*.pythonhosted.org'], denyOut: [ALL_TRAFFIC] } });
+  try {
+    assert.equal(await resolves(only, 'pypi.org'), true);
+    assert.equal(await resolves(only, 'files.pythonhosted.org'), true);
+    assert.equal(await resolves(only, 'example.com'), false);
+    // E2B's updateNetwork replaces the rules as a whole
+    await only.updateNetwork({ allowOut: ['example.com'], denyOut: [ALL_TRAFFIC] });
+    assert.equal(await resolves(only, 'example.com'), true);
+    assert.equal(await resolves(only, 'pypi.org'), false);
+    // a callback selector, as E2B's docs
+    await only.updateNetwork({ allowOut: ['pypi.org'], denyOut: ({ allTraffic }) => [allTraffic] });
+    assert.equal(await resolves(only, 'pypi.org'), true);
+    // a deny on top of allowed names
+    await only.updateNetwork({ allowOut: ['*.pythonhosted.org'], denyOut: [ALL_TRAFFIC, 'evil.pythonhosted.org'] });
+    assert.equal(await resolves(only, 'files.pythonhosted.org'), true);
+    assert.equal(await resolves(only, 'evil.pythonhosted.org'), false);
+    // "everything but" cannot be said in tupper's rules: refused, not widened
+    await assert.rejects(only.updateNetwork({ denyOut: ['evil.org'] }), /cannot allow all but network.denyOut/);
+    await assert.rejects(only.updateNetwork({ allowOut: 'pypi.org', denyOut: [ALL_TRAFFIC] }), /must be a list/);
+  } finally {
+    await only.kill();
+  }
+  const open = await Sandbox.create({ ...opts, allowInternetAccess: true });
+  try {
+    assert.equal(await resolves(open, 'example.com'), true);
+  } finally {
+    await open.kill();
+  }
+  for (const o of [{}, { allowInternetAccess: false }]) {
+    const closed = await Sandbox.create({ ...opts, ...o });
+    try {
+      assert.equal(await resolves(closed, 'example.com'), false, JSON.stringify(o));
+    } finally {
+      await closed.kill();
+    }
+  }
+});
+
+test('connect extends a lifetime, never shortens it; the instance connect', async () => {
+  const sbx = await Sandbox.create({ ...opts, timeoutMs: 600_000 });
+  try {
+    const end = (await sbx.getInfo()).endAt.getTime();
+    await Sandbox.connect(sbx.sandboxId, { ...opts, timeoutMs: 60_000 });
+    assert.equal((await sbx.getInfo()).endAt.getTime(), end, 'a shorter timeout leaves it');
+    await Sandbox.connect(sbx.sandboxId, { ...opts, timeoutMs: 3_600_000 });
+    const longer = (await sbx.getInfo()).endAt.getTime();
+    assert.ok(longer >= end + 2_900_000, 'a longer one extends it');
+    assert.equal(await sbx.connect({ timeoutMs: 1000 }), sbx, 'the instance connect returns the sandbox');
+    assert.equal((await sbx.getInfo()).endAt.getTime(), longer);
+    await sbx.pause();
+    await sbx.connect();
+    assert.equal(await sbx.isRunning(), true, 'connect resumes a paused sandbox');
+  } finally {
+    await sbx.kill();
+  }
+});
+
+test('list: newest first by default, order asc, template filter, a cursor token stable across kills', async () => {
+  const made = [];
+  try {
+    for (let i = 0; i < 3; i++) {
+      made.push(await Sandbox.create({ ...opts, metadata: { suite: 'e2b-list', n: String(i) } }));
+      // the daemon keeps start times in seconds
+      if (i < 2) await new Promise((r) => setTimeout(r, 1100));
+    }
+    const q = { metadata: { suite: 'e2b-list' } };
+    const desc = await Sandbox.list({ ...opts, query: q }).nextItems();
+    assert.deepEqual(desc.map((s) => s.metadata.n), ['2', '1', '0']);
+    const asc = await Sandbox.list({ ...opts, query: q, order: 'asc' }).nextItems();
+    assert.deepEqual(asc.map((s) => s.metadata.n), ['0', '1', '2']);
+    assert.equal((await Sandbox.list({ ...opts, query: { ...q, template: 'default' } }).nextItems()).length, 3);
+    assert.equal((await Sandbox.list({ ...opts, query: { ...q, template: 'other' } }).nextItems()).length, 0);
+    // E2B's loop
+    const p = Sandbox.list({ ...opts, query: q, limit: 1 });
+    const first = await p.nextItems();
+    assert.deepEqual(first.map((s) => s.metadata.n), ['2']);
+    const token = p.nextToken;
+    assert.equal(typeof token, 'string');
+    // the newest is killed between pages: the next page is still the next one
+    await made[2].kill();
+    const seen = [...first];
+    while (p.hasNext) seen.push(...(await p.nextItems()));
+    assert.deepEqual(seen.map((s) => s.metadata.n), ['2', '1', '0']);
+    await assert.rejects(p.nextItems(), /No more items to fetch/);
+    // a token given to a new paginator goes on from there
+    const resumed = await Sandbox.list({ ...opts, query: q, nextToken: token }).nextItems();
+    assert.deepEqual(resumed.map((s) => s.metadata.n), ['1', '0']);
+    assert.throws(() => Sandbox.list({ ...opts, nextToken: 'garbage' }), InvalidArgumentError);
+  } finally {
+    for (const s of made) await s.kill();
+  }
+});
+
+test("getMetrics: E2B's fields (cpuUsedPct, cpuCount, memUsed, memTotal, diskUsed, diskTotal, timestamp)", async () => {
+  const sbx = await Sandbox.create({ ...opts, limits: { memory: '256M', cpus: 1 } });
+  try {
+    const before = Date.now();
+    const [m] = await sbx.getMetrics();
+    assert.ok(m.timestamp instanceof Date && m.timestamp.getTime() >= before);
+    assert.equal(m.cpuCount, 1);
+    assert.equal(m.memTotal, 256 * 1024 * 1024);
+    assert.ok(m.memUsed > 0);
+    assert.ok(m.diskTotal > 0 && m.diskUsed > 0 && m.diskUsed <= m.diskTotal, JSON.stringify(m));
+    assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100);
+    // a busy box shows its CPU use
+    const h = await sbx.commands.run('while :; do :; done', { background: true });
+    await new Promise((r) => setTimeout(r, 500));
+    await sbx.getMetrics();
+    await new Promise((r) => setTimeout(r, 500));
+    const [busy] = await sbx.getMetrics();
+    assert.ok(busy.cpuUsedPct > 30, `cpuUsedPct ${busy.cpuUsedPct}`);
+    await h.kill();
+    // a window without now has no sample (tupper keeps no series)
+    assert.deepEqual(await sbx.getMetrics({ end: new Date(Date.now() - 3600_000) }), []);
+    assert.equal((await sbx.getMetrics({ start: new Date(Date.now() - 60_000) })).length, 1);
+  } finally {
+    await sbx.kill();
+  }
+});
