@@ -10,7 +10,7 @@
 import { ReadableStream } from 'node:stream/web';
 import { asAccount } from './account';
 import { asBuffer, CHUNK, inChunks } from './chunks';
-import { basename, type EntryInfo, FileType, toEntry, type WriteInfo } from './entry';
+import { basename, type EntryInfo, FileType, ownerNames, toEntry, type WriteInfo } from './entry';
 import { checkTimeoutMs, InvalidArgumentError } from './errors';
 import type { SandboxLink } from './link';
 import { DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, WatchHandle, type WatchOpts } from './watch';
@@ -188,6 +188,12 @@ export class Filesystem {
     return this.writeOne(pathOrFiles, dataOrOpts as WriteEntry['data'], maybeOpts?.user);
   }
 
+  /** E2B's writeFiles: write(files) under its own name (each file's parents made; in order). */
+  async writeFiles(files: WriteEntry[], opts?: FilesystemRequestOpts): Promise<WriteInfo[]> {
+    if (!Array.isArray(files)) throw new InvalidArgumentError('files.writeFiles: files must be a list of {path, data}');
+    return this.write(files, opts);
+  }
+
   private async writeOne(path: string, data: WriteEntry['data'], user: string | undefined): Promise<WriteInfo> {
     if (typeof path !== 'string' || path === '') throw new InvalidArgumentError('files.write: path must be a non-empty string');
     let offset = 0;
@@ -197,13 +203,18 @@ export class Filesystem {
       await this.call('fs.write', { path, offset, data: b.toString('base64'), encoding: 'base64' }, user);
       offset += b.length;
     }
-    return { name: basename(path), type: FileType.FILE, path };
+    // E2B's path is absolute: relative ones as the default account takes them
+    const at = String(asAccount(this.link, user === this.link.defaultUser ? undefined : user, { path }).path);
+    return { name: basename(path), type: FileType.FILE, path: at };
   }
 
   /** The entries of a directory, sorted by name (at most 4000: the daemon's reply limit). */
   async list(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo[]> {
-    const r = await this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path }, opts?.user);
-    return r.entries.map(toEntry);
+    const [r, names] = await Promise.all([
+      this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path }, opts?.user),
+      ownerNames(this.link),
+    ]);
+    return r.entries.map((e) => toEntry(e, names));
   }
 
   /** True when something exists at path (a dangling symlink counts). Never throws. */
@@ -218,7 +229,8 @@ export class Filesystem {
 
   /** Describes a file or directory; NotFoundError when there is nothing there. */
   async getInfo(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo> {
-    return toEntry(await this.call('fs.stat', { path }, opts?.user));
+    const [r, names] = await Promise.all([this.call('fs.stat', { path }, opts?.user), ownerNames(this.link)]);
+    return toEntry(r, names);
   }
 
   /** Removes a file, or a directory with everything in it. */

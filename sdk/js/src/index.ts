@@ -28,7 +28,7 @@ export {
   type ProcessInfo,
 } from './commands';
 export { CommandHandle } from './command-handle';
-export { Pty, DEFAULT_PTY_TIMEOUT_MS, PTY_DIM_MAX, type PtyCreateOpts, type PtySize } from './pty';
+export { Pty, DEFAULT_PTY_TIMEOUT_MS, PTY_DIM_MAX, type PtyCreateOpts, type PtyConnectOpts, type PtySize } from './pty';
 export {
   Filesystem,
   type ByteStream,

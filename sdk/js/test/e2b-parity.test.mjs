@@ -316,3 +316,71 @@ test("getMetrics: E2B's fields (cpuUsedPct, cpuCount, memUsed, memTotal, diskUse
     await sbx.kill();
   }
 });
+
+test('files: writeFiles, entry fields as E2B (owner, group, absolute path, permissions, symlinkTarget), an empty file in every format', async () => {
+  const sbx = await Sandbox.create(opts);
+  try {
+    const infos = await sbx.files.writeFiles([
+      { path: 'w/a.txt', data: 'a' },
+      { path: '/home/user/w/b.txt', data: new TextEncoder().encode('bb') },
+    ]);
+    assert.deepEqual(infos.map((i) => [i.name, i.path]), [['a.txt', '/home/user/w/a.txt'], ['b.txt', '/home/user/w/b.txt']]);
+    await sbx.commands.run('ln -s a.txt w/link && chmod 640 w/b.txt');
+    const list = await sbx.files.list('w');
+    const byName = Object.fromEntries(list.map((e) => [e.name, e]));
+    assert.equal(byName['a.txt'].owner, 'user');
+    assert.equal(byName['a.txt'].group, 'user');
+    assert.equal(byName['a.txt'].path, '/home/user/w/a.txt');
+    assert.equal(byName['a.txt'].size, 1);
+    assert.equal(byName['b.txt'].permissions, '-rw-r-----');
+    assert.equal(byName['b.txt'].mode, 0o640);
+    assert.equal(byName.link.type, 'symlink');
+    assert.equal(byName.link.symlinkTarget, 'a.txt');
+    const root = await sbx.files.getInfo('/etc/passwd');
+    assert.deepEqual([root.owner, root.group, root.path], ['root', 'root', '/etc/passwd']);
+    assert.ok(root.modifiedTime instanceof Date);
+    // a group the box has no name for (any more): its id
+    await sbx.files.write('/etc/group', 'root:x:0:\n', { user: 'root' });
+    const n = await sbx.files.getInfo('w/a.txt');
+    assert.deepEqual([n.owner, n.group], ['user', '1000']);
+
+    await sbx.files.write('empty', '');
+    assert.equal(await sbx.files.read('empty'), '');
+    assert.equal(await sbx.files.read('empty', { format: 'text' }), '');
+    const bytes = await sbx.files.read('empty', { format: 'bytes' });
+    assert.ok(bytes instanceof Uint8Array);
+    assert.equal(bytes.length, 0);
+    const blob = await sbx.files.read('empty', { format: 'blob' });
+    assert.equal(blob.size, 0);
+    const stream = await sbx.files.read('empty', { format: 'stream' });
+    let total = 0;
+    for await (const c of stream) total += c.length;
+    assert.equal(total, 0);
+  } finally {
+    await sbx.kill();
+  }
+});
+
+test('pty.connect: another client attaches to a running terminal, as E2B', async () => {
+  const sbx = await Sandbox.create(opts);
+  try {
+    let first = '';
+    const h = await sbx.pty.create({ cols: 80, rows: 24, timeoutMs: 0, onData: (d) => { first += Buffer.from(d).toString(); } });
+    await sbx.pty.sendInput(h.pid, new TextEncoder().encode('echo before-$((40+2))\n'));
+    while (!first.includes('before-42')) await new Promise((r) => setTimeout(r, 20));
+    const other = await Sandbox.connect(sbx.sandboxId, opts);
+    let seen = '';
+    const h2 = await other.pty.connect(h.pid, { onData: (d) => { seen += Buffer.from(d).toString(); } });
+    assert.equal(h2.pid, h.pid);
+    // the recent output first, then what comes
+    assert.match(seen, /before-42/);
+    await other.pty.sendInput(h.pid, new TextEncoder().encode('echo after-$((50+5))\n'));
+    while (!seen.includes('after-55')) await new Promise((r) => setTimeout(r, 20));
+    assert.ok(!seen.includes('undefined'));
+    await assert.rejects(other.pty.connect(999999, { onData: () => {} }), NotFoundError);
+    await assert.rejects(other.pty.connect(h.pid, { onDta: () => {} }), /unknown option 'onDta'/);
+    await other.pty.kill(h.pid);
+  } finally {
+    await sbx.kill();
+  }
+});
