@@ -38,6 +38,12 @@ export interface SandboxInfo {
   home?: string;
   /** The working directory the sandbox was given (create's cwd, a recipe's workdir, the image's WorkingDir). */
   workdir?: string;
+  /** E2B's: true when it may reach every public address (`network: "all"`), false with no network, else absent. */
+  allowInternetAccess?: boolean;
+  /** E2B's shape of its rules: allow rules as `allowOut`, and `denyOut` `[ALL_TRAFFIC, ...deny rules]` (tupper allows nothing else). */
+  network?: { allowOut: string[]; denyOut: string[] };
+  /** E2B's: tupper kills a sandbox when its lifetime ends. */
+  lifecycle: { onTimeout: 'kill'; autoResume: false };
 }
 
 /** getMetrics' window (E2B's): tupper keeps no series, so only a window holding now has a sample. */
@@ -85,7 +91,20 @@ export function toInfo(r: Record<string, unknown>): SandboxInfo {
     startedAt: new Date(String(r.created_at)),
     limits,
     timeoutMs: Math.round((typeof r.timeout === 'number' ? r.timeout : 0) * 1000),
+    lifecycle: { onTimeout: 'kill', autoResume: false },
   };
+  const n = r.network;
+  if (n === 'all') {
+    info.allowInternetAccess = true;
+    info.network = { allowOut: ['0.0.0.0/0'], denyOut: [] };
+  } else if (n === 'none') {
+    info.allowInternetAccess = false;
+    info.network = { allowOut: [], denyOut: ['0.0.0.0/0'] };
+  } else if (n !== null && typeof n === 'object') {
+    const list = (v: unknown) => (Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : []);
+    const rules = n as { allow?: unknown; deny?: unknown };
+    info.network = { allowOut: list(rules.allow), denyOut: ['0.0.0.0/0', ...list(rules.deny)] };
+  }
   if (typeof r.expires_at === 'string') info.endAt = new Date(r.expires_at);
   if (typeof limits.cpus === 'number') info.cpuCount = limits.cpus;
   if (typeof limits.memory === 'number') info.memoryMB = limits.memory / (1 << 20);

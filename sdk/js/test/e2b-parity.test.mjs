@@ -202,6 +202,10 @@ test("E2B's network options: allowOut/denyOut, allowInternetAccess, updateNetwor
     assert.equal(await resolves(only, 'pypi.org'), true);
     assert.equal(await resolves(only, 'files.pythonhosted.org'), true);
     assert.equal(await resolves(only, 'example.com'), false);
+    const info = await only.getInfo();
+    assert.deepEqual(info.network, { allowOut: ['pypi.org', '*.pythonhosted.org'], denyOut: [ALL_TRAFFIC] });
+    assert.equal(info.allowInternetAccess, undefined);
+    assert.deepEqual(info.lifecycle, { onTimeout: 'kill', autoResume: false });
     // E2B's updateNetwork replaces the rules as a whole
     await only.updateNetwork({ allowOut: ['example.com'], denyOut: [ALL_TRAFFIC] });
     assert.equal(await resolves(only, 'example.com'), true);
@@ -222,6 +226,7 @@ test("E2B's network options: allowOut/denyOut, allowInternetAccess, updateNetwor
   const open = await Sandbox.create({ ...opts, allowInternetAccess: true });
   try {
     assert.equal(await resolves(open, 'example.com'), true);
+    assert.equal((await open.getInfo()).allowInternetAccess, true);
   } finally {
     await open.kill();
   }
@@ -229,6 +234,7 @@ test("E2B's network options: allowOut/denyOut, allowInternetAccess, updateNetwor
     const closed = await Sandbox.create({ ...opts, ...o });
     try {
       assert.equal(await resolves(closed, 'example.com'), false, JSON.stringify(o));
+      assert.equal((await closed.getInfo()).allowInternetAccess, false);
     } finally {
       await closed.kill();
     }
