@@ -290,6 +290,44 @@ export class Sandbox {
     return withConnection(opts, async (c) => toInfo(await c.call('sandbox.get', { id: sandboxId })));
   }
 
+  /** E2B's getFullInfo: getInfo (tupper's info is whole already). */
+  static async getFullInfo(sandboxId: string, opts?: SandboxConnectionOpts): Promise<SandboxInfo> {
+    return Sandbox.getInfo(sandboxId, opts);
+  }
+
+  /** getMetrics of a sandbox by id (a paused one stays paused). */
+  static async getMetrics(sandboxId: string, opts: SandboxConnectionOpts & SandboxMetricsOpts = {}): Promise<SandboxMetrics[]> {
+    const { start, end, ...conn } = opts;
+    return Sandbox.attached(sandboxId, conn, (s) => s.getMetrics({ start, end }));
+  }
+
+  /** updateNetwork of a sandbox by id. */
+  static async updateNetwork(sandboxId: string, network: NetworkRules | SandboxNetworkUpdate, opts?: SandboxConnectionOpts): Promise<void> {
+    const rules = checkNetwork(network, 'Sandbox.updateNetwork');
+    await withConnection(opts, (c) => c.call('sandbox.update_network', { id: sandboxId, network: rules }));
+  }
+
+  /** Pauses a sandbox by id; true once it is paused. */
+  static async pause(sandboxId: string, opts?: SandboxConnectionOpts): Promise<boolean> {
+    return withConnection(opts, async (c) => (await c.call<{ state: string }>('sandbox.pause', { id: sandboxId })).state === 'paused');
+  }
+
+  /** E2B's name for Sandbox.pause. */
+  static async betaPause(sandboxId: string, opts?: SandboxConnectionOpts): Promise<boolean> {
+    return Sandbox.pause(sandboxId, opts);
+  }
+
+  /** fn on a Sandbox object for sandboxId that does not resume it, its connection closed after. */
+  private static async attached<T>(sandboxId: string, opts: SandboxConnectionOpts, fn: (s: Sandbox) => Promise<T>): Promise<T> {
+    const conn = await Connection.open(connectionOpts(opts));
+    try {
+      const r = await conn.call<Record<string, unknown>>('sandbox.get', { id: sandboxId });
+      return await fn(new Sandbox(conn, r));
+    } finally {
+      conn.close();
+    }
+  }
+
   /** Sets a sandbox's lifetime from now (0: until killed). */
   static async setTimeout(sandboxId: string, timeoutMs: number, opts?: SandboxConnectionOpts): Promise<void> {
     const timeout = seconds(timeoutMs, 'Sandbox.setTimeout');

@@ -318,6 +318,18 @@ test("getMetrics: E2B's fields (cpuUsedPct, cpuCount, memUsed, memTotal, diskUse
     // a window without now has no sample (tupper keeps no series)
     assert.deepEqual(await sbx.getMetrics({ end: new Date(Date.now() - 3600_000) }), []);
     assert.equal((await sbx.getMetrics({ start: new Date(Date.now() - 60_000) })).length, 1);
+    // the static calls of E2B's SandboxApi
+    const [byId] = await Sandbox.getMetrics(sbx.sandboxId, opts);
+    assert.equal(byId.memTotal, 256 * 1024 * 1024);
+    assert.equal((await Sandbox.getFullInfo(sbx.sandboxId, opts)).sandboxId, sbx.sandboxId);
+    assert.equal(await Sandbox.betaPause(sbx.sandboxId, opts), true);
+    const [paused] = await Sandbox.getMetrics(sbx.sandboxId, opts);
+    assert.ok(paused.memUsed > 0);
+    assert.equal((await sbx.getInfo()).state, 'paused', 'metrics leave a paused sandbox paused');
+    await sbx.resume();
+    await Sandbox.updateNetwork(sbx.sandboxId, { allowOut: ['pypi.org'], denyOut: [ALL_TRAFFIC] }, opts);
+    assert.deepEqual((await sbx.getInfo()).network, { allowOut: ['pypi.org'], denyOut: [ALL_TRAFFIC] });
+    await assert.rejects(Sandbox.getMetrics('nosuchbox', opts), SandboxNotFoundError);
   } finally {
     await sbx.kill();
   }
