@@ -37,6 +37,8 @@ export interface FilesystemRequestOpts {
   user?: string;
   /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
   requestTimeoutMs?: number;
+  /** E2B's gzip content encoding: accepted; the daemon's socket is local, so nothing is compressed. */
+  gzip?: boolean;
 }
 
 /** The chunks of data, without loading a stream or a Blob whole. */

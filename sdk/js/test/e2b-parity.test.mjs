@@ -362,6 +362,9 @@ test('files: writeFiles, entry fields as E2B (owner, group, absolute path, permi
     const n = await sbx.files.getInfo('w/a.txt');
     assert.deepEqual([n.owner, n.group], ['user', '1000']);
 
+    // E2B's gzip encoding: the same bytes either way
+    await sbx.files.write('gz.txt', 'zipped?', { gzip: true });
+    assert.equal(await sbx.files.read('gz.txt', { gzip: true }), 'zipped?');
     await sbx.files.write('empty', '');
     assert.equal(await sbx.files.read('empty'), '');
     assert.equal(await sbx.files.read('empty', { format: 'text' }), '');
