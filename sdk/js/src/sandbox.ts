@@ -215,6 +215,9 @@ export class Sandbox {
   static async create(opts?: SandboxOpts): Promise<Sandbox>;
   static async create(template: string, opts?: SandboxOpts): Promise<Sandbox>;
   static async create(templateOrOpts?: string | SandboxOpts, maybeOpts?: SandboxOpts): Promise<Sandbox> {
+    if (typeof templateOrOpts !== 'string' && maybeOpts !== undefined) {
+      throw new InvalidArgumentError('Sandbox.create: options come first, or after a template name (a string)');
+    }
     checkKeys(typeof templateOrOpts === 'string' ? maybeOpts : templateOrOpts, CREATE_KEYS, 'Sandbox.create');
     const given: SandboxOpts & { template?: string } =
       typeof templateOrOpts === 'string' ? { ...maybeOpts, image: templateOrOpts } : { ...templateOrOpts };
@@ -260,6 +263,7 @@ export class Sandbox {
   static async connect(sandboxId: string, opts: SandboxConnectOpts = {}): Promise<Sandbox> {
     checkKeys(opts, CONNECT_KEYS, 'Sandbox.connect');
     checkOnResume(opts.onResume, 'Sandbox.connect');
+    if (opts.timeoutMs !== undefined) checkTimeoutMs(opts.timeoutMs, 'Sandbox.connect');
     const conn = await Connection.open(connectionOpts(opts));
     try {
       const r = await conn.call<Record<string, unknown>>('sandbox.get', { id: sandboxId });
@@ -342,6 +346,7 @@ export class Sandbox {
   async connect(opts: SandboxConnectOpts = {}): Promise<this> {
     checkKeys(opts, CONNECT_KEYS, 'connect');
     checkOnResume(opts.onResume, 'connect');
+    if (opts.timeoutMs !== undefined) checkTimeoutMs(opts.timeoutMs, 'connect');
     const r = await this.rpc<Record<string, unknown>>('sandbox.get', { id: this.sandboxId });
     if (r.state === 'paused') await this.rpc('sandbox.resume', { id: this.sandboxId });
     if (opts.timeoutMs !== undefined) {

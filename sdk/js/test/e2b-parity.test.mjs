@@ -405,3 +405,31 @@ test('pty.connect: another client attaches to a running terminal, as E2B', async
     await sbx.kill();
   }
 });
+
+test('hostile input to the E2B options gets a clear error, never a hang', async () => {
+  assert.throws(() => Sandbox.list({ ...opts, nextToken: 'x'.repeat(100_000) }), InvalidArgumentError);
+  assert.throws(() => Sandbox.list({ ...opts, nextToken: Buffer.from('[1e999,"a"]').toString('base64url') }), InvalidArgumentError);
+  assert.throws(() => Sandbox.list({ ...opts, order: 'sideways' }), InvalidArgumentError);
+  assert.throws(() => Sandbox.list({ ...opts, limit: 0 }), InvalidArgumentError);
+  await assert.rejects(Sandbox.create({ ...opts, network: { allowOut: [1, 2] } }), /must be a list/);
+  await assert.rejects(Sandbox.create({ ...opts, network: { allowOut: () => 'x' } }), /must be a list/);
+  await assert.rejects(Sandbox.create({ ...opts, network: { allowOut: ['a.org', ALL_TRAFFIC], denyOut: ['b.org'] } }), /cannot allow all traffic but/);
+  await assert.rejects(Sandbox.create({ ...opts, network: { allowOut: ['bad name!'], denyOut: [ALL_TRAFFIC] } }), SandboxError);
+  await assert.rejects(Sandbox.create({ ...opts, network: 42 }), InvalidArgumentError);
+  await assert.rejects(Sandbox.create({ ...opts, lifecycle: null }), InvalidArgumentError);
+  await assert.rejects(Sandbox.create(opts, opts), InvalidArgumentError, 'options where the template goes');
+  await assert.rejects(Sandbox.connect('x', { ...opts, timeoutMs: -1 }), InvalidArgumentError);
+  assert.deepEqual(await Sandbox.list(opts).nextItems(), [], 'nothing was left behind');
+  // getHost when the daemon is gone: an error, promptly
+  const sbx = await Sandbox.create(opts);
+  try {
+    const other = await startDaemon();
+    const s2 = await Sandbox.create({ socket: other.socket });
+    await other.stop();
+    const t0 = Date.now();
+    assert.throws(() => s2.getHost(8080), SandboxError);
+    assert.ok(Date.now() - t0 < 10_000);
+  } finally {
+    await sbx.kill();
+  }
+});
