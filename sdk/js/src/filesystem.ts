@@ -11,7 +11,7 @@ import { ReadableStream } from 'node:stream/web';
 import { asAccount } from './account';
 import { asBuffer, CHUNK, inChunks } from './chunks';
 import { basename, type EntryInfo, FileType, ownerNames, toEntry, type WriteInfo } from './entry';
-import { checkTimeoutMs, InvalidArgumentError } from './errors';
+import { checkTimeoutMs, ErrorCode, InvalidArgumentError, SandboxError } from './errors';
 import type { SandboxLink } from './link';
 import { DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, WatchHandle, type WatchOpts } from './watch';
 import { decodeData } from './wire';
@@ -237,7 +237,13 @@ export class Filesystem {
 
   /** Removes a file, or a directory with everything in it. */
   async remove(path: string, opts?: FilesystemRequestOpts): Promise<void> {
-    await this.call('fs.remove', { path, recursive: true }, opts?.user);
+    try {
+      await this.call('fs.remove', { path, recursive: true }, opts?.user);
+    } catch (e) {
+      // nothing there is nothing to remove, as E2B's (its envd's RemoveAll)
+      if (e instanceof SandboxError && e.code === ErrorCode.File && e.errnoCode === 'ENOENT') return;
+      throw e;
+    }
   }
 
   /** Renames (moves) a file or directory; returns what is now at newPath. */
