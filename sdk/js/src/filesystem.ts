@@ -26,6 +26,9 @@ export interface WriteEntry {
 
 export type ReadFormat = 'text' | 'bytes' | 'blob' | 'stream';
 
+/** Most directories one files.list with a depth reads. */
+export const LIST_DIRS_MAX = 10_000;
+
 export interface FilesystemRequestOpts {
   /**
    * The account of the box's /etc/passwd the operation acts as, as E2B's
@@ -210,13 +213,32 @@ export class Filesystem {
     return { name: basename(path), type: FileType.FILE, path: at };
   }
 
-  /** The entries of a directory, sorted by name (at most 4000: the daemon's reply limit). */
-  async list(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo[]> {
-    const [r, names] = await Promise.all([
-      this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path }, opts?.user),
-      ownerNames(this.link),
-    ]);
-    return r.entries.map((e) => toEntry(e, names));
+  /**
+   * The entries of a directory, sorted by name (at most 4000 a directory:
+   * the daemon's reply limit).  `depth` (E2B's, default 1) goes that many
+   * levels down: each directory's entries follow it (symlinks are not
+   * followed), at most LIST_DIRS_MAX directories in all.
+   */
+  async list(path: string, opts?: FilesystemRequestOpts & { depth?: number }): Promise<EntryInfo[]> {
+    const depth = opts?.depth ?? 1;
+    if (typeof depth !== 'number' || !Number.isInteger(depth) || depth < 1) {
+      throw new InvalidArgumentError('depth should be at least one');
+    }
+    const names = ownerNames(this.link);
+    const out: EntryInfo[] = [];
+    let dirs = 0;
+    const walk = async (dir: string, left: number): Promise<void> => {
+      if (++dirs > LIST_DIRS_MAX) throw new InvalidArgumentError(`files.list: more than ${LIST_DIRS_MAX} directories under ${path}: ask for less depth`);
+      const r = await this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path: dir }, opts?.user);
+      const n = await names;
+      for (const raw of r.entries) {
+        const e = toEntry(raw, n);
+        out.push(e);
+        if (left > 1 && e.type === FileType.DIR) await walk(e.path, left - 1);
+      }
+    };
+    await walk(path, depth);
+    return out;
   }
 
   /** True when something exists at path (a dangling symlink counts). Never throws. */

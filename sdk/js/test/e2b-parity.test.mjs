@@ -354,6 +354,13 @@ test('files: writeFiles, entry fields as E2B (owner, group, absolute path, permi
     assert.equal(byName['b.txt'].mode, 0o640);
     assert.equal(byName.link.type, 'symlink');
     assert.equal(byName.link.symlinkTarget, 'a.txt');
+    // E2B's depth: each directory's entries follow it
+    await sbx.files.write('deep/a/b/c.txt', 'c');
+    await sbx.files.write('deep/z.txt', 'z');
+    assert.deepEqual((await sbx.files.list('deep')).map((e) => e.path), ['/home/user/deep/a', '/home/user/deep/z.txt']);
+    assert.deepEqual((await sbx.files.list('deep', { depth: 3 })).map((e) => e.path.slice('/home/user/deep/'.length)), ['a', 'a/b', 'a/b/c.txt', 'z.txt']);
+    assert.deepEqual((await sbx.files.list('deep', { depth: 2 })).map((e) => e.name), ['a', 'b', 'z.txt']);
+    await assert.rejects(sbx.files.list('deep', { depth: 0 }), /depth should be at least one/);
     const root = await sbx.files.getInfo('/etc/passwd');
     assert.deepEqual([root.owner, root.group, root.path], ['root', 'root', '/etc/passwd']);
     assert.ok(root.modifiedTime instanceof Date);
