@@ -179,7 +179,11 @@ export function fromRpcError(err: { code?: unknown; message?: unknown; data?: un
   switch (code) {
     case ErrorCode.NotFound:
       // "no sandbox 'ID'": whatever call named a sandbox there is none of
-      if (/: no sandbox '/.test(msg)) return new SandboxNotFoundError(msg, opts);
+      // (E2B's message first: code matches on "Sandbox ID not found")
+      {
+        const m = /: no sandbox '([^']*)'/.exec(msg);
+        if (m) return new SandboxNotFoundError(`Sandbox ${m[1]} not found (${msg})`, opts);
+      }
       return new NotFoundError(msg, opts);
     case ErrorCode.Busy:
       return new RateLimitError(msg, opts);

@@ -134,7 +134,7 @@ test('after kill: isRunning and a second kill answer false; getInfo and connect 
   await assert.rejects(sbx.getInfo(), (e) => e instanceof SandboxNotFoundError && e instanceof NotFoundError && e instanceof SandboxError);
   await assert.rejects(sbx.connect(), SandboxNotFoundError);
   await assert.rejects(Sandbox.connect(sbx.sandboxId, opts), SandboxNotFoundError);
-  await assert.rejects(Sandbox.getInfo('nosuchbox', opts), (e) => e instanceof SandboxNotFoundError && e.name === 'SandboxNotFoundError');
+  await assert.rejects(Sandbox.getInfo('nosuchbox', opts), (e) => e instanceof SandboxNotFoundError && e.name === 'SandboxNotFoundError' && /^Sandbox nosuchbox not found/.test(e.message));
   assert.equal(await Sandbox.kill(sbx.sandboxId, opts), false);
 });
 
