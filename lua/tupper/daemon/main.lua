@@ -155,6 +155,7 @@ function Daemon:shutdown()
       if sb.destroy then self:kill_sandbox(id) end
     end
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
+    require("tupper.daemon.metrics").stop(self)
     for _, pull in pairs(self.pulls) do if pull.session then pull.session:cancel() end end
     for _, pool in ipairs(self.pools) do
       local boxes = pool.boxes
@@ -305,6 +306,7 @@ function M.run(opts)
     local nok, nerr = self.notify("READY=1")
     if not nok then log("sd_notify READY=1: %s", tostring(nerr)) end
     self:_refill()
+    require("tupper.daemon.metrics").start(self) -- sandbox.metrics's series
   end)
   uv.run()
   return code

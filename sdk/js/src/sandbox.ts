@@ -456,42 +456,67 @@ export class Sandbox {
   }
 
   /**
-   * The sandbox's counters now, with E2B's fields, as a one-sample list
-   * (E2B returns samples over time; tupper keeps no series: a window
-   * `{start, end}` that does not hold now gives no samples).  cpuUsedPct
-   * is over the time since this object's last getMetrics (the first call
-   * samples twice, 100 ms apart); cpuCount and memTotal are the limits,
-   * else the host's; diskUsed and diskTotal come from `df` of the box's `/`.
+   * The sandbox's counters over time, with E2B's fields, oldest first: the
+   * daemon's samples (one every 5 s while it runs, the last hour) within
+   * `{start, end}` (default: all it kept), then one taken now when the
+   * window holds now.  cpuUsedPct is over the time since the sample before
+   * (the first call on a sandbox without samples measures 100 ms);
+   * cpuCount and memTotal are the limits, else the host's; diskUsed and
+   * diskTotal come from `df` of the box's `/` now, the same in every sample
+   * (tupper does not sample the disk).
    */
   async getMetrics(opts: SandboxMetricsOpts = {}): Promise<SandboxMetrics[]> {
     checkKeys(opts, new Set([...CONNECTION_KEYS, 'start', 'end']), 'getMetrics');
-    const now = Date.now();
     if (opts.start !== undefined && !(opts.start instanceof Date)) throw new InvalidArgumentError('getMetrics: start must be a Date');
     if (opts.end !== undefined && !(opts.end instanceof Date)) throw new InvalidArgumentError('getMetrics: end must be a Date');
-    if ((opts.start && opts.start.getTime() > now) || (opts.end && opts.end.getTime() < now - 1000)) return [];
-    const sample = () => this.rpc<Record<string, number | undefined>>('sandbox.metrics', { id: this.sandboxId });
+    const from = opts.start?.getTime() ?? -Infinity;
+    const to = opts.end?.getTime() ?? Infinity;
+    type Raw = Record<string, number | undefined> & { samples?: Array<Record<string, number>> };
+    const sample = () => this.rpc<Raw>('sandbox.metrics', { id: this.sandboxId, series: true });
     const info = await this.getInfo();
     let m = await sample();
     let at = Date.now();
-    if (this.lastCpu === undefined) {
+    const series = (m.samples ?? []).map((x) => ({ at: Math.round(x.time * 1000), usec: x.cpu_usage_usec ?? 0, raw: x }));
+    const withNow = at >= from && at <= to + 1000;
+    // the later of the daemon's last sample and this object's last call
+    const last = series.length > 0 ? series[series.length - 1] : undefined;
+    let prev = last && (!this.lastCpu || last.at > this.lastCpu.at) ? last : this.lastCpu;
+    if (withNow && prev === undefined) {
       this.lastCpu = { at, usec: m.cpu_usage_usec ?? 0 };
       await new Promise((r) => setTimeout(r, 100));
+      prev = this.lastCpu;
       m = await sample();
       at = Date.now();
     }
     const cpuCount = info.limits.cpus !== undefined ? Math.max(1, Math.ceil(info.limits.cpus)) : os.cpus().length;
-    const wallUsec = Math.max(1, (at - this.lastCpu.at) * 1000);
-    const used = Math.max(0, (m.cpu_usage_usec ?? 0) - this.lastCpu.usec);
-    this.lastCpu = { at, usec: m.cpu_usage_usec ?? 0 };
-    const cpuUsedPct = Math.min(100, Math.round((used / wallUsec / (info.limits.cpus ?? cpuCount)) * 10000) / 100);
+    const cores = info.limits.cpus ?? cpuCount;
+    const pct = (a: { at: number; usec: number } | undefined, b: { at: number; usec: number }) => {
+      if (a === undefined || b.at <= a.at) return 0;
+      const used = Math.max(0, b.usec - a.usec) / ((b.at - a.at) * 1000) / cores;
+      return Math.min(100, Math.round(used * 10000) / 100);
+    };
     const disk = info.state === 'running' ? await this.diskUsage() : undefined;
-    const s = toMetrics(m, info);
-    s.cpuUsedPct = cpuUsedPct;
-    s.cpuCount = cpuCount;
-    s.memTotal = info.limits.memory ?? os.totalmem();
-    s.diskUsed = disk?.used ?? 0;
-    s.diskTotal = info.limits.disk ?? disk?.total ?? 0;
-    return [s];
+    const fill = (s: SandboxMetrics, cpuUsedPct: number): SandboxMetrics => {
+      s.cpuUsedPct = cpuUsedPct;
+      s.cpuCount = cpuCount;
+      s.memTotal = info.limits.memory ?? os.totalmem();
+      s.diskUsed = disk?.used ?? 0;
+      s.diskTotal = info.limits.disk ?? disk?.total ?? 0;
+      return s;
+    };
+    const out: SandboxMetrics[] = [];
+    series.forEach((x, i) => {
+      if (x.at < from || x.at > to) return;
+      const s = toMetrics({ memory_bytes: x.raw.memory_bytes, cpu_usage_usec: x.raw.cpu_usage_usec, pids: x.raw.pids }, info);
+      s.timestamp = new Date(x.at);
+      out.push(fill(s, pct(series[i - 1], x)));
+    });
+    if (withNow) {
+      const cur = { at, usec: m.cpu_usage_usec ?? 0 };
+      out.push(fill(toMetrics(m, info), pct(prev, cur)));
+      this.lastCpu = cur;
+    }
+    return out;
   }
 
   /** Bytes used and total of the box's `/`, from `df -Pk /` run in it as root. */

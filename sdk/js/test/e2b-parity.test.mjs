@@ -28,7 +28,10 @@ let daemon;
 let opts;
 let tmp;
 before(async () => {
+  // the daemon's metrics series, sampled every half second here (5 s by default)
+  process.env.TUPPER_METRICS_INTERVAL = '0.5';
   daemon = await startDaemon();
+  delete process.env.TUPPER_METRICS_INTERVAL;
   opts = { socket: daemon.socket };
   tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'tupper-e2b-'));
 });
@@ -300,7 +303,7 @@ test("getMetrics: E2B's fields (cpuUsedPct, cpuCount, memUsed, memTotal, diskUse
   const sbx = await Sandbox.create({ ...opts, limits: { memory: '256M', cpus: 1 } });
   try {
     const before = Date.now();
-    const [m] = await sbx.getMetrics();
+    const m = (await sbx.getMetrics()).at(-1);
     assert.ok(m.timestamp instanceof Date && m.timestamp.getTime() >= before);
     assert.equal(m.cpuCount, 1);
     assert.equal(m.memTotal, 256 * 1024 * 1024);
@@ -309,17 +312,28 @@ test("getMetrics: E2B's fields (cpuUsedPct, cpuCount, memUsed, memTotal, diskUse
     assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100);
     // a busy box shows its CPU use (how much depends on what else the host runs)
     await new Promise((r) => setTimeout(r, 300));
-    const [idle] = await sbx.getMetrics();
+    const idle = (await sbx.getMetrics()).at(-1);
     const h = await sbx.commands.run('while :; do :; done', { background: true });
     await new Promise((r) => setTimeout(r, 500));
     await sbx.getMetrics();
     await new Promise((r) => setTimeout(r, 500));
-    const [busy] = await sbx.getMetrics();
+    const busy = (await sbx.getMetrics()).at(-1);
     assert.ok(busy.cpuUsedPct > 5 && busy.cpuUsedPct > idle.cpuUsedPct + 3, `cpuUsedPct idle ${idle.cpuUsedPct}, busy ${busy.cpuUsedPct}`);
     await h.kill();
-    // a window without now has no sample (tupper keeps no series)
+    // the daemon's series: samples over time, oldest first, windows of it
+    await new Promise((r) => setTimeout(r, 1600));
+    const all = await sbx.getMetrics();
+    assert.ok(all.length >= 4, `${all.length} samples`);
+    for (let i = 1; i < all.length; i++) assert.ok(all[i].timestamp > all[i - 1].timestamp);
+    assert.ok(all.every((s) => s.memTotal === 256 * 1024 * 1024 && s.cpuCount === 1 && s.memUsed > 0));
+    assert.ok(all.some((s) => s.cpuUsedPct > 5), 'the busy loop shows in the series');
+    const mid = all[Math.floor(all.length / 2)].timestamp;
+    const early = await sbx.getMetrics({ end: mid });
+    assert.ok(early.length >= 1 && early.every((s) => s.timestamp <= mid));
+    const late = await sbx.getMetrics({ start: mid });
+    assert.ok(late.length >= 2 && late.every((s) => s.timestamp >= mid));
     assert.deepEqual(await sbx.getMetrics({ end: new Date(Date.now() - 3600_000) }), []);
-    assert.equal((await sbx.getMetrics({ start: new Date(Date.now() - 60_000) })).length, 1);
+    assert.deepEqual(await sbx.getMetrics({ start: new Date(Date.now() + 3600_000) }), []);
     // the static calls of E2B's SandboxApi
     const [byId] = await Sandbox.getMetrics(sbx.sandboxId, opts);
     assert.equal(byId.memTotal, 256 * 1024 * 1024);
