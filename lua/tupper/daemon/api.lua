@@ -136,9 +136,11 @@ function h.sandbox_metrics(d, conn, p)
   if not sb then return nil, code, msg end
   local st, err = sb:stats()
   if not st then return nil, rpc.SANDBOX_ERROR, err end
-  return { cpu_usage_usec = st.cpu_usage_usec, memory_bytes = st.memory_current,
-           memory_peak = st.memory_peak, pids = st.pids_current, nr_throttled = st.nr_throttled,
-           throttled_usec = st.throttled_usec, oom_kills = st.oom_kills }
+  local r = { cpu_usage_usec = st.cpu_usage_usec, memory_bytes = st.memory_current,
+              memory_peak = st.memory_peak, pids = st.pids_current, nr_throttled = st.nr_throttled,
+              throttled_usec = st.throttled_usec, oom_kills = st.oom_kills }
+  if p.series then r.samples = json.array(require("tupper.daemon.metrics").series(sb)) end
+  return r
 end
 
 function h.sandbox_get(d, conn, p)

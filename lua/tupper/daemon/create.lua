@@ -184,9 +184,10 @@ local function apply_image(sb, img, p)
   sb.env = env
   local cfg = img and img.config or {}
   sb.cwd = p.cwd or cfg.workdir or "/"
-  -- a working directory the sandbox was given (not the fallback /): the
-  -- TypeScript SDK starts commands there rather than in the account's home
-  sb.workdir = p.cwd or (cfg.workdir ~= "" and cfg.workdir) or nil
+  -- a working directory the sandbox was given (not the fallback /, which
+  -- is also what an image without WorkingDir reads as): the TypeScript SDK
+  -- starts commands there rather than in the account's home, as E2B does
+  sb.workdir = p.cwd or (cfg.workdir ~= "" and cfg.workdir ~= "/" and cfg.workdir) or nil
   local user = cfg.user
   sb.user = user ~= "root" and user ~= "0" and user ~= "0:0" and user or nil
 end

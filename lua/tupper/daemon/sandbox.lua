@@ -617,7 +617,7 @@ function Sandbox:info()
            metadata = self.metadata, processes = n, limits = self.limits or {},
            timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
            recipe = self.recipe, default_user = self.default_user, home = self.home,
-           workdir = self.workdir,
+           workdir = self.workdir, network = self.network or "none",
            expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
 end
 

@@ -114,8 +114,8 @@ M.methods = {
     result = { "state" },
   },
   ["sandbox.metrics"] = {
-    doc = "The sandbox's resource counters, from its cgroup.",
-    params = { id = ID, required = { "id" } },
+    doc = "The sandbox's resource counters, from its cgroup; with series, also its recent samples.",
+    params = { id = ID, series = { type = "boolean" }, required = { "id" } },
     result = { "cpu_usage_usec", "memory_bytes", "pids", "oom_kills" },
   },
   ["sandbox.set_timeout"] = {
