@@ -322,7 +322,7 @@ export class Filesystem {
       await this.call('fs.mkdir', { path: dst, parents: true, mode: from.mode }, user);
       const r = await this.call<{ entries: Array<Record<string, unknown>>; truncated?: boolean }>('fs.list', { path: from.path }, user);
       if (r.truncated) throw new InvalidArgumentError(`files.copy: ${from.path} has more entries than one listing holds`);
-      for (const e of r.entries.map(toEntry)) await this.copyEntry(e, joinPath(dst, e.name), user);
+      for (const e of r.entries.map((raw) => toEntry(raw))) await this.copyEntry(e, joinPath(dst, e.name), user);
     } else {
       throw new InvalidArgumentError(`files.copy: ${from.path} is a ${from.type}: only files and directories are copied`);
     }

@@ -439,6 +439,21 @@ export class Sandbox {
     return host;
   }
 
+  /**
+   * tupper's asynchronous getHost: the same "127.0.0.1:PORT", asked for on
+   * this object's own connection instead of a short-lived process, so a
+   * server (the MCP and HTTP ones, an adapter) never blocks its event loop.
+   */
+  async getHostAsync(port: number): Promise<string> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new InvalidArgumentError(`getHost: bad port ${String(port)}`);
+    const known = this.hosts.get(port);
+    if (known !== undefined && !this.state.killed) return known;
+    const r = await this.rpc<{ host: string; port: number }>('sandbox.expose', { id: this.sandboxId, port });
+    const host = `${r.host}:${r.port}`;
+    this.hosts.set(port, host);
+    return host;
+  }
+
   /** True while the sandbox exists and is not paused; false once it is gone (killed here or elsewhere). */
   async isRunning(): Promise<boolean> {
     try {

@@ -183,7 +183,7 @@ export function register(router: Router, ctx: ServerContext): void {
     onlyKeys(b, ['port'], 'body');
     const port = b.port;
     if (typeof port !== 'number' || !Number.isInteger(port) || port < 1 || port > 65535) throw badRequest('port must be an integer from 1 to 65535');
-    const host = await boxes.onBox(id, (s) => s.getHost(port));
+    const host = await boxes.onBox(id, (s) => s.getHostAsync(port));
     sendJson(c.res, 200, { port, host });
   });
 
