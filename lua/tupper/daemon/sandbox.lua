@@ -38,7 +38,7 @@ local function attach(box, opts, adopting)
     id = opts.id, image = opts.image, layers = opts.layers, image_digest = opts.image_digest,
     user = opts.user, id_count = opts.id_count, box = box, state = "starting", cgroup = opts.cgroup,
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
-    cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, watches = {}, hooks = opts,
+    cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, exited = {}, watches = {}, hooks = opts,
     limits = opts.limits_info, pid = box:pid(), adopting = adopting, cred = opts.cred, recipe = opts.recipe,
     backend = opts.backend_impl.name, impl = opts.backend_impl,
     default_user = opts.default_user, home = opts.home, workdir = opts.workdir,
@@ -222,9 +222,33 @@ function Sandbox:_frame(t, id, f)
     release(proc)
     proc.exit_code = math.tointeger(f.code) or -1
     proc.signal = math.tointeger(f.signal) or 0
-    proc.oom_killed = self:_oom_killed(proc) or nil
+    proc.oom_killed = self:_oom_killed(proc, f) or nil
     self:_tree_done(proc)
+    proc.ended_at = now_iso()
     if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
+    self:_keep_exited(proc)
+  end
+end
+
+M.EXITED_KEEP = 16 -- exited processes kept per box, for `tupper logs` (docs/protocol.md)
+
+-- An exited process is kept, ring, exit and command line, for logs and
+-- process.connect: the last EXITED_KEEP of the box, each ring already at
+-- most 64 KiB, until the box goes.  Nobody is attached to it any more.
+function Sandbox:_keep_exited(proc)
+  proc.owner, proc.listeners = nil, nil
+  local list = self.exited
+  for i = #list, 1, -1 do -- a pid the box reused: the older one goes
+    if list[i].pid == proc.pid then table.remove(list, i) end
+  end
+  list[#list + 1] = proc
+  while #list > M.EXITED_KEEP do table.remove(list, 1) end
+end
+
+--- The kept record of an exited process, or nil.
+function Sandbox:exited_proc(pid)
+  for _, proc in ipairs(self.exited) do
+    if proc.pid == pid then return proc end
   end
 end
 
