@@ -86,6 +86,7 @@ typedef struct agent_exit_s {
   pid_t pid;
   int code;                   /* exit status or -1 */
   int sig;                    /* 0 or signo */
+  int oom;                    /* microVM guest: the guest's OOM killer killed it (TP_F_EXIT_OOM) */
 } agent_exit_t;
 
 /* A validated request: header fields plus its top-level fields. */

@@ -572,8 +572,16 @@ end
 -- controller, in the box's memory.events since the last process the daemon
 -- found OOM-killed (two processes killed at once: the first to end is
 -- told, as far as the kernel lets anyone tell).
-function Sandbox:_oom_killed(proc)
+-- A microVM's guest kernel kills on its own: its agent says so in the
+-- EXIT frame (FLAGS TP_F_EXIT_OOM, from the guest's /proc/vmstat).
+function Sandbox:_oom_killed(proc, f)
   if not (proc.signal == 9 or (proc.signal == 0 and proc.exit_code == 137)) then return false end
+  if self.impl.guest_kernel then
+    local flags = math.tointeger(f and f.flags) or 0
+    if flags & 1 == 0 then return false end -- TP_F_EXIT_OOM
+    self.guest_oom = (self.guest_oom or 0) + 1
+    return true
+  end
   if not proc.tree or not self.box:has_cgroup() or self.impl.guest_kernel then return false end
   local n = self.box:tree_oom(proc.tree)
   if n then return n > 0 end
@@ -627,10 +635,25 @@ function Sandbox:freeze(frozen)
   return true
 end
 
---- cgroup counters of the box, or nil, msg.
+--- cgroup counters of the box, or nil, msg.  A microVM's oom_kills are
+-- its guest kernel's (and any of QEMU's host cgroup).
 function Sandbox:stats()
   if not self.box:has_cgroup() then return nil, "metrics need cgroups, and this host has none usable" end
-  return self.box:stats()
+  local st, err = self.box:stats()
+  if st and self.impl.guest_kernel then st.oom_kills = (st.oom_kills or 0) + self:_guest_oom_kills() end
+  return st, err
+end
+
+-- The guest's OOM kills: its /proc/vmstat oom_kill, read through the
+-- agent (kills of processes the API did not start count too); else, when
+-- the box's /proc does not say, the exits its agent reported as OOM kills.
+function Sandbox:_guest_oom_kills()
+  local n = self.guest_oom or 0
+  if self.state ~= "running" then return n end
+  local r = self:request(MSG.FS_READ, { path = "/proc/vmstat", offset = 0, length = 65536 })
+  local v = r and type(r.data) == "string" and r.data:match("\noom_kill (%d+)\n")
+  v = v and #v <= 15 and math.tointeger(tonumber(v))
+  return v and math.max(v, n) or n
 end
 
 function Sandbox:info()
