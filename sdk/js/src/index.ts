@@ -47,6 +47,7 @@ export {
 export { findPolicy, POLICY_FILENAME, type PolicyOpt } from './policy';
 export { lockPath, RECIPE_MAX_BYTES, type RecipeOpt } from './recipe';
 export { defaultSocket, type ConnectionOpts } from './connection';
+export { defaultSockets } from './sockets';
 
 import { Sandbox } from './sandbox';
 export default Sandbox;
