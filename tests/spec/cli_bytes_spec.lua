@@ -489,7 +489,7 @@ describe("tupper CLI byte paths", function()
       local deadline = helper.now() + 10000
       while not pid and helper.now() < deadline do
         local _, out = cli({ "logs", "--json", id })
-        for _, p in ipairs(json.decode(out) or {}) do if p.argv[1] == "sleep" then pid = math.tointeger(p.pid) end end
+        for _, p in ipairs(json.decode(out) or {}) do if p.argv[1] == "sleep" and not p.exit then pid = math.tointeger(p.pid) end end
       end
       assert.truthy(pid)
       local code, _, err = cli({ "attach", id, tostring(pid) })
