@@ -145,6 +145,7 @@ typedef struct agent_s {
   int exitq_head;             /* oldest queued EXIT */
   int exitq_len;
   agent_exit_t exitq[AGENT_EXITQ_MAX];
+  long long guest_oom_seen;   /* microVM guest: /proc/vmstat oom_kill at the last OOM-killed exit */
   int64_t next_watch;         /* the last watch id given out */
   agent_watch_t watches[AGENT_WATCH_MAX];
   tp_field_t fields[TP_FIELDS_MAX];

@@ -828,7 +828,6 @@ static int send_exit(agent_t *a, const agent_exit_t *e) {
  * report of its child's SIGKILL) while that count rose since the last
  * process found so was OOM-killed; two killed at once may be told apart
  * wrongly, never missed. */
-static long long guest_oom_seen;
 
 /* The guest's oom_kill count, or -1 when /proc/vmstat does not say. */
 static long long guest_oom_kills(void) {
@@ -862,14 +861,14 @@ static long long guest_oom_kills(void) {
   return -1;
 }
 
-static int guest_oom_killed(const agent_exit_t *e) {
+static int guest_oom_killed(agent_t *a, const agent_exit_t *e) {
   long long n;
   if (!agent_vm_guest || !(e->sig == SIGKILL || (e->sig == 0 && e->code == 128 + SIGKILL)))
     return 0;
   n = guest_oom_kills();
-  if (n <= guest_oom_seen)
+  if (n <= a->guest_oom_seen)
     return 0;
-  guest_oom_seen = n;
+  a->guest_oom_seen = n;
   return 1;
 }
 
@@ -897,7 +896,7 @@ void agent_proc_flush_exits(agent_t *a) {
 static void proc_exited(agent_t *a, agent_proc_t *p, int status) {
   agent_exit_t e = {.pid = p->pid, .code = WIFEXITED(status) ? WEXITSTATUS(status) : -1,
                     .sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0};
-  e.oom = guest_oom_killed(&e);
+  e.oom = guest_oom_killed(a, &e);
   read_output(a, p, 1, AGENT_DRAIN_MAX);
   read_output(a, p, 2, AGENT_DRAIN_MAX);
   /* Earlier ones first: EXIT order is reap order. */
