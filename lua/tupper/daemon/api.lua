@@ -275,8 +275,25 @@ function h.pty_resize(d, conn, p)
   return {}
 end
 
+-- What process.list and process.connect tell of an exited process.
+local function exit_of(proc)
+  return { exit_code = proc.exit_code, signal = proc.signal, timed_out = proc.timed_out or nil,
+           oom_killed = proc.oom_killed or nil, ended_at = proc.ended_at }
+end
+
 function h.process_connect(d, conn, p)
-  local sb, code, msg = get_proc(d, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local gone = not sb.procs[p.pid] and p.exited and sb:exited_proc(p.pid)
+  if gone then -- its backlog and its exit; nothing follows
+    local out = {}
+    for i, chunk in ipairs(gone.ring or {}) do
+      local data, e = M.encode_data(chunk.data, p.encoding or gone.encoding or "base64")
+      out[i] = { stream = chunk.stream, data = data, encoding = e }
+    end
+    return { pid = gone.pid, output = json.array(out), dropped = gone.ring_dropped or 0, exit = exit_of(gone) }
+  end
+  sb, code, msg = get_proc(d, p)
   if not sb then return nil, code, msg end
   local proc = sb.procs[p.pid]
   local enc = p.encoding or proc.encoding or "base64"
@@ -350,6 +367,12 @@ function h.process_list(d, conn, p)
     end
   end
   table.sort(list, function(a, b) return a.pid < b.pid end)
+  if p.exited then -- then the kept exited ones, in the order they ended
+    for _, proc in ipairs(sb.exited) do
+      list[#list + 1] = { pid = proc.pid, argv = proc.argv, cwd = proc.cwd, started_at = proc.started_at,
+                          pty = proc.pty or nil, user = proc.user, exit = exit_of(proc) }
+    end
+  end
   return { processes = json.array(list) }
 end
 

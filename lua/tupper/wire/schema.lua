@@ -165,8 +165,10 @@ M.methods = {
   },
   ["process.connect"] = {
     doc = "Attaches this connection to a running process: the reply carries its recent output "
-      .. "(the last 64 KiB the daemon kept), then its output and exit arrive as notifications.",
-    params = { sandbox = ID, pid = PID, encoding = ENCODING, required = { "sandbox", "pid" } },
+      .. "(the last 64 KiB the daemon kept), then its output and exit arrive as notifications. "
+      .. "exited = true also takes one of the box's last 16 exited processes: the reply then has its exit.",
+    params = { sandbox = ID, pid = PID, encoding = ENCODING, exited = { type = "boolean" },
+               required = { "sandbox", "pid" } },
     result = { "pid", "output", "dropped" },
   },
   ["pty.create"] = {
@@ -208,8 +210,9 @@ M.methods = {
     result = {},
   },
   ["process.list"] = {
-    doc = "Lists the running processes started through the API.",
-    params = { sandbox = ID, required = { "sandbox" } },
+    doc = "Lists the running processes started through the API; exited = true adds the box's "
+      .. "last 16 exited ones, each with its exit.",
+    params = { sandbox = ID, exited = { type = "boolean" }, required = { "sandbox" } },
     result = { "processes" },
   },
   ["fs.read"] = {

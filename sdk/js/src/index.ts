@@ -60,6 +60,7 @@ export { findPolicy, POLICY_FILENAME, type PolicyOpt } from './policy';
 export { lockPath, RECIPE_MAX_BYTES, type RecipeOpt } from './recipe';
 export { Template, TemplateBuilder, ReadyCmd, LogEntry, waitForPort, waitForURL, waitForProcess, waitForFile, waitForTimeout, type TemplateOptions, type TemplateBuildOpts, type BuildInfo } from './template';
 export { defaultSocket, type ConnectionOpts } from './connection';
+export { defaultSockets } from './sockets';
 
 import { Sandbox } from './sandbox';
 export default Sandbox;
