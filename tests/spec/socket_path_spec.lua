@@ -35,12 +35,17 @@ describe("the client's socket", function()
 end)
 
 describe("a client that is not root", function()
-  local dir, d
+  local dir, d, bin
 
   setup(function()
     -- a dir an unprivileged user can pass through (a test's TMPDIR may not be)
     dir = assert(uv.fs_mkdtemp("/tmp/tupper-syssock-XXXXXX"))
     assert(uv.fs_chmod(dir, tonumber("711", 8)))
+    -- the binary as the other user can run it: the checkout may sit where
+    -- it cannot (a fresh machine clones into /root); it embeds its Lua
+    bin = dir .. "/tupper"
+    assert(uv.fs_copyfile(helper.BIN, bin))
+    assert(uv.fs_chmod(bin, tonumber("755", 8)))
     d = helper.start_daemon(dir)
   end)
 
@@ -56,7 +61,7 @@ describe("a client that is not root", function()
     for _, kv in ipairs(extra or {}) do e[#e + 1] = kv end
     local out, err, code = {}, {}, nil
     local so, se = uv.new_pipe(false), uv.new_pipe(false)
-    local h = assert(uv.spawn(helper.BIN, { args = args, env = e, uid = 65534, gid = 65534, stdio = { nil, so, se } },
+    local h = assert(uv.spawn(bin, { args = args, env = e, uid = 65534, gid = 65534, stdio = { nil, so, se } },
       function(c, s) code = s ~= 0 and 128 + s or c end))
     local open = 2
     so:read_start(function(_, chunk) if chunk then out[#out + 1] = chunk else open = open - 1 end end)

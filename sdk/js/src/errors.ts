@@ -154,6 +154,19 @@ export const ERROR_TYPES = [
 
 export type ErrorType = (typeof ERROR_TYPES)[number];
 
+/**
+ * The type name the servers answer for an SDK error: its class's name, or
+ * that of the nearest ancestor in ERROR_TYPES (E2B's FileNotFoundError and
+ * SandboxNotFoundError are NotFoundError there), else SandboxError.
+ */
+export function errorType(e: SandboxError): ErrorType {
+  for (let p: object | null = Object.getPrototypeOf(e); p && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
+    const name = (p.constructor as { name?: string } | undefined)?.name;
+    if (name && (ERROR_TYPES as readonly string[]).includes(name)) return name as ErrorType;
+  }
+  return 'SandboxError';
+}
+
 /** A timeoutMs the caller gave: a finite number, 0 or more; else InvalidArgumentError naming `what`. */
 export function checkTimeoutMs(ms: unknown, what: string): number {
   if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) throw new InvalidArgumentError(`${what}: bad timeoutMs ${String(ms)}`);

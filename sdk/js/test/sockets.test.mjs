@@ -43,6 +43,14 @@ before(async () => {
   // a dir an unprivileged user can pass through (a test's TMPDIR may not be)
   dir = fs.mkdtempSync('/tmp/tupper-sdk-sys-');
   fs.chmodSync(dir, 0o711);
+  // the SDK as the other user can read it: the checkout may sit where it
+  // cannot (a fresh machine clones into /root); dist needs no node_modules
+  fs.cpSync(path.dirname(dist), path.join(dir, 'dist'), { recursive: true });
+  fs.chmodSync(path.join(dir, 'dist'), 0o755);
+  for (const f of fs.readdirSync(path.join(dir, 'dist'), { recursive: true })) {
+    const p = path.join(dir, 'dist', String(f));
+    fs.chmodSync(p, fs.statSync(p).isDirectory() ? 0o755 : 0o644);
+  }
   socket = path.join(dir, 'tupper.sock');
   child = spawn(BIN, ['daemon', '--socket', socket, '--state-dir', path.join(dir, 'state'), '--log', path.join(dir, 'log')],
     { stdio: ['ignore', 'ignore', 'inherit'] });
@@ -72,7 +80,7 @@ after(async () => {
 // node as uid/gid 65534, no supplementary groups: lists the sandboxes
 // through the default socket; prints "ok" or the error
 function asNobody(system) {
-  const script = `import(${JSON.stringify(dist)}).then(async ({ Sandbox }) => {
+  const script = `import(${JSON.stringify(path.join(dir, 'dist', 'index.js'))}).then(async ({ Sandbox }) => {
     const page = Sandbox.list(); await page.nextItems(); console.log('ok');
   }).catch((e) => { console.log(String(e.message)); process.exit(3); });`;
   return spawnSync(process.execPath, ['-e', script], {

@@ -226,7 +226,25 @@ def test_a_user_reaches_the_system_daemon_through_the_fallback(daemon):
     import subprocess
     import sys
 
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(tupper.__file__)))
+    import shutil
+    import tempfile
+
+    # a dir the other user can pass through, with the package and a name of
+    # the daemon's socket in it: the checkout and the test's TMPDIR may sit
+    # where it cannot (a fresh machine clones into /root; TMPDIR is 0700)
+    here = tempfile.mkdtemp(prefix="tupper-py-sys-", dir="/tmp")
+    os.chmod(here, 0o711)
+    pkg = os.path.join(here, "py")
+    shutil.copytree(os.path.dirname(os.path.abspath(tupper.__file__)), os.path.join(pkg, "tupper"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for top, dirs, files in os.walk(pkg):
+        os.chmod(top, 0o755)
+        for f in files:
+            os.chmod(os.path.join(top, f), 0o644)
+    # a second name of the socket's inode: connect() needs search permission
+    # on every directory of the path it is given, not of the one it was bound at
+    sock = os.path.join(here, "tupper.sock")
+    os.link(daemon.socket, sock)
     script = ("import tupper._connection as c\n"
               "conn = c.Connection.open()\n"
               "print(conn.socket_path)\n"
@@ -239,25 +257,24 @@ def test_a_user_reaches_the_system_daemon_through_the_fallback(daemon):
         return subprocess.run([sys.executable, "-c", script], env=env, user=65534, group=65534, extra_groups=[],
                               capture_output=True, text=True, timeout=60)
 
-    dir_mode, sock_mode = os.stat(daemon.dir).st_mode & 0o7777, os.stat(daemon.socket).st_mode & 0o7777
-    os.chmod(daemon.dir, 0o711)
-    os.chmod(daemon.socket, 0o666)  # as tupper.socket's 0660 root:tupper is to a member of the group
+    sock_mode = os.stat(daemon.socket).st_mode & 0o7777
+    os.chmod(sock, 0o666)  # as tupper.socket's 0660 root:tupper is to a member of the group
     try:
-        r = as_nobody(daemon.socket)
+        r = as_nobody(sock)
         assert r.returncode == 0, r.stderr
-        assert r.stdout.strip() == daemon.socket
+        assert r.stdout.strip() == sock
         gone = "/nonexistent/gone.sock"
         r = as_nobody(gone)
         assert r.returncode != 0
         assert f"{run_dir}/tupper.sock (" in r.stderr and f"nor at {gone} (" in r.stderr, r.stderr
-        os.chmod(daemon.socket, 0o600)
-        r = as_nobody(daemon.socket)
+        os.chmod(sock, 0o600)
+        r = as_nobody(sock)
         assert r.returncode != 0
-        assert f"{run_dir}/tupper.sock (" in r.stderr and f"nor at {daemon.socket} (" in r.stderr, r.stderr
+        assert f"{run_dir}/tupper.sock (" in r.stderr and f"nor at {sock} (" in r.stderr, r.stderr
         assert "Permission denied" in r.stderr, r.stderr
     finally:
         os.chmod(daemon.socket, sock_mode)
-        os.chmod(daemon.dir, dir_mode)
+        shutil.rmtree(here)
 
 
 def test_request_timeout_raises_timeout(tmp_path):
