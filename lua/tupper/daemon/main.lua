@@ -53,7 +53,7 @@ end
 function Daemon:_request(conn, msg)
   local id = msg.id
   local is_call = id ~= nil
-  if is_call and type(id) ~= "string" and type(id) ~= "number" and id ~= json.null then
+  if is_call and not rpc.valid_id(id) then
     return conn:error(nil, rpc.INVALID_REQUEST, "'id' must be a string or a number")
   end
   if msg.jsonrpc ~= "2.0" or type(msg.method) ~= "string" then

@@ -216,7 +216,9 @@ M.methods = {
   ["fs.stat"] = {
     doc = "Describes a file without following a final symlink.",
     params = { sandbox = ID, user = USER, path = PATH, required = { "sandbox", "path" } },
-    result = { "name", "path", "type", "size", "mode", "mtime", "uid", "gid" },
+    -- <field>_raw: the base64 bytes of a name, path or link that is not UTF-8
+    result = { "name", "path", "type", "size", "mode", "mtime", "uid", "gid", "link",
+               "name_raw", "path_raw", "link_raw" },
   },
   ["fs.mkdir"] = {
     doc = "Makes a directory (parents too with parents = true); created is false when it existed.",
@@ -273,7 +275,7 @@ M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out" },
   ["image.progress"] = { "ref", "done", "total" },
-  ["fs.event"] = { "sandbox", "watch", "type", "name", "message" },
+  ["fs.event"] = { "sandbox", "watch", "type", "name", "name_raw", "message" },
 }
 
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15,
