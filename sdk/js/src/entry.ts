@@ -33,6 +33,19 @@ export interface EntryInfo extends WriteInfo {
   /** Owner and group as seen inside the box (getInfo only). */
   uid?: number;
   gid?: number;
+  /**
+   * The exact bytes of a name, path or symlink target that is not UTF-8
+   * (then `name`, `path`, `symlinkTarget` show its bad bytes as U+FFFD);
+   * absent when the text field is exact.  docs/protocol.md, "Names that are
+   * not UTF-8".
+   */
+  nameRaw?: Uint8Array;
+  pathRaw?: Uint8Array;
+  symlinkTargetRaw?: Uint8Array;
+}
+
+function raw(v: unknown): Uint8Array | undefined {
+  return typeof v === 'string' ? new Uint8Array(Buffer.from(v, 'base64')) : undefined;
 }
 
 function permissions(type: string, mode: number): string {
@@ -63,5 +76,9 @@ export function toEntry(r: Record<string, unknown>): EntryInfo {
   if (typeof r.link === 'string') e.symlinkTarget = r.link;
   if (typeof r.uid === 'number') e.uid = r.uid;
   if (typeof r.gid === 'number') e.gid = r.gid;
+  const nameRaw = raw(r.name_raw), pathRaw = raw(r.path_raw), linkRaw = raw(r.link_raw);
+  if (nameRaw) e.nameRaw = nameRaw;
+  if (pathRaw) e.pathRaw = pathRaw;
+  if (linkRaw) e.symlinkTargetRaw = linkRaw;
   return e;
 }
