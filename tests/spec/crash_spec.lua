@@ -64,6 +64,41 @@ describe("a daemon killed with SIGKILL", function()
     assert.are.equal(0, d.stop())
   end)
 
+  it("has the next daemon kill a box made with kill_on_disconnect: its client is gone", function()
+    local kdir = helper.tmpdir()
+    finally(function() helper.release(d); helper.rmrf(kdir) end)
+    d = helper.start_daemon(kdir, { pool = 0 })
+    local c = assert(d.connect())
+    -- no lifetime: before the fix, nothing would ever have ended it
+    local gone = assert(call(c, "sandbox.create", { kill_on_disconnect = true, limits = { timeout = 0 } })).id
+    local kept = assert(call(c, "sandbox.create", { limits = { timeout = 0 } })).id
+    assert(call(c, "process.start", { sandbox = gone, argv = { "sleep", "1000" } }))
+    d.crash() -- with the client still connected: its connection dies with the daemon
+    c:close()
+    assert.is_true(box_procs(gone) >= 2, "the box outlives the crash")
+
+    d = helper.start_daemon(kdir, { pool = 0 })
+    c = assert(d.connect())
+    local ended = sync(function()
+      local deadline = helper.now() + 20000
+      while helper.now() < deadline do
+        if box_procs(gone) == 0 and not uv.fs_stat(d.state .. "/boxes/" .. gone) then return true end
+        async.sleep(20)
+      end
+      return false
+    end)
+    assert.is_true(ended, "the kill_on_disconnect box is killed at the restart")
+    local _, err = call(c, "sandbox.get", { id = gone })
+    assert.are.equal(-32000, err.code)
+    assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. gone .. ".json"))
+    assert.truthy(d.log and helper.read_file(d.log):find("kill_on_disconnect", 1, true))
+    -- the other box is re-adopted as before
+    assert.are.equal("running", assert(call(c, "sandbox.get", { id = kept })).state)
+    assert.truthy(call(c, "sandbox.kill", { id = kept }).killed)
+    c:close()
+    assert.are.equal(0, d.stop())
+  end)
+
   it("has what it left half-made removed at the next start", function()
     dir = helper.tmpdir()
     d = helper.start_daemon(dir, { pool = 0 })

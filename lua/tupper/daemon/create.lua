@@ -288,6 +288,7 @@ function D:create_sandbox(p)
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
   self.sandboxes[sb.id] = sb
+  sb.kill_on_disconnect = p.kill_on_disconnect == true or nil -- in the record (daemon/recover.lua)
   local timeout = lim.timeout
   if timeout == nil then timeout = schema.DEFAULT_TIMEOUT end
   self:set_timeout(sb, timeout) -- also writes the record
