@@ -99,6 +99,44 @@ describe("a daemon killed with SIGKILL", function()
     assert.are.equal(0, d.stop())
   end)
 
+  it("restarts at once after a SIGKILL with creates in flight (no box setup holds the state lock)", function()
+    local ldir = helper.tmpdir()
+    finally(function() helper.release(d); helper.rmrf(ldir) end)
+    for round = 1, 30 do
+      d = helper.start_daemon(ldir, { pool = 0 })
+      local pipe = uv.new_pipe(false)
+      sync(function() assert.is_nil(async.wait(function(cb) pipe:connect(d.socket, cb) end)) end)
+      for i = 1, 4 do
+        pipe:write(('{"jsonrpc":"2.0","id":%d,"method":"sandbox.create","params":{"limits":{"timeout":60}}}\n'):format(i))
+      end
+      -- kill while the boxes are being set up: a few ms in, later each round
+      sync(function() async.sleep(2 + 3 * (round % 10)) end)
+      d.crash()
+      pipe:close()
+      -- the next daemon starts at once on the same state dir
+      d = helper.start_daemon(ldir, { pool = 0 })
+      -- (a connect in the first ms may still reach the dead daemon's socket,
+      -- held by a box setup that its parent-death signal is ending: retry)
+      local r, err
+      local deadline = helper.now() + 10000
+      repeat
+        local pok, c = pcall(d.connect)
+        if pok and c then
+          pok, r, err = pcall(helper.call, c, "hello", {})
+          if not pok then r, err = nil, r end
+          c:close()
+        else
+          err = c
+        end
+        if not r then sync(function() async.sleep(20) end) end
+      until r or d.exit_code or helper.now() > deadline
+      assert.is_nil(d.exit_code, "round " .. round .. ": the new daemon exited: " .. tostring(helper.read_file(d.log)))
+      assert.truthy(r, ("round %d: %s"):format(round, tostring(type(err) == "table" and err.message or err)))
+      if round < 30 then d.crash() end
+    end
+    assert.are.equal(0, d.stop()) -- kills what was re-adopted
+  end)
+
   it("has what it left half-made removed at the next start", function()
     dir = helper.tmpdir()
     d = helper.start_daemon(dir, { pool = 0 })
