@@ -209,7 +209,7 @@ function D:create_sandbox(p)
   if image ~= "default" and not plan then
     local err
     img, err = self.images:resolve(image)
-    if not img then
+    if not img and not image:match("^sha256:") then -- a digest names nothing to pull
       -- pull-on-first-use (tupper.registry), then the store has it
       local pulled, perr = self:_pull(image)
       if pulled then
