@@ -44,6 +44,7 @@ commands:
                                 lockfile pins)
   daemon [--socket PATH] [--state-dir DIR] [--log FILE] [--pool N]
          [--vm-pool M] [--policy FILE] [--max-layer SIZE]
+         [--accel kvm|tcg|auto]
                                 run the daemon in the foreground; it keeps
                                 N boxes started for fast creates (default 2)
                                 and M microVMs frozen (default 0);
@@ -69,6 +70,7 @@ options of run, create and exec:
                         run with no CMD runs the image's Entrypoint + Cmd
   --backend NAME        linux (namespaces, the default) or microvm (a VM with
                         its own kernel, docs/microvm.md) (run, create)
+  --accel kvm|tcg|auto  a microVM's accelerator (run, create; default auto)
   --metadata K=V        attach metadata (run, create; repeatable)
   --rm                  remove the sandbox after run (the default)
   --memory SIZE         memory limit, e.g. 256M (run, create)
@@ -151,6 +153,9 @@ function M.main(argv)
       elseif a == "--pool" then
         o.pool = math.tointeger(tonumber(v))
         if not o.pool or o.pool < 0 or o.pool > 64 then return die("daemon: --pool wants 0..64") end
+      elseif a == "--accel" then
+        if v ~= "kvm" and v ~= "tcg" and v ~= "auto" then return die("daemon: --accel wants kvm, tcg or auto") end
+        o.accel = v
       elseif a == "--vm-pool" then
         o.vm_pool = math.tointeger(tonumber(v))
         if not o.vm_pool or o.vm_pool < 0 or o.vm_pool > 16 then return die("daemon: --vm-pool wants 0..16") end

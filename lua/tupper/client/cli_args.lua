@@ -44,6 +44,7 @@ function M.parse_opts(args, i, allowed)
     elseif a == "-w" or a == "--workdir" then o.workdir = value()
     elseif a == "--image" then o.image = value()
     elseif a == "--backend" then o.backend = value()
+    elseif a == "--accel" then o.accel = value() -- a microVM's: kvm, tcg or auto
     elseif a == "--rm" then o.rm = true
     elseif a == "--memory" or a == "--disk" then o.limits[a:sub(3)] = value()
     elseif a == "--cpus" then
@@ -79,7 +80,7 @@ function M.parse_opts(args, i, allowed)
 end
 
 local LIMIT_OPTS = { "--memory", "--cpus", "--pids", "--disk", "--timeout", "--policy", "--no-policy",
-  "--allow", "--deny", "--network", "--backend" }
+  "--allow", "--deny", "--network", "--backend", "--accel" }
 local RUN_OPTS = { ["-i"] = 1, ["--interactive"] = 1, ["-e"] = 1, ["--env"] = 1, ["-w"] = 1,
   ["--workdir"] = 1, ["--image"] = 1, ["--metadata"] = 1, ["--rm"] = 1 }
 local CREATE_OPTS = { ["-e"] = 1, ["--env"] = 1, ["--image"] = 1, ["--metadata"] = 1,

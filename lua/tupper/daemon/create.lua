@@ -27,11 +27,11 @@ end
 -- first; default: the default image); image names it, image_digest is its
 -- manifest's (what the image store keeps while the box lives); backend is
 -- a name of backend/registry.lua (nil: the default).
-function D:_start_box(id, lim, layers, image, image_digest, backend)
+function D:_start_box(id, lim, layers, image, image_digest, backend, accel)
   self.reserved[id] = true
   layers = layers or { self.default_image }
   local sb, err = sandbox.start({
-    backend = backend, state_dir = self.state, default_layer = self.default_image,
+    backend = backend, accel = accel, state_dir = self.state, default_layer = self.default_image,
     id = id, image = image or "default", image_digest = image_digest,
     layers = layers or { self.default_image }, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = sandbox.ID_COUNT, cgroup = self.tag .. "-" .. id,
@@ -221,6 +221,9 @@ function D:create_sandbox(p)
     if not img then return nil, err end
   end
   local b = backends.get(p.backend)
+  if p.accel and not b.takes_accel then
+    return nil, ("'accel' is for microVMs; the %s backend has no accelerator to choose"):format(b.name)
+  end
   for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
     -- a guest may enforce pids itself, in its own kernel's cgroups
     if p.limits and p.limits[name] and not self.enforces[name]
@@ -235,13 +238,14 @@ function D:create_sandbox(p)
   local sb, err
   local layers = plan and plan.layers or (img and img.layers)
   local pooled_ok = not lim.disk and (not layers or (#layers == 1 and layers[1] == self.default_image))
+    and (p.accel == nil or p.accel == "auto") -- a pooled VM runs on the daemon's accelerator
   if pooled_ok then
     sb, err = self:_take_pooled(b, lim)
     if err then return nil, err end
   end
   if not sb then
     sb, err = self:_start_box(self:_new_id(), lim, layers, img and img.ref or image,
-                              (plan and plan.image.digest) or (img and img.digest), b.name)
+                              (plan and plan.image.digest) or (img and img.digest), b.name, p.accel)
     if not sb then
       log("create failed: %s", err)
       return nil, err

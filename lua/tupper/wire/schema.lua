@@ -70,7 +70,7 @@ M.methods = {
     params = { image = { type = "string", min = 1, max = 256 },
                env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS, network = NETWORK,
                kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE,
-               backend = M.BACKEND },
+               backend = M.BACKEND, accel = { type = "enum", values = { "kvm", "tcg", "auto" } } },
     result = { "id", "image", "backend", "state", "created_at", "metadata", "limits", "timeout",
                "default_user", "home" },
   },

@@ -114,6 +114,7 @@ export class Sandbox {
     if (opts.recipe !== undefined) params.recipe = await recipeParam(opts.recipe);
     if (opts.image !== undefined) params.image = opts.image;
     if (opts.backend !== undefined) params.backend = opts.backend;
+    if (opts.accel !== undefined) params.accel = opts.accel;
     if (opts.envs !== undefined) params.env = opts.envs;
     if (opts.metadata !== undefined) params.metadata = opts.metadata;
     if (opts.cwd !== undefined) params.cwd = opts.cwd;
