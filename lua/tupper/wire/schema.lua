@@ -218,9 +218,9 @@ M.methods = {
   ["fs.stat"] = {
     doc = "Describes a file without following a final symlink.",
     params = { sandbox = ID, user = USER, path = PATH, required = { "sandbox", "path" } },
-    -- <field>_raw: the base64 bytes of a name, path or link that is not UTF-8
-    result = { "name", "path", "type", "size", "mode", "mtime", "uid", "gid", "link",
-               "name_raw", "path_raw", "link_raw" },
+    -- (and, when present: link; name_raw, path_raw, link_raw: the base64
+    -- bytes of a name, path or target that is not UTF-8, docs/protocol.md)
+    result = { "name", "path", "type", "size", "mode", "mtime", "uid", "gid" },
   },
   ["fs.mkdir"] = {
     doc = "Makes a directory (parents too with parents = true); created is false when it existed.",
@@ -277,7 +277,7 @@ M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out" },
   ["image.progress"] = { "ref", "done", "total" },
-  ["fs.event"] = { "sandbox", "watch", "type", "name", "name_raw", "message" },
+  ["fs.event"] = { "sandbox", "watch", "type", "name", "message" }, -- and name_raw (docs/protocol.md)
 }
 
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15,
