@@ -242,6 +242,8 @@ describe("the image store", function()
     assert.truthy(e.message:find("is not a digest", 1, true), e.message)
     local log = helper.read_file(d.log)
     assert.is_nil(log:find("library/sha256", 1, true), "no pull of a repository named sha256")
+    -- the store as the next tests expect it: without this image
+    assert(call(c, "image.remove", { ref = "bydigest:1" }))
   end)
 
   describe("hostile archives", function()
