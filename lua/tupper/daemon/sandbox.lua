@@ -63,8 +63,9 @@ local function attach(box, opts, adopting)
   self.state = "running"
   local hok, herr = self.impl.handshake(self, opts, adopting)
   if not hok then
+    local words = self.impl.last_words and self.impl.last_words(box) or ""
     self:destroy()
-    return nil, "sandbox " .. opts.id .. ": " .. tostring(herr)
+    return nil, "sandbox " .. opts.id .. ": " .. tostring(herr) .. words
   end
   -- the network relay: the agent binds its proxy, SOCKS and DNS ports
   -- before any box process runs (docs/network.md).  An agent without it (a
