@@ -249,6 +249,21 @@ describe("the daemon", function()
     assert(call("sandbox.kill", { id = id }))
   end)
 
+  it("holds a recipe's env with the request's to the env rules", function()
+    -- each is within the 256 KiB total, both together are not
+    local src = ('return recipe "bigenv" { image = "default", env = { %s } }'):format((function()
+      local t = {}
+      for i = 1, 5 do t[i] = ("R%d = string.rep('r', 30000)"):format(i) end
+      return table.concat(t, ", ")
+    end)())
+    local env = {}
+    for i = 1, 5 do env["Q" .. i] = string.rep("q", 30000) end
+    local sb, err = call("sandbox.create", on_backend({ recipe = { name = "bigenv.lua", source = src }, env = env }))
+    assert.is_nil(sb)
+    assert.truthy(err.message:find("'env' is over 262144 bytes in all (names and values) (the recipe's env with the request's)",
+      1, true), err.message)
+  end)
+
   describe("with hostile clients", function()
     local function raw(lines, want)
       return sync(function()

@@ -107,6 +107,9 @@ function D:_recipe_params(p)
   for k, v in pairs(r.env or {}) do env[k] = v end
   for k, v in pairs(p.env or {}) do env[k] = v end
   q.env = next(env) and env or nil
+  -- the recipe's env and the request's together obey the env rules too
+  local eerr = q.env and schema.check("env", schema.MAP, q.env)
+  if eerr then return nil, eerr .. " (the recipe's env with the request's)" end
   q.cwd = p.cwd or r.workdir
   q.backend = p.backend or r.backend
   local lim = {}
