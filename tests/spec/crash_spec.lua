@@ -134,6 +134,11 @@ describe("a daemon killed with SIGKILL", function()
       assert.truthy(r, ("round %d: %s"):format(round, tostring(type(err) == "table" and err.message or err)))
       if round < 30 then d.crash() end
     end
+    -- the record lock still keeps a second daemon off a live one's state dir
+    local code, _, err = helper.cli({ "daemon", "--socket", ldir .. "/second.sock", "--state-dir", d.state,
+      "--pool", "0" })
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("is locked: another daemon uses this state directory", 1, true), err)
     assert.are.equal(0, d.stop()) -- kills what was re-adopted
   end)
 
