@@ -6,7 +6,7 @@ CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all build demo test fresh-check bench clean
+.PHONY: all build demo test fresh-check bench install deb clean
 
 all: build
 
@@ -33,6 +33,20 @@ test:
 # private mount namespace: not part of `make test` (docs/testing.md).
 fresh-check:
 	@tests/fresh/run.sh
+
+# PREFIX/bin/tupper and the systemd units in PREFIX/lib/systemd/system,
+# below DESTDIR when given (docs/install.md).  Uninstall: the files
+# install_manifest.txt in the build dir lists, e.g.
+# xargs rm -f < build/install_manifest.txt
+PREFIX ?= /usr/local
+install: build
+	@DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
+
+# $(BUILD)/tupper_<version>_<arch>.deb: the binary, the units, man pages and
+# completion, for `apt install ./build/tupper_*.deb` (runtime/dist/mkdeb.sh)
+deb: build
+	@./bootstrap.sh deb
+	@runtime/dist/mkdeb.sh $(BUILD)
 
 bench: build
 	@./bootstrap.sh bench

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs what tupper needs to build and test, from Debian's archive only.
 # Idempotent: packages already present are left alone, and apt is not even
-# consulted when nothing is missing.  Usage: ./bootstrap.sh [build|test|bench]
+# consulted when nothing is missing.  Usage: ./bootstrap.sh [build|test|bench|deb]
 set -eu
 
 what=${1:-build}
@@ -14,6 +14,7 @@ pkgs="$pkgs libarchive-dev" # the image store: layer tars (gzip, zstd)
 # microvm backend: QEMU's microvm machine runs the VMs; the guest kernel is
 # fetched with apt-get download and unpacked with dpkg-deb (docs/microvm.md)
 pkgs="$pkgs qemu-system-x86"
+pkgs="$pkgs scdoc" # the man pages (docs/man), made in the default build
 case "$what" in
   test) pkgs="$pkgs lua-busted iproute2 procps clang libclang-rt-14-dev tmux"
     # image pull specs: a real registry, skopeo to push to it, htpasswd (bcrypt), openssl (a test CA)
@@ -24,7 +25,13 @@ case "$what" in
     pkgs="$pkgs python3-pytest" # the sdk/python suite
     # Debian images (tests/slow/debian_spec.lua): mmdebstrap builds them, gpg
     # checks the keyring it picks
-    pkgs="$pkgs mmdebstrap gpg" ;;
+    pkgs="$pkgs mmdebstrap gpg"
+    # the service specs: systemd-analyze verify on the units,
+    # systemd-socket-activate; dpkg-shlibdeps for make deb
+    pkgs="$pkgs systemd dpkg-dev"
+    # the CLI spec checks the man pages (man -l, lexgrog) and the zsh completion
+    pkgs="$pkgs man-db zsh" ;;
+  deb) pkgs="$pkgs dpkg-dev" ;; # make deb: dpkg-shlibdeps computes Depends
   bench) pkgs="$pkgs hyperfine bubblewrap crun podman"
     pkgs="$pkgs docker-registry skopeo umoci curl python3" ;; # bench/pull
 esac

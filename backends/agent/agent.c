@@ -164,6 +164,8 @@ static agent_handler_t handler_for(uint8_t type) {
   case TP_MSG_FS_MKDIR: return agent_fs_mkdir;
   case TP_MSG_FS_REMOVE: return agent_fs_remove;
   case TP_MSG_FS_RENAME: return agent_fs_rename;
+  case TP_MSG_FS_SETATTR: return agent_fs_setattr;
+  case TP_MSG_FS_SYMLINK: return agent_fs_symlink;
   case TP_MSG_NET_LISTEN: return agent_net_listen;
   case TP_MSG_PTY_RESIZE: return agent_proc_pty_resize;
   case TP_MSG_WATCH_ADD: return agent_watch_add;
@@ -177,7 +179,7 @@ static agent_handler_t handler_for(uint8_t type) {
 
 /* Requests that act as the account their UID GID GROUPS? name. */
 static int acts_as(uint8_t type) {
-  return (type >= TP_MSG_FS_READ && type <= TP_MSG_FS_RENAME) || type == TP_MSG_WATCH_ADD;
+  return (type >= TP_MSG_FS_READ && type <= TP_MSG_FS_SYMLINK) || type == TP_MSG_WATCH_ADD;
 }
 
 static void reply_err(agent_t *a, uint32_t id, const tp_error_t *err) {

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "utils.h"
@@ -442,5 +443,77 @@ int agent_fs_rename(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return -1;
   if (rename(from, to) < 0)
     return tp_error_errno(err, errno, "rename '%s' to '%s'", from, to);
+  return 0;
+}
+
+/* ---- attributes / symlinks ------------------------------------------------------ */
+
+/* FS_SETATTR: PATH MODE? MTIME?.  MODE goes through chmod (a symlink's is
+ * ignored: Linux keeps none), MTIME sets atime and mtime alike; the final
+ * component is never followed. */
+int agent_fs_setattr(agent_t *a, const agent_req_t *r, tp_error_t *err) {
+  const uint64_t allowed =
+      AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_MODE) | AGENT_TAG(TP_TAG_MTIME) | AGENT_AS_TAGS;
+  char path[TP_PATH_MAX + 1];
+  mode_t mode = 0;
+  struct stat st;
+  int64_t mtime = agent_req_int(r, TP_TAG_MTIME, -1);
+  (void) a;
+
+  if (agent_req_check(r, allowed, 0, "fs_setattr", err) < 0 ||
+      agent_req_path(r, TP_TAG_PATH, "fs_setattr", path, err) < 0 ||
+      get_mode(r, 0, "fs_setattr", &mode, err) < 0)
+    return -1;
+  if (agent_req_get(r, TP_TAG_MTIME) != NULL && mtime < 0)
+    return tp_error_set(err, EINVAL, "fs_setattr: negative MTIME");
+  if (lstat(path, &st) < 0)
+    return tp_error_errno(err, errno, "setattr '%s'", path);
+  if (agent_req_get(r, TP_TAG_MODE) != NULL && !S_ISLNK(st.st_mode)) {
+    /* opened without following, then changed through its fd: a symlink
+     * swapped in after the lstat is not followed either */
+    cleanup_close int fd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    char proc[64];
+    if (fd < 0)
+      return tp_error_errno(err, errno, "chmod '%s'", path);
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    if (fstat(fd, &st) < 0)
+      return tp_error_errno(err, errno, "chmod '%s': fstat", path);
+    if (!S_ISLNK(st.st_mode) && chmod(proc, mode) < 0) {
+      if (errno != ENOENT)
+        return tp_error_errno(err, errno, "chmod '%s'", path);
+      if (fchmodat(AT_FDCWD, path, mode, 0) < 0) /* no /proc in this box */
+        return tp_error_errno(err, errno, "chmod '%s'", path);
+    }
+  }
+  if (mtime >= 0) {
+    struct timespec ts[2] = {{.tv_sec = (time_t) mtime}, {.tv_sec = (time_t) mtime}};
+    if (utimensat(AT_FDCWD, path, ts, AT_SYMLINK_NOFOLLOW) < 0)
+      return tp_error_errno(err, errno, "utimes '%s'", path);
+  }
+  return 0;
+}
+
+/* FS_SYMLINK: PATH LINK: a new symlink at PATH whose target is LINK (any
+ * text without NUL, as symlink(2) takes it); an existing PATH is EEXIST. */
+int agent_fs_symlink(agent_t *a, const agent_req_t *r, tp_error_t *err) {
+  char path[TP_PATH_MAX + 1], target[TP_PATH_MAX + 1];
+  const tp_field_t *link;
+  (void) a;
+
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_LINK) | AGENT_AS_TAGS, 0, "fs_symlink",
+                      err) < 0 ||
+      agent_req_path(r, TP_TAG_PATH, "fs_symlink", path, err) < 0)
+    return -1;
+  link = agent_req_get(r, TP_TAG_LINK);
+  if (link == NULL || link->len == 0)
+    return tp_error_set(err, EINVAL, "fs_symlink: no LINK");
+  if (link->len > TP_PATH_MAX)
+    return tp_error_set(err, ENAMETOOLONG, "fs_symlink: LINK longer than %d bytes", TP_PATH_MAX);
+  if (memchr(link->val, '\0', link->len) != NULL)
+    return tp_error_set(err, EINVAL, "fs_symlink: LINK contains a NUL byte");
+  memcpy(target, link->val, link->len);
+  target[link->len] = '\0';
+  if (symlink(target, path) < 0)
+    return tp_error_errno(err, errno, "symlink '%s'", path);
   return 0;
 }

@@ -59,7 +59,10 @@ enum tp_msg_type {
   TP_MSG_FS_MKDIR = 34,    /* PATH MODE? FLAGS? -> OK(CREATED) */
   TP_MSG_FS_REMOVE = 35,   /* PATH FLAGS? -> OK */
   TP_MSG_FS_RENAME = 36,   /* PATH PATH2 -> OK */
-  /* FS_* (30-36) and WATCH_ADD also take UID GID GROUPS?: the agent performs
+  TP_MSG_FS_SETATTR = 37,  /* PATH MODE? MTIME? -> OK: chmod and/or set atime+mtime (seconds),
+                              never following a final symlink (a symlink's MODE is ignored) */
+  TP_MSG_FS_SYMLINK = 38,  /* PATH LINK -> OK: makes PATH a symlink to LINK (never replaces) */
+  /* FS_* (30-38) and WATCH_ADD also take UID GID GROUPS?: the agent performs
    * the operation with those filesystem ids and groups (setfsuid, setfsgid,
    * setgroups; GROUPS defaults to {GID}) and returns to root's right after;
    * a switch that fails fails the request.  Without them it acts as root. */

@@ -24,7 +24,7 @@ local M = {}
 M.CHUNK = 1048576 -- raw bytes per fs.read / fs.write call (the protocol's cap)
 M.INTERRUPTED = "interrupted"
 
-local conf = { autostart = true }
+local conf = {} -- autostart: wire.client decides (off unless TUPPER_AUTOSTART=1)
 local conn -- the shared connection to the daemon
 local connecting -- waiters while a connect is in flight
 local procs = {} -- "sandbox/pid" -> process handle, for notifications
@@ -160,9 +160,10 @@ local function on_close()
 end
 
 --- Sets how to reach the daemon: socket, state_dir (for an autostarted
--- daemon), autostart (default true).  Closes the current connection.
+-- daemon), autostart (default: off, unless TUPPER_AUTOSTART=1).  Closes the
+-- current connection.
 function M.configure(opts)
-  conf = { socket = opts.socket, state_dir = opts.state_dir, autostart = opts.autostart ~= false }
+  conf = { socket = opts.socket, state_dir = opts.state_dir, autostart = opts.autostart }
   M.close()
 end
 

@@ -643,6 +643,12 @@ int tp_cgroup_stats(const tp_cgroup_t *cg, tp_cgroup_stats_t *st, tp_error_t *er
   return 0;
 }
 
+int64_t tp_cgroup_oom_kills(const tp_cgroup_t *cg) {
+  if (cg->version == 2)
+    return cg->path_v2 ? tp__cg_read_keyed(cg->path_v2, "memory.events", "oom_kill") : -1;
+  return tp__cg_v1_oom_kills(cg);
+}
+
 /* ---- destroy ---------------------------------------------------------------------- */
 
 /* rmdir dir after the cgroups below it; ENOENT is success.  The kernel may

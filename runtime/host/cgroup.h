@@ -98,7 +98,10 @@ typedef struct tp_cgroup_stats_s {
   int64_t nr_throttled;   /* cpu.stat nr_throttled */
   int64_t throttled_usec; /* cpu.stat throttled_usec / throttled_time / 1000 */
   int64_t pids_current;   /* pids.current */
-  int64_t oom_kills;      /* memory.events oom_kill / memory.oom_control oom_kill */
+  int64_t oom_kills;      /* v2: memory.events oom_kill (hierarchical: a box's counts its
+                             subs'; a sub has no memory controller, so none); v1: the
+                             oom_kill of memory.oom_control of cg, plus each sub's for a
+                             box (v1 counts a kill in the victim's cgroup only) */
 } tp_cgroup_stats_t;
 
 /* Finds the cgroup filesystems below root_dir (NULL: /sys/fs/cgroup).  If
@@ -182,6 +185,11 @@ int tp_cgroup_kill(const tp_cgroup_t *cg, tp_error_t *err);
 int tp_cgroup_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *err);
 
 int tp_cgroup_stats(const tp_cgroup_t *cg, tp_cgroup_stats_t *st, tp_error_t *err);
+
+/* The OOM kills counted in cg as stats' oom_kills has them, without the
+ * other counters (a process's end asks whether its tree lost one); -1
+ * where the kernel keeps no such counter for cg. */
+int64_t tp_cgroup_oom_kills(const tp_cgroup_t *cg);
 
 /* Kills everything in cg, removes its subs and then cg itself in every
  * hierarchy (ENOENT counts as removed) and frees cg.  Idempotent: a freed cg

@@ -34,6 +34,8 @@ int tp__cg_v1_wait_state(const char *dir, const char *want, long long deadline, 
 /* Freezes or thaws (freezer.state) and waits; a failed freeze is undone. */
 int tp__cg_v1_freeze(const char *dir, int frozen, long long deadline, tp_error_t *err);
 void tp__cg_v1_stats(const tp_cgroup_t *cg, tp_cgroup_stats_t *st);
+/* memory.oom_control oom_kill of cg, plus its subs' for a box; -1 if none. */
+int64_t tp__cg_v1_oom_kills(const tp_cgroup_t *cg);
 
 /* cgroup_v2.c */
 /* root->dir is a cgroup2 mount: that is the hierarchy. */

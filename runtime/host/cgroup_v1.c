@@ -2,9 +2,11 @@
  * mountinfo, the v1 limit files, the freezer (the kernel offers no event:
  * freezer.state is polled with short, growing naps), v1 counters. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,5 +157,35 @@ void tp__cg_v1_stats(const tp_cgroup_t *cg, tp_cgroup_stats_t *st) {
   v = tp__cg_read_keyed(cg->path_v1[TP_CG_CPU], "cpu.stat", "throttled_time");
   st->throttled_usec = v < 0 ? -1 : v / 1000;
   st->pids_current = tp__cg_read_num(cg->path_v1[TP_CG_PIDS], "pids.current");
-  st->oom_kills = tp__cg_read_keyed(cg->path_v1[TP_CG_MEMORY], "memory.oom_control", "oom_kill");
+  st->oom_kills = tp__cg_v1_oom_kills(cg);
+}
+
+/* v1 counts an OOM kill in the victim's own memory cgroup only, never in
+ * its parents' (v2's memory.events is hierarchical): a box's count is its
+ * own plus each of its subs'. */
+int64_t tp__cg_v1_oom_kills(const tp_cgroup_t *cg) {
+  const char *dir = cg->path_v1[TP_CG_MEMORY];
+  struct dirent *e;
+  int64_t total, v;
+  DIR *d;
+
+  if (dir == NULL)
+    return -1;
+  total = tp__cg_read_keyed(dir, "memory.oom_control", "oom_kill");
+  if (total < 0 || cg->sub != NULL)
+    return total;
+  d = opendir(dir);
+  if (d == NULL)
+    return total;
+  while ((e = readdir(d)) != NULL) {
+    char sub[PATH_MAX];
+    if (!tp_cgroup_valid_name(e->d_name) ||
+        snprintf(sub, sizeof(sub), "%s/%s", dir, e->d_name) >= (int) sizeof(sub) || !tp__cg_is_dir(sub))
+      continue;
+    v = tp__cg_read_keyed(sub, "memory.oom_control", "oom_kill");
+    if (v > 0)
+      total += v;
+  }
+  closedir(d);
+  return total;
 }

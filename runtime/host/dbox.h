@@ -74,6 +74,8 @@ struct tp_dbox_s {
   int has_cg; /* cg is a live box cgroup */
   tp_cgroup_t cg;
   tp_dbox_tree_t *trees;
+  int64_t oom_gone; /* v1: OOM kills counted in trees since removed (their subs
+                       took their counters with them) */
   char *keep_upper; /* destroy: move <dir>/upper here before removing dir */
 };
 

@@ -77,8 +77,12 @@ int tp_dbox_tree_count(tp_dbox_t *b, tp_dbox_tree_t *t, size_t *n, tp_error_t *e
 int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
   for (tp_dbox_tree_t **pp = &b->trees; *pp != NULL; pp = &(*pp)->next) {
     if (*pp == t) {
+      /* v1 counts an OOM kill in the sub only: the box keeps the count */
+      int64_t oom = t->cg.version == 1 ? tp_cgroup_oom_kills(&t->cg) : -1;
       if (tp_cgroup_destroy(&t->cg, err) < 0)
         return -1;
+      if (oom > 0)
+        b->oom_gone += oom;
       *pp = t->next;
       free(t);
       return 0;

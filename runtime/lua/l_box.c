@@ -175,6 +175,8 @@ static int tp_lbox_stats(lua_State *L) {
   tp_error_t err = {0};
   if (tp_cgroup_stats(&b->cg, &st, &err) < 0)
     return tp_l_push_err(L, &err);
+  if (st.oom_kills >= 0)
+    st.oom_kills += b->oom_gone; /* v1: those of trees already removed */
   const int64_t vals[] = {st.memory_current, st.memory_peak,    st.cpu_usage_usec,
                           st.nr_throttled,   st.throttled_usec, st.pids_current,
                           st.oom_kills};
@@ -239,6 +241,20 @@ static int tp_lbox_tree_count(lua_State *L) {
   if (tp_dbox_tree_count(b, t, &n, &err) < 0)
     return tp_l_push_err(L, &err);
   lua_pushinteger(L, (lua_Integer) n);
+  return 1;
+}
+
+/* box:tree_oom(name) -> the OOM kills counted in the tree's own cgroup, or
+ * nil where its cgroup keeps no such counter (v2: a tree's sub has no
+ * memory controller; the box's memory.events counts its kills). */
+static int tp_lbox_tree_oom(lua_State *L) {
+  tp_dbox_t *b = tp__check_cg(L);
+  tp_dbox_tree_t *t = tp__check_tree(L, b);
+  int64_t n = t->cg.version == 1 ? tp_cgroup_oom_kills(&t->cg) : -1;
+  if (n < 0)
+    lua_pushnil(L);
+  else
+    lua_pushinteger(L, (lua_Integer) n);
   return 1;
 }
 
@@ -336,6 +352,7 @@ void tp_l_box_register(lua_State *L) {
       {"queued", tp_lbox_queued}, {"destroy", tp_lbox_destroy}, {"freeze", tp_lbox_freeze},
       {"stats", tp_lbox_stats}, {"tree", tp_lbox_tree}, {"tree_signal", tp_lbox_tree_signal},
       {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
+      {"tree_oom", tp_lbox_tree_oom},
       {"has_cgroup", tp_lbox_has_cgroup}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
   if (luaL_newmetatable(L, TP_L_BOX_MT)) {
     luaL_newlib(L, box_methods);

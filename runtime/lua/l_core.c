@@ -60,6 +60,7 @@ int luaopen_tupper_core(lua_State *L) {
       {"FS_READ", TP_MSG_FS_READ}, {"FS_WRITE", TP_MSG_FS_WRITE}, {"FS_STAT", TP_MSG_FS_STAT},
       {"FS_LIST", TP_MSG_FS_LIST}, {"FS_MKDIR", TP_MSG_FS_MKDIR},
       {"FS_REMOVE", TP_MSG_FS_REMOVE}, {"FS_RENAME", TP_MSG_FS_RENAME},
+      {"FS_SETATTR", TP_MSG_FS_SETATTR}, {"FS_SYMLINK", TP_MSG_FS_SYMLINK},
       {"NET_LISTEN", TP_MSG_NET_LISTEN}, {"NET_OPEN", TP_MSG_NET_OPEN},
       {"NET_DATA", TP_MSG_NET_DATA}, {"NET_ACK", TP_MSG_NET_ACK}, {"NET_EOF", TP_MSG_NET_EOF},
       {"NET_CLOSE", TP_MSG_NET_CLOSE}, {"NET_DNS", TP_MSG_NET_DNS},
@@ -80,6 +81,7 @@ int luaopen_tupper_core(lua_State *L) {
   tp_l_edit_register(L);
   tp_l_http_register(L);
   tp_l_image_register(L); /* the image store's functions (l_image.c) */
+  tp_l_service_register(L); /* the activated socket, sd_notify (l_service.c) */
   lua_newtable(L);
   for (size_t i = 0; i < TP_ARRAY_SIZE(msgs); i++) {
     lua_pushinteger(L, msgs[i].v);

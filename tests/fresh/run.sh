@@ -9,15 +9,22 @@
 # /proc, /sys and /dev are bound in: the same kernel, cgroups and /dev/kvm.
 # A pivot_root, not a chroot: a chrooted process may not create the user
 # namespaces every box needs.  Each command's result is reported; the exit
-# status is 0 only when both passed.  Not part of `make test`: it takes as
+# status is 0 only when all passed.  Not part of `make test`: it takes as
 # long as the suite, plus the root and the packages (docs/testing.md).
 #
-# Usage: tests/fresh/run.sh [demo|test|both]   (default: both)
+# Then the packaged path (docs/install.md): `make deb` in that root, and the
+# .deb installed with `apt-get install ./tupper_*.deb` in a second bare
+# minbase root (apt resolves its Depends); there, with no systemd to start
+# it, the daemon is run as tupper.service's ExecStart says and
+# `tupper run -- true` must pass against it.
+#
+# Usage: tests/fresh/run.sh [demo|test|deb|both|all]   (default: all;
+#   both: demo and test; deb: make deb and the install only)
 #   FRESH_KEEP=1 keeps the root (its path is printed) for a look afterwards.
 #   FRESH_MIRROR overrides mmdebstrap's mirror.
 set -eu
-what=${1:-both}
-case "$what" in demo | test | both) ;; *) echo "usage: $0 [demo|test|both]" >&2; exit 2 ;; esac
+what=${1:-all}
+case "$what" in demo | test | deb | both | all) ;; *) echo "usage: $0 [demo|test|deb|both|all]" >&2; exit 2 ;; esac
 [ "$(id -u)" = 0 ] || { echo "fresh-check: run as root (it builds a root and mounts)" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
@@ -30,6 +37,7 @@ fi
 # /var/tmp, not /tmp: the suite's leak check inside looks at /tmp/tupper*
 work=$(mktemp -d /var/tmp/tupper-fresh.XXXXXX)
 root="$work/root"
+root2="$work/root2" # the .deb's: a bare minbase
 log="$work/log"
 mkdir -p "$log"
 cleanup() {
@@ -58,8 +66,9 @@ cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt" 
 git clone --quiet --no-local "$repo" "$root/root/tupper"
 echo "fresh-check: root ready in $(($(date +%s) - t0)) s, HEAD $(git rev-parse --short HEAD)"
 
-# Runs "$@" (a command line for sh) in the root, as root, in a private
-# mount namespace pivoted into it; the output goes to $log/$name.
+# Runs "$@" (a command line for sh) in the root ($target, default $root),
+# as root, in a private mount namespace pivoted into it, from /root/tupper
+# if there is one, else /root; the output goes to $log/$name.
 in_root() {
   name=$1
   shift
@@ -74,10 +83,10 @@ in_root() {
     pivot_root . .host
     umount -l /.host
     rmdir /.host
-    cd /root/tupper
+    cd /root/tupper 2>/dev/null || cd /root
     exec env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin TERM=dumb LANG=C.UTF-8 \
       ${NODE_EXTRA_CA_CERTS:+NODE_EXTRA_CA_CERTS=$NODE_EXTRA_CA_CERTS} \
-      sh -c "$cmd"' fresh "$root" "$*" >"$log/$name" 2>&1
+      sh -c "$cmd"' fresh "${target:-$root}" "$*" >"$log/$name" 2>&1
 }
 
 failed=0
@@ -85,20 +94,67 @@ step() {
   name=$1
   shift
   s=$(date +%s)
+  what_ran=${label:-$*}
   if in_root "$name" "$@"; then
-    echo "fresh-check: $* passed in $(($(date +%s) - s)) s"
+    echo "fresh-check: $what_ran passed in $(($(date +%s) - s)) s"
   else
-    echo "fresh-check: $* FAILED after $(($(date +%s) - s)) s; the end of its output:"
+    echo "fresh-check: $what_ran FAILED after $(($(date +%s) - s)) s; the end of its output:"
     tail -40 "$log/$name" | sed 's/^/  /'
     failed=$((failed + 1))
   fi
 }
-[ "$what" = test ] || step demo make demo
-[ "$what" = demo ] || step test make test
-[ "$what" = demo ] || grep -E '^(=== |suites: )' "$log/test" | sed 's/^/  /' || true
+case "$what" in demo | both | all) step demo make demo ;; esac
+case "$what" in test | both | all)
+  step test make test
+  grep -E '^(=== |suites: )' "$log/test" | sed 's/^/  /' || true ;;
+esac
+
+# The packaged path: the .deb from the first root, into a second one that
+# has only minbase.  The daemon runs as tupper.service's ExecStart says
+# (default socket /run/tupper/tupper.sock and state /var/lib/tupper, both
+# inside that root), until the check is done.
+deb_install='
+  set -eu
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ./tupper_*.deb
+  getent group tupper
+  unit=/usr/lib/systemd/system
+  test -f $unit/tupper.socket
+  test -f $unit/tupper.service
+  exec_start=$(sed -n "s/^ExecStart=//p" $unit/tupper.service)
+  echo "ExecStart: $exec_start"
+  $exec_start &
+  pid=$!
+  trap "kill -TERM $pid 2>/dev/null; wait $pid" EXIT
+  i=0
+  while [ ! -S /run/tupper/tupper.sock ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+  tupper run -- true
+  echo "tupper run -- true: passed"
+'
+case "$what" in deb | all)
+  step deb make deb
+  debs=$(ls "$root"/root/tupper/build/tupper_*.deb 2>/dev/null || true)
+  if [ -n "$debs" ]; then
+    # shellcheck disable=SC2086
+    if mmdebstrap --quiet --variant=minbase bookworm "$root2" ${FRESH_MIRROR:-} >"$log/mmdebstrap2" 2>&1; then
+      cp /etc/resolv.conf "$root2/etc/resolv.conf"
+      cp /etc/ssl/certs/ca-certificates.crt "$root2/etc/ssl/certs/ca-certificates.crt" 2>/dev/null || true
+      mkdir -p "$root2/root"
+      cp $debs "$root2/root/"
+      target=$root2
+      label="apt-get install ./tupper_*.deb in a bare root; tupper run -- true"
+      step deb-install "$deb_install"
+      target="" label=""
+    else
+      tail -20 "$log/mmdebstrap2"
+      echo "fresh-check: the second root (mmdebstrap) FAILED"
+      failed=$((failed + 1))
+    fi
+  fi ;;
+esac
 if [ "$failed" -eq 0 ]; then
   echo "fresh-check: passed ($(($(date +%s) - t0)) s in all)"
 else
-  echo "fresh-check: $failed of the README's commands failed"
+  echo "fresh-check: $failed of the README's commands (and the packaged path) failed"
 fi
 [ "$failed" -eq 0 ]

@@ -86,7 +86,7 @@ describe("a test that fails half-way", function()
 
     local dir = helper.tmpdir()
     local env = { "TUPPER_SOCKET=" .. dir .. "/s.sock", "PATH=" .. os.getenv("PATH") }
-    local code, out = helper.cli({ "--state-dir", dir .. "/state", "create" }, { env = env })
+    local code, out = helper.cli({ "--state-dir", dir .. "/state", "--autostart", "create" }, { env = env })
     assert.are.equal(0, code)
     fact("dir", dir); fact("socket", dir .. "/s.sock"); fact("tag", helper.cgroup_tag(dir .. "/state"))
     fact("box", out:match("%S+"))

@@ -464,6 +464,8 @@ describe("the daemon", function()
       ["fs.list"] = { sandbox = id, path = "/" }, ["fs.mkdir"] = { sandbox = id, path = "/d" },
       ["fs.write"] = { sandbox = id, path = "/g", data = "eA==" },
       ["fs.rename"] = { sandbox = id, from = "/g", to = "/h" },
+      ["fs.setattr"] = { sandbox = id, path = "/f", mode = 384, mtime = 1000000000 },
+      ["fs.symlink"] = { sandbox = id, path = "/lnk", target = "f" },
       ["fs.remove"] = { sandbox = id, path = "/h" },
       ["recipe.build"] = { recipe = { name = "default" } },
       ["sandbox.update_network"] = { id = id, network = { allow = { "example.com:443" } } },
@@ -479,7 +481,7 @@ describe("the daemon", function()
     local order = { "hello", "sandbox.create", "sandbox.get", "sandbox.list", "sandbox.set_timeout",
       "sandbox.metrics", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
-      "fs.rename", "fs.remove", "recipe.build",
+      "fs.rename", "fs.remove", "fs.setattr", "fs.symlink", "recipe.build",
       "sandbox.update_network", "sandbox.network_log", "sandbox.expose",
       "image.import", "image.list", "image.inspect", "image.remove", "image.prune",
       "process.connect", "pty.create", "fs.watch" }
@@ -580,10 +582,30 @@ describe("the CLI", function()
 end)
 
 describe("the CLI without a daemon", function()
-  it("starts one on demand", function()
+  it("fails with how to start one, and starts none", function()
+    local dir = helper.tmpdir()
+    finally(function() helper.rmrf(dir) end)
+    local socket = dir .. "/s.sock"
+    local env = { "TUPPER_SOCKET=" .. socket, "PATH=" .. os.getenv("PATH") }
+    for _, verb in ipairs({ { "ls" }, { "run", "--", "true" }, { "kill", "abc" } }) do
+      local args = { "--state-dir", dir .. "/state" }
+      for _, a in ipairs(verb) do args[#args + 1] = a end
+      local code, out, err = helper.cli(args, { env = env })
+      assert.are.equal(125, code)
+      assert.are.equal("", out)
+      assert.truthy(err:find("no tupper daemon answers at " .. socket, 1, true), err)
+      -- TUPPER_SOCKET names the socket, so a plain `tupper daemon` listens there
+      assert.truthy(err:find("start one with `tupper daemon &`", 1, true), err)
+      assert.truthy(err:find("--autostart", 1, true), err)
+    end
+    assert.falsy(uv.fs_stat(socket), "a daemon was started")
+    assert.falsy(uv.fs_stat(dir .. "/state"), "a state dir was made")
+  end)
+
+  it("starts a private one with --autostart", function()
     local dir = helper.tmpdir()
     local socket = dir .. "/s.sock"
-    local args = { "--state-dir", dir .. "/state" }
+    local args = { "--state-dir", dir .. "/state", "--autostart" }
     for _, a in ipairs(cli_backend({ "run", "--", "echo", "auto" })) do args[#args + 1] = a end
     local env = { "TUPPER_SOCKET=" .. socket, "PATH=" .. os.getenv("PATH") }
     -- a microVM's kernel cache and accelerator, as the suite chose them

@@ -332,7 +332,7 @@ local function alive(pid)
 end
 
 -- `tupper daemon` processes not started through M.start_daemon (the CLI
--- starts one on demand) whose command line names a path under one of dirs:
+-- starts one with --autostart) whose command line names a path under one of dirs:
 -- { pid, tag (of its cgroups, if it names its state dir) }.
 local function foreign_daemons(dirs, known)
   local found = {}

@@ -1,5 +1,5 @@
 /* The agent's file operations (FS_READ, FS_WRITE, FS_STAT, FS_LIST,
- * FS_MKDIR, FS_REMOVE, FS_RENAME) on one channel to the real tupper-agent
+ * FS_MKDIR, FS_REMOVE, FS_RENAME, FS_SETATTR, FS_SYMLINK) on one channel to the real tupper-agent
  * (agent_client.h): offsets, modes, big files in chunks, a listing too big
  * for one reply, removes that never follow a symlink, path validation; and
  * the same requests acting as an account (UID GID GROUPS), whose
@@ -489,6 +489,66 @@ static void test_fs_as(host_t *h, const char *tmp) {
   chmod(tmp, 0700);
 }
 
+/* FS_SETATTR and FS_SYMLINK: modes and times set exactly, a final
+ * symlink never followed (its target keeps its mode), LINK checked. */
+static void test_setattr_symlink(host_t *h, const char *tmp) {
+  char f[PATH_MAX], l[PATH_MAX], l2[PATH_MAX];
+  struct stat st;
+  tp_buf_t *b;
+
+  close(open(join(f, tmp, "/attr"), O_WRONLY | O_CREAT, 0644));
+  b = req_begin(h, TP_MSG_FS_SETATTR);
+  tp_frame_add_str(b, TP_TAG_PATH, f);
+  tp_frame_add_int(b, TP_TAG_MODE, 04751);
+  tp_frame_add_int(b, TP_TAG_MTIME, 1234567890);
+  expect_ok(req_call(h), "setattr MODE MTIME");
+  check(stat(f, &st) == 0 && (st.st_mode & 07777) == 04751 && st.st_mtim.tv_sec == 1234567890 &&
+            st.st_atim.tv_sec == 1234567890,
+        "mode 04751 and both times set");
+
+  b = req_begin(h, TP_MSG_FS_SYMLINK);
+  tp_frame_add_str(b, TP_TAG_PATH, join(l, tmp, "/attr-link"));
+  tp_frame_add_str(b, TP_TAG_LINK, "attr");
+  expect_ok(req_call(h), "symlink");
+  {
+    char target[64] = "";
+    ssize_t n = readlink(l, target, sizeof(target) - 1);
+    check(n == 4 && memcmp(target, "attr", 4) == 0, "the symlink points at its LINK");
+  }
+  b = req_begin(h, TP_MSG_FS_SETATTR);
+  tp_frame_add_str(b, TP_TAG_PATH, l);
+  tp_frame_add_int(b, TP_TAG_MODE, 0600);
+  tp_frame_add_int(b, TP_TAG_MTIME, 1000000000);
+  expect_ok(req_call(h), "setattr on a symlink");
+  check(stat(f, &st) == 0 && (st.st_mode & 07777) == 04751 && st.st_mtim.tv_sec == 1234567890,
+        "the symlink's target is untouched");
+  check(lstat(l, &st) == 0 && st.st_mtim.tv_sec == 1000000000, "the symlink's own mtime is set");
+
+  b = req_begin(h, TP_MSG_FS_SYMLINK);
+  tp_frame_add_str(b, TP_TAG_PATH, l);
+  tp_frame_add_str(b, TP_TAG_LINK, "other");
+  expect_err(req_call(h), EEXIST, "symlink over an existing path");
+  b = req_begin(h, TP_MSG_FS_SYMLINK);
+  tp_frame_add_str(b, TP_TAG_PATH, join(l2, tmp, "/attr-link2"));
+  tp_frame_add(b, TP_TAG_LINK, "a\0b", 3);
+  expect_err(req_call(h), EINVAL, "LINK with a NUL");
+  b = req_begin(h, TP_MSG_FS_SYMLINK);
+  tp_frame_add_str(b, TP_TAG_PATH, l2);
+  expect_err(req_call(h), EINVAL, "symlink without LINK");
+  b = req_begin(h, TP_MSG_FS_SETATTR);
+  tp_frame_add_str(b, TP_TAG_PATH, f);
+  tp_frame_add_int(b, TP_TAG_MODE, 010000);
+  expect_err(req_call(h), EINVAL, "MODE above 07777");
+  b = req_begin(h, TP_MSG_FS_SETATTR);
+  tp_frame_add_str(b, TP_TAG_PATH, f);
+  tp_frame_add_int(b, TP_TAG_MTIME, -5);
+  expect_err(req_call(h), EINVAL, "negative MTIME");
+  b = req_begin(h, TP_MSG_FS_SETATTR);
+  tp_frame_add_str(b, TP_TAG_PATH, l2);
+  tp_frame_add_int(b, TP_TAG_MODE, 0644);
+  expect_err(req_call(h), ENOENT, "setattr of a missing path");
+}
+
 int main(void) {
   const char *agent;
   char tmp[PATH_MAX];
@@ -501,6 +561,7 @@ int main(void) {
     return 1;
   test_fs(&h, tmp);
   test_fs_as(&h, tmp);
+  test_setattr_symlink(&h, tmp);
   agent_session_close(&h);
   return agent_test_end(tmp);
 }

@@ -298,6 +298,32 @@ static void t_limits(const tp_cgroup_root_t *root, const char *id) {
       free(mine);
       check(ok, "the test process, outside the box, is untouched");
     }
+    /* a hog in a process tree's sub: v1 counts the kill in the sub only,
+     * the box's count must include it (v2's memory.events is hierarchical) */
+    {
+      tp_cgroup_t sub = {0};
+      tp_cgroup_stats_t st1 = {0};
+      int64_t own = -2;
+      r = tp_cgroup_sub(&cg, "hog", &sub, &err);
+      if (r < 0)
+        diag("sub", &err);
+      check(r == 0, "a sub for the hog");
+      if (r == 0) {
+        tp_cgroup_stats(&cg, &st0, NULL);
+        pid = spawn_in(&sub, body_memhog);
+        check(pid > 0 && wait_pid(pid, 30000, &status) == 0 && killed(status),
+              "a hog in a sub is OOM-killed by the box's limit");
+        own = tp_cgroup_oom_kills(&sub);
+        r = tp_cgroup_stats(&cg, &st1, &err);
+        show("after the hog in a sub", &st1);
+        check(r == 0 && st1.oom_kills == st0.oom_kills + 1,
+              "the box's count has the sub's kill (%" PRId64 " -> %" PRId64 ")", st0.oom_kills, st1.oom_kills);
+        check(root->version == 2 ? own < 0 : own == 1,
+              "the sub's own counter: %" PRId64 " (v1: 1; v2: none, no controller)", own);
+        r = tp_cgroup_destroy(&sub, &err);
+        check(r == 0, "the hog's sub is removed");
+      }
+    }
   } else {
     skip("no memory controller");
   }

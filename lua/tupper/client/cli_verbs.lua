@@ -1,6 +1,7 @@
 --- The `tupper` verbs that talk to the daemon (run, create, exec, ls, cp,
--- kill, pause/resume, stats, pull, logs, port, import, images, rmi, image,
--- build): each takes the connection and its arguments and returns the exit
+-- kill, pause/resume, stats, pull, logs, port, import, images, rmi, image
+-- inspect/prune, build): each takes the connection and its parsed
+-- arguments (cli_args.parse: opts, args, cmd, raw) and returns the exit
 -- code.  A process's output streams to stdout and stderr as it comes.
 local uv = require("luv")
 local core = require("tupper.core")
@@ -8,17 +9,53 @@ local async = require("tupper.util.async")
 local json = require("tupper.util.json")
 local units = require("tupper.util.units")
 local cli_args = require("tupper.client.cli_args")
+-- cli-b: terminals, cp and logs live in their own files
+local cli_tty = require("tupper.client.cli_tty")
+local cli_cp = require("tupper.client.cli_cp")
+local cli_logs = require("tupper.client.cli_logs")
 
 local M = {}
 
-local die, errmsg, parse_opts = cli_args.die, cli_args.errmsg, cli_args.parse_opts
-local RUN_OPTS, CREATE_OPTS, EXEC_OPTS = cli_args.RUN_OPTS, cli_args.CREATE_OPTS, cli_args.EXEC_OPTS
-local split_remote = cli_args.split_remote
+local die, errmsg, box_opts = cli_args.die, cli_args.errmsg, cli_args.box_opts
 
+--- Prints rows (lists of strings) under headers, each column as wide as
+-- its widest cell (the last one unpadded), two spaces apart.
+function M.print_table(headers, rows)
+  local width = {}
+  for k, h in ipairs(headers) do width[k] = utf8.len(h) or #h end
+  for _, r in ipairs(rows) do
+    for k, cell in ipairs(r) do width[k] = math.max(width[k] or 0, utf8.len(cell) or #cell) end
+  end
+  local function line(r)
+    local out = {}
+    for k, cell in ipairs(r) do
+      out[k] = k < #r and (cell .. (" "):rep(width[k] - (utf8.len(cell) or #cell))) or cell
+    end
+    print(table.concat(out, "  "))
+  end
+  line(headers)
+  for _, r in ipairs(rows) do line(r) end
+end
+
+M.TRUNC_REF = 40    -- an image reference longer than this is shortened in a listing
+M.TRUNC_DIGEST = 19 -- "sha256:" and 12 hex digits
+
+--- s shortened to n characters with an ellipsis, unless it fits (or keep).
+function M.trunc(s, n, keep)
+  s = tostring(s)
+  if keep or #s <= n then return s end
+  return s:sub(1, n - 1) .. "\u{2026}"
+end
+
+-- cli-b: a box's bytes on our terminal go through the escaping filter
+local out_filters = {}
 local function write_out(stream, p)
   local data = p.data
   if p.encoding ~= "utf8" then data = core.b64decode(data) or "" end
   local f = stream == "stderr" and io.stderr or io.stdout
+  local fd = stream == "stderr" and 2 or 1
+  out_filters[fd] = out_filters[fd] or cli_tty.filter(fd)
+  data = out_filters[fd](data)
   if not f:write(data) or not f:flush() then
     -- our reader went away (`tupper run -- yes | head -1`): end as a
     -- SIGPIPE would; the daemon kills the box when we disconnect
@@ -63,6 +100,7 @@ end
 
 -- Runs argv in sandbox id, streaming output; returns the exit code.
 local function run_in(c, id, argv, o)
+  if o.tty then return cli_tty.run_pty(c, id, argv, o) end -- cli-b
   local exited
   local done_cb
   local pid
@@ -102,6 +140,9 @@ local function run_in(c, id, argv, o)
     io.stderr:write("tupper: lost the connection to the daemon\n")
     return 125
   end
+  if exited.oom_killed == true then
+    io.stderr:write("tupper: the command was killed: out of memory (the sandbox's memory limit)\n")
+  end
   local sig = math.tointeger(exited.signal) or 0
   if sig > 0 then return 128 + sig end
   return math.tointeger(exited.exit_code) or 125
@@ -128,9 +169,8 @@ local function recipe_spec(o)
 end
 
 --- tupper build RECIPE: builds the recipe's layer and writes RECIPE.lock.
-function M.build(c, args)
-  if #args ~= 1 then return die("build wants one recipe file") end
-  local path = args[1]
+function M.build(c, p)
+  local path = p.args[1]
   local rec = require("tupper.recipe.file") -- lazy: start-up cost, as above
   -- the old lock goes along: an unchanged recipe's Debian image is rebuilt
   -- from its locked package versions
@@ -157,8 +197,8 @@ function M.build(c, args)
   return 0
 end
 
-function M.run(c, args)
-  local o, rest = parse_opts(args, 1, RUN_OPTS)
+function M.run(c, p)
+  local o, rest = box_opts(p), p.cmd or {}
   local image_cmd = #rest == 0 and o.image and o.image ~= "default"
   if #rest == 0 then rest = { "/bin/sh" } end
   local pol = policy_param(o)
@@ -194,9 +234,8 @@ function M.run(c, args)
   return code
 end
 
-function M.create(c, args)
-  local o, rest = parse_opts(args, 1, CREATE_OPTS)
-  if #rest > 0 then return die("create takes no arguments") end
+function M.create(c, p)
+  local o = box_opts(p)
   local spec, serr = recipe_spec(o)
   if serr then return die("%s", serr) end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
@@ -208,24 +247,15 @@ function M.create(c, args)
   return 0
 end
 
-function M.exec(c, args)
-  local o, rest = parse_opts(args, 1, EXEC_OPTS)
-  local id = table.remove(rest, 1)
-  if not id then return die("exec needs a sandbox id") end
-  if rest[1] == "--" then table.remove(rest, 1) end
-  if #rest == 0 then return die("exec needs a command") end
-  return run_in(c, id, rest, o)
+function M.exec(c, p)
+  local o = box_opts(p)
+  o.detach = true -- cli-b: the detach keys leave an exec's process running
+  return run_in(c, p.args[1], p.cmd, o)
 end
 
-function M.pull(c, args)
-  local quiet = false
-  local refs = {}
-  for _, a in ipairs(args) do
-    if a == "-q" or a == "--quiet" then quiet = true
-    elseif a:sub(1, 1) == "-" then return die("pull: unknown option %s", a)
-    else refs[#refs + 1] = a end
-  end
-  if #refs ~= 1 then return die("pull wants one image reference, e.g. alpine or ghcr.io/org/app:1.2") end
+function M.pull(c, p)
+  local quiet = p.opts.quiet
+  local refs = p.args
   -- a progress bar on a terminal, nothing otherwise
   local bar = not quiet and uv.guess_handle(2) == "tty"
   local drawn = false
@@ -248,29 +278,29 @@ function M.pull(c, args)
   return 0
 end
 
-function M.ls(c, args)
-  local as_json = false
-  for _, a in ipairs(args) do
-    if a == "--json" then as_json = true else return die("ls: unknown argument %s", a) end
-  end
+function M.ls(c, p)
   local r, err = c:call("sandbox.list", {})
   if not r then return die("%s", errmsg(err)) end
-  if as_json then
+  if p.opts.json then
     print(json.encode(json.array(r.sandboxes)))
     return 0
   end
-  print(("%-14s %-10s %-9s %-20s %s"):format("ID", "IMAGE", "STATE", "CREATED", "PROCESSES"))
-  for _, s in ipairs(r.sandboxes) do
-    print(("%-14s %-10s %-9s %-20s %d"):format(s.id, s.image, s.state, s.created_at,
-      math.tointeger(s.processes) or 0))
+  if p.opts.quiet then
+    for _, s in ipairs(r.sandboxes) do print(s.id) end
+    return 0
   end
+  local rows = {}
+  for _, s in ipairs(r.sandboxes) do
+    rows[#rows + 1] = { tostring(s.id), M.trunc(s.image, M.TRUNC_REF, p.opts.no_trunc), tostring(s.state),
+      tostring(s.created_at), tostring(math.tointeger(s.processes) or 0) }
+  end
+  M.print_table({ "ID", "IMAGE", "STATE", "CREATED", "PROCESSES" }, rows)
   return 0
 end
 
-function M.kill(c, args)
-  if #args == 0 then return die("kill needs a sandbox id") end
+function M.kill(c, p)
   local code = 0
-  for _, id in ipairs(args) do
+  for _, id in ipairs(p.args) do
     local r, err = c:call("sandbox.kill", { id = id })
     if not r then
       code = die("kill %s: %s", id, errmsg(err))
@@ -283,69 +313,115 @@ function M.kill(c, args)
   return code
 end
 
-local function each_id(c, args, method, verb)
-  if #args == 0 then return die("%s needs a sandbox id", verb) end
+local function each_id(c, p, method, verb)
   local code = 0
-  for _, id in ipairs(args) do
+  for _, id in ipairs(p.args) do
     local r, err = c:call(method, { id = id })
     if not r then code = die("%s %s: %s", verb, id, errmsg(err)) else print(id) end
   end
   return code
 end
 
-function M.logs(c, args)
-  local network, as_json, id = false, false, nil
-  for _, a in ipairs(args) do
-    if a == "--network" then network = true
-    elseif a == "--json" then as_json = true
-    elseif id == nil and a:sub(1, 1) ~= "-" then id = a
-    else return die("logs: unexpected argument '%s'", a) end
-  end
-  if not network then return die("logs: only --network is supported (process output streams with exec)") end
-  if not id then return die("logs needs a sandbox id") end
-  local r, err = c:call("sandbox.network_log", { id = id })
-  if not r then return die("logs %s: %s", id, errmsg(err)) end
-  if as_json then
-    print(json.encode(json.array(r.entries)))
-    return 0
-  end
-  for _, e in ipairs(r.entries) do
-    local port = math.tointeger(e.port)
-    print(("%s %-5s %-11s %s%s%s%s"):format(e.time, e.action, e.via, tostring(e.host or "?"),
-      port and (":" .. port) or "", e.addr and (" -> " .. e.addr) or "",
-      e.reason and ("  (" .. e.reason .. ")") or ""))
-  end
-  return 0
+--- tupper attach ID PID (client/cli_tty.lua).
+function M.attach(c, p)
+  return cli_tty.attach(c, { detach_keys = p.opts.detach_keys }, p.args)
 end
 
-function M.port(c, args)
-  local id, port = args[1], math.tointeger(tonumber(args[2] or ""))
-  if not id or not port or #args ~= 2 then return die("usage: tupper port ID PORT") end
+--- tupper logs [--network] [--json] [-f] [--tail N] ID [PID]
+-- (client/cli_logs.lua).
+function M.logs(c, p)
+  local o = p.opts
+  return cli_logs.logs(c, { network = o.network, json = o.json, follow = o.follow, tail = o.tail }, p.args)
+end
+
+function M.port(c, p)
+  local id, port = p.args[1], math.tointeger(tonumber(p.args[2]))
+  if not port then return die("port: PORT wants a port number, got %q", p.args[2]) end
   local r, err = c:call("sandbox.expose", { id = id, port = port })
   if not r then return die("port %s %d: %s", id, port, errmsg(err)) end
   print(("%s:%d"):format(r.host, math.tointeger(r.port)))
   return 0
 end
 
-function M.pause(c, args) return each_id(c, args, "sandbox.pause", "pause") end
-function M.resume(c, args) return each_id(c, args, "sandbox.resume", "resume") end
+function M.pause(c, p) return each_id(c, p, "sandbox.pause", "pause") end
+function M.resume(c, p) return each_id(c, p, "sandbox.resume", "resume") end
 
-function M.stats(c, args)
-  local as_json = args[1] == "--json"
-  if as_json then table.remove(args, 1) end
-  if #args ~= 1 then return die("stats wants one sandbox id") end
-  local r, err = c:call("sandbox.metrics", { id = args[1] })
-  if not r then return die("%s", errmsg(err)) end
-  if as_json then print(json.encode(r)); return 0 end
-  local keys = {}
-  for k in pairs(r) do keys[#keys + 1] = k end
-  table.sort(keys)
-  for _, k in ipairs(keys) do print(("%-16s %s"):format(k, tostring(math.tointeger(r[k]) or r[k]))) end
-  return 0
+local function num(v) return tostring(math.tointeger(v) or v or "-") end
+
+-- The counters of the sandboxes named, or of every sandbox (one gone
+-- between the list and its counters is left out): the list (each with its
+-- id) and the exit code so far (125 when a named one failed).
+local function gather_stats(c, named)
+  local ids, all = named, #named == 0
+  if all then
+    local r, err = c:call("sandbox.list", {})
+    if not r then return {}, die("%s", errmsg(err)) end
+    ids = {}
+    for _, s in ipairs(r.sandboxes) do ids[#ids + 1] = s.id end
+  end
+  local results, code = {}, 0
+  for _, id in ipairs(ids) do
+    local r, err = c:call("sandbox.metrics", { id = id })
+    if r then
+      r.id = id
+      results[#results + 1] = r
+    elseif not all then
+      code = die("stats %s: %s", id, errmsg(err))
+    end
+  end
+  return results, code
 end
 
-function M.import(c, args)
-  if #args < 1 or #args > 2 then return die("import wants PATH [NAME]") end
+local function stats_table(results)
+  local rows = {}
+  for _, r in ipairs(results) do
+    rows[#rows + 1] = { r.id, ("%.2fs"):format((tonumber(r.cpu_usage_usec) or 0) / 1e6),
+      units.human(math.tointeger(r.memory_bytes) or 0), units.human(math.tointeger(r.memory_peak) or 0),
+      num(r.pids), num(r.nr_throttled), num(r.oom_kills) }
+  end
+  M.print_table({ "ID", "CPU", "MEMORY", "PEAK", "PIDS", "THROTTLED", "OOM KILLS" }, rows)
+end
+
+M.STATS_INTERVAL_MS = 2000
+
+--- tupper stats [ID...]: one table (or a JSON array) of the sandboxes
+-- named, or of every sandbox; one ID: its counters one a line (or its JSON
+-- object), as before.  On a terminal, without --no-stream or --json, the
+-- table is redrawn every STATS_INTERVAL_MS until ^C (docker stats' habit).
+function M.stats(c, p)
+  if not p.opts.no_stream and not p.opts.json and uv.guess_handle(1) == "tty" then
+    while not c.closed do
+      local results, code = gather_stats(c, p.args)
+      if code ~= 0 then return code end
+      io.stdout:write("\27[H\27[2J")
+      stats_table(results)
+      io.stdout:flush()
+      async.sleep(M.STATS_INTERVAL_MS)
+    end
+    return die("lost the connection to the daemon")
+  end
+  local results, code = gather_stats(c, p.args)
+  if #p.args == 1 then
+    local r = results[1]
+    if not r then return code end
+    r.id = nil
+    if p.opts.json then print(json.encode(r)); return 0 end
+    local keys = {}
+    for k in pairs(r) do keys[#keys + 1] = k end
+    table.sort(keys)
+    for _, k in ipairs(keys) do print(("%-16s %s"):format(k, num(r[k]))) end
+    return 0
+  end
+  if p.opts.json then
+    print(json.encode(json.array(results)))
+    return code
+  end
+  stats_table(results)
+  return code
+end
+
+function M.import(c, p)
+  local args = p.args
   local path = uv.fs_realpath(args[1])
   if not path then return die("import: no such file or directory: %s", args[1]) end
   local r, err = c:call("image.import", { path = path, ref = args[2] })
@@ -354,98 +430,54 @@ function M.import(c, args)
   return 0
 end
 
-function M.images(c, args)
-  local as_json = false
-  for _, a in ipairs(args) do
-    if a == "--json" then as_json = true else return die("images: unknown argument %s", a) end
-  end
+function M.images(c, p)
   local r, err = c:call("image.list", {})
   if not r then return die("%s", errmsg(err)) end
-  if as_json then
+  if p.opts.json then
     print(json.encode(json.array(r.images)))
     return 0
   end
-  print(("%-48s %-19s %-10s %-6s %s"):format("REF", "DIGEST", "SIZE", "LAYERS", "CREATED"))
-  for _, i in ipairs(r.images) do
-    print(("%-48s %-19s %-10s %-6d %s"):format(i.ref, i.digest:sub(1, 19), units.human(i.size, { si = true }),
-      math.tointeger(i.layers) or 0, type(i.created) == "string" and i.created or "-"))
+  if p.opts.quiet then
+    for _, i in ipairs(r.images) do print(i.ref) end
+    return 0
   end
+  local rows, keep = {}, p.opts.no_trunc
+  for _, i in ipairs(r.images) do
+    rows[#rows + 1] = { M.trunc(i.ref, M.TRUNC_REF, keep),
+      keep and tostring(i.digest) or tostring(i.digest):sub(1, M.TRUNC_DIGEST),
+      units.human(i.size, { si = true }), num(i.layers), type(i.created) == "string" and i.created or "-" }
+  end
+  M.print_table({ "REF", "DIGEST", "SIZE", "LAYERS", "CREATED" }, rows)
   return 0
 end
 
-function M.rmi(c, args)
-  if #args == 0 then return die("rmi needs an image name") end
+function M.rmi(c, p)
   local code = 0
-  for _, ref in ipairs(args) do
+  for _, ref in ipairs(p.args) do
     local r, err = c:call("image.remove", { ref = ref })
     if not r then code = die("rmi %s: %s", ref, errmsg(err)) else print(r.ref) end
   end
   return code
 end
 
-function M.image(c, args)
-  local sub = table.remove(args, 1)
-  if sub == "ls" or sub == "list" then return M.images(c, args)
-  elseif sub == "rm" or sub == "remove" then return M.rmi(c, args)
-  elseif sub == "import" then return M.import(c, args)
-  elseif sub == "inspect" then
-    if #args ~= 1 then return die("image inspect wants one image name") end
-    local r, err = c:call("image.inspect", { ref = args[1] })
-    if not r then return die("%s", errmsg(err)) end
-    print(json.pretty(r))
-    return 0
-  elseif sub == "prune" then
-    local all = false
-    for _, a in ipairs(args) do
-      if a == "--all" or a == "-a" then all = true else return die("image prune: unknown argument %s", a) end
-    end
-    local r, err = c:call("image.prune", { all = all })
-    if not r then return die("%s", errmsg(err)) end
-    for _, ref in ipairs(r.refs) do print("removed " .. ref) end
-    print(("%d blobs and %d layers removed"):format(math.tointeger(r.blobs) or 0, math.tointeger(r.layers) or 0))
-    return 0
-  end
-  return die("image: want ls, inspect, rm, import or prune")
+function M.image_inspect(c, p)
+  local r, err = c:call("image.inspect", { ref = p.args[1] })
+  if not r then return die("%s", errmsg(err)) end
+  print(json.pretty(r))
+  return 0
 end
 
-function M.cp(c, args)
-  if #args ~= 2 then return die("cp wants SRC DST") end
-  local sid, spath = split_remote(args[1])
-  local did, dpath = split_remote(args[2])
-  if (sid and did) or (not sid and not did) then
-    return die("cp copies between the host and a sandbox: FILE ID:/path or ID:/path FILE")
-  end
-  local chunk = core.CHUNK_MAX
-  if did then
-    local f, err = io.open(args[1], "rb")
-    if not f then return die("%s", err) end
-    local offset = 0
-    repeat
-      local data = f:read(chunk) or ""
-      local r, e = c:call("fs.write", { sandbox = did, path = dpath, data = core.b64encode(data),
-        offset = offset, truncate = offset == 0 })
-      if not r then f:close(); return die("cp: %s", errmsg(e)) end
-      offset = offset + #data
-    until #data < chunk
-    f:close()
-    return 0
-  end
-  local st, serr = c:call("fs.stat", { sandbox = sid, path = spath })
-  if not st then return die("cp: %s", errmsg(serr)) end
-  if st.type ~= "file" then return die("cp: %s is a %s; only files are copied", spath, st.type) end
-  local f, err = io.open(args[2], "wb")
-  if not f then return die("%s", err) end
-  local offset = 0
-  while true do
-    local r, e = c:call("fs.read", { sandbox = sid, path = spath, offset = offset, length = chunk })
-    if not r then f:close(); return die("cp: %s", errmsg(e)) end
-    local data = core.b64decode(r.data) or ""
-    f:write(data)
-    offset = offset + #data
-    if r.eof or #data == 0 then break end
-  end
-  f:close()
+function M.image_prune(c, p)
+  local r, err = c:call("image.prune", { all = p.opts.all or false })
+  if not r then return die("%s", errmsg(err)) end
+  for _, ref in ipairs(r.refs) do print("removed " .. ref) end
+  print(("%d blobs and %d layers removed"):format(math.tointeger(r.blobs) or 0, math.tointeger(r.layers) or 0))
   return 0
+end
+
+--- tupper cp [-r] [-a] SRC DST (client/cli_cp.lua).
+function M.cp(c, p)
+  return cli_cp.cp(c, { recursive = p.opts.recursive, archive = p.opts.archive }, p.args)
 end
 
 return M

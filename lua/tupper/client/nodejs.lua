@@ -74,10 +74,11 @@ function M.main(verb, args, g)
   end
   socket = socket or paths.socket()
   if not help then
-    -- as every client verb does: start a daemon when none answers
+    -- as every client verb does: fail with how to start a daemon when none
+    -- answers (or start one with --autostart)
     local cerr
     async.spawn(function()
-      local c, e = client.connect({ socket = socket, state_dir = g.state_dir })
+      local c, e = client.connect({ socket = socket, state_dir = g.state_dir, autostart = g.autostart })
       if c then c:close() else cerr = e end
     end)
     uv.run()

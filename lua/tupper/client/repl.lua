@@ -319,7 +319,7 @@ chunks read from stdin).  `tupper` is the client API: see docs/repl.md.
 --- Entry point of `tupper repl`.  args: after the verb; g: socket and
 -- state_dir from the global options.  Returns the exit code.
 function M.main(args, g)
-  sdk.configure({ socket = g.socket, state_dir = g.state_dir })
+  sdk.configure({ socket = g.socket, state_dir = g.state_dir, autostart = g.autostart })
   local codes, i = {}, 1
   while args[i] do
     if args[i] == "-e" then

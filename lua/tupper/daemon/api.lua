@@ -72,8 +72,9 @@ function h.hello(d, conn, p)
 end
 
 function h.sandbox_create(d, conn, p)
-  local sb, err = d:create_sandbox(p)
-  if not sb then return nil, rpc.SANDBOX_ERROR, err end
+  local sb, err, data = d:create_sandbox(p)
+  -- data: a daemon cap refused it (daemon/limits.lua), a busy daemon's -32004
+  if not sb then return nil, data and rpc.BUSY or rpc.SANDBOX_ERROR, err, data end
   if p.kill_on_disconnect then
     if conn.closed then
       d:kill_sandbox(sb.id)
@@ -447,6 +448,24 @@ function h.fs_rename(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
   local r, c, m, x = agent_call(sb, MSG.FS_RENAME, as(p, { path = abs_path(p.from), path2 = abs_path(p.to) }),
+    rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  return {}
+end
+
+function h.fs_setattr(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local r, c, m, x = agent_call(sb, MSG.FS_SETATTR, as(p, { path = abs_path(p.path), mode = p.mode,
+    mtime = p.mtime }), rpc.FS_ERROR)
+  if not r then return nil, c, m, x end
+  return {}
+end
+
+function h.fs_symlink(d, conn, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local r, c, m, x = agent_call(sb, MSG.FS_SYMLINK, as(p, { path = abs_path(p.path), link = p.target }),
     rpc.FS_ERROR)
   if not r then return nil, c, m, x end
   return {}

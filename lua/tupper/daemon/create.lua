@@ -3,7 +3,6 @@
 -- the default account.  Methods of the daemon (daemon/main.lua mixes them in).
 local core = require("tupper.core")
 local async = require("tupper.util.async")
-local schema = require("tupper.wire.schema")
 local sandbox = require("tupper.daemon.sandbox")
 local guard = require("tupper.recipe.guard")
 local registry = require("tupper.image.registry")
@@ -11,9 +10,9 @@ local build = require("tupper.recipe.build")
 local policy = require("tupper.recipe.policy")
 local setup = require("tupper.recipe.setup")
 local backends = require("tupper.backend.registry")
+local limits = require("tupper.daemon.limits")
+local units = require("tupper.util.units")
 local log = require("tupper.daemon.log").log
-
-local MAX_SANDBOXES = 1024
 
 local D = {}
 
@@ -23,7 +22,8 @@ function D:_new_id()
   return id
 end
 
--- Starts a box with limits lim (may be empty) on read-only layers (lowest
+-- Starts a box with limits lim (as for_backend in daemon/limits.lua
+-- leaves them; may be empty) on read-only layers (lowest
 -- first; default: the default image); image names it, image_digest is its
 -- manifest's (what the image store keeps while the box lives); backend is
 -- a name of backend/registry.lua (nil: the default).
@@ -197,6 +197,60 @@ local function default_account(sb)
   return "root", "/", errno == 2
 end
 
+-- Whether one more sandbox with limits lim fits the daemon's caps (live
+-- sandboxes and those being made; their committed memory: an unlimited
+-- box commits none).  Returns true or nil, message, data.
+function D:_check_caps(lim)
+  local count, mem = 0, lim.memory or 0
+  for _, sb in pairs(self.sandboxes) do
+    count = count + 1
+    mem = mem + (sb.limits and sb.limits.memory or 0)
+  end
+  for _, m in pairs(self.creating) do count, mem = count + 1, mem + m end
+  local caps = self.caps
+  if caps.sandboxes > 0 and count >= caps.sandboxes then
+    return nil, limits.cap_error("sandboxes", caps.sandboxes, ("too many sandboxes (%d live)"):format(count))
+  end
+  if caps.memory > 0 and mem > caps.memory then
+    return nil, limits.cap_error("memory", caps.memory,
+      ("the sandboxes' memory limits would total %s, over the daemon's cap"):format(
+        units.format_size(mem // 1048576 * 1048576)))
+  end
+  return true
+end
+
+-- A box of backend b for a create with effective limits lim: a pooled one
+-- when the pool's boxes (made with the default limits, disk cap included)
+-- fit, else a new one.  Returns the sandbox or nil, err.
+function D:_make_box(b, lim, plan, img, image, accel)
+  local layers = plan and plan.layers or (img and img.layers)
+  local pooled_ok = not layers or (#layers == 1 and layers[1] == self.default_image)
+  -- a pooled VM runs on the daemon's accelerator
+  if accel ~= nil and accel ~= "auto" then pooled_ok = false end
+  -- what differs from the pool's boxes: a limit can be set on a running
+  -- box, but not taken off it (0), and its disk is the one it was made with
+  local pl, diff = self.pool_limits[b.name], {}
+  for _, k in ipairs({ "memory", "cpus", "pids", "disk" }) do
+    if lim[k] ~= pl[k] then
+      if k == "disk" or not lim[k] or lim[k] == 0 then pooled_ok = false else diff[k] = lim[k] end
+    end
+  end
+  local sb, err
+  if pooled_ok then
+    sb, err = self:_take_pooled(b, diff)
+    if err then return nil, err end
+  end
+  if not sb then
+    sb, err = self:_start_box(self:_new_id(), limits.for_backend(lim), layers, img and img.ref or image,
+                              (plan and plan.image.digest) or (img and img.digest), b.name, accel)
+    if not sb then
+      log("create failed: %s", err)
+      return nil, err
+    end
+  end
+  return sb
+end
+
 function D:create_sandbox(p)
   local plan
   if p._recipe then
@@ -227,33 +281,38 @@ function D:create_sandbox(p)
   if p.accel and not b.takes_accel then
     return nil, ("'accel' is for microVMs; the %s backend has no accelerator to choose"):format(b.name)
   end
+  local asked = p.limits or {}
   for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
-    -- a guest may enforce pids itself, in its own kernel's cgroups
-    if p.limits and p.limits[name] and not self.enforces[name]
-       and not (name == "pids" and b.guest_pids) then
+    -- a guest may enforce pids itself, in its own kernel's cgroups; a VM's
+    -- memory, vCPUs and disk are its shape
+    if asked[name] and asked[name] ~= 0 and not limits.enforceable(name, self.enforces, b) then
       return nil, ("the '%s' limit cannot be enforced on this host yet"):format(name)
     end
   end
-  local count = 0
-  for _ in pairs(self.sandboxes) do count = count + 1 end
-  if count >= MAX_SANDBOXES then return nil, "too many sandboxes" end
-  local lim = p.limits or {}
-  local sb, err
-  local layers = plan and plan.layers or (img and img.layers)
-  local pooled_ok = not lim.disk and (not layers or (#layers == 1 and layers[1] == self.default_image))
-    and (p.accel == nil or p.accel == "auto") -- a pooled VM runs on the daemon's accelerator
-  if pooled_ok then
-    sb, err = self:_take_pooled(b, lim)
-    if err then return nil, err end
+  -- the daemon's defaults for what the create leaves out (docs/limits.md)
+  local lim = limits.effective(asked, self.defaults, self.enforces, b)
+  local ok, cerr, cdata = self:_check_caps(lim)
+  if not ok then return nil, cerr, cdata end
+  -- counted against the caps until it is a sandbox, or failed
+  local token = {}
+  self.creating[token] = lim.memory or 0
+  local sb, err = self:_finish_create(p, b, lim, plan, img, image)
+  self.creating[token] = nil
+  if sb then
+    self.sandboxes[sb.id] = sb
+    sb.kill_on_disconnect = p.kill_on_disconnect == true or nil -- in the record (daemon/recover.lua)
+    self:set_timeout(sb, lim.timeout) -- also writes the record
+    log("sandbox %s created", sb.id)
   end
-  if not sb then
-    sb, err = self:_start_box(self:_new_id(), lim, layers, img and img.ref or image,
-                              (plan and plan.image.digest) or (img and img.digest), b.name, p.accel)
-    if not sb then
-      log("create failed: %s", err)
-      return nil, err
-    end
-  end
+  return sb, err
+end
+
+-- The rest of a create that fits the caps: the box, its network, recipe,
+-- image settings and default account.  Returns the sandbox (not yet in
+-- self.sandboxes) or nil, err.
+function D:_finish_create(p, b, lim, plan, img, image)
+  local sb, err = self:_make_box(b, lim, plan, img, image, p.accel)
+  if not sb then return nil, err end
   if self.stopping then -- the daemon began to shut down while this box started
     sb:destroy()
     return nil, "the daemon is shutting down"
@@ -294,12 +353,6 @@ function D:create_sandbox(p)
   self:_hook_connect(sb)
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
-  self.sandboxes[sb.id] = sb
-  sb.kill_on_disconnect = p.kill_on_disconnect == true or nil -- in the record (daemon/recover.lua)
-  local timeout = lim.timeout
-  if timeout == nil then timeout = schema.DEFAULT_TIMEOUT end
-  self:set_timeout(sb, timeout) -- also writes the record
-  log("sandbox %s created", sb.id)
   return sb
 end
 

@@ -54,7 +54,8 @@ end
 
 function D:_exit(sb, proc)
   local msg = { sandbox = sb.id, pid = proc.pid, exit_code = proc.exit_code,
-                signal = proc.signal, timed_out = proc.timed_out or nil }
+                signal = proc.signal, timed_out = proc.timed_out or nil,
+                oom_killed = proc.oom_killed } -- its memory limit killed it
   local conn = proc.owner
   if conn and not conn.closed then conn:notify("process.exit", msg) end
   for l in pairs(proc.listeners or {}) do

@@ -4,6 +4,7 @@ local core = require("tupper.core")
 local async = require("tupper.util.async")
 local json = require("tupper.util.json")
 local paths = require("tupper.util.paths")
+local units = require("tupper.util.units")
 local rpc = require("tupper.wire.rpc")
 local schema = require("tupper.wire.schema")
 local api = require("tupper.daemon.api")
@@ -17,6 +18,8 @@ local images = require("tupper.image.store")
 local debian = require("tupper.image.debian")
 local netrelay = require("tupper.net.relay")
 local backends = require("tupper.backend.registry")
+local activation = require("tupper.daemon.activation")
+local limits = require("tupper.daemon.limits")
 -- the daemon's methods, by what they do (mixed into Daemon below)
 local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
                 require("tupper.daemon.life"), require("tupper.daemon.events"),
@@ -25,10 +28,9 @@ local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
 local M = {}
 
 M.UID_BASE = 100000000
-M.MAX_CLIENTS = 1024
--- requests one connection may have running at once: each is a coroutine
--- and may wait on a box; past this a call is answered -32004 at once
-M.MAX_INFLIGHT = 256
+-- methods that subscribe a connection to a stream of notifications
+-- (counted against the daemon's streams cap, daemon/limits.lua)
+local STREAM_METHODS = { ["fs.watch"] = true, ["process.connect"] = true, ["sandbox.expose"] = true }
 
 local Daemon = {}
 Daemon.__index = Daemon
@@ -71,11 +73,27 @@ function Daemon:_request(conn, msg)
     return
   end
   local inflight = conn.inflight or 0
-  if inflight >= M.MAX_INFLIGHT then
+  -- requests one connection may have running at once: each is a coroutine
+  -- and may wait on a box; past the cap a call is answered -32004 at once
+  local caps = self.caps
+  if caps.inflight > 0 and inflight >= caps.inflight then
     if is_call then
-      return conn:error(id, rpc.BUSY, ("too many requests in flight on this connection (at most %d)"):format(M.MAX_INFLIGHT))
+      local m, data = limits.cap_error("inflight", caps.inflight,
+        ("too many requests in flight on this connection (%d)"):format(inflight))
+      return conn:error(id, rpc.BUSY, m, data)
     end
     return
+  end
+  if STREAM_METHODS[msg.method] and caps.streams > 0 then
+    local n = self:_streams_of(conn)
+    if n >= caps.streams then
+      if is_call then
+        local m, data = limits.cap_error("streams", caps.streams,
+          ("too many watches, process attachments and port forwards on this connection (%d)"):format(n))
+        return conn:error(id, rpc.BUSY, m, data)
+      end
+      return
+    end
   end
   local loaded
   if msg.method == "sandbox.create" and params.recipe then
@@ -100,6 +118,11 @@ function Daemon:_request(conn, msg)
     end
     params = checked
     if loaded then params._recipe = loaded end -- internal, after the policies
+    local sid = params.sandbox or params.id
+    if type(sid) == "string" and self.sandboxes[sid] then
+      conn.uses = conn.uses or {}
+      conn.uses[sid] = true -- not idle while that box lives
+    end
     local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
     conn.inflight = conn.inflight - 1
     if not is_call then return end
@@ -108,18 +131,91 @@ function Daemon:_request(conn, msg)
       return conn:error(id, rpc.INTERNAL_ERROR, "internal error")
     end
     if res == nil then return conn:error(id, code or rpc.INTERNAL_ERROR, message or "failed", data) end
+    if msg.method == "sandbox.create" and type(res.id) == "string" then
+      conn.uses = conn.uses or {}
+      conn.uses[res.id] = true
+    elseif msg.method == "sandbox.expose" then
+      conn.exposes = conn.exposes or {}
+      conn.exposes[params.id .. ":" .. params.port] = params.id
+    end
     conn:reply(id, res)
+  end)
+end
+
+-- The fs watches, process attachments (process.connect) and port forwards
+-- (sandbox.expose, while their box lives) a connection holds.
+function Daemon:_streams_of(conn)
+  local n = 0
+  for _ in pairs(conn.watches or {}) do n = n + 1 end
+  for key, id in pairs(conn.exposes or {}) do
+    if self.sandboxes[id] then n = n + 1 else conn.exposes[key] = nil end
+  end
+  for _, sb in pairs(self.sandboxes) do
+    for _, proc in pairs(sb.procs or {}) do
+      if proc.listeners and proc.listeners[conn] then n = n + 1 end
+    end
+  end
+  return n
+end
+
+-- Whether a connection is idle: no request running, and nothing it would
+-- miss by going (no watch, no process of its own or attached to, no box
+-- that dies with it), and no live sandbox it made or used (an SDK's
+-- Sandbox object keeps one connection for its box, however quiet).  An
+-- idle one is closed after the idle timeout.
+function Daemon:_idle(conn)
+  if (conn.inflight or 0) > 0 or next(conn.watches or {}) or next(conn.owned or {}) then return false end
+  for id in pairs(conn.uses or {}) do
+    if self.sandboxes[id] then return false end
+    conn.uses[id] = nil
+  end
+  for _, sb in pairs(self.sandboxes) do
+    for _, proc in pairs(sb.procs or {}) do
+      if proc.owner == conn or (proc.listeners and proc.listeners[conn]) then return false end
+    end
+  end
+  return true
+end
+
+-- Closes the connections idle for longer than the idle timeout (a
+-- periodic sweep: a quarter of the timeout, at most every 5 s).
+function Daemon:_start_idle_sweep()
+  local idle = self.caps.idle
+  if idle <= 0 then return end
+  local every = math.max(50, math.min(5000, math.floor(idle * 250)))
+  self.idle_timer = uv.new_timer()
+  self.idle_timer:start(every, every, function()
+    local now = uv.now()
+    for conn in pairs(self.clients) do
+      if not conn.closed and now - (conn.last_active or now) >= idle * 1000 then
+        if self:_idle(conn) then
+          log("closing a connection idle for %gs (tupper daemon --idle-timeout)", idle)
+          conn:close()
+        else
+          conn.last_active = now -- busy: its idle time starts when it is done
+        end
+      end
+    end
   end)
 end
 
 function Daemon:_accept()
   local client = uv.new_pipe(false)
   if not self.server:accept(client) then client:close(); return end
-  if self.nclients >= M.MAX_CLIENTS then client:close(); return end
+  local caps = self.caps
+  if caps.clients > 0 and self.nclients >= caps.clients then
+    -- told why before the close, as one JSON-RPC error (id null)
+    local m, data = limits.cap_error("clients", caps.clients, "too many connections")
+    local c = rpc.wrap(client, { message = function() end })
+    c:error(nil, rpc.BUSY, m, data)
+    c:close()
+    return
+  end
   self.nclients = self.nclients + 1
   local conn
   conn = rpc.wrap(client, {
     message = function(c, msg, err)
+      c.last_active = uv.now()
       if not msg then return c:error(nil, rpc.PARSE_ERROR, "parse error: " .. tostring(err)) end
       if msg[1] ~= nil then return c:error(nil, rpc.INVALID_REQUEST, "batch requests are not supported") end
       self:_request(c, msg)
@@ -138,6 +234,7 @@ function Daemon:_accept()
       conn.watches = nil
     end,
   })
+  conn.last_active = uv.now()
   self.clients[conn] = true
 end
 
@@ -147,11 +244,14 @@ function Daemon:shutdown()
   log("shutting down")
   async.spawn(function()
     if self.server and not self.server:is_closing() then self.server:close() end
-    uv.fs_unlink(self.socket)
+    -- an activated socket's path belongs to the service manager (tupper.socket)
+    if not self.activated then uv.fs_unlink(self.socket) end
+    self.notify("STOPPING=1")
     for id, sb in pairs(self.sandboxes) do
       if sb.destroy then self:kill_sandbox(id) end
     end
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
+    if self.idle_timer then self.idle_timer:close(); self.idle_timer = nil end
     for _, pull in pairs(self.pulls) do if pull.session then pull.session:cancel() end end
     for _, pool in ipairs(self.pools) do
       local boxes = pool.boxes
@@ -171,7 +271,14 @@ function Daemon:shutdown()
   end)
 end
 
-local function listen(path)
+local function listen(path, activated)
+  if activated then
+    -- the manager's socket, already bound and listening (activation.lua)
+    local server = uv.new_pipe(false)
+    local ok, err = server:open(activated.fd)
+    if not ok then server:close(); return nil, ("socket activation: fd %d: %s"):format(activated.fd, err) end
+    return server
+  end
   local probe = uv.new_pipe(false)
   local live = async.wait(function(cb)
     probe:connect(path, function(err) cb(err == nil) end)
@@ -192,10 +299,17 @@ end
 -- Returns the exit code.
 function M.run(opts)
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
-    reserved = {}, pulls = {}, setups = {}, pools = {},
+    reserved = {}, pulls = {}, setups = {}, pools = {}, creating = {}, pool_limits = {},
     accounts = {}, -- image digest -> its default account { name, home }
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
+  -- before anything starts a process: these variables must not leak to it
+  local activated, aerr = activation.listen_socket()
+  self.notify = activation.notifier()
+  if activated then
+    self.activated = activated
+    if activated.path ~= "" then self.socket = activated.path end
+  end
   -- one pool per backend, in the registry's order (by index, and by name)
   for _, name in ipairs(backends.NAMES) do
     local b = backends.get(name)
@@ -205,9 +319,10 @@ function M.run(opts)
   end
   local code = 0
   async.spawn(function()
-    local ok, err = mkdirs(self.state, tonumber("711", 8))
+    local ok, err = activated ~= nil, aerr
+    if ok then ok, err = mkdirs(self.state, tonumber("711", 8)) end
     if ok then ok, err = uv.fs_chmod(self.state, tonumber("711", 8)) end
-    if ok then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
+    if ok and not self.activated then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
     if ok and opts.log then ok, err = core.log_to(opts.log) end
     -- the backends' own daemon options (the microVMs' --accel)
     for _, name in ipairs(backends.NAMES) do
@@ -248,6 +363,20 @@ function M.run(opts)
       -- the disk cap puts the box's writable layer on an ext4 image
       self.enforces.disk = uv.fs_access("/dev/loop-control", "rw") and
         (uv.fs_access("/sbin/mkfs.ext4", "x") or uv.fs_access("/usr/sbin/mkfs.ext4", "x")) or nil
+      -- the default limits and the daemon's caps, relative to this host
+      self.host = limits.host(self.state)
+      self.defaults = limits.defaults(self.host, opts)
+      self.caps = limits.caps(self.host, opts)
+      for _, name in ipairs(backends.NAMES) do
+        local b = backends.get(name)
+        self.pool_limits[name] = limits.effective({}, self.defaults, self.enforces, b)
+      end
+      local d = self.defaults
+      log("default limits: memory %s, cpus %g, pids %d, disk %s, timeout %gs; caps: %d sandboxes, "
+          .. "memory %s, %d clients, %d requests and %d streams per client, idle timeout %gs",
+          units.format_size(d.memory), d.cpus, d.pids, units.format_size(d.disk), d.timeout,
+          self.caps.sandboxes, units.format_size(self.caps.memory), self.caps.clients,
+          self.caps.inflight, self.caps.streams, self.caps.idle)
     end
     if ok then ok, err = mkdirs(self.state .. "/images/default", tonumber("711", 8)) end
     if ok then
@@ -272,7 +401,7 @@ function M.run(opts)
       if self.cgroups then self:_sweep_cgroups() end
     end
     if ok then
-      self.server, err = listen(self.socket)
+      self.server, err = listen(self.socket, self.activated)
       ok = self.server ~= nil
     end
     if not ok then
@@ -287,7 +416,11 @@ function M.run(opts)
       s:start(name, function() self:shutdown() end)
       self.signals[#self.signals + 1] = s
     end
-    log("tupper daemon %s listening on %s (state %s)", core.version, self.socket, self.state)
+    log("tupper daemon %s listening on %s%s (state %s)", core.version, self.socket,
+      self.activated and " (socket-activated)" or "", self.state)
+    self:_start_idle_sweep()
+    local nok, nerr = self.notify("READY=1")
+    if not nok then log("sd_notify READY=1: %s", tostring(nerr)) end
     self:_refill()
   end)
   uv.run()

@@ -3,13 +3,16 @@
 local uv = require("luv")
 local async = require("tupper.util.async")
 local backends = require("tupper.backend.registry")
+local limits = require("tupper.daemon.limits")
 local log = require("tupper.daemon.log").log
 
 local D = {}
 
 -- Keeps each backend's pool of boxes started and idle (its `pool`:
--- backend/registry.lua), so that a create of the default image with no
--- disk cap takes one at once instead of waiting for a start.  The refill
+-- backend/registry.lua), so that a create of the default image takes one
+-- at once instead of waiting for a start.  Pool boxes are made with the
+-- default limits, disk cap included (docs/limits.md): a create that keeps
+-- the default disk cap pays nothing for it.  The refill
 -- waits until the daemon has been quiet for the longest delay_ms of the
 -- pools that are short: the create that took a box, and the process.start
 -- that usually follows it, are answered first.
@@ -31,7 +34,8 @@ function D:_refill()
     for _, pool in ipairs(self.pools) do
       local b = pool.backend
       while #pool.boxes < pool.size and not self.stopping do
-        local sb, err = self:_start_box(self:_new_id(), {}, nil, nil, nil, b.name)
+        local sb, err = self:_start_box(self:_new_id(), limits.for_backend(self.pool_limits[b.name]),
+                                        nil, nil, nil, b.name)
         if not sb then
           log("%s: %s", b.pool.label, err)
           break
@@ -53,8 +57,9 @@ function D:_refill()
   end)
 end
 
--- A pooled box of backend b for a create with limits lim, or nil (then
--- start one), or nil, err (the create fails).
+-- A pooled box of backend b for a create whose limits differ from the
+-- pool's boxes' by lim (memory, cpus, pids: set on the box taken), or nil
+-- (then start one), or nil, err (the create fails).
 function D:_take_pooled(b, lim)
   return b.pool_take(self.pools[b.name].boxes, lim, backends.limits(lim), log)
 end

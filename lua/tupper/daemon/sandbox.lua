@@ -223,9 +223,10 @@ function Sandbox:_frame(t, id, f)
     end
     self.procs[f.pid] = nil
     release(proc)
-    self:_tree_done(proc)
     proc.exit_code = math.tointeger(f.code) or -1
     proc.signal = math.tointeger(f.signal) or 0
+    proc.oom_killed = self:_oom_killed(proc) or nil
+    self:_tree_done(proc)
     if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
   end
 end
@@ -540,6 +541,25 @@ function Sandbox:signal(proc, sig)
   end
   local r, err, errno = self:request(MSG.SIGNAL, { pid = proc.pid, signal = sig })
   if not r then return nil, err, errno end
+  return true
+end
+
+-- Whether a process that just ended was killed by the OOM killer (its
+-- memory limit): it died of SIGKILL (or, a shell's way, exited 137) and an
+-- OOM kill was counted for it: in its tree's cgroup on v1, which counts a
+-- kill in the victim's cgroup only; on v2, where the tree has no memory
+-- controller, in the box's memory.events since the last process the daemon
+-- found OOM-killed (two processes killed at once: the first to end is
+-- told, as far as the kernel lets anyone tell).
+function Sandbox:_oom_killed(proc)
+  if not (proc.signal == 9 or (proc.signal == 0 and proc.exit_code == 137)) then return false end
+  if not proc.tree or not self.box:has_cgroup() or self.impl.guest_kernel then return false end
+  local n = self.box:tree_oom(proc.tree)
+  if n then return n > 0 end
+  local st = self.box:stats()
+  local total = st and st.oom_kills
+  if not total or total <= (self.oom_seen or 0) then return false end
+  self.oom_seen = total
   return true
 end
 

@@ -102,7 +102,7 @@ local function check_create(d, params)
     pols[#pols + 1] = pol
   end
   for _, pol in ipairs(pols) do
-    local out, err = policy.apply_create(pol, params)
+    local out, err = policy.apply_create(pol, params, d.defaults)
     if not out then return nil, err end
     params = out
   end

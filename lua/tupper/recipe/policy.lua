@@ -124,19 +124,23 @@ local function refuse(pol, fmt, ...)
 end
 
 -- Caps limits (normalised numbers) at pol.max: a limit left out gets the
--- cap, one above it is refused.  timeout 0 means none, above any cap.
-local function cap_limits(pol, limits)
+-- daemon's default for it (defaults, docs/limits.md) or the cap, whichever
+-- is lower; one above the cap is refused.  0 means none (no limit, no
+-- timeout), above any cap.  A cap of 0 caps nothing.
+local function cap_limits(pol, limits, defaults)
   local out = {}
   for k, v in pairs(limits or {}) do out[k] = v end
   for _, k in ipairs(LIMIT_ORDER) do
     local max = pol.max and pol.max[k]
-    if max then
+    if max and max ~= 0 then
       local asked = out[k]
-      if k == "timeout" and asked == nil then asked = math.min(schema.DEFAULT_TIMEOUT, max) end
       if asked == nil then
-        out[k] = max
-      elseif asked > max or (k == "timeout" and asked == 0) then
-        return refuse(pol, "max.%s is %s, asked %s", k, FORMAT[k](max), FORMAT[k](asked))
+        local def = defaults and defaults[k]
+        if def == nil and k == "timeout" then def = schema.DEFAULT_TIMEOUT end
+        out[k] = (def and def ~= 0) and math.min(def, max) or max
+      elseif asked > max or asked == 0 then
+        return refuse(pol, "max.%s is %s, asked %s", k, FORMAT[k](max),
+                      asked == 0 and (k == "timeout" and FORMAT[k](0) or "0 (no limit)") or FORMAT[k](asked))
       else
         out[k] = asked
       end
@@ -160,10 +164,12 @@ end
 --- Applies the policy to sandbox.create params (as schema.validate
 -- returns them): limits capped at max (refused above it), then on_create
 -- may allow (true), refuse (false/nil[, reason]) or return new params
--- (validated, and capped again).  Returns params, or nil, err.
-function M.apply_create(pol, params)
+-- (validated, and capped again).  defaults: the daemon's default limits
+-- (a limit left out gets the lower of its default and the cap).  Returns
+-- params, or nil, err.
+function M.apply_create(pol, params, defaults)
   params = params or {}
-  local limits, err = cap_limits(pol, params.limits)
+  local limits, err = cap_limits(pol, params.limits, defaults)
   if not limits then return nil, err end
   local out = {}
   for k, v in pairs(params) do out[k] = v end
@@ -176,7 +182,7 @@ function M.apply_create(pol, params)
   if type(verdict) ~= "table" then return reason_of(pol, "on_create", why) end
   local spec, verr = schema.validate("sandbox.create", verdict)
   if not spec then return refuse(pol, "on_create returned bad params: %s", verr) end
-  local capped, cerr = cap_limits(pol, spec.limits)
+  local capped, cerr = cap_limits(pol, spec.limits, defaults)
   if not capped then return nil, cerr end
   spec.limits = capped
   return spec

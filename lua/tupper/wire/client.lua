@@ -51,16 +51,47 @@ local function start_daemon(socket, state_dir)
   return nil, ("the daemon did not start (see %s/daemon.log)"):format(state)
 end
 
---- Connects to the daemon.  opts: socket, state_dir, autostart (default true).
--- Returns the client or nil, err.
+--- Whether a client starts a private daemon when none answers: opts.autostart
+-- when given, else $TUPPER_AUTOSTART (1, true or yes).  Off by default: a
+-- verb never starts a daemon (as root, under /run/tupper and /var/lib/tupper)
+-- behind its user's back.
+function M.autostart(opts)
+  if opts and opts.autostart ~= nil then return opts.autostart == true end
+  local env = os.getenv("TUPPER_AUTOSTART")
+  return env == "1" or env == "true" or env == "yes"
+end
+
+-- where a tupper.socket unit may be installed, and the socket it listens on
+M.UNIT_DIRS = { "/etc/systemd/system", "/usr/local/lib/systemd/system", "/lib/systemd/system",
+  "/usr/lib/systemd/system" }
+M.SYSTEM_SOCKET = "/run/tupper/tupper.sock"
+
+--- What to say when no daemon answers at socket: how to start one.
+function M.no_daemon(socket, err)
+  local unit = false
+  for _, dir in ipairs(M.UNIT_DIRS) do unit = unit or uv.fs_stat(dir .. "/tupper.socket") ~= nil end
+  local hint = ""
+  if unit and socket == M.SYSTEM_SOCKET then
+    hint = " or `systemctl start tupper.socket`"
+  elseif socket ~= M.SYSTEM_SOCKET and (uv.fs_stat(M.SYSTEM_SOCKET) or {}).type == "socket" then
+    hint = (" or use the system's (TUPPER_SOCKET=%s)"):format(M.SYSTEM_SOCKET)
+  end
+  return ("no tupper daemon answers at %s (%s): start one with `%s`%s, or pass --autostart "
+    .. "(or set TUPPER_AUTOSTART=1) to start a private one"):format(socket, err,
+    socket == paths.socket() and "tupper daemon &" or ("tupper daemon --socket " .. socket .. " &"), hint)
+end
+
+--- Connects to the daemon.  opts: socket, state_dir, autostart (default:
+-- M.autostart).  Returns the client or nil, err.
 function M.connect(opts)
   opts = opts or {}
   local socket = opts.socket or paths.socket()
   local pipe, err = try_connect(socket)
   if not pipe then
-    if opts.autostart == false or (err ~= "ENOENT" and err ~= "ECONNREFUSED") then
+    if err ~= "ENOENT" and err ~= "ECONNREFUSED" then
       return nil, ("cannot reach the daemon at %s: %s"):format(socket, err)
     end
+    if not M.autostart(opts) then return nil, M.no_daemon(socket, err) end
     pipe, err = start_daemon(socket, opts.state_dir)
     if not pipe then return nil, err end
   end

@@ -26,12 +26,14 @@ local PID = { type = "integer", min = 1, max = 4194304 }
 local PTY_DIM = { type = "integer", min = 1, max = 4096 } -- TP_PTY_DIM_MAX
 -- an account of the box's /etc/passwd, by name
 local USER = { type = "string", min = 1, max = 32, pattern = "^[A-Za-z0-9_][A-Za-z0-9_.-]*$" }
+-- zero: 0 or "unlimited" is allowed too, and means no such limit (the
+-- daemon's default applies only to a limit left out: docs/limits.md)
 local LIMITS = { type = "object", fields = {
-  memory = { type = "size", min = 4194304 },
-  cpus = { type = "number", min = 0.01, max = 1024 },
-  pids = { type = "integer", min = 1, max = 4194304 },
-  disk = { type = "size", min = 1048576 },
-  timeout = DURATION,
+  memory = { type = "size", min = 4194304, zero = true },
+  cpus = { type = "number", min = 0.01, max = 1024, zero = true },
+  pids = { type = "integer", min = 1, max = 4194304, zero = true },
+  disk = { type = "size", min = 1048576, zero = true },
+  timeout = { type = "duration", zero = true },
 } }
 -- A policy file sent with a create (docs/policy.md): its text, evaluated by
 -- the daemon in the locked-down VM, and the name errors cite (its path).
@@ -57,7 +59,8 @@ M.NETWORK = NETWORK
 -- where a sandbox runs: namespaces on the host's kernel, or a microVM with
 -- a kernel of its own (docs/microvm.md)
 M.BACKEND = { type = "enum", values = backends.NAMES }
-M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B
+M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B (the
+                        -- daemon's --default-timeout changes it: daemon/limits.lua)
 M.methods = {
   ["hello"] = {
     doc = "Negotiates the protocol version; the first call of a session.",
@@ -98,7 +101,7 @@ M.methods = {
   ["sandbox.metrics"] = {
     doc = "The sandbox's resource counters, from its cgroup.",
     params = { id = ID, required = { "id" } },
-    result = { "cpu_usage_usec", "memory_bytes", "pids" },
+    result = { "cpu_usage_usec", "memory_bytes", "pids", "oom_kills" },
   },
   ["sandbox.set_timeout"] = {
     doc = "Sets how long from now the sandbox lives (0: until killed).",
@@ -266,6 +269,19 @@ M.methods = {
   },
 }
 
+M.methods["fs.setattr"] = {
+  doc = "Sets a file's mode (chmod; ignored for a symlink) and/or its access and modification "
+    .. "time (seconds since the epoch), never following a final symlink.",
+  params = { sandbox = ID, user = USER, path = PATH, mode = { type = "integer", min = 0, max = 4095 },
+             mtime = { type = "integer", min = 0, max = 99999999999 }, required = { "sandbox", "path" } },
+  result = {},
+}
+M.methods["fs.symlink"] = {
+  doc = "Makes path a symlink to target (taken as text, never resolved by the daemon); an existing path is an error.",
+  params = { sandbox = ID, user = USER, path = PATH, target = PATH, required = { "sandbox", "path", "target" } },
+  result = {},
+}
+
 M.methods["image.pull"] = {
   doc = "Pulls an image from its registry into the daemon's store (linux/amd64); progress = true sends image.progress notifications.",
   params = { ref = { type = "string", min = 1, max = 512 }, progress = { type = "boolean" },
@@ -275,7 +291,7 @@ M.methods["image.pull"] = {
 
 M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
-  ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out" },
+  ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out", "oom_killed" },
   ["image.progress"] = { "ref", "done", "total" },
   ["fs.event"] = { "sandbox", "watch", "type", "name", "message" }, -- and name_raw (docs/protocol.md)
 }
@@ -324,6 +340,7 @@ end
 local check
 function check(name, spec, v)
   local t = spec.type
+  if spec.zero and (v == 0 or v == "unlimited" or v == "0") then return nil, 0 end
   if t == "string" or t == "enum" then
     if type(v) ~= "string" then return ("'%s' must be a string"):format(name) end
     if t == "enum" then

@@ -103,6 +103,32 @@ export class PolicyError extends SandboxError {
   }
 }
 
+/**
+ * Every error type name, one set for the SDK, the MCP server and the HTTP
+ * API (docs/http.md and openapi.json list them; a test checks that the
+ * servers use no other).  The first eight are this SDK's error classes
+ * (an MCP tool error's text starts with one, an HTTP error's `type` is
+ * one); the last three only a server reports: a request refused before it
+ * reached a sandbox (no or a wrong token, a web page's request), one turned
+ * away because the server is at a bound, and a bug of the server.  E2B's
+ * names where E2B has one.
+ */
+export const ERROR_TYPES = [
+  'SandboxError',
+  'TimeoutError',
+  'NotFoundError',
+  'InvalidArgumentError',
+  'NotEnoughSpaceError',
+  'PermissionError',
+  'PolicyError',
+  'CommandExitError',
+  'AuthenticationError',
+  'RateLimitError',
+  'InternalError',
+] as const;
+
+export type ErrorType = (typeof ERROR_TYPES)[number];
+
 /** A timeoutMs the caller gave: a finite number, 0 or more; else InvalidArgumentError naming `what`. */
 export function checkTimeoutMs(ms: unknown, what: string): number {
   if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) throw new InvalidArgumentError(`${what}: bad timeoutMs ${String(ms)}`);

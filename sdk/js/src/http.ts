@@ -19,6 +19,7 @@
 export { DEFAULT_LISTEN, parseListen } from './http/address';
 export { MIN_TOKEN_LENGTH } from './http/auth';
 export { errorResponse, HttpError } from './http/errors';
+export { ERROR_TYPES, type ErrorType } from './errors';
 export { HTTP_ROUTES } from './http/router';
 export { openApiPath } from './http/routes/openapi';
 export { createHttpServer, type HttpServerOpts, listenHttp, type TupperHttpServer } from './http/server';

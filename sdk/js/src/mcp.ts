@@ -13,5 +13,5 @@
  * session's sandboxes, tools/ the tools by area, stdio.ts serves it.  This
  * module is the package's `@tupper/sdk/mcp`.
  */
-export { createMcpServer, MCP_TOOLS, type McpServerOpts } from './mcp/server';
+export { askDaemon, createMcpServer, MCP_TOOLS, type McpServerOpts } from './mcp/server';
 export { runMcpStdio } from './mcp/stdio';

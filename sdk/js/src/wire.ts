@@ -21,5 +21,7 @@ export function exitStatus(p: Record<string, unknown>): { exitCode: number; sign
   const out: { exitCode: number; signal: number; error?: string } = { exitCode, signal };
   if (signal) out.error = signal === 9 ? 'signal: killed' : `signal: ${signal}`;
   else if (exitCode !== 0) out.error = `exit status ${exitCode}`;
+  // the sandbox's memory limit killed it (docs/limits.md)
+  if (p.oom_killed === true) out.error = 'out of memory: killed by the sandbox\'s memory limit';
   return out;
 }

@@ -29,6 +29,21 @@ test('a non-zero exit rejects with CommandExitError carrying the output', async 
   await assert.rejects(sbx.commands.run('nosuchprogram'), (e) => e instanceof CommandExitError && e.exitCode === 127);
 });
 
+test('a command its memory limit kills rejects with the reason', async () => {
+  const small = await Sandbox.create({ socket: daemon.socket, limits: { memory: '64M' } });
+  try {
+    await assert.rejects(small.commands.run('dd if=/dev/zero of=/dev/null bs=256M count=1'), (e) => {
+      assert.ok(e instanceof CommandExitError);
+      assert.equal(e.error, "out of memory: killed by the sandbox's memory limit");
+      return true;
+    });
+    // a kill that is not the memory limit's says signal: killed, as before
+    await assert.rejects(small.commands.run('kill -9 $$'), (e) => e.error === 'signal: killed' || e.error === 'exit status 137');
+  } finally {
+    await small.kill();
+  }
+});
+
 test('cwd and envs', async () => {
   const r = await sbx.commands.run('pwd; echo $A-$B', { cwd: '/tmp', envs: { A: '1', B: 'two' } });
   assert.equal(r.stdout, '/tmp\n1-two\n');

@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BIN, startDaemon, track } from './daemon.mjs';
-import { HTTP_ROUTES, listenHttp, openApiPath } from '../dist/http.js';
+import { ERROR_TYPES, HTTP_ROUTES, listenHttp, openApiPath } from '../dist/http.js';
 import { Sandbox } from '../dist/index.js';
 
 const MAX_BODY = 8 << 20;
@@ -327,7 +327,7 @@ test('a reader that falls behind gets its command killed, not buffered without b
     for await (const chunk of res) text += chunk;
     const last = JSON.parse(text.trim().split('\n').at(-1));
     assert.equal(last.type, 'error');
-    assert.equal(last.error.type, 'OutputOverflow');
+    assert.equal(last.error.type, 'RateLimitError');
   } finally {
     await small.close();
   }
@@ -601,4 +601,131 @@ test('`tupper http` serves on loopback, refuses 0.0.0.0 without a token, stops o
   s.child.kill('SIGTERM');
   const end = await s.exit;
   assert.equal(end.code, 0, end.err);
+});
+
+const stdoutOf = (ev) => ev.filter((e) => e.type === 'stdout').map((e) => e.data).join('');
+
+test('one set of error type names: the SDK classes, openapi.json and docs/http.md say the same', async () => {
+  const doc = JSON.parse(fs.readFileSync(openApiPath(), 'utf8'));
+  assert.deepEqual(doc.components.schemas.ErrorType.enum, [...ERROR_TYPES]);
+  const md = fs.readFileSync(path.resolve(path.dirname(openApiPath()), '../../docs/http.md'), 'utf8');
+  for (const t of ERROR_TYPES) assert.match(md, new RegExp('`' + t + '`'), `docs/http.md names ${t}`);
+  const sdk = await import('../dist/index.js');
+  for (const t of ERROR_TYPES.slice(0, 8)) assert.equal(typeof sdk[t], 'function', `the SDK exports ${t}`);
+  // no other name in the server's source
+  const dir = path.resolve(path.dirname(openApiPath()), 'src/http');
+  const files = [...fs.readdirSync(dir).map((f) => path.join(dir, f)), ...fs.readdirSync(path.join(dir, 'routes')).map((f) => path.join(dir, 'routes', f))];
+  for (const f of files.filter((x) => x.endsWith('.ts'))) {
+    const text = fs.readFileSync(f, 'utf8');
+    for (const m of text.matchAll(/HttpError\(\d+, '(\w+)'|type: '(\w+Error)'/g)) assert.ok(ERROR_TYPES.includes(m[1] ?? m[2]), `${path.basename(f)}: ${m[0]}`);
+  }
+  // the cases the issue named: an unknown sandbox is NotFoundError everywhere
+  const gone = await errorOf(await fetch(`${base}/sandboxes/no-such-box`, { method: 'DELETE' }), 404);
+  assert.equal(gone.type, 'NotFoundError');
+  const info = await errorOf(await fetch(`${base}/sandboxes/no-such-box`), 404);
+  assert.equal(info.type, 'NotFoundError');
+  const route = await errorOf(await fetch(`${base}/no/route`), 404);
+  assert.equal(route.type, 'NotFoundError');
+  assert.equal((await errorOf(await fetch(`${base}/sandboxes`, { method: 'PATCH' }), 405)).type, 'InvalidArgumentError');
+});
+
+test('create with network rules; the network log and rules routes; ports reach a server inside', async () => {
+  const r = await post('/sandboxes', { network: { allow: ['example.com'] }, timeoutMs: 60000 });
+  assert.equal(r.status, 201, await r.clone().text());
+  const sid = (await r.json()).sandboxId;
+  try {
+    const ev = await allEvents(await post(`/sandboxes/${sid}/commands`, { cmd: 'echo $HTTP_PROXY' }));
+    assert.match(stdoutOf(ev), /^http:\/\/127\.0\.0\.1:\d+\n$/);
+    // a denied destination is in the log
+    await allEvents(await post(`/sandboxes/${sid}/commands`, { cmd: 'nslookup denied.invalid >/dev/null 2>&1; true' }));
+    const log = await fetch(`${base}/sandboxes/${sid}/network/log`);
+    assert.equal(log.status, 200);
+    const { entries } = await log.json();
+    assert.ok(entries.some((e) => e.action === 'deny' && e.host === 'denied.invalid'), JSON.stringify(entries));
+    const put = await fetch(`${base}/sandboxes/${sid}/network`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ network: 'none' }) });
+    assert.equal(put.status, 200);
+    assert.deepEqual(await put.json(), { network: 'none' });
+    assert.equal((await errorOf(await fetch(`${base}/sandboxes/${sid}/network`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ network: { allow: 'x' } }) }), 400)).type, 'InvalidArgumentError');
+
+    await fetch(`${base}/sandboxes/${sid}/files${q('/tmp/www/index.html')}`, { method: 'PUT', body: 'from inside\n' });
+    const bg = await post(`/sandboxes/${sid}/commands`, { cmd: 'httpd -f -p 127.0.0.1:8000 -h /tmp/www', background: true });
+    assert.equal(bg.status, 201);
+    const pr = await post(`/sandboxes/${sid}/ports`, { port: 8000 });
+    assert.equal(pr.status, 200, await pr.clone().text());
+    const { host, port } = await pr.json();
+    assert.equal(port, 8000);
+    assert.match(host, /^127\.0\.0\.1:\d+$/);
+    let body;
+    for (let i = 0; i < 100 && !(body ?? '').includes('inside'); i++) {
+      body = await fetch(`http://${host}/index.html`).then((x) => x.text(), () => undefined);
+      if (!(body ?? '').includes('inside')) await new Promise((res) => setTimeout(res, 50));
+    }
+    assert.equal(body, 'from inside\n');
+    assert.equal((await errorOf(await post(`/sandboxes/${sid}/ports`, { port: 0 }), 400)).type, 'InvalidArgumentError');
+    await errorOf(await post(`/sandboxes/${sid}/ports`, { port: 80, extra: 1 }), 400);
+    await errorOf(await post('/sandboxes/no-such-box/ports', { port: 80 }), 404);
+  } finally {
+    await Sandbox.kill(sid, { socket: daemon.socket });
+  }
+  await errorOf(await post('/sandboxes', { network: 'some' }), 400);
+  await errorOf(await post('/sandboxes', { network: { allow: ['ok'], other: [] } }), 400);
+});
+
+test('create with a recipe (its text, or a shipped name; never a path) and a policy', async () => {
+  const recipe = { source: 'return recipe "httptest" { env = { FROM_RECIPE = "yes" }, files = { ["/etc/motd"] = "made by a recipe\\n" } }', name: 'httptest.lua' };
+  const r = await post('/sandboxes', { recipe });
+  assert.equal(r.status, 201, await r.clone().text());
+  const sid = (await r.json()).sandboxId;
+  try {
+    const ev = await allEvents(await post(`/sandboxes/${sid}/commands`, { cmd: 'echo $FROM_RECIPE; cat /etc/motd' }));
+    assert.equal(stdoutOf(ev), 'yes\nmade by a recipe\n');
+  } finally {
+    await Sandbox.kill(sid, { socket: daemon.socket });
+  }
+  const path1 = await errorOf(await post('/sandboxes', { recipe: './app.lua' }), 400);
+  assert.match(path1.message, /reads no file/);
+  assert.match((await errorOf(await post('/sandboxes', { recipe: '/etc/passwd' }), 400)).message, /reads no file/);
+  await errorOf(await post('/sandboxes', { recipe: 'default', image: 'default' }), 400);
+  const bad = await errorOf(await post('/sandboxes', { recipe: { source: 'return recipe "x" { nope = 1 }' } }), 422);
+  assert.match(bad.message, /nope/);
+
+  const policy = { source: 'return policy { on_exec = function(argv) if (argv[3] or ""):find("forbidden") then return false, "not that" end return true end }', name: 'test-policy.lua' };
+  const p = await post('/sandboxes', { policy });
+  assert.equal(p.status, 201, await p.clone().text());
+  const pid = (await p.json()).sandboxId;
+  try {
+    const ok = await allEvents(await post(`/sandboxes/${pid}/commands`, { cmd: 'echo allowed' }));
+    assert.equal(stdoutOf(ok), 'allowed\n');
+    const no = await errorOf(await post(`/sandboxes/${pid}/commands`, { cmd: 'echo forbidden' }), 403);
+    assert.equal(no.type, 'PolicyError');
+    assert.match(no.message, /not that/);
+  } finally {
+    await Sandbox.kill(pid, { socket: daemon.socket });
+  }
+  await errorOf(await post('/sandboxes', { policy: '/etc/tupper.lua' }), 400);
+  await errorOf(await post('/sandboxes', { policy: { source: 'return policy { bogus = 1 }' } }), 400);
+});
+
+test('stdin as text or bytes, foreground and background', async () => {
+  const t = await allEvents(await run('tr a-z A-Z', { stdin: 'shout\n' }));
+  assert.equal(stdoutOf(t), 'SHOUT\n');
+  const b = await allEvents(await run('od -An -tx1', { stdinBase64: Buffer.from([0, 255, 10]).toString('base64') }));
+  assert.equal(stdoutOf(b).trim(), '00 ff 0a');
+  const bg = await run('cat', { stdin: 'to the background\n', background: true });
+  assert.equal(bg.status, 201);
+  const { pid } = await bg.json();
+  const f = await allEvents(await fetch(`${base}/sandboxes/${id}/commands/${pid}`));
+  assert.equal(stdoutOf(f), 'to the background\n');
+  assert.equal(f.at(-1).exitCode, 0);
+  await errorOf(await run('cat', { stdin: 'a', stdinBase64: 'YQ==' }), 400);
+  await errorOf(await run('cat', { stdinBase64: 'not base64!' }), 400);
+  await errorOf(await run('cat', { stdin: 3 }), 400);
+});
+
+test("a refused upload's error names the client's path, not the server's temporary file", async () => {
+  const r = await fetch(`${base}/sandboxes/${id}/files${q('/etc/hosts-upload')}`, { method: 'PUT', body: 'x' });
+  const e = await errorOf(r, 403);
+  assert.equal(e.type, 'PermissionError');
+  assert.match(e.message, /\/etc\/hosts-upload/);
+  assert.doesNotMatch(e.message, /\.upload-/);
 });

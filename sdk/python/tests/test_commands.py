@@ -33,6 +33,21 @@ def test_nonzero_exit_raises_command_exit_exception(sbx):
     assert "exited with code 3" in str(e.value)
 
 
+def test_a_command_its_memory_limit_kills_says_so(opts):
+    from tupper import Sandbox
+
+    small = Sandbox.create(limits={"memory": "64M"}, **opts)
+    try:
+        with pytest.raises(CommandExitException) as e:
+            small.commands.run("dd if=/dev/zero of=/dev/null bs=256M count=1")
+        assert e.value.error == "out of memory: killed by the sandbox's memory limit"
+        with pytest.raises(CommandExitException) as e:
+            small.commands.run("kill -9 $$")
+        assert e.value.error == "signal: killed"
+    finally:
+        small.kill()
+
+
 def test_callbacks_get_output_as_it_comes(sbx):
     out, err = [], []
     r = sbx.commands.run("echo a; sleep 0.1; echo b >&2; echo c", on_stdout=out.append, on_stderr=err.append)

@@ -70,6 +70,8 @@ def exit_status(p: Dict[str, Any]) -> Tuple[int, int, Optional[str]]:
     """A process.exit notification: exit code, signal, and the error text a result reports."""
     code = p.get("exit_code") if isinstance(p.get("exit_code"), int) else -1
     sig = p.get("signal") if isinstance(p.get("signal"), int) else 0
+    if p.get("oom_killed") is True:  # the sandbox's memory limit killed it (docs/limits.md)
+        return code, sig, "out of memory: killed by the sandbox's memory limit"
     if sig:
         return code, sig, "signal: killed" if sig == 9 else f"signal: {sig}"
     if code != 0:

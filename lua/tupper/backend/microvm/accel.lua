@@ -193,6 +193,20 @@ function M.choose(requested, opts)
   return a, why
 end
 
+--- What a daemon with state_dir learnt from its trial of this boot (for
+-- `tupper doctor`): { accel =, why = } or nil when there is none (or it is
+-- for another boot, QEMU or kernel).  Runs nothing.
+function M.cached_trial(state_dir, qemu_bin, vmlinuz)
+  local key = cache_key(qemu_bin, vmlinuz)
+  return key and cached(state_dir .. "/microvm/accel", key) or nil
+end
+
+--- What the host says before any trial: "kvm" with no reason when a trial
+-- must decide, else the accelerator and why.
+function M.static()
+  return static_choice()
+end
+
 --- The accelerator decided, or (before the first VM start) what the host
 -- says without a trial; and why, when it is TCG.
 function M.current()

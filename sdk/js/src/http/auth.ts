@@ -33,18 +33,18 @@ export function gate(token: string | undefined): (req: http.IncomingMessage, res
       const given = digest(m ? m[1] : '');
       // both are SHA-256 digests: equal lengths, compared in constant time
       if (!m || !crypto.timingSafeEqual(given, tokenDigest)) {
-        sendJson(res, 401, { error: { type: 'Unauthorized', message: 'a valid Authorization: Bearer token is required' } }, { 'www-authenticate': 'Bearer' });
+        sendJson(res, 401, { error: { type: 'AuthenticationError', message: 'a valid Authorization: Bearer token is required' } }, { 'www-authenticate': 'Bearer' });
         return true;
       }
       return false;
     }
     if (req.headers.origin !== undefined) {
-      sendJson(res, 403, { error: { type: 'Forbidden', message: 'requests from web pages (with an Origin header) are refused without a bearer token' } });
+      sendJson(res, 403, { error: { type: 'AuthenticationError', message: 'requests from web pages (with an Origin header) are refused without a bearer token' } });
       return true;
     }
     const host = (req.headers.host ?? '').replace(/:\d+$/, '');
     if (!isLoopbackHost(host)) {
-      sendJson(res, 403, { error: { type: 'Forbidden', message: `Host ${host} is not a loopback name: refused without a bearer token` } });
+      sendJson(res, 403, { error: { type: 'AuthenticationError', message: `Host ${host} is not a loopback name: refused without a bearer token` } });
       return true;
     }
     return false;

@@ -36,13 +36,13 @@ export async function readJson(req: http.IncomingMessage, max: number, optional 
   const chunked = req.headers['transfer-encoding'] !== undefined;
   if (optional && !chunked && (len === undefined || len === '0')) return {};
   const type = req.headers['content-type'] ?? '';
-  if (!/^application\/json\s*(;|$)/i.test(type)) throw new HttpError(415, 'UnsupportedMediaType', 'send the body as Content-Type: application/json');
-  if (len !== undefined && Number(len) > max) throw new HttpError(413, 'PayloadTooLarge', `a JSON body is at most ${max} bytes`);
+  if (!/^application\/json\s*(;|$)/i.test(type)) throw new HttpError(415, 'InvalidArgumentError', 'send the body as Content-Type: application/json');
+  if (len !== undefined && Number(len) > max) throw new HttpError(413, 'InvalidArgumentError', `a JSON body is at most ${max} bytes`);
   const parts: Buffer[] = [];
   let n = 0;
   for await (const chunk of req as AsyncIterable<Buffer>) {
     n += chunk.length;
-    if (n > max) throw new HttpError(413, 'PayloadTooLarge', `a JSON body is at most ${max} bytes`);
+    if (n > max) throw new HttpError(413, 'InvalidArgumentError', `a JSON body is at most ${max} bytes`);
     parts.push(chunk);
   }
   let v: unknown;
@@ -58,5 +58,5 @@ export async function readJson(req: http.IncomingMessage, max: number, optional 
 /** Refuses a raw body whose Content-Length says it is over max bytes (before reading any of it). */
 export function checkRawLength(req: http.IncomingMessage, max: number): void {
   const len = req.headers['content-length'];
-  if (len !== undefined && Number(len) > max) throw new HttpError(413, 'PayloadTooLarge', `a body is at most ${max} bytes`);
+  if (len !== undefined && Number(len) > max) throw new HttpError(413, 'InvalidArgumentError', `a body is at most ${max} bytes`);
 }

@@ -39,7 +39,7 @@ export class BoxCache {
     let p = this.boxes.get(id);
     if (!p) {
       p = Sandbox.getInfo(id, this.conn).then((info) => {
-        if (info.state === 'paused') throw new HttpError(409, 'SandboxPaused', `sandbox ${id} is paused: POST /sandboxes/${id}/resume first`);
+        if (info.state === 'paused') throw new HttpError(409, 'SandboxError', `sandbox ${id} is paused: POST /sandboxes/${id}/resume first`);
         return Sandbox.connect(id, this.conn);
       });
       this.remember(id, p);

@@ -3,20 +3,23 @@
  * the status that fits it (docs/http.md lists them).
  */
 import {
+  ERROR_TYPES,
   ErrorCode,
+  type ErrorType,
   InvalidArgumentError,
   NotEnoughSpaceError,
   NotFoundError,
+  PermissionError,
   PolicyError,
   SandboxError,
   TimeoutError,
 } from '../errors';
 
-/** An error with an HTTP status, answered as JSON. */
+/** An error with an HTTP status, answered as JSON; its type is one of ERROR_TYPES. */
 export class HttpError extends Error {
   readonly status: number;
-  readonly type: string;
-  constructor(status: number, type: string, message: string) {
+  readonly type: ErrorType;
+  constructor(status: number, type: ErrorType, message: string) {
     super(message);
     this.status = status;
     this.type = type;
@@ -51,14 +54,15 @@ export function errorResponse(e: unknown): { status: number; body: { error: Reco
     err.type = e.type;
     err.message = e.message;
   } else if (e instanceof SandboxError) {
-    err.type = e.name;
+    // a subclass of ours the list does not name answers as its base class
+    err.type = (ERROR_TYPES as readonly string[]).includes(e.name) ? e.name : 'SandboxError';
     err.message = e.message;
     if (e.errnoCode) err.code = e.errnoCode;
     if (e instanceof NotFoundError) status = 404;
     else if (e instanceof InvalidArgumentError) status = 400;
     else if (e instanceof TimeoutError) status = 504;
     else if (e instanceof NotEnoughSpaceError) status = 507;
-    else if (e instanceof PolicyError) status = 403;
+    else if (e instanceof PolicyError || e instanceof PermissionError) status = 403;
     else if (e.code === -32004) status = 503; // busy: too many requests in flight on one connection
     else if (e.code === -32006) status = 422; // an image error (none such, refused, too big)
     else if (e.errnoCode && ERRNO_STATUS[e.errnoCode]) status = ERRNO_STATUS[e.errnoCode];

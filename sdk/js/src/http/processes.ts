@@ -166,7 +166,7 @@ export class Processes {
           break;
         }
       }
-      if (this.background.size >= MAX_BACKGROUND) throw new HttpError(503, 'TooManyCommands', `${MAX_BACKGROUND} background commands are followed already`);
+      if (this.background.size >= MAX_BACKGROUND) throw new HttpError(503, 'RateLimitError', `${MAX_BACKGROUND} background commands are followed already`);
     }
     const rec: Background = { sandboxId: id, pid: 0, events: [], bytes: 0, dropped: 0, done: false, readers: new Set() };
     let key = '';

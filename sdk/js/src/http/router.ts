@@ -16,6 +16,9 @@ export const HTTP_ROUTES: ReadonlyArray<{ method: string; path: string }> = [
   ['POST', '/sandboxes/{id}/pause'],
   ['POST', '/sandboxes/{id}/resume'],
   ['GET', '/sandboxes/{id}/metrics'],
+  ['POST', '/sandboxes/{id}/ports'],
+  ['PUT', '/sandboxes/{id}/network'],
+  ['GET', '/sandboxes/{id}/network/log'],
   ['POST', '/sandboxes/{id}/commands'],
   ['GET', '/sandboxes/{id}/commands'],
   ['GET', '/sandboxes/{id}/commands/{pid}'],
@@ -85,7 +88,7 @@ export class Router {
       return;
     }
     allowed = [...new Set(allowed)];
-    if (allowed.length) throw new HttpError(405, 'MethodNotAllowed', `${req.method} is not allowed here (${allowed.join(', ')})`);
-    throw new HttpError(404, 'NotFound', `no route ${req.method} ${url.pathname}`);
+    if (allowed.length) throw new HttpError(405, 'InvalidArgumentError', `${req.method} is not allowed here (${allowed.join(', ')})`);
+    throw new HttpError(404, 'NotFoundError', `no route ${req.method} ${url.pathname}`);
   }
 }

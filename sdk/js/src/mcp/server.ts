@@ -3,6 +3,7 @@
  */
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { type ConnectionOpts, connectionOpts } from '../connection';
+import { type DaemonFacts, daemonFacts, imagesText } from './facts';
 import { Session } from './session';
 import * as commands from './tools/commands';
 import * as files from './tools/files';
@@ -21,40 +22,63 @@ export interface McpServerOpts extends ConnectionOpts {
   maxCaptureChars?: number;
   /** Largest file read_file returns or write_file accepts, in bytes (default 1 MiB). */
   maxFileBytes?: number;
+  /** Most background commands one session follows at once (default 64). */
+  maxCommands?: number;
+  /** How often a long call sends a progress notification when asked for them, ms (default 1000). */
+  progressIntervalMs?: number;
+  /** What the daemon has (its images), for the descriptions; runMcpStdio asks it. */
+  facts?: DaemonFacts;
 }
 
 /** The tools, by name: handy for clients and for the tests. */
 export const MCP_TOOLS = [
   'sandbox_create',
+  'sandbox_wait',
   'sandbox_list',
   'sandbox_kill',
+  'sandbox_port',
   'run_command',
+  'command_output',
+  'command_kill',
   'read_file',
   'write_file',
   'list_files',
 ] as const;
 
+/** What the daemon has, for createMcpServer's descriptions. */
+export function askDaemon(opts: ConnectionOpts = {}): Promise<DaemonFacts> {
+  return daemonFacts(connectionOpts(opts));
+}
+
 /**
  * Makes the MCP server and its per-session state.  `close()` kills every
- * sandbox the session made.
+ * sandbox the session made (kept ones live on).
  */
 export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; close: () => Promise<void> } {
-  const session = new Session(connectionOpts(opts), {
-    maxSandboxes: opts.maxSandboxes ?? 16,
-    maxOutput: opts.maxOutputChars ?? 100_000,
-    maxFile: opts.maxFileBytes ?? 1 << 20,
-    maxCapture: opts.maxCaptureChars ?? 1 << 20,
-  });
+  const facts = opts.facts ?? { images: [] };
+  const session = new Session(
+    connectionOpts(opts),
+    {
+      maxSandboxes: opts.maxSandboxes ?? 16,
+      maxOutput: opts.maxOutputChars ?? 100_000,
+      maxFile: opts.maxFileBytes ?? 1 << 20,
+      maxCapture: opts.maxCaptureChars ?? 1 << 20,
+      maxCommands: opts.maxCommands ?? 64,
+      progressIntervalMs: opts.progressIntervalMs ?? 1000,
+    },
+    facts,
+  );
 
   const server = new McpServer(
     { name: 'tupper', version: '0.1.0' },
     {
       instructions:
-        'tupper sandboxes: isolated Linux boxes (busybox userland) to run untrusted code in. ' +
-        'Create one with sandbox_create, use its id with run_command and the file tools, and kill it ' +
-        'with sandbox_kill when done. Every sandbox of this session is killed when the session ends. ' +
-        'Commands and file tools act as the unprivileged account `user` in its home /home/user (as E2B; ' +
-        'root in / on an image without that account); pass user "root" to change system files.',
+        `tupper sandboxes${facts.version ? ` (daemon ${facts.version})` : ''}: isolated Linux boxes to run untrusted code in. ` +
+        `Images: ${imagesText(facts)}. ` +
+        'Create one with sandbox_create (it returns the id, the account commands act as and its home), use its id with run_command and the file tools, ' +
+        'and kill it with sandbox_kill when done. Every sandbox of this session is killed when the session ends, unless it was created with a name. ' +
+        'A long command: run_command with background: true, then command_output (waitMs to wait, offsets to read on). ' +
+        'Commands and file tools act as the sandbox\'s default account; pass user "root" to change system files.',
     },
   );
 

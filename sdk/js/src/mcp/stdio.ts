@@ -2,14 +2,16 @@
  * The MCP server on stdin/stdout, for as long as the client is there.
  */
 import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
-import { createMcpServer, type McpServerOpts } from './server';
+import { askDaemon, createMcpServer, type McpServerOpts } from './server';
 
 /**
  * Serves MCP on stdin/stdout until stdin closes or a signal comes, then
  * kills the session's sandboxes.  Resolves when the session is over.
  */
 export async function runMcpStdio(opts: McpServerOpts = {}): Promise<void> {
-  const { server, close } = createMcpServer(opts);
+  // the descriptions say what the daemon has
+  const facts = opts.facts ?? (await askDaemon(opts));
+  const { server, close } = createMcpServer({ ...opts, facts });
   const transport = new StdioServerTransport();
   let done!: () => void;
   const over = new Promise<void>((resolve) => {

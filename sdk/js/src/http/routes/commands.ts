@@ -11,22 +11,46 @@ import { boolean, checkPath, nonNegInt, onlyKeys, pidParam, sandboxParam, string
 import type { StartOpts } from '../processes';
 import type { Exchange, Router } from '../router';
 
-/** The command and its options, from the body of POST .../commands. */
-function runBody(b: Record<string, unknown>): { cmd: string; o: StartOpts; background: boolean } {
-  onlyKeys(b, ['cmd', 'cwd', 'envs', 'timeoutMs', 'stdin', 'background', 'user'], 'body');
+/**
+ * The command and its options, from the body of POST .../commands.  stdin:
+ * true keeps it open for POST .../stdin; text (`stdin`) or bytes
+ * (`stdinBase64`) are written to it, which is then closed.
+ */
+function runBody(b: Record<string, unknown>): { cmd: string; o: StartOpts; background: boolean; input?: Buffer } {
+  onlyKeys(b, ['cmd', 'cwd', 'envs', 'timeoutMs', 'stdin', 'stdinBase64', 'background', 'user'], 'body');
   if (typeof b.cmd !== 'string' || b.cmd === '') throw badRequest('cmd must be a non-empty string');
   const o: StartOpts = {};
   if (b.cwd !== undefined) o.cwd = checkPath(b.cwd, 'cwd');
   if (b.user !== undefined) o.user = userParam(b.user, 'user');
   if (b.envs !== undefined) o.envs = stringMap(b.envs, 'envs');
   if (b.timeoutMs !== undefined) o.timeoutMs = nonNegInt(b.timeoutMs, 'timeoutMs');
-  if (b.stdin !== undefined) o.stdin = boolean(b.stdin, 'stdin');
+  let input: Buffer | undefined;
+  if (b.stdin !== undefined && b.stdinBase64 !== undefined) throw badRequest('stdin and stdinBase64: give one');
+  if (typeof b.stdin === 'string') input = Buffer.from(b.stdin, 'utf8');
+  else if (b.stdin !== undefined) o.stdin = boolean(b.stdin, 'stdin (true, false, or text)');
+  if (b.stdinBase64 !== undefined) {
+    const t = b.stdinBase64;
+    if (typeof t !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(t) || t.length % 4 !== 0) throw badRequest('stdinBase64 must be base64');
+    input = Buffer.from(t, 'base64');
+  }
+  if (input !== undefined) o.stdin = true;
   const background = b.background !== undefined && boolean(b.background, 'background');
-  return { cmd: b.cmd, o, background };
+  return { cmd: b.cmd, o, background, input };
+}
+
+/** Writes input to the command's stdin and closes it; a command that ended first is no error. */
+async function feed(ctx: ServerContext, id: string, pid: number, input: Buffer): Promise<void> {
+  try {
+    const s = await ctx.boxes.box(id);
+    if (input.length) await s.commands.sendStdin(pid, input);
+    await s.commands.closeStdin(pid);
+  } catch {
+    // it ended (or its sandbox went) without reading it all: its exit says more
+  }
 }
 
 /** Runs cmd, its output streamed to the client; a client that leaves or reads too slowly kills it. */
-async function runForeground(ctx: ServerContext, c: Exchange, id: string, cmd: string, o: StartOpts): Promise<void> {
+async function runForeground(ctx: ServerContext, c: Exchange, id: string, cmd: string, o: StartOpts, input: Buffer | undefined): Promise<void> {
   const { processes, maxOutput } = ctx;
   const out = new EventWriter(c.req, c.res, maxOutput);
   let pid = 0;
@@ -43,11 +67,12 @@ async function runForeground(ctx: ServerContext, c: Exchange, id: string, cmd: s
       // the reader does not keep up: the command is killed rather than
       // its output piling up here without bound
       overflow = true;
-      out.send({ type: 'error', error: { type: 'OutputOverflow', message: `the client read too slowly (over ${maxOutput} bytes waiting): the command was killed` } });
+      out.send({ type: 'error', error: { type: 'RateLimitError', message: `the client read too slowly (over ${maxOutput} bytes waiting): the command was killed` } });
       kill();
     }
   });
   out.start({ type: 'start', pid });
+  if (input !== undefined) void feed(ctx, id, pid, input);
   c.res.on('close', () => {
     // the client went away before the end: a foreground command goes too
     if (!ended) kill();
@@ -73,7 +98,7 @@ async function follow(ctx: ServerContext, c: Exchange): Promise<void> {
   await new Promise<void>((resolve) => {
     const reader = (e: Event) => {
       if (!out.send(e)) {
-        out.send({ type: 'error', error: { type: 'OutputOverflow', message: 'the client read too slowly; the command runs on' } });
+        out.send({ type: 'error', error: { type: 'RateLimitError', message: 'the client read too slowly; the command runs on' } });
         finish();
       } else if (isEnd(e)) finish();
     };
@@ -92,9 +117,10 @@ export function register(router: Router, ctx: ServerContext): void {
 
   router.route('POST', '/sandboxes/{id}/commands', async (c) => {
     const id = sandboxParam(c);
-    const { cmd, o, background } = runBody(await readJson(c.req, ctx.maxJson));
-    if (!background) return runForeground(ctx, c, id, cmd, o);
+    const { cmd, o, background, input } = runBody(await readJson(c.req, ctx.maxJson));
+    if (!background) return runForeground(ctx, c, id, cmd, o, input);
     const pid = await processes.startBackground(id, cmd, o);
+    if (input !== undefined) await feed(ctx, id, pid, input);
     sendJson(c.res, 201, { pid });
   });
 
@@ -122,7 +148,7 @@ export function register(router: Router, ctx: ServerContext): void {
     let n = 0;
     for await (const chunk of c.req as AsyncIterable<Buffer>) {
       n += chunk.length;
-      if (n > maxBody) throw new HttpError(413, 'PayloadTooLarge', `a body is at most ${maxBody} bytes (the first ${n - chunk.length} were written)`);
+      if (n > maxBody) throw new HttpError(413, 'InvalidArgumentError', `a body is at most ${maxBody} bytes (the first ${n - chunk.length} were written)`);
       await boxes.onBox(id, () => s.commands.sendStdin(pid, chunk));
     }
     sendJson(c.res, 200, { written: n });

@@ -9,7 +9,7 @@ import { actingAs, fromHome } from '../../account';
 import { asBuffer, CHUNK, inChunks } from '../../chunks';
 import { type Connection, withConnection } from '../../connection';
 import type { EntryInfo } from '../../entry';
-import { ErrorCode, NotFoundError } from '../../errors';
+import { ErrorCode, NotFoundError, SandboxError } from '../../errors';
 import { decodeData } from '../../wire';
 import type { BoxCache } from '../box-cache';
 import { checkRawLength, drained, readJson, sendJson } from '../body';
@@ -78,7 +78,7 @@ async function* bounded(req: AsyncIterable<Buffer>, max: number): AsyncGenerator
   let n = 0;
   for await (const chunk of req) {
     n += chunk.length;
-    if (n > max) throw new HttpError(413, 'PayloadTooLarge', `a body is at most ${max} bytes`);
+    if (n > max) throw new HttpError(413, 'InvalidArgumentError', `a body is at most ${max} bytes`);
     yield chunk;
   }
 }
@@ -93,6 +93,16 @@ function uploadName(path: string): string {
   const base = nodePath.posix.basename(path);
   if (base === '' || base === '.' || base === '..' || path.endsWith('/')) throw badRequest(`${path} does not name a file`);
   return nodePath.posix.join(dir, `.${base.slice(0, 200)}.upload-${crypto.randomBytes(6).toString('hex')}`);
+}
+
+/**
+ * An error about the upload's temporary file, told of the path the client
+ * named: the temporary name is the server's business.
+ */
+function ofTarget(e: unknown, tmp: string, path: string): unknown {
+  if (!(e instanceof SandboxError) || !e.message.includes(tmp)) return e;
+  const Kind = e.constructor as new (m: string, o: { code?: number; data?: unknown; cause?: unknown }) => SandboxError;
+  return new Kind(e.message.split(tmp).join(path), { code: e.code, data: e.data, cause: e });
 }
 
 /** PUT: the body written to tmp, then renamed to the target's path. Resolves with the size written. */
@@ -120,6 +130,8 @@ async function upload(d: Connection, c: Exchange, { id, path, as }: FileTarget, 
     await d.call('fs.rename', { sandbox: id, from: tmp, to: path, ...as });
     wrote = false;
     return offset;
+  } catch (e) {
+    throw ofTarget(e, tmp, path);
   } finally {
     if (wrote) await d.call('fs.remove', { sandbox: id, path: tmp, ...as }).catch(() => {});
   }

@@ -1,52 +1,101 @@
 /**
  * /sandboxes: create, list, describe, kill, lifetime, pause and resume,
- * metrics.
+ * metrics, ports, network rules and log.
  */
+import * as nodePath from 'node:path';
+import { withConnection } from '../../connection';
 import { ErrorCode, SandboxError } from '../../errors';
-import { dropConnection, IMAGE_CREATE_TIMEOUT_MS, Sandbox } from '../../sandbox';
-import type { SandboxInfo, SandboxState } from '../../sandbox-info';
-import type { SandboxOpts } from '../../sandbox-opts';
+import { policyParam } from '../../policy';
+import { IMAGE_CREATE_TIMEOUT_MS, RECIPE_CREATE_TIMEOUT_MS, Sandbox } from '../../sandbox';
+import { type SandboxInfo, type SandboxState, toInfo } from '../../sandbox-info';
+import type { NetworkLogEntry, NetworkRules } from '../../sandbox-opts';
 import { readJson, sendJson } from '../body';
+import { createParams, type ServerCreateOpts } from '../create-params';
 import type { ServerContext } from '../context';
 import { badRequest, HttpError } from '../errors';
 import { checkPath, limitsValue, nonNegInt, onlyKeys, sandboxParam, stringMap } from '../params';
 import type { Exchange, Router } from '../router';
 
+/** Network rules from a body: "none", "all" or {allow, deny} of strings. */
+function networkValue(v: unknown, what: string): NetworkRules {
+  if (v === 'none' || v === 'all') return v;
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) throw badRequest(`${what} must be "none", "all" or {allow, deny}`);
+  const n = v as Record<string, unknown>;
+  onlyKeys(n, ['allow', 'deny'], what);
+  const out: { allow?: string[]; deny?: string[] } = {};
+  for (const k of ['allow', 'deny'] as const) {
+    const list = n[k];
+    if (list === undefined) continue;
+    if (!Array.isArray(list) || list.length > 256 || !list.every((r) => typeof r === 'string' && r !== '' && r.length <= 512)) {
+      throw badRequest(`${what}.${k} must be an array of at most 256 rules (non-empty strings)`);
+    }
+    out[k] = list as string[];
+  }
+  return out;
+}
+
+/** A recipe or policy given as its text: {source, name?, lock?}. */
+function textValue(v: unknown, what: string, keys: string[]): { source: string; name?: string; lock?: string } {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) throw badRequest(`${what} must be {${keys.join(', ')}}`);
+  const t = v as Record<string, unknown>;
+  onlyKeys(t, keys, what);
+  if (typeof t.source !== 'string' || t.source === '') throw badRequest(`${what}.source must be a non-empty string`);
+  const out: { source: string; name?: string; lock?: string } = { source: t.source };
+  for (const k of ['name', 'lock'] as const) {
+    if (t[k] === undefined) continue;
+    if (typeof t[k] !== 'string') throw badRequest(`${what}.${k} must be a string`);
+    out[k] = t[k] as string;
+  }
+  return out;
+}
+
 /** The options of a create, from its body. */
-function createOpts(ctx: ServerContext, b: Record<string, unknown>): SandboxOpts {
-  onlyKeys(b, ['image', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd'], 'body');
-  const o: SandboxOpts = { ...ctx.conn };
+function createOpts(b: Record<string, unknown>): ServerCreateOpts {
+  onlyKeys(b, ['image', 'recipe', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd', 'network', 'policy'], 'body');
+  const o: ServerCreateOpts = {};
   if (b.image !== undefined) {
     if (typeof b.image !== 'string' || b.image === '' || b.image.length > 512) throw badRequest('image must be a non-empty string');
     o.image = b.image;
   }
+  if (b.recipe !== undefined) o.recipe = typeof b.recipe === 'string' ? b.recipe : textValue(b.recipe, 'recipe', ['source', 'name', 'lock']);
   if (b.envs !== undefined) o.envs = stringMap(b.envs, 'envs');
   if (b.metadata !== undefined) o.metadata = stringMap(b.metadata, 'metadata');
   if (b.timeoutMs !== undefined) o.timeoutMs = nonNegInt(b.timeoutMs, 'timeoutMs');
   if (b.limits !== undefined) o.limits = limitsValue(b.limits);
   if (b.cwd !== undefined) o.cwd = checkPath(b.cwd, 'cwd');
+  if (b.network !== undefined) o.network = networkValue(b.network, 'network');
+  if (b.policy !== undefined) o.policy = textValue(b.policy, 'policy', ['source', 'name']);
   return o;
 }
 
+/**
+ * POST /sandboxes.  The server's own policy (the nearest tupper.lua from
+ * its working directory, as the SDK and the CLI send) binds what it makes;
+ * a client's policy is taken only when the server has none, so that a
+ * client cannot trade the server's policy for a laxer one.  (The daemon's
+ * own --policy binds every sandbox whatever is sent.)
+ */
 async function create(ctx: ServerContext, c: Exchange): Promise<void> {
-  const o = createOpts(ctx, await readJson(c.req, ctx.maxJson, true));
-  // a create naming an image may pull it first (minutes): its connection
-  // waits longer, and is let go after; later calls use a normal one
-  const pulling = o.image !== undefined && ctx.conn.requestTimeoutMs === undefined;
-  if (pulling) o.requestTimeoutMs = IMAGE_CREATE_TIMEOUT_MS;
-  let s: Sandbox;
+  const o = createOpts(await readJson(c.req, ctx.maxJson, true));
+  const own = await policyParam(undefined);
+  if (own !== undefined && o.policy !== undefined) {
+    throw new HttpError(403, 'PolicyError', `this server binds its sandboxes with its own policy (${nodePath.basename(own.name)}): a client's policy is not taken`);
+  }
+  const params = createParams(o);
+  if (own !== undefined) params.policy = own;
+  // a create naming an image may pull it first, a recipe's first create
+  // runs its setup (minutes): its call waits longer
+  const wait = ctx.conn.requestTimeoutMs ?? (o.recipe !== undefined ? RECIPE_CREATE_TIMEOUT_MS : o.image !== undefined ? IMAGE_CREATE_TIMEOUT_MS : undefined);
+  let r: Record<string, unknown>;
   try {
-    s = await Sandbox.create(o);
+    r = await withConnection(ctx.conn, (d) => d.call<Record<string, unknown>>('sandbox.create', params, wait !== undefined ? { timeoutMs: wait } : {}));
   } catch (e) {
     // the daemon could not make it (an image it lacks, a limit the host
-    // cannot enforce): the request is understood but cannot be done
-    if (e instanceof SandboxError && e.code === ErrorCode.Sandbox) throw new HttpError(422, e.name, e.message);
+    // cannot enforce, a recipe that fails): understood but cannot be done
+    if (e instanceof SandboxError && e.code === ErrorCode.Sandbox) throw new HttpError(422, 'SandboxError', e.message);
     throw e;
   }
-  const info = await s.getInfo();
-  if (pulling) dropConnection(s);
-  else ctx.boxes.remember(s.sandboxId, Promise.resolve(s));
-  sendJson(c.res, 201, info);
+  sendJson(c.res, 201, toInfo(r));
 }
 
 async function list(ctx: ServerContext, c: Exchange): Promise<void> {
@@ -92,7 +141,7 @@ export function register(router: Router, ctx: ServerContext): void {
     const id = sandboxParam(c);
     const killed = await Sandbox.kill(id, conn);
     boxes.evict(id);
-    if (!killed) throw new HttpError(404, 'SandboxNotFoundError', `no sandbox ${id}`);
+    if (!killed) throw new HttpError(404, 'NotFoundError', `no sandbox ${id}`);
     sendJson(c.res, 200, { killed: true });
   });
 
@@ -126,5 +175,30 @@ export function register(router: Router, ctx: ServerContext): void {
     const id = sandboxParam(c);
     const [m] = await boxes.onBox(id, (s) => s.getMetrics());
     sendJson(c.res, 200, m);
+  });
+
+  router.route('POST', '/sandboxes/{id}/ports', async (c) => {
+    const id = sandboxParam(c);
+    const b = await readJson(c.req, ctx.maxJson);
+    onlyKeys(b, ['port'], 'body');
+    const port = b.port;
+    if (typeof port !== 'number' || !Number.isInteger(port) || port < 1 || port > 65535) throw badRequest('port must be an integer from 1 to 65535');
+    const host = await boxes.onBox(id, (s) => s.getHost(port));
+    sendJson(c.res, 200, { port, host });
+  });
+
+  router.route('PUT', '/sandboxes/{id}/network', async (c) => {
+    const id = sandboxParam(c);
+    const b = await readJson(c.req, ctx.maxJson);
+    onlyKeys(b, ['network'], 'body');
+    const network = networkValue(b.network, 'network');
+    await boxes.onBox(id, (s) => s.updateNetwork(network));
+    sendJson(c.res, 200, { network });
+  });
+
+  router.route('GET', '/sandboxes/{id}/network/log', async (c) => {
+    const id = sandboxParam(c);
+    const entries: NetworkLogEntry[] = await boxes.onBox(id, (s) => s.getNetworkLog());
+    sendJson(c.res, 200, { entries });
   });
 }

@@ -5,7 +5,7 @@
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { z } from 'zod';
 import { InvalidArgumentError } from '../../errors';
-import { account, filePath, sandboxId } from '../schemas';
+import * as S from '../schemas';
 import type { Session } from '../session';
 import { ok, type ToolResult, tool } from '../tool';
 
@@ -26,7 +26,7 @@ async function read(session: Session, id: string, path: string, enc: 'utf8' | 'b
   } catch {
     throw new InvalidArgumentError(`${path} is not valid UTF-8: read it with encoding "base64"`);
   }
-  return { content: [{ type: 'text', text }], structuredContent: { path, size: bytes.length, encoding: 'utf8', content: text } };
+  return ok({ path, size: bytes.length, encoding: 'utf8', content: text });
 }
 
 async function write(session: Session, id: string, path: string, content: string, enc: 'utf8' | 'base64' | undefined, user: string | undefined): Promise<ToolResult> {
@@ -52,13 +52,20 @@ export function register(server: McpServer, session: Session): void {
     'read_file',
     {
       title: 'Read a file',
-      description: `Reads a whole file of a sandbox (at most ${maxFile} bytes): as UTF-8 text (the default) or base64. Acts as the sandbox's default account (\`user\`) unless user says otherwise.`,
+      description: `Reads a whole file of a sandbox (at most ${maxFile} bytes): as UTF-8 text (the default) or base64. Acts as the sandbox's default account unless user says otherwise.`,
       inputSchema: {
-        sandboxId,
-        path: filePath,
+        sandboxId: S.sandboxId(),
+        path: S.filePath(),
         encoding: z.enum(['utf8', 'base64']).optional().describe('utf8 (default) or base64 for binary files.'),
-        user: account.optional(),
+        user: S.account().optional(),
       },
+      outputSchema: {
+        path: z.string(),
+        size: z.number().int().describe('Bytes.'),
+        encoding: z.enum(['utf8', 'base64']),
+        content: z.string().describe('The text, or base64.'),
+      },
+      annotations: { readOnlyHint: true, openWorldHint: false },
     },
     ({ sandboxId: id, path, encoding: enc, user }) => session.guarded(() => read(session, id, path, enc, user)),
   );
@@ -68,14 +75,16 @@ export function register(server: McpServer, session: Session): void {
     'write_file',
     {
       title: 'Write a file',
-      description: `Writes a file in a sandbox, replacing it; missing parent directories are created. At most ${maxFile} bytes. Acts as the sandbox's default account (\`user\`: the file is its own, and it cannot write where it has no permission, e.g. /etc) unless user says otherwise.`,
+      description: `Writes a file in a sandbox, replacing it; missing parent directories are created. At most ${maxFile} bytes. Acts as the sandbox's default account (the file is its own; it cannot write where it may not, e.g. /etc) unless user says otherwise.`,
       inputSchema: {
-        sandboxId,
-        path: filePath,
+        sandboxId: S.sandboxId(),
+        path: S.filePath(),
         content: z.string().max(Math.ceil((maxFile * 4) / 3) + 4).describe('The content: text, or base64 when encoding is base64.'),
         encoding: z.enum(['utf8', 'base64']).optional().describe('utf8 (default) or base64.'),
-        user: account.optional(),
+        user: S.account().optional(),
       },
+      outputSchema: { path: z.string(), size: z.number().int().describe('Bytes written.') },
+      annotations: { readOnlyHint: false, destructiveHint: true, idempotentHint: true, openWorldHint: false },
     },
     ({ sandboxId: id, path, content, encoding: enc, user }) => session.guarded(() => write(session, id, path, content, enc, user)),
   );
@@ -85,8 +94,21 @@ export function register(server: McpServer, session: Session): void {
     'list_files',
     {
       title: 'List a directory',
-      description: "Lists the entries of a directory in a sandbox, sorted by name: name, type (file, dir, symlink, other), size, permissions. Acts as the sandbox's default account (`user`) unless user says otherwise.",
-      inputSchema: { sandboxId, path: filePath, user: account.optional() },
+      description: "Lists the entries of a directory in a sandbox, sorted by name: name, type (file, dir, symlink, other), size, permissions. Acts as the sandbox's default account unless user says otherwise.",
+      inputSchema: { sandboxId: S.sandboxId(), path: S.filePath(), user: S.account().optional() },
+      outputSchema: {
+        path: z.string(),
+        entries: z.array(
+          z.object({
+            name: z.string(),
+            type: z.string().describe('file, dir, symlink or other.'),
+            size: z.number().int(),
+            permissions: z.string(),
+            symlinkTarget: z.string().optional(),
+          }),
+        ),
+      },
+      annotations: { readOnlyHint: true, openWorldHint: false },
     },
     ({ sandboxId: id, path, user }) =>
       session.guarded(async () => {
