@@ -3,6 +3,7 @@
 -- the default account.  Methods of the daemon (daemon/main.lua mixes them in).
 local core = require("tupper.core")
 local async = require("tupper.util.async")
+local schema = require("tupper.wire.schema")
 local sandbox = require("tupper.daemon.sandbox")
 local guard = require("tupper.recipe.guard")
 local registry = require("tupper.image.registry")
