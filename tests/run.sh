@@ -56,6 +56,8 @@ suite "sdk/js" sh -c "cd sdk/js && npm ci --no-audit --no-fund >/dev/null && npm
 (cd sdk/js && exec timeout -k 15 720 node --test test/slow/mcp-long.test.mjs) \
   >"$TMPDIR/mcp-long.log" 2>&1 &
 mcp_long=$!
+# the framework adapters (docs/adapters.md): each on its newest and its lowest supported framework
+suite "sdk/adapters" sh sdk/adapters/test.sh
 # Debian's python3 and python3-pytest (not a pyenv python first in PATH);
 # pytest's exit 5 (no test ran) fails the suite like any other non-zero exit
 suite "sdk/python" env PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m pytest -q -p no:cacheprovider sdk/python/tests

@@ -468,6 +468,8 @@ describe("the daemon", function()
       ["fs.symlink"] = { sandbox = id, path = "/lnk", target = "f" },
       ["fs.remove"] = { sandbox = id, path = "/h" },
       ["recipe.build"] = { recipe = { name = "default" } },
+      ["recipe.register"] = { name = "sample", source = 'return recipe "sample" {}' },
+      ["recipe.list"] = {}, ["recipe.remove"] = { name = "sample" },
       ["sandbox.update_network"] = { id = id, network = { allow = { "example.com:443" } } },
       ["sandbox.network_log"] = { id = id },
       ["sandbox.expose"] = { id = id, port = 8000 },
@@ -482,6 +484,7 @@ describe("the daemon", function()
       "sandbox.metrics", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
       "fs.rename", "fs.remove", "fs.setattr", "fs.symlink", "recipe.build",
+      "recipe.register", "recipe.list", "recipe.remove",
       "sandbox.update_network", "sandbox.network_log", "sandbox.expose",
       "image.import", "image.list", "image.inspect", "image.remove", "image.prune",
       "process.connect", "pty.create", "fs.watch" }

@@ -219,7 +219,7 @@ M.VERBS = {
   { name = "logs", group = "sandboxes", daemon = true,
     synopsis = "[OPTIONS] ID [PID]",
     summary = "a sandbox's process output, or its network decisions",
-    description = { "With no PID, lists the sandbox's processes started through the API; with a PID, prints what it wrote lately (the daemon keeps 64 KiB), and with -f follows it until it exits (the exit code is then the process's). With --network, the sandbox's network decisions: each connection allowed or denied, and why." },
+    description = { "With no PID, lists the sandbox's processes started through the API, and its last 16 exited ones with how they ended; with a PID, prints what it wrote lately (the daemon keeps 64 KiB, exited or not), and with -f follows it until it exits (the exit code is then the process's). With --network, the sandbox's network decisions: each connection allowed or denied, and why." },
     options = { "network-log", "json", "follow", "tail" },
     args = { ID, { name = "PID", kind = "string", optional = true } },
     examples = { { "tupper logs $id", "its processes" }, { "tupper logs -f --tail 20 $id 12", "" },

@@ -10,6 +10,8 @@ local registry = require("tupper.image.registry")
 local build = require("tupper.recipe.build")
 local policy = require("tupper.recipe.policy")
 local setup = require("tupper.recipe.setup")
+local start = require("tupper.recipe.start")
+local templates = require("tupper.daemon.templates")
 local backends = require("tupper.backend.registry")
 local limits = require("tupper.daemon.limits")
 local units = require("tupper.util.units")
@@ -95,6 +97,20 @@ D._pull = D.pull_image -- the image store's pull-on-first-use hook
 -- parameters"), so that the policies cap and judge what will really run.
 -- Returns the params and the loaded recipe, or nil, err.
 function D:_recipe_params(p)
+  if p.template then
+    -- a template's name: a registered recipe, a shipped one, else an image
+    if p.image or p.recipe then return nil, "'template' names the image or recipe: not with 'image' or 'recipe'" end
+    local q = {}
+    for k, v in pairs(p) do q[k] = v end
+    q.template = nil
+    local spec = templates.resolve(self, p.template)
+    if not spec then
+      q.image = p.template
+      return q
+    end
+    q.recipe = spec
+    p = q
+  end
   if p.image then
     return nil, "'image' and 'recipe' together: the recipe names its image"
   end
@@ -172,9 +188,10 @@ local function apply_image(sb, img, p)
   sb.env = env
   local cfg = img and img.config or {}
   sb.cwd = p.cwd or cfg.workdir or "/"
-  -- a working directory the sandbox was given (not the fallback /): the
-  -- TypeScript SDK starts commands there rather than in the account's home
-  sb.workdir = p.cwd or (cfg.workdir ~= "" and cfg.workdir) or nil
+  -- a working directory the sandbox was given (not the fallback /, which
+  -- is also what an image without WorkingDir reads as): the TypeScript SDK
+  -- starts commands there rather than in the account's home, as E2B does
+  sb.workdir = p.cwd or (cfg.workdir ~= "" and cfg.workdir ~= "/" and cfg.workdir) or nil
   local user = cfg.user
   sb.user = user ~= "root" and user ~= "0" and user ~= "0:0" and user or nil
 end
@@ -354,6 +371,18 @@ function D:_finish_create(p, b, lim, plan, img, image)
   self:_hook_connect(sb)
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
+  if plan and plan.recipe.start then
+    -- the recipe's start command, and its ready check the create waits for
+    local ok, serr = start.run(sb, plan.recipe.start, guard.policies_of(self, sb))
+    if not ok then
+      sb:destroy()
+      return nil, ("%s: %s"):format(plan.recipe.origin and plan.recipe.origin.file or plan.recipe.name, serr)
+    end
+    if self.stopping then
+      sb:destroy()
+      return nil, "the daemon is shutting down"
+    end
+  end
   return sb
 end
 

@@ -96,7 +96,7 @@ function Daemon:_request(conn, msg)
     end
   end
   local loaded
-  if msg.method == "sandbox.create" and params.recipe then
+  if msg.method == "sandbox.create" and (params.recipe or params.template) then
     params, loaded = self:_recipe_params(params)
     if not params then
       if is_call then return conn:error(id, rpc.SANDBOX_ERROR, loaded) end
@@ -252,6 +252,7 @@ function Daemon:shutdown()
     end
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
     if self.idle_timer then self.idle_timer:close(); self.idle_timer = nil end
+    require("tupper.daemon.metrics").stop(self)
     for _, pull in pairs(self.pulls) do if pull.session then pull.session:cancel() end end
     for _, pool in ipairs(self.pools) do
       local boxes = pool.boxes
@@ -422,6 +423,7 @@ function M.run(opts)
     local nok, nerr = self.notify("READY=1")
     if not nok then log("sd_notify READY=1: %s", tostring(nerr)) end
     self:_refill()
+    require("tupper.daemon.metrics").start(self) -- sandbox.metrics's series
   end)
   uv.run()
   return code

@@ -73,7 +73,8 @@ M.methods = {
     params = { image = { type = "string", min = 1, max = 256 },
                env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS, network = NETWORK,
                kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE,
-               backend = M.BACKEND, accel = { type = "enum", values = { "kvm", "tcg", "auto" } } },
+               backend = M.BACKEND, template = { type = "string", min = 1, max = 256 },
+               accel = { type = "enum", values = { "kvm", "tcg", "auto" } } },
     result = { "id", "image", "backend", "state", "created_at", "metadata", "limits", "timeout",
                "default_user", "home" },
   },
@@ -81,6 +82,23 @@ M.methods = {
     doc = "Builds a recipe's layer (files and setup) unless cached, and returns what a lockfile of it pins.",
     params = { recipe = RECIPE, required = { "recipe" } },
     result = { "recipe", "image", "image_digest", "layer", "cached", "lock" },
+  },
+  ["recipe.register"] = {
+    doc = "Keeps a recipe (its source text) under a name, across restarts: sandbox.create's `template` finds it; `build` builds its layer first.",
+    params = { name = { type = "string", min = 1, max = 256 }, source = RECIPE.fields.source,
+               file = { type = "string", min = 1, max = 256 }, lock = RECIPE.fields.lock,
+               build = { type = "boolean" }, logs = ID, required = { "name", "source" } },
+    result = { "name", "recipe", "file", "sha256", "registered_at", "locked", "build" },
+  },
+  ["recipe.list"] = {
+    doc = "The recipes registered with the daemon, by name.",
+    params = {},
+    result = { "recipes" },
+  },
+  ["recipe.remove"] = {
+    doc = "Forgets a registered recipe; false when there was none.  Its cached layer stays.",
+    params = { name = { type = "string", min = 1, max = 256 }, required = { "name" } },
+    result = { "removed" },
   },
   ["sandbox.get"] = {
     doc = "Describes one sandbox.",
@@ -99,8 +117,8 @@ M.methods = {
     result = { "state" },
   },
   ["sandbox.metrics"] = {
-    doc = "The sandbox's resource counters, from its cgroup.",
-    params = { id = ID, required = { "id" } },
+    doc = "The sandbox's resource counters, from its cgroup; with series, also its recent samples.",
+    params = { id = ID, series = { type = "boolean" }, required = { "id" } },
     result = { "cpu_usage_usec", "memory_bytes", "pids", "oom_kills" },
   },
   ["sandbox.set_timeout"] = {
@@ -150,8 +168,10 @@ M.methods = {
   },
   ["process.connect"] = {
     doc = "Attaches this connection to a running process: the reply carries its recent output "
-      .. "(the last 64 KiB the daemon kept), then its output and exit arrive as notifications.",
-    params = { sandbox = ID, pid = PID, encoding = ENCODING, required = { "sandbox", "pid" } },
+      .. "(the last 64 KiB the daemon kept), then its output and exit arrive as notifications. "
+      .. "exited = true also takes one of the box's last 16 exited processes: the reply then has its exit.",
+    params = { sandbox = ID, pid = PID, encoding = ENCODING, exited = { type = "boolean" },
+               required = { "sandbox", "pid" } },
     result = { "pid", "output", "dropped" },
   },
   ["pty.create"] = {
@@ -193,8 +213,9 @@ M.methods = {
     result = {},
   },
   ["process.list"] = {
-    doc = "Lists the running processes started through the API.",
-    params = { sandbox = ID, required = { "sandbox" } },
+    doc = "Lists the running processes started through the API; exited = true adds the box's "
+      .. "last 16 exited ones, each with its exit.",
+    params = { sandbox = ID, exited = { type = "boolean" }, required = { "sandbox" } },
     result = { "processes" },
   },
   ["fs.read"] = {
@@ -293,6 +314,7 @@ M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out", "oom_killed" },
   ["image.progress"] = { "ref", "done", "total" },
+  ["recipe.log"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["fs.event"] = { "sandbox", "watch", "type", "name", "message" }, -- and name_raw (docs/protocol.md)
 }
 

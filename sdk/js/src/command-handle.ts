@@ -5,7 +5,7 @@
  */
 import { StringDecoder } from 'node:string_decoder';
 import type { Commands } from './commands';
-import { CommandExitError, type CommandResult, NotFoundError, SandboxError, TimeoutError } from './errors';
+import { CommandExitError, type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, TimeoutError } from './errors';
 import type { SandboxLink } from './link';
 import { decodeData, exitStatus, outputStream } from './wire';
 
@@ -15,6 +15,74 @@ export interface HandleOpts {
   onStderr?: (data: string) => void | Promise<void>;
   /** A terminal's raw bytes (pty.create): output goes here, not to stdout. */
   onData?: (data: Uint8Array) => void | Promise<void>;
+  /** Most bytes kept per stream (the newest); undefined: all. */
+  maxOutputBytes?: number;
+}
+
+/**
+ * A command was aborted through the AbortSignal it was started with: it was
+ * killed (or never started).  `result` holds what it wrote until then.
+ */
+export class AbortError extends SandboxError {
+  /** The output until the abort, and the kill's exit status, when it had started. */
+  readonly result?: CommandResult;
+
+  constructor(message: string, reason?: unknown, result?: CommandResult) {
+    super(message, reason === undefined ? {} : { cause: reason });
+    this.name = 'AbortError';
+    if (result) this.result = result;
+  }
+}
+
+/** A maxOutputBytes the caller gave: an integer 0 or more (or Infinity), else InvalidArgumentError. */
+export function checkMaxOutputBytes(n: unknown, what: string): number | undefined {
+  if (n === undefined || n === Infinity) return undefined;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) throw new InvalidArgumentError(`${what}: bad maxOutputBytes ${String(n)}`);
+  return n;
+}
+
+/**
+ * The output of one stream as a handle keeps it: all of it, or its newest
+ * `max` bytes (cut at a character boundary), with the count dropped.
+ */
+class Retained {
+  private parts: string[] = [];
+  private bytes = 0;
+  private cache: string | undefined = '';
+  dropped = 0;
+
+  constructor(private readonly max: number | undefined) {}
+
+  add(text: string): void {
+    this.parts.push(text);
+    this.cache = undefined;
+    if (this.max === undefined) return;
+    this.bytes += Buffer.byteLength(text, 'utf8');
+    while (this.bytes > this.max) {
+      const first = Buffer.from(this.parts[0], 'utf8');
+      const excess = this.bytes - this.max;
+      if (first.length <= excess) {
+        this.parts.shift();
+        this.bytes -= first.length;
+        this.dropped += first.length;
+        continue;
+      }
+      // drop the first `excess` bytes, and the rest of a character they split
+      let cut = excess;
+      while (cut < first.length && (first[cut] & 0xc0) === 0x80) cut++;
+      this.parts[0] = first.subarray(cut).toString('utf8');
+      this.bytes -= cut;
+      this.dropped += cut;
+    }
+  }
+
+  toString(): string {
+    if (this.cache === undefined) {
+      this.cache = this.parts.join('');
+      this.parts = this.cache === '' ? [] : [this.cache];
+    }
+    return this.cache;
+  }
 }
 
 function gone(sandboxId: string, why: string): TimeoutError {
@@ -45,8 +113,11 @@ export class CommandHandle implements Partial<CommandResult> {
   readonly pid: number;
   private readonly link: SandboxLink;
   private readonly commands: Commands;
-  private out = '';
-  private err = '';
+  private readonly out: Retained;
+  private readonly err: Retained;
+  private readonly capped: boolean;
+  private abortedBy: { reason: unknown } | undefined;
+  private dropAbort: () => void = () => {};
   private readonly decoders = { stdout: new StringDecoder('utf8'), stderr: new StringDecoder('utf8') };
   private readonly onStdout?: (d: string) => void | Promise<void>;
   private readonly onStderr?: (d: string) => void | Promise<void>;
@@ -68,6 +139,9 @@ export class CommandHandle implements Partial<CommandResult> {
     this.onStdout = opts.onStdout;
     this.onStderr = opts.onStderr;
     this.onData = opts.onData;
+    this.out = new Retained(opts.maxOutputBytes);
+    this.err = new Retained(opts.maxOutputBytes);
+    this.capped = opts.maxOutputBytes !== undefined;
     this.done = new Promise<CommandResult>((resolve, reject) => {
       this.settle = { resolve, reject };
     });
@@ -83,11 +157,15 @@ export class CommandHandle implements Partial<CommandResult> {
 
   /** Everything the command wrote to stdout so far. */
   get stdout(): string {
-    return this.out;
+    return this.out.toString();
   }
   /** Everything the command wrote to stderr so far. */
   get stderr(): string {
-    return this.err;
+    return this.err.toString();
+  }
+  /** True when maxOutputBytes made it drop older output of a stream. */
+  get truncated(): boolean {
+    return this.out.dropped + this.err.dropped > 0;
   }
   /** Its exit code, once it ended. */
   get exitCode(): number | undefined {
@@ -145,8 +223,25 @@ export class CommandHandle implements Partial<CommandResult> {
     this.link.conn.hold();
   }
 
+  /** @internal kills the command when signal aborts (at once if it did already) */
+  _abortOn(signal: AbortSignal): void {
+    if (this.finished) return;
+    const onAbort = (): void => {
+      if (this.finished || this.abortedBy) return;
+      this.abortedBy = { reason: signal.reason };
+      this.killedByUs = true;
+      this.commands.kill(this.pid).catch(() => {
+        // the connection is gone: the close handler fails the handle
+      });
+    };
+    if (signal.aborted) return onAbort();
+    signal.addEventListener('abort', onAbort, { once: true });
+    this.dropAbort = () => signal.removeEventListener('abort', onAbort);
+  }
+
   private cleanup(): void {
     this.finished = true;
+    this.dropAbort();
     this.link.conn.unsubscribe(this.link.sandboxId, this.pid);
     this.dropCloseHandler();
     this.commands._forget(this);
@@ -171,10 +266,10 @@ export class CommandHandle implements Partial<CommandResult> {
   private push(stream: 'stdout' | 'stderr', text: string): void {
     if (text === '') return;
     if (stream === 'stdout') {
-      this.out += text;
+      this.out.add(text);
       if (this.onStdout) void Promise.resolve(this.onStdout(text)).catch(() => {});
     } else {
-      this.err += text;
+      this.err.add(text);
       if (this.onStderr) void Promise.resolve(this.onStderr(text)).catch(() => {});
     }
   }
@@ -210,12 +305,19 @@ export class CommandHandle implements Partial<CommandResult> {
 
   private async onExit(p: Record<string, unknown>): Promise<void> {
     const { exitCode, signal, error } = exitStatus(p);
-    const result: CommandResult = { exitCode, stdout: this.out, stderr: this.err };
+    const result: CommandResult = { exitCode, stdout: this.stdout, stderr: this.stderr };
     if (error !== undefined) result.error = error;
+    if (this.capped) {
+      result.truncated = this.truncated;
+      result.stdoutDroppedBytes = this.out.dropped;
+      result.stderrDroppedBytes = this.err.dropped;
+    }
     this.result = result;
     this.finished = true;
     let failure: Error | undefined;
-    if (p.timed_out === true) {
+    if (this.abortedBy) {
+      failure = new AbortError(`command ${this.pid} was aborted`, this.abortedBy.reason, result);
+    } else if (p.timed_out === true) {
       failure = new TimeoutError(`command ${this.pid} was killed: it ran past its timeoutMs`);
     } else if (signal === 9 && !this.killedByUs) {
       // processes of a killed sandbox report signal 9: is the sandbox still there?

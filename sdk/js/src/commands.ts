@@ -4,7 +4,7 @@
  * and its end as process.exit, on the connection that started it.
  */
 import { startParams } from './account';
-import { CommandHandle, type HandleOpts, sandboxGone } from './command-handle';
+import { AbortError, CommandHandle, type HandleOpts, checkMaxOutputBytes, sandboxGone } from './command-handle';
 import { type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, checkTimeoutMs } from './errors';
 import type { SandboxLink } from './link';
 
@@ -42,6 +42,19 @@ export interface CommandStartOpts {
    * name rejects with NotFoundError.
    */
   user?: string;
+  /**
+   * Aborting it kills the command (SIGKILL, its whole tree): `run` and
+   * `wait()` then reject with AbortError.  Already aborted: nothing starts
+   * and the call rejects with AbortError.
+   */
+  signal?: AbortSignal;
+  /**
+   * Most bytes of each stream (stdout, stderr) the result and the handle
+   * keep: past that the oldest output is dropped and the newest kept, and
+   * the result says `truncated: true` with the bytes dropped per stream.
+   * onStdout/onStderr still get every chunk.  Default: everything is kept.
+   */
+  maxOutputBytes?: number;
 }
 
 /** Options of commands.connect. */
@@ -84,24 +97,46 @@ export class Commands {
   }
 
   /**
-   * Runs `cmd` with /bin/sh -c.  Waits for its end and resolves with stdout,
-   * stderr and exitCode; a non-zero exit rejects with CommandExitError.  With
-   * `background: true`, resolves at once with a CommandHandle.
+   * Runs `cmd` with /bin/sh -c, or, given an array, that argv itself with no
+   * shell in between (`run(['ls', '-l', dir])`: each argument reaches the
+   * program as it is; `argv[0]` is looked up in PATH when it has no `/`).
+   * Waits for its end and resolves with stdout, stderr and exitCode; a
+   * non-zero exit rejects with CommandExitError.  With `background: true`,
+   * resolves at once with a CommandHandle.
    */
-  run(cmd: string, opts: CommandStartOpts & { background: true }): Promise<CommandHandle>;
-  run(cmd: string, opts?: CommandStartOpts & { background?: false }): Promise<CommandResult>;
-  run(cmd: string, opts?: CommandRunOpts): Promise<CommandHandle | CommandResult>;
-  async run(cmd: string, opts: CommandRunOpts = {}): Promise<CommandHandle | CommandResult> {
+  run(cmd: string | readonly string[], opts: CommandStartOpts & { background: true }): Promise<CommandHandle>;
+  run(cmd: string | readonly string[], opts?: CommandStartOpts & { background?: false }): Promise<CommandResult>;
+  run(cmd: string | readonly string[], opts?: CommandRunOpts): Promise<CommandHandle | CommandResult>;
+  async run(cmd: string | readonly string[], opts: CommandRunOpts = {}): Promise<CommandHandle | CommandResult> {
     const handle = await this.start(cmd, opts);
     if (opts.background) return handle;
     return handle.wait();
   }
 
-  private async start(cmd: string, opts: CommandStartOpts): Promise<CommandHandle> {
-    if (typeof cmd !== 'string' || cmd === '') throw new InvalidArgumentError('commands.run: cmd must be a non-empty string');
-    const params: Record<string, unknown> = { sandbox: this.link.sandboxId, cmd, encoding: 'utf8' };
+  private async start(cmd: string | readonly string[], opts: CommandStartOpts): Promise<CommandHandle> {
+    const params: Record<string, unknown> = { sandbox: this.link.sandboxId, encoding: 'utf8' };
+    if (Array.isArray(cmd)) {
+      if (cmd.length === 0 || cmd[0] === '') throw new InvalidArgumentError('commands.run: argv must name a program');
+      for (const a of cmd) {
+        if (typeof a !== 'string') throw new InvalidArgumentError('commands.run: every argument of argv must be a string');
+        if (a.includes('\0')) throw new InvalidArgumentError('commands.run: an argument of argv holds a NUL byte');
+      }
+      params.argv = [...cmd];
+    } else {
+      if (typeof cmd !== 'string' || cmd === '') throw new InvalidArgumentError('commands.run: cmd must be a non-empty string or an argv array');
+      params.cmd = cmd;
+    }
     if (opts.stdin) params.stdin = true;
-    return this._start('process.start', params, opts, opts);
+    const maxOutputBytes = checkMaxOutputBytes(opts.maxOutputBytes, 'commands.run');
+    const signal = opts.signal;
+    if (signal !== undefined && (typeof signal !== 'object' || signal === null || typeof signal.aborted !== 'boolean')) {
+      throw new InvalidArgumentError('commands.run: signal must be an AbortSignal');
+    }
+    if (signal?.aborted) throw new AbortError('commands.run: aborted before the command started', signal.reason);
+    const handle = await this._start('process.start', params, opts, { ...opts, maxOutputBytes });
+    // aborted while the start was under way: the handle kills it at once
+    if (signal) handle._abortOn(signal);
+    return handle;
   }
 
   /** @internal starts a process (process.start, pty.create) and subscribes to it */

@@ -10,8 +10,8 @@
 import { ReadableStream } from 'node:stream/web';
 import { asAccount } from './account';
 import { asBuffer, CHUNK, inChunks } from './chunks';
-import { basename, type EntryInfo, FileType, toEntry, type WriteInfo } from './entry';
-import { checkTimeoutMs, InvalidArgumentError } from './errors';
+import { basename, type EntryInfo, FileType, ownerNames, toEntry, type WriteInfo } from './entry';
+import { checkTimeoutMs, ErrorCode, InvalidArgumentError, SandboxError } from './errors';
 import type { SandboxLink } from './link';
 import { DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, WatchHandle, type WatchOpts } from './watch';
 import { decodeData } from './wire';
@@ -26,6 +26,9 @@ export interface WriteEntry {
 
 export type ReadFormat = 'text' | 'bytes' | 'blob' | 'stream';
 
+/** Most directories one files.list with a depth reads. */
+export const LIST_DIRS_MAX = 10_000;
+
 export interface FilesystemRequestOpts {
   /**
    * The account of the box's /etc/passwd the operation acts as, as E2B's
@@ -37,6 +40,43 @@ export interface FilesystemRequestOpts {
   user?: string;
   /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
   requestTimeoutMs?: number;
+  /** E2B's gzip content encoding: accepted; the daemon's socket is local, so nothing is compressed. */
+  gzip?: boolean;
+}
+
+/** Options of files.write. */
+export interface FilesystemWriteOpts extends FilesystemRequestOpts {
+  /**
+   * Permission bits of the file written, e.g. `0o600` (0 to 0o7777).  The
+   * data goes to a new file beside it with that mode, renamed over `path`
+   * once whole: the file has exactly that mode (whatever the old one had)
+   * and readers never see it half written.
+   */
+  mode?: number;
+}
+
+/** Options of files.copy. */
+export interface FilesystemCopyOpts extends FilesystemRequestOpts {
+  /** Replace what is at the destination (default true); false: InvalidArgumentError when something is there. */
+  overwrite?: boolean;
+}
+
+function checkMode(mode: unknown, what: string): number | undefined {
+  if (mode === undefined) return undefined;
+  if (typeof mode !== 'number' || !Number.isInteger(mode) || mode < 0 || mode > 0o7777) {
+    throw new InvalidArgumentError(`${what}: bad mode ${String(mode)} (permission bits 0 to 0o7777)`);
+  }
+  return mode;
+}
+
+function dirname(p: string): string {
+  const i = p.replace(/\/+$/, '').lastIndexOf('/');
+  if (i < 0) return '';
+  return i === 0 ? '/' : p.slice(0, i);
+}
+
+function joinPath(dir: string, name: string): string {
+  return dir.endsWith('/') ? dir + name : `${dir}/${name}`;
 }
 
 /** The chunks of data, without loading a stream or a Blob whole. */
@@ -171,39 +211,149 @@ export class Filesystem {
    * the previous one was written: a ReadableStream (or Node stream) is read
    * only as fast as the sandbox takes it, never whole.
    */
-  write(path: string, data: WriteEntry['data'], opts?: FilesystemRequestOpts): Promise<WriteInfo>;
-  write(files: WriteEntry[], opts?: FilesystemRequestOpts): Promise<WriteInfo[]>;
+  write(path: string, data: WriteEntry['data'], opts?: FilesystemWriteOpts): Promise<WriteInfo>;
+  write(files: WriteEntry[], opts?: FilesystemWriteOpts): Promise<WriteInfo[]>;
   async write(
     pathOrFiles: string | WriteEntry[],
-    dataOrOpts?: WriteEntry['data'] | FilesystemRequestOpts,
-    maybeOpts?: FilesystemRequestOpts,
+    dataOrOpts?: WriteEntry['data'] | FilesystemWriteOpts,
+    maybeOpts?: FilesystemWriteOpts,
   ): Promise<WriteInfo | WriteInfo[]> {
     if (Array.isArray(pathOrFiles)) {
-      const o = (dataOrOpts ?? {}) as FilesystemRequestOpts;
+      const o = (dataOrOpts ?? {}) as FilesystemWriteOpts;
+      const mode = checkMode(o.mode, 'files.write');
       const out: WriteInfo[] = [];
-      for (const f of pathOrFiles) out.push(await this.writeOne(f.path, f.data, o.user));
+      for (const f of pathOrFiles) out.push(await this.writeOne(f.path, f.data, o.user, mode));
       return out;
     }
     if (dataOrOpts === undefined || dataOrOpts === null) throw new InvalidArgumentError('files.write: no data');
-    return this.writeOne(pathOrFiles, dataOrOpts as WriteEntry['data'], maybeOpts?.user);
+    const mode = checkMode(maybeOpts?.mode, 'files.write');
+    return this.writeOne(pathOrFiles, dataOrOpts as WriteEntry['data'], maybeOpts?.user, mode);
   }
 
-  private async writeOne(path: string, data: WriteEntry['data'], user: string | undefined): Promise<WriteInfo> {
+  /** E2B's writeFiles: write(files) under its own name (each file's parents made; in order). */
+  async writeFiles(files: WriteEntry[], opts?: FilesystemRequestOpts): Promise<WriteInfo[]> {
+    if (!Array.isArray(files)) throw new InvalidArgumentError('files.writeFiles: files must be a list of {path, data}');
+    return this.write(files, opts);
+  }
+
+  private async writeOne(path: string, data: WriteEntry['data'], user: string | undefined, mode?: number): Promise<WriteInfo> {
     if (typeof path !== 'string' || path === '') throw new InvalidArgumentError('files.write: path must be a non-empty string');
+    if (mode === undefined) {
+      await this.send(path, data, user, false);
+      return { name: basename(path), type: FileType.FILE, path: this.absolute(path, user) };
+    }
+    // a new file gets the mode: write one beside path, then rename it over
+    const dir = dirname(path);
+    const tmp = (dir === '' ? '' : joinPath(dir, '')) + `.${basename(path)}.tupper-${process.pid}-${Math.random().toString(36).slice(2, 10)}`;
+    try {
+      await this.send(tmp, data, user, false, mode);
+      await this.call('fs.rename', { from: tmp, to: path }, user, ['from', 'to']);
+    } catch (e) {
+      await this.call('fs.remove', { path: tmp }, user).catch(() => {});
+      throw e;
+    }
+    return { name: basename(path), type: FileType.FILE, path: this.absolute(path, user) };
+  }
+
+  /** E2B's paths are absolute: a relative one as the account it acts as takes it. */
+  private absolute(path: string, user: string | undefined): string {
+    return String(asAccount(this.link, user === this.link.defaultUser ? undefined : user, { path }).path);
+  }
+
+  /** Sends data to path in 1 MiB pieces: from offset 0 (truncating), or appended. */
+  private async send(path: string, data: WriteEntry['data'], user: string | undefined, append: boolean, mode?: number): Promise<void> {
     let offset = 0;
     // whole 1 MiB pieces, each sent once the previous one was written; an empty file is one empty write
     for await (const piece of inChunks(chunksOf(data))) {
       const b = asBuffer(piece);
-      await this.call('fs.write', { path, offset, data: b.toString('base64'), encoding: 'base64' }, user);
+      const p: Record<string, unknown> = { path, data: b.toString('base64'), encoding: 'base64' };
+      if (append) p.append = true;
+      else p.offset = offset;
+      if (mode !== undefined) p.mode = mode;
+      await this.call('fs.write', p, user);
       offset += b.length;
     }
-    return { name: basename(path), type: FileType.FILE, path };
   }
 
-  /** The entries of a directory, sorted by name (at most 4000: the daemon's reply limit). */
-  async list(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo[]> {
-    const r = await this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path }, opts?.user);
-    return r.entries.map(toEntry);
+  /**
+   * Appends data to a file (made, with its missing parent directories,
+   * when it does not exist), in 1 MiB pieces.
+   */
+  async append(path: string, data: WriteEntry['data'], opts?: FilesystemRequestOpts): Promise<WriteInfo> {
+    if (typeof path !== 'string' || path === '') throw new InvalidArgumentError('files.append: path must be a non-empty string');
+    if (data === undefined || data === null) throw new InvalidArgumentError('files.append: no data');
+    await this.send(path, data, opts?.user, true);
+    return { name: basename(path), type: FileType.FILE, path: this.absolute(path, opts?.user) };
+  }
+
+  /**
+   * Copies a file, or a directory with everything in it, inside the
+   * sandbox; returns what is now at dst.  A file keeps its permission bits;
+   * its bytes stream through this client 1 MiB at a time.  A symlink (at src
+   * or inside a directory) is refused with InvalidArgumentError, as is a
+   * directory copied into itself.
+   */
+  async copy(src: string, dst: string, opts: FilesystemCopyOpts = {}): Promise<EntryInfo> {
+    if (typeof src !== 'string' || src === '' || typeof dst !== 'string' || dst === '') {
+      throw new InvalidArgumentError('files.copy: src and dst must be non-empty strings');
+    }
+    const from = toEntry(await this.call('fs.stat', { path: src }, opts.user));
+    if (opts.overwrite === false && (await this.exists(dst, opts))) {
+      throw new InvalidArgumentError(`files.copy: ${dst} exists (overwrite: false)`);
+    }
+    if (from.type === FileType.DIR) {
+      // where dst really is (the daemon's own clean, absolute path) once it exists
+      const made = await this.call<{ created: boolean }>('fs.mkdir', { path: dst, parents: true, mode: from.mode }, opts.user);
+      const to = String((await this.call<{ path?: string }>('fs.stat', { path: dst }, opts.user)).path ?? '');
+      const a = from.path.replace(/\/+$/, '');
+      if (to === a || to.startsWith(a + '/')) {
+        if (made.created) await this.call('fs.remove', { path: dst, recursive: true }, opts.user).catch(() => {});
+        throw new InvalidArgumentError(`files.copy: cannot copy ${src} into itself`);
+      }
+    }
+    await this.copyEntry(from, dst, opts.user);
+    return this.getInfo(dst, opts);
+  }
+
+  private async copyEntry(from: EntryInfo, dst: string, user: string | undefined): Promise<void> {
+    if (from.type === FileType.FILE) {
+      await this.writeOne(dst, await this.readStream(from.path, user), user, from.mode);
+    } else if (from.type === FileType.DIR) {
+      await this.call('fs.mkdir', { path: dst, parents: true, mode: from.mode }, user);
+      const r = await this.call<{ entries: Array<Record<string, unknown>>; truncated?: boolean }>('fs.list', { path: from.path }, user);
+      if (r.truncated) throw new InvalidArgumentError(`files.copy: ${from.path} has more entries than one listing holds`);
+      for (const e of r.entries.map((raw) => toEntry(raw))) await this.copyEntry(e, joinPath(dst, e.name), user);
+    } else {
+      throw new InvalidArgumentError(`files.copy: ${from.path} is a ${from.type}: only files and directories are copied`);
+    }
+  }
+
+  /**
+   * The entries of a directory, sorted by name (at most 4000 a directory:
+   * the daemon's reply limit).  `depth` (E2B's, default 1) goes that many
+   * levels down: each directory's entries follow it (symlinks are not
+   * followed), at most LIST_DIRS_MAX directories in all.
+   */
+  async list(path: string, opts?: FilesystemRequestOpts & { depth?: number }): Promise<EntryInfo[]> {
+    const depth = opts?.depth ?? 1;
+    if (typeof depth !== 'number' || !Number.isInteger(depth) || depth < 1) {
+      throw new InvalidArgumentError('depth should be at least one');
+    }
+    const names = ownerNames(this.link);
+    const out: EntryInfo[] = [];
+    let dirs = 0;
+    const walk = async (dir: string, left: number): Promise<void> => {
+      if (++dirs > LIST_DIRS_MAX) throw new InvalidArgumentError(`files.list: more than ${LIST_DIRS_MAX} directories under ${path}: ask for less depth`);
+      const r = await this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path: dir }, opts?.user);
+      const n = await names;
+      for (const raw of r.entries) {
+        const e = toEntry(raw, n);
+        out.push(e);
+        if (left > 1 && e.type === FileType.DIR) await walk(e.path, left - 1);
+      }
+    };
+    await walk(path, depth);
+    return out;
   }
 
   /** True when something exists at path (a dangling symlink counts). Never throws. */
@@ -218,12 +368,19 @@ export class Filesystem {
 
   /** Describes a file or directory; NotFoundError when there is nothing there. */
   async getInfo(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo> {
-    return toEntry(await this.call('fs.stat', { path }, opts?.user));
+    const [r, names] = await Promise.all([this.call('fs.stat', { path }, opts?.user), ownerNames(this.link)]);
+    return toEntry(r, names);
   }
 
   /** Removes a file, or a directory with everything in it. */
   async remove(path: string, opts?: FilesystemRequestOpts): Promise<void> {
-    await this.call('fs.remove', { path, recursive: true }, opts?.user);
+    try {
+      await this.call('fs.remove', { path, recursive: true }, opts?.user);
+    } catch (e) {
+      // nothing there is nothing to remove, as E2B's (its envd's RemoveAll)
+      if (e instanceof SandboxError && e.code === ErrorCode.File && e.errnoCode === 'ENOENT') return;
+      throw e;
+    }
   }
 
   /** Renames (moves) a file or directory; returns what is now at newPath. */

@@ -125,7 +125,11 @@ test('remove: a file, and a directory with everything in it', async () => {
   assert.equal(await sbx.files.exists('/home/user/rm/top'), false);
   await sbx.files.remove('/home/user/rm');
   assert.equal(await sbx.files.exists('/home/user/rm'), false);
-  await assert.rejects(sbx.files.remove('/home/user/rm'), NotFoundError);
+  // nothing there: nothing to do, as E2B's (its envd removes with RemoveAll)
+  await sbx.files.remove('/home/user/rm');
+  await sbx.files.remove('/home/user/no/such/dir/file');
+  await sbx.files.write('/home/user/rmfile', 'x');
+  await assert.rejects(sbx.files.remove('/home/user/rmfile/under'), (e) => e.errnoCode === 'ENOTDIR');
 });
 
 test('file errors are typed and carry the errno', async () => {

@@ -210,6 +210,61 @@ def test_default_socket_rules(monkeypatch):
         assert tupper.default_socket() == f"/tmp/tupper-{os.getuid()}/tupper.sock"
 
 
+def test_default_sockets_fall_back_to_the_system_socket():
+    """A user that is not root tries its own socket, then the system's (docs/install.md)."""
+    env = {"XDG_RUNTIME_DIR": "/run/user/1000"}
+    assert tupper.default_sockets(1000, env) == ["/run/user/1000/tupper.sock", "/run/tupper/tupper.sock"]
+    assert tupper.default_sockets(1000, {}) == ["/tmp/tupper-1000/tupper.sock", "/run/tupper/tupper.sock"]
+    assert tupper.default_sockets(0, env) == ["/run/tupper/tupper.sock"]
+    named = {"TUPPER_SOCKET": "/a/b.sock", "XDG_RUNTIME_DIR": "/r"}
+    assert tupper.default_sockets(1000, named) == ["/a/b.sock"]
+    assert tupper.default_sockets(0, named) == ["/a/b.sock"]
+    moved = {"TUPPER_SYSTEM_SOCKET": "/s/sys.sock", "XDG_RUNTIME_DIR": "/r"}
+    assert tupper.default_sockets(1000, moved) == ["/r/tupper.sock", "/s/sys.sock"]
+    assert tupper.default_socket(0, moved) == "/s/sys.sock"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="runs a client as another user")
+def test_a_user_reaches_the_system_daemon_through_the_fallback(daemon):
+    """A real client as uid 65534: its own socket is not there, the (stand-in) system one answers;
+    with neither, the error names both."""
+    import subprocess
+    import sys
+
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(tupper.__file__)))
+    script = ("import tupper._connection as c\n"
+              "conn = c.Connection.open()\n"
+              "print(conn.socket_path)\n"
+              "conn.close()\n")
+    run_dir = "/nonexistent/run"  # absent, and every user can tell
+
+    def as_nobody(system):
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": pkg, "HOME": "/nonexistent",
+               "XDG_RUNTIME_DIR": run_dir, "TUPPER_SYSTEM_SOCKET": system}
+        return subprocess.run([sys.executable, "-c", script], env=env, user=65534, group=65534, extra_groups=[],
+                              capture_output=True, text=True, timeout=60)
+
+    dir_mode, sock_mode = os.stat(daemon.dir).st_mode & 0o7777, os.stat(daemon.socket).st_mode & 0o7777
+    os.chmod(daemon.dir, 0o711)
+    os.chmod(daemon.socket, 0o666)  # as tupper.socket's 0660 root:tupper is to a member of the group
+    try:
+        r = as_nobody(daemon.socket)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == daemon.socket
+        gone = "/nonexistent/gone.sock"
+        r = as_nobody(gone)
+        assert r.returncode != 0
+        assert f"{run_dir}/tupper.sock (" in r.stderr and f"nor at {gone} (" in r.stderr, r.stderr
+        os.chmod(daemon.socket, 0o600)
+        r = as_nobody(daemon.socket)
+        assert r.returncode != 0
+        assert f"{run_dir}/tupper.sock (" in r.stderr and f"nor at {daemon.socket} (" in r.stderr, r.stderr
+        assert "Permission denied" in r.stderr, r.stderr
+    finally:
+        os.chmod(daemon.socket, sock_mode)
+        os.chmod(daemon.dir, dir_mode)
+
+
 def test_request_timeout_raises_timeout(tmp_path):
     """A daemon that never answers: the request gives up after request_timeout."""
     path = str(tmp_path / "mute.sock")
