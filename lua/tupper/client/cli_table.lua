@@ -85,7 +85,8 @@ dopt("max-clients", { value = "N", kind = "string", summary = "most connections 
 dopt("max-requests", { value = "N", kind = "string", summary = "most requests in flight on one connection (default 256; 0: no cap)" })
 dopt("max-streams", { value = "N", kind = "string", summary = "most watches, process attachments and port forwards of one connection (default 256; 0: no cap)" })
 dopt("idle-timeout", { value = "DURATION", kind = "string", summary = "close a connection idle this long (default 600s; 0: never)" })
-dopt("accel", { value = "MODE", kind = "enum", values = { "auto", "kvm", "tcg" }, summary = "the microVMs' accelerator: auto (try KVM), kvm or tcg" })
+dopt("accel", { value = "MODE", kind = "enum", values = { "auto", "kvm", "tcg" },
+  summary = "the microVMs' accelerator: auto (try KVM), kvm or tcg (run, create: this microVM's; auto: the daemon's)" })
 
 -- the rest
 opt("eval", { long = false, short = "e", key = "eval", value = "CODE", kind = "string", repeatable = true,
@@ -104,7 +105,7 @@ M.OPTIONS = O
 M.GLOBAL = { "socket", "state-dir", "autostart", "help", "version" }
 
 local LIMITS = { "memory", "cpus", "pids", "disk", "timeout", "policy", "no-policy", "allow", "deny",
-  "network", "backend" }
+  "network", "backend", "accel" }
 local function list(...)
   local out = {}
   for _, l in ipairs({ ... }) do

@@ -407,10 +407,22 @@ function h.fs_write(d, conn, p)
   return { size = math.tointeger(r.size) or 0 }
 end
 
+-- A name, path or link target of the box as a reply's field: valid UTF-8,
+-- and its exact bytes in <field>_raw (base64) when it is not UTF-8
+-- (docs/protocol.md, "Names that are not UTF-8").
+local function text_field(t, field, s)
+  local text, raw = json.text(s)
+  t[field] = text
+  if raw then t[field .. "_raw"] = raw end
+end
+
 local function stat_result(path, f)
-  return { name = path:match("([^/]*)/*$") or path, path = path,
-           type = FILE_TYPES[f.type] or "other", size = f.size, mode = f.mode, mtime = f.mtime,
-           uid = f.uid, gid = f.gid, link = f.link }
+  local r = { type = FILE_TYPES[f.type] or "other", size = f.size, mode = f.mode, mtime = f.mtime,
+              uid = f.uid, gid = f.gid }
+  text_field(r, "name", path:match("([^/]*)/*$") or path)
+  text_field(r, "path", path)
+  text_field(r, "link", f.link)
+  return r
 end
 
 function h.fs_stat(d, conn, p)

@@ -3,6 +3,7 @@
 -- the default account.  Methods of the daemon (daemon/main.lua mixes them in).
 local core = require("tupper.core")
 local async = require("tupper.util.async")
+local schema = require("tupper.wire.schema")
 local sandbox = require("tupper.daemon.sandbox")
 local guard = require("tupper.recipe.guard")
 local registry = require("tupper.image.registry")
@@ -29,11 +30,11 @@ end
 -- first; default: the default image); image names it, image_digest is its
 -- manifest's (what the image store keeps while the box lives); backend is
 -- a name of backend/registry.lua (nil: the default).
-function D:_start_box(id, lim, layers, image, image_digest, backend)
+function D:_start_box(id, lim, layers, image, image_digest, backend, accel)
   self.reserved[id] = true
   layers = layers or { self.default_image }
   local sb, err = sandbox.start({
-    backend = backend, state_dir = self.state, default_layer = self.default_image,
+    backend = backend, accel = accel, state_dir = self.state, default_layer = self.default_image,
     id = id, image = image or "default", image_digest = image_digest,
     layers = layers or { self.default_image }, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = sandbox.ID_COUNT, cgroup = self.tag .. "-" .. id,
@@ -123,6 +124,9 @@ function D:_recipe_params(p)
   for k, v in pairs(r.env or {}) do env[k] = v end
   for k, v in pairs(p.env or {}) do env[k] = v end
   q.env = next(env) and env or nil
+  -- the recipe's env and the request's together obey the env rules too
+  local eerr = q.env and schema.check("env", schema.MAP, q.env)
+  if eerr then return nil, eerr .. " (the recipe's env with the request's)" end
   q.cwd = p.cwd or r.workdir
   q.backend = p.backend or r.backend
   local lim = {}
@@ -236,9 +240,11 @@ end
 -- A box of backend b for a create with effective limits lim: a pooled one
 -- when the pool's boxes (made with the default limits, disk cap included)
 -- fit, else a new one.  Returns the sandbox or nil, err.
-function D:_make_box(b, lim, plan, img, image)
+function D:_make_box(b, lim, plan, img, image, accel)
   local layers = plan and plan.layers or (img and img.layers)
   local pooled_ok = not layers or (#layers == 1 and layers[1] == self.default_image)
+  -- a pooled VM runs on the daemon's accelerator
+  if accel ~= nil and accel ~= "auto" then pooled_ok = false end
   -- what differs from the pool's boxes: a limit can be set on a running
   -- box, but not taken off it (0), and its disk is the one it was made with
   local pl, diff = self.pool_limits[b.name], {}
@@ -254,7 +260,7 @@ function D:_make_box(b, lim, plan, img, image)
   end
   if not sb then
     sb, err = self:_start_box(self:_new_id(), limits.for_backend(lim), layers, img and img.ref or image,
-                              (plan and plan.image.digest) or (img and img.digest), b.name)
+                              (plan and plan.image.digest) or (img and img.digest), b.name, accel)
     if not sb then
       log("create failed: %s", err)
       return nil, err
@@ -278,7 +284,7 @@ function D:create_sandbox(p)
   if image ~= "default" and not plan then
     local err
     img, err = self.images:resolve(image)
-    if not img then
+    if not img and not image:match("^sha256:") then -- a digest names nothing to pull
       -- pull-on-first-use (tupper.registry), then the store has it
       local pulled, perr = self:_pull(image)
       if pulled then
@@ -290,6 +296,9 @@ function D:create_sandbox(p)
     if not img then return nil, err end
   end
   local b = backends.get(p.backend)
+  if p.accel and not b.takes_accel then
+    return nil, ("'accel' is for microVMs; the %s backend has no accelerator to choose"):format(b.name)
+  end
   local asked = p.limits or {}
   for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
     -- a guest may enforce pids itself, in its own kernel's cgroups; a VM's
@@ -309,6 +318,7 @@ function D:create_sandbox(p)
   self.creating[token] = nil
   if sb then
     self.sandboxes[sb.id] = sb
+    sb.kill_on_disconnect = p.kill_on_disconnect == true or nil -- in the record (daemon/recover.lua)
     self:set_timeout(sb, lim.timeout) -- also writes the record
     log("sandbox %s created", sb.id)
   end
@@ -319,7 +329,7 @@ end
 -- image settings and default account.  Returns the sandbox (not yet in
 -- self.sandboxes) or nil, err.
 function D:_finish_create(p, b, lim, plan, img, image)
-  local sb, err = self:_make_box(b, lim, plan, img, image)
+  local sb, err = self:_make_box(b, lim, plan, img, image, p.accel)
   if not sb then return nil, err end
   if self.stopping then -- the daemon began to shut down while this box started
     sb:destroy()

@@ -55,7 +55,7 @@ end
 function Daemon:_request(conn, msg)
   local id = msg.id
   local is_call = id ~= nil
-  if is_call and type(id) ~= "string" and type(id) ~= "number" and id ~= json.null then
+  if is_call and not rpc.valid_id(id) then
     return conn:error(nil, rpc.INVALID_REQUEST, "'id' must be a string or a number")
   end
   if msg.jsonrpc ~= "2.0" or type(msg.method) ~= "string" then
@@ -325,6 +325,11 @@ function M.run(opts)
     if ok then ok, err = uv.fs_chmod(self.state, tonumber("711", 8)) end
     if ok and not self.activated then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
     if ok and opts.log then ok, err = core.log_to(opts.log) end
+    -- the backends' own daemon options (the microVMs' --accel)
+    for _, name in ipairs(backends.NAMES) do
+      local b = backends.get(name)
+      if ok and b.configure then ok, err = b.configure(opts) end
+    end
     -- the daemon's own environment, never a client: a hosts file and an
     -- upstream resolver for the network relay (tests, split-view hosts)
     if ok then

@@ -49,8 +49,10 @@ local function attach(box, opts, adopting)
     if not self.impl.awaits_ready(box, adopting) then return cb(true) end
     self._ready = cb
     self._ready_timer = uv.new_timer()
-    self._ready_timer:start(self.impl.ready_timeout_ms, 0,
-                            function() cb(false, "agent did not start in time") end)
+    self._ready_timer:start(self.impl.ready_timeout_ms, 0, function()
+      -- a backend that can say what its box printed (a VM's QEMU and console)
+      cb(false, "agent did not start in time" .. (self.impl.last_words and self.impl.last_words(box) or ""))
+    end)
   end)
   self._ready = nil
   if self._ready_timer then self._ready_timer:close(); self._ready_timer = nil end
@@ -61,8 +63,9 @@ local function attach(box, opts, adopting)
   self.state = "running"
   local hok, herr = self.impl.handshake(self, opts, adopting)
   if not hok then
+    local words = self.impl.last_words and self.impl.last_words(box) or ""
     self:destroy()
-    return nil, "sandbox " .. opts.id .. ": " .. tostring(herr)
+    return nil, "sandbox " .. opts.id .. ": " .. tostring(herr) .. words
   end
   -- the network relay: the agent binds its proxy, SOCKS and DNS ports
   -- before any box process runs (docs/network.md).  An agent without it (a

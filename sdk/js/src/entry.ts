@@ -39,6 +39,19 @@ export interface EntryInfo extends WriteInfo {
   /** Owner and group ids as seen inside the box. */
   uid?: number;
   gid?: number;
+  /**
+   * The exact bytes of a name, path or symlink target that is not UTF-8
+   * (then `name`, `path`, `symlinkTarget` show its bad bytes as U+FFFD);
+   * absent when the text field is exact.  docs/protocol.md, "Names that are
+   * not UTF-8".
+   */
+  nameRaw?: Uint8Array;
+  pathRaw?: Uint8Array;
+  symlinkTargetRaw?: Uint8Array;
+}
+
+function raw(v: unknown): Uint8Array | undefined {
+  return typeof v === 'string' ? new Uint8Array(Buffer.from(v, 'base64')) : undefined;
 }
 
 /** uid and gid -> name, from a box's /etc/passwd and /etc/group. */
@@ -107,5 +120,9 @@ export function toEntry(r: Record<string, unknown>, names?: OwnerNames): EntryIn
   if (typeof r.link === 'string') e.symlinkTarget = r.link;
   if (typeof r.uid === 'number') e.uid = r.uid;
   if (typeof r.gid === 'number') e.gid = r.gid;
+  const nameRaw = raw(r.name_raw), pathRaw = raw(r.path_raw), linkRaw = raw(r.link_raw);
+  if (nameRaw) e.nameRaw = nameRaw;
+  if (pathRaw) e.pathRaw = pathRaw;
+  if (linkRaw) e.symlinkTargetRaw = linkRaw;
   return e;
 }

@@ -56,6 +56,12 @@ export interface SandboxOpts extends SandboxConnectionOpts {
    * 'microvm' (a QEMU microVM with its own kernel; same API, see docs/microvm.md).
    */
   backend?: 'linux' | 'microvm';
+  /**
+   * A microVM's accelerator: 'kvm', 'tcg' (emulation) or 'auto' (the
+   * daemon's choice, the default).  A start that cannot run on it fails
+   * with QEMU's own words; see docs/microvm.md.
+   */
+  accel?: 'kvm' | 'tcg' | 'auto';
   /** Environment of every command. */
   envs?: Record<string, string>;
   /** Free-form strings, returned by getInfo and list. */

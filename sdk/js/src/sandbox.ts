@@ -55,7 +55,7 @@ const E2B_CONNECTION_KEYS = [
 ];
 const CONNECTION_KEYS = ['socket', 'requestTimeoutMs', ...E2B_CONNECTION_KEYS];
 const CREATE_KEYS = new Set([
-  ...CONNECTION_KEYS, 'template', 'image', 'backend', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd', 'policy',
+  ...CONNECTION_KEYS, 'template', 'image', 'backend', 'accel', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd', 'policy',
   'recipe', 'network', 'allowInternetAccess', 'secure', 'lifecycle',
 ]);
 /** E2B options with no local counterpart at all: refused with a reason rather than dropped. */
@@ -250,6 +250,7 @@ export class Sandbox {
     if (opts.image !== undefined) params.image = opts.image;
     if (tpl.template !== undefined) params.template = tpl.template;
     if (opts.backend !== undefined) params.backend = opts.backend;
+    if (opts.accel !== undefined) params.accel = opts.accel;
     if (opts.envs !== undefined) params.env = opts.envs;
     if (opts.metadata !== undefined) params.metadata = opts.metadata;
     if (opts.cwd !== undefined) params.cwd = opts.cwd;

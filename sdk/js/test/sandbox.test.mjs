@@ -176,6 +176,8 @@ test('getMetrics: one sample of the cgroup counters', async () => {
 
 test('errors are typed', async () => {
   await assert.rejects(Sandbox.create({ ...opts, image: 'nosuchimage' }), SandboxError);
+  // accel is sent: the linux backend has none to choose
+  await assert.rejects(Sandbox.create({ ...opts, accel: 'tcg' }), (e) => e instanceof SandboxError && /'accel' is for microVMs/.test(e.message));
   await assert.rejects(Sandbox.create({ ...opts, limits: { pids: -1 } }), (e) => e instanceof InvalidArgumentError && e.code === -32602);
   await assert.rejects(Sandbox.create({ socket: daemon.dir + '/nothing.sock' }), (e) => e instanceof SandboxError && /cannot reach/.test(e.message));
   const e = new CommandExitError({ exitCode: 2, stdout: 'o', stderr: 'e', error: 'exit status 2' });

@@ -175,6 +175,11 @@ def test_bad_arguments_are_clear(opts):
     with pytest.raises(InvalidArgumentException) as e:
         Sandbox.create(limits={"pids": "lots"}, **opts)
     assert "pids" in str(e.value)
+    with pytest.raises(InvalidArgumentException):
+        Sandbox.create(accel="fast", **opts)
+    with pytest.raises(SandboxException) as e:
+        Sandbox.create(accel="tcg", **opts)  # sent: the daemon's linux backend has none
+    assert "'accel' is for microVMs" in str(e.value)
     with pytest.raises(SandboxException) as e:
         Sandbox.create("Not A Valid Image Name", **opts)
     assert "Not A Valid Image Name" in str(e.value)
