@@ -4,7 +4,7 @@
  * the means to feed and kill it.
  */
 import { StringDecoder } from 'node:string_decoder';
-import type { Commands } from './commands';
+import type { CommandRequestOpts, Commands } from './commands';
 import { CommandExitError, type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, TimeoutError } from './errors';
 import type { SandboxLink } from './link';
 import { decodeData, exitStatus, outputStream } from './wire';
@@ -182,6 +182,7 @@ export class CommandHandle implements Partial<CommandResult> {
    * its timeoutMs killed it or when its sandbox went away.
    */
   async wait(): Promise<CommandResult> {
+    if (arguments[0] !== undefined) throw new InvalidArgumentError('CommandHandle.wait: takes no options');
     this.waiters++;
     this.hold();
     try {
@@ -193,19 +194,20 @@ export class CommandHandle implements Partial<CommandResult> {
 
   /** Kills the command and its whole tree (SIGKILL); false when it was no longer running. */
   async kill(): Promise<boolean> {
+    if (arguments[0] !== undefined) throw new InvalidArgumentError('CommandHandle.kill: takes no options');
     if (this.finished) return false;
     this.killedByUs = true;
     return this.commands.kill(this.pid);
   }
 
   /** Writes to its stdin (started with `stdin: true`). */
-  async sendStdin(data: string | Uint8Array): Promise<void> {
-    return this.commands.sendStdin(this.pid, data);
+  async sendStdin(data: string | Uint8Array, opts?: CommandRequestOpts): Promise<void> {
+    return this.commands.sendStdin(this.pid, data, opts);
   }
 
   /** Closes its stdin once what was written is delivered. */
-  async closeStdin(): Promise<void> {
-    return this.commands.closeStdin(this.pid);
+  async closeStdin(opts?: CommandRequestOpts): Promise<void> {
+    return this.commands.closeStdin(this.pid, opts);
   }
 
   /**
@@ -213,6 +215,7 @@ export class CommandHandle implements Partial<CommandResult> {
    * it with commands.kill(pid)).  A wait() still pending rejects.
    */
   async disconnect(): Promise<void> {
+    if (arguments[0] !== undefined) throw new InvalidArgumentError('CommandHandle.disconnect: takes no options');
     if (this.finished) return;
     this.fail(new SandboxError(`command ${this.pid}: disconnected; it keeps running in the sandbox`));
   }

@@ -25,6 +25,7 @@ export {
   type CommandStartOpts,
   type CommandRunOpts,
   type CommandConnectOpts,
+  type CommandRequestOpts,
   type ProcessInfo,
 } from './commands';
 export { CommandHandle, AbortError } from './command-handle';
@@ -35,6 +36,8 @@ export {
   type WriteEntry,
   type ReadFormat,
   type FilesystemRequestOpts,
+  type FilesystemReadOpts,
+  type FilesystemListOpts,
   type FilesystemWriteOpts,
   type FilesystemCopyOpts,
 } from './filesystem';

@@ -13,6 +13,7 @@ import { checkTimeoutMs, fromRpcError, InvalidArgumentError, NotFoundError, Sand
 import { Filesystem } from './filesystem';
 import type { SandboxLink } from './link';
 import { SandboxPaginator, type SandboxListOpts } from './paginator';
+import { checkKeys as checkOptionKeys } from './options';
 import { policyParam } from './policy';
 import { Pty } from './pty';
 import { recipeParam, templateParams } from './recipe';
@@ -68,13 +69,7 @@ const CONNECT_KEYS = new Set([...CONNECTION_KEYS, 'timeoutMs', 'onResume']);
 
 /** InvalidArgumentError for every key of opts not in known (an option tupper does not know is never dropped). */
 function checkKeys(opts: object | undefined, known: Set<string>, what: string): void {
-  if (opts === undefined || opts === null) return;
-  if (typeof opts !== 'object' || Array.isArray(opts)) throw new InvalidArgumentError(`${what}: options must be an object`);
-  for (const k of Object.keys(opts)) {
-    if ((opts as Record<string, unknown>)[k] === undefined) continue;
-    if (E2B_UNSUPPORTED[k] !== undefined) throw new InvalidArgumentError(`${what}: option '${k}' is not supported: ${E2B_UNSUPPORTED[k]}`);
-    if (!known.has(k)) throw new InvalidArgumentError(`${what}: unknown option '${k}'`);
-  }
+  checkOptionKeys(opts, known, what, E2B_UNSUPPORTED);
 }
 
 /** E2B's lifecycle: kill at timeout is what tupper does; pause at timeout it cannot. */
