@@ -85,10 +85,18 @@ class Retained {
   }
 }
 
+/** What E2B says after a command's or a watch's "[deadline_exceeded]" (code matches on it). */
+export const DEADLINE_HINT =
+  "This error is likely due to exceeding 'timeoutMs' — the total time a long running request " +
+  "(like command execution or directory watch) can be active. It can be modified by passing 'timeoutMs' " +
+  "when making the request. Use '0' to disable the timeout.";
+
 function gone(sandboxId: string, why: string): TimeoutError {
+  // E2B's words after its own "[unavailable]" prefix: code matches on them
   return new TimeoutError(
-    `sandbox ${sandboxId} is gone (${why}): it was killed or its lifetime ran out. ` +
-      "Give it a longer life with 'timeoutMs' at create or with sbx.setTimeout()",
+    `[unavailable] sandbox ${sandboxId} is gone (${why}): it was killed or its lifetime ran out: ` +
+      "This error is likely due to sandbox timeout. You can modify the sandbox timeout by passing 'timeoutMs' " +
+      "when starting the sandbox or calling '.setTimeout' on the sandbox with the desired timeout.",
   );
 }
 
@@ -321,7 +329,7 @@ export class CommandHandle implements Partial<CommandResult> {
     if (this.abortedBy) {
       failure = new AbortError(`command ${this.pid} was aborted`, this.abortedBy.reason, result);
     } else if (p.timed_out === true) {
-      failure = new TimeoutError(`command ${this.pid} was killed: it ran past its timeoutMs`);
+      failure = new TimeoutError(`[deadline_exceeded] command ${this.pid} was killed: it ran past its timeoutMs: ${DEADLINE_HINT}`);
     } else if (signal === 9 && !this.killedByUs) {
       // processes of a killed sandbox report signal 9: is the sandbox still there?
       failure = (await sandboxGone(this.link)) ?? new CommandExitError(result);

@@ -56,6 +56,8 @@ export interface CommandStartOpts {
    * onStdout/onStderr still get every chunk.  Default: everything is kept.
    */
   maxOutputBytes?: number;
+  /** Return a CommandHandle at once instead of waiting for the end (commands.run). */
+  background?: boolean;
 }
 
 /** E2B's CommandRequestOpts: what commands.list, kill, sendStdin and closeStdin take. */
@@ -77,10 +79,7 @@ const START_KEYS = [
   'cwd', 'envs', 'timeoutMs', 'onStdout', 'onStderr', 'stdin', 'requestTimeoutMs', 'user', 'signal', 'maxOutputBytes', 'background',
 ];
 
-export interface CommandRunOpts extends CommandStartOpts {
-  /** Return a CommandHandle at once instead of waiting for the end. */
-  background?: boolean;
-}
+export type CommandRunOpts = CommandStartOpts;
 
 /** A running command, as `commands.list()` reports it. */
 export interface ProcessInfo {
@@ -97,6 +96,8 @@ export interface ProcessInfo {
   pty?: boolean;
   /** E2B's field; environment is not reported. */
   envs: Record<string, string>;
+  /** E2B's tag of a process started with one: tupper does not tag processes, so it is never set. */
+  tag?: string;
 }
 
 /** sbx.commands */

@@ -2,6 +2,7 @@
  * files.watchDir: a directory watched in a sandbox; its events arrive as
  * fs.event notifications on the connection that asked.
  */
+import { DEADLINE_HINT } from './command-handle';
 import { SandboxError, TimeoutError } from './errors';
 import type { EntryInfo } from './entry';
 import type { SandboxLink } from './link';
@@ -91,7 +92,7 @@ export class WatchHandle {
     const timeoutMs = opts.timeoutMs ?? DEFAULT_WATCH_TIMEOUT_MS;
     if (timeoutMs > 0) {
       this.timer = setTimeout(() => {
-        void this.stopWith(new TimeoutError(`watch ${watchId} ran for its timeoutMs (${timeoutMs} ms)`));
+        void this.stopWith(new TimeoutError(`[deadline_exceeded] watch ${watchId} ran for its timeoutMs (${timeoutMs} ms): ${DEADLINE_HINT}`));
       }, timeoutMs);
     }
   }
