@@ -194,6 +194,11 @@ export class Commands {
   async connect(pid: number, opts: CommandConnectOpts = {}): Promise<CommandHandle> {
     checkRequestOpts(opts, ['onStdout', 'onStderr', 'timeoutMs'], 'commands.connect');
     if (opts.timeoutMs !== undefined) checkTimeoutMs(opts.timeoutMs, 'commands.connect');
+    return this._connect(pid, opts);
+  }
+
+  /** @internal commands.connect's work, for pty.connect's handle too (onData) */
+  async _connect(pid: number, opts: HandleOpts): Promise<CommandHandle> {
     let handle: CommandHandle | undefined;
     await this.link.conn.call<{ pid: number; output: Array<Record<string, unknown>> }>(
       'process.connect',

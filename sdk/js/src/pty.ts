@@ -6,7 +6,7 @@
  * its size (the program gets SIGWINCH).
  */
 import type { CommandHandle } from './command-handle';
-import type { CommandConnectOpts, Commands } from './commands';
+import type { Commands } from './commands';
 import type { SandboxLink } from './link';
 import { checkTimeoutMs, InvalidArgumentError } from './errors';
 import { checkKeys, checkRequestOpts, type RequestOpts } from './options';
@@ -95,8 +95,7 @@ export class Pty {
     if (opts.onData !== undefined && typeof opts.onData !== 'function') throw new InvalidArgumentError('pty.connect: onData must be a function');
     if (opts.timeoutMs !== undefined) checkTimeoutMs(opts.timeoutMs, 'pty.connect');
     // a handle that hands the terminal's bytes to onData, not to stdout
-    const handleOpts = { onData: opts.onData ?? (() => {}) } as CommandConnectOpts;
-    return this.commands.connect(pid, handleOpts);
+    return this.commands._connect(pid, { onData: opts.onData ?? (() => {}) });
   }
 
   /** Types into the terminal (keystrokes: "\x03" is Ctrl-C, "\r" is Enter). */
