@@ -385,6 +385,26 @@ tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle
   return c;
 }
 
+int tp_sconn_preface(tp_sconn_t *c, const void *p, size_t n, tp_error_t *err) {
+  tp__swrite_t *w;
+  uv_buf_t b;
+  int r;
+  if (c->down)
+    return tp_error_set(err, EPIPE, "data connection is closed");
+  if ((w = malloc(sizeof(*w) + n)) == NULL)
+    return tp_error_set(err, ENOMEM, "out of memory");
+  memcpy(w->bytes, p, n);
+  w->c = c;
+  w->len = n;
+  b = uv_buf_init((char *) w->bytes, (unsigned) n);
+  if ((r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &b, 1, tp__sconn_write_cb)) < 0) {
+    free(w);
+    return tp_error_set(err, -r, "data connection: %s", uv_strerror(r));
+  }
+  c->queued += n;
+  return 0;
+}
+
 int tp_sconn_open(tp_sconn_t *c, uint32_t sid, uint32_t kind, uint32_t recv_window, int sends,
                   void *sdata, tp_error_t *err) {
   uint8_t f[TP_SF_HDR + 8];

@@ -63,6 +63,8 @@ typedef struct tp_sconn_cbs_s {
 tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle_ms,
                          const tp_sconn_cbs_t *cbs, void *data, tp_error_t *err);
 void *tp_sconn_data(const tp_sconn_t *c);
+/* Queues raw bytes before any frame (the attach's JSON reply line). */
+int tp_sconn_preface(tp_sconn_t *c, const void *p, size_t n, tp_error_t *err);
 
 /* Opens stream sid (1..2^31-1, never used before on c) of kind and tells
  * the peer (OPEN).  recv_window > 0: the peer may send that much before a

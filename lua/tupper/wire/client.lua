@@ -95,7 +95,7 @@ function M.connect(opts)
     pipe, err = start_daemon(socket, opts.state_dir)
     if not pipe then return nil, err end
   end
-  local self = setmetatable({ next_id = 1, pending = {}, subs = {}, closed = false }, Client)
+  local self = setmetatable({ next_id = 1, pending = {}, subs = {}, closed = false, socket = socket }, Client)
   self.conn = rpc.wrap(pipe, {
     message = function(_, msg) self:_message(msg) end,
     close = function() self:_closed() end,
