@@ -135,8 +135,9 @@ function DC:read_file(client, params, sink)
   while true do
     local ev = self:_next(sid)
     if ev[1] == "data" then
-      local ok, serr = sink(ev[2])
-      if not ok then
+      local pok, ok, serr = pcall(sink, ev[2])
+      if not pok then serr = ok end
+      if not pok or not ok then
         self:_send(M.frame(T.ERROR, sid, string.pack("<I4", 125) .. "the client stopped"))
         self.streams[sid] = nil
         return nil, { code = -1, message = tostring(serr) }
@@ -152,42 +153,64 @@ function DC:read_file(client, params, sink)
   end
 end
 
+local Writer = {}
+Writer.__index = Writer
+
+--- Sends data (a string) on the writer's stream, within its credit.
+-- Returns true, or nil and an error object (the daemon's ERROR, or the
+-- connection's end).
+function Writer:write(data)
+  local dc, sid, s = self.dc, self.sid, self.s
+  local off = 1
+  while off <= #data do
+    for i, ev in ipairs(s.queue) do
+      if ev[1] == "error" then table.remove(s.queue, i); dc.streams[sid] = nil; return fail(ev) end
+    end
+    while s.credit == 0 do
+      local ev = dc:_next(sid)
+      if ev[1] == "error" then dc.streams[sid] = nil; return fail(ev) end
+    end
+    local n = math.min(#data - off + 1, s.credit, M.CHUNK)
+    s.credit = s.credit - n
+    local ok, serr = dc:_send(M.frame(T.DATA, sid, off == 1 and n == #data and data or data:sub(off, off + n - 1)))
+    if not ok then return nil, { code = -1, message = serr } end
+    off = off + n
+  end
+  return true
+end
+
+--- Ends the stream and waits for the daemon's END: the bytes written, or
+-- nil and an error object.
+function Writer:finish()
+  local dc, sid = self.dc, self.sid
+  dc:_send(M.frame(T.END, sid))
+  while true do
+    local ev = dc:_next(sid)
+    if ev[1] == "end" then dc.streams[sid] = nil; return ev[2] or 0 end
+    if ev[1] == "error" then dc.streams[sid] = nil; return fail(ev) end
+  end
+end
+
+--- Opens a write stream (fs.write_stream with params): a writer, or nil
+-- and an error object.
+function DC:writer(client, params)
+  local r, err = client:call("fs.write_stream", params)
+  if not r then return nil, err end
+  return setmetatable({ dc = self, sid = r.stream, s = stream_of(self, r.stream) }, Writer)
+end
+
 --- Writes what source() returns (strings; nil at the end) to a box's file.
 -- params as fs.write_stream's.  Returns the bytes written, or nil and an error object.
 function DC:write_file(client, params, source)
-  local r, err = client:call("fs.write_stream", params)
-  if not r then return nil, err end
-  local sid = r.stream
-  local s = stream_of(self, sid)
-  local pending, poff = nil, 1
+  local w, err = self:writer(client, params)
+  if not w then return nil, err end
   while true do
-    if not pending then
-      pending, poff = source(), 1
-      if pending == nil then break end
-    end
-    while s.credit == 0 do
-      local ev = self:_next(sid)
-      if ev[1] == "error" then self.streams[sid] = nil; return fail(ev) end
-    end
-    local n = math.min(#pending - poff + 1, s.credit, M.CHUNK)
-    if n > 0 then
-      s.credit = s.credit - n
-      local ok, serr = self:_send(M.frame(T.DATA, sid, pending:sub(poff, poff + n - 1)))
-      if not ok then return nil, { code = -1, message = serr } end
-    end
-    poff = poff + n
-    if poff > #pending then pending = nil end
-    -- errors (ENOSPC, EACCES) show up while we send: stop at the first
-    for _, ev in ipairs(s.queue) do
-      if ev[1] == "error" then self.streams[sid] = nil; return fail(ev) end
-    end
+    local chunk = source()
+    if chunk == nil then break end
+    local ok, werr = w:write(chunk)
+    if not ok then return nil, werr end
   end
-  self:_send(M.frame(T.END, sid))
-  while true do
-    local ev = self:_next(sid)
-    if ev[1] == "end" then self.streams[sid] = nil; return ev[2] or 0 end
-    if ev[1] == "error" then self.streams[sid] = nil; return fail(ev) end
-  end
+  return w:finish()
 end
 
 function DC:close()
