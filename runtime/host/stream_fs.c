@@ -7,7 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define TP__SFS_INFLIGHT 8 /* agent requests in flight per relay */
+/* agent requests in flight per relay: a write stream has at most its window
+ * in whole chunks plus the last piece in flight */
+#define TP__SFS_INFLIGHT ((int) (TP_SCONN_WINDOW_MAX / TP_CHUNK_MAX) + 2)
 
 typedef struct tp__srelay_s {
   struct tp__srelay_s *bnext, *dnext; /* the box's relays, the connection's */
