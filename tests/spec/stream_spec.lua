@@ -166,6 +166,14 @@ describe("the data plane", function()
     assert.are.equal(-32602, raw_line(b).error.code, "a token is single use")
     raw_close(a)
     raw_close(b)
+    -- unused tokens are capped per connection
+    local busy
+    for _ = 1, 17 do
+      local t, terr = helper.call(c2, "stream.channel", {})
+      if not t then busy = terr; break end
+    end
+    assert.truthy(busy, "the 17th unused token is refused")
+    assert.are.equal(-32004, busy.code)
     c2:close()
   end)
 

@@ -13,6 +13,7 @@ local M = {}
 
 M.VERSION = 1                 -- the frames' version (hello's `streams`)
 M.TOKEN_TTL = 30000           -- ms a stream.channel token stays valid
+M.TOKENS_MAX = 16             -- unused tokens one connection may hold
 M.IDLE_MS = 60000             -- a data connection with no credit for this long is dropped
 M.WINDOW = 4 * 1024 * 1024    -- the default window of a data connection
 M.FRAME_MAX = 1048576
@@ -44,6 +45,12 @@ function M.register(h, helpers)
     local now = uv.now()
     for t, e in pairs(d.stream_tokens) do
       if e.expires < now or e.conn.closed then d.stream_tokens[t] = nil end
+    end
+    local mine = 0
+    for _, e in pairs(d.stream_tokens) do if e.conn == conn then mine = mine + 1 end end
+    if mine >= M.TOKENS_MAX then
+      return nil, rpc.BUSY, ("stream.channel: %d unused tokens on this connection already"):format(mine),
+        { cap = "stream_tokens", value = M.TOKENS_MAX }
     end
     local token = hex_token()
     d.stream_tokens[token] = { conn = conn, expires = now + M.TOKEN_TTL }
