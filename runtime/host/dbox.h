@@ -77,7 +77,17 @@ struct tp_dbox_s {
   int64_t oom_gone; /* v1: OOM kills counted in trees since removed (their subs
                        took their counters with them) */
   char *keep_upper; /* destroy: move <dir>/upper here before removing dir */
+  /* C users of the channel (the data plane's relays, stream_fs.c): replies
+   * to request ids from TP_DBOX_CID_MIN go to c_frame, not to the owner;
+   * c_down runs when the box goes down or is stopped. */
+  tp_dbox_frame_cb c_frame;
+  void (*c_down)(tp_dbox_t *b, const char *reason);
+  void *c_data;
+  uint32_t c_next; /* the next such id */
 };
+
+/* Request ids from here are made in C (the Lua owner's stay below). */
+#define TP_DBOX_CID_MIN 0x80000000u
 
 /* A start, as the owner describes it; strings and lists are borrowed until
  * tp_dbox_start returns. */

@@ -45,6 +45,13 @@ static tp_lbox_t *tp__check_lbox(lua_State *L) {
 
 static tp_dbox_t *tp__check_box(lua_State *L) { return tp__check_lbox(L)->b; }
 
+tp_dbox_t *tp_l_box_check(lua_State *L, int idx) {
+  tp_lbox_t *u = luaL_checkudata(L, idx, TP_L_BOX_MT);
+  if (u->b == NULL)
+    luaL_error(L, "box is gone");
+  return u->b;
+}
+
 static tp_dbox_t *tp__check_cg(lua_State *L) {
   tp_dbox_t *b = tp__check_box(L);
   if (!tp_dbox_has_cgroup(b))

@@ -118,6 +118,7 @@ function Daemon:_request(conn, msg)
     end
     params = checked
     if loaded then params._recipe = loaded end -- internal, after the policies
+    if msg.method == "stream.attach" then params._rpc_id = id end -- its reply is C's (api_stream.lua)
     local sid = params.sandbox or params.id
     if type(sid) == "string" and self.sandboxes[sid] then
       conn.uses = conn.uses or {}
