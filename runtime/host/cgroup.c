@@ -508,6 +508,28 @@ int tp_cgroup_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *e
   return 0;
 }
 
+int tp_cgroup_own_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *err) {
+  pidset_t s = {NULL, 0, 0};
+  cleanup_free char *text = NULL;
+  cg_dirs_t ds;
+
+  *pids = NULL;
+  *n = 0;
+  cg_dirs(cg, &ds);
+  if (ds.n == 0)
+    return tp_error_set(err, EINVAL, "pids: cgroup closed");
+  text = tp__cg_read(ds.d[0], "cgroup.procs", err);
+  if (text == NULL)
+    return -1;
+  if (pidset_add_text(&s, text) < 0) {
+    free(s.v);
+    return tp_error_errno(err, ENOMEM, "pids of '%s'", ds.d[0]);
+  }
+  *pids = s.v;
+  *n = s.n;
+  return 0;
+}
+
 /* ---- freeze ----------------------------------------------------------------------- */
 
 int tp_cgroup_freeze(const tp_cgroup_t *cg, int frozen, tp_error_t *err) {

@@ -183,6 +183,10 @@ int tp_cgroup_kill(const tp_cgroup_t *cg, tp_error_t *err);
 
 /* Sorted, distinct host pids (thread group ids) in cg and its subs. */
 int tp_cgroup_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *err);
+/* The host pids listed in cg's own cgroup.procs (its first hierarchy on v1),
+ * its subs' left out, unsorted: O(1) in the number of subs, where
+ * tp_cgroup_pids walks them all (a process the agent just forked is here). */
+int tp_cgroup_own_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *err);
 
 int tp_cgroup_stats(const tp_cgroup_t *cg, tp_cgroup_stats_t *st, tp_error_t *err);
 

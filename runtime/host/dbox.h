@@ -59,6 +59,8 @@ struct tp_dbox_s {
   uv_poll_t exitp;
   int open_handles; /* initialised handles whose close callback is pending */
   int work_pending; /* a destroy job is queued */
+  int tree_jobs;    /* tp_dbox_tree_start jobs in the pool: they read cg */
+  int held_destroy; /* tp_dbox_destroy waits for them (0, or 1: queue it; 2: release) */
   int started;      /* tp_dbox_on ran: the handles exist */
   int down;         /* the down callback ran (or the box was destroyed) */
   int destroyed;    /* tp_dbox_destroy or the release ran */
@@ -124,6 +126,14 @@ int tp_dbox_has_cgroup(const tp_dbox_t *b);
  * double-fork included.  EEXIST if the tree exists; EOPNOTSUPP where the
  * box's processes are not in its cgroup (an engine's box). */
 int tp_dbox_tree(tp_dbox_t *b, const char *name, pid_t box_pid, tp_error_t *err);
+/* A tree's end: err NULL once made, else why not. */
+typedef void (*tp_dbox_tree_cb)(void *data, const tp_error_t *err);
+/* tp_dbox_tree in the pool (a v1 attach can take the kernel tens of ms):
+ * the checks here, the sub and the move there; cb(data, ...) runs on the
+ * loop after, unless the box is released by then.  A destroy or release
+ * meanwhile waits for it.  -1 and err if nothing was queued. */
+int tp_dbox_tree_start(tp_dbox_t *b, const char *name, pid_t box_pid, tp_dbox_tree_cb cb,
+                       void *data, tp_error_t *err);
 tp_dbox_tree_t *tp_dbox_tree_find(tp_dbox_t *b, const char *name);
 /* sig to every process of t (SIGKILL: the whole tree, waiting until it is
  * gone); *n gets how many were signalled. */

@@ -6,6 +6,7 @@
 #include <lauxlib.h>
 #include <luv/luv.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "l_core.h"
@@ -192,20 +193,69 @@ static int tp_lbox_stats(lua_State *L) {
   return 1;
 }
 
-/* box:tree(name, box_pid): moves process box_pid (as the box sees it) into a
- * new sub cgroup `name`, so that its whole tree can be signalled or killed,
- * setsid and double-fork included.  true | nil, msg */
+/* An async box:tree's Lua side: the callback and the box, held until it ends. */
+typedef struct tp__ltree_s {
+  lua_State *L; /* main thread */
+  int ref_cb, ref_box;
+} tp__ltree_t;
+
+static void tp__ltree_done(void *data, const tp_error_t *err) {
+  tp__ltree_t *j = data;
+  lua_State *L = j->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, j->ref_cb);
+  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
+  free(j);
+  if (err == NULL) {
+    lua_pushboolean(L, 1);
+    lua_pushnil(L);
+  } else {
+    lua_pushnil(L);
+    lua_pushstring(L, err->msg);
+  }
+  tp_lua_pcall(L, 2, 0, 0);
+}
+
+/* box:tree(name, box_pid [, cb]): moves process box_pid (as the box sees it)
+ * into a new sub cgroup `name`, so that its whole tree can be signalled or
+ * killed, setsid and double-fork included.  true | nil, msg; with cb the
+ * work runs in the thread pool (the loop goes on) and cb(true) or cb(nil,
+ * msg) runs after, the call returning true or nil, msg (not queued). */
 static int tp_lbox_tree(lua_State *L) {
   tp_dbox_t *b = tp__check_cg(L);
   const char *name = luaL_checkstring(L, 2);
   pid_t bpid = (pid_t) luaL_checkinteger(L, 3);
+  int async = !lua_isnoneornil(L, 4);
   tp_error_t err = {0};
+  tp__ltree_t *j;
   luaL_argcheck(L, strlen(name) < sizeof(((tp_dbox_tree_t *) 0)->name) && tp_cgroup_valid_name(name),
                 2, "bad name");
+  if (async)
+    luaL_checktype(L, 4, LUA_TFUNCTION);
   if (tp_dbox_tree_find(b, name) != NULL)
     return luaL_error(L, "tree '%s' exists", name);
-  if (tp_dbox_tree(b, name, bpid, &err) < 0)
+  if (!async) {
+    if (tp_dbox_tree(b, name, bpid, &err) < 0)
+      return tp_l_push_err(L, &err);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  j = malloc(sizeof(*j));
+  if (j == NULL)
+    return luaL_error(L, "tree: out of memory");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  j->L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  lua_pushvalue(L, 4);
+  j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, 1);
+  j->ref_box = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (tp_dbox_tree_start(b, name, bpid, tp__ltree_done, j, &err) < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+    luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
+    free(j);
     return tp_l_push_err(L, &err);
+  }
   lua_pushboolean(L, 1);
   return 1;
 }

@@ -511,7 +511,11 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   if hold then
     -- unique across daemon restarts: a re-adopted box keeps its old trees
     local tree = "p" .. pid .. "-" .. core.random_hex(4)
-    local ok, terr = self.box:tree(tree, pid)
+    -- in the thread pool: a v1 attach can take the kernel tens of ms
+    local ok, terr = async.wait(function(cb)
+      local q, qerr = self.box:tree(tree, pid, cb)
+      if not q then cb(nil, qerr) end
+    end)
     if not ok then
       proc.owner = nil -- nobody learns of this pid: no notifications
       self:request(MSG.SIGNAL, { pid = pid, signal = 9 })

@@ -1,0 +1,73 @@
+-- One client's load does not hold the others: the daemon's loop stays free
+-- while process starts are in flight (their cgroup work runs in the thread
+-- pool).  A functional bound with a wide margin, not a benchmark
+-- (bench/loop measures it).
+local helper = require("helper")
+local async = require("tupper.util.async")
+
+describe("a loop that starts do not block", function()
+  local d, load, other, id
+  setup(function()
+    d = helper.start_daemon()
+    load = d.connect()
+    other = d.connect()
+    id = assert(helper.call(load, "sandbox.create", {})).id
+  end)
+  teardown(function()
+    if id then helper.call(load, "sandbox.kill", { id = id }) end
+    if load then load:close() end
+    if other then other:close() end
+    if d then d.stop() end
+  end)
+
+  it("answers another client's sandbox.list while 200 starts are in flight", function()
+    local N = 200
+    local answered, failed = 0, {}
+    local lists, slowest, bad = 0, 0, nil
+    helper.sync(function()
+      for _ = 1, N do
+        async.spawn(function()
+          local r, e = load:call("process.start", { sandbox = id, argv = { "/bin/true" } })
+          if not r then failed[#failed + 1] = e and e.message or "?" end
+          answered = answered + 1
+        end)
+      end
+      -- the other client lists, one call after another, until the starts are done
+      while answered < N do
+        local t = helper.now()
+        local r = other:call("sandbox.list", {})
+        if not (r and r.sandboxes and #r.sandboxes == 1) then bad = r end
+        local ms = helper.now() - t
+        if answered > 0 and answered < N then lists = lists + 1 end
+        if ms > slowest then slowest = ms end
+      end
+    end)
+    assert.is_nil(bad)
+    assert.are.same({}, failed)
+    -- each start waits on the agent and on a cgroup attach in the thread
+    -- pool; a list waits on neither.  A loop that did the attaches itself
+    -- held a list for seconds here; the bound leaves a loaded machine a
+    -- wide margin
+    assert.is_true(lists >= 1, "no sandbox.list answered while the starts were answered")
+    assert.is_true(slowest < 2000, ("a sandbox.list took %d ms"):format(slowest))
+  end)
+
+  it("leaves no process tree behind once the starts are done", function()
+    helper.sync(function()
+      local deadline = helper.now() + 20000
+      while helper.now() < deadline do
+        local r = assert(load:call("process.list", { sandbox = id }))
+        if #r.processes == 0 then return end
+        async.sleep(50)
+      end
+    end)
+    local r = assert(helper.call(load, "process.list", { sandbox = id }))
+    assert.are.equal(0, #r.processes)
+    -- each tree's sub cgroup went with its process (v1: in every hierarchy)
+    local p = io.popen("ls -d /sys/fs/cgroup/*/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ " ..
+      "/sys/fs/cgroup/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ 2>/dev/null")
+    local left = p:read("a")
+    p:close()
+    assert.are.equal("", left)
+  end)
+end)
