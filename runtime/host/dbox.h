@@ -47,6 +47,8 @@ typedef struct tp_dbox_tree_s {
   struct tp_dbox_tree_s *next;
   char name[32];
   tp_cgroup_t cg;
+  int busy;       /* kill jobs in the pool on cg */
+  int rm_pending; /* unlinked while busy: the last kill job removes it */
 } tp_dbox_tree_t;
 
 struct tp_dbox_s {
@@ -139,8 +141,19 @@ tp_dbox_tree_t *tp_dbox_tree_find(tp_dbox_t *b, const char *name);
  * gone); *n gets how many were signalled. */
 int tp_dbox_tree_signal(tp_dbox_t *b, tp_dbox_tree_t *t, int sig, size_t *n, tp_error_t *err);
 int tp_dbox_tree_count(tp_dbox_t *b, tp_dbox_tree_t *t, size_t *n, tp_error_t *err);
+/* A kill's end: n signalled (its count when the kill began), or err. */
+typedef void (*tp_dbox_kill_cb)(void *data, size_t n, const tp_error_t *err);
+/* tp_dbox_tree_signal(SIGKILL) in the pool (v1 freezes, signals and waits
+ * there); cb runs on the loop unless the box is released.  A removal of t
+ * meanwhile waits for it. */
+int tp_dbox_tree_kill_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_dbox_kill_cb cb, void *data,
+                            tp_error_t *err);
 /* Kills what is left of t and removes its cgroup; t is freed. */
 int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
+/* The same in the pool: t is unlinked (no longer found) at once, its cgroup
+ * removed there (on failure, the box's destroy removes it); its v1 OOM
+ * kills are counted in oom_gone when done.  ENOENT if t is not b's. */
+int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 
 /* Kills every process of the box at once and, in the pool, waits for its
  * end, removes its dir and its cgroups; with keep_upper (an absolute path on

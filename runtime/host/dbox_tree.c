@@ -176,6 +176,8 @@ int tp_dbox_tree_count(tp_dbox_t *b, tp_dbox_tree_t *t, size_t *n, tp_error_t *e
 int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
   for (tp_dbox_tree_t **pp = &b->trees; *pp != NULL; pp = &(*pp)->next) {
     if (*pp == t) {
+      if (t->busy)
+        return tp_error_set(err, EBUSY, "tree '%s' is being killed", t->name);
       /* v1 counts an OOM kill in the sub only: the box keeps the count */
       int64_t oom = t->cg.version == 1 ? tp_cgroup_oom_kills(&t->cg) : -1;
       if (tp_cgroup_destroy(&t->cg, err) < 0)
@@ -188,4 +190,125 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
     }
   }
   return tp_error_set(err, ENOENT, "no such tree");
+}
+
+/* ---- removal in the pool ---------------------------------------------------------- */
+
+typedef struct rm_job_s {
+  tp_dbox_t *b;
+  tp_dbox_tree_t *t; /* unlinked: the job's alone */
+  int64_t oom;
+  int ret;
+  tp_error_t err;
+} rm_job_t;
+
+static void rm_work(void *data) {
+  rm_job_t *j = data;
+  j->oom = j->t->cg.version == 1 ? tp_cgroup_oom_kills(&j->t->cg) : -1;
+  j->ret = tp_cgroup_destroy(&j->t->cg, &j->err);
+}
+
+static void rm_after(void *data, int status) {
+  rm_job_t *j = data;
+  tp_dbox_t *b = j->b;
+  if (status < 0) /* never ran: here, then */
+    rm_work(j);
+  if (j->oom > 0)
+    b->oom_gone += j->oom;
+  if (j->ret < 0) { /* the box's destroy removes what is left */
+    tp_cgroup_free(&j->t->cg);
+  }
+  free(j->t);
+  free(j);
+  b->tree_jobs--;
+  tp__dbox_jobs_done(b);
+}
+
+static int rm_queue(tp_dbox_t *b, tp_dbox_tree_t *t) {
+  rm_job_t *j = calloc(1, sizeof(*j));
+  int r;
+  if (j == NULL) { /* here, then */
+    tp_error_t e = {0};
+    if (tp_cgroup_destroy(&t->cg, &e) < 0)
+      tp_cgroup_free(&t->cg);
+    free(t);
+    return -1;
+  }
+  j->b = b;
+  j->t = t;
+  b->tree_jobs++;
+  r = tp_job_queue(b->loop, rm_work, rm_after, j);
+  if (r < 0)
+    rm_after(j, r);
+  return 0;
+}
+
+int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
+  for (tp_dbox_tree_t **pp = &b->trees; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == t) {
+      *pp = t->next;
+      t->next = NULL;
+      if (t->busy) /* a kill job reads t: the last one queues this */
+        t->rm_pending = 1;
+      else
+        rm_queue(b, t);
+      return 0;
+    }
+  }
+  return tp_error_set(err, ENOENT, "no such tree");
+}
+
+/* ---- SIGKILL in the pool ---------------------------------------------------------- */
+
+typedef struct kill_job_s {
+  tp_dbox_t *b;
+  tp_dbox_tree_t *t; /* busy: neither freed nor removed until done */
+  size_t n;
+  int ret;
+  tp_error_t err;
+  tp_dbox_kill_cb cb;
+  void *data;
+} kill_job_t;
+
+static void kill_work(void *data) {
+  kill_job_t *j = data;
+  cleanup_free pid_t *pids = NULL;
+  j->ret = tp_cgroup_pids(&j->t->cg, &pids, &j->n, &j->err);
+  if (j->ret == 0)
+    j->ret = tp_cgroup_kill(&j->t->cg, &j->err);
+}
+
+static void kill_after(void *data, int status) {
+  kill_job_t *j = data;
+  tp_dbox_t *b = j->b;
+  tp_dbox_tree_t *t = j->t;
+  if (status < 0 && j->ret == 0)
+    j->ret = tp_error_set(&j->err, -status, "kill tree: %s", uv_strerror(status));
+  if (--t->busy == 0 && t->rm_pending)
+    rm_queue(b, t);
+  if (!b->released && j->cb != NULL)
+    j->cb(j->data, j->n, j->ret == 0 ? NULL : &j->err);
+  free(j);
+  b->tree_jobs--;
+  tp__dbox_jobs_done(b);
+}
+
+int tp_dbox_tree_kill_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_dbox_kill_cb cb, void *data,
+                            tp_error_t *err) {
+  kill_job_t *j = calloc(1, sizeof(*j));
+  int r;
+  if (j == NULL)
+    return tp_error_set(err, ENOMEM, "tree: out of memory");
+  j->b = b;
+  j->t = t;
+  j->cb = cb;
+  j->data = data;
+  r = tp_job_queue(b->loop, kill_work, kill_after, j);
+  if (r < 0) {
+    free(j);
+    return tp_error_set(err, -r, "kill tree: %s", uv_strerror(r));
+  }
+  t->busy++;
+  b->tree_jobs++;
+  return 0;
 }

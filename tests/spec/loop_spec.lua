@@ -63,11 +63,19 @@ describe("a loop that starts do not block", function()
     end)
     local r = assert(helper.call(load, "process.list", { sandbox = id }))
     assert.are.equal(0, #r.processes)
-    -- each tree's sub cgroup went with its process (v1: in every hierarchy)
-    local p = io.popen("ls -d /sys/fs/cgroup/*/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ " ..
-      "/sys/fs/cgroup/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ 2>/dev/null")
-    local left = p:read("a")
-    p:close()
-    assert.are.equal("", left)
+    -- each tree's sub cgroup goes with its process (v1: in every
+    -- hierarchy), removed in the thread pool soon after
+    local function subs()
+      local p = io.popen("ls -d /sys/fs/cgroup/*/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ " ..
+        "/sys/fs/cgroup/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ 2>/dev/null")
+      local left = p:read("a")
+      p:close()
+      return left
+    end
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while subs() ~= "" and helper.now() < deadline do async.sleep(50) end
+    end)
+    assert.are.equal("", subs())
   end)
 end)
