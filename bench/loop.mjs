@@ -1,0 +1,120 @@
+// bench/loop's measurements (see bench/loop).  Bare JSON-RPC clients on the
+// daemon's socket: the SDK's own costs are bench/sdk's business.
+import * as net from 'node:net';
+
+const races = Number(process.argv[2] ?? 1000);
+const piped = Number(process.argv[3] ?? 200);
+
+class Bare {
+  static open(path) {
+    return new Promise((resolve, reject) => {
+      const s = net.createConnection({ path });
+      s.once('error', reject);
+      s.once('connect', () => resolve(new Bare(s)));
+    });
+  }
+  constructor(s) {
+    this.s = s;
+    this.id = 0;
+    this.pending = new Map();
+    this.buf = '';
+    s.setEncoding('utf8');
+    s.on('data', (d) => {
+      this.buf += d;
+      let nl;
+      while ((nl = this.buf.indexOf('\n')) >= 0) {
+        const m = JSON.parse(this.buf.slice(0, nl));
+        this.buf = this.buf.slice(nl + 1);
+        if (m.id === undefined) continue; // notifications: not timed here
+        const p = this.pending.get(m.id);
+        this.pending.delete(m.id);
+        if (m.error) p.reject(Object.assign(new Error(m.error.message), { code: m.error.code }));
+        else p.resolve(m.result);
+      }
+    });
+  }
+  call(method, params) {
+    const id = ++this.id;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      this.s.write(JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n');
+    });
+  }
+  close() { this.s.destroy(); }
+}
+
+const now = () => Number(process.hrtime.bigint()) / 1e6;
+const pct = (ms, p) => {
+  const s = [...ms].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(s.length * p))];
+};
+
+// the other client: sandbox.list calls one after another until stop()
+function prober(c) {
+  const ms = [];
+  let going = true;
+  const done = (async () => {
+    while (going) {
+      const t = now();
+      await c.call('sandbox.list', {});
+      ms.push(now() - t);
+      await new Promise((r) => setTimeout(r, 2));
+    }
+  })();
+  return { ms, stop: async () => { going = false; await done; return ms; } };
+}
+
+const load = await Bare.open(process.env.TUPPER_SOCKET);
+const other = await Bare.open(process.env.TUPPER_SOCKET);
+const box = await load.call('sandbox.create', { limits: { timeout: 0 } });
+const sandbox = box.id;
+const rows = [];
+try {
+  for (let i = 0; i < 20; i++) await load.call('process.start', { sandbox, argv: ['/bin/true'] });
+  // quiet: the other client alone, for about as many calls as the storm gives it
+  {
+    const p = prober(other);
+    await new Promise((r) => setTimeout(r, 3000));
+    rows.push(['quiet', await p.stop(), 0]);
+  }
+  // start + kill races, 8 in flight at a time
+  {
+    const p = prober(other);
+    const t = now();
+    let next = 0, failed = 0;
+    const worker = async () => {
+      while (next < races) {
+        next++;
+        try {
+          const { pid } = await load.call('process.start', { sandbox, argv: ['/bin/sleep', '30'] });
+          await load.call('process.signal', { sandbox, pid, signal: 9 });
+        } catch { failed++; }
+      }
+    };
+    await Promise.all(Array.from({ length: 8 }, worker));
+    const secs = (now() - t) / 1000;
+    rows.push([`${races} start+kill races (${(races / secs).toFixed(0)}/s${failed ? `, ${failed} refused` : ''})`, await p.stop(), secs]);
+  }
+  // N starts sent at once
+  {
+    const p = prober(other);
+    await new Promise((r) => setTimeout(r, 50));
+    const t = now();
+    const rs = await Promise.allSettled(Array.from({ length: piped }, () =>
+      load.call('process.start', { sandbox, argv: ['/bin/true'] })));
+    const secs = (now() - t) / 1000;
+    const refused = rs.filter((r) => r.status === 'rejected').length;
+    rows.push([`${piped} pipelined starts (${refused} refused)`, await p.stop(), secs]);
+  }
+  const q50 = pct(rows[0][1], 0.5);
+  console.log(`\nanother client's sandbox.list while one client loads the daemon`);
+  console.log('| phase | calls | p50 ms | p99 ms | max ms | p50 ratio to quiet |');
+  console.log('|---|---:|---:|---:|---:|---:|');
+  for (const [name, ms] of rows) {
+    console.log(`| ${name} | ${ms.length} | ${pct(ms, 0.5).toFixed(2)} | ${pct(ms, 0.99).toFixed(2)} | ${Math.max(...ms).toFixed(2)} | ${(pct(ms, 0.5) / q50).toFixed(2)}x |`);
+  }
+} finally {
+  await load.call('sandbox.kill', { id: sandbox }).catch(() => {});
+  load.close();
+  other.close();
+}
