@@ -1,9 +1,18 @@
 // bench/loop's measurements (see bench/loop).  Bare JSON-RPC clients on the
 // daemon's socket: the SDK's own costs are bench/sdk's business.
 import * as net from 'node:net';
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 
 const races = Number(process.argv[2] ?? 1000);
 const piped = Number(process.argv[3] ?? 200);
+const stateDir = process.argv[4];
+// the daemon's CPU time so far, in seconds (utime + stime of /proc/PID/stat)
+const daemonCpu = () => {
+  const f = readFileSync(`/proc/${process.env.TUPPER_DAEMON_PID}/stat`, 'utf8');
+  const v = f.slice(f.lastIndexOf(')') + 2).split(' ');
+  return (Number(v[11]) + Number(v[12])) / 100;
+};
 
 class Bare {
   static open(path) {
@@ -105,6 +114,43 @@ try {
     const secs = (now() - t) / 1000;
     const refused = rs.filter((r) => r.status === 'rejected').length;
     rows.push([`${piped} pipelined starts (${refused} refused)`, await p.stop(), secs]);
+  }
+  // a DNS flood from the box: the host's python3 in the box's network
+  // namespace sends UDP queries to the box's resolver as fast as it can
+  if (stateDir) {
+    const nbox = await load.call('sandbox.create', { limits: { timeout: 0 }, network: { allow: ['flood.test'] } });
+    try {
+      const rec = JSON.parse(readFileSync(`${stateDir}/boxes/${nbox.id}.json`, 'utf8'));
+      const py = `
+import socket, time, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setblocking(False)
+q = lambda i: struct.pack('>HHHHHH', i & 0xffff, 0x100, 1, 0, 0, 0) + b'\\x05flood\\x04test\\x00\\x00\\x01\\x00\\x01'
+sent = got = 0; end = time.time() + 4
+while time.time() < end:
+    try: s.sendto(q(sent), ('127.0.0.1', 53)); sent += 1
+    except BlockingIOError: pass
+    try:
+        while True: s.recv(512); got += 1
+    except BlockingIOError: pass
+print(sent, got)
+`;
+      const p = prober(other);
+      await new Promise((r) => setTimeout(r, 50));
+      const t = now();
+      const cpu0 = daemonCpu();
+      const out = await new Promise((resolve) => {
+        const c = spawn('nsenter', [`--net=/proc/${rec.pid}/ns/net`, 'python3', '-c', py]);
+        let o = '';
+        c.stdout.on('data', (d) => { o += d; });
+        c.on('close', () => resolve(o.trim()));
+      });
+      const secs = (now() - t) / 1000;
+      const cpu = (daemonCpu() - cpu0) / secs;
+      const [sent, got] = out.split(' ').map(Number);
+      rows.push([`DNS flood from a box (${(sent / secs).toFixed(0)} queries/s sent, ${(got / secs).toFixed(0)}/s answered, daemon ${(cpu * 100).toFixed(0)}% of a core)`, await p.stop(), secs]);
+    } finally {
+      await load.call('sandbox.kill', { id: nbox.id }).catch(() => {});
+    }
   }
   const q50 = pct(rows[0][1], 0.5);
   console.log(`\nanother client's sandbox.list while one client loads the daemon`);

@@ -4,6 +4,7 @@
 -- (bench/loop measures it).
 local helper = require("helper")
 local async = require("tupper.util.async")
+local json = require("tupper.util.json")
 
 describe("a loop that starts do not block", function()
   local d, load, other, id
@@ -77,5 +78,58 @@ describe("a loop that starts do not block", function()
       while subs() ~= "" and helper.now() < deadline do async.sleep(50) end
     end)
     assert.are.equal("", subs())
+  end)
+end)
+
+describe("a box's DNS flood", function()
+  local d, c, id
+  setup(function()
+    d = helper.start_daemon()
+    c = d.connect()
+    id = assert(helper.call(c, "sandbox.create", { network = { allow = { "flood.test" } } })).id
+  end)
+  teardown(function()
+    if id then helper.call(c, "sandbox.kill", { id = id }) end
+    if c then c:close() end
+    if d then d.stop() end
+  end)
+
+  it("is held to the box's DNS rate, said once a second in its network log, and resolves again after", function()
+    local rec = json.decode(assert(helper.read_file(d.state .. "/boxes/" .. id .. ".json")))
+    -- 3000 queries at once from the box's network namespace (the host's python3)
+    local py = "import socket,struct\n" ..
+      "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n" ..
+      "for i in range(3000): s.sendto(struct.pack('>HHHHHH',i,256,1,0,0,0)+b'\\x05flood\\x04test\\x00\\x00\\x01\\x00\\x01',('127.0.0.1',53))\n"
+    local f = assert(io.open(d.dir .. "/flood.py", "w"))
+    f:write(py)
+    f:close()
+    local p = io.popen(("nsenter --net=/proc/%d/ns/net python3 %s/flood.py 2>&1"):format(math.tointeger(rec.pid), d.dir))
+    local out = p:read("a")
+    assert.is_true(p:close(), out)
+    local said, allowed = nil, 0
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while helper.now() < deadline do
+        local r = assert(c:call("sandbox.network_log", { id = id }))
+        allowed = 0
+        for _, e in ipairs(r.entries) do
+          if e.host == "(rate limit)" then said = e end
+          if e.action == "allow" and e.via == "dns" then allowed = allowed + 1 end
+        end
+        if said then return end
+        async.sleep(50)
+      end
+    end)
+    assert.truthy(said, "no rate limit entry in the network log")
+    assert.are.equal("deny", said.action)
+    assert.matches("over 200 queries/s: %d+ dropped", said.reason)
+    -- the burst (400) and the rate's share of the flood's few seconds went
+    -- through, the rest did not (without the bound the log's 1000 would
+    -- all be allowed queries)
+    assert.is_true(allowed >= 1 and allowed <= 900, ("%d queries answered"):format(allowed))
+    -- a second later the bucket has refilled: the box resolves again
+    helper.sync(function() async.sleep(1500) end)
+    local r = helper.sync(helper.run, c, id, { "/bin/sh", "-c", "nslookup flood.test 127.0.0.1" })
+    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
   end)
 end)
