@@ -133,3 +133,55 @@ describe("a box's DNS flood", function()
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
   end)
 end)
+
+describe("a client that does not read", function()
+  local d
+  setup(function()
+    d = helper.start_daemon(nil, { pool = 0, args = { "--max-queued", "1M" } })
+  end)
+  teardown(function()
+    if d then d.stop() end
+  end)
+
+  it("is dropped once 1M of replies wait for it (--max-queued), the log saying why; others go on", function()
+    local uv = require("luv")
+    local p = uv.new_pipe(false)
+    local closed, werr = false, nil
+    -- a write after the daemon's close must fail with EPIPE, not kill busted
+    local sigpipe = uv.new_signal()
+    sigpipe:start("sigpipe", function() end)
+    helper.sync(function()
+      local err = async.wait(function(cb) p:connect(d.socket, function(e) cb(e) end) end)
+      assert.is_nil(err)
+    end)
+    -- 40,000 calls each answered with about 150 bytes, never read: 6 MB
+    local line = '{"jsonrpc":"2.0","id":1,"method":"no.' .. ("x"):rep(90) .. '"}\n'
+    local batch = line:rep(1000)
+    helper.sync(function()
+      for _ = 1, 40 do
+        if werr then break end
+        async.wait(function(cb)
+          p:write(batch, function(e) werr = werr or e; cb() end)
+        end)
+      end
+      -- the daemon closes its end: a read sees the end (the replies it
+      -- had sent before are read and thrown away here)
+      p:read_start(function(e, chunk)
+        if e or not chunk then closed = true end
+      end)
+      local deadline = helper.now() + 20000
+      while not closed and helper.now() < deadline do async.sleep(20) end
+    end)
+    if not p:is_closing() then p:close() end
+    sigpipe:close()
+    assert.is_true(closed or werr ~= nil, "the connection stayed open")
+    local log = helper.read_file(d.log)
+    assert.matches("a client closed: %d+ bytes queued on its connection, not read: this daemon's cap is 1M", log)
+    assert.matches("(tupper daemon --max-queued)", log, 1, true)
+    -- another client is served
+    local c = d.connect()
+    local r = helper.call(c, "sandbox.list", {})
+    c:close()
+    assert.are.same({}, r.sandboxes)
+  end)
+end)

@@ -233,7 +233,11 @@ function Daemon:_accept()
       end
       conn.watches = nil
     end,
-  })
+  }, { max_backlog = caps.queued, on_backlog = function(_, bytes)
+    -- nobody reads: the client cannot be told, the log says why
+    log("%s", (limits.cap_error("queued", caps.queued,
+      ("a client closed: %d bytes queued on its connection, not read"):format(bytes))))
+  end })
   conn.last_active = uv.now()
   self.clients[conn] = true
 end
@@ -368,10 +372,10 @@ function M.run(opts)
       end
       local d = self.defaults
       log("default limits: memory %s, cpus %g, pids %d, disk %s, timeout %gs; caps: %d sandboxes, "
-          .. "memory %s, %d clients, %d requests and %d streams per client, idle timeout %gs",
+          .. "memory %s, %d clients, %d requests, %d streams and %s queued per client, idle timeout %gs",
           units.format_size(d.memory), d.cpus, d.pids, units.format_size(d.disk), d.timeout,
           self.caps.sandboxes, units.format_size(self.caps.memory), self.caps.clients,
-          self.caps.inflight, self.caps.streams, self.caps.idle)
+          self.caps.inflight, self.caps.streams, units.format_size(self.caps.queued), self.caps.idle)
     end
     if ok then ok, err = mkdirs(self.state .. "/images/default", tonumber("711", 8)) end
     if ok then
