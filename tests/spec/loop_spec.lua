@@ -185,3 +185,33 @@ describe("a client that does not read", function()
     assert.are.same({}, r.sandboxes)
   end)
 end)
+
+describe("the loop-lag probe", function()
+  local d
+  setup(function() d = helper.start_daemon(nil, { pool = 0 }) end)
+  teardown(function() if d then d.stop() end end)
+
+  it("says in the log how long the daemon's loop was held", function()
+    local uv = require("luv")
+    -- nothing runs on a stopped daemon's loop: 1 s of it held
+    uv.kill(d.pid, "sigstop")
+    helper.sync(function() async.sleep(1000) end)
+    uv.kill(d.pid, "sigcont")
+    local held
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while helper.now() < deadline do
+        for ms in (helper.read_file(d.log) or ""):gmatch("the daemon's loop was held (%d+) ms") do
+          if tonumber(ms) >= 900 then held = tonumber(ms) end
+        end
+        if held then return end
+        async.sleep(50)
+      end
+    end)
+    assert.truthy(held, "no loop-lag line of 900 ms or more: " .. tostring(helper.read_file(d.log)))
+    -- and it still answers
+    local c = d.connect()
+    assert.truthy(helper.call(c, "sandbox.list", {}))
+    c:close()
+  end)
+end)
