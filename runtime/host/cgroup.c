@@ -365,6 +365,13 @@ int tp_cgroup_sub(const tp_cgroup_t *cg, const char *name, tp_cgroup_t *sub, tp_
   }
   if (set_paths(sub, cg->path_v2, cg->path_v1, name, err) < 0)
     goto fail;
+  /* v1: a tree needs the hierarchies that list, freeze and count it (pids,
+   * freezer, memory); its process stays in the box's own cpu and cpuacct
+   * cgroups, under the same quota, and each start attaches in two fewer */
+  for (int c = TP_CG_CPU; sub->version == 1 && c <= TP_CG_CPUACCT; c++) {
+    free(sub->path_v1[c]);
+    sub->path_v1[c] = NULL;
+  }
   cg_dirs(sub, &ds);
   if (make_dirs(&ds, sub->version, 0, 0, NULL, made, err) < 0) {
     unmake_dirs(&ds, NULL, made);
