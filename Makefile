@@ -55,6 +55,7 @@ bench: build
 	@BUILD=$(BUILD) bench/recipe
 	@BUILD=$(BUILD) bench/network
 	@BUILD=$(BUILD) bench/bytes
+	@BUILD=$(BUILD) bench/loop
 
 clean:
 	rm -rf $(BUILD)

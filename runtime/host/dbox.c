@@ -33,7 +33,8 @@ void tp__dbox_free(tp_dbox_t *b) {
 }
 
 void tp__dbox_maybe_free(tp_dbox_t *b) {
-  if (b->open_handles > 0 || b->work_pending || !b->released)
+  if (b->open_handles > 0 || b->work_pending || b->tree_jobs > 0 || b->held_destroy == 2 ||
+      !b->released)
     return;
   tp__dbox_free(b);
 }
