@@ -432,7 +432,7 @@ export class Filesystem {
     return out;
   }
 
-  /** True when something exists at path (a dangling symlink counts). Never throws. */
+  /** True when something exists at path (a dangling symlink counts). Never rejects for what is there or not; an unknown option does (InvalidArgumentError). */
   async exists(path: string, opts?: FilesystemRequestOpts): Promise<boolean> {
     checkFsOpts(opts, [], 'files.exists');
     try {
