@@ -537,6 +537,9 @@ end
 -- recipe.register, recipe.list, recipe.remove: the template registry's
 for k, fn in pairs(require("tupper.daemon.templates").handlers) do h[k] = fn end
 
+-- volume.create, volume.list, volume.get, volume.destroy
+for k, fn in pairs(require("tupper.daemon.volumes").handlers) do h[k] = fn end
+
 function M.lookup(method)
   if not schema.methods[method] then return nil end
   return h[(method:gsub("%.", "_"))]
