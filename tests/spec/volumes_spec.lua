@@ -114,6 +114,17 @@ describe("volumes", function()
       assert.is_nil(sb, case[1])
       assert.truthy(msg(err):find(case[2], 1, true), case[1] .. ": " .. msg(err))
     end
+    -- a microVM has no way to mount one yet: refused, saying so
+    local vm, verr = call(c, "sandbox.create", { backend = "microvm", volumes = { ["/mnt/x"] = "mp" } })
+    assert.is_nil(vm)
+    assert.truthy(msg(verr):find("not supported on the microvm backend", 1, true), msg(verr))
+    local _, terr = call(c, "sandbox.create", { volumes = { ["/a"] = "mp", ["/b"] = "mp" } })
+    assert.truthy(msg(terr):find("volume 'mp' is mounted twice", 1, true), msg(terr))
+    -- more than a box may mount
+    local many = {}
+    for i = 1, 17 do many["/m" .. i] = "mp" end
+    local _, merr = call(c, "sandbox.create", { volumes = many })
+    assert.truthy(msg(merr):find("more than 16", 1, true) or msg(merr):find("at most 16", 1, true), msg(merr))
     assert.are.same({}, call(c, "sandbox.list", {}).sandboxes)
     assert.are.same({}, volumes.loops_of(image("mp")))
     assert(call(c, "volume.destroy", { name = "mp" }))
