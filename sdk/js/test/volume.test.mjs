@@ -58,6 +58,7 @@ test('volumeMounts: what a sandbox wrote is there for the next one and for the f
       // E2B's default account writes there
       const r = await sbx.commands.run('id -un; echo hello > /mnt/data/hello.txt && mkdir -p /mnt/data/sub');
       assert.equal(r.stdout, 'user\n');
+      assert.deepEqual((await sbx.getInfo()).volumeMounts, [{ name: 'sdk-mount', path: '/mnt/data' }]);
       const info = await Volume.getInfo('sdk-mount', opts);
       assert.deepEqual(info.mountedBy, [{ sandboxId: sbx.sandboxId, path: '/mnt/data' }]);
       // destroy refused while mounted, the sandbox named
