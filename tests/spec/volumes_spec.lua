@@ -261,6 +261,46 @@ describe("volumes across a daemon crash", function()
     assert.are.equal(0, d.stop())
     d = nil
   end)
+
+  it("killed during volume.create: the volume is whole or absent, no leftover after restart", function()
+    local async = require("tupper.util.async")
+    for round, delay in ipairs({ 0, 40, 120, 1500 }) do
+      d = helper.start_daemon(helper.tmpdir(), { pool = 0 })
+      local pipe = uv.new_pipe(false)
+      helper.sync(function() async.wait(function(cb) pipe:connect(d.socket, cb) end) end)
+      pipe:write('{"jsonrpc":"2.0","id":1,"method":"volume.create","params":{"name":"half","size":"2G"}}\n')
+      helper.sync(function() async.sleep(delay) end)
+      d.crash()
+      pipe:close()
+      local state = d.state
+      d = helper.start_daemon(d.dir, { pool = 0 })
+      local c = assert(d.connect())
+      local list = call(c, "volume.list", {}).volumes
+      assert.truthy(#list == 0 or (#list == 1 and list[1].name == "half"), "round " .. round)
+      -- nothing half-made is left in the state dir
+      local h = uv.fs_scandir(state .. "/volumes")
+      while h do
+        local name = uv.fs_scandir_next(h)
+        if not name then break end
+        assert.are.equal("half", name, "round " .. round .. ": leftover " .. name)
+      end
+      if #list == 1 then
+        -- a whole volume: it mounts and takes writes
+        local sb = assert(call(c, "sandbox.create", { volumes = { ["/h"] = "half" } }))
+        local r = assert(helper.sync(helper.run, c, sb.id, "echo ok > /h/x && cat /h/x"))
+        assert.are.equal("ok\n", r.stdout)
+        assert(call(c, "sandbox.kill", { id = sb.id }))
+        assert(call(c, "volume.destroy", { name = "half" }))
+      else
+        -- the name is free again
+        assert(call(c, "volume.create", { name = "half", size = "16M" }))
+        assert(call(c, "volume.destroy", { name = "half" }))
+      end
+      c:close()
+      assert.are.equal(0, d.stop())
+      d = nil
+    end
+  end)
 end)
 
 describe("volumes from the Lua client (tupper.sdk)", function()
