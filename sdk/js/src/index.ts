@@ -3,6 +3,7 @@
  * that code written against E2B's `Sandbox` moves by changing the import.
  */
 export { Sandbox, DEFAULT_SANDBOX_TIMEOUT_MS, type SandboxConnectOpts } from './sandbox';
+export { Volume, VolumeFileType, type VolumeInfo, type VolumeAndToken, type VolumeEntryStat, type VolumeMetadataOpts, type VolumeWriteOpts, type VolumeCreateOpts } from './volume';
 export { SandboxPaginator, type SandboxListOpts, type SandboxListOrder } from './paginator';
 export { type SandboxInfo, type SandboxState, type SandboxMetrics, type SandboxMetricsOpts } from './sandbox-info';
 export {

@@ -68,6 +68,11 @@ export interface SandboxOpts extends SandboxConnectionOpts {
   /** The image (E2B's template). Only "default", the embedded busybox image, for now. */
   image?: string;
   /**
+   * Volumes to mount, as E2B's: mount point in the box -> a Volume or a
+   * volume's name (docs/volumes.md). One sandbox at a time mounts a volume.
+   */
+  volumeMounts?: Record<string, { readonly volumeId: string } | string>;
+  /**
    * Where it runs: 'linux' (the default: namespaces on the host's kernel) or
    * 'microvm' (a QEMU microVM with its own kernel; same API, see docs/microvm.md).
    */
