@@ -171,6 +171,10 @@ function M.main(argv)
       return die("image: no command '%s': want ls, inspect, rm, import or prune (see tupper image --help)", sub)
     end
     i = i + 1
+  elseif verb == "snapshot" and (argv[i] == "ls" or argv[i] == "list" or argv[i] == "rm" or argv[i] == "remove") then
+    -- `tupper snapshot ID [NAME]` takes one; `snapshot ls|rm` are its sub-verbs
+    name = "snapshot " .. (SUB_ALIAS[argv[i]] or argv[i])
+    i = i + 1
   end
   local v = cli_table.verb(name)
   if not v then return die("unknown command '%s' (see tupper --help)", verb) end

@@ -113,6 +113,7 @@ function h.sandbox_pause(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.id, true)
   if not sb then return nil, code, msg end
   if sb.state == "paused" then return { state = "paused" } end
+  if sb.snapshotting then return nil, rpc.SANDBOX_ERROR, ("sandbox '%s' is being snapshotted: pause it after"):format(p.id) end
   local ok, err = sb:freeze(true)
   if not ok then return nil, rpc.SANDBOX_ERROR, err end
   d:pause_timeout(sb)
@@ -124,6 +125,7 @@ function h.sandbox_resume(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.id, true)
   if not sb then return nil, code, msg end
   if sb.state == "running" then return { state = "running" } end
+  if sb.snapshotting then return nil, rpc.SANDBOX_ERROR, ("sandbox '%s' is being snapshotted: resume it after"):format(p.id) end
   local ok, err = sb:freeze(false)
   if not ok then return nil, rpc.SANDBOX_ERROR, err end
   d:resume_timeout(sb)
@@ -536,6 +538,8 @@ end
 
 -- recipe.register, recipe.list, recipe.remove: the template registry's
 for k, fn in pairs(require("tupper.daemon.templates").handlers) do h[k] = fn end
+-- sandbox.snapshot, sandbox.fork, snapshot.list, snapshot.delete
+for k, fn in pairs(require("tupper.daemon.snapshot_api").handlers) do h[k] = fn end
 
 function M.lookup(method)
   if not schema.methods[method] then return nil end
