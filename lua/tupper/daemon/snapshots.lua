@@ -214,8 +214,14 @@ function D:snapshot_sandbox(sb, name)
   sb.snapshotting = true
   local froze = sb.state == "running"
   if froze then
+    -- recorded as paused while frozen: a daemon killed mid-snapshot leaves
+    -- a frozen box that the next one re-adopts as paused (resume thaws it)
+    local r = sb:record()
+    r.paused = true
+    write_atomic(self.boxes .. "/" .. sb.id .. ".json", json.encode(r))
     ok, err = sb.box:freeze(true)
     if not ok then
+      self:save(sb)
       sb.snapshotting = nil
       return nil, "freeze the sandbox: " .. tostring(err)
     end
@@ -227,7 +233,10 @@ function D:snapshot_sandbox(sb, name)
     ok, err = nil, terr
   end
   -- thawed unless it was paused before, or got paused meanwhile, or died
-  if froze and sb.state == "running" then sb.box:freeze(false) end
+  if froze and sb.state == "running" then
+    sb.box:freeze(false)
+    self:save(sb)
+  end
   sb.snapshotting = nil
   if not ok then
     self.layer_store:discard(tmp)
