@@ -104,7 +104,8 @@ function D:_recipe_params(p)
     q.template = nil
     local spec = templates.resolve(self, p.template)
     if not spec then
-      q.image = p.template
+      -- E2B's Sandbox.create(snapshotId): a snapshot's id or name
+      if self:snapshot_find(p.template) then q.snapshot = p.template else q.image = p.template end
       return q
     end
     q.recipe = spec

@@ -52,6 +52,12 @@ export interface SandboxOpts extends SandboxConnectionOpts {
   /** The image (E2B's template). Only "default", the embedded busybox image, for now. */
   image?: string;
   /**
+   * A snapshot's id or name (Sandbox.createSnapshot): the sandbox starts from
+   * its files, env, limits and network rules (docs/snapshots.md).  E2B's form,
+   * Sandbox.create(snapshotId), works as well.
+   */
+  snapshot?: string;
+  /**
    * Where it runs: 'linux' (the default: namespaces on the host's kernel) or
    * 'microvm' (a QEMU microVM with its own kernel; same API, see docs/microvm.md).
    */

@@ -1,0 +1,92 @@
+// Snapshots and fork through the TypeScript SDK, with E2B's names, against a
+// real daemon (docs/snapshots.md).
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { startDaemon } from './daemon.mjs';
+import { Sandbox, InvalidArgumentError, SandboxError } from '../dist/index.js';
+
+let daemon;
+let opts;
+before(async () => {
+  daemon = await startDaemon();
+  opts = { socket: daemon.socket };
+});
+after(async () => {
+  const r = await daemon.stop();
+  assert.equal(r.code, 0, 'the daemon exits cleanly on SIGTERM');
+});
+
+test('createSnapshot, Sandbox.create from it (E2B form and snapshot option), listSnapshots, deleteSnapshot', async () => {
+  const sbx = await Sandbox.create({ ...opts, envs: { WHO: 'parent' } });
+  const made = [sbx];
+  try {
+    await sbx.files.write('state.txt', 'v1');
+    const snap = await sbx.createSnapshot({ name: 'sdk-snap' });
+    assert.match(snap.snapshotId, /^s[0-9a-f]{12}$/);
+    assert.deepEqual(snap.names, ['sdk-snap']);
+    await sbx.files.write('state.txt', 'v2');
+
+    const a = await Sandbox.create(snap.snapshotId, opts); // E2B's form
+    made.push(a);
+    assert.equal(await a.files.read('state.txt'), 'v1');
+    assert.equal((await a.commands.run('echo $WHO')).stdout, 'parent\n');
+    const b = await Sandbox.create({ ...opts, snapshot: 'sdk-snap' });
+    made.push(b);
+    await b.files.write('state.txt', 'b');
+    assert.equal(await a.files.read('state.txt'), 'v1');
+
+    const pages = Sandbox.listSnapshots(opts);
+    assert.equal(pages.hasNext, true);
+    const list = await pages.nextItems();
+    const mine = list.find((s) => s.snapshotId === snap.snapshotId);
+    assert.ok(mine);
+    assert.deepEqual([...mine.sandboxes].sort(), [a.sandboxId, b.sandboxId].sort());
+    assert.equal(pages.hasNext, false);
+
+    await assert.rejects(Sandbox.deleteSnapshot(snap.snapshotId, opts), (e) => e instanceof SandboxError && /in use/.test(e.message));
+    await a.kill();
+    await b.kill();
+    assert.equal(await Sandbox.deleteSnapshot('sdk-snap', opts), true);
+    assert.equal(await Sandbox.deleteSnapshot('sdk-snap', opts), false);
+  } finally {
+    for (const s of made) await s.kill().catch(() => undefined);
+  }
+});
+
+test('Sandbox.fork and sbx.fork: each fork sees the files, writes on its own', async () => {
+  const sbx = await Sandbox.create({ ...opts, limits: { pids: 100 } });
+  const made = [sbx];
+  try {
+    await sbx.files.write('f.txt', 'parent');
+    const forks = await Sandbox.fork(sbx.sandboxId, { ...opts, count: 2, timeoutMs: 60_000 });
+    made.push(...forks);
+    assert.equal(forks.length, 2);
+    for (const [i, f] of forks.entries()) {
+      assert.ok(f instanceof Sandbox);
+      assert.equal(await f.files.read('f.txt'), 'parent');
+      await f.files.write('f.txt', `fork ${i}`);
+      assert.equal((await f.getInfo()).limits?.pids ?? 100, 100);
+    }
+    assert.equal(await forks[0].files.read('f.txt'), 'fork 0');
+    assert.equal(await sbx.files.read('f.txt'), 'parent');
+    const [again] = await sbx.fork();
+    made.push(again);
+    assert.equal(await again.files.read('f.txt'), 'parent');
+  } finally {
+    for (const s of made) await s.kill().catch(() => undefined);
+    for (const s of await Sandbox.listSnapshots(opts).nextItems()) await Sandbox.deleteSnapshot(s.snapshotId, opts).catch(() => undefined);
+  }
+});
+
+test('bad counts and names are refused clearly', async () => {
+  const sbx = await Sandbox.create(opts);
+  try {
+    await assert.rejects(Sandbox.fork(sbx, { count: 0 }), InvalidArgumentError);
+    await assert.rejects(Sandbox.fork(sbx, { count: 1_000_000 }), InvalidArgumentError);
+    await assert.rejects(sbx.createSnapshot({ name: '../x' }), /snapshot name/);
+    await assert.rejects(sbx.createSnapshot({ name: 'a/b' }), /snapshot name/);
+    await assert.rejects(Sandbox.create({ ...opts, snapshot: 'nosuch' }), /no snapshot/);
+  } finally {
+    await sbx.kill();
+  }
+});
