@@ -54,6 +54,7 @@ bench: build
 	@BUILD=$(BUILD) bench/pull
 	@BUILD=$(BUILD) bench/recipe
 	@BUILD=$(BUILD) bench/network
+	@BUILD=$(BUILD) bench/fork
 
 clean:
 	rm -rf $(BUILD)
