@@ -360,6 +360,7 @@ describe("the CLI against a daemon", function()
       images = {}, rmi = { "nosuch:1" }, ["image ls"] = {}, ["image inspect"] = { "nosuch:1" },
       ["image rm"] = { "nosuch:1" }, ["image import"] = { dir .. "/nofile" }, ["image prune"] = {},
       build = { dir .. "/nofile.lua" },
+      snapshot = { "nosuchbox" }, ["snapshot ls"] = {}, ["snapshot rm"] = { "nosuch" }, fork = { "nosuchbox" },
     }
     for _, v in ipairs(cli_table.VERBS) do
       if v.daemon then
