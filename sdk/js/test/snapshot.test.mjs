@@ -90,3 +90,47 @@ test('bad counts and names are refused clearly', async () => {
     await sbx.kill();
   }
 });
+
+test('MCP: sandbox_snapshot, sandbox_restore, sandbox_fork, snapshot_list, snapshot_delete', async () => {
+  const { Client } = await import('@modelcontextprotocol/sdk/client/index.js');
+  const { StdioClientTransport } = await import('@modelcontextprotocol/sdk/client/stdio.js');
+  const path = await import('node:path');
+  const { fileURLToPath } = await import('node:url');
+  const entry = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'dist', 'cli-mcp.js');
+  const c = new Client({ name: 'tupper-snapshot-test', version: '0.0.0' });
+  await c.connect(new StdioClientTransport({ command: process.execPath, args: [entry, '--socket', daemon.socket], stderr: 'pipe',
+    env: { PATH: process.env.PATH } }));
+  const call = async (name, args) => {
+    const r = await c.callTool({ name, arguments: args });
+    if (r.isError) throw new Error(`${name}: ${r.content[0].text}`);
+    return r.structuredContent;
+  };
+  let snapId;
+  try {
+    const { sandboxId } = await call('sandbox_create', {});
+    await call('run_command', { sandboxId, cmd: 'echo mcp > /tmp/m.txt' });
+    const snap = await call('sandbox_snapshot', { sandboxId, name: 'mcp-snap' });
+    snapId = snap.snapshotId;
+    assert.equal(snap.sandboxId, sandboxId);
+    const restored = await call('sandbox_restore', { snapshot: 'mcp-snap' });
+    assert.equal((await call('run_command', { sandboxId: restored.sandboxId, cmd: 'cat /tmp/m.txt' })).stdout, 'mcp\n');
+    const forked = await call('sandbox_fork', { sandboxId, count: 2 });
+    assert.equal(forked.sandboxIds.length, 2);
+    for (const id of forked.sandboxIds) assert.equal((await call('run_command', { sandboxId: id, cmd: 'cat /tmp/m.txt' })).stdout, 'mcp\n');
+    const list = (await call('snapshot_list', {})).snapshots;
+    assert.ok(list.some((s) => s.snapshotId === snapId && s.sandboxes.includes(restored.sandboxId)));
+    await assert.rejects(call('snapshot_delete', { snapshot: 'mcp-snap' }), /in use/);
+    await assert.rejects(call('sandbox_fork', { sandboxId, count: 0 }), /./);
+    await assert.rejects(call('sandbox_snapshot', { sandboxId, name: '../x' }), /./);
+    await call('sandbox_kill', { sandboxId: restored.sandboxId });
+    assert.deepEqual(await call('snapshot_delete', { snapshot: 'mcp-snap' }), { snapshot: 'mcp-snap', deleted: true });
+  } finally {
+    await c.close();
+    // the session's sandboxes go with it; then its snapshots can go too
+    for (let i = 0; i < 100; i++) {
+      if ((await Sandbox.list(opts).nextItems()).length === 0) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    for (const s of await Sandbox.listSnapshots(opts).nextItems()) await Sandbox.deleteSnapshot(s.snapshotId, opts).catch(() => undefined);
+  }
+});
