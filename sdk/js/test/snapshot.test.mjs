@@ -134,3 +134,47 @@ test('MCP: sandbox_snapshot, sandbox_restore, sandbox_fork, snapshot_list, snaps
     for (const s of await Sandbox.listSnapshots(opts).nextItems()) await Sandbox.deleteSnapshot(s.snapshotId, opts).catch(() => undefined);
   }
 });
+
+test('HTTP: POST /sandboxes/{id}/snapshots, POST /sandboxes with snapshot, fork, GET /snapshots, DELETE /snapshots/{snapshot}', async () => {
+  const { listenHttp } = await import('../dist/http.js');
+  const api = await listenHttp({ socket: daemon.socket, listen: '127.0.0.1:0' });
+  const req = async (method, path, body) => {
+    const r = await fetch(api.url + path, { method, headers: { 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) });
+    return { status: r.status, body: await r.json() };
+  };
+  const made = [];
+  try {
+    let r = await req('POST', '/sandboxes', {});
+    assert.equal(r.status, 201);
+    const id = r.body.sandboxId;
+    made.push(id);
+    await Sandbox.connect(id, opts).then(async (s) => { await s.files.write('/tmp/h.txt', 'http'); });
+    r = await req('POST', `/sandboxes/${id}/snapshots`, { name: 'http-snap' });
+    assert.equal(r.status, 201, JSON.stringify(r.body));
+    const snapId = r.body.snapshotId;
+    r = await req('POST', `/sandboxes/${id}/snapshots`, { name: 'a/b' });
+    assert.equal(r.status, 409);
+    assert.match(r.body.error.message, /snapshot name/);
+    r = await req('POST', '/sandboxes', { snapshot: 'http-snap' });
+    assert.equal(r.status, 201, JSON.stringify(r.body));
+    made.push(r.body.sandboxId);
+    assert.equal(await (await Sandbox.connect(r.body.sandboxId, opts)).files.read('/tmp/h.txt'), 'http');
+    r = await req('POST', `/sandboxes/${id}/fork`, { count: 2 });
+    assert.equal(r.status, 201, JSON.stringify(r.body));
+    assert.equal(r.body.sandboxes.length, 2);
+    for (const s of r.body.sandboxes) made.push(s.sandboxId);
+    r = await req('POST', `/sandboxes/${id}/fork`, { count: 0 });
+    assert.equal(r.status, 400);
+    r = await req('GET', '/snapshots');
+    assert.equal(r.status, 200);
+    assert.ok(r.body.snapshots.some((s) => s.snapshotId === snapId));
+    r = await req('DELETE', '/snapshots/http-snap');
+    assert.equal(r.status, 409);
+    r = await req('DELETE', '/snapshots/nosuch');
+    assert.equal(r.status, 404);
+  } finally {
+    for (const id of made) await Sandbox.kill(id, opts).catch(() => false);
+    for (const s of await Sandbox.listSnapshots(opts).nextItems()) await Sandbox.deleteSnapshot(s.snapshotId, opts).catch(() => undefined);
+    await api.close();
+  }
+});

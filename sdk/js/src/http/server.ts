@@ -21,6 +21,7 @@ import * as commands from './routes/commands';
 import * as files from './routes/files';
 import * as openapi from './routes/openapi';
 import * as sandboxes from './routes/sandboxes';
+import * as snapshots from './routes/snapshots';
 
 export interface HttpServerOpts extends ConnectionOpts {
   /** Bearer token every request must carry; required to listen beyond loopback. */
@@ -114,6 +115,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
 
   const router = new Router();
   sandboxes.register(router, ctx);
+  snapshots.register(router, ctx);
   commands.register(router, ctx);
   code.register(router, ctx);
   files.register(router, ctx);
