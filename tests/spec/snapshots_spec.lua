@@ -174,6 +174,43 @@ describe("snapshots", function()
   end)
 end)
 
+describe("snapshots from the Lua SDK (and so the REPL)", function()
+  local d
+  local tupper = require("tupper.sdk")
+
+  setup(function()
+    d = helper.start_daemon(nil, { pool = 0 })
+    tupper.configure({ socket = d.socket, autostart = false })
+  end)
+  teardown(function()
+    pcall(function() for _, s in ipairs(tupper.list()) do tupper.kill(s.id) end end)
+    pcall(function() for _, s in ipairs(tupper.snapshots()) do tupper.delete_snapshot(s.id) end end)
+    pcall(tupper.close)
+    if d then d.stop() end
+    helper.drain()
+  end)
+
+  it("box:snapshot, tupper.create{snapshot}, box:fork, tupper.snapshots, tupper.delete_snapshot", function()
+    local box = tupper.create()
+    box:run("echo lua > /tmp/l.txt")
+    local snap = box:snapshot("lua-snap")
+    assert.are.same({ "lua-snap" }, snap.names)
+    local child = tupper.create({ snapshot = "lua-snap" })
+    assert.are.equal("lua\n", child:run("cat /tmp/l.txt").stdout)
+    local forks, sid = box:fork(2)
+    assert.are.equal(2, #forks)
+    assert.truthy(sid:match("^s%x+$"))
+    for _, f in ipairs(forks) do assert.are.equal("lua\n", f:run("cat /tmp/l.txt").stdout) end
+    assert.are.equal(2, #tupper.snapshots())
+    assert.has_error(function() tupper.delete_snapshot("lua-snap") end)
+    child:kill()
+    assert.is_true(tupper.delete_snapshot("lua-snap"))
+    for _, f in ipairs(forks) do f:kill() end
+    assert.is_true(tupper.delete_snapshot(sid))
+    box:kill()
+  end)
+end)
+
 describe("a daemon killed during a snapshot", function()
   local dir, d
 
