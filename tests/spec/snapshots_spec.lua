@@ -88,8 +88,9 @@ describe("snapshots", function()
     end
   end)
 
-  it("forks: each fork sees the parent's files, writes on its own, keeps env and limits", function()
-    local id = assert(call(c, "sandbox.create", { env = { WHO = "parent" },
+  it("forks: each fork sees the parent's files, writes on its own, keeps env, limits and network rules", function()
+    local net = { allow = { "example.com:443" } }
+    local id = assert(call(c, "sandbox.create", { env = { WHO = "parent" }, network = net,
       limits = { memory = 256 * 1048576, pids = 200 } })).id
     write(c, id, "/shared.txt", "from parent")
     local r = assert(call(c, "sandbox.fork", { id = id, count = 3 }))
@@ -99,6 +100,7 @@ describe("snapshots", function()
       ids[i] = sb.id
       assert.are.equal(256 * 1048576, sb.limits.memory)
       assert.are.equal(200, sb.limits.pids)
+      assert.are.same({ "example.com:443" }, sb.network.allow)
       assert.are.equal("from parent", read(c, sb.id, "/shared.txt"))
       assert.are.equal("parent\n", run(c, sb.id, { "sh", "-c", "echo $WHO" }).stdout)
       write(c, sb.id, "/own.txt", "fork " .. i)
@@ -138,6 +140,33 @@ describe("snapshots", function()
     call(c, "sandbox.kill", { id = id })
     assert(call(c, "snapshot.delete", { id = s1.id }))
     assert(call(c, "snapshot.delete", { id = s2.id }))
+  end)
+
+  it("refuses a pause or resume mid-snapshot, and a kill mid-snapshot kills the box and leaves no snapshot", function()
+    local id = assert(call(c, "sandbox.create", {})).id
+    assert.are.equal(0, run(c, id, { "dd", "if=/dev/zero", "of=/big", "bs=1M", "count=300" }).exit_code)
+    local before = #assert(call(c, "snapshot.list", {})).snapshots
+    -- the snapshot's handler freezes before it yields to the copy: the
+    -- pause sent right after it finds it snapshotting
+    local done
+    c.conn:send({ jsonrpc = "2.0", id = 990001, method = "sandbox.snapshot", params = { id = id } })
+    local msg = fails(c, "sandbox.pause", { id = id })
+    assert.truthy(msg:find("being snapshotted", 1, true), msg)
+    msg = fails(c, "sandbox.snapshot", { id = id })
+    assert.truthy(msg:find("being snapshotted", 1, true), msg)
+    assert.truthy(assert(call(c, "sandbox.kill", { id = id })).killed)
+    assert.are.equal(0, helper.box_pids(id))
+    -- the copy of a box that went is not kept
+    sync(function()
+      for _ = 1, 500 do
+        local left = false
+        for _, name in ipairs(entries(d.state .. "/layers")) do left = left or name:match("^tmp%-") ~= nil end
+        if not left then done = true; return end
+        require("tupper.util.async").sleep(10)
+      end
+    end)
+    assert.is_true(done)
+    assert.are.equal(before, #assert(call(c, "snapshot.list", {})).snapshots)
   end)
 
   it("works from the CLI: snapshot, snapshot ls, create --snapshot, fork, snapshot rm", function()

@@ -673,7 +673,8 @@ end
 function Sandbox:destroy(keep_upper)
   if self.state == "killing" or self.state == "gone" then return true end
   local reason = "killed"
-  if self.state == "paused" then self.box:freeze(false) end -- a frozen task cannot die
+  -- a frozen task cannot die (snapshot_frozen: frozen by a snapshot's copy)
+  if self.state == "paused" or self.snapshot_frozen then self.box:freeze(false) end
   self.state = "killing"
   if self.net then self.net:close_all() end
   self:_fail_all(reason)

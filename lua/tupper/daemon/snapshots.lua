@@ -220,6 +220,7 @@ function D:snapshot_sandbox(sb, name)
     r.paused = true
     write_atomic(self.boxes .. "/" .. sb.id .. ".json", json.encode(r))
     ok, err = sb.box:freeze(true)
+    sb.snapshot_frozen = ok and true or nil
     if not ok then
       self:save(sb)
       sb.snapshotting = nil
@@ -237,6 +238,7 @@ function D:snapshot_sandbox(sb, name)
     sb.box:freeze(false)
     self:save(sb)
   end
+  sb.snapshot_frozen = nil
   sb.snapshotting = nil
   if not ok then
     self.layer_store:discard(tmp)
