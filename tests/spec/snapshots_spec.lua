@@ -169,6 +169,16 @@ describe("snapshots", function()
     assert.are.equal(before, #assert(call(c, "snapshot.list", {})).snapshots)
   end)
 
+  it("refuses to snapshot or fork a sandbox bound by a policy with hooks (fail closed)", function()
+    local pol = { source = "return policy { on_file = function(op, path) return true end }", name = "/p/tupper.lua" }
+    local id = assert(call(c, "sandbox.create", { policy = pol })).id
+    local before = #assert(call(c, "snapshot.list", {})).snapshots
+    assert.truthy(fails(c, "sandbox.snapshot", { id = id }):find("polic", 1, true))
+    assert.truthy(fails(c, "sandbox.fork", { id = id, count = 1 }):find("polic", 1, true))
+    assert.are.equal(before, #assert(call(c, "snapshot.list", {})).snapshots)
+    call(c, "sandbox.kill", { id = id })
+  end)
+
   it("works from the CLI: snapshot, snapshot ls, create --snapshot, fork, snapshot rm", function()
     local env = { "TUPPER_SOCKET=" .. d.socket, "PATH=" .. os.getenv("PATH") }
     local id = assert(call(c, "sandbox.create", {})).id
