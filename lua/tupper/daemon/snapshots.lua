@@ -27,6 +27,7 @@ D.FORK_MAX = 64 -- sandboxes one sandbox.fork makes at most
 D.SNAPSHOT_NAME_MAX = 128
 
 local CP = "/usr/bin/cp"
+local DU = "/usr/bin/du"
 
 -- A snapshot name: printable, no '/' or "..", not an id's shape clash
 -- (names and ids share one lookup: a name may not look like an id).
@@ -146,55 +147,55 @@ function D:_snapshot_users(rec)
   return out
 end
 
--- Runs cp -ax src/. dst; returns true or nil, message.
-local function copy_tree(src, dst)
+-- Runs argv (a host tool, absolute path first) without blocking the loop;
+-- returns its stdout (first 64 KiB) or nil, message with its stderr.
+local function spawn(argv)
   return async.wait(function(cb)
-    local errp = uv.new_pipe(false)
-    local msg, code = {}, nil
-    local pending = 2
+    local outp, errp = uv.new_pipe(false), uv.new_pipe(false)
+    local out, msg, code = {}, {}, nil
+    local pending = 3
     local function done()
       pending = pending - 1
       if pending > 0 then return end
-      if code == 0 then return cb(true) end
-      cb(nil, ("cp exited %s: %s"):format(tostring(code), table.concat(msg):sub(1, 400)))
+      if code == 0 then return cb(table.concat(out)) end
+      cb(nil, ("%s exited %s: %s"):format(argv[1], tostring(code), table.concat(msg):sub(1, 400)))
     end
+    local args = {}
+    for k = 2, #argv do args[#args + 1] = argv[k] end
     local handle, perr
-    handle, perr = uv.spawn(CP, { args = { "-ax", "--reflink=auto", "--", src .. "/.", dst },
-                                  stdio = { nil, nil, errp } },
+    handle, perr = uv.spawn(argv[1], { args = args, stdio = { nil, outp, errp } },
       function(c)
         code = c
         handle:close()
         done()
       end)
     if not handle then
-      errp:close()
-      return cb(nil, "run " .. CP .. ": " .. tostring(perr))
+      outp:close(); errp:close()
+      return cb(nil, "run " .. argv[1] .. ": " .. tostring(perr))
     end
-    errp:read_start(function(err, data)
-      if err or not data then errp:close(); return done() end
-      if #msg < 16 then msg[#msg + 1] = data end
-    end)
+    local function reader(pipe, acc)
+      pipe:read_start(function(err, data)
+        if err or not data then pipe:close(); return done() end
+        if #acc < 16 then acc[#acc + 1] = data end
+      end)
+    end
+    reader(outp, out)
+    reader(errp, msg)
   end)
 end
 
+-- Copies the tree at src into dst (made here): owners, modes, times,
+-- links, xattrs; one filesystem only.
+local function copy_tree(src, dst)
+  local ok, err = spawn({ CP, "-ax", "--reflink=auto", "--", src .. "/.", dst })
+  if not ok then return nil, err end
+  return true
+end
+
+-- The apparent size of a tree, in bytes (0 when du fails).
 local function du(path)
-  -- the layer's size: apparent bytes of its regular files
-  local total = 0
-  local function walk(dir)
-    local h = uv.fs_scandir(dir)
-    while h do
-      local name, t = uv.fs_scandir_next(h)
-      if not name then break end
-      local p = dir .. "/" .. name
-      if t == "directory" then walk(p)
-      elseif t == "file" then
-        local st = uv.fs_lstat(p)
-        total = total + (st and st.size or 0)
-      end
-    end
-  end
-  walk(path)
-  return total
+  local out = spawn({ DU, "-sb", "--", path })
+  return out and math.tointeger(tonumber(out:match("^(%d+)"))) or 0
 end
 
 --- Takes a filesystem snapshot of sandbox sb (running or paused), named
