@@ -251,7 +251,7 @@ describe("snapshots from the Lua SDK (and so the REPL)", function()
   end)
 end)
 
-describe("a daemon killed during a snapshot", function()
+describe("a daemon killed during a snapshot or a fork", function()
   local dir, d
 
   setup(function() dir = helper.tmpdir() end)
@@ -308,6 +308,50 @@ describe("a daemon killed during a snapshot", function()
     assert.are.same({ kept.id .. ".json" }, entries(d.state .. "/snapshots"))
     call(c, "sandbox.kill", { id = id })
     assert(call(c, "snapshot.delete", { id = kept.id }))
+    c:close()
+    d.stop()
+  end)
+
+  it("mid-fork leaves a whole snapshot and whole forks, re-adopted, and nothing else", function()
+    d = helper.start_daemon(dir, { pool = 0 })
+    local c = assert(d.connect())
+    local id = assert(call(c, "sandbox.create", {})).id
+    c.conn:send({ jsonrpc = "2.0", id = 99, method = "sandbox.fork", params = { id = id, count = 8 } })
+    -- killed once the first fork has its record
+    local function records()
+      local n = 0
+      for _, name in ipairs(entries(d.state .. "/boxes")) do
+        if name:match("%.json$") then n = n + 1 end
+      end
+      return n
+    end
+    sync(function()
+      for _ = 1, 3000 do
+        if records() >= 2 then return end
+        require("tupper.util.async").sleep(2)
+      end
+    end)
+    c:close()
+    d.crash()
+    d = helper.start_daemon(dir, { pool = 0 })
+    c = assert(d.connect())
+    local snaps = assert(call(c, "snapshot.list", {})).snapshots
+    assert.are.equal(1, #snaps)
+    local forks = {}
+    for _, sb in ipairs(assert(call(c, "sandbox.list", {})).sandboxes) do
+      if sb.id ~= id then forks[#forks + 1] = sb.id end
+    end
+    assert.truthy(#forks >= 1 and #forks < 8, #forks .. " forks")
+    for _, f in ipairs(forks) do
+      assert.are.equal("ok\n", run(c, f, { "echo", "ok" }).stdout)
+    end
+    assert.truthy(fails(c, "snapshot.delete", { id = snaps[1].id }):find("in use", 1, true))
+    for _, f in ipairs(forks) do call(c, "sandbox.kill", { id = f }) end
+    call(c, "sandbox.kill", { id = id })
+    assert(call(c, "snapshot.delete", { id = snaps[1].id }))
+    for _, name in ipairs(entries(d.state .. "/layers")) do
+      assert.is_nil(name:match("^tmp%-"), name)
+    end
     c:close()
     d.stop()
   end)
