@@ -102,8 +102,10 @@ function M.adopt(opts)
   -- opts.saved: the backend's part of the record (record().vm)
   local box, err = opts.backend_impl.adopt(opts)
   if not box then return nil, "adopt sandbox " .. opts.id .. ": " .. tostring(err) end
-  -- a backend whose pause freezes the agent too: thawed for the handshake
-  local refreeze = opts.backend_impl.agent_frozen and opts.paused and box:has_cgroup()
+  -- a paused box's agent may be frozen too (a microVM's QEMU; a linux
+  -- box's agent on a v1 freezer, which freezes the whole cgroup): thawed
+  -- for the handshake, frozen again after
+  local refreeze = opts.paused and box:has_cgroup()
   if refreeze then box:freeze(false) end
   local self, aerr = attach(box, opts, true)
   if not self then return nil, aerr end
