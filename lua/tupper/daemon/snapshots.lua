@@ -253,6 +253,10 @@ function D:snapshot_sandbox(sb, name)
     self.layer_store:discard(tmp)
     return nil, ("sandbox '%s' went away during its snapshot"):format(sb.id)
   end
+  if name and self:snapshot_find(name) then -- taken by another snapshot meanwhile
+    self.layer_store:discard(tmp)
+    return nil, ("a snapshot is already named '%s'"):format(name)
+  end
   local id
   repeat id = "s" .. core.random_hex(6) until not self.snapshots[id]
   local key = core.sha256("tupper-snapshot\0" .. id .. "\0" .. core.random_hex(16))
