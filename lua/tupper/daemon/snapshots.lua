@@ -253,6 +253,8 @@ function D:snapshot_sandbox(sb, name)
     self.layer_store:discard(tmp)
     return nil, ("sandbox '%s' went away during its snapshot"):format(sb.id)
   end
+  local size = du(tmp .. "/fs")
+  -- from here on nothing yields until the record is in self.snapshots
   if name and self:snapshot_find(name) then -- taken by another snapshot meanwhile
     self.layer_store:discard(tmp)
     return nil, ("a snapshot is already named '%s'"):format(name)
@@ -260,7 +262,6 @@ function D:snapshot_sandbox(sb, name)
   local id
   repeat id = "s" .. core.random_hex(6) until not self.snapshots[id]
   local key = core.sha256("tupper-snapshot\0" .. id .. "\0" .. core.random_hex(16))
-  local size = du(tmp .. "/fs")
   local layer, cerr = self.layer_store:commit(tmp, key, { kind = "snapshot", snapshot = id, sandbox = sb.id })
   if not layer then return nil, "snapshot: " .. tostring(cerr) end
   local rec = {
