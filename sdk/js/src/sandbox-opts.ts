@@ -72,6 +72,7 @@ export interface SandboxOpts extends SandboxConnectionOpts {
    * volume's name (docs/volumes.md). One sandbox at a time mounts a volume.
    */
   volumeMounts?: Record<string, { readonly volumeId: string } | string>;
+  /**
    * A snapshot's id or name (Sandbox.createSnapshot): the sandbox starts from
    * its files, env, limits and network rules (docs/snapshots.md).  E2B's form,
    * Sandbox.create(snapshotId), works as well.
