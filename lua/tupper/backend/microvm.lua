@@ -79,7 +79,9 @@ end
 -- the console (a guest panic says so), and which frees its uid once gone.
 -- con is nil for a re-adopted VM (its console went with the dead daemon).
 local function wrap(box, uid, con)
-  local w = { uid = uid }
+  -- core: the channel's own box, for what relays frames in C (the data
+  -- plane's file streams, daemon/api_stream.lua)
+  local w = { uid = uid, core = box }
   if con then w.start_time = core.proc_start_time(box:pid()) end
   function w.on(_, on_frame, on_down)
     return box:on(on_frame, function(reason)

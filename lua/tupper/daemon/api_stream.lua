@@ -94,7 +94,8 @@ function M.register(h, helpers)
     if not sb then return nil, code, msg end
     local sid = conn.next_sid or 1
     conn.next_sid = sid < 0x7fffffff and sid + 1 or 1
-    local ok, err, errno = dc:file(sb.box, sid, write, as(p, spec))
+    -- a backend that wraps core's box (a microVM's) hands the box itself over as core
+    local ok, err, errno = dc:file(sb.box.core or sb.box, sid, write, as(p, spec))
     if not ok then return nil, rpc.FS_ERROR, err, { errno = errno } end
     return sid
   end
