@@ -13,6 +13,15 @@ local sync = helper.sync
 -- with whiteouts and an opaque dir, the image config, recipes with setup
 -- layers, two images side by side, hostile layers, and the network relay
 -- from inside a guest.
+
+-- The snapshot name's tail of a VM's shape (memory MiB, vCPUs, disk MiB),
+-- as sandbox.get reports the limits in force (the daemon's defaults are the
+-- host's: docs/limits.md)
+local function shape_of(call, id)
+  local l = assert(call("sandbox.get", { id = id })).limits
+  return ("%%-%d%%-%s%%-%d%%-r%%x+$"):format(l.memory // 1048576, ("%g"):format(l.cpus), l.disk // 1048576)
+end
+
 describe("the microvm backend with images of the store", function()
   local oci = require("oci_build")
   local json = require("tupper.util.json")
@@ -150,7 +159,7 @@ describe("the microvm backend with images of the store", function()
     -- a snapshot per root image, never shared between images
     local roots = names("^root%-%x+%.ext4$")
     assert.are.equal(2, #roots)
-    local snaps = names("^snap%-.*%-512%-1%-1024%-r%x+$")
+    local snaps = names("^snap%-.*" .. shape_of(call, a))
     local ids = {}
     for _, s in ipairs(snaps) do ids[s:match("%-r(%x+)$")] = true end
     local n = 0

@@ -20,6 +20,15 @@ local function rss_kb(pid)
   return tonumber(s:match("VmRSS:%s*(%d+)")) or 0
 end
 
+
+-- The snapshot name's tail of a VM's shape (memory MiB, vCPUs, disk MiB),
+-- as sandbox.get reports the limits in force (the daemon's defaults are the
+-- host's: docs/limits.md)
+local function shape_of(call, id)
+  local l = assert(call("sandbox.get", { id = id })).limits
+  return ("%%-%d%%-%s%%-%d%%-r%%x+$"):format(l.memory // 1048576, ("%g"):format(l.cpus), l.disk // 1048576)
+end
+
 describe("the microvm backend", function()
   local d, c, vm_undo
 
@@ -164,9 +173,10 @@ describe("the microvm backend", function()
       if not n then break end
       if n:match("^snap%-") then snaps[#snaps + 1] = n end
     end
-    -- the default shape's (512 MiB, 1 vCPU, 1 GiB disk); the first spec made its own
+    -- the default shape's (the default limits'); the first spec made its own
     local default
-    for _, n in ipairs(snaps) do if n:match("%-512%-1%-1024%-r%x+$") then default = n end end
+    local shape = shape_of(call, a)
+    for _, n in ipairs(snaps) do if n:match(shape) then default = n end end
     assert.is_not_nil(default, table.concat(snaps, " "))
     assert.is_not_nil(uv.fs_stat(d.state .. "/microvm/" .. default .. "/vm.state"))
     assert.is_not_nil(uv.fs_stat(d.state .. "/microvm/" .. default .. "/vm.ram"))

@@ -153,7 +153,8 @@ describe("the TypeScript SDK on Debian's Node 18", function()
       return
     end
     local pkgs = packages(version)
-    local debs, root, pkg = dir .. "/debs", dir .. "/root", dir .. "/sdk-js"
+    -- the package at sdk/js of the copy, docs/ beside it: tests read docs/http.md
+    local debs, root, pkg = dir .. "/debs", dir .. "/root", dir .. "/sdk/js"
     assert(uv.fs_mkdir(debs, 493) and uv.fs_mkdir(root, 493) and uv.fs_mkdir(dir .. "/home", 448))
     -- apt's sandbox user cannot write to a 0700 temp dir: fetch as root
     local ok, out = sh("cd " .. q(debs) .. " && timeout -k 10 " .. APT_SECONDS
@@ -171,8 +172,9 @@ describe("the TypeScript SDK on Debian's Node 18", function()
     assert.is_nil(root:find("[:,]"), root)
 
     -- a copy of the package, without what the host's node built in it
-    ok, out = sh("mkdir " .. q(pkg) .. " && tar -C " .. q(helper.ROOT .. "/sdk/js")
-      .. " --exclude=./node_modules --exclude=./dist -cf - . | tar -C " .. q(pkg) .. " -xf -")
+    ok, out = sh("mkdir -p " .. q(pkg) .. " && tar -C " .. q(helper.ROOT .. "/sdk/js")
+      .. " --exclude=./node_modules --exclude=./dist --exclude=./.runtimes -cf - . | tar -C " .. q(pkg) .. " -xf -"
+      .. " && tar -C " .. q(helper.ROOT) .. " -cf - docs | tar -C " .. q(dir) .. " -xf -")
     assert.is_true(ok, out)
     assert.is_truthy(uv.fs_stat(pkg .. "/package-lock.json"), out)
     local bin = assert(uv.fs_realpath(helper.BIN))

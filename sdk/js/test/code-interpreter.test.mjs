@@ -227,7 +227,8 @@ describe('code interpreter, the recipe', { skip: SHARED ? false : 'needs TUPPER_
   });
 
   test('a second Sandbox object reaches the same sandbox with its own interpreter', async () => {
-    const other = await Sandbox.connect(sbx.sandboxId, opts);
+    // connect takes connection options only (an unknown option is an error, as create's policy would be here)
+    const other = await Sandbox.connect(sbx.sandboxId, { socket: opts.socket });
     const e = await other.runCode('"x" in dir()');
     assert.equal(e.text, 'False');
     const drivers = (await sbx.commands.list()).filter((p) => [p.cmd, ...p.args].join(' ').includes('interp.py'));

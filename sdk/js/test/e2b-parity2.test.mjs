@@ -42,7 +42,14 @@ const EXPORTS_LEFT_OUT = {
 // left out for now, coming with tupper's volumes: present or not, both pass
 const EXPORTS_PENDING = new Set(['Volume', 'VolumeError', 'VolumeFileType', 'VolumeNotFoundError', 'VolumePathNotFoundError']);
 
-test("the package index exports every runtime name of E2B's, but those left out with a reason", () => {
+// e2b itself (the reference) loads only on the nodes its engines name (>= 20.18.1): on an
+// older one (Debian 12's 18) its runtime exports cannot be read; the typings checks below still run
+const e2bEngines = require('e2b/package.json').engines.node;
+const e2bLoads = require('semver').satisfies(process.versions.node, e2bEngines);
+
+test("the package index exports every runtime name of E2B's, but those left out with a reason", {
+  skip: !e2bLoads && `e2b needs node ${e2bEngines}; this is ${process.versions.node}`,
+}, () => {
   // both as CommonJS, as both packages' main is
   const e2b = require('e2b');
   const mine = require('./dist/index.js');
