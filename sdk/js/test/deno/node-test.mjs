@@ -5,7 +5,8 @@
 // stopped cleanly (exit 0 on SIGTERM, its boxes destroyed).  Here such an
 // error is printed and thrown again outside the hook, as an uncaught
 // error, which `deno test` reports as a failure of the file.  Everything
-// else is Deno's own node:test.
+// else is Deno's own node:test (the default export too: its test.after is
+// Deno's, which no file uses; after() inside a describe() Deno reports).
 import { after as denoAfter } from 'node:test';
 
 export * from 'node:test';
