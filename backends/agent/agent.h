@@ -86,6 +86,7 @@ typedef struct agent_exit_s {
   pid_t pid;
   int code;                   /* exit status or -1 */
   int sig;                    /* 0 or signo */
+  int oom;                    /* microVM guest: the guest's OOM killer killed it (TP_F_EXIT_OOM) */
 } agent_exit_t;
 
 /* A validated request: header fields plus its top-level fields. */
@@ -144,6 +145,7 @@ typedef struct agent_s {
   int exitq_head;             /* oldest queued EXIT */
   int exitq_len;
   agent_exit_t exitq[AGENT_EXITQ_MAX];
+  long long guest_oom_seen;   /* microVM guest: /proc/vmstat oom_kill at the last OOM-killed exit */
   int64_t next_watch;         /* the last watch id given out */
   agent_watch_t watches[AGENT_WATCH_MAX];
   tp_field_t fields[TP_FIELDS_MAX];

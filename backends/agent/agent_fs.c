@@ -319,18 +319,28 @@ int agent_fs_list(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 
   for (size_t i = 0; i < names.n; i++) {
     size_t payload = a->out.len - a->out.frame_start - TP_FRAME_HDR;
-    size_t entry = 6 + 6 + strlen(names.v[i]) + 4 * 14;
     struct stat st;
-    size_t g;
+    size_t entry, g;
+    if (fstatat(dirfd(d), names.v[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
+      continue; /* gone since readdir */
+    /* name, type size mode mtime uid gid, and a symlink's target */
+    entry = 6 + 6 + strlen(names.v[i]) + 6 * 14 + (S_ISLNK(st.st_mode) ? 6 + TP_PATH_MAX : 0);
     if (count == LIST_MAX || payload + entry + 14 > LIST_PAYLOAD_MAX) {
       truncated = 1;
       break;
     }
-    if (fstatat(dirfd(d), names.v[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
-      continue; /* gone since readdir */
     g = tp_frame_group_begin(&a->out, TP_TAG_ENTRY);
     tp_frame_add_str(&a->out, TP_TAG_NAME, names.v[i]);
     add_stat(&a->out, &st);
+    tp_frame_add_int(&a->out, TP_TAG_UID, st.st_uid);
+    tp_frame_add_int(&a->out, TP_TAG_GID, st.st_gid);
+    if (S_ISLNK(st.st_mode)) {
+      /* the target, as fs_stat gives it; one that cannot be read or is too long is left out */
+      char target[TP_PATH_MAX + 1];
+      ssize_t n = readlinkat(dirfd(d), names.v[i], target, sizeof(target));
+      if (n > 0 && (size_t) n < sizeof(target))
+        tp_frame_add(&a->out, TP_TAG_LINK, target, (uint32_t) n);
+    }
     tp_frame_group_end(&a->out, g);
     count++;
   }

@@ -816,7 +816,60 @@ static int send_exit(agent_t *a, const agent_exit_t *e) {
   tp_frame_add_int(&a->out, TP_TAG_PID, e->pid);
   tp_frame_add_int(&a->out, TP_TAG_CODE, e->code);
   tp_frame_add_int(&a->out, TP_TAG_SIGNAL, e->sig);
+  if (e->oom)
+    tp_frame_add_int(&a->out, TP_TAG_FLAGS, TP_F_EXIT_OOM);
   return agent_send(a);
+}
+
+/* OOM kills in a microVM guest.  The guest's kernel, not the host's
+ * cgroup, kills there, so the agent tells: /proc/vmstat's oom_kill counts
+ * every kill of the guest since boot (all of them the box's: the guest runs
+ * nothing else).  A process that died of SIGKILL (or exited 137, a shell's
+ * report of its child's SIGKILL) while that count rose since the last
+ * process found so was OOM-killed; two killed at once may be told apart
+ * wrongly, never missed. */
+
+/* The guest's oom_kill count, or -1 when /proc/vmstat does not say. */
+static long long guest_oom_kills(void) {
+  char buf[8192];
+  size_t got = 0;
+  cleanup_close int fd = open("/proc/vmstat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  while (got < sizeof(buf) - 1) {
+    ssize_t n = read(fd, buf + got, sizeof(buf) - 1 - got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    got += (size_t) n;
+  }
+  buf[got] = 0;
+  for (char *line = buf; line != NULL && *line != 0;) {
+    char *nl = strchr(line, '\n');
+    if (strncmp(line, "oom_kill ", 9) == 0) {
+      char *end;
+      long long v;
+      errno = 0;
+      v = strtoll(line + 9, &end, 10);
+      if (errno == 0 && end != line + 9 && v >= 0 && (*end == '\n' || *end == 0))
+        return v;
+      return -1;
+    }
+    line = nl != NULL ? nl + 1 : NULL;
+  }
+  return -1;
+}
+
+static int guest_oom_killed(agent_t *a, const agent_exit_t *e) {
+  long long n;
+  if (!agent_vm_guest || !(e->sig == SIGKILL || (e->sig == 0 && e->code == 128 + SIGKILL)))
+    return 0;
+  n = guest_oom_kills();
+  if (n <= a->guest_oom_seen)
+    return 0;
+  a->guest_oom_seen = n;
+  return 1;
 }
 
 /* Keeps an EXIT for the next daemon; when full, the oldest goes. */
@@ -843,6 +896,7 @@ void agent_proc_flush_exits(agent_t *a) {
 static void proc_exited(agent_t *a, agent_proc_t *p, int status) {
   agent_exit_t e = {.pid = p->pid, .code = WIFEXITED(status) ? WEXITSTATUS(status) : -1,
                     .sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0};
+  e.oom = guest_oom_killed(a, &e);
   read_output(a, p, 1, AGENT_DRAIN_MAX);
   read_output(a, p, 2, AGENT_DRAIN_MAX);
   /* Earlier ones first: EXIT order is reap order. */

@@ -291,6 +291,13 @@ int tp__box_child(void *arg) {
   /* Signals stay blocked (the parent blocked them around clone) until exec;
    * the daemon's handlers must never run in this copy of its thread. */
   reset_signals();
+  /* Until the daemon's fds are closed below, this child holds them (its
+   * socket, clients, the state dir's files): should the daemon die during
+   * the setup, the half-made box goes with it instead of keeping them (a
+   * restarted daemon removes what is left).  Set again after the uid
+   * change, which clears it; cleared before exec: a box outlives a crash. */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+    fail(c, errno, "set parent-death signal", NULL);
 
   for (int i = 0; i < plan->n_ops; i++)
     if (run_op(c, &plan->ops[i]) < 0)
@@ -302,9 +309,9 @@ int tp__box_child(void *arg) {
   if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setgroups, 0, NULL) < 0 ||
       syscall(SYS_setresuid, 0, 0, 0) < 0)
     fail(c, errno, "become root in the user namespace", NULL);
-  /* Leave the daemon's session: /dev/tty must not reach its terminal.  No
-   * parent-death signal: a box outlives a crashed daemon, and the next one
-   * re-adopts it through the agent socket (docs/architecture.md). */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+    fail(c, errno, "set parent-death signal", NULL);
+  /* Leave the daemon's session: /dev/tty must not reach its terminal. */
   if (setsid() < 0)
     fail(c, errno, "setsid", NULL);
 
@@ -322,6 +329,11 @@ int tp__box_child(void *arg) {
       dup3(agent, TP__AGENT_EXEC_FD, O_CLOEXEC) < 0 ||
       syscall(SYS_close_range, TP__AGENT_EXEC_FD + 1, ~0U, 0) < 0)
     fail(c, errno, "arrange fds", NULL);
+  /* No daemon fd is left: from here on the box outlives a crashed daemon,
+   * and the next one re-adopts it through the agent socket
+   * (docs/architecture.md). */
+  if (prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0) < 0)
+    fail(c, errno, "clear parent-death signal", NULL);
 
   umask(022);
   if (lower_rlimits() < 0)

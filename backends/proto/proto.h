@@ -41,7 +41,7 @@ enum tp_msg_type {
   /* agent -> host events (id 0) */
   TP_MSG_READY = 1,        /* VERSION, PID (agent's own pid in the box) */
   TP_MSG_OUTPUT = 2,       /* PID, STREAM, DATA */
-  TP_MSG_EXIT = 3,         /* PID, CODE (exit status or -1), SIGNAL (0 or signo) */
+  TP_MSG_EXIT = 3,         /* PID, CODE (exit status or -1), SIGNAL (0 or signo), FLAGS? (TP_F_EXIT_*) */
   /* agent -> host replies (id = request id) */
   TP_MSG_OK = 10,          /* fields depend on the request */
   TP_MSG_ERR = 11,         /* ERRNO, MSG */
@@ -55,7 +55,7 @@ enum tp_msg_type {
   TP_MSG_FS_READ = 30,     /* PATH OFFSET? LENGTH? -> OK(DATA SIZE) */
   TP_MSG_FS_WRITE = 31,    /* PATH DATA OFFSET? FLAGS? MODE? -> OK(SIZE) */
   TP_MSG_FS_STAT = 32,     /* PATH -> OK(TYPE SIZE MODE MTIME UID GID LINK?) */
-  TP_MSG_FS_LIST = 33,     /* PATH -> OK(ENTRY*) , ENTRY = nested NAME TYPE SIZE MODE MTIME */
+  TP_MSG_FS_LIST = 33,     /* PATH -> OK(ENTRY*), ENTRY = NAME TYPE SIZE MODE MTIME UID GID LINK? */
   TP_MSG_FS_MKDIR = 34,    /* PATH MODE? FLAGS? -> OK(CREATED) */
   TP_MSG_FS_REMOVE = 35,   /* PATH FLAGS? -> OK */
   TP_MSG_FS_RENAME = 36,   /* PATH PATH2 -> OK */
@@ -163,6 +163,9 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
 #define TP_F_EXEC_PTY 0x4u        /* EXEC: stdin/stdout/stderr are a new terminal (its controlling
                                      one); COLS and ROWS give its size; output is STREAM 1 */
 #define TP_F_WATCH_RECURSIVE 0x1u /* WATCH_ADD: subdirectories too, new ones as they appear */
+#define TP_F_EXIT_OOM 0x1u        /* EXIT (FLAGS, microVM guest agents): the guest kernel's OOM killer
+                                     killed it (died of SIGKILL, or exited 137, and /proc/vmstat's
+                                     oom_kill rose since the last process found so) */
 
 #define TP_PTY_DIM_MAX 4096       /* most COLS or ROWS */
 

@@ -106,20 +106,29 @@ static int tp_lcore_random_hex(lua_State *L) {
   return 1;
 }
 
-/* core.lock(path): an exclusive flock on path, held by the returned fd
- * (close it with uv.fs_close); nil, msg when someone else holds it. */
+/* core.lock(path): an exclusive lock on path, held by the returned fd
+ * (close it with uv.fs_close); nil, msg when someone else holds it.
+ *
+ * A POSIX record lock (F_SETLK), not flock: a flock belongs to the open
+ * file, so every child that inherited the fd held it too, and a box being
+ * set up when the daemon was SIGKILLed (cloned without exec yet) kept the
+ * next daemon out ("is locked") until it exec'ed.  A record lock belongs to
+ * this process's fd table, which no child shares (nothing is cloned with
+ * CLONE_FILES), and goes when the process does.  The daemon opens this file
+ * nowhere else, so no other close drops the lock. */
 static int tp_lcore_lock(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   tp_error_t err = {0};
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     tp_error_errno(&err, errno, "open '%s'", path);
     return tp_l_push_err(L, &err);
   }
-  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+  if (fcntl(fd, F_SETLK, &fl) < 0) {
     int e = errno;
     close(fd);
-    if (e == EWOULDBLOCK)
+    if (e == EAGAIN || e == EACCES)
       tp_error_set(&err, e, "'%s' is locked: another daemon uses this state directory", path);
     else
       tp_error_errno(&err, e, "lock '%s'", path);

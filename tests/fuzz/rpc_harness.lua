@@ -220,7 +220,7 @@ end
 local function request(conn, msg, sent)
   local id = msg.id
   local is_call = id ~= nil
-  if is_call and type(id) ~= "string" and type(id) ~= "number" and id ~= json.null then
+  if is_call and not rpc.valid_id(id) then
     return sent(conn:error(nil, rpc.INVALID_REQUEST, "'id' must be a string or a number"))
   end
   if msg.jsonrpc ~= "2.0" or type(msg.method) ~= "string" then
@@ -246,15 +246,25 @@ local function request(conn, msg, sent)
   return sent(conn:reply(id, { ok = true }))
 end
 
---- Checks every line written back: one JSON-RPC object per line.
-local function check_written(stream)
+local same_value
+
+--- Checks every line written back: one JSON-RPC object per line, valid
+-- UTF-8, each with the id (as the client decodes it) of the request it
+-- answers, in order (ids: nil when the stream was cut over the cap).
+local function check_written(stream, ids)
   local text = table.concat(stream.written)
   check(text == "" or text:sub(-1) == "\n", "reply does not end with a newline")
   local n = 0
   for line in text:gmatch("([^\n]*)\n") do
     n = n + 1
+    check(utf8.len(line), "a reply is not valid UTF-8: %q", line:sub(1, 200))
     local obj, err = json.decode(line)
     check(type(obj) == "table", "a reply does not decode: %s: %q", tostring(err), line:sub(1, 200))
+    if ids then
+      local want = ids[n]
+      check(want ~= nil, "reply %d answers no request", n)
+      check(same_value(obj.id, want), "reply %d has id %s for the request's %s", n, tostring(obj.id), tostring(want))
+    end
     check(obj.jsonrpc == "2.0", "a reply without jsonrpc 2.0")
     check((obj.result ~= nil) ~= (obj.error ~= nil), "a reply with neither or both result and error")
   end
@@ -263,7 +273,7 @@ end
 
 -- ------------------------------------------------------------- one input
 
-local function same_value(a, b)
+function same_value(a, b)
   if a == b then return true end
   if type(a) ~= type(b) then return false end
   if type(a) == "table" then return true end -- two decodes of one object: not the same table
@@ -279,8 +289,10 @@ return function(data)
   local stream = new_stream()
   local seen, owed, replies, closes = 0, 0, 0, 0
   local conn
+  local ids = {} -- the id each reply must carry, in order
+  local cur_id
   local function sent(ok, err)
-    if ok then replies = replies + 1; return end
+    if ok then replies = replies + 1; ids[replies] = cur_id; return end
     if conn.closed then return end
     known("unanswerable-request", "a request got no reply: " .. tostring(err))
   end
@@ -290,19 +302,26 @@ return function(data)
       local line = want[seen]
       check(line ~= nil, "message %d: there are only %d lines", seen, #want)
       local ref = json.decode(line)
+      cur_id = json.null
       if type(ref) ~= "table" then
         check(msg == nil and type(err) == "string", "line %d: %q must be refused", seen, line:sub(1, 100))
         owed = owed + 1
         return sent(c:error(nil, rpc.PARSE_ERROR, "parse error: " .. tostring(err)))
       end
       check(type(msg) == "table", "line %d: decoded to a %s", seen, type(msg))
-      check(same_value(msg.method, ref.method) and same_value(msg.id, ref.id),
+      local mid = msg.id
+      if rpc.valid_id(mid) and type(mid) == "table" then mid = mid.value end -- a RawId
+      check(same_value(msg.method, ref.method) and same_value(mid, ref.id),
         "line %d: decoded differently", seen)
       if msg[1] ~= nil then
         owed = owed + 1
         return sent(c:error(nil, rpc.INVALID_REQUEST, "batch requests are not supported"))
       end
       local before = replies
+      if rpc.valid_id(ref.id) and ref.id ~= nil then
+        -- a string id comes back as valid UTF-8 (its bad bytes as U+FFFD)
+        cur_id = type(ref.id) == "string" and json.valid_utf8(ref.id) or ref.id
+      end
       request(c, msg, function(ok, e) owed = owed + 1; sent(ok, e) end)
       check(replies - before <= 1, "line %d: answered %d times", seen, replies - before)
     end,
@@ -327,7 +346,7 @@ return function(data)
   else
     check(seen == #want, "%d of %d lines seen", seen, #want)
   end
-  local lines = check_written(stream)
+  local lines = check_written(stream, not overlong and ids or nil)
   check(lines == replies + (overlong and 1 or 0), "%d lines written for %d replies", lines, replies)
   if overlong then
     local last = json.decode(stream.written[#stream.written])

@@ -72,4 +72,18 @@ describe("recipes/python.lua", function()
     assert.are.equal(125, code)
     assert.matches("pinned by the lock", err, nil, true)
   end)
+
+  it("is the template 'base' (E2B's default), from the image built above", function()
+    local c = d.connect()
+    local saved = helper.TIMEOUT_MS
+    helper.TIMEOUT_MS = 3600 * 1000 -- built above; alone, this builds it
+    local sb, err = helper.call(c, "sandbox.create", { template = "base" })
+    helper.TIMEOUT_MS = saved
+    assert.is_table(sb, err and err.message)
+    assert.are.equal("python", sb.recipe.name)
+    local r = assert(helper.sync(helper.run, c, sb.id, { "sh", "-c", "id -un; python3 -c 'print(6 * 7)'" }))
+    assert.are.equal("user\n42\n", r.stdout)
+    helper.call(c, "sandbox.kill", { id = sb.id })
+    c:close()
+  end)
 end)

@@ -489,7 +489,7 @@ describe("tupper CLI byte paths", function()
       local deadline = helper.now() + 10000
       while not pid and helper.now() < deadline do
         local _, out = cli({ "logs", "--json", id })
-        for _, p in ipairs(json.decode(out) or {}) do if p.argv[1] == "sleep" then pid = math.tointeger(p.pid) end end
+        for _, p in ipairs(json.decode(out) or {}) do if p.argv[1] == "sleep" and not p.exit then pid = math.tointeger(p.pid) end end
       end
       assert.truthy(pid)
       local code, _, err = cli({ "attach", id, tostring(pid) })
@@ -666,7 +666,7 @@ describe("tupper CLI byte paths", function()
   end)
 
   describe("logs", function()
-    it("lists the processes, replays one's output, follows it to its exit code, and --tail", function()
+    it("lists the processes, replays one's output, follows it to its exit code, --tail, and keeps it once exited", function()
       local child = {}
       local outp = uv.new_pipe(false)
       local errp = uv.new_pipe(false)
@@ -706,7 +706,23 @@ describe("tupper CLI byte paths", function()
       child.handle:close()
       outp:close()
       errp:close()
-      code, _, err = cli({ "logs", id, tostring(pid) })
+      -- exited: still there, with its exit code (the daemon keeps the last 16)
+      code, out, err = cli({ "logs", id, tostring(pid) })
+      assert.are.equal(0, code, err)
+      assert.are.equal("l1\nl2\nl3\n", out)
+      assert.are.equal("e1\n", err)
+      code, out = cli({ "logs", "-f", id, tostring(pid) })
+      assert.are.equal(4, code)
+      assert.are.equal("l1\nl2\nl3\n", out)
+      code, out = cli({ "logs", id })
+      assert.are.equal(0, code)
+      local line = out:match("\n(" .. pid .. " [^\n]*)")
+      assert.truthy(line and line:find("exited 4", 1, true), out)
+      code, out = cli({ "logs", "--json", id })
+      local listed
+      for _, p in ipairs(json.decode(out)) do if p.pid == pid then listed = p end end
+      assert.are.equal(4, listed and listed.exit and listed.exit.exit_code)
+      code, _, err = cli({ "logs", id, "4000000" })
       assert.are.equal(125, code)
       assert.truthy(err:find("no process", 1, true), err)
       code, _, err = cli({ "logs", id, "nope" })

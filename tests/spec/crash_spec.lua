@@ -64,6 +64,84 @@ describe("a daemon killed with SIGKILL", function()
     assert.are.equal(0, d.stop())
   end)
 
+  it("has the next daemon kill a box made with kill_on_disconnect: its client is gone", function()
+    local kdir = helper.tmpdir()
+    finally(function() helper.release(d); helper.rmrf(kdir) end)
+    d = helper.start_daemon(kdir, { pool = 0 })
+    local c = assert(d.connect())
+    -- no lifetime: before the fix, nothing would ever have ended it
+    local gone = assert(call(c, "sandbox.create", { kill_on_disconnect = true, limits = { timeout = 0 } })).id
+    local kept = assert(call(c, "sandbox.create", { limits = { timeout = 0 } })).id
+    assert(call(c, "process.start", { sandbox = gone, argv = { "sleep", "1000" } }))
+    d.crash() -- with the client still connected: its connection dies with the daemon
+    c:close()
+    assert.is_true(box_procs(gone) >= 2, "the box outlives the crash")
+
+    d = helper.start_daemon(kdir, { pool = 0 })
+    c = assert(d.connect())
+    local ended = sync(function()
+      local deadline = helper.now() + 20000
+      while helper.now() < deadline do
+        if box_procs(gone) == 0 and not uv.fs_stat(d.state .. "/boxes/" .. gone) then return true end
+        async.sleep(20)
+      end
+      return false
+    end)
+    assert.is_true(ended, "the kill_on_disconnect box is killed at the restart")
+    local _, err = call(c, "sandbox.get", { id = gone })
+    assert.are.equal(-32000, err.code)
+    assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. gone .. ".json"))
+    assert.truthy(d.log and helper.read_file(d.log):find("kill_on_disconnect", 1, true))
+    -- the other box is re-adopted as before
+    assert.are.equal("running", assert(call(c, "sandbox.get", { id = kept })).state)
+    assert.truthy(call(c, "sandbox.kill", { id = kept }).killed)
+    c:close()
+    assert.are.equal(0, d.stop())
+  end)
+
+  it("restarts at once after a SIGKILL with creates in flight (no box setup holds the state lock)", function()
+    local ldir = helper.tmpdir()
+    finally(function() helper.release(d); helper.rmrf(ldir) end)
+    for round = 1, 30 do
+      d = helper.start_daemon(ldir, { pool = 0 })
+      local pipe = uv.new_pipe(false)
+      sync(function() assert.is_nil(async.wait(function(cb) pipe:connect(d.socket, cb) end)) end)
+      for i = 1, 4 do
+        pipe:write(('{"jsonrpc":"2.0","id":%d,"method":"sandbox.create","params":{"limits":{"timeout":60}}}\n'):format(i))
+      end
+      -- kill while the boxes are being set up: a few ms in, later each round
+      sync(function() async.sleep(2 + 3 * (round % 10)) end)
+      d.crash()
+      pipe:close()
+      -- the next daemon starts at once on the same state dir
+      d = helper.start_daemon(ldir, { pool = 0 })
+      -- (a connect in the first ms may still reach the dead daemon's socket,
+      -- held by a box setup that its parent-death signal is ending: retry)
+      local r, err
+      local deadline = helper.now() + 10000
+      repeat
+        local pok, c = pcall(d.connect)
+        if pok and c then
+          pok, r, err = pcall(helper.call, c, "hello", {})
+          if not pok then r, err = nil, r end
+          c:close()
+        else
+          err = c
+        end
+        if not r then sync(function() async.sleep(20) end) end
+      until r or d.exit_code or helper.now() > deadline
+      assert.is_nil(d.exit_code, "round " .. round .. ": the new daemon exited: " .. tostring(helper.read_file(d.log)))
+      assert.truthy(r, ("round %d: %s"):format(round, tostring(type(err) == "table" and err.message or err)))
+      if round < 30 then d.crash() end
+    end
+    -- the record lock still keeps a second daemon off a live one's state dir
+    local code, _, err = helper.cli({ "daemon", "--socket", ldir .. "/second.sock", "--state-dir", d.state,
+      "--pool", "0" })
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("is locked: another daemon uses this state directory", 1, true), err)
+    assert.are.equal(0, d.stop()) -- kills what was re-adopted
+  end)
+
   it("has what it left half-made removed at the next start", function()
     dir = helper.tmpdir()
     d = helper.start_daemon(dir, { pool = 0 })

@@ -249,6 +249,21 @@ describe("the daemon", function()
     assert(call("sandbox.kill", { id = id }))
   end)
 
+  it("holds a recipe's env with the request's to the env rules", function()
+    -- each is within the 256 KiB total, both together are not
+    local src = ('return recipe "bigenv" { image = "default", env = { %s } }'):format((function()
+      local t = {}
+      for i = 1, 5 do t[i] = ("R%d = string.rep('r', 30000)"):format(i) end
+      return table.concat(t, ", ")
+    end)())
+    local env = {}
+    for i = 1, 5 do env["Q" .. i] = string.rep("q", 30000) end
+    local sb, err = call("sandbox.create", on_backend({ recipe = { name = "bigenv.lua", source = src }, env = env }))
+    assert.is_nil(sb)
+    assert.truthy(err.message:find("'env' is over 262144 bytes in all (names and values) (the recipe's env with the request's)",
+      1, true), err.message)
+  end)
+
   describe("with hostile clients", function()
     local function raw(lines, want)
       return sync(function()
@@ -258,8 +273,14 @@ describe("the daemon", function()
         local waiter
         pipe:read_start(function(err, chunk)
           if chunk then buf = buf .. chunk else got.eof = true end
-          for line in buf:gmatch("([^\n]*)\n") do got[#got + 1] = line end
-          buf = buf:match("[^\n]*$")
+          local from = 1
+          while true do -- (not gmatch and match "[^\n]*$": quadratic on a long line)
+            local nl = buf:find("\n", from, true)
+            if not nl then break end
+            got[#got + 1] = buf:sub(from, nl - 1)
+            from = nl + 1
+          end
+          buf = buf:sub(from)
           if waiter and (#got >= want or got.eof) then local w = waiter; waiter = nil; w() end
         end)
         for _, l in ipairs(lines) do pipe:write(l) end
@@ -283,6 +304,89 @@ describe("the daemon", function()
       assert.are.equal(-32600, codes[4].error.code)
       assert.are.equal(-32600, codes[5].error.code)
       assert.are.equal("tupper", codes[6].result.server)
+    end)
+
+    it("answers every id JSON allows, echoing it as the request spelled it", function()
+      local ids = { "1e400", "-1e400", "-0", "1.5", "0.1", "12345678901234567", "-9007199254740993",
+        "1E+2", "null", '"' .. string.rep("k", 1000000) .. '"', '"\\u00e9\\""', "7" }
+      local lines = {}
+      for i, id in ipairs(ids) do
+        -- a nested "id" and one before the real one, which the decoder drops
+        lines[i] = ('{"id":"first","params":{"id":{"id":[1,"}"]}},"jsonrpc":"2.0","method":"hello","id":%s}\n'):format(id)
+      end
+      local got = raw({ table.concat(lines) }, #ids)
+      assert.are.equal(#ids, #got)
+      -- a number the encoder cannot print back exactly is echoed as its text
+      -- (first in the reply); the rest come back re-encoded, equal in value
+      local raw_text = { ["1e400"] = true, ["-1e400"] = true, ["-0"] = true, ["1.5"] = true, ["0.1"] = true,
+        ["12345678901234567"] = true, ["-9007199254740993"] = true }
+      local json = require("tupper.util.json")
+      for i, id in ipairs(ids) do
+        assert.truthy(utf8.len(got[i]))
+        if raw_text[id] then
+          assert.are.equal('{"id":' .. id .. ",", got[i]:sub(1, 7 + #id), "id " .. id)
+        else
+          assert.are.equal(json.decode(id), json.decode(got[i]).id, "id " .. id:sub(1, 40))
+        end
+      end
+      -- what is not an id gets an error with id null
+      got = raw({ '{"jsonrpc":"2.0","id":[1],"method":"hello"}\n', '{"jsonrpc":"2.0","id":{},"method":"hello"}\n',
+        '{"jsonrpc":"2.0","id":true,"method":"hello"}\n' }, 3)
+      local json = require("tupper.util.json")
+      for i = 1, 3 do
+        local m = json.decode(got[i])
+        assert.are.equal(json.null, m.id)
+        assert.are.equal(-32600, m.error.code)
+      end
+    end)
+
+    it("sends valid UTF-8 whatever bytes a request holds", function()
+      local got = raw({ '{"jsonrpc":"2.0","id":1,"method":"no.\xff\xfe such"}\n',
+        '{"jsonrpc":"2.0","id":"\xc3","method":"hello"}\n' }, 2)
+      local json = require("tupper.util.json")
+      for i = 1, 2 do assert.truthy(utf8.len(got[i]), got[i]) end
+      local m = json.decode(got[1])
+      assert.are.equal(-32601, m.error.code)
+      assert.truthy(m.error.message:find("no.\u{FFFD}\u{FFFD} such", 1, true), m.error.message)
+      assert.are.equal("\u{FFFD}", json.decode(got[2]).id)
+    end)
+
+    it("sends names and link targets that are not UTF-8 as U+FFFD, with their bytes in base64", function()
+      local json = require("tupper.util.json")
+      local id = create()
+      local events = {}
+      c:on("fs.event", function(p) if p.sandbox == id then events[#events + 1] = p end end)
+      assert(call("fs.mkdir", { sandbox = id, path = "/w" }))
+      local w = assert(call("fs.watch", { sandbox = id, path = "/w" })).watch
+      local r = run(id, { "/bin/sh", "-c", "printf x > \"/w/a$(printf '\\377')b\" && " ..
+        "ln -s \"t$(printf '\\376')\" /w/link && echo ok" })
+      assert.are.equal("ok\n", r.stdout)
+      local got = raw({ ('{"jsonrpc":"2.0","id":1,"method":"fs.list","params":{"sandbox":"%s","path":"/w"}}\n'):format(id),
+        ('{"jsonrpc":"2.0","id":2,"method":"fs.stat","params":{"sandbox":"%s","path":"/w/link"}}\n'):format(id) }, 2)
+      for i = 1, 2 do assert.truthy(utf8.len(got[i]), got[i]) end
+      local list = json.decode(got[1]).result.entries
+      assert.are.equal(2, #list)
+      local f = list[1].name == "link" and list[2] or list[1]
+      assert.are.equal("a\u{FFFD}b", f.name)
+      assert.are.equal("/w/a\u{FFFD}b", f.path)
+      assert.are.equal("a\xffb", helper.b64decode(f.name_raw))
+      assert.are.equal("/w/a\xffb", helper.b64decode(f.path_raw))
+      local st = json.decode(got[2]).result
+      assert.are.equal("t\u{FFFD}", st.link)
+      assert.are.equal("t\xfe", helper.b64decode(st.link_raw))
+      assert.is_nil(st.name_raw) -- a UTF-8 name has no raw form
+      local seen = sync(function()
+        for _ = 1, 100 do
+          for _, e in ipairs(events) do
+            if e.watch == w and e.type == "create" and e.name_raw then return e end
+          end
+          async.sleep(50)
+        end
+      end)
+      assert.truthy(seen, "an fs.event with name_raw")
+      assert.truthy(utf8.len(seen.name))
+      assert.are.equal("a\xffb", helper.b64decode(seen.name_raw))
+      assert(call("sandbox.kill", { id = id }))
     end)
 
     it("closes a connection whose line exceeds the cap, and keeps serving others", function()
@@ -364,6 +468,8 @@ describe("the daemon", function()
       ["fs.symlink"] = { sandbox = id, path = "/lnk", target = "f" },
       ["fs.remove"] = { sandbox = id, path = "/h" },
       ["recipe.build"] = { recipe = { name = "default" } },
+      ["recipe.register"] = { name = "sample", source = 'return recipe "sample" {}' },
+      ["recipe.list"] = {}, ["recipe.remove"] = { name = "sample" },
       ["sandbox.update_network"] = { id = id, network = { allow = { "example.com:443" } } },
       ["sandbox.network_log"] = { id = id },
       ["sandbox.expose"] = { id = id, port = 8000 },
@@ -378,6 +484,7 @@ describe("the daemon", function()
       "sandbox.metrics", "process.stdin",
       "process.list", "process.close_stdin", "fs.read", "fs.stat", "fs.list", "fs.mkdir", "fs.write",
       "fs.rename", "fs.remove", "fs.setattr", "fs.symlink", "recipe.build",
+      "recipe.register", "recipe.list", "recipe.remove",
       "sandbox.update_network", "sandbox.network_log", "sandbox.expose",
       "image.import", "image.list", "image.inspect", "image.remove", "image.prune",
       "process.connect", "pty.create", "fs.watch" }

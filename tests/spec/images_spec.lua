@@ -224,6 +224,28 @@ describe("the image store", function()
     assert.truthy(e.message:find("not an image reference", 1, true), e.message)
   end)
 
+  it("runs an image by its manifest digest, and refuses a digest the store lacks without pulling", function()
+    local info = oci_layout(dir .. "/bydigest", { base, middle, top }, CONFIG)
+    local code, _, err = helper.cli({ "--socket", d.socket, "import", dir .. "/bydigest", "bydigest:1" })
+    assert.are.equal(0, code, err)
+    local sb = assert(call(c, "sandbox.create", { image = info.manifest }))
+    assert.are.equal("hi\n", run(sb.id, "echo hi").stdout)
+    assert(call(c, "sandbox.kill", { id = sb.id }))
+    local unknown = "sha256:" .. string.rep("ab", 32)
+    local _, e = call(c, "sandbox.create", { image = unknown })
+    assert.truthy(e.message:find("image " .. unknown .. " is not in the store; images are pulled by name", 1, true),
+      e.message)
+    assert.is_nil(e.message:find("pulling", 1, true), e.message)
+    _, e = call(c, "image.pull", { ref = unknown })
+    assert.truthy(e.message:find("is a digest, which names no repository", 1, true), e.message)
+    _, e = call(c, "sandbox.create", { image = "sha256:" .. string.rep("AB", 32) })
+    assert.truthy(e.message:find("is not a digest", 1, true), e.message)
+    local log = helper.read_file(d.log)
+    assert.is_nil(log:find("library/sha256", 1, true), "no pull of a repository named sha256")
+    -- the store as the next tests expect it: without this image
+    assert(call(c, "image.remove", { ref = "bydigest:1" }))
+  end)
+
   describe("hostile archives", function()
     local outside
 

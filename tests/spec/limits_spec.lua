@@ -92,6 +92,13 @@ local function raw(socket)
     end
   end)
   function r.send(obj) p:write(json.encode(obj) .. "\n") end
+  -- several requests in one write: the daemon reads them in one go, before
+  -- the agent can answer the first
+  function r.send_all(objs)
+    local lines = {}
+    for i, o in ipairs(objs) do lines[i] = json.encode(o) .. "\n" end
+    p:write(table.concat(lines))
+  end
   local function wait(pred, ms)
     return sync(function()
       local deadline = helper.now() + (ms or 5000)
@@ -327,9 +334,11 @@ describe("a daemon's caps", function()
   it("refuse requests past --max-requests in flight on one connection", function()
     local id = assert(call(c, "sandbox.create", {})).id
     local r = assert(raw(d.socket))
+    local reqs = {}
     for i = 1, 4 do
-      r.send({ jsonrpc = "2.0", id = i, method = "fs.list", params = { sandbox = id, path = "/" } })
+      reqs[i] = { jsonrpc = "2.0", id = i, method = "fs.list", params = { sandbox = id, path = "/" } }
     end
+    r.send_all(reqs)
     local busy, ok = {}, {}
     for _ = 1, 4 do
       local m = assert(r.next_msg(), "a reply to each request")

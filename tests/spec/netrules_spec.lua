@@ -121,6 +121,23 @@ describe("rules", function()
     assert.is_false(rules.resolves(rs, "x.com"))
     assert.is_false(rules.resolves(rs, ("a"):rep(60) .. ".exfil.com"))
   end)
+  it("forwards no name that only known: rules allow, in any layer", function()
+    local r = assert(rules.parse_rule("known:*.x.test:443"))
+    assert.is_true(r.known and r.wildcard)
+    assert.same({ 443, 443 }, r.ports)
+    assert.is_nil((rules.parse_rule("known:10.0.0.1")))
+    assert.is_nil((rules.parse_rule("known:known:a.test")))
+    assert.is_nil((rules.parse_rule("known:")))
+    local rs = compile({ allow = { "known:*.x.test", "api.x.test", "*.y.test" } })
+    assert.is_true(rules.allow_name(rs, "made-up.x.test", 443))
+    assert.is_false((rules.may_forward(rs, "made-up.x.test", 443)))
+    assert.is_true(rules.may_forward(rs, "api.x.test", 443)) -- an exact rule names it too
+    assert.is_true(rules.may_forward(rs, "made-up.y.test", 443)) -- a plain wildcard forwards
+    -- a policy layer of known: rules binds a client's plain wildcard
+    local narrowed = assert(rules.narrow(compile({ allow = { "*.y.test" } }), { allow = { "known:*.y.test" } }))
+    assert.is_true(rules.allow_name(narrowed, "made-up.y.test", 80))
+    assert.is_false((rules.may_forward(narrowed, "made-up.y.test", 80)))
+  end)
   it("narrows by policy: both must allow, none forbids, all is refused under rules", function()
     local rs = assert(rules.with_policies({ allow = { "pypi.org", "github.com" } },
                                           { { allow = { "pypi.org" } } }))

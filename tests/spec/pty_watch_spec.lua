@@ -244,6 +244,57 @@ describe("terminals, watches and reattaching", function()
     assert.are.equal(-32000, err.code)
   end)
 
+  it("keeps the box's last 16 exited processes for process.connect and process.list (exited = true)", function()
+    local first = sync(function() return helper.run(c, id, "echo out-0; echo err-0 >&2; exit 3") end)
+    assert.are.equal(3, first.exit_code)
+    -- without the flag an exited process is gone, as before (the SDKs' calls)
+    local _, err = call("process.connect", { sandbox = id, pid = first.pid })
+    assert.are.equal(-32000, err.code)
+    local l = assert(call("process.list", { sandbox = id }))
+    for _, p in ipairs(l.processes) do assert.are_not.equal(first.pid, p.pid) end
+    local att = assert(call("process.connect", { sandbox = id, pid = first.pid, exited = true, encoding = "utf8" }))
+    assert.are.equal(first.pid, att.pid)
+    local text = {}
+    for _, o in ipairs(att.output) do text[#text + 1] = o.stream .. ":" .. o.data end
+    table.sort(text)
+    assert.are.same({ "stderr:err-0\n", "stdout:out-0\n" }, text)
+    assert.are.equal(3, att.exit.exit_code)
+    assert.are.equal(0, att.exit.signal)
+    assert.truthy(tostring(att.exit.ended_at):match("^%d%d%d%d%-%d%d%-%d%dT"))
+    l = assert(call("process.list", { sandbox = id, exited = true }))
+    local found
+    for _, p in ipairs(l.processes) do if p.pid == first.pid then found = p end end
+    assert.truthy(found, "the exited process is not listed")
+    assert.are.equal(3, found.exit.exit_code)
+    assert.are.equal("/bin/sh", found.argv[1])
+    -- a killed one says its signal
+    local r = assert(call("process.start", { sandbox = id, cmd = "sleep 100" }))
+    assert(call("process.signal", { sandbox = id, pid = r.pid }))
+    att = sync(function()
+      for _ = 1, 500 do
+        local a = c:call("process.connect", { sandbox = id, pid = r.pid, exited = true })
+        if a and a.exit then return a end
+        async.sleep(10)
+      end
+    end)
+    assert.are.equal(9, att.exit.signal)
+    -- 16 more: the first is no longer kept, the last 16 are
+    local pids = {}
+    for i = 1, 16 do
+      pids[i] = sync(function() return helper.run(c, id, "echo n" .. i) end).pid
+    end
+    _, err = call("process.connect", { sandbox = id, pid = first.pid, exited = true })
+    assert.are.equal(-32000, err.code)
+    l = assert(call("process.list", { sandbox = id, exited = true }))
+    local exited = {}
+    for _, p in ipairs(l.processes) do if p.exit then exited[#exited + 1] = p.pid end end
+    assert.are.same(pids, exited)
+    att = assert(call("process.connect", { sandbox = id, pid = pids[16], exited = true, encoding = "utf8" }))
+    assert.are.equal("n16\n", att.output[1].data)
+    _, err = call("process.list", { sandbox = id, exited = "yes" })
+    assert.are.equal(-32602, err.code)
+  end)
+
   it("keeps only the last 64 KiB of a process's output for a late connection", function()
     local t = collect(c)
     local r = assert(call("process.start", { sandbox = id, cmd = "head -c 200000 /dev/zero | tr '\\0' x; echo; echo END; sleep 100" }))

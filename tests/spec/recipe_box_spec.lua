@@ -225,7 +225,7 @@ describe("recipes in sandboxes", function()
     local cases = {
       { 'return recipe "x" {\n  limits = { memory = "12Q" },\n}', "spec.lua:2: 'limits.memory': bad size" },
       { 'return recipe "x" {\n  imgae = "default",\n}', "spec.lua:2: unknown field 'imgae'" },
-      { 'return recipe "x" { env = { A = 1 } }', "'env' must map names to strings" },
+      { 'return recipe "x" { env = { A = 1 } }', "'env.A' must be a string" },
       { 'return recipe "x" { setup = "rm -rf /" }', "'setup' must be a function(box)" },
       { 'local f = {} for i = 1, 1025 do f["/f" .. i] = "x" end\nreturn recipe "x" { files = f }',
         "'files' has more than 1024 entries" },

@@ -72,7 +72,7 @@ return recipe "python" {
       { 'return recipe "x" {\n  workdir = "home" }', "^x%.lua:2: 'workdir' must be an absolute path" },
       { 'return recipe "x" {\n  setup = "pip install" }', "^x%.lua:2: 'setup' must be a function" },
       { 'return recipe "x" {\n  network = "some" }', "^x%.lua:2: 'network' must be" },
-      { 'return recipe "x" {\n  env = { A = 1 } }', "^x%.lua:2: 'env' must map names to strings" },
+      { 'return recipe "x" {\n  env = { A = 1 } }', "^x%.lua:2: 'env.A' must be a string" },
       { 'return recipe "x y" {}', "^x%.lua:1: 'name' must be letters" },
       { 'return { image = "default" }', "^x%.lua: 'name' is missing" },
       { 'return 42', "^x%.lua: a recipe file must return" },

@@ -43,6 +43,35 @@ describe("schema.validate", function()
     assert.is_nil((schema.validate("process.start", { sandbox = "a", argv = { "a", n = 3 } })))
     assert.is_nil((schema.validate("process.start", { sandbox = "a", argv = { 1 } })))
   end)
+  it("names the rule an env or metadata map broke", function()
+    local function err_of(field, map)
+      local p, e = schema.validate("sandbox.create", { [field] = map })
+      assert.is_nil(p)
+      return e
+    end
+    for _, field in ipairs({ "env", "metadata" }) do
+      assert.are.equal(("'%s': name '%s...' is longer than 1024 bytes"):format(field, string.rep("k", 64)),
+        err_of(field, { [string.rep("k", 1025)] = "v" }))
+      assert.are.equal(("'%s.K' is longer than 31744 bytes"):format(field), err_of(field, { K = string.rep("v", 31745) }))
+      local many = {}
+      for i = 1, 1025 do many["K" .. i] = "v" end
+      assert.are.equal(("'%s' has more than 1024 entries"):format(field), err_of(field, many))
+      local big = {}
+      for i = 1, 9 do big["K" .. i] = string.rep("v", 30000) end
+      assert.are.equal(("'%s' is over 262144 bytes in all (names and values)"):format(field), err_of(field, big))
+      assert.are.equal(("'%s': name 'A=B' must not contain '='"):format(field), err_of(field, { ["A=B"] = "c" }))
+      assert.are.equal(("'%s': a name must not contain a NUL byte"):format(field), err_of(field, { ["A\0"] = "c" }))
+      assert.are.equal(("'%s.A' must not contain a NUL byte"):format(field), err_of(field, { A = "c\0" }))
+      assert.are.equal(("'%s.A' must be a string"):format(field), err_of(field, { A = 1 }))
+      assert.are.equal(("'%s': a name must not be empty"):format(field), err_of(field, { [""] = "c" }))
+      assert.are.equal(("'%s' must be an object of strings"):format(field), err_of(field, "x"))
+      -- at the limits exactly: accepted
+      local edge = {}
+      for i = 1, 8 do edge[("K%d"):format(i)] = string.rep("v", 31744) end
+      edge[string.rep("k", 1024)] = "v"
+      assert.truthy(schema.validate("sandbox.create", { [field] = edge }))
+    end
+  end)
   it("checks env maps and signals", function()
     assert.is_nil((schema.validate("process.start", { sandbox = "a", cmd = "x", env = { ["A=B"] = "c" } })))
     assert.is_nil((schema.validate("process.start", { sandbox = "a", cmd = "x", env = { A = 1 } })))

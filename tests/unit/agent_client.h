@@ -45,6 +45,7 @@ typedef struct tproc_s {
   tp_buf_t out[3];      /* [1] stdout, [2] stderr */
   int exited;
   int64_t code, sig;
+  int64_t flags;        /* EXIT's FLAGS (TP_F_EXIT_*), 0 when absent */
 } tproc_t;
 
 typedef struct host_s {
@@ -147,6 +148,7 @@ static void on_event(host_t *h, const msg_t *m) {
     p->exited = 1;
     p->code = msg_int(m, TP_TAG_CODE, -100);
     p->sig = msg_int(m, TP_TAG_SIGNAL, -100);
+    p->flags = msg_int(m, TP_TAG_FLAGS, 0);
   }
 }
 

@@ -201,17 +201,23 @@ static void test_fs(host_t *h, const char *tmp) {
         continue;
       n = tp_fields_parse(m->f[i].val, m->f[i].len, sub, 16);
       name = tp_fields_get(sub, n > 0 ? n : 0, TP_TAG_NAME);
-      good &= k < 4 && n == 5 && name != NULL && name->len == strlen(names[k]) &&
+      /* NAME TYPE SIZE MODE MTIME UID GID, and LINK for the symlink */
+      good &= k < 4 && n == (k == 2 ? 8 : 7) && name != NULL && name->len == strlen(names[k]) &&
               memcmp(name->val, names[k], name->len) == 0;
       if (k < 4 && n > 0) {
-        int64_t type = 0, size = -1;
+        int64_t type = 0, size = -1, uid = -1, gid = -1;
+        const tp_field_t *link = tp_fields_get(sub, n, TP_TAG_LINK);
         tp_field_int(tp_fields_get(sub, n, TP_TAG_TYPE), &type);
         tp_field_int(tp_fields_get(sub, n, TP_TAG_SIZE), &size);
+        tp_field_int(tp_fields_get(sub, n, TP_TAG_UID), &uid);
+        tp_field_int(tp_fields_get(sub, n, TP_TAG_GID), &gid);
         good &= type == types[k] && (k != 1 || size == (int64_t) bigsize);
+        good &= uid == (int64_t) getuid() && gid == (int64_t) getgid();
+        good &= k == 2 ? link != NULL && link->len == 5 && memcmp(link->val, "a.txt", 5) == 0 : link == NULL;
       }
       k++;
     }
-    check(good && k == 4, "list: 4 ENTRY groups sorted by NAME, with TYPE and SIZE (lstat)");
+    check(good && k == 4, "list: 4 ENTRY groups sorted by NAME, with TYPE, SIZE, UID, GID (lstat) and a symlink's LINK");
   }
   msg_free(m);
   expect_err(path_req(h, TP_MSG_FS_LIST, a), ENOTDIR, "list of a file");

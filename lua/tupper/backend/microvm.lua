@@ -44,6 +44,14 @@ M.live_limits = false
 -- once the daemon has been quiet for delay_ms, so that it does not compete
 -- with the first commands in the VM just taken.
 M.pool = { option = "vm_pool", size = 0, delay_ms = 1500, label = "microVM pool" }
+-- a create may ask for an accelerator (`accel`: kvm, tcg, auto)
+M.takes_accel = true
+
+--- The daemon's options this backend reads: accel (`tupper daemon --accel
+-- kvm|tcg|auto`).  Returns true or nil, err.
+function M.configure(opts)
+  return qemu.set_accel(opts.accel)
+end
 
 -- What every start needs: the kernel, the initramfs, the image disk (the
 -- default image's, or the one of o.layers built on first use).
@@ -91,6 +99,7 @@ local function wrap(box, uid, con)
     end)
   end
   function w.console() return con and con.tail or "" end
+  function w.hint() return con and console.hint(con) or "" end
   for _, name in ipairs({ "send", "pid", "queued", "freeze", "stats", "has_cgroup", "set_limits" }) do
     w[name] = function(_, ...) return box[name](box, ...) end
   end
@@ -111,7 +120,8 @@ function M.start(opts)
   local p, perr = prepare(opts.state_dir, opts)
   if not p then return nil, perr end
   local mem, cpus = qemu.sizes(limits)
-  local shape = { mem = mem, cpus = cpus, disk = limits.disk or qemu.DEFAULT_DISK, accel = qemu.accel() }
+  local acc = qemu.accel_for(opts.accel, opts.state_dir, p.k.vmlinuz)
+  local shape = { mem = mem, cpus = cpus, disk = limits.disk or qemu.DEFAULT_DISK, accel = acc }
   local snap, ram
   if os.getenv("TUPPER_VM_SNAPSHOT") ~= "0" then
     local serr
@@ -155,10 +165,12 @@ function M.start(opts)
     mark()
     if r then r, lerr = q.cmd("cont") end
     if not r then
-      q.close(); con.close()
+      q.close()
+      local hint = console.last_words(con)
+      con.close()
       async.wait(function(cb) box:destroy(cb) end)
       qemu.free_uid(uid)
-      return nil, "start from the snapshot: " .. tostring(lerr) .. console.hint(con)
+      return nil, "start from the snapshot: " .. tostring(lerr) .. hint
     end
   end
   q.close() -- pause is the cgroup freezer's; nothing else needs the monitor
@@ -193,6 +205,12 @@ function M.adopt(opts)
   w.start_time = math.tointeger(saved.start_time)
   w.adopted = true
   return w
+end
+
+--- What a box that failed to come up printed (QEMU's output and the
+-- guest's console), as " (...)": for the error of a start.
+function M.last_words(box)
+  return box.hint and box.hint() or ""
 end
 
 --- What the sandbox's record keeps of the box (its `vm` field): what

@@ -168,7 +168,7 @@ function M.parse(v, args)
 end
 
 --- The options of a sandbox (run, create, exec) in the form the verbs
--- send: env, metadata, interactive, tty, workdir, image, backend, rm,
+-- send: env, metadata, interactive, tty, workdir, image, backend, accel, rm,
 -- limits = { memory, cpus, pids, disk, timeout }, policy (false for
 -- --no-policy), recipe, network ("all", "none" or { allow, deny }).
 -- Raises (a string) when --network is mixed with --allow/--deny.
@@ -176,7 +176,7 @@ function M.box_opts(p)
   local o = p.opts
   local b = { env = o.env or {}, metadata = o.metadata or {}, interactive = o.interactive or false,
     tty = o.tty or false, detach_keys = o.detach_keys, workdir = o.workdir, image = o.image,
-    backend = o.backend, rm = o.rm, recipe = o.recipe, json = o.json, limits = {} }
+    backend = o.backend, accel = o.accel, rm = o.rm, recipe = o.recipe, json = o.json, limits = {} }
   for _, k in ipairs({ "memory", "cpus", "pids", "disk", "timeout" }) do b.limits[k] = o[k] end
   b.policy = o.policy
   if o.no_policy then b.policy = false end

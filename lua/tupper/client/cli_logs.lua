@@ -1,6 +1,7 @@
 --- `tupper logs`: a process's output (the daemon's replay ring of its
 -- last 64 KiB, then, with -f, what it writes until it exits), the list of
--- a box's processes (no PID), or the box's network decisions (--network).
+-- a box's processes (no PID; its last exited ones too, with their exit), or
+-- the box's network decisions (--network).
 -- Output from the box goes through the terminal filter (client/cli_tty.lua)
 -- when it lands on a terminal.
 local uv = require("luv")
@@ -34,18 +35,28 @@ local function network(c, id, o)
   return 0
 end
 
+-- How an exit reads: "exited 0", "exited 3", "killed 9", "oom", "timeout".
+local function status(e)
+  if not e then return "running" end
+  if e.oom_killed then return "oom" end
+  if e.timed_out then return "timeout" end
+  local s = math.tointeger(e.signal) or 0
+  if s > 0 then return "killed " .. s end
+  return "exited " .. tostring(math.tointeger(e.exit_code) or "?")
+end
+
 local function processes(c, id, o)
-  local r, err = c:call("process.list", { sandbox = id })
+  local r, err = c:call("process.list", { sandbox = id, exited = true })
   if not r then return fail("%s: %s", id, errmsg(err)) end
   if o.json then
     print(json.encode(json.array(r.processes)))
     return 0
   end
   local filter = cli_tty.filter(1)
-  print(("%-8s %-4s %-20s %s"):format("PID", "TTY", "STARTED", "COMMAND"))
+  print(("%-8s %-4s %-20s %-10s %s"):format("PID", "TTY", "STARTED", "STATUS", "COMMAND"))
   for _, p in ipairs(r.processes) do
-    io.stdout:write(filter(("%-8d %-4s %-20s %s\n"):format(math.tointeger(p.pid) or 0, p.pty and "yes" or "-",
-      tostring(p.started_at), table.concat(p.argv or {}, " "))))
+    io.stdout:write(filter(("%-8d %-4s %-20s %-10s %s\n"):format(math.tointeger(p.pid) or 0, p.pty and "yes" or "-",
+      tostring(p.started_at), status(p.exit), table.concat(p.argv or {}, " "))))
   end
   return 0
 end
@@ -107,8 +118,11 @@ function M.logs(c, o, args)
     end)
     c.on_close = wake
   end
-  local r, err = c:call("process.connect", { sandbox = id, pid = pid })
+  -- exited = true: a process that has exited is still shown (the daemon
+  -- keeps the box's last 16), its exit in the reply
+  local r, err = c:call("process.connect", { sandbox = id, pid = pid, exited = true })
   if not r then return fail("%s %d: %s", id, pid, errmsg(err)) end
+  if r.exit then exited = r.exit end
   local chunks = {}
   for i, ch in ipairs(r.output or {}) do
     chunks[i] = { stream = ch.stream, data = ch.encoding == "utf8" and ch.data or (b64.decode(ch.data) or "") }

@@ -85,7 +85,8 @@ dopt("max-clients", { value = "N", kind = "string", summary = "most connections 
 dopt("max-requests", { value = "N", kind = "string", summary = "most requests in flight on one connection (default 256; 0: no cap)" })
 dopt("max-streams", { value = "N", kind = "string", summary = "most watches, process attachments and port forwards of one connection (default 256; 0: no cap)" })
 dopt("idle-timeout", { value = "DURATION", kind = "string", summary = "close a connection idle this long (default 600s; 0: never)" })
-dopt("accel", { value = "MODE", kind = "enum", values = { "auto", "kvm", "tcg" }, summary = "the microVMs' accelerator: auto (try KVM), kvm or tcg" })
+dopt("accel", { value = "MODE", kind = "enum", values = { "auto", "kvm", "tcg" },
+  summary = "the microVMs' accelerator: auto (try KVM), kvm or tcg (run, create: this microVM's; auto: the daemon's)" })
 
 -- the rest
 opt("eval", { long = false, short = "e", key = "eval", value = "CODE", kind = "string", repeatable = true,
@@ -104,7 +105,7 @@ M.OPTIONS = O
 M.GLOBAL = { "socket", "state-dir", "autostart", "help", "version" }
 
 local LIMITS = { "memory", "cpus", "pids", "disk", "timeout", "policy", "no-policy", "allow", "deny",
-  "network", "backend" }
+  "network", "backend", "accel" }
 local function list(...)
   local out = {}
   for _, l in ipairs({ ... }) do
@@ -218,7 +219,7 @@ M.VERBS = {
   { name = "logs", group = "sandboxes", daemon = true,
     synopsis = "[OPTIONS] ID [PID]",
     summary = "a sandbox's process output, or its network decisions",
-    description = { "With no PID, lists the sandbox's processes started through the API; with a PID, prints what it wrote lately (the daemon keeps 64 KiB), and with -f follows it until it exits (the exit code is then the process's). With --network, the sandbox's network decisions: each connection allowed or denied, and why." },
+    description = { "With no PID, lists the sandbox's processes started through the API, and its last 16 exited ones with how they ended; with a PID, prints what it wrote lately (the daemon keeps 64 KiB, exited or not), and with -f follows it until it exits (the exit code is then the process's). With --network, the sandbox's network decisions: each connection allowed or denied, and why." },
     options = { "network-log", "json", "follow", "tail" },
     args = { ID, { name = "PID", kind = "string", optional = true } },
     examples = { { "tupper logs $id", "its processes" }, { "tupper logs -f --tail 20 $id 12", "" },

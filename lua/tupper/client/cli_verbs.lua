@@ -216,7 +216,7 @@ function M.run(c, p)
   if serr then return die("%s", serr) end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, limits = o.limits, kill_on_disconnect = true,
-    policy = pol, recipe = spec, network = o.network, backend = o.backend })
+    policy = pol, recipe = spec, network = o.network, backend = o.backend, accel = o.accel })
   if not sb then return die("%s", errmsg(err)) end
   if image_cmd then
     -- no command: the image's own (Entrypoint + Cmd), as docker run does
@@ -241,7 +241,7 @@ function M.create(c, p)
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir,
     limits = next(o.limits) and o.limits or nil, policy = policy_param(o), recipe = spec,
-    network = o.network, backend = o.backend })
+    network = o.network, backend = o.backend, accel = o.accel })
   if not sb then return die("%s", errmsg(err)) end
   print(sb.id)
   return 0

@@ -243,9 +243,11 @@ local function check_nofile()
   facts(f)
 end
 
+-- socket: the one named, else nil: where a client looks (its own, then the system's)
 local function check_daemon(socket)
   local res
   local c, err = client.connect({ socket = socket, autostart = false })
+  socket = c and c.socket or socket or paths.socket()
   if c then
     res = { ok = true, server = c.server }
     c:close()
@@ -259,7 +261,7 @@ local function check_daemon(socket)
     return facts({ socket = socket, answers = true, version = s.version })
   end
   local e = tostring(res.err)
-  check("daemon", "warn", e:find("^no tupper daemon") and e:match("^(.-%))") or e,
+  check("daemon", "warn", e:find("^no tupper daemon") and e:match("^(.-): start one") or e,
     ("tupper daemon%s &  (or systemctl start tupper.socket)"):format(socket == paths.socket() and "" or
       (" --socket " .. socket)))
   facts({ socket = socket, answers = false })
@@ -312,7 +314,7 @@ function M.checks(opts)
   local have_qemu = check_qemu()
   check_kvm(opts.state_dir or paths.state_dir(), opts.kvm_check, have_qemu)
   check_nofile()
-  check_daemon(opts.socket or paths.socket())
+  check_daemon(opts.socket)
   check_state(opts.state_dir or paths.state_dir())
   return checks
 end

@@ -72,18 +72,19 @@ function M.main(verb, args, g)
     if a == "--socket" then socket = args[k + 1] end
     if a == "--help" or a == "-h" then help = true end
   end
-  socket = socket or paths.socket()
   if not help then
     -- as every client verb does: fail with how to start a daemon when none
-    -- answers (or start one with --autostart)
+    -- answers (or start one with --autostart); the server gets the socket
+    -- that answered (a user's own, else the system's)
     local cerr
     async.spawn(function()
       local c, e = client.connect({ socket = socket, state_dir = g.state_dir, autostart = g.autostart })
-      if c then c:close() else cerr = e end
+      if c then socket = c.socket; c:close() else cerr = e end
     end)
     uv.run()
     if cerr then return die("%s: %s", verb, tostring(cerr)) end
   end
+  socket = socket or paths.socket()
   local argv = { path, "--socket", socket }
   for _, a in ipairs(args) do argv[#argv + 1] = a end
   local node = os.getenv("TUPPER_NODE")

@@ -136,9 +136,11 @@ function h.sandbox_metrics(d, conn, p)
   if not sb then return nil, code, msg end
   local st, err = sb:stats()
   if not st then return nil, rpc.SANDBOX_ERROR, err end
-  return { cpu_usage_usec = st.cpu_usage_usec, memory_bytes = st.memory_current,
-           memory_peak = st.memory_peak, pids = st.pids_current, nr_throttled = st.nr_throttled,
-           throttled_usec = st.throttled_usec, oom_kills = st.oom_kills }
+  local r = { cpu_usage_usec = st.cpu_usage_usec, memory_bytes = st.memory_current,
+              memory_peak = st.memory_peak, pids = st.pids_current, nr_throttled = st.nr_throttled,
+              throttled_usec = st.throttled_usec, oom_kills = st.oom_kills }
+  if p.series then r.samples = json.array(require("tupper.daemon.metrics").series(sb)) end
+  return r
 end
 
 function h.sandbox_get(d, conn, p)
@@ -273,8 +275,25 @@ function h.pty_resize(d, conn, p)
   return {}
 end
 
+-- What process.list and process.connect tell of an exited process.
+local function exit_of(proc)
+  return { exit_code = proc.exit_code, signal = proc.signal, timed_out = proc.timed_out or nil,
+           oom_killed = proc.oom_killed or nil, ended_at = proc.ended_at }
+end
+
 function h.process_connect(d, conn, p)
-  local sb, code, msg = get_proc(d, p)
+  local sb, code, msg = get_sandbox(d, p.sandbox)
+  if not sb then return nil, code, msg end
+  local gone = not sb.procs[p.pid] and p.exited and sb:exited_proc(p.pid)
+  if gone then -- its backlog and its exit; nothing follows
+    local out = {}
+    for i, chunk in ipairs(gone.ring or {}) do
+      local data, e = M.encode_data(chunk.data, p.encoding or gone.encoding or "base64")
+      out[i] = { stream = chunk.stream, data = data, encoding = e }
+    end
+    return { pid = gone.pid, output = json.array(out), dropped = gone.ring_dropped or 0, exit = exit_of(gone) }
+  end
+  sb, code, msg = get_proc(d, p)
   if not sb then return nil, code, msg end
   local proc = sb.procs[p.pid]
   local enc = p.encoding or proc.encoding or "base64"
@@ -348,6 +367,12 @@ function h.process_list(d, conn, p)
     end
   end
   table.sort(list, function(a, b) return a.pid < b.pid end)
+  if p.exited then -- then the kept exited ones, in the order they ended
+    for _, proc in ipairs(sb.exited) do
+      list[#list + 1] = { pid = proc.pid, argv = proc.argv, cwd = proc.cwd, started_at = proc.started_at,
+                          pty = proc.pty or nil, user = proc.user, exit = exit_of(proc) }
+    end
+  end
   return { processes = json.array(list) }
 end
 
@@ -382,10 +407,22 @@ function h.fs_write(d, conn, p)
   return { size = math.tointeger(r.size) or 0 }
 end
 
+-- A name, path or link target of the box as a reply's field: valid UTF-8,
+-- and its exact bytes in <field>_raw (base64) when it is not UTF-8
+-- (docs/protocol.md, "Names that are not UTF-8").
+local function text_field(t, field, s)
+  local text, raw = json.text(s)
+  t[field] = text
+  if raw then t[field .. "_raw"] = raw end
+end
+
 local function stat_result(path, f)
-  return { name = path:match("([^/]*)/*$") or path, path = path,
-           type = FILE_TYPES[f.type] or "other", size = f.size, mode = f.mode, mtime = f.mtime,
-           uid = f.uid, gid = f.gid, link = f.link }
+  local r = { type = FILE_TYPES[f.type] or "other", size = f.size, mode = f.mode, mtime = f.mtime,
+              uid = f.uid, gid = f.gid }
+  text_field(r, "name", path:match("([^/]*)/*$") or path)
+  text_field(r, "path", path)
+  text_field(r, "link", f.link)
+  return r
 end
 
 function h.fs_stat(d, conn, p)
@@ -508,6 +545,9 @@ function h.image_pull(d, conn, p)
   for i, l in ipairs(res.layers) do layers[i] = { digest = l.digest, size = l.size, media_type = l.mediaType } end
   return { ref = res.ref, digest = res.digest, size = res.size, layers = json.array(layers) }
 end
+
+-- recipe.register, recipe.list, recipe.remove: the template registry's
+for k, fn in pairs(require("tupper.daemon.templates").handlers) do h[k] = fn end
 
 function M.lookup(method)
   if not schema.methods[method] then return nil end

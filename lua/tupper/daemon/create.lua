@@ -3,12 +3,15 @@
 -- the default account.  Methods of the daemon (daemon/main.lua mixes them in).
 local core = require("tupper.core")
 local async = require("tupper.util.async")
+local schema = require("tupper.wire.schema")
 local sandbox = require("tupper.daemon.sandbox")
 local guard = require("tupper.recipe.guard")
 local registry = require("tupper.image.registry")
 local build = require("tupper.recipe.build")
 local policy = require("tupper.recipe.policy")
 local setup = require("tupper.recipe.setup")
+local start = require("tupper.recipe.start")
+local templates = require("tupper.daemon.templates")
 local backends = require("tupper.backend.registry")
 local limits = require("tupper.daemon.limits")
 local units = require("tupper.util.units")
@@ -27,11 +30,11 @@ end
 -- first; default: the default image); image names it, image_digest is its
 -- manifest's (what the image store keeps while the box lives); backend is
 -- a name of backend/registry.lua (nil: the default).
-function D:_start_box(id, lim, layers, image, image_digest, backend)
+function D:_start_box(id, lim, layers, image, image_digest, backend, accel)
   self.reserved[id] = true
   layers = layers or { self.default_image }
   local sb, err = sandbox.start({
-    backend = backend, state_dir = self.state, default_layer = self.default_image,
+    backend = backend, accel = accel, state_dir = self.state, default_layer = self.default_image,
     id = id, image = image or "default", image_digest = image_digest,
     layers = layers or { self.default_image }, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = sandbox.ID_COUNT, cgroup = self.tag .. "-" .. id,
@@ -94,6 +97,20 @@ D._pull = D.pull_image -- the image store's pull-on-first-use hook
 -- parameters"), so that the policies cap and judge what will really run.
 -- Returns the params and the loaded recipe, or nil, err.
 function D:_recipe_params(p)
+  if p.template then
+    -- a template's name: a registered recipe, a shipped one, else an image
+    if p.image or p.recipe then return nil, "'template' names the image or recipe: not with 'image' or 'recipe'" end
+    local q = {}
+    for k, v in pairs(p) do q[k] = v end
+    q.template = nil
+    local spec = templates.resolve(self, p.template)
+    if not spec then
+      q.image = p.template
+      return q
+    end
+    q.recipe = spec
+    p = q
+  end
   if p.image then
     return nil, "'image' and 'recipe' together: the recipe names its image"
   end
@@ -107,6 +124,9 @@ function D:_recipe_params(p)
   for k, v in pairs(r.env or {}) do env[k] = v end
   for k, v in pairs(p.env or {}) do env[k] = v end
   q.env = next(env) and env or nil
+  -- the recipe's env and the request's together obey the env rules too
+  local eerr = q.env and schema.check("env", schema.MAP, q.env)
+  if eerr then return nil, eerr .. " (the recipe's env with the request's)" end
   q.cwd = p.cwd or r.workdir
   q.backend = p.backend or r.backend
   local lim = {}
@@ -168,9 +188,10 @@ local function apply_image(sb, img, p)
   sb.env = env
   local cfg = img and img.config or {}
   sb.cwd = p.cwd or cfg.workdir or "/"
-  -- a working directory the sandbox was given (not the fallback /): the
-  -- TypeScript SDK starts commands there rather than in the account's home
-  sb.workdir = p.cwd or (cfg.workdir ~= "" and cfg.workdir) or nil
+  -- a working directory the sandbox was given (not the fallback /, which
+  -- is also what an image without WorkingDir reads as): the TypeScript SDK
+  -- starts commands there rather than in the account's home, as E2B does
+  sb.workdir = p.cwd or (cfg.workdir ~= "" and cfg.workdir ~= "/" and cfg.workdir) or nil
   local user = cfg.user
   sb.user = user ~= "root" and user ~= "0" and user ~= "0:0" and user or nil
 end
@@ -219,9 +240,11 @@ end
 -- A box of backend b for a create with effective limits lim: a pooled one
 -- when the pool's boxes (made with the default limits, disk cap included)
 -- fit, else a new one.  Returns the sandbox or nil, err.
-function D:_make_box(b, lim, plan, img, image)
+function D:_make_box(b, lim, plan, img, image, accel)
   local layers = plan and plan.layers or (img and img.layers)
   local pooled_ok = not layers or (#layers == 1 and layers[1] == self.default_image)
+  -- a pooled VM runs on the daemon's accelerator
+  if accel ~= nil and accel ~= "auto" then pooled_ok = false end
   -- what differs from the pool's boxes: a limit can be set on a running
   -- box, but not taken off it (0), and its disk is the one it was made with
   local pl, diff = self.pool_limits[b.name], {}
@@ -237,7 +260,7 @@ function D:_make_box(b, lim, plan, img, image)
   end
   if not sb then
     sb, err = self:_start_box(self:_new_id(), limits.for_backend(lim), layers, img and img.ref or image,
-                              (plan and plan.image.digest) or (img and img.digest), b.name)
+                              (plan and plan.image.digest) or (img and img.digest), b.name, accel)
     if not sb then
       log("create failed: %s", err)
       return nil, err
@@ -261,7 +284,7 @@ function D:create_sandbox(p)
   if image ~= "default" and not plan then
     local err
     img, err = self.images:resolve(image)
-    if not img then
+    if not img and not image:match("^sha256:") then -- a digest names nothing to pull
       -- pull-on-first-use (tupper.registry), then the store has it
       local pulled, perr = self:_pull(image)
       if pulled then
@@ -273,6 +296,9 @@ function D:create_sandbox(p)
     if not img then return nil, err end
   end
   local b = backends.get(p.backend)
+  if p.accel and not b.takes_accel then
+    return nil, ("'accel' is for microVMs; the %s backend has no accelerator to choose"):format(b.name)
+  end
   local asked = p.limits or {}
   for _, name in ipairs({ "memory", "cpus", "pids", "disk" }) do
     -- a guest may enforce pids itself, in its own kernel's cgroups; a VM's
@@ -292,6 +318,7 @@ function D:create_sandbox(p)
   self.creating[token] = nil
   if sb then
     self.sandboxes[sb.id] = sb
+    sb.kill_on_disconnect = p.kill_on_disconnect == true or nil -- in the record (daemon/recover.lua)
     self:set_timeout(sb, lim.timeout) -- also writes the record
     log("sandbox %s created", sb.id)
   end
@@ -302,7 +329,7 @@ end
 -- image settings and default account.  Returns the sandbox (not yet in
 -- self.sandboxes) or nil, err.
 function D:_finish_create(p, b, lim, plan, img, image)
-  local sb, err = self:_make_box(b, lim, plan, img, image)
+  local sb, err = self:_make_box(b, lim, plan, img, image, p.accel)
   if not sb then return nil, err end
   if self.stopping then -- the daemon began to shut down while this box started
     sb:destroy()
@@ -344,6 +371,18 @@ function D:_finish_create(p, b, lim, plan, img, image)
   self:_hook_connect(sb)
   sb.created_at = os.date("!%Y-%m-%dT%H:%M:%SZ")
   sb.limits = { memory = lim.memory, pids = lim.pids, disk = lim.disk, cpus = lim.cpus }
+  if plan and plan.recipe.start then
+    -- the recipe's start command, and its ready check the create waits for
+    local ok, serr = start.run(sb, plan.recipe.start, guard.policies_of(self, sb))
+    if not ok then
+      sb:destroy()
+      return nil, ("%s: %s"):format(plan.recipe.origin and plan.recipe.origin.file or plan.recipe.name, serr)
+    end
+    if self.stopping then
+      sb:destroy()
+      return nil, "the daemon is shutting down"
+    end
+  end
   return sb
 end
 

@@ -2,6 +2,7 @@
 -- process.connect), exits and file-watch events.  Methods of the daemon
 -- (daemon/main.lua mixes them in).
 local api = require("tupper.daemon.api")
+local json = require("tupper.util.json")
 
 local RING_MAX = 65536 -- bytes of recent output kept per process for process.connect
 
@@ -66,7 +67,9 @@ function D:_watch_event(sb, w, kind, name, message)
   local conn = w.owner
   if kind == "end" and conn.watches then conn.watches[w] = nil end
   if conn.closed then return end
-  conn:notify("fs.event", { sandbox = sb.id, watch = w.id, type = kind, name = name, message = message })
+  local text, raw = json.text(name) -- name_raw: the exact bytes of a name that is not UTF-8
+  conn:notify("fs.event", { sandbox = sb.id, watch = w.id, type = kind, name = text, name_raw = raw,
+    message = message })
 end
 
 return D

@@ -13,7 +13,10 @@ local D = {}
 function D:save(sb)
   if sb.state ~= "running" and sb.state ~= "paused" then return end
   local path = self.boxes .. "/" .. sb.id .. ".json"
-  local text = json.encode(sb:record())
+  local rec = sb:record()
+  -- a box that goes with its client: a restarted daemon kills it
+  rec.kill_on_disconnect = sb.kill_on_disconnect
+  local text = json.encode(rec)
   local fd = uv.fs_open(path .. ".tmp", "w", tonumber("600", 8))
   if not fd then return end
   uv.fs_write(fd, text)

@@ -55,7 +55,7 @@ end
 function Daemon:_request(conn, msg)
   local id = msg.id
   local is_call = id ~= nil
-  if is_call and type(id) ~= "string" and type(id) ~= "number" and id ~= json.null then
+  if is_call and not rpc.valid_id(id) then
     return conn:error(nil, rpc.INVALID_REQUEST, "'id' must be a string or a number")
   end
   if msg.jsonrpc ~= "2.0" or type(msg.method) ~= "string" then
@@ -96,7 +96,7 @@ function Daemon:_request(conn, msg)
     end
   end
   local loaded
-  if msg.method == "sandbox.create" and params.recipe then
+  if msg.method == "sandbox.create" and (params.recipe or params.template) then
     params, loaded = self:_recipe_params(params)
     if not params then
       if is_call then return conn:error(id, rpc.SANDBOX_ERROR, loaded) end
@@ -252,6 +252,7 @@ function Daemon:shutdown()
     end
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
     if self.idle_timer then self.idle_timer:close(); self.idle_timer = nil end
+    require("tupper.daemon.metrics").stop(self)
     for _, pull in pairs(self.pulls) do if pull.session then pull.session:cancel() end end
     for _, pool in ipairs(self.pools) do
       local boxes = pool.boxes
@@ -324,6 +325,11 @@ function M.run(opts)
     if ok then ok, err = uv.fs_chmod(self.state, tonumber("711", 8)) end
     if ok and not self.activated then ok, err = mkdirs(self.socket:match("^(.*)/[^/]*$") or ".", tonumber("700", 8)) end
     if ok and opts.log then ok, err = core.log_to(opts.log) end
+    -- the backends' own daemon options (the microVMs' --accel)
+    for _, name in ipairs(backends.NAMES) do
+      local b = backends.get(name)
+      if ok and b.configure then ok, err = b.configure(opts) end
+    end
     -- the daemon's own environment, never a client: a hosts file and an
     -- upstream resolver for the network relay (tests, split-view hosts)
     if ok then
@@ -417,6 +423,7 @@ function M.run(opts)
     local nok, nerr = self.notify("READY=1")
     if not nok then log("sd_notify READY=1: %s", tostring(nerr)) end
     self:_refill()
+    require("tupper.daemon.metrics").start(self) -- sandbox.metrics's series
   end)
   uv.run()
   return code

@@ -2,6 +2,7 @@
 -- left whole and removes what else it left.  Methods of the daemon
 -- (daemon/main.lua mixes them in).
 local uv = require("luv")
+local async = require("tupper.util.async")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local sandbox = require("tupper.daemon.sandbox")
@@ -22,7 +23,10 @@ end
 
 -- After a crash: re-adopts the boxes a previous daemon left that are still
 -- whole, and removes everything else it left in boxes/ (directories,
--- records, cgroups).
+-- records, cgroups).  A box created with kill_on_disconnect is killed: its
+-- client's connection died with the old daemon, and a connection cannot
+-- claim a box again, so no client could ever own it (a grace period would
+-- only keep it alive, unowned and running, for its length).
 function D:_recover()
   local names = {}
   local dir = uv.fs_scandir(self.boxes)
@@ -31,7 +35,7 @@ function D:_recover()
     if not name then break end
     names[#names + 1] = name
   end
-  local seen = {}
+  local seen, doomed = {}, {}
   for _, name in ipairs(names) do
     local id = name:match("^([a-z0-9]+)%.json$")
     if id and not seen[id] then
@@ -66,7 +70,10 @@ function D:_recover()
       else
         err = err or "unreadable record"
       end
-      if sb then
+      if sb and rec.kill_on_disconnect == true then
+        self.sandboxes[id] = sb
+        doomed[#doomed + 1] = id -- killed below, once the sweep of boxes/ is done
+      elseif sb then
         self.sandboxes[id] = sb
         if pol then sb.policy, sb.policy_source = pol, rec.policy end
         self:_hook_connect(sb)
@@ -105,6 +112,10 @@ function D:_recover()
       elseif st then ok, err = uv.fs_unlink(path) end
       if not ok then log("cannot remove %s: %s", name, err) end
     end
+  end
+  for _, id in ipairs(doomed) do
+    log("sandbox %s was created with kill_on_disconnect and its client is gone: killing it", id)
+    async.spawn(function() self:kill_sandbox(id) end)
   end
 end
 

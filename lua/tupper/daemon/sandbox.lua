@@ -38,7 +38,7 @@ local function attach(box, opts, adopting)
     id = opts.id, image = opts.image, layers = opts.layers, image_digest = opts.image_digest,
     user = opts.user, id_count = opts.id_count, box = box, state = "starting", cgroup = opts.cgroup,
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
-    cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, watches = {}, hooks = opts,
+    cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, exited = {}, watches = {}, hooks = opts,
     limits = opts.limits_info, pid = box:pid(), adopting = adopting, cred = opts.cred, recipe = opts.recipe,
     backend = opts.backend_impl.name, impl = opts.backend_impl,
     default_user = opts.default_user, home = opts.home, workdir = opts.workdir,
@@ -49,8 +49,10 @@ local function attach(box, opts, adopting)
     if not self.impl.awaits_ready(box, adopting) then return cb(true) end
     self._ready = cb
     self._ready_timer = uv.new_timer()
-    self._ready_timer:start(self.impl.ready_timeout_ms, 0,
-                            function() cb(false, "agent did not start in time") end)
+    self._ready_timer:start(self.impl.ready_timeout_ms, 0, function()
+      -- a backend that can say what its box printed (a VM's QEMU and console)
+      cb(false, "agent did not start in time" .. (self.impl.last_words and self.impl.last_words(box) or ""))
+    end)
   end)
   self._ready = nil
   if self._ready_timer then self._ready_timer:close(); self._ready_timer = nil end
@@ -61,8 +63,9 @@ local function attach(box, opts, adopting)
   self.state = "running"
   local hok, herr = self.impl.handshake(self, opts, adopting)
   if not hok then
+    local words = self.impl.last_words and self.impl.last_words(box) or ""
     self:destroy()
-    return nil, "sandbox " .. opts.id .. ": " .. tostring(herr)
+    return nil, "sandbox " .. opts.id .. ": " .. tostring(herr) .. words
   end
   -- the network relay: the agent binds its proxy, SOCKS and DNS ports
   -- before any box process runs (docs/network.md).  An agent without it (a
@@ -222,9 +225,33 @@ function Sandbox:_frame(t, id, f)
     release(proc)
     proc.exit_code = math.tointeger(f.code) or -1
     proc.signal = math.tointeger(f.signal) or 0
-    proc.oom_killed = self:_oom_killed(proc) or nil
+    proc.oom_killed = self:_oom_killed(proc, f) or nil
     self:_tree_done(proc)
+    proc.ended_at = now_iso()
     if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
+    self:_keep_exited(proc)
+  end
+end
+
+M.EXITED_KEEP = 16 -- exited processes kept per box, for `tupper logs` (docs/protocol.md)
+
+-- An exited process is kept, ring, exit and command line, for logs and
+-- process.connect: the last EXITED_KEEP of the box, each ring already at
+-- most 64 KiB, until the box goes.  Nobody is attached to it any more.
+function Sandbox:_keep_exited(proc)
+  proc.owner, proc.listeners = nil, nil
+  local list = self.exited
+  for i = #list, 1, -1 do -- a pid the box reused: the older one goes
+    if list[i].pid == proc.pid then table.remove(list, i) end
+  end
+  list[#list + 1] = proc
+  while #list > M.EXITED_KEEP do table.remove(list, 1) end
+end
+
+--- The kept record of an exited process, or nil.
+function Sandbox:exited_proc(pid)
+  for _, proc in ipairs(self.exited) do
+    if proc.pid == pid then return proc end
   end
 end
 
@@ -548,8 +575,16 @@ end
 -- controller, in the box's memory.events since the last process the daemon
 -- found OOM-killed (two processes killed at once: the first to end is
 -- told, as far as the kernel lets anyone tell).
-function Sandbox:_oom_killed(proc)
+-- A microVM's guest kernel kills on its own: its agent says so in the
+-- EXIT frame (FLAGS TP_F_EXIT_OOM, from the guest's /proc/vmstat).
+function Sandbox:_oom_killed(proc, f)
   if not (proc.signal == 9 or (proc.signal == 0 and proc.exit_code == 137)) then return false end
+  if self.impl.guest_kernel then
+    local flags = math.tointeger(f and f.flags) or 0
+    if flags & 1 == 0 then return false end -- TP_F_EXIT_OOM
+    self.guest_oom = (self.guest_oom or 0) + 1
+    return true
+  end
   if not proc.tree or not self.box:has_cgroup() or self.impl.guest_kernel then return false end
   local n = self.box:tree_oom(proc.tree)
   if n then return n > 0 end
@@ -603,10 +638,25 @@ function Sandbox:freeze(frozen)
   return true
 end
 
---- cgroup counters of the box, or nil, msg.
+--- cgroup counters of the box, or nil, msg.  A microVM's oom_kills are
+-- its guest kernel's (and any of QEMU's host cgroup).
 function Sandbox:stats()
   if not self.box:has_cgroup() then return nil, "metrics need cgroups, and this host has none usable" end
-  return self.box:stats()
+  local st, err = self.box:stats()
+  if st and self.impl.guest_kernel then st.oom_kills = (st.oom_kills or 0) + self:_guest_oom_kills() end
+  return st, err
+end
+
+-- The guest's OOM kills: its /proc/vmstat oom_kill, read through the
+-- agent (kills of processes the API did not start count too); else, when
+-- the box's /proc does not say, the exits its agent reported as OOM kills.
+function Sandbox:_guest_oom_kills()
+  local n = self.guest_oom or 0
+  if self.state ~= "running" then return n end
+  local r = self:request(MSG.FS_READ, { path = "/proc/vmstat", offset = 0, length = 65536 })
+  local v = r and type(r.data) == "string" and r.data:match("\noom_kill (%d+)\n")
+  v = v and #v <= 15 and math.tointeger(tonumber(v))
+  return v and math.max(v, n) or n
 end
 
 function Sandbox:info()
@@ -617,7 +667,7 @@ function Sandbox:info()
            metadata = self.metadata, processes = n, limits = self.limits or {},
            timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
            recipe = self.recipe, default_user = self.default_user, home = self.home,
-           workdir = self.workdir,
+           workdir = self.workdir, network = self.network or "none",
            expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
 end
 

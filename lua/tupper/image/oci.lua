@@ -60,6 +60,8 @@ end
 function M.normalize(ref)
   if type(ref) ~= "string" or ref == "" or #ref > 256 then return nil, "bad image reference" end
   if ref == "default" or M.valid_digest(ref) then return ref end
+  -- not a repository named "sha256" with a tag: a digest that is malformed
+  if ref:match("^sha256:") then return nil, ("'%s' is not a digest (sha256:<64 lowercase hex digits>)"):format(ref) end
   if ref:find("[^%w%._/:@%-]") or ref:find("%.%.") or ref:find("//") or ref:match("^[/:@%.%-]") then
     return nil, ("'%s' is not an image reference"):format(ref)
   end

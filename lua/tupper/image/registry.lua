@@ -83,6 +83,10 @@ end
 function M.parse_ref(s)
   if type(s) ~= "string" or #s == 0 or #s > 512 then return nil, "an image reference is 1..512 bytes" end
   if s:find("[%s%c]") then return nil, ("invalid image reference %q"):format(s) end
+  -- "sha256:<hex>" would parse as the repository library/sha256, tag <hex>
+  if s:match("^sha256:") then
+    return nil, ("'%s' is a digest, which names no repository: images are pulled by name (a name, or name@sha256:...)"):format(s)
+  end
   local rest, digest = s:match("^(.-)@(.*)$")
   if rest then
     if not digest:match("^sha256:[0-9a-f]+$") or #digest ~= 71 then

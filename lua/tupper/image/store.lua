@@ -343,6 +343,9 @@ function Store:resolve(ref)
       digest = pinned
     end
   end
+  if not digest and M.valid_digest(name) then
+    return nil, ("image %s is not in the store; images are pulled by name (a name, or name@%s)"):format(name, name)
+  end
   if not digest then return nil, ("no image '%s' in the store (tupper import or pull it)"):format(ref) end
   self.busy[digest] = (self.busy[digest] or 0) + 1
   local img, ierr = self:_image(name, digest)

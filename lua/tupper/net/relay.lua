@@ -118,6 +118,12 @@ function M.resolve(name, cb)
   if not ok then cb(nil, tostring(err)) end
 end
 
+--- The addresses of name in the daemon's hosts file, or nil: the only
+-- lookup of a name that only "known:" rules allow.
+function M.known(name)
+  return config.hosts and config.hosts[name] or nil
+end
+
 -- ------------------------------------------------------------------ relay
 
 local Net = {}
@@ -310,7 +316,17 @@ function Net:decide(host, port, via, cb)
     self:record("deny", via, t.name, port, nwhy)
     return cb(false, nwhy)
   end
-  M.resolve(t.name, function(addrs, rerr)
+  local resolve = M.resolve
+  local fwd, krule = rules.may_forward(rs, t.name, port)
+  if not fwd then
+    resolve = function(name, rcb)
+      local list = M.known(name)
+      if list then return rcb(list) end
+      rcb(nil, ("only rule %s allows it, and the daemon's hosts file does not list it " ..
+        "(a known: rule's names are never looked up upstream)"):format(krule.text))
+    end
+  end
+  resolve(t.name, function(addrs, rerr)
     if not addrs or #addrs == 0 then
       local w = ("cannot resolve %s: %s"):format(t.name, tostring(rerr or "no address"))
       self:record("deny", via, t.name, port, w)
@@ -490,6 +506,12 @@ function Net:dns(msg)
   local name, nwhy = rules.check_name(q.qname)
   local ok, rwhy = false, nwhy
   if name then ok, rwhy = rules.resolves(self.rules, name) end
+  if ok and not M.known(name) then
+    -- a name only known: rules allow resolves only if the hosts file has it
+    -- (on any port: the box's DNS query carries none)
+    local fwd, krule = rules.may_forward(self.rules, name, nil)
+    if not fwd then ok, rwhy = false, ("only rule %s allows it, and the daemon's hosts file does not list it"):format(krule.text) end
+  end
   if q.qclass ~= 1 then ok, rwhy = false, "not class IN" end
   self:record(ok and "allow" or "deny", "dns", name or ("(%d bytes)"):format(#q.qname), nil,
               ok and nil or rwhy)

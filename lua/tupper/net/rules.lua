@@ -253,9 +253,20 @@ local function parse_ports(p)
   return { lo, hi }
 end
 
---- Parses one rule string.  Returns the rule or nil, why.
+--- Parses one rule string.  Returns the rule or nil, why.  "known:" before
+-- a name rule makes it one whose names are never looked up upstream: the
+-- daemon resolves them only from its hosts file (docs/network.md).
 function M.parse_rule(s)
   if type(s) ~= "string" then return nil, "a rule is a string" end
+  local known = s:match("^known:(.*)$")
+  if known then
+    local r, why = M.parse_rule(known)
+    if not r then return nil, why end
+    if r.kind ~= "name" then return nil, "'known:' takes a name rule, not an address" end
+    if r.known then return nil, "'known:' twice" end
+    r.known, r.text = true, s
+    return r
+  end
   if #s == 0 or #s > 300 or s:find("[%s%z]") then return nil, "empty, too long, or has spaces/NUL" end
   local hostpart, portpart
   local b, rest = s:match("^(%[[^%]]*%])(.*)$")
@@ -388,6 +399,26 @@ function M.allow_name(rs, name, port)
   for _, c in ipairs(layers(rs)) do
     local ok, why = layer_name(c, name, port)
     if not ok then return false, why end
+  end
+  return true
+end
+
+--- May name:port (allowed by allow_name) be looked up upstream?  Not when
+-- some layer allows it only by "known:" rules: then the daemon resolves it
+-- from its hosts file alone, so a name the box made up below a known:
+-- wildcard never leaves the host.  Returns true, or false and the rule.
+function M.may_forward(rs, name, port)
+  for _, c in ipairs(layers(rs)) do
+    if not c.all then
+      local only
+      for _, r in ipairs(c.allow) do
+        if name_match(r, name, port) then
+          if not r.known then only = nil; break end
+          only = only or r
+        end
+      end
+      if only then return false, only end
+    end
   end
   return true
 end

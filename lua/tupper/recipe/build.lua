@@ -168,7 +168,7 @@ end
 -- Builds the layer at <tmp>/fs: a fresh box of the image with the recipe's
 -- limits (not the disk cap: the layer is the box's upper dir), files
 -- written, setup run; then the box goes and its upper dir stays.
-local function build_layer(d, r, img, tmp, chunk, policies)
+local function build_layer(d, r, img, tmp, chunk, policies, on_log)
   local lim = r.limits or {}
   local sb, err = d:_start_box(d:_new_id(), { memory = lim.memory, pids = lim.pids, cpus = lim.cpus }, img.layers)
   if not sb then return nil, err end
@@ -194,7 +194,7 @@ local function build_layer(d, r, img, tmp, chunk, policies)
   end
   for k, v in pairs(r.env or {}) do env[k] = v end
   sb.env = env
-  local ctx = { policies = policies }
+  local ctx = { policies = policies, on_log = on_log }
   local hooks = setup.hooks(ctx)
   sb.hooks.on_output, sb.hooks.on_exit = hooks.on_output, hooks.on_exit
   sb.hooks.on_down = function() end
@@ -245,7 +245,8 @@ end
 -- loaded: what M.load returned.  opts: build (recipe.build: a lock sent
 -- along is not honoured but rebuilt from, for its Debian packages; the
 -- image is pinned in the store), policies (they judge the setup's
--- commands and files).
+-- commands and files), on_log(stream, data) (the output of setup's
+-- commands, as they run, when the layer is built here).
 function M.prepare(d, loaded, opts)
   opts = opts or {}
   local r, source, chunk = loaded.recipe, loaded.source, loaded.chunk
@@ -281,7 +282,7 @@ function M.prepare(d, loaded, opts)
     local info = { recipe = r.name, file = chunk, image = img.ref, image_digest = img.digest,
                    built_at = os.date("!%Y-%m-%dT%H:%M:%SZ"), setup = r.setup ~= nil }
     local layer, built = d.layer_store:ensure(key, function(tmp)
-      return build_layer(d, r, img, tmp, chunk, opts.policies or {})
+      return build_layer(d, r, img, tmp, chunk, opts.policies or {}, opts.on_log)
     end, info)
     if not layer then return nil, built end
     cached = not built

@@ -18,7 +18,15 @@ local vm = require("tupper.recipe.jail")
 local M = {}
 
 --- The fields of a recipe, in the order messages list them.
-M.FIELDS = { "name", "image", "backend", "limits", "network", "env", "workdir", "user", "files", "setup" }
+M.FIELDS = { "name", "image", "backend", "limits", "network", "env", "workdir", "user", "files", "setup",
+             "start" }
+
+--- Other names of shipped recipes: `base` (E2B's default template) is the
+-- shipped Python recipe.
+M.ALIASES = { base = "python" }
+
+--- Bounds of a start command's ready check (start.timeout), in seconds.
+M.START_TIMEOUT, M.START_TIMEOUT_MAX = 60, 3600
 
 local MAX_FILES, MAX_FILE_CONTENT = 1024, 1024 * 1024
 local NAME_PATTERN = "^[%w][%w._-]*$"
@@ -162,6 +170,37 @@ local CHECKS = {
     if type(v) ~= "function" then return "'setup' must be a function(box)" end
     return nil, v
   end,
+  -- a command started at every create, and a check the create waits for
+  start = function(v)
+    if type(v) ~= "table" then
+      return "'start' must be { cmd = \"...\", ready = \"...\", timeout = \"60s\" }"
+    end
+    for k in pairs(v) do
+      if k ~= "cmd" and k ~= "ready" and k ~= "timeout" then
+        return ("'start' has an unknown field '%s' (expected cmd, ready, timeout)"):format(tostring(k)), nil,
+               { "start", k }
+      end
+    end
+    local out = {}
+    for _, k in ipairs({ "cmd", "ready" }) do
+      if v[k] ~= nil then
+        local err = check_string("start." .. k, v[k], 1, 32760)
+        if err then return err, nil, { "start", k } end
+        out[k] = v[k]
+      end
+    end
+    if not out.cmd and not out.ready then return "'start' needs a 'cmd', a 'ready' check or both", nil, { "start" } end
+    out.timeout = M.START_TIMEOUT
+    if v.timeout ~= nil then
+      local err, t = schema_check("start.timeout", { type = "duration" }, v.timeout)
+      if err or t <= 0 or t > M.START_TIMEOUT_MAX then
+        return ("'start.timeout' must be a duration above 0 and at most %d s"):format(M.START_TIMEOUT_MAX), nil,
+               { "start", "timeout" }
+      end
+      out.timeout = t
+    end
+    return nil, out
+  end,
 }
 
 --- Validates a recipe table r (plain data, as vm.load_string returns it).
@@ -270,6 +309,7 @@ function M.embedded_source(name)
   if type(name) ~= "string" or not name:match(NAME_PATTERN) then
     return nil, ("no shipped recipe %q"):format(tostring(name))
   end
+  name = M.ALIASES[name] or name
   local chunkname = "recipes/" .. name .. ".lua"
   -- lazy: tupper.core exists only in the binary (the specs load recipes under plain lua5.4)
   local ok, core = pcall(require, "tupper.core")

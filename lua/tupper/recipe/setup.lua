@@ -369,6 +369,8 @@ function M.hooks(ctx)
   ctx.captures = ctx.captures or setmetatable({}, { __mode = "k" })
   return {
     on_output = function(_, proc, stream, data)
+      -- a build's log (recipe.register's `logs`): a failing listener changes nothing
+      if ctx.on_log then pcall(ctx.on_log, stream, data) end
       local cap = ctx.captures[proc]
       if not cap then
         cap = { stdout = {}, stderr = {}, n = { stdout = 0, stderr = 0 } }

@@ -1,8 +1,13 @@
---- JSON for the socket API: lua-cjson with the two gaps of its 2.1.0 release
+--- JSON for the socket API: lua-cjson with the gaps of its 2.1.0 release
 -- closed.  Empty arrays encode as `[]` (mark them with `json.array`), and
 -- numbers print with 14 significant digits (the most lua-cjson 2.1.0 offers),
 -- so integers are exact below 10^14: sizes and offsets are capped below it.
+-- lua-cjson copies string bytes as they are; the encoder here never emits
+-- invalid UTF-8: each byte that is not part of a valid UTF-8 sequence comes
+-- out as U+FFFD (a field that needs the exact bytes carries them in base64
+-- beside it, see `M.text`).
 local cjson = require("cjson")
+local b64 = require("tupper.util.b64")
 
 local M = {}
 
@@ -33,12 +38,41 @@ function M.is_array(t)
   return true
 end
 
---- Encodes v; returns the text or nil, err.
+local REPLACEMENT = "\239\191\189" -- U+FFFD in UTF-8
+
+--- s with each byte that is not part of a valid UTF-8 sequence replaced by
+-- U+FFFD (utf8.len is strict in Lua 5.4: no overlong forms, surrogates or
+-- code points past U+10FFFF).  Returns s itself when it is valid.
+function M.valid_utf8(s)
+  local n, bad = utf8.len(s)
+  if n then return s end
+  local out, from = {}, 1
+  while bad do
+    out[#out + 1] = s:sub(from, bad - 1)
+    out[#out + 1] = REPLACEMENT
+    from = bad + 1
+    n, bad = utf8.len(s, from)
+  end
+  out[#out + 1] = s:sub(from)
+  return table.concat(out)
+end
+
+--- For a text field of a reply (a file name, a path, a link target): the
+-- field as valid UTF-8 and, when s was not valid UTF-8, its exact bytes in
+-- base64 (nil otherwise).  docs/protocol.md, "Names that are not UTF-8".
+function M.text(s)
+  if s == nil or utf8.len(s) then return s, nil end
+  return M.valid_utf8(s), b64.encode(s)
+end
+
+--- Encodes v; returns the text or nil, err.  The text is valid UTF-8
+-- whatever strings v holds (see the module comment).
 function M.encode(v)
   local ok, s = pcall(codec.encode, v)
   if not ok then return nil, s end
   if s:find(EMPTY_JSON, 1, true) then s = s:gsub(EMPTY_PATTERN, "[]") end
-  return s
+  -- the encoder's own output is ASCII, so a bad byte is inside a string
+  return M.valid_utf8(s)
 end
 
 --- Decodes s; returns the value or nil, err.
@@ -54,7 +88,7 @@ function M.pretty(v, indent)
   indent = indent or ""
   local t = type(v)
   if v == EMPTY then return "[]" end
-  if t ~= "table" then return codec.encode(v) end
+  if t ~= "table" then return M.valid_utf8(codec.encode(v)) end
   local inner = indent .. "  "
   local parts = {}
   if v[1] ~= nil then
@@ -66,7 +100,7 @@ function M.pretty(v, indent)
   if #keys == 0 then return "{}" end
   table.sort(keys)
   for _, k in ipairs(keys) do
-    parts[#parts + 1] = inner .. codec.encode(k) .. ": " .. M.pretty(v[k], inner)
+    parts[#parts + 1] = inner .. M.valid_utf8(codec.encode(k)) .. ": " .. M.pretty(v[k], inner)
   end
   return "{\n" .. table.concat(parts, ",\n") .. "\n" .. indent .. "}"
 end

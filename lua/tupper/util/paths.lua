@@ -14,15 +14,40 @@ local function is_root()
   return uv.getuid() == 0
 end
 
---- The socket: $TUPPER_SOCKET, else /run/tupper/tupper.sock for root, else
--- $XDG_RUNTIME_DIR/tupper.sock.
-function M.socket()
-  local env = os.getenv("TUPPER_SOCKET")
-  if env and env ~= "" then return env end
-  if is_root() then return "/run/tupper/tupper.sock" end
-  local run = os.getenv("XDG_RUNTIME_DIR")
-  if run and run ~= "" then return run .. "/tupper.sock" end
-  return "/tmp/tupper-" .. uv.getuid() .. "/tupper.sock"
+local function env_of(getenv, name)
+  local v = (getenv or os.getenv)(name)
+  if v and v ~= "" then return v end
+end
+
+--- The system daemon's socket (tupper.socket's): /run/tupper/tupper.sock;
+-- $TUPPER_SYSTEM_SOCKET names another, for tests.  getenv: os.getenv's
+-- stand-in (tests), default os.getenv.
+function M.system_socket(getenv)
+  return env_of(getenv, "TUPPER_SYSTEM_SOCKET") or "/run/tupper/tupper.sock"
+end
+
+--- The socket: $TUPPER_SOCKET, else the system's for root, else
+-- $XDG_RUNTIME_DIR/tupper.sock, else /tmp/tupper-UID/tupper.sock.
+-- getenv and uid (default: the process's) are for tests.
+function M.socket(getenv, uid)
+  local env = env_of(getenv, "TUPPER_SOCKET")
+  if env then return env end
+  uid = uid or uv.getuid()
+  if uid == 0 then return M.system_socket(getenv) end
+  local run = env_of(getenv, "XDG_RUNTIME_DIR")
+  if run then return run .. "/tupper.sock" end
+  return "/tmp/tupper-" .. uid .. "/tupper.sock"
+end
+
+--- Where a client that was given no socket looks, in order: M.socket(),
+-- then, for a user that is not root and named no $TUPPER_SOCKET, the
+-- system's (a member of the tupper group reaches the system daemon
+-- without setting anything; docs/install.md).  getenv, uid as for socket.
+function M.client_sockets(getenv, uid)
+  local first = M.socket(getenv, uid)
+  local system = M.system_socket(getenv)
+  if env_of(getenv, "TUPPER_SOCKET") or first == system then return { first } end
+  return { first, system }
 end
 
 --- The state directory: /var/lib/tupper for root, else $XDG_DATA_HOME/tupper.

@@ -61,41 +61,71 @@ function M.autostart(opts)
   return env == "1" or env == "true" or env == "yes"
 end
 
--- where a tupper.socket unit may be installed, and the socket it listens on
+-- where a tupper.socket unit may be installed (it listens on
+-- paths.system_socket())
 M.UNIT_DIRS = { "/etc/systemd/system", "/usr/local/lib/systemd/system", "/lib/systemd/system",
   "/usr/lib/systemd/system" }
-M.SYSTEM_SOCKET = "/run/tupper/tupper.sock"
 
 --- What to say when no daemon answers at socket: how to start one.
-function M.no_daemon(socket, err)
+-- tried (optional): every { socket, err } the client tried, in order (a
+-- user's own socket, then the system's), all named.
+function M.no_daemon(socket, err, tried)
+  local system = paths.system_socket()
   local unit = false
   for _, dir in ipairs(M.UNIT_DIRS) do unit = unit or uv.fs_stat(dir .. "/tupper.socket") ~= nil end
+  tried = tried or { { socket, err } }
+  local where = {}
+  for i, t in ipairs(tried) do where[i] = ("%s (%s)"):format(t[1], t[2]) end
   local hint = ""
-  if unit and socket == M.SYSTEM_SOCKET then
+  local system_tried = false
+  for _, t in ipairs(tried) do system_tried = system_tried or t[1] == system end
+  if unit and system_tried then
     hint = " or `systemctl start tupper.socket`"
-  elseif socket ~= M.SYSTEM_SOCKET and (uv.fs_stat(M.SYSTEM_SOCKET) or {}).type == "socket" then
-    hint = (" or use the system's (TUPPER_SOCKET=%s)"):format(M.SYSTEM_SOCKET)
+  elseif not system_tried and (uv.fs_stat(system) or {}).type == "socket" then
+    hint = (" or use the system's (TUPPER_SOCKET=%s)"):format(system)
   end
-  return ("no tupper daemon answers at %s (%s): start one with `%s`%s, or pass --autostart "
-    .. "(or set TUPPER_AUTOSTART=1) to start a private one"):format(socket, err,
+  if system_tried and #tried > 1 and tried[#tried][2] == "EACCES" then
+    hint = hint .. " (the system's socket is for root and the tupper group: `usermod -aG tupper $USER`)"
+  end
+  return ("no tupper daemon answers at %s: start one with `%s`%s, or pass --autostart "
+    .. "(or set TUPPER_AUTOSTART=1) to start a private one"):format(table.concat(where, " nor at "),
     socket == paths.socket() and "tupper daemon &" or ("tupper daemon --socket " .. socket .. " &"), hint)
 end
 
+-- A connection refused or nobody there: try the next place (or start one).
+local function absent(err) return err == "ENOENT" or err == "ECONNREFUSED" end
+
 --- Connects to the daemon.  opts: socket, state_dir, autostart (default:
--- M.autostart).  Returns the client or nil, err.
+-- M.autostart).  Without opts.socket a user that is not root tries its own
+-- socket, then the system's when that one exists (paths.client_sockets).
+-- Returns the client or nil, err.
 function M.connect(opts)
   opts = opts or {}
-  local socket = opts.socket or paths.socket()
+  local places = opts.socket and { opts.socket } or paths.client_sockets()
+  local socket = places[1]
   local pipe, err = try_connect(socket)
+  local tried = { { socket, err } }
+  if not pipe and absent(err) and places[2] then
+    -- a member of the tupper group reaches the system daemon as it is
+    local st, err2 = uv.fs_stat(places[2]), "ENOENT"
+    if st and st.type == "socket" then
+      local p2
+      p2, err2 = try_connect(places[2])
+      if p2 then pipe, socket = p2, places[2] end
+    elseif st then
+      err2 = "not a socket"
+    end
+    tried[2] = { places[2], err2 }
+  end
   if not pipe then
-    if err ~= "ENOENT" and err ~= "ECONNREFUSED" then
+    if not absent(err) then
       return nil, ("cannot reach the daemon at %s: %s"):format(socket, err)
     end
-    if not M.autostart(opts) then return nil, M.no_daemon(socket, err) end
+    if not M.autostart(opts) then return nil, M.no_daemon(socket, err, tried) end
     pipe, err = start_daemon(socket, opts.state_dir)
     if not pipe then return nil, err end
   end
-  local self = setmetatable({ next_id = 1, pending = {}, subs = {}, closed = false }, Client)
+  local self = setmetatable({ next_id = 1, pending = {}, subs = {}, closed = false, socket = socket }, Client)
   self.conn = rpc.wrap(pipe, {
     message = function(_, msg) self:_message(msg) end,
     close = function() self:_closed() end,

@@ -28,6 +28,77 @@ M.IMAGE_ERROR = -32006 -- data = { kind = ... } (tupper.registry)
 local Conn = {}
 Conn.__index = Conn
 
+-- ------------------------------------------------------------------ ids
+-- A reply carries its request's id unchanged (JSON-RPC 2.0, section 5).  A
+-- string id and an integer below 10^14 survive the decode and the encode;
+-- other numbers (1.5, -0, 1e400, 12345678901234567) do not: the decoder
+-- makes a double of them (1e400 is infinity, which JSON cannot carry) and
+-- the encoder prints 14 digits.  For those the reply echoes the number's
+-- text as the request spelled it: the request's id becomes a RawId.
+local RawId = {}
+RawId.__index = RawId
+
+local function exact_number(v)
+  return v == v and v ~= math.huge and v ~= -math.huge and math.tointeger(v) ~= nil
+    and math.abs(v) < 1e14 and not (v == 0 and 1 / v < 0)
+end
+
+-- the end of the JSON string that opens at i (the line decoded, so it is well formed)
+local function string_end(line, i)
+  local j = i + 1
+  while true do
+    local k = line:find('["\\]', j)
+    if line:byte(k) == 34 then return k end
+    j = k + 2
+  end
+end
+
+-- the end of the JSON value that starts at i
+local function value_end(line, i)
+  local c = line:byte(i)
+  if c == 34 then return string_end(line, i) end
+  if c ~= 123 and c ~= 91 then return (line:find("[,}%]%s]", i) or #line + 1) - 1 end
+  local depth, j = 0, i
+  while true do
+    local k = line:find('[%[%]{}"]', j)
+    local b = line:byte(k)
+    if b == 34 then
+      k = string_end(line, k)
+    elseif b == 123 or b == 91 then
+      depth = depth + 1
+    else
+      depth = depth - 1
+      if depth == 0 then return k end
+    end
+    j = k + 1
+  end
+end
+
+--- The text of the last top-level member `"id"` of the JSON object in line
+-- (the one the decoder kept), or nil.
+local function raw_member(line, name)
+  local i = line:find("{", 1, true)
+  local found
+  while i do
+    local ks = line:find('"', i + 1, true)
+    if not ks then break end
+    local ke = string_end(line, ks)
+    local key = line:sub(ks, ke)
+    if key:find("\\", 1, true) then key = json.decode(key) else key = key:sub(2, -2) end
+    local vs = line:find("[^%s:]", ke + 1)
+    local ve = value_end(line, vs)
+    if key == name then found = line:sub(vs, ve) end
+    i = line:find("[,}]", ve + 1)
+    if not i or line:byte(i) == 125 then break end
+  end
+  return found
+end
+
+--- Whether v is an id a request may carry: a string, a number, null.
+function M.valid_id(v)
+  return type(v) == "string" or type(v) == "number" or v == json.null or getmetatable(v) == RawId
+end
+
 --- Wraps a luv stream.  handlers.message(conn, msg, err) gets every decoded
 -- object (or nil and an error for a bad line); handlers.close(conn) runs once.
 function M.wrap(stream, handlers, opts)
@@ -55,6 +126,11 @@ function Conn:_line(line)
   if msg == nil or type(msg) ~= "table" then
     self.handlers.message(self, nil, err or "not a JSON object")
   else
+    local id = msg.id
+    if type(id) == "number" and not exact_number(id) then
+      local text = raw_member(line, "id")
+      if text then msg.id = setmetatable({ text = text, value = id }, RawId) end
+    end
     self.handlers.message(self, msg)
   end
 end
@@ -93,7 +169,16 @@ end
 --- Sends one object; returns true, or nil and an error.
 function Conn:send(obj)
   if self.closed then return nil, "connection closed" end
-  local text, err = json.encode(obj)
+  local text, err
+  if getmetatable(obj.id) == RawId then
+    local raw = obj.id
+    obj.id = nil
+    text, err = json.encode(obj)
+    obj.id = raw
+    if text then text = '{"id":' .. raw.text .. "," .. text:sub(2) end
+  else
+    text, err = json.encode(obj)
+  end
   if not text then return nil, err end
   if self.stream:get_write_queue_size() > M.MAX_BACKLOG then
     -- the peer does not read: drop it rather than buffer without bound

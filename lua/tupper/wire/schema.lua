@@ -16,7 +16,9 @@ local ID = { type = "string", pattern = "^[a-z0-9][a-z0-9-]*$", max = 63 }
 local PATH = { type = "string", min = 1, max = 4096 }
 -- Strings that reach the agent fit its field cap (TP_STR_MAX, 32 KiB):
 -- an env entry travels as one "K=V" string.
-local MAP = { type = "map", max = 1024, key_max = 1024, value_max = 31744 }
+-- total_max: names and values together (an env reaches the agent in one
+-- frame with the image's and the process's; metadata is in the box's record)
+local MAP = { type = "map", max = 1024, key_max = 1024, value_max = 31744, total_max = 262144 }
 local ENCODING = { type = "enum", values = { "base64", "utf8" } }
 local DURATION = { type = "duration" }
 local IMAGE_REF = { type = "string", min = 1, max = 256 }
@@ -71,7 +73,8 @@ M.methods = {
     params = { image = { type = "string", min = 1, max = 256 },
                env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS, network = NETWORK,
                kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE,
-               backend = M.BACKEND },
+               backend = M.BACKEND, template = { type = "string", min = 1, max = 256 },
+               accel = { type = "enum", values = { "kvm", "tcg", "auto" } } },
     result = { "id", "image", "backend", "state", "created_at", "metadata", "limits", "timeout",
                "default_user", "home" },
   },
@@ -79,6 +82,23 @@ M.methods = {
     doc = "Builds a recipe's layer (files and setup) unless cached, and returns what a lockfile of it pins.",
     params = { recipe = RECIPE, required = { "recipe" } },
     result = { "recipe", "image", "image_digest", "layer", "cached", "lock" },
+  },
+  ["recipe.register"] = {
+    doc = "Keeps a recipe (its source text) under a name, across restarts: sandbox.create's `template` finds it; `build` builds its layer first.",
+    params = { name = { type = "string", min = 1, max = 256 }, source = RECIPE.fields.source,
+               file = { type = "string", min = 1, max = 256 }, lock = RECIPE.fields.lock,
+               build = { type = "boolean" }, logs = ID, required = { "name", "source" } },
+    result = { "name", "recipe", "file", "sha256", "registered_at", "locked", "build" },
+  },
+  ["recipe.list"] = {
+    doc = "The recipes registered with the daemon, by name.",
+    params = {},
+    result = { "recipes" },
+  },
+  ["recipe.remove"] = {
+    doc = "Forgets a registered recipe; false when there was none.  Its cached layer stays.",
+    params = { name = { type = "string", min = 1, max = 256 }, required = { "name" } },
+    result = { "removed" },
   },
   ["sandbox.get"] = {
     doc = "Describes one sandbox.",
@@ -97,8 +117,8 @@ M.methods = {
     result = { "state" },
   },
   ["sandbox.metrics"] = {
-    doc = "The sandbox's resource counters, from its cgroup.",
-    params = { id = ID, required = { "id" } },
+    doc = "The sandbox's resource counters, from its cgroup; with series, also its recent samples.",
+    params = { id = ID, series = { type = "boolean" }, required = { "id" } },
     result = { "cpu_usage_usec", "memory_bytes", "pids", "oom_kills" },
   },
   ["sandbox.set_timeout"] = {
@@ -148,8 +168,10 @@ M.methods = {
   },
   ["process.connect"] = {
     doc = "Attaches this connection to a running process: the reply carries its recent output "
-      .. "(the last 64 KiB the daemon kept), then its output and exit arrive as notifications.",
-    params = { sandbox = ID, pid = PID, encoding = ENCODING, required = { "sandbox", "pid" } },
+      .. "(the last 64 KiB the daemon kept), then its output and exit arrive as notifications. "
+      .. "exited = true also takes one of the box's last 16 exited processes: the reply then has its exit.",
+    params = { sandbox = ID, pid = PID, encoding = ENCODING, exited = { type = "boolean" },
+               required = { "sandbox", "pid" } },
     result = { "pid", "output", "dropped" },
   },
   ["pty.create"] = {
@@ -191,8 +213,9 @@ M.methods = {
     result = {},
   },
   ["process.list"] = {
-    doc = "Lists the running processes started through the API.",
-    params = { sandbox = ID, required = { "sandbox" } },
+    doc = "Lists the running processes started through the API; exited = true adds the box's "
+      .. "last 16 exited ones, each with its exit.",
+    params = { sandbox = ID, exited = { type = "boolean" }, required = { "sandbox" } },
     result = { "processes" },
   },
   ["fs.read"] = {
@@ -219,6 +242,8 @@ M.methods = {
   ["fs.stat"] = {
     doc = "Describes a file without following a final symlink.",
     params = { sandbox = ID, user = USER, path = PATH, required = { "sandbox", "path" } },
+    -- (and, when present: link; name_raw, path_raw, link_raw: the base64
+    -- bytes of a name, path or target that is not UTF-8, docs/protocol.md)
     result = { "name", "path", "type", "size", "mode", "mtime", "uid", "gid" },
   },
   ["fs.mkdir"] = {
@@ -289,12 +314,50 @@ M.notifications = {
   ["process.output"] = { "sandbox", "pid", "stream", "data", "encoding" },
   ["process.exit"] = { "sandbox", "pid", "exit_code", "signal", "timed_out", "oom_killed" },
   ["image.progress"] = { "ref", "done", "total" },
-  ["fs.event"] = { "sandbox", "watch", "type", "name", "message" },
+  ["recipe.log"] = { "sandbox", "pid", "stream", "data", "encoding" },
+  ["fs.event"] = { "sandbox", "watch", "type", "name", "message" }, -- and name_raw (docs/protocol.md)
 }
 
 local SIGNALS = { HUP = 1, INT = 2, QUIT = 3, KILL = 9, USR1 = 10, USR2 = 12, TERM = 15,
                   CONT = 18, STOP = 19, TSTP = 20, WINCH = 28 }
 M.SIGNALS = SIGNALS
+
+-- A name of a map's entry in a message: at most 64 bytes of it.
+local function entry_name(k)
+  return #k > 64 and (k:sub(1, 64) .. "...") or k
+end
+
+-- A "map" field (env, metadata): names to strings.  Each message names the
+-- rule that was broken.
+local function check_map(name, spec, v)
+  if type(v) ~= "table" then return ("'%s' must be an object of strings"):format(name) end
+  local n, total = 0, 0
+  for k, x in pairs(v) do
+    n = n + 1
+    if n > spec.max then return ("'%s' has more than %d entries"):format(name, spec.max) end
+    if type(k) ~= "string" then return ("'%s' must be an object of strings"):format(name) end
+    if #k == 0 then return ("'%s': a name must not be empty"):format(name) end
+    if #k > spec.key_max then
+      return ("'%s': name '%s' is longer than %d bytes"):format(name, entry_name(k), spec.key_max)
+    end
+    if k:find("\0", 1, true) then return ("'%s': a name must not contain a NUL byte"):format(name) end
+    if k:find("=", 1, true) then
+      return ("'%s': name '%s' must not contain '='"):format(name, entry_name(k))
+    end
+    if type(x) ~= "string" then return ("'%s.%s' must be a string"):format(name, entry_name(k)) end
+    if #x > spec.value_max then
+      return ("'%s.%s' is longer than %d bytes"):format(name, entry_name(k), spec.value_max)
+    end
+    if x:find("\0", 1, true) then
+      return ("'%s.%s' must not contain a NUL byte"):format(name, entry_name(k))
+    end
+    total = total + #k + #x
+    if spec.total_max and total > spec.total_max then
+      return ("'%s' is over %d bytes in all (names and values)"):format(name, spec.total_max)
+    end
+  end
+  return nil, v
+end
 
 local check
 function check(name, spec, v)
@@ -377,17 +440,7 @@ function check(name, spec, v)
     if not rs then return ("'%s': %s"):format(name, err) end
     return nil, rs.spec
   elseif t == "map" then
-    if type(v) ~= "table" then return ("'%s' must be an object of strings"):format(name) end
-    local n = 0
-    for k, x in pairs(v) do
-      n = n + 1
-      if type(k) ~= "string" or type(x) ~= "string" or #k == 0 or #k > spec.key_max
-         or #x > spec.value_max or k:find("[=%z]") or x:find("\0", 1, true) then
-        return ("'%s' must map names to strings (no '=' or NUL in names)"):format(name)
-      end
-    end
-    if n > spec.max then return ("'%s' has more than %d entries"):format(name, spec.max) end
-    return nil, v
+    return check_map(name, spec, v)
   end
   error("schema: unknown type " .. tostring(t))
 end

@@ -12,6 +12,7 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { StringDecoder } from 'node:string_decoder';
 import { SandboxError, TimeoutError, fromRpcError } from './errors';
+import { clientSocket } from './sockets';
 
 export const PROTOCOL = 1;
 export const CLIENT = '@tupper/sdk/0.1.0';
@@ -19,7 +20,7 @@ export const CLIENT = '@tupper/sdk/0.1.0';
 export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
 
 export interface ConnectionOpts {
-  /** The daemon's socket; default: $TUPPER_SOCKET, else the daemon's own default. */
+  /** The daemon's socket; default: $TUPPER_SOCKET, else the daemon's own default, then the system's (sockets.ts). */
   socket?: string;
   /** How long one request may wait for its reply (0: forever). Default 60 s. */
   requestTimeoutMs?: number;
@@ -75,7 +76,8 @@ export class Connection {
 
   /** Connects to the daemon and says hello (protocol 1). */
   static async open(opts: ConnectionOpts = {}): Promise<Connection> {
-    const socketPath = opts.socket ?? defaultSocket();
+    const picked = opts.socket === undefined ? clientSocket() : { path: opts.socket, alsoTried: '' };
+    const socketPath = picked.path;
     const timeout = opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
     if (!Number.isFinite(timeout) || timeout < 0) throw new SandboxError(`bad requestTimeoutMs: ${timeout}`);
     const sock = await new Promise<net.Socket>((resolve, reject) => {
@@ -84,7 +86,7 @@ export class Connection {
         s.destroy();
         reject(
           new SandboxError(
-            `cannot reach the tupper daemon at ${socketPath} (${e.code ?? e.message}): ` +
+            `cannot reach the tupper daemon at ${socketPath} (${e.code ?? e.message})${picked.alsoTried}: ` +
               'is `tupper daemon` running? Pass { socket } or set TUPPER_SOCKET to use another one',
             { cause: e },
           ),

@@ -16,6 +16,7 @@ export const ErrorCode = {
   Sandbox: -32001,
   File: -32002,
   Process: -32003,
+  Busy: -32004,
   PolicyDenied: -32005,
 } as const;
 
@@ -64,6 +65,30 @@ export class NotFoundError extends SandboxError {
   constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
     super(message, opts);
     this.name = 'NotFoundError';
+  }
+}
+
+/** No such file or directory in the sandbox (ENOENT of a file call), as E2B's FileNotFoundError. */
+export class FileNotFoundError extends NotFoundError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'FileNotFoundError';
+  }
+}
+
+/** No such sandbox (it never was, was killed, or its lifetime ran out), as E2B's SandboxNotFoundError. */
+export class SandboxNotFoundError extends NotFoundError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'SandboxNotFoundError';
+  }
+}
+
+/** The daemon refused for now: too many requests in flight on the connection (-32004), as E2B's RateLimitError. */
+export class RateLimitError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'RateLimitError';
   }
 }
 
@@ -129,6 +154,19 @@ export const ERROR_TYPES = [
 
 export type ErrorType = (typeof ERROR_TYPES)[number];
 
+/**
+ * The type name the servers answer for an SDK error: its class's name, or
+ * that of the nearest ancestor in ERROR_TYPES (E2B's FileNotFoundError and
+ * SandboxNotFoundError are NotFoundError there), else SandboxError.
+ */
+export function errorType(e: SandboxError): ErrorType {
+  for (let p: object | null = Object.getPrototypeOf(e); p && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
+    const name = (p.constructor as { name?: string } | undefined)?.name;
+    if (name && (ERROR_TYPES as readonly string[]).includes(name)) return name as ErrorType;
+  }
+  return 'SandboxError';
+}
+
 /** A timeoutMs the caller gave: a finite number, 0 or more; else InvalidArgumentError naming `what`. */
 export function checkTimeoutMs(ms: unknown, what: string): number {
   if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) throw new InvalidArgumentError(`${what}: bad timeoutMs ${String(ms)}`);
@@ -183,14 +221,22 @@ export function fromRpcError(err: { code?: unknown; message?: unknown; data?: un
   const errno = (err.data as Partial<ErrnoData> | undefined)?.code;
   switch (code) {
     case ErrorCode.NotFound:
+      // "no sandbox 'ID'": whatever call named a sandbox there is none of
+      // (E2B's message first: code matches on "Sandbox ID not found")
+      {
+        const m = /: no sandbox '([^']*)'/.exec(msg);
+        if (m) return new SandboxNotFoundError(`Sandbox ${m[1]} not found (${msg})`, opts);
+      }
       return new NotFoundError(msg, opts);
+    case ErrorCode.Busy:
+      return new RateLimitError(msg, opts);
     case ErrorCode.InvalidParams:
       return new InvalidArgumentError(msg, opts);
     case ErrorCode.PolicyDenied:
       return new PolicyError(msg, opts);
     case ErrorCode.File:
     case ErrorCode.Process:
-      if (errno === 'ENOENT') return new NotFoundError(msg, opts);
+      if (errno === 'ENOENT') return code === ErrorCode.File ? new FileNotFoundError(msg, opts) : new NotFoundError(msg, opts);
       if (errno === 'ENOSPC' || errno === 'EDQUOT') return new NotEnoughSpaceError(msg, opts);
       if (errno === 'EACCES' || errno === 'EPERM') return new PermissionError(msg, opts);
       return new SandboxError(msg, opts);

@@ -10,8 +10,8 @@
 import { ReadableStream } from 'node:stream/web';
 import { asAccount } from './account';
 import { asBuffer, CHUNK, inChunks } from './chunks';
-import { basename, type EntryInfo, FileType, toEntry, type WriteInfo } from './entry';
-import { checkTimeoutMs, InvalidArgumentError } from './errors';
+import { basename, type EntryInfo, FileType, ownerNames, toEntry, type WriteInfo } from './entry';
+import { checkTimeoutMs, ErrorCode, InvalidArgumentError, SandboxError } from './errors';
 import type { SandboxLink } from './link';
 import { DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, WatchHandle, type WatchOpts } from './watch';
 import { decodeData } from './wire';
@@ -26,6 +26,9 @@ export interface WriteEntry {
 
 export type ReadFormat = 'text' | 'bytes' | 'blob' | 'stream';
 
+/** Most directories one files.list with a depth reads. */
+export const LIST_DIRS_MAX = 10_000;
+
 export interface FilesystemRequestOpts {
   /**
    * The account of the box's /etc/passwd the operation acts as, as E2B's
@@ -37,6 +40,8 @@ export interface FilesystemRequestOpts {
   user?: string;
   /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
   requestTimeoutMs?: number;
+  /** E2B's gzip content encoding: accepted; the daemon's socket is local, so nothing is compressed. */
+  gzip?: boolean;
 }
 
 /** Options of files.write. */
@@ -225,11 +230,17 @@ export class Filesystem {
     return this.writeOne(pathOrFiles, dataOrOpts as WriteEntry['data'], maybeOpts?.user, mode);
   }
 
+  /** E2B's writeFiles: write(files) under its own name (each file's parents made; in order). */
+  async writeFiles(files: WriteEntry[], opts?: FilesystemRequestOpts): Promise<WriteInfo[]> {
+    if (!Array.isArray(files)) throw new InvalidArgumentError('files.writeFiles: files must be a list of {path, data}');
+    return this.write(files, opts);
+  }
+
   private async writeOne(path: string, data: WriteEntry['data'], user: string | undefined, mode?: number): Promise<WriteInfo> {
     if (typeof path !== 'string' || path === '') throw new InvalidArgumentError('files.write: path must be a non-empty string');
     if (mode === undefined) {
       await this.send(path, data, user, false);
-      return { name: basename(path), type: FileType.FILE, path };
+      return { name: basename(path), type: FileType.FILE, path: this.absolute(path, user) };
     }
     // a new file gets the mode: write one beside path, then rename it over
     const dir = dirname(path);
@@ -241,7 +252,12 @@ export class Filesystem {
       await this.call('fs.remove', { path: tmp }, user).catch(() => {});
       throw e;
     }
-    return { name: basename(path), type: FileType.FILE, path };
+    return { name: basename(path), type: FileType.FILE, path: this.absolute(path, user) };
+  }
+
+  /** E2B's paths are absolute: a relative one as the account it acts as takes it. */
+  private absolute(path: string, user: string | undefined): string {
+    return String(asAccount(this.link, user === this.link.defaultUser ? undefined : user, { path }).path);
   }
 
   /** Sends data to path in 1 MiB pieces: from offset 0 (truncating), or appended. */
@@ -267,7 +283,7 @@ export class Filesystem {
     if (typeof path !== 'string' || path === '') throw new InvalidArgumentError('files.append: path must be a non-empty string');
     if (data === undefined || data === null) throw new InvalidArgumentError('files.append: no data');
     await this.send(path, data, opts?.user, true);
-    return { name: basename(path), type: FileType.FILE, path };
+    return { name: basename(path), type: FileType.FILE, path: this.absolute(path, opts?.user) };
   }
 
   /**
@@ -306,16 +322,38 @@ export class Filesystem {
       await this.call('fs.mkdir', { path: dst, parents: true, mode: from.mode }, user);
       const r = await this.call<{ entries: Array<Record<string, unknown>>; truncated?: boolean }>('fs.list', { path: from.path }, user);
       if (r.truncated) throw new InvalidArgumentError(`files.copy: ${from.path} has more entries than one listing holds`);
-      for (const e of r.entries.map(toEntry)) await this.copyEntry(e, joinPath(dst, e.name), user);
+      for (const e of r.entries.map((raw) => toEntry(raw))) await this.copyEntry(e, joinPath(dst, e.name), user);
     } else {
       throw new InvalidArgumentError(`files.copy: ${from.path} is a ${from.type}: only files and directories are copied`);
     }
   }
 
-  /** The entries of a directory, sorted by name (at most 4000: the daemon's reply limit). */
-  async list(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo[]> {
-    const r = await this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path }, opts?.user);
-    return r.entries.map(toEntry);
+  /**
+   * The entries of a directory, sorted by name (at most 4000 a directory:
+   * the daemon's reply limit).  `depth` (E2B's, default 1) goes that many
+   * levels down: each directory's entries follow it (symlinks are not
+   * followed), at most LIST_DIRS_MAX directories in all.
+   */
+  async list(path: string, opts?: FilesystemRequestOpts & { depth?: number }): Promise<EntryInfo[]> {
+    const depth = opts?.depth ?? 1;
+    if (typeof depth !== 'number' || !Number.isInteger(depth) || depth < 1) {
+      throw new InvalidArgumentError('depth should be at least one');
+    }
+    const names = ownerNames(this.link);
+    const out: EntryInfo[] = [];
+    let dirs = 0;
+    const walk = async (dir: string, left: number): Promise<void> => {
+      if (++dirs > LIST_DIRS_MAX) throw new InvalidArgumentError(`files.list: more than ${LIST_DIRS_MAX} directories under ${path}: ask for less depth`);
+      const r = await this.call<{ entries: Array<Record<string, unknown>> }>('fs.list', { path: dir }, opts?.user);
+      const n = await names;
+      for (const raw of r.entries) {
+        const e = toEntry(raw, n);
+        out.push(e);
+        if (left > 1 && e.type === FileType.DIR) await walk(e.path, left - 1);
+      }
+    };
+    await walk(path, depth);
+    return out;
   }
 
   /** True when something exists at path (a dangling symlink counts). Never throws. */
@@ -330,12 +368,19 @@ export class Filesystem {
 
   /** Describes a file or directory; NotFoundError when there is nothing there. */
   async getInfo(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo> {
-    return toEntry(await this.call('fs.stat', { path }, opts?.user));
+    const [r, names] = await Promise.all([this.call('fs.stat', { path }, opts?.user), ownerNames(this.link)]);
+    return toEntry(r, names);
   }
 
   /** Removes a file, or a directory with everything in it. */
   async remove(path: string, opts?: FilesystemRequestOpts): Promise<void> {
-    await this.call('fs.remove', { path, recursive: true }, opts?.user);
+    try {
+      await this.call('fs.remove', { path, recursive: true }, opts?.user);
+    } catch (e) {
+      // nothing there is nothing to remove, as E2B's (its envd's RemoveAll)
+      if (e instanceof SandboxError && e.code === ErrorCode.File && e.errnoCode === 'ENOENT') return;
+      throw e;
+    }
   }
 
   /** Renames (moves) a file or directory; returns what is now at newPath. */

@@ -2,9 +2,16 @@
  * @tupper/sdk: tupper's sandboxes from TypeScript, shaped like E2B's SDK so
  * that code written against E2B's `Sandbox` moves by changing the import.
  */
-export { Sandbox, DEFAULT_SANDBOX_TIMEOUT_MS } from './sandbox';
-export { SandboxPaginator, type SandboxListOpts } from './paginator';
-export { type SandboxInfo, type SandboxState, type SandboxMetrics } from './sandbox-info';
+export { Sandbox, DEFAULT_SANDBOX_TIMEOUT_MS, type SandboxConnectOpts } from './sandbox';
+export { SandboxPaginator, type SandboxListOpts, type SandboxListOrder } from './paginator';
+export { type SandboxInfo, type SandboxState, type SandboxMetrics, type SandboxMetricsOpts } from './sandbox-info';
+export {
+  ALL_TRAFFIC,
+  type SandboxNetworkOpts,
+  type SandboxNetworkUpdate,
+  type SandboxNetworkSelector,
+  type SandboxNetworkSelectorContext,
+} from './e2b-network';
 export {
   type SandboxOpts,
   type SandboxConnectionOpts,
@@ -21,7 +28,7 @@ export {
   type ProcessInfo,
 } from './commands';
 export { CommandHandle, AbortError } from './command-handle';
-export { Pty, DEFAULT_PTY_TIMEOUT_MS, PTY_DIM_MAX, type PtyCreateOpts, type PtySize } from './pty';
+export { Pty, DEFAULT_PTY_TIMEOUT_MS, PTY_DIM_MAX, type PtyCreateOpts, type PtyConnectOpts, type PtySize } from './pty';
 export {
   Filesystem,
   type ByteStream,
@@ -37,6 +44,9 @@ export {
   SandboxError,
   TimeoutError,
   NotFoundError,
+  FileNotFoundError,
+  SandboxNotFoundError,
+  RateLimitError,
   InvalidArgumentError,
   NotEnoughSpaceError,
   CommandExitError,
@@ -48,7 +58,9 @@ export {
 } from './errors';
 export { findPolicy, POLICY_FILENAME, type PolicyOpt } from './policy';
 export { lockPath, RECIPE_MAX_BYTES, type RecipeOpt } from './recipe';
+export { Template, TemplateBuilder, ReadyCmd, LogEntry, waitForPort, waitForURL, waitForProcess, waitForFile, waitForTimeout, type TemplateOptions, type TemplateBuildOpts, type BuildInfo } from './template';
 export { defaultSocket, type ConnectionOpts } from './connection';
+export { defaultSockets } from './sockets';
 
 import { Sandbox } from './sandbox';
 export default Sandbox;

@@ -6,9 +6,9 @@
  * its size (the program gets SIGWINCH).
  */
 import type { CommandHandle } from './command-handle';
-import type { Commands } from './commands';
+import type { CommandConnectOpts, Commands } from './commands';
 import type { SandboxLink } from './link';
-import { InvalidArgumentError } from './errors';
+import { checkTimeoutMs, InvalidArgumentError } from './errors';
 
 /** Default lifetime of a terminal's program, as E2B: 60 s (0 = none). */
 export const DEFAULT_PTY_TIMEOUT_MS = 60_000;
@@ -33,6 +33,16 @@ export interface PtyCreateOpts extends PtySize {
   timeoutMs?: number;
   /** The program and its arguments (default: `/bin/sh -i -l`). */
   cmd?: string[];
+  /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
+  requestTimeoutMs?: number;
+}
+
+/** What pty.connect takes (E2B's PtyConnectOpts). */
+export interface PtyConnectOpts {
+  /** What the terminal shows from now on, after the recent output the daemon kept (its last 64 KiB). */
+  onData?: (data: Uint8Array) => void | Promise<void>;
+  /** Accepted (E2B): the program's own timeout, set at create, stands. */
+  timeoutMs?: number;
   /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
   requestTimeoutMs?: number;
 }
@@ -68,6 +78,22 @@ export class Pty {
     const params: Record<string, unknown> = { sandbox: this.link.sandboxId, cols: opts.cols, rows: opts.rows };
     if (opts.cmd !== undefined) params.argv = opts.cmd;
     return this.commands._start('pty.create', params, opts, { onData: opts.onData }, DEFAULT_PTY_TIMEOUT_MS);
+  }
+
+  /**
+   * Attaches to a terminal's running program (started by this client or
+   * another, e.g. before a reconnect), as E2B's: `onData` gets what it
+   * shows.  NotFoundError when no such program runs.
+   */
+  async connect(pid: number, opts: PtyConnectOpts = {}): Promise<CommandHandle> {
+    for (const k of Object.keys(opts)) {
+      if (k !== 'onData' && k !== 'timeoutMs' && k !== 'requestTimeoutMs') throw new InvalidArgumentError(`pty.connect: unknown option '${k}'`);
+    }
+    if (opts.onData !== undefined && typeof opts.onData !== 'function') throw new InvalidArgumentError('pty.connect: onData must be a function');
+    if (opts.timeoutMs !== undefined) checkTimeoutMs(opts.timeoutMs, 'pty.connect');
+    // a handle that hands the terminal's bytes to onData, not to stdout
+    const handleOpts = { onData: opts.onData ?? (() => {}) } as CommandConnectOpts;
+    return this.commands.connect(pid, handleOpts);
   }
 
   /** Types into the terminal (keystrokes: "\x03" is Ctrl-C, "\r" is Enter). */

@@ -58,3 +58,17 @@ export async function recipeParam(opt: RecipeOpt): Promise<RecipeParam> {
   if (lock) p.lock = lock;
   return p;
 }
+
+/**
+ * sandbox.create's params for `Sandbox.create(name)`: a recipe file (a
+ * path: starting with '/', './' or '../', or ending in '.lua') is read here
+ * and sent as `recipe` (with its lock); any other name is sent as
+ * `template`, which the daemon resolves: a recipe registered with it
+ * (Template.build), else a shipped recipe ('base' is the Python one), else
+ * an image.
+ */
+export function templateParams(name: string): { recipe?: string; template?: string } {
+  if (typeof name !== 'string' || name === '') throw new InvalidArgumentError('the template must be a non-empty string');
+  if (/^\.{0,2}\//.test(name) || name.endsWith('.lua')) return { recipe: name };
+  return { template: name };
+}

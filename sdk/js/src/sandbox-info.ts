@@ -38,17 +38,38 @@ export interface SandboxInfo {
   home?: string;
   /** The working directory the sandbox was given (create's cwd, a recipe's workdir, the image's WorkingDir). */
   workdir?: string;
+  /** E2B's: true when it may reach every public address (`network: "all"`), false with no network, else absent. */
+  allowInternetAccess?: boolean;
+  /** E2B's shape of its rules: allow rules as `allowOut`, and `denyOut` `[ALL_TRAFFIC, ...deny rules]` (tupper allows nothing else). */
+  network?: { allowOut: string[]; denyOut: string[] };
+  /** E2B's: tupper kills a sandbox when its lifetime ends. */
+  lifecycle: { onTimeout: 'kill'; autoResume: false };
 }
 
-/** One sample of the sandbox's counters, from its cgroup. */
+/** getMetrics' window (E2B's): tupper keeps no series, so only a window holding now has a sample. */
+export interface SandboxMetricsOpts {
+  start?: Date;
+  end?: Date;
+  requestTimeoutMs?: number;
+}
+
+/** One sample of the sandbox's counters, from its cgroup: E2B's fields, then tupper's. */
 export interface SandboxMetrics {
   timestamp: Date;
-  /** CPU quota in cores, when limited. */
-  cpuCount?: number;
+  /** CPU used since the previous sample, percent of the cores it may use. */
+  cpuUsedPct: number;
+  /** Cores it may use: its CPU limit rounded up, else the host's count. */
+  cpuCount: number;
   /** Memory in use, bytes. */
   memUsed: number;
-  /** Memory limit in bytes, when limited. */
-  memTotal?: number;
+  /** Its memory limit in bytes, else the host's memory. */
+  memTotal: number;
+  /** Page cache in bytes: tupper does not split it out of memUsed (0). */
+  memCache: number;
+  /** Bytes used on the box's `/`. */
+  diskUsed: number;
+  /** Its disk limit in bytes, else the size of the filesystem under the box's `/`. */
+  diskTotal: number;
   /** Total CPU time used, microseconds. */
   cpuUsageUsec: number;
   memoryPeak?: number;
@@ -70,7 +91,20 @@ export function toInfo(r: Record<string, unknown>): SandboxInfo {
     startedAt: new Date(String(r.created_at)),
     limits,
     timeoutMs: Math.round((typeof r.timeout === 'number' ? r.timeout : 0) * 1000),
+    lifecycle: { onTimeout: 'kill', autoResume: false },
   };
+  const n = r.network;
+  if (n === 'all') {
+    info.allowInternetAccess = true;
+    info.network = { allowOut: ['0.0.0.0/0'], denyOut: [] };
+  } else if (n === 'none') {
+    info.allowInternetAccess = false;
+    info.network = { allowOut: [], denyOut: ['0.0.0.0/0'] };
+  } else if (n !== null && typeof n === 'object') {
+    const list = (v: unknown) => (Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : []);
+    const rules = n as { allow?: unknown; deny?: unknown };
+    info.network = { allowOut: list(rules.allow), denyOut: ['0.0.0.0/0', ...list(rules.deny)] };
+  }
   if (typeof r.expires_at === 'string') info.endAt = new Date(r.expires_at);
   if (typeof limits.cpus === 'number') info.cpuCount = limits.cpus;
   if (typeof limits.memory === 'number') info.memoryMB = limits.memory / (1 << 20);
@@ -86,12 +120,16 @@ export function toInfo(r: Record<string, unknown>): SandboxInfo {
 export function toMetrics(m: Record<string, number | undefined>, info: SandboxInfo): SandboxMetrics {
   const s: SandboxMetrics = {
     timestamp: new Date(),
+    cpuUsedPct: 0,
+    cpuCount: info.limits.cpus ?? 0,
+    memTotal: info.limits.memory ?? 0,
+    memCache: 0,
+    diskUsed: 0,
+    diskTotal: info.limits.disk ?? 0,
     memUsed: m.memory_bytes ?? 0,
     cpuUsageUsec: m.cpu_usage_usec ?? 0,
     pids: m.pids ?? 0,
   };
-  if (info.limits.cpus !== undefined) s.cpuCount = info.limits.cpus;
-  if (info.limits.memory !== undefined) s.memTotal = info.limits.memory;
   if (m.memory_peak !== undefined) s.memoryPeak = m.memory_peak;
   if (m.nr_throttled !== undefined) s.nrThrottled = m.nr_throttled;
   if (m.throttled_usec !== undefined) s.throttledUsec = m.throttled_usec;

@@ -4,6 +4,7 @@
 import type { ConnectionOpts } from './connection';
 import type { PolicyOpt } from './policy';
 import type { RecipeOpt } from './recipe';
+import type { SandboxNetworkOpts } from './e2b-network';
 
 /** Options every call that talks to the daemon takes. */
 export interface SandboxConnectionOpts extends ConnectionOpts {
@@ -55,6 +56,12 @@ export interface SandboxOpts extends SandboxConnectionOpts {
    * 'microvm' (a QEMU microVM with its own kernel; same API, see docs/microvm.md).
    */
   backend?: 'linux' | 'microvm';
+  /**
+   * A microVM's accelerator: 'kvm', 'tcg' (emulation) or 'auto' (the
+   * daemon's choice, the default).  A start that cannot run on it fails
+   * with QEMU's own words; see docs/microvm.md.
+   */
+  accel?: 'kvm' | 'tcg' | 'auto';
   /** Environment of every command. */
   envs?: Record<string, string>;
   /** Free-form strings, returned by getInfo and list. */
@@ -78,6 +85,18 @@ export interface SandboxOpts extends SandboxConnectionOpts {
    * `timeoutMs` given here override the recipe's.
    */
   recipe?: RecipeOpt;
-  /** Egress rules; the daemon's HTTP proxy, SOCKS5 and DNS carry what they allow. */
-  network?: NetworkRules;
+  /**
+   * Egress rules; the daemon's HTTP proxy, SOCKS5 and DNS carry what they
+   * allow.  E2B's `{ allowOut, denyOut }` is taken too (src/e2b-network.ts).
+   */
+  network?: NetworkRules | SandboxNetworkOpts;
+  /** E2B's: true is `network: "all"` (unless `network` names rules), false is no network. Default: no network. */
+  allowInternetAccess?: boolean;
+  /** Accepted (E2B, deprecated there): the daemon's socket is guarded by its file mode; no tokens. */
+  secure?: boolean;
+  /**
+   * E2B's lifecycle: `onTimeout: 'kill'` (the default) is what tupper
+   * does; `'pause'` is refused (tupper kills a box when its time is up).
+   */
+  lifecycle?: { onTimeout: 'kill' | 'pause' | { action: 'kill' } | { action: 'pause'; keepMemory?: boolean }; autoResume?: boolean };
 }

@@ -23,6 +23,8 @@ export interface FilesystemEvent {
   type: FilesystemEventType;
   /** Why, for an OVERFLOW. */
   message?: string;
+  /** The exact bytes of a name that is not UTF-8 (`name` then shows U+FFFD). */
+  nameRaw?: Uint8Array;
 }
 
 export interface WatchOpts {
@@ -73,6 +75,7 @@ export class WatchHandle {
       }
       const e: FilesystemEvent = { name: String(p.name ?? ''), type: type as FilesystemEventType };
       if (typeof p.message === 'string') e.message = p.message;
+      if (typeof p.name_raw === 'string') e.nameRaw = new Uint8Array(Buffer.from(p.name_raw, 'base64'));
       void Promise.resolve(onEvent(e)).catch(() => {});
     });
     this.dropClose = link.conn.onClose((e) => this.finish(new SandboxError(`watch ${watchId}: ${e.message}`, { cause: e })));

@@ -61,7 +61,8 @@ test('commands run as user, in /home/user, unless told otherwise', async () => {
 
 test('files: relative paths land in /home/user, owned by uid 1000', async () => {
   const w = await sbx.files.write('notes/today.txt', 'hello');
-  assert.equal(w.path, 'notes/today.txt');
+  // E2B's WriteInfo.path is absolute
+  assert.equal(w.path, '/home/user/notes/today.txt');
   const st = await sbx.files.getInfo('/home/user/notes/today.txt');
   assert.deepEqual([st.uid, st.gid, st.path], [1000, 1000, '/home/user/notes/today.txt']);
   assert.equal((await sbx.files.getInfo('/home/user/notes')).uid, 1000);

@@ -76,6 +76,20 @@ test('exists never throws', async () => {
   assert.equal(await sbx.files.exists(''), false, 'even a path the daemon refuses');
 });
 
+test('names and link targets that are not UTF-8: U+FFFD in the text, exact bytes in the raw fields', async () => {
+  await sbx.commands.run(`mkdir -p /home/user/raw && printf x > "/home/user/raw/a$(printf '\\377')" && ` +
+    `ln -s "t$(printf '\\376')" /home/user/raw/link`);
+  const entries = await sbx.files.list('/home/user/raw');
+  const f = entries.find((e) => e.name !== 'link');
+  assert.equal(f.name, 'a\uFFFD');
+  assert.deepEqual([...f.nameRaw], [0x61, 0xff]);
+  assert.deepEqual(Buffer.from(f.pathRaw).toString('latin1'), '/home/user/raw/a\xff');
+  const l = await sbx.files.getInfo('/home/user/raw/link');
+  assert.equal(l.symlinkTarget, 't\uFFFD');
+  assert.deepEqual([...l.symlinkTargetRaw], [0x74, 0xfe]);
+  assert.equal(l.nameRaw, undefined);
+});
+
 test('getInfo describes files, dirs and symlinks', async () => {
   const d = await sbx.files.getInfo('/home/user/ls');
   assert.equal(d.type, 'dir');
@@ -111,7 +125,11 @@ test('remove: a file, and a directory with everything in it', async () => {
   assert.equal(await sbx.files.exists('/home/user/rm/top'), false);
   await sbx.files.remove('/home/user/rm');
   assert.equal(await sbx.files.exists('/home/user/rm'), false);
-  await assert.rejects(sbx.files.remove('/home/user/rm'), NotFoundError);
+  // nothing there: nothing to do, as E2B's (its envd removes with RemoveAll)
+  await sbx.files.remove('/home/user/rm');
+  await sbx.files.remove('/home/user/no/such/dir/file');
+  await sbx.files.write('/home/user/rmfile', 'x');
+  await assert.rejects(sbx.files.remove('/home/user/rmfile/under'), (e) => e.errnoCode === 'ENOTDIR');
 });
 
 test('file errors are typed and carry the errno', async () => {

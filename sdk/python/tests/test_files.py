@@ -83,6 +83,16 @@ def test_list_exists_get_info(sbx):
     assert sbx.files.exists("d/one.txt") and sbx.files.exists("d") and not sbx.files.exists("d/nope")
 
 
+def test_names_that_are_not_utf8(sbx):
+    sbx.commands.run("mkdir -p raw && printf x > \"raw/a$(printf '\\377')\" && ln -s \"t$(printf '\\376')\" raw/link")
+    by = {e.name: e for e in sbx.files.list("raw")}
+    f = by["a\ufffd"]
+    assert f.name_raw == b"a\xff" and f.path_raw == b"/home/user/raw/a\xff"
+    link = sbx.files.get_info("raw/link")
+    assert link.symlink_target == "t\ufffd" and link.symlink_target_raw == b"t\xfe"
+    assert link.name_raw is None, "a UTF-8 name has no raw form"
+
+
 def test_make_dir_remove_rename(sbx):
     assert sbx.files.make_dir("a/b/c") is True
     assert sbx.files.make_dir("a/b/c") is False, "already there"

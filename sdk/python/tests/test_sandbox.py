@@ -175,6 +175,11 @@ def test_bad_arguments_are_clear(opts):
     with pytest.raises(InvalidArgumentException) as e:
         Sandbox.create(limits={"pids": "lots"}, **opts)
     assert "pids" in str(e.value)
+    with pytest.raises(InvalidArgumentException):
+        Sandbox.create(accel="fast", **opts)
+    with pytest.raises(SandboxException) as e:
+        Sandbox.create(accel="tcg", **opts)  # sent: the daemon's linux backend has none
+    assert "'accel' is for microVMs" in str(e.value)
     with pytest.raises(SandboxException) as e:
         Sandbox.create("Not A Valid Image Name", **opts)
     assert "Not A Valid Image Name" in str(e.value)
@@ -203,6 +208,78 @@ def test_default_socket_rules(monkeypatch):
         assert tupper.default_socket() == "/run/user/1/tupper.sock"
         monkeypatch.delenv("XDG_RUNTIME_DIR")
         assert tupper.default_socket() == f"/tmp/tupper-{os.getuid()}/tupper.sock"
+
+
+def test_default_sockets_fall_back_to_the_system_socket():
+    """A user that is not root tries its own socket, then the system's (docs/install.md)."""
+    env = {"XDG_RUNTIME_DIR": "/run/user/1000"}
+    assert tupper.default_sockets(1000, env) == ["/run/user/1000/tupper.sock", "/run/tupper/tupper.sock"]
+    assert tupper.default_sockets(1000, {}) == ["/tmp/tupper-1000/tupper.sock", "/run/tupper/tupper.sock"]
+    assert tupper.default_sockets(0, env) == ["/run/tupper/tupper.sock"]
+    named = {"TUPPER_SOCKET": "/a/b.sock", "XDG_RUNTIME_DIR": "/r"}
+    assert tupper.default_sockets(1000, named) == ["/a/b.sock"]
+    assert tupper.default_sockets(0, named) == ["/a/b.sock"]
+    moved = {"TUPPER_SYSTEM_SOCKET": "/s/sys.sock", "XDG_RUNTIME_DIR": "/r"}
+    assert tupper.default_sockets(1000, moved) == ["/r/tupper.sock", "/s/sys.sock"]
+    assert tupper.default_socket(0, moved) == "/s/sys.sock"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="runs a client as another user")
+def test_a_user_reaches_the_system_daemon_through_the_fallback(daemon):
+    """A real client as uid 65534: its own socket is not there, the (stand-in) system one answers;
+    with neither, the error names both."""
+    import subprocess
+    import sys
+
+    import shutil
+    import tempfile
+
+    # a dir the other user can pass through, with the package and a name of
+    # the daemon's socket in it: the checkout and the test's TMPDIR may sit
+    # where it cannot (a fresh machine clones into /root; TMPDIR is 0700)
+    here = tempfile.mkdtemp(prefix="tupper-py-sys-", dir="/tmp")
+    os.chmod(here, 0o711)
+    pkg = os.path.join(here, "py")
+    shutil.copytree(os.path.dirname(os.path.abspath(tupper.__file__)), os.path.join(pkg, "tupper"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for top, dirs, files in os.walk(pkg):
+        os.chmod(top, 0o755)
+        for f in files:
+            os.chmod(os.path.join(top, f), 0o644)
+    # a second name of the socket's inode: connect() needs search permission
+    # on every directory of the path it is given, not of the one it was bound at
+    sock = os.path.join(here, "tupper.sock")
+    os.link(daemon.socket, sock)
+    script = ("import tupper._connection as c\n"
+              "conn = c.Connection.open()\n"
+              "print(conn.socket_path)\n"
+              "conn.close()\n")
+    run_dir = "/nonexistent/run"  # absent, and every user can tell
+
+    def as_nobody(system):
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": pkg, "HOME": "/nonexistent",
+               "XDG_RUNTIME_DIR": run_dir, "TUPPER_SYSTEM_SOCKET": system}
+        return subprocess.run([sys.executable, "-c", script], env=env, user=65534, group=65534, extra_groups=[],
+                              capture_output=True, text=True, timeout=60)
+
+    sock_mode = os.stat(daemon.socket).st_mode & 0o7777
+    os.chmod(sock, 0o666)  # as tupper.socket's 0660 root:tupper is to a member of the group
+    try:
+        r = as_nobody(sock)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == sock
+        gone = "/nonexistent/gone.sock"
+        r = as_nobody(gone)
+        assert r.returncode != 0
+        assert f"{run_dir}/tupper.sock (" in r.stderr and f"nor at {gone} (" in r.stderr, r.stderr
+        os.chmod(sock, 0o600)
+        r = as_nobody(sock)
+        assert r.returncode != 0
+        assert f"{run_dir}/tupper.sock (" in r.stderr and f"nor at {sock} (" in r.stderr, r.stderr
+        assert "Permission denied" in r.stderr, r.stderr
+    finally:
+        os.chmod(daemon.socket, sock_mode)
+        shutil.rmtree(here)
 
 
 def test_request_timeout_raises_timeout(tmp_path):

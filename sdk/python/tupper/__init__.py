@@ -12,7 +12,7 @@ and, with asyncio, ``sbx = await AsyncSandbox.create()``.
 It speaks the daemon's socket API directly (docs/protocol.md); the socket is
 ``$TUPPER_SOCKET``, else the daemon's default.  Standard library only.
 """
-from ._connection import default_socket
+from ._connection import default_socket, default_sockets
 from .exceptions import (
     AuthenticationException,
     CommandExitException,
@@ -64,5 +64,5 @@ __all__ = [
     "PermissionDeniedException", "PolicyException", "CommandExitException", "CommandResult",
     "EntryInfo", "FileType", "FilesystemEvent", "FilesystemEventType", "ProcessInfo", "PtyOutput",
     "PtySize", "SandboxInfo", "SandboxMetrics", "SandboxQuery", "SandboxState", "Stderr", "Stdout",
-    "WriteEntry", "WriteInfo", "default_socket",
+    "WriteEntry", "WriteInfo", "default_socket", "default_sockets",
 ]

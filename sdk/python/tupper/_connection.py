@@ -31,27 +31,65 @@ Notification = Callable[[str, Dict[str, Any]], None]
 Key = Tuple[Any, ...]
 
 
-def default_socket() -> str:
+#: The system daemon's socket (tupper.socket's); ``$TUPPER_SYSTEM_SOCKET`` moves it, for tests.
+SYSTEM_SOCKET = "/run/tupper/tupper.sock"
+
+
+def _system_socket(environ: Optional[Dict[str, str]] = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get("TUPPER_SYSTEM_SOCKET") or SYSTEM_SOCKET
+
+
+def default_socket(uid: Optional[int] = None, environ: Optional[Dict[str, str]] = None) -> str:
     """
     Where the daemon listens, as the daemon and the TypeScript SDK decide it:
     ``$TUPPER_SOCKET``, else ``/run/tupper/tupper.sock`` for root, else
     ``$XDG_RUNTIME_DIR/tupper.sock``, else ``/tmp/tupper-UID/tupper.sock``.
+    ``uid`` and ``environ`` (default: this process's) are for tests.
     """
-    env = os.environ.get("TUPPER_SOCKET")
-    if env:
-        return env
-    uid = os.getuid()
+    env = os.environ if environ is None else environ
+    named = env.get("TUPPER_SOCKET")
+    if named:
+        return named
+    uid = os.getuid() if uid is None else uid
     if uid == 0:
-        return "/run/tupper/tupper.sock"
-    run = os.environ.get("XDG_RUNTIME_DIR")
+        return _system_socket(env)
+    run = env.get("XDG_RUNTIME_DIR")
     if run:
         return os.path.join(run, "tupper.sock")
     return f"/tmp/tupper-{uid}/tupper.sock"
 
 
-def _unreachable(path: str, e: BaseException) -> SandboxException:
+def default_sockets(uid: Optional[int] = None, environ: Optional[Dict[str, str]] = None) -> List[str]:
+    """
+    Where a client given no socket looks, in order (docs/install.md): the
+    :func:`default_socket`, then, for a user that is not root and set no
+    ``$TUPPER_SOCKET``, the system's ``/run/tupper/tupper.sock`` (tried when
+    nothing answers at the first and it exists: a member of the tupper group
+    reaches the system daemon as it is).
+    """
+    env = os.environ if environ is None else environ
+    first = default_socket(uid, env)
+    system = _system_socket(env)
+    if env.get("TUPPER_SOCKET") or first == system:
+        return [first]
+    return [first, system]
+
+
+def _places(socket: Optional[str]) -> List[str]:
+    """The sockets to try: the one named, else :func:`default_sockets` (a
+    system socket that does not exist fails as nobody there, ENOENT)."""
+    return [socket] if socket else default_sockets()
+
+
+def _absent(e: OSError) -> bool:
+    return isinstance(e, (FileNotFoundError, ConnectionRefusedError))
+
+
+def _unreachable(tried: List[Tuple[str, BaseException]]) -> SandboxException:
+    where = " nor at ".join(f"{p} ({e})" for p, e in tried)
     return SandboxException(
-        f"cannot reach the tupper daemon at {path} ({e}): is `tupper daemon` running? "
+        f"cannot reach the tupper daemon at {where}: is `tupper daemon` running? "
         "Pass socket=... or set TUPPER_SOCKET to use another one"
     )
 
@@ -207,15 +245,24 @@ class Connection(_Dispatch):
     @classmethod
     def open(cls, socket: Optional[str] = None, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "Connection":
         """Connects to the daemon and says hello (protocol 1)."""
-        path = socket or default_socket()
         timeout = _check_timeout(request_timeout, "connect")
-        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        try:
-            s.connect(path)
-        except OSError as e:
-            s.close()
-            raise _unreachable(path, e) from e
-        conn = cls(s, path, timeout)
+        tried: List[Tuple[str, BaseException]] = []
+        for path in _places(socket):
+            s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            try:
+                s.connect(path)
+            except OSError as e:
+                s.close()
+                tried.append((path, e))
+                if _absent(e):
+                    continue
+                break  # there, but not this user's to use: say so
+            conn = cls(s, path, timeout)
+            break
+        else:
+            raise _unreachable(tried) from tried[-1][1]
+        if len(tried) > 0 and not _absent(tried[-1][1]):
+            raise _unreachable(tried) from tried[-1][1]
         try:
             hello = conn.call("hello", {"protocol": PROTOCOL, "client": CLIENT})
             if hello.get("protocol") != PROTOCOL:
@@ -323,13 +370,22 @@ class AsyncConnection(_Dispatch):
     @classmethod
     async def open(cls, socket: Optional[str] = None, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "AsyncConnection":
         """Connects to the daemon and says hello (protocol 1)."""
-        path = socket or default_socket()
         timeout = _check_timeout(request_timeout, "connect")
-        try:
-            reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE + 1)
-        except OSError as e:
-            raise _unreachable(path, e) from e
-        conn = cls(reader, writer, path, timeout)
+        tried: List[Tuple[str, BaseException]] = []
+        for path in _places(socket):
+            try:
+                reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE + 1)
+            except OSError as e:
+                tried.append((path, e))
+                if _absent(e):
+                    continue
+                break  # there, but not this user's to use: say so
+            conn = cls(reader, writer, path, timeout)
+            break
+        else:
+            raise _unreachable(tried) from tried[-1][1]
+        if len(tried) > 0 and not _absent(tried[-1][1]):
+            raise _unreachable(tried) from tried[-1][1]
         try:
             hello = await conn.call("hello", {"protocol": PROTOCOL, "client": CLIENT})
             if hello.get("protocol") != PROTOCOL:

@@ -29,7 +29,7 @@ def connection_opts(opts: Dict[str, Any], what: str) -> Dict[str, Any]:
 def create_params(
     template: Optional[str], timeout: Optional[float], metadata: Optional[Dict[str, str]], envs: Optional[Dict[str, str]],
     allow_internet_access: bool, network: Any, mcp: Any, backend: Optional[str], cwd: Optional[str],
-    limits: Optional[Dict[str, Any]],
+    limits: Optional[Dict[str, Any]], accel: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The params of sandbox.create for Sandbox.create's arguments."""
     if mcp is not None:
@@ -57,6 +57,10 @@ def create_params(
         params["backend"] = backend
     if cwd is not None:
         params["cwd"] = cwd
+    if accel is not None:
+        if accel not in ("kvm", "tcg", "auto"):
+            raise InvalidArgumentException("Sandbox.create: accel must be 'kvm', 'tcg' or 'auto'")
+        params["accel"] = accel
     return params
 
 

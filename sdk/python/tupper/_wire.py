@@ -206,7 +206,15 @@ def to_entry(r: Dict[str, Any]) -> EntryInfo:
         group=str(r["gid"]) if isinstance(r.get("gid"), int) else "",
         modified_time=datetime.datetime.fromtimestamp(mtime, datetime.timezone.utc) if isinstance(mtime, (int, float)) else None,
         symlink_target=r.get("link") if isinstance(r.get("link"), str) else None,
+        name_raw=raw_bytes(r.get("name_raw")),
+        path_raw=raw_bytes(r.get("path_raw")),
+        symlink_target_raw=raw_bytes(r.get("link_raw")),
     )
+
+
+def raw_bytes(v: Any) -> Optional[bytes]:
+    """A reply's ``<field>_raw`` (base64 of a name that is not UTF-8) as bytes, else None."""
+    return base64.b64decode(v) if isinstance(v, str) else None
 
 
 def to_process(p: Dict[str, Any]) -> ProcessInfo:

@@ -142,6 +142,12 @@ class EntryInfo(WriteInfo):
     """The group's gid inside the box, as text (``get_info`` only)."""
     modified_time: Optional[datetime.datetime] = None
     symlink_target: Optional[str] = None
+    name_raw: Optional[bytes] = None
+    """The exact bytes of a name that is not UTF-8 (``name`` then shows U+FFFD); else None."""
+    path_raw: Optional[bytes] = None
+    """The same for ``path``."""
+    symlink_target_raw: Optional[bytes] = None
+    """The same for ``symlink_target``."""
 
 
 @dataclass
@@ -172,3 +178,5 @@ class FilesystemEvent:
     type: FilesystemEventType
     message: Optional[str] = None
     """Why, for an OVERFLOW."""
+    name_raw: Optional[bytes] = None
+    """The exact bytes of a name that is not UTF-8 (``name`` then shows U+FFFD); else None."""

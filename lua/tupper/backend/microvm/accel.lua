@@ -35,9 +35,22 @@ local function read_small(path, max)
   return s
 end
 
+M.CHOICES = { kvm = true, tcg = true, auto = true }
+local daemon_choice -- `tupper daemon --accel kvm|tcg`; nil: auto
+
+--- The daemon's own choice (`tupper daemon --accel`): "kvm" or "tcg" skip
+-- the trial, "auto" or nil let it decide.  Returns true or nil, err.
+function M.set_default(a)
+  if a ~= nil and not M.CHOICES[a] then return nil, "accel must be kvm, tcg or auto" end
+  daemon_choice = a ~= "auto" and a or nil
+  decided, warned = nil, false
+  return true
+end
+
 -- What the host says before any trial: "kvm" with no reason when a trial
 -- must decide, or the accelerator and why.
 local function static_choice()
+  if daemon_choice then return daemon_choice, "tupper daemon --accel " .. daemon_choice end
   local env = M.getenv("TUPPER_VM_ACCEL")
   if env == "kvm" or env == "tcg" then return env, "TUPPER_VM_ACCEL=" .. env end
   local st = uv.fs_stat(M.DEVICE)
@@ -167,6 +180,17 @@ function M.decide(opts)
   inflight = nil
   for _, cb in ipairs(waiting) do cb(accel) end
   return accel
+end
+
+--- The accelerator of one VM: requested ("kvm" or "tcg", a create's
+-- `accel`) as asked, with no trial (a start that fails says why, QEMU's
+-- own words included); "auto" or nil: the daemon's (decide).  Returns the
+-- accelerator and why it was chosen.
+function M.choose(requested, opts)
+  if requested == "kvm" or requested == "tcg" then return requested, "asked for by the create" end
+  local a = M.decide(opts)
+  local _, why = M.current()
+  return a, why
 end
 
 --- What a daemon with state_dir learnt from its trial of this boot (for

@@ -1,6 +1,7 @@
 --- A microVM's serial console, read for as long as QEMU lives: its last
 -- bytes are what error messages quote (a guest panic says so).
 local uv = require("luv")
+local async = require("tupper.util.async")
 
 local M = {}
 
@@ -51,8 +52,9 @@ local function console_reader(pipe)
   return con
 end
 
--- What the console says about the end: the kernel's panic line, else the
--- last lines.
+-- What QEMU and the guest said at the end (QEMU's stdout and stderr are
+-- both the console pipe): the kernel's panic line and QEMU's own
+-- complaints ("qemu-system-x86_64: ..."), else the last lines.
 local function console_hint(con)
   local t = con.tail:gsub("\r", ""):gsub("[^%g \n]", "?")
   local panic = t:match("Kernel panic %- not syncing:[^\n]*")
@@ -61,8 +63,15 @@ local function console_hint(con)
   for line in t:gmatch("[^\n]+") do lines[#lines + 1] = line end
   local first = math.max(1, #lines - 5)
   local s = table.concat(lines, " | ", first)
-  if s == "" then return "" end
-  return " (console: " .. s .. ")"
+  if s == "" then return " (QEMU and the guest printed nothing)" end
+  return " (QEMU's output and the console's last lines: " .. s .. ")"
+end
+
+-- The hint once QEMU's output has ended (it exited: all it wrote is read),
+-- or after wait_ms.  Call from a coroutine.
+local function last_words(con, wait_ms)
+  async.wait(function(cb) con.closed(wait_ms or M.CONSOLE_WAIT_MS, cb) end)
+  return console_hint(con)
 end
 
 
@@ -70,7 +79,11 @@ end
 -- close(), closed(wait_ms, cb).
 M.open = console_reader
 
---- What the console (a reader) says about the end, as " (...)" or "".
+--- What the console (a reader) says about the end, as " (...)".
 M.hint = console_hint
+
+--- The same, waiting (at most wait_ms, default CONSOLE_WAIT_MS) for QEMU's
+-- output to end first.  Call from a coroutine.
+M.last_words = last_words
 
 return M

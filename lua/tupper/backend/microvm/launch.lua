@@ -69,16 +69,18 @@ function M.launch(p, o)
   close_pass()
   uv.fs_close(qpair[2])
   if not box then
-    local hint = console.hint(con)
+    local hint = console.last_words(con)
     con.close()
     uv.fs_close(qpair[1])
     return nil, tostring(serr) .. hint
   end
   local q, qerr = qmp.open(qpair[1])
   if not q then
+    -- QEMU exited (or will not talk): what it printed says why
+    local hint = console.last_words(con)
     con.close()
     async.wait(function(cb) box:destroy(cb) end)
-    return nil, "QEMU's monitor: " .. tostring(qerr)
+    return nil, ("QEMU (accel %s) failed: its monitor: %s%s"):format(o.accel, tostring(qerr), hint)
   end
   return box, con, q
 end

@@ -46,6 +46,19 @@ function M.decide_accel(state_dir, vmlinuz)
   return a
 end
 
+--- The accelerator of one VM: requested ("kvm", "tcg", "auto" or nil, a
+-- create's `accel`) as asked, else the daemon's, decided as decide_accel
+-- does.  Call from a coroutine.  Returns the accelerator and why.
+function M.accel_for(requested, state_dir, vmlinuz)
+  if requested == "kvm" or requested == "tcg" then return accel.choose(requested) end
+  local a = M.decide_accel(state_dir, vmlinuz)
+  local _, why = accel.current()
+  return a, why
+end
+
+--- The daemon's accelerator (`tupper daemon --accel`): see accel.set_default.
+M.set_accel = accel.set_default
+
 -- The host's TSC rate in kHz: a TCG guest reads the host's TSC, and without
 -- tsc_early_khz and tsc=reliable its calibration hangs or takes seconds.
 local tsc_cached

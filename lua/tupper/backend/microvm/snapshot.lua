@@ -24,11 +24,11 @@ M.SNAPSHOT_FORMAT = "2" -- 2: guest memory in vm.ram, device state in vm.state
 -- version, agent), the kernel command line, QEMU's binary (its migration
 -- format and machine model) and this file's snapshot format.  Snapshots
 -- whose tag differs are never used, and the next daemon's sweep removes them.
-function M.tag(initrd_name)
+function M.tag(initrd_name, accel)
   local st = uv.fs_stat(qemu.QEMU)
   local bin = st and ("%d-%d-%d"):format(st.size, st.mtime.sec, st.ino) or "none"
   return (initrd_name:match("^initramfs%-(.-)%.cpio$") or "x") .. "-" ..
-    core.sha256(qemu.cmdline(qemu.accel()), "\0", bin, "\0", M.SNAPSHOT_FORMAT):sub(1, 8)
+    core.sha256(qemu.cmdline(accel or qemu.accel()), "\0", bin, "\0", M.SNAPSHOT_FORMAT):sub(1, 8)
 end
 
 local snap_inflight = {}
@@ -44,7 +44,7 @@ local ram_fds = {} -- snapshot dir -> { fd = its sealed guest memory memfd, id =
 -- mounted, so a snapshot never starts on another image's disk.  Returns
 -- the snapshot dir, or nil, err.  Concurrent callers share one build.
 function M.snapshot(state_dir, p, shape)
-  local key = ("%s-%s-%d-%d-%d-r%s"):format(M.tag(p.initrd:match("[^/]+$")), shape.accel,
+  local key = ("%s-%s-%d-%d-%d-r%s"):format(M.tag(p.initrd:match("[^/]+$"), shape.accel), shape.accel,
     shape.mem // 1048576, shape.cpus, shape.disk // 1048576, p.root_id)
   local snap = state_dir .. "/microvm/snap-" .. key
   if uv.fs_stat(snap .. "/vm.state") then return snap end
@@ -88,11 +88,12 @@ function M.snapshot(state_dir, p, shape)
       end, 120000)
     end
     q.close()
+    local hint = not ok and console.last_words(con, 0) or ""
     con.close()
     -- QEMU gone, nothing maps the memory any more: what it holds is the
     -- guest's memory at the stop
     async.wait(function(cb) box:destroy(cb) end)
-    if not ok then error("snapshot: " .. tostring(why) .. console.hint(con), 0) end
+    if not ok then error("snapshot: " .. tostring(why) .. hint, 0) end
     check(core.vm_ram_save(ram, tmp .. "/vm.ram"))
     check(uv.fs_chown(tmp .. "/rw.ext4", 0, 0))
     check(uv.fs_rename(tmp, snap))

@@ -421,7 +421,7 @@ export class TupperSandbox extends MastraSandbox {
   override readonly networking: SandboxNetworking = {
     getPortUrl: async (port: number): Promise<string | null> => {
       if (!this.sbx || this.status !== 'running') return null;
-      return `http://${await this.sbx.getHost(port)}`;
+      return `http://${await this.sbx.getHostAsync(port)}`;
     },
   };
 

@@ -3,7 +3,7 @@
  * the status that fits it (docs/http.md lists them).
  */
 import {
-  ERROR_TYPES,
+  errorType,
   ErrorCode,
   type ErrorType,
   InvalidArgumentError,
@@ -55,7 +55,7 @@ export function errorResponse(e: unknown): { status: number; body: { error: Reco
     err.message = e.message;
   } else if (e instanceof SandboxError) {
     // a subclass of ours the list does not name answers as its base class
-    err.type = (ERROR_TYPES as readonly string[]).includes(e.name) ? e.name : 'SandboxError';
+    err.type = errorType(e);
     err.message = e.message;
     if (e.errnoCode) err.code = e.errnoCode;
     if (e instanceof NotFoundError) status = 404;

@@ -21,6 +21,7 @@ export const HTTP_ROUTES: ReadonlyArray<{ method: string; path: string }> = [
   ['GET', '/sandboxes/{id}/network/log'],
   ['POST', '/sandboxes/{id}/commands'],
   ['GET', '/sandboxes/{id}/commands'],
+  ['POST', '/sandboxes/{id}/code'],
   ['GET', '/sandboxes/{id}/commands/{pid}'],
   ['DELETE', '/sandboxes/{id}/commands/{pid}'],
   ['POST', '/sandboxes/{id}/commands/{pid}/stdin'],

@@ -16,6 +16,7 @@ import type { ServerContext } from './context';
 import { errorResponse, HttpError } from './errors';
 import { Processes } from './processes';
 import { Router } from './router';
+import * as code from './routes/code';
 import * as commands from './routes/commands';
 import * as files from './routes/files';
 import * as openapi from './routes/openapi';
@@ -114,6 +115,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
   const router = new Router();
   sandboxes.register(router, ctx);
   commands.register(router, ctx);
+  code.register(router, ctx);
   files.register(router, ctx);
   openapi.register(router);
   router.checkComplete();

@@ -5,6 +5,7 @@ import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { type ConnectionOpts, connectionOpts } from '../connection';
 import { type DaemonFacts, daemonFacts, imagesText } from './facts';
 import { Session } from './session';
+import * as code from './tools/code';
 import * as commands from './tools/commands';
 import * as files from './tools/files';
 import * as sandboxes from './tools/sandboxes';
@@ -40,6 +41,7 @@ export const MCP_TOOLS = [
   'run_command',
   'command_output',
   'command_kill',
+  'run_code',
   'read_file',
   'write_file',
   'list_files',
@@ -85,6 +87,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
   // in MCP_TOOLS' order
   sandboxes.register(server, session);
   commands.register(server, session);
+  code.register(server, session);
   files.register(server, session);
 
   async function close(): Promise<void> {

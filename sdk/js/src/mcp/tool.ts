@@ -11,7 +11,7 @@
  */
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { z } from 'zod';
-import { ERROR_TYPES, SandboxError } from '../errors';
+import { errorType, SandboxError } from '../errors';
 
 export type ToolResult = {
   content: Array<{ type: 'text'; text: string }>;
@@ -114,7 +114,7 @@ export function fail(text: string, value?: Record<string, unknown>): ToolResult 
 export function toolError(e: unknown): ToolResult {
   if (e instanceof SandboxError) {
     const errno = e.errnoCode ? ` (${e.errnoCode})` : '';
-    const type = (ERROR_TYPES as readonly string[]).includes(e.name) ? e.name : 'SandboxError';
+    const type = errorType(e);
     return fail(`${type}: ${e.message}${errno}`);
   }
   return fail(`InternalError: ${e instanceof Error ? e.message : String(e)}`);

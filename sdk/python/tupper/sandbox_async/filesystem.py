@@ -3,7 +3,7 @@ import asyncio
 from typing import IO, Any, AsyncIterator, Dict, List, Optional, Tuple, Union
 
 from .._link import Link, rt
-from .._wire import CHUNK, as_account, b64, basename, decode_data, entry_fields, seconds, to_entry, write_chunks
+from .._wire import CHUNK, as_account, b64, basename, decode_data, entry_fields, raw_bytes, seconds, to_entry, write_chunks
 from ..exceptions import FileNotFoundException, InvalidArgumentException, SandboxException, TimeoutException
 from ..models import EntryInfo, FilesystemEvent, FilesystemEventType, FileType, Username, WriteEntry, WriteInfo
 from .command_handle import OutputHandler, call_handler
@@ -53,7 +53,8 @@ class AsyncWatchHandle:
                 except ValueError:
                     continue
                 msg = value.get("message") if isinstance(value.get("message"), str) else None
-                await call_handler(self._on_event, FilesystemEvent(name=str(value.get("name") or ""), type=et, message=msg))
+                await call_handler(self._on_event, FilesystemEvent(name=str(value.get("name") or ""), type=et, message=msg,
+                                                                     name_raw=raw_bytes(value.get("name_raw"))))
         except Exception as e:  # noqa: BLE001 - on_event's failure ends the watch
             error = e
         finally:

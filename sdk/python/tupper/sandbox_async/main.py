@@ -82,9 +82,10 @@ class AsyncSandbox:
                      metadata: Optional[Dict[str, str]] = None, envs: Optional[Dict[str, str]] = None,
                      secure: bool = True, allow_internet_access: bool = True, mcp: Any = None, network: Any = None,
                      backend: Optional[str] = None, cwd: Optional[str] = None,
-                     limits: Optional[Dict[str, Any]] = None, **opts: Any) -> "AsyncSandbox":
+                     limits: Optional[Dict[str, Any]] = None, accel: Optional[str] = None,
+                     **opts: Any) -> "AsyncSandbox":
         """Creates a sandbox; the arguments are those of ``Sandbox.create``."""
-        params = create_params(template, timeout, metadata, envs, allow_internet_access, network, mcp, backend, cwd, limits)
+        params = create_params(template, timeout, metadata, envs, allow_internet_access, network, mcp, backend, cwd, limits, accel)
         conn = await AsyncConnection.open(**connection_opts(opts, "AsyncSandbox.create"))
         try:
             return cls(conn, await conn.call("sandbox.create", params))

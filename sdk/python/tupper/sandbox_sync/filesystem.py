@@ -9,7 +9,7 @@ import threading
 from typing import IO, Any, Dict, Iterator, List, Literal, Optional, Tuple, Union, overload
 
 from .._link import Link, rt
-from .._wire import CHUNK, as_account, b64, basename, decode_data, entry_fields, to_entry, write_chunks
+from .._wire import CHUNK, as_account, b64, basename, decode_data, entry_fields, raw_bytes, to_entry, write_chunks
 from ..exceptions import FileNotFoundException, InvalidArgumentException, SandboxException
 from ..models import EntryInfo, FilesystemEvent, FilesystemEventType, FileType, Username, WriteEntry, WriteInfo
 
@@ -45,7 +45,8 @@ class WatchHandle:
         except ValueError:
             return
         ev = FilesystemEvent(name=str(p.get("name") or ""), type=t,
-                             message=p.get("message") if isinstance(p.get("message"), str) else None)
+                             message=p.get("message") if isinstance(p.get("message"), str) else None,
+                             name_raw=raw_bytes(p.get("name_raw")))
         with self._lock:
             if len(self._events) < MAX_PENDING_EVENTS:
                 self._events.append(ev)

@@ -166,6 +166,7 @@ class Sandbox:
         backend: Optional[str] = None,
         cwd: Optional[str] = None,
         limits: Optional[Dict[str, Any]] = None,
+        accel: Optional[str] = None,
         **opts: Any,
     ) -> "Sandbox":
         """
@@ -181,9 +182,10 @@ class Sandbox:
         :param backend: ``"linux"`` (default) or ``"microvm"`` (tupper's)
         :param cwd: default working directory of commands (tupper's)
         :param limits: ``memory``, ``cpus``, ``pids``, ``disk`` (tupper's; docs/protocol.md)
+        :param accel: a microVM's accelerator, ``"kvm"``, ``"tcg"`` or ``"auto"`` (tupper's; docs/microvm.md)
         :param opts: ``socket`` (default ``$TUPPER_SOCKET``, else the daemon's default), ``request_timeout`` (seconds); E2B's ``api_key``, ``domain``... are ignored
         """
-        params = create_params(template, timeout, metadata, envs, allow_internet_access, network, mcp, backend, cwd, limits)
+        params = create_params(template, timeout, metadata, envs, allow_internet_access, network, mcp, backend, cwd, limits, accel)
         conn = Connection.open(**connection_opts(opts, "Sandbox.create"))
         try:
             r = conn.call("sandbox.create", params)

@@ -112,7 +112,7 @@ async function list(ctx: ServerContext, c: Exchange): Promise<void> {
       if (!/^\d{1,6}$/.test(v) || Number(v) < 1) throw badRequest('limit must be an integer from 1 to 999999');
       limit = Number(v);
     } else if (k === 'nextToken') {
-      if (!/^\d{1,9}$/.test(v)) throw badRequest('bad nextToken');
+      if (!/^[A-Za-z0-9_-]{1,200}$/.test(v)) throw badRequest('bad nextToken');
       nextToken = v;
     } else throw badRequest(`unknown query parameter ${k}`);
   }
@@ -183,7 +183,7 @@ export function register(router: Router, ctx: ServerContext): void {
     onlyKeys(b, ['port'], 'body');
     const port = b.port;
     if (typeof port !== 'number' || !Number.isInteger(port) || port < 1 || port > 65535) throw badRequest('port must be an integer from 1 to 65535');
-    const host = await boxes.onBox(id, (s) => s.getHost(port));
+    const host = await boxes.onBox(id, (s) => s.getHostAsync(port));
     sendJson(c.res, 200, { port, host });
   });
 

@@ -329,7 +329,7 @@ export function register(server: McpServer, session: Session): void {
     ({ sandboxId: id, port }) =>
       session.guarded(async () => {
         const sbx = await session.box(id);
-        return ok({ sandboxId: id, port, host: await sbx.getHost(port) });
+        return ok({ sandboxId: id, port, host: await sbx.getHostAsync(port) });
       }),
   );
 }
