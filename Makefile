@@ -54,6 +54,8 @@ bench: build
 	@BUILD=$(BUILD) bench/pull
 	@BUILD=$(BUILD) bench/recipe
 	@BUILD=$(BUILD) bench/network
+	@BUILD=$(BUILD) bench/bytes
+	@BUILD=$(BUILD) bench/loop
 
 clean:
 	rm -rf $(BUILD)

@@ -46,7 +46,7 @@ node_ok() {
     process.exit(a > 18 || (a === 18 && b >= 20) ? 0 : 1)' 2>/dev/null
 }
 upgrade=""
-if [ "$what" = test ]; then
+if [ "$what" = test ] || [ "$what" = bench ]; then # bench/loop, bench/sdk: node
   v="" # the installed nodejs package's version
   if dpkg-query -W -f='${Status}' nodejs 2>/dev/null | grep -q 'install ok installed'; then
     v=$(dpkg-query -W -f='${Version}' nodejs)

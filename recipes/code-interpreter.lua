@@ -464,6 +464,10 @@ return recipe "code-interpreter" {
     packages = {
       "python3", "python3-ipykernel", "python3-jupyter-client",
       "python3-matplotlib", "python3-numpy", "python3-pandas",
+      -- fonttools (matplotlib's) depends on "python3-scipy | python3-munkres":
+      -- munkres named here keeps apt from taking scipy, which would bring
+      -- pythran, Boost's headers and a C++ compiler (about 500 MB)
+      "python3-munkres",
     },
   },
   env = { LANG = "C.UTF-8", PYTHONUNBUFFERED = "1" },

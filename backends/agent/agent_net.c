@@ -27,11 +27,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NET_QUERIES_MAX 64 /* DNS queries over UDP waiting for the host's answer */
 #define NET_UDP_BURST 16   /* datagrams read per wake-up */
 #define NET_HOST_SID 0x80000000u
+/* UDP DNS queries sent up at most NET_DNS_RATE a second after a burst of
+ * NET_DNS_BURST; the rest are dropped here, so a flood costs the daemon a
+ * few frames, not one a query.  Twice the daemon's own bound
+ * (lua/tupper/net/relay.lua): the daemon still sees a flood, says it in the
+ * box's network log and enforces its bound whatever the agent does. */
+#define NET_DNS_RATE 400
+#define NET_DNS_BURST 800
 
 enum { L_HTTP, L_SOCKS, L_DNS_TCP, L_DNS_UDP, L_N };
 
@@ -60,6 +68,8 @@ struct agent_net_s {
   int qnext;
   net_stream_t streams[TP_NET_STREAMS_MAX];
   net_query_t queries[NET_QUERIES_MAX];
+  double dns_tokens;          /* the bucket of DNS queries (NET_DNS_RATE) */
+  long long dns_at_ms;        /* when it was last filled; 0: never */
   uint8_t buf[TP_NET_DNS_MAX > TP_NET_CHUNK ? TP_NET_DNS_MAX : TP_NET_CHUNK];
 };
 
@@ -262,6 +272,25 @@ static void accept_one(agent_t *a, int l) {
   send_sid(a, TP_MSG_NET_OPEN, sid, TP_TAG_KIND, net_listeners[l].kind);
 }
 
+/* Whether one more DNS query fits the bucket. */
+static int dns_allowed(struct agent_net_s *net) {
+  struct timespec ts;
+  long long now;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  now = (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  if (net->dns_at_ms == 0)
+    net->dns_tokens = NET_DNS_BURST;
+  else
+    net->dns_tokens += (double) (now - net->dns_at_ms) * NET_DNS_RATE / 1000.0;
+  if (net->dns_tokens > NET_DNS_BURST)
+    net->dns_tokens = NET_DNS_BURST;
+  net->dns_at_ms = now;
+  if (net->dns_tokens < 1)
+    return 0;
+  net->dns_tokens -= 1;
+  return 1;
+}
+
 static void dns_read(agent_t *a) {
   struct agent_net_s *net = a->net;
   for (int i = 0; i < NET_UDP_BURST; i++) {
@@ -274,6 +303,8 @@ static void dns_read(agent_t *a) {
       return;
     if (n < 12 || n > TP_NET_DNS_MAX || plen != sizeof(peer) || a->chan < 0)
       continue; /* not a DNS message, or truncated: dropped */
+    if (!dns_allowed(net))
+      continue; /* over the rate: dropped */
     /* the oldest pending query makes room: a box that floods loses its own answers */
     q = &net->queries[net->qnext];
     net->qnext = (net->qnext + 1) % NET_QUERIES_MAX;

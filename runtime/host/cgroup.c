@@ -365,6 +365,13 @@ int tp_cgroup_sub(const tp_cgroup_t *cg, const char *name, tp_cgroup_t *sub, tp_
   }
   if (set_paths(sub, cg->path_v2, cg->path_v1, name, err) < 0)
     goto fail;
+  /* v1: a tree needs the hierarchies that list, freeze and count it (pids,
+   * freezer, memory); its process stays in the box's own cpu and cpuacct
+   * cgroups, under the same quota, and each start attaches in two fewer */
+  for (int c = TP_CG_CPU; sub->version == 1 && c <= TP_CG_CPUACCT; c++) {
+    free(sub->path_v1[c]);
+    sub->path_v1[c] = NULL;
+  }
   cg_dirs(sub, &ds);
   if (make_dirs(&ds, sub->version, 0, 0, NULL, made, err) < 0) {
     unmake_dirs(&ds, NULL, made);
@@ -505,6 +512,28 @@ int tp_cgroup_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *e
   }
   *pids = s.v;
   *n = out;
+  return 0;
+}
+
+int tp_cgroup_own_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *err) {
+  pidset_t s = {NULL, 0, 0};
+  cleanup_free char *text = NULL;
+  cg_dirs_t ds;
+
+  *pids = NULL;
+  *n = 0;
+  cg_dirs(cg, &ds);
+  if (ds.n == 0)
+    return tp_error_set(err, EINVAL, "pids: cgroup closed");
+  text = tp__cg_read(ds.d[0], "cgroup.procs", err);
+  if (text == NULL)
+    return -1;
+  if (pidset_add_text(&s, text) < 0) {
+    free(s.v);
+    return tp_error_errno(err, ENOMEM, "pids of '%s'", ds.d[0]);
+  }
+  *pids = s.v;
+  *n = s.n;
   return 0;
 }
 

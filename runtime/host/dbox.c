@@ -33,7 +33,8 @@ void tp__dbox_free(tp_dbox_t *b) {
 }
 
 void tp__dbox_maybe_free(tp_dbox_t *b) {
-  if (b->open_handles > 0 || b->work_pending || !b->released)
+  if (b->open_handles > 0 || b->work_pending || b->tree_jobs > 0 || b->held_destroy == 2 ||
+      !b->released)
     return;
   tp__dbox_free(b);
 }
@@ -45,6 +46,8 @@ static void tp__dbox_close_cb(uv_handle_t *h) {
 }
 
 void tp__dbox_stop(tp_dbox_t *b) {
+  if (b->c_down != NULL)
+    b->c_down(b, "sandbox stopped");
   if (!b->started)
     return;
   b->started = 0;
@@ -63,6 +66,8 @@ static void tp__dbox_down(tp_dbox_t *b, const char *reason) {
   if (b->down)
     return;
   b->down = 1;
+  if (b->c_down != NULL)
+    b->c_down(b, reason);
   if (b->started) {
     uv_read_stop((uv_stream_t *) &b->chan);
     uv_poll_stop(&b->exitp);
@@ -110,6 +115,15 @@ static int tp__dbox_dispatch(tp_dbox_t *b) {
       break;
     }
     off += (size_t) n; /* consumed before the call: it may destroy the box */
+    if (f.id >= TP_DBOX_CID_MIN && (f.type == TP_MSG_OK || f.type == TP_MSG_ERR)) {
+      /* a C relay's reply (a late one for a relay that is gone is dropped) */
+      if (b->c_frame != NULL &&
+          b->c_frame(b, f.type, f.id, b->fields, m, b->fields + TP_FIELDS_MAX, TP_FIELDS_MAX) < 0) {
+        ret = -1;
+        break;
+      }
+      continue;
+    }
     if (!b->released && b->on_frame != NULL &&
         b->on_frame(b, f.type, f.id, b->fields, m, b->fields + TP_FIELDS_MAX, TP_FIELDS_MAX) < 0) {
       ret = -1;

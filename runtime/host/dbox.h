@@ -47,6 +47,8 @@ typedef struct tp_dbox_tree_s {
   struct tp_dbox_tree_s *next;
   char name[32];
   tp_cgroup_t cg;
+  int busy;       /* kill jobs in the pool on cg */
+  int rm_pending; /* unlinked while busy: the last kill job removes it */
 } tp_dbox_tree_t;
 
 struct tp_dbox_s {
@@ -59,6 +61,8 @@ struct tp_dbox_s {
   uv_poll_t exitp;
   int open_handles; /* initialised handles whose close callback is pending */
   int work_pending; /* a destroy job is queued */
+  int tree_jobs;    /* tp_dbox_tree_start jobs in the pool: they read cg */
+  int held_destroy; /* tp_dbox_destroy waits for them (0, or 1: queue it; 2: release) */
   int started;      /* tp_dbox_on ran: the handles exist */
   int down;         /* the down callback ran (or the box was destroyed) */
   int destroyed;    /* tp_dbox_destroy or the release ran */
@@ -77,7 +81,17 @@ struct tp_dbox_s {
   int64_t oom_gone; /* v1: OOM kills counted in trees since removed (their subs
                        took their counters with them) */
   char *keep_upper; /* destroy: move <dir>/upper here before removing dir */
+  /* C users of the channel (the data plane's relays, stream_fs.c): replies
+   * to request ids from TP_DBOX_CID_MIN go to c_frame, not to the owner;
+   * c_down runs when the box goes down or is stopped. */
+  tp_dbox_frame_cb c_frame;
+  void (*c_down)(tp_dbox_t *b, const char *reason);
+  void *c_data;
+  uint32_t c_next; /* the next such id */
 };
+
+/* Request ids from here are made in C (the Lua owner's stay below). */
+#define TP_DBOX_CID_MIN 0x80000000u
 
 /* A start, as the owner describes it; strings and lists are borrowed until
  * tp_dbox_start returns. */
@@ -124,13 +138,32 @@ int tp_dbox_has_cgroup(const tp_dbox_t *b);
  * double-fork included.  EEXIST if the tree exists; EOPNOTSUPP where the
  * box's processes are not in its cgroup (an engine's box). */
 int tp_dbox_tree(tp_dbox_t *b, const char *name, pid_t box_pid, tp_error_t *err);
+/* A tree's end: err NULL once made, else why not. */
+typedef void (*tp_dbox_tree_cb)(void *data, const tp_error_t *err);
+/* tp_dbox_tree in the pool (a v1 attach can take the kernel tens of ms):
+ * the checks here, the sub and the move there; cb(data, ...) runs on the
+ * loop after, unless the box is released by then.  A destroy or release
+ * meanwhile waits for it.  -1 and err if nothing was queued. */
+int tp_dbox_tree_start(tp_dbox_t *b, const char *name, pid_t box_pid, tp_dbox_tree_cb cb,
+                       void *data, tp_error_t *err);
 tp_dbox_tree_t *tp_dbox_tree_find(tp_dbox_t *b, const char *name);
 /* sig to every process of t (SIGKILL: the whole tree, waiting until it is
  * gone); *n gets how many were signalled. */
 int tp_dbox_tree_signal(tp_dbox_t *b, tp_dbox_tree_t *t, int sig, size_t *n, tp_error_t *err);
 int tp_dbox_tree_count(tp_dbox_t *b, tp_dbox_tree_t *t, size_t *n, tp_error_t *err);
+/* A kill's end: n signalled (its count when the kill began), or err. */
+typedef void (*tp_dbox_kill_cb)(void *data, size_t n, const tp_error_t *err);
+/* tp_dbox_tree_signal(SIGKILL) in the pool (v1 freezes, signals and waits
+ * there); cb runs on the loop unless the box is released.  A removal of t
+ * meanwhile waits for it. */
+int tp_dbox_tree_kill_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_dbox_kill_cb cb, void *data,
+                            tp_error_t *err);
 /* Kills what is left of t and removes its cgroup; t is freed. */
 int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
+/* The same in the pool: t is unlinked (no longer found) at once, its cgroup
+ * removed there (on failure, the box's destroy removes it); its v1 OOM
+ * kills are counted in oom_gone when done.  ENOENT if t is not b's. */
+int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 
 /* Kills every process of the box at once and, in the pool, waits for its
  * end, removes its dir and its cgroups; with keep_upper (an absolute path on

@@ -13,6 +13,9 @@ tp_dbox_t *tp__dbox_new(const tp_backend_t *be, uv_loop_t *loop, const char *dir
 void tp__dbox_free(tp_dbox_t *b);
 /* Frees b once it is released, its handles closed and no job pending. */
 void tp__dbox_maybe_free(tp_dbox_t *b);
+/* A tree job ended (tree_jobs is down by one): runs a held destroy or
+ * release once none is left, else frees b if it may. */
+void tp__dbox_jobs_done(tp_dbox_t *b);
 /* Closes the channel and the exit poll (if tp_dbox_on ran). */
 void tp__dbox_stop(tp_dbox_t *b);
 /* Removes the box's trees and its cgroup (after its processes are dead). */

@@ -302,6 +302,12 @@ int tp_dbox_destroy(tp_dbox_t *b, const char *keep_upper, tp_dbox_done_cb done, 
   if (b->box.pid > 0)
     kill(b->box.pid, SIGKILL); /* at once; reaping and rm happen in the pool */
   b->on_done = done;
+  if (b->tree_jobs > 0) { /* they read the cgroup this removes: after them */
+    b->held_destroy = 1;
+    b->work_pending = 1;
+    *queued = 1;
+    return 0;
+  }
   r = tp_job_queue(b->loop, tp__destroy_work, tp__destroy_after, b);
   if (r < 0) {
     int r2;
@@ -315,11 +321,42 @@ int tp_dbox_destroy(tp_dbox_t *b, const char *keep_upper, tp_dbox_done_cb done, 
   return 0;
 }
 
+/* The last tree job is done: a destroy or release held back runs now. */
+void tp__dbox_jobs_done(tp_dbox_t *b) {
+  int held = b->held_destroy;
+  if (b->tree_jobs > 0 || held == 0) {
+    tp__dbox_maybe_free(b);
+    return;
+  }
+  b->held_destroy = 0;
+  if (held == 2) { /* released: done here, as tp_dbox_release does */
+    tp_error_t err = {0};
+    b->be->destroy(&b->box, b->dir, &err);
+    tp__dbox_drop_cgroups(b, &err);
+    tp__dbox_maybe_free(b);
+    return;
+  }
+  if (tp_job_queue(b->loop, tp__destroy_work, tp__destroy_after, b) < 0) {
+    tp__destroy_work(b);
+    tp__destroy_after(b, 0);
+  }
+}
+
 void tp_dbox_release(tp_dbox_t *b) {
   b->released = 1;
   b->on_frame = NULL;
   b->on_down = NULL;
   b->on_done = NULL;
+  if (b->held_destroy) { /* a destroy waits for tree jobs: it frees b, unasked */
+    tp__dbox_maybe_free(b);
+    return;
+  }
+  if (!b->destroyed && b->tree_jobs > 0) {
+    b->destroyed = 1;
+    tp__dbox_stop(b);
+    b->held_destroy = 2;
+    return;
+  }
   if (!b->destroyed) {
     tp_error_t err = {0};
     b->destroyed = 1;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dbox_int.h"
+#include "job.h"
 #include "nspid.h"
 #include "utils.h"
 
@@ -17,40 +18,138 @@ tp_dbox_tree_t *tp_dbox_tree_find(tp_dbox_t *b, const char *name) {
   return NULL;
 }
 
-int tp_dbox_tree(tp_dbox_t *b, const char *name, pid_t box_pid, tp_error_t *err) {
-  cleanup_free pid_t *pids = NULL;
-  size_t n = 0;
-  pid_t host;
-  tp_dbox_tree_t *t;
+/* The checks of a new tree, on the loop. */
+static int tree_check(tp_dbox_t *b, const char *name, tp_error_t *err) {
   if (!tp_dbox_has_cgroup(b))
     return tp_error_set(err, ENOENT, "box has no cgroup");
   if (!(b->be->flags & TP_BACKEND_CG_BOX))
     return tp_error_set(err, EOPNOTSUPP, "tree: the box's processes are not in its cgroup (%s)",
                         b->be->name);
-  if (strlen(name) >= sizeof(t->name) || !tp_cgroup_valid_name(name))
+  if (strlen(name) >= sizeof(((tp_dbox_tree_t *) 0)->name) || !tp_cgroup_valid_name(name))
     return tp_error_set(err, EINVAL, "tree: bad name");
   if (tp_dbox_tree_find(b, name) != NULL)
     return tp_error_set(err, EEXIST, "tree '%s' exists", name);
-  if (tp_cgroup_pids(&b->cg, &pids, &n, err) < 0 ||
-      tp_nspid_host_pid(pids, n, box_pid, &host, err) < 0)
+  return 0;
+}
+
+/* Makes t's sub of box cgroup cg and moves box_pid there: file work only,
+ * safe in the pool (cg is read, t is the caller's).  The process the agent
+ * holds is in the box's own cgroup: its cgroup.procs is read first, the
+ * whole tree of subs only if it is not there. */
+static int tree_make(const tp_cgroup_t *cg, tp_dbox_tree_t *t, pid_t box_pid, tp_error_t *err) {
+  cleanup_free pid_t *pids = NULL;
+  size_t n = 0;
+  pid_t host;
+  if (tp_cgroup_own_pids(cg, &pids, &n, err) < 0)
     return -1;
-  t = calloc(1, sizeof(*t));
-  if (t == NULL)
-    return tp_error_set(err, ENOMEM, "tree: out of memory");
-  snprintf(t->name, sizeof(t->name), "%s", name);
-  if (tp_cgroup_sub(&b->cg, name, &t->cg, err) < 0) {
-    free(t);
-    return -1;
+  if (tp_nspid_host_pid(pids, n, box_pid, &host, NULL) < 0) {
+    free(pids);
+    pids = NULL;
+    if (tp_cgroup_pids(cg, &pids, &n, err) < 0 || tp_nspid_host_pid(pids, n, box_pid, &host, err) < 0)
+      return -1;
   }
+  if (tp_cgroup_sub(cg, t->name, &t->cg, err) < 0)
+    return -1;
   if (tp_cgroup_attach(&t->cg, host, err) < 0) {
     tp_error_t e2 = {0};
     tp_cgroup_destroy(&t->cg, &e2);
     tp_cgroup_free(&t->cg);
+    return -1;
+  }
+  return 0;
+}
+
+static tp_dbox_tree_t *tree_new(const char *name, tp_error_t *err) {
+  tp_dbox_tree_t *t = calloc(1, sizeof(*t));
+  if (t == NULL) {
+    tp_error_set(err, ENOMEM, "tree: out of memory");
+    return NULL;
+  }
+  snprintf(t->name, sizeof(t->name), "%s", name);
+  return t;
+}
+
+int tp_dbox_tree(tp_dbox_t *b, const char *name, pid_t box_pid, tp_error_t *err) {
+  tp_dbox_tree_t *t;
+  if (tree_check(b, name, err) < 0 || (t = tree_new(name, err)) == NULL)
+    return -1;
+  if (tree_make(&b->cg, t, box_pid, err) < 0) {
     free(t);
     return -1;
   }
   t->next = b->trees;
   b->trees = t;
+  return 0;
+}
+
+/* ---- the same in the pool --------------------------------------------------------- */
+
+typedef struct tree_job_s {
+  tp_dbox_t *b;
+  tp_dbox_tree_t *t;
+  pid_t box_pid;
+  int ret;
+  tp_error_t err;
+  tp_dbox_tree_cb cb;
+  void *data;
+} tree_job_t;
+
+static void tree_work(void *data) {
+  tree_job_t *j = data;
+  j->ret = tree_make(&j->b->cg, j->t, j->box_pid, &j->err);
+}
+
+static void tree_after(void *data, int status) {
+  tree_job_t *j = data;
+  tp_dbox_t *b = j->b;
+  if (status < 0 && j->ret == 0)
+    j->ret = tp_error_set(&j->err, -status, "tree: %s", uv_strerror(status));
+  if (j->ret == 0 && tp_dbox_tree_find(b, j->t->name) != NULL) {
+    /* a synchronous tree of the same name came first */
+    tp_error_t e2 = {0};
+    tp_cgroup_destroy(&j->t->cg, &e2);
+    tp_cgroup_free(&j->t->cg);
+    j->ret = tp_error_set(&j->err, EEXIST, "tree '%s' exists", j->t->name);
+  }
+  if (j->ret == 0) {
+    /* linked even if the box went down meanwhile: its destroy (held back
+     * until now) removes the sub with the others */
+    j->t->next = b->trees;
+    b->trees = j->t;
+  } else {
+    free(j->t);
+  }
+  if (!b->released && j->cb != NULL)
+    j->cb(j->data, j->ret == 0 ? NULL : &j->err);
+  free(j);
+  b->tree_jobs--;
+  tp__dbox_jobs_done(b);
+}
+
+int tp_dbox_tree_start(tp_dbox_t *b, const char *name, pid_t box_pid, tp_dbox_tree_cb cb,
+                       void *data, tp_error_t *err) {
+  tree_job_t *j;
+  int r;
+  if (b->destroyed)
+    return tp_error_set(err, ENOENT, "box has no cgroup");
+  if (tree_check(b, name, err) < 0)
+    return -1;
+  j = calloc(1, sizeof(*j));
+  if (j == NULL || (j->t = tree_new(name, err)) == NULL) {
+    free(j);
+    return tp_error_set(err, ENOMEM, "tree: out of memory");
+  }
+  j->b = b;
+  j->box_pid = box_pid;
+  j->cb = cb;
+  j->data = data;
+  r = tp_job_queue(b->loop, tree_work, tree_after, j);
+  if (r < 0) {
+    free(j->t);
+    free(j);
+    return tp_error_set(err, -r, "tree: %s", uv_strerror(r));
+  }
+  b->tree_jobs++;
   return 0;
 }
 
@@ -77,6 +176,8 @@ int tp_dbox_tree_count(tp_dbox_t *b, tp_dbox_tree_t *t, size_t *n, tp_error_t *e
 int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
   for (tp_dbox_tree_t **pp = &b->trees; *pp != NULL; pp = &(*pp)->next) {
     if (*pp == t) {
+      if (t->busy)
+        return tp_error_set(err, EBUSY, "tree '%s' is being killed", t->name);
       /* v1 counts an OOM kill in the sub only: the box keeps the count */
       int64_t oom = t->cg.version == 1 ? tp_cgroup_oom_kills(&t->cg) : -1;
       if (tp_cgroup_destroy(&t->cg, err) < 0)
@@ -89,4 +190,125 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
     }
   }
   return tp_error_set(err, ENOENT, "no such tree");
+}
+
+/* ---- removal in the pool ---------------------------------------------------------- */
+
+typedef struct rm_job_s {
+  tp_dbox_t *b;
+  tp_dbox_tree_t *t; /* unlinked: the job's alone */
+  int64_t oom;
+  int ret;
+  tp_error_t err;
+} rm_job_t;
+
+static void rm_work(void *data) {
+  rm_job_t *j = data;
+  j->oom = j->t->cg.version == 1 ? tp_cgroup_oom_kills(&j->t->cg) : -1;
+  j->ret = tp_cgroup_destroy(&j->t->cg, &j->err);
+}
+
+static void rm_after(void *data, int status) {
+  rm_job_t *j = data;
+  tp_dbox_t *b = j->b;
+  if (status < 0) /* never ran: here, then */
+    rm_work(j);
+  if (j->oom > 0)
+    b->oom_gone += j->oom;
+  if (j->ret < 0) { /* the box's destroy removes what is left */
+    tp_cgroup_free(&j->t->cg);
+  }
+  free(j->t);
+  free(j);
+  b->tree_jobs--;
+  tp__dbox_jobs_done(b);
+}
+
+static int rm_queue(tp_dbox_t *b, tp_dbox_tree_t *t) {
+  rm_job_t *j = calloc(1, sizeof(*j));
+  int r;
+  if (j == NULL) { /* here, then */
+    tp_error_t e = {0};
+    if (tp_cgroup_destroy(&t->cg, &e) < 0)
+      tp_cgroup_free(&t->cg);
+    free(t);
+    return -1;
+  }
+  j->b = b;
+  j->t = t;
+  b->tree_jobs++;
+  r = tp_job_queue(b->loop, rm_work, rm_after, j);
+  if (r < 0)
+    rm_after(j, r);
+  return 0;
+}
+
+int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
+  for (tp_dbox_tree_t **pp = &b->trees; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == t) {
+      *pp = t->next;
+      t->next = NULL;
+      if (t->busy) /* a kill job reads t: the last one queues this */
+        t->rm_pending = 1;
+      else
+        rm_queue(b, t);
+      return 0;
+    }
+  }
+  return tp_error_set(err, ENOENT, "no such tree");
+}
+
+/* ---- SIGKILL in the pool ---------------------------------------------------------- */
+
+typedef struct kill_job_s {
+  tp_dbox_t *b;
+  tp_dbox_tree_t *t; /* busy: neither freed nor removed until done */
+  size_t n;
+  int ret;
+  tp_error_t err;
+  tp_dbox_kill_cb cb;
+  void *data;
+} kill_job_t;
+
+static void kill_work(void *data) {
+  kill_job_t *j = data;
+  cleanup_free pid_t *pids = NULL;
+  j->ret = tp_cgroup_pids(&j->t->cg, &pids, &j->n, &j->err);
+  if (j->ret == 0)
+    j->ret = tp_cgroup_kill(&j->t->cg, &j->err);
+}
+
+static void kill_after(void *data, int status) {
+  kill_job_t *j = data;
+  tp_dbox_t *b = j->b;
+  tp_dbox_tree_t *t = j->t;
+  if (status < 0 && j->ret == 0)
+    j->ret = tp_error_set(&j->err, -status, "kill tree: %s", uv_strerror(status));
+  if (--t->busy == 0 && t->rm_pending)
+    rm_queue(b, t);
+  if (!b->released && j->cb != NULL)
+    j->cb(j->data, j->n, j->ret == 0 ? NULL : &j->err);
+  free(j);
+  b->tree_jobs--;
+  tp__dbox_jobs_done(b);
+}
+
+int tp_dbox_tree_kill_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_dbox_kill_cb cb, void *data,
+                            tp_error_t *err) {
+  kill_job_t *j = calloc(1, sizeof(*j));
+  int r;
+  if (j == NULL)
+    return tp_error_set(err, ENOMEM, "tree: out of memory");
+  j->b = b;
+  j->t = t;
+  j->cb = cb;
+  j->data = data;
+  r = tp_job_queue(b->loop, kill_work, kill_after, j);
+  if (r < 0) {
+    free(j);
+    return tp_error_set(err, -r, "kill tree: %s", uv_strerror(r));
+  }
+  t->busy++;
+  b->tree_jobs++;
+  return 0;
 }

@@ -6,6 +6,7 @@
 #include <lauxlib.h>
 #include <luv/luv.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "l_core.h"
@@ -44,6 +45,13 @@ static tp_lbox_t *tp__check_lbox(lua_State *L) {
 }
 
 static tp_dbox_t *tp__check_box(lua_State *L) { return tp__check_lbox(L)->b; }
+
+tp_dbox_t *tp_l_box_check(lua_State *L, int idx) {
+  tp_lbox_t *u = luaL_checkudata(L, idx, TP_L_BOX_MT);
+  if (u->b == NULL)
+    luaL_error(L, "box is gone");
+  return u->b;
+}
 
 static tp_dbox_t *tp__check_cg(lua_State *L) {
   tp_dbox_t *b = tp__check_box(L);
@@ -192,20 +200,75 @@ static int tp_lbox_stats(lua_State *L) {
   return 1;
 }
 
-/* box:tree(name, box_pid): moves process box_pid (as the box sees it) into a
- * new sub cgroup `name`, so that its whole tree can be signalled or killed,
- * setsid and double-fork included.  true | nil, msg */
+/* An async box:tree's Lua side: the callback and the box, held until it ends. */
+typedef struct tp__ltree_s {
+  lua_State *L; /* main thread */
+  int ref_cb, ref_box;
+} tp__ltree_t;
+
+static lua_State *tp__main_thread(lua_State *L) {
+  lua_State *m;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  m = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  return m;
+}
+
+static void tp__ltree_done(void *data, const tp_error_t *err) {
+  tp__ltree_t *j = data;
+  lua_State *L = j->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, j->ref_cb);
+  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
+  free(j);
+  if (err == NULL) {
+    lua_pushboolean(L, 1);
+    lua_pushnil(L);
+  } else {
+    lua_pushnil(L);
+    lua_pushstring(L, err->msg);
+  }
+  tp_lua_pcall(L, 2, 0, 0);
+}
+
+/* box:tree(name, box_pid [, cb]): moves process box_pid (as the box sees it)
+ * into a new sub cgroup `name`, so that its whole tree can be signalled or
+ * killed, setsid and double-fork included.  true | nil, msg; with cb the
+ * work runs in the thread pool (the loop goes on) and cb(true) or cb(nil,
+ * msg) runs after, the call returning true or nil, msg (not queued). */
 static int tp_lbox_tree(lua_State *L) {
   tp_dbox_t *b = tp__check_cg(L);
   const char *name = luaL_checkstring(L, 2);
   pid_t bpid = (pid_t) luaL_checkinteger(L, 3);
+  int async = !lua_isnoneornil(L, 4);
   tp_error_t err = {0};
+  tp__ltree_t *j;
   luaL_argcheck(L, strlen(name) < sizeof(((tp_dbox_tree_t *) 0)->name) && tp_cgroup_valid_name(name),
                 2, "bad name");
+  if (async)
+    luaL_checktype(L, 4, LUA_TFUNCTION);
   if (tp_dbox_tree_find(b, name) != NULL)
     return luaL_error(L, "tree '%s' exists", name);
-  if (tp_dbox_tree(b, name, bpid, &err) < 0)
+  if (!async) {
+    if (tp_dbox_tree(b, name, bpid, &err) < 0)
+      return tp_l_push_err(L, &err);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  j = malloc(sizeof(*j));
+  if (j == NULL)
+    return luaL_error(L, "tree: out of memory");
+  j->L = tp__main_thread(L);
+  lua_pushvalue(L, 4);
+  j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, 1);
+  j->ref_box = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (tp_dbox_tree_start(b, name, bpid, tp__ltree_done, j, &err) < 0) {
+    luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+    luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
+    free(j);
     return tp_l_push_err(L, &err);
+  }
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -217,8 +280,27 @@ static tp_dbox_tree_t *tp__check_tree(lua_State *L, tp_dbox_t *b) {
   return t;
 }
 
-/* box:tree_signal(name, sig): sig to every process of the tree; SIGKILL
- * kills it whole and waits until it is gone.  -> number signalled | nil, msg */
+static void tp__lkill_done(void *data, size_t n, const tp_error_t *err) {
+  tp__ltree_t *j = data;
+  lua_State *L = j->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, j->ref_cb);
+  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
+  free(j);
+  if (err == NULL) {
+    lua_pushinteger(L, (lua_Integer) n);
+    lua_pushnil(L);
+  } else {
+    lua_pushnil(L);
+    lua_pushstring(L, err->msg);
+  }
+  tp_lua_pcall(L, 2, 0, 0);
+}
+
+/* box:tree_signal(name, sig [, cb]): sig to every process of the tree;
+ * SIGKILL kills it whole and waits until it is gone.  -> number signalled |
+ * nil, msg.  With cb (SIGKILL only) the kill runs in the thread pool and
+ * cb(n) or cb(nil, msg) runs after; the call returns true | nil, msg. */
 static int tp_lbox_tree_signal(lua_State *L) {
   tp_dbox_t *b = tp__check_cg(L);
   tp_dbox_tree_t *t = tp__check_tree(L, b);
@@ -226,6 +308,27 @@ static int tp_lbox_tree_signal(lua_State *L) {
   tp_error_t err = {0};
   size_t n = 0;
   luaL_argcheck(L, sig >= 1 && sig <= 64, 3, "bad signal");
+  if (!lua_isnoneornil(L, 4)) {
+    tp__ltree_t *j;
+    luaL_checktype(L, 4, LUA_TFUNCTION);
+    luaL_argcheck(L, sig == SIGKILL, 3, "only SIGKILL runs in the pool");
+    j = malloc(sizeof(*j));
+    if (j == NULL)
+      return luaL_error(L, "tree: out of memory");
+    j->L = tp__main_thread(L);
+    lua_pushvalue(L, 4);
+    j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushvalue(L, 1);
+    j->ref_box = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (tp_dbox_tree_kill_start(b, t, tp__lkill_done, j, &err) < 0) {
+      luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+      luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
+      free(j);
+      return tp_l_push_err(L, &err);
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+  }
   if (tp_dbox_tree_signal(b, t, sig, &n, &err) < 0)
     return tp_l_push_err(L, &err);
   lua_pushinteger(L, (lua_Integer) n);
@@ -258,12 +361,14 @@ static int tp_lbox_tree_oom(lua_State *L) {
   return 1;
 }
 
-/* box:tree_remove(name): kills what is left of the tree, removes its cgroup. */
+/* box:tree_remove(name [, in_pool]): kills what is left of the tree, removes
+ * its cgroup; in_pool: the tree is gone at once, its cgroup removed in the
+ * thread pool (left to the box's destroy if that fails). */
 static int tp_lbox_tree_remove(lua_State *L) {
   tp_dbox_t *b = tp__check_cg(L);
   tp_dbox_tree_t *t = tp__check_tree(L, b);
   tp_error_t err = {0};
-  if (tp_dbox_tree_remove(b, t, &err) < 0)
+  if ((lua_toboolean(L, 3) ? tp_dbox_tree_remove_start : tp_dbox_tree_remove)(b, t, &err) < 0)
     return tp_l_push_err(L, &err);
   lua_pushboolean(L, 1);
   return 1;

@@ -40,6 +40,8 @@ int tp_l_encode_fields(lua_State *L, int idx, unsigned type, uint32_t id, tp_buf
  * with tp_l_box_set). */
 void tp_l_box_push(lua_State *L, tp_dbox_t *b);
 void tp_l_box_set(lua_State *L, int idx, tp_dbox_t *b);
+/* The box of the box userdata at idx (raises if it is not one, or gone). */
+tp_dbox_t *tp_l_box_check(lua_State *L, int idx);
 
 /* Each adds its functions to the table on the stack top. */
 void tp_l_box_register(lua_State *L);
@@ -51,5 +53,6 @@ void tp_l_edit_register(lua_State *L);
 void tp_l_http_register(lua_State *L);  /* http_get: the registry client's transport */
 void tp_l_image_register(lua_State *L); /* the image store */
 void tp_l_service_register(lua_State *L); /* listen_fd, sd_notify: the daemon as a service */
+void tp_l_stream_register(lua_State *L);  /* stream_attach: the data plane (l_stream.c) */
 
 #endif

@@ -37,6 +37,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 target_opts() {
   case $1 in
     fuzz_frame) echo "-max_len=65536" ;; # room for the 4160-field limit
+    fuzz_sframe) echo "-max_len=70000" ;; # several frames and a long ERROR
     # the Lua state keeps its heap from one input to the next (the GC frees
     # it later): libFuzzer's per-input leak check would take that for a leak
     # and rescan the heap after every mutation, at a tenth of the speed

@@ -143,7 +143,7 @@ describe("the verb table's parser", function()
   it("has every daemon option the daemon's helpers add, each under its snake_case key", function()
     local v = cli_table.verb("daemon")
     local want = { "default-memory", "default-cpus", "default-pids", "default-disk", "default-timeout",
-      "max-sandboxes", "max-memory", "max-clients", "max-requests", "max-streams", "idle-timeout", "accel", "socket", "state-dir", "log", "pool", "vm-pool", "policy",
+      "max-sandboxes", "max-memory", "max-clients", "max-requests", "max-streams", "max-queued", "idle-timeout", "accel", "socket", "state-dir", "log", "pool", "vm-pool", "policy",
       "max-layer", "uid-base" }
     for _, long in ipairs(want) do
       local p = assert(cli_args.parse(v, { "--" .. long, long == "accel" and "tcg" or "7" }))

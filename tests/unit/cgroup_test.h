@@ -208,6 +208,22 @@ static int in_cgroup(pid_t pid, const tp_cgroup_t *cg) {
   return n;
 }
 
+/* pid in tp_cgroup_own_pids(cg): 1, 0, or -1 on error. */
+static int has_own_pid(const tp_cgroup_t *cg, pid_t pid) {
+  pid_t *pids;
+  size_t n;
+  int found = 0;
+  tp_error_t err = {0};
+  if (tp_cgroup_own_pids(cg, &pids, &n, &err) < 0) {
+    diag("own pids", &err);
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++)
+    found |= pids[i] == pid;
+  free(pids);
+  return found;
+}
+
 static int has_pid(const tp_cgroup_t *cg, pid_t pid) {
   pid_t *pids;
   size_t n;

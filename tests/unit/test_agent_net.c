@@ -266,6 +266,43 @@ static void test_dns(void) {
   close(u);
 }
 
+static long long mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A flood of UDP queries: the agent sends up its burst and its rate, drops
+ * the rest, and passes queries again once the bucket has refilled. */
+static void test_dns_rate(void) {
+  frame_t fr;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(TP_NET_DNS_PORT),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  const char q[] = "\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x01x\x00\x00\x01\x00\x01";
+  int u = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), up = 0, sent = 0;
+  long long t0, secs_ms;
+  connect(u, (struct sockaddr *) &sa, sizeof(sa));
+  usleep(2100 * 1000); /* test_dns's query spent a token: a full bucket (800) */
+  t0 = mono_ms();
+  /* 3000 in rounds of 50, each drained, so that the kernel's socket buffer
+   * drops none: without the bucket every one would come up */
+  for (int r = 0; r < 60; r++) {
+    for (int i = 0; i < 50; i++)
+      sent += send(u, q, sizeof(q) - 1, 0) == (ssize_t) sizeof(q) - 1;
+    while (next_frame(&fr, 10))
+      up += fr.type == TP_MSG_NET_DNS;
+  }
+  while (next_frame(&fr, 50))
+    up += fr.type == TP_MSG_NET_DNS;
+  secs_ms = mono_ms() - t0;
+  check(sent == 3000 && up >= 800 && up <= 800 + 400 * secs_ms / 1000 + 16,
+        "3000 queries in %lld ms: %d sent up (the burst of 800 and 400/s)", secs_ms, up);
+  usleep(100 * 1000);
+  check(send(u, q, sizeof(q) - 1, 0) == (ssize_t) sizeof(q) - 1 && wait_type(&fr, TP_MSG_NET_DNS, TIMEOUT_MS),
+        "a query after a pause comes up again");
+  close(u);
+}
+
 static void test_connect(void) {
   frame_t fr;
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -363,6 +400,7 @@ int main(void) {
   test_stream();
   test_flow_control();
   test_dns();
+  test_dns_rate();
   test_connect();
   test_limits_and_hostile();
   close(chan);

@@ -207,6 +207,24 @@ static void t_limits(const tp_cgroup_root_t *root, const char *id) {
   pid = spawn_in(&cg, body_pause);
   check(pid > 0 && in_cgroup(pid, &cg) == n, "attach puts a child in all %d hierarchies", n);
   check(has_pid(&cg, pid) == 1, "tp_cgroup_pids lists it");
+  check(has_own_pid(&cg, pid) == 1, "tp_cgroup_own_pids lists it");
+  /* own_pids leaves a sub's out, tp_cgroup_pids walks into it */
+  {
+    tp_cgroup_t sub = {0};
+    if (tp_cgroup_sub(&cg, "own", &sub, &err) == 0) {
+      pid_t sp = spawn_in(&sub, body_pause);
+      check(sp > 0 && has_own_pid(&cg, sp) == 0 && has_pid(&cg, sp) == 1 && has_own_pid(&sub, sp) == 1,
+            "a process in a sub: not the box's own, but in its pids and the sub's own");
+      if (sp > 0) {
+        kill(sp, SIGKILL);
+        wait_pid(sp, WAIT_MS, &status);
+      }
+      check(tp_cgroup_destroy(&sub, &err) == 0, "the sub is removed");
+    } else {
+      diag("sub", &err);
+      check(0, "a sub for own_pids");
+    }
+  }
   if (pid > 0) {
     kill(pid, SIGKILL);
     wait_pid(pid, WAIT_MS, &status);

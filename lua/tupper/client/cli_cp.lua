@@ -24,6 +24,7 @@ local async = require("tupper.util.async")
 local b64 = require("tupper.util.b64")
 local schema = require("tupper.wire.schema")
 local cli_tty = require("tupper.client.cli_tty")
+local stream = require("tupper.wire.stream")
 
 local M = {}
 
@@ -159,6 +160,12 @@ function M.box_source(c, sid, root, recursive)
     local count = 0
     local function file_copy(path, size)
       return function(write)
+        if c.data_conn then -- binary frames, no base64 (docs/protocol.md, "Stream frames")
+          local n, e = c.data_conn:read_file(c, { sandbox = sid, path = path, length = size },
+            function(data) write(data); return true end)
+          if not n then error(("read %s: %s"):format(shown(path), errmsg(e)), 0) end
+          return
+        end
         local offset = 0
         while offset < size do
           local r, e = c:call("fs.read", { sandbox = sid, path = path, offset = offset,
@@ -452,10 +459,21 @@ function M.box_sink(c, sid, dest, archive)
     elseif ent.type == "file" then
       place(target, function(tmp)
         local offset, wrote = 0, false
-        ent.copy(function(data)
+        if c.data_conn then
+          local w, e = c.data_conn:writer(c, { sandbox = sid, path = tmp, mode = 384 })
+          if not w then error(("fs.write_stream: %s"):format(errmsg(e)), 0) end
+          ent.copy(function(data)
+            local ok, we = w:write(data)
+            if not ok then error(("write %s: %s"):format(shown(target), errmsg(we)), 0) end
+          end)
+          local n, fe = w:finish()
+          if not n then error(("write %s: %s"):format(shown(target), errmsg(fe)), 0) end
+          wrote = true
+        end
+        if not wrote then ent.copy(function(data)
           call("fs.write", { path = tmp, data = b64.encode(data), offset = offset, mode = 384, truncate = offset == 0 })
           offset, wrote = offset + #data, true
-        end)
+        end) end
         if not wrote then call("fs.write", { path = tmp, data = "", offset = 0, mode = 384, truncate = true }) end
         call("fs.setattr", { path = tmp, mode = mode_of(ent, 420), mtime = time_of(ent) })
       end)
@@ -690,6 +708,9 @@ function M.cp(c, o, args)
   end
   local recursive = o.recursive or o.archive
   local unguard = guard_signals(c)
+  -- file bytes go as binary frames on a data connection when the daemon has
+  -- one (else as base64 inside JSON, the slow path of older daemons)
+  c.data_conn = stream.open(c) or nil
   local ok, res = pcall(function()
     if did then
       dpath = abs(dpath)
@@ -748,6 +769,7 @@ function M.cp(c, o, args)
     return 0
   end)
   unguard()
+  if c.data_conn then c.data_conn:close(); c.data_conn = nil end
   if not ok then return fail("%s", tostring(res)) end
   return res
 end

@@ -84,6 +84,7 @@ dopt("max-memory", { value = "SIZE", kind = "string", summary = "most the sandbo
 dopt("max-clients", { value = "N", kind = "string", summary = "most connections at once (default 1024; 0: no cap)" })
 dopt("max-requests", { value = "N", kind = "string", summary = "most requests in flight on one connection (default 256; 0: no cap)" })
 dopt("max-streams", { value = "N", kind = "string", summary = "most watches, process attachments and port forwards of one connection (default 256; 0: no cap)" })
+dopt("max-queued", { value = "SIZE", kind = "string", summary = "most bytes queued to one connection before its client reads them; past it the client is dropped (default 64M; 0: no cap)" })
 dopt("idle-timeout", { value = "DURATION", kind = "string", summary = "close a connection idle this long (default 600s; 0: never)" })
 dopt("accel", { value = "MODE", kind = "enum", values = { "auto", "kvm", "tcg" },
   summary = "the microVMs' accelerator: auto (try KVM), kvm or tcg (run, create: this microVM's; auto: the daemon's)" })
@@ -310,7 +311,7 @@ M.VERBS = {
       "log", "pool", "vm-pool",
       { name = "policy", summary = "bind every sandbox to this policy file, whatever clients send (tupper-policy(5))" },
       "max-layer", "uid-base", "default-memory", "default-cpus", "default-pids", "default-disk", "default-timeout",
-      "max-sandboxes", "max-memory", "max-clients", "max-requests", "max-streams", "idle-timeout", "accel" },
+      "max-sandboxes", "max-memory", "max-clients", "max-requests", "max-streams", "max-queued", "idle-timeout", "accel" },
     args = {},
     examples = {
       { "tupper daemon &", "a daemon for this user" },

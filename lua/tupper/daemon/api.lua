@@ -12,6 +12,7 @@ local async = require("tupper.util.async")
 local build = require("tupper.recipe.build")
 local backends = require("tupper.backend.registry")
 local paths = require("tupper.util.paths")
+local api_stream = require("tupper.daemon.api_stream")
 
 local MSG = core.MSG
 local M = {}
@@ -68,7 +69,8 @@ function h.hello(d, conn, p)
   local names = {}
   for name in pairs(schema.methods) do names[#names + 1] = name end
   table.sort(names)
-  return { protocol = schema.PROTOCOL, server = "tupper", version = core.version, methods = names }
+  return { protocol = schema.PROTOCOL, server = "tupper", version = core.version, methods = names,
+           streams = api_stream.VERSION }
 end
 
 function h.sandbox_create(d, conn, p)
@@ -548,6 +550,10 @@ end
 
 -- recipe.register, recipe.list, recipe.remove: the template registry's
 for k, fn in pairs(require("tupper.daemon.templates").handlers) do h[k] = fn end
+
+-- the data plane's methods (stream.*, fs.*_stream) live in api_stream.lua
+api_stream.register(h, { get_sandbox = get_sandbox, abs_path = abs_path, as = as, agent_call = agent_call,
+                         MSG = MSG })
 
 function M.lookup(method)
   if not schema.methods[method] then return nil end

@@ -16,6 +16,7 @@ M.MAX_SANDBOXES = 1024
 M.MAX_CLIENTS = 1024
 M.MAX_INFLIGHT = 256         -- requests running at once on one connection
 M.MAX_STREAMS = 256          -- fs watches and process attachments of one connection
+M.MAX_QUEUED = 64 * MiB      -- bytes written to one connection and not yet read by its client
 M.IDLE_TIMEOUT = 600         -- seconds a connection with nothing going on is kept
 
 -- n rounded down to whole MiB (a size people read in sandbox.get)
@@ -57,8 +58,9 @@ end
 -- memory limits of live sandboxes: the host's memory, so that the limits
 -- never promise more than there is), clients (connections at once),
 -- inflight (requests running per connection), streams (per connection)
--- and idle (seconds; 0: no idle timeout).  opts: max_sandboxes,
--- max_memory, max_clients, max_requests, max_streams, idle_timeout.
+-- queued (bytes waiting for one connection's client to read them) and
+-- idle (seconds; 0: no idle timeout).  opts: max_sandboxes, max_memory,
+-- max_clients, max_requests, max_streams, max_queued, idle_timeout.
 function M.caps(host, opts)
   opts = opts or {}
   return {
@@ -67,6 +69,7 @@ function M.caps(host, opts)
     clients = opts.max_clients or M.MAX_CLIENTS,
     inflight = opts.max_requests or M.MAX_INFLIGHT,
     streams = opts.max_streams or M.MAX_STREAMS,
+    queued = opts.max_queued or M.MAX_QUEUED,
     idle = opts.idle_timeout or M.IDLE_TIMEOUT,
   }
 end
@@ -86,6 +89,7 @@ M.OPTIONS = {
   ["--max-clients"] = { "max_clients", "count" },
   ["--max-requests"] = { "max_requests", "count" },
   ["--max-streams"] = { "max_streams", "count" },
+  ["--max-queued"] = { "max_queued", "size" },
   ["--idle-timeout"] = { "idle_timeout", "duration" },
 }
 
@@ -112,11 +116,12 @@ end
 
 --- The option that changes cap `name` of M.caps, for error messages.
 M.CAP_OPTION = { sandboxes = "--max-sandboxes", memory = "--max-memory", clients = "--max-clients",
-                 inflight = "--max-requests", streams = "--max-streams", idle = "--idle-timeout" }
+                 inflight = "--max-requests", streams = "--max-streams", queued = "--max-queued",
+                 idle = "--idle-timeout" }
 
 --- The error message and data of a cap that refused something.
 function M.cap_error(name, value, what)
-  local shown = name == "memory" and units.format_size(value) or tostring(value)
+  local shown = (name == "memory" or name == "queued") and units.format_size(value) or tostring(value)
   return ("%s: this daemon's cap is %s (tupper daemon %s)"):format(what, shown, M.CAP_OPTION[name]),
     { cap = name, value = value, option = M.CAP_OPTION[name] }
 end

@@ -118,6 +118,7 @@ function Daemon:_request(conn, msg)
     end
     params = checked
     if loaded then params._recipe = loaded end -- internal, after the policies
+    if msg.method == "stream.attach" then params._rpc_id = id end -- its reply is C's (api_stream.lua)
     local sid = params.sandbox or params.id
     if type(sid) == "string" and self.sandboxes[sid] then
       conn.uses = conn.uses or {}
@@ -177,6 +178,32 @@ function Daemon:_idle(conn)
   return true
 end
 
+-- The loop-lag probe: a timer every LAG_EVERY_MS that measures its own
+-- lateness.  A loop held LAG_LOG_MS or more (by work done on it, or by the
+-- host not scheduling the daemon) is said in the log, at most once every
+-- LAG_QUIET_MS (sooner for a hold longer than the last one said), with the
+-- longest hold since the last such line.
+Daemon.LAG_EVERY_MS, Daemon.LAG_LOG_MS, Daemon.LAG_QUIET_MS = 100, 250, 60000
+
+function Daemon:_start_lag_probe()
+  local t = uv.new_timer()
+  local due = uv.now() + self.LAG_EVERY_MS
+  local worst, said, said_ms = 0, nil, 0
+  t:start(self.LAG_EVERY_MS, self.LAG_EVERY_MS, function()
+    local now = uv.now()
+    local late = now - due
+    due = now + self.LAG_EVERY_MS
+    if late > worst then worst = late end
+    if worst >= self.LAG_LOG_MS and (not said or now - said >= self.LAG_QUIET_MS or worst > said_ms) then
+      log("the daemon's loop was held %d ms (the longest since the last such line): every client waited that long",
+          worst)
+      said, said_ms, worst = now, worst, 0
+    end
+  end)
+  t:unref()
+  self.lag_timer = t
+end
+
 -- Closes the connections idle for longer than the idle timeout (a
 -- periodic sweep: a quarter of the timeout, at most every 5 s).
 function Daemon:_start_idle_sweep()
@@ -233,7 +260,11 @@ function Daemon:_accept()
       end
       conn.watches = nil
     end,
-  })
+  }, { max_backlog = caps.queued, on_backlog = function(_, bytes)
+    -- nobody reads: the client cannot be told, the log says why
+    log("%s", (limits.cap_error("queued", caps.queued,
+      ("a client closed: %d bytes queued on its connection, not read"):format(bytes))))
+  end })
   conn.last_active = uv.now()
   self.clients[conn] = true
 end
@@ -253,6 +284,7 @@ function Daemon:shutdown()
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
     if self.idle_timer then self.idle_timer:close(); self.idle_timer = nil end
     require("tupper.daemon.metrics").stop(self)
+    if self.lag_timer then self.lag_timer:close(); self.lag_timer = nil end
     for _, pull in pairs(self.pulls) do if pull.session then pull.session:cancel() end end
     for _, pool in ipairs(self.pools) do
       local boxes = pool.boxes
@@ -374,10 +406,10 @@ function M.run(opts)
       end
       local d = self.defaults
       log("default limits: memory %s, cpus %g, pids %d, disk %s, timeout %gs; caps: %d sandboxes, "
-          .. "memory %s, %d clients, %d requests and %d streams per client, idle timeout %gs",
+          .. "memory %s, %d clients, %d requests, %d streams and %s queued per client, idle timeout %gs",
           units.format_size(d.memory), d.cpus, d.pids, units.format_size(d.disk), d.timeout,
           self.caps.sandboxes, units.format_size(self.caps.memory), self.caps.clients,
-          self.caps.inflight, self.caps.streams, self.caps.idle)
+          self.caps.inflight, self.caps.streams, units.format_size(self.caps.queued), self.caps.idle)
     end
     if ok then ok, err = mkdirs(self.state .. "/images/default", tonumber("711", 8)) end
     if ok then
@@ -420,6 +452,7 @@ function M.run(opts)
     log("tupper daemon %s listening on %s%s (state %s)", core.version, self.socket,
       self.activated and " (socket-activated)" or "", self.state)
     self:_start_idle_sweep()
+    self:_start_lag_probe()
     local nok, nerr = self.notify("READY=1")
     if not nok then log("sd_notify READY=1: %s", tostring(nerr)) end
     self:_refill()

@@ -538,7 +538,11 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   if hold then
     -- unique across daemon restarts: a re-adopted box keeps its old trees
     local tree = "p" .. pid .. "-" .. core.random_hex(4)
-    local ok, terr = self.box:tree(tree, pid)
+    -- in the thread pool: a v1 attach can take the kernel tens of ms
+    local ok, terr = async.wait(function(cb)
+      local q, qerr = self.box:tree(tree, pid, cb)
+      if not q then cb(nil, qerr) end
+    end)
     if not ok then
       proc.owner = nil -- nobody learns of this pid: no notifications
       self:request(MSG.SIGNAL, { pid = pid, signal = 9 })
@@ -559,7 +563,15 @@ end
 -- process group.  Returns true or nil, msg, errno.
 function Sandbox:signal(proc, sig)
   if proc.tree and self.box:has_cgroup() and not self.impl.guest_kernel then
-    local n, err = self.box:tree_signal(proc.tree, sig)
+    local n, err
+    if sig == 9 then -- v1 freezes, signals and waits: in the thread pool
+      n, err = async.wait(function(cb)
+        local q, qerr = self.box:tree_signal(proc.tree, sig, cb)
+        if not q then cb(nil, qerr) end
+      end)
+    else
+      n, err = self.box:tree_signal(proc.tree, sig)
+    end
     if not n then return nil, err, 0 end
     return true
   end
@@ -600,7 +612,7 @@ end
 function Sandbox:_tree_done(proc)
   if not proc.tree or not self.box:has_cgroup() or self.impl.guest_kernel then return end
   local n = self.box:tree_count(proc.tree)
-  if n == 0 then self.box:tree_remove(proc.tree) end
+  if n == 0 then self.box:tree_remove(proc.tree, true) end -- rmdirs in the thread pool
 end
 
 --- Watches a directory for owner (a connection), as acct (an account, or

@@ -496,8 +496,37 @@ function Net:_socks(s)
   end)
 end
 
+-- A box's DNS queries, at most M.DNS_RATE a second after a burst of
+-- M.DNS_BURST (a token bucket): a flood costs the daemon's loop a frame
+-- each, not a parse, a rule check and an answer.  What is over is dropped
+-- (resolvers retry) and said in the box's network log once a second.
+M.DNS_RATE, M.DNS_BURST = 200, 400
+
+--- Whether one more DNS query of the box is within its rate.
+function Net:dns_allowed()
+  local now, b = uv.now(), self.dns_bucket
+  if not b then
+    b = { tokens = M.DNS_BURST, at = now, dropped = 0, said = nil }
+    self.dns_bucket = b
+  end
+  b.tokens = math.min(M.DNS_BURST, b.tokens + (now - b.at) * M.DNS_RATE / 1000)
+  b.at = now
+  if b.tokens >= 1 then
+    b.tokens = b.tokens - 1
+    return true
+  end
+  b.dropped = b.dropped + 1
+  if not b.said or now - b.said >= 1000 then
+    self:record("deny", "dns", "(rate limit)", nil,
+                ("over %d queries/s: %d dropped"):format(M.DNS_RATE, b.dropped))
+    b.said, b.dropped = now, 0
+  end
+  return false
+end
+
 --- The answer to one DNS query from the box (raw message), or nil to drop it.
 function Net:dns(msg)
+  if not self:dns_allowed() then return nil end
   local q, why, id = parse.dns_query(msg)
   if not q then
     if id then return parse.dns_error(id, parse.DNS_FORMERR) end

@@ -26,6 +26,8 @@ local M = {}
 M.FILE_METHODS = {
   ["fs.read"] = { op = "read", paths = { "path" } },
   ["fs.write"] = { op = "write", paths = { "path" } },
+  ["fs.read_stream"] = { op = "read", paths = { "path" } },
+  ["fs.write_stream"] = { op = "write", paths = { "path" } },
   ["fs.list"] = { op = "list", paths = { "path" } },
   ["fs.stat"] = { op = "stat", paths = { "path" } },
   ["fs.mkdir"] = { op = "mkdir", paths = { "path" } },

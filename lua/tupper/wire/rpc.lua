@@ -109,6 +109,8 @@ function M.wrap(stream, handlers, opts)
     size = 0,
     closed = false,
     max_line = opts and opts.max_line or M.MAX_LINE,
+    max_backlog = opts and opts.max_backlog or M.MAX_BACKLOG, -- 0: no bound
+    on_backlog = opts and opts.on_backlog, -- called (conn, bytes) before the drop
   }, Conn)
   stream:read_start(function(err, chunk)
     if err or not chunk then
@@ -180,8 +182,13 @@ function Conn:send(obj)
     text, err = json.encode(obj)
   end
   if not text then return nil, err end
-  if self.stream:get_write_queue_size() > M.MAX_BACKLOG then
+  local queued = self.stream:get_write_queue_size()
+  if self.max_backlog > 0 and queued > self.max_backlog then
     -- the peer does not read: drop it rather than buffer without bound
+    -- (at once: a shutdown would wait for the bytes it does not read)
+    if self.on_backlog then self.on_backlog(self, queued) end
+    self.stream:read_stop()
+    if not self.stream:is_closing() then self.stream:close() end
     self:close()
     return nil, "peer is not reading"
   end

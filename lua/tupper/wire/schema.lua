@@ -66,7 +66,7 @@ M.methods = {
     doc = "Negotiates the protocol version; the first call of a session.",
     params = { protocol = { type = "integer", min = 1, max = 1000 },
                client = { type = "string", max = 256 } },
-    result = { "protocol", "server", "version", "methods" },
+    result = { "protocol", "server", "version", "methods", "streams" },
   },
   ["sandbox.create"] = {
     doc = "Creates and starts a sandbox.",
@@ -233,6 +233,33 @@ M.methods = {
                mode = { type = "integer", min = 0, max = 4095 },
                required = { "sandbox", "path", "data" } },
     result = { "size" },
+  },
+  ["fs.read_stream"] = {
+    doc = "Opens a stream that sends a file's bytes from offset on the data connection (stream frames).",
+    params = { sandbox = ID, user = USER, path = PATH, offset = { type = "integer", min = 0, max = 99999999999999 },
+               length = { type = "integer", min = 0, max = 99999999999999 },
+               required = { "sandbox", "path" } },
+    result = { "stream", "size" },
+  },
+  ["fs.write_stream"] = {
+    doc = "Opens a stream that writes the bytes the client sends on the data connection to a file.",
+    params = { sandbox = ID, user = USER, path = PATH, offset = { type = "integer", min = 0, max = 99999999999999 },
+               append = { type = "boolean" }, truncate = { type = "boolean" },
+               mode = { type = "integer", min = 0, max = 4095 },
+               required = { "sandbox", "path" } },
+    result = { "stream" },
+  },
+  ["stream.channel"] = {
+    doc = "Gives a single-use token for opening this connection's data connection.",
+    params = {},
+    result = { "token" },
+  },
+  ["stream.attach"] = {
+    doc = "The first and only JSON call of a data connection: stream frames follow its reply.",
+    params = { token = { type = "string", min = 32, max = 32 },
+               window = { type = "integer", min = 65536, max = 67108864 },
+               required = { "token" } },
+    result = { "protocol", "window", "frame_max" },
   },
   ["fs.list"] = {
     doc = "Lists a directory, sorted by name.",

@@ -13,6 +13,7 @@ import { asBuffer, CHUNK, inChunks } from './chunks';
 import { basename, type EntryInfo, FileType, ownerNames, toEntry, type WriteInfo } from './entry';
 import { checkTimeoutMs, ErrorCode, InvalidArgumentError, SandboxError } from './errors';
 import type { SandboxLink } from './link';
+import { dataConn, type DataConn } from './stream';
 import { DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, WatchHandle, type WatchOpts } from './watch';
 import { decodeData } from './wire';
 
@@ -164,6 +165,8 @@ export class Filesystem {
     if (format !== 'text' && format !== 'bytes' && format !== 'blob' && format !== 'stream') {
       throw new InvalidArgumentError(`files.read: format ${String(format)} is not supported (text, bytes, blob, stream)`);
     }
+    const dc = await dataConn(this.link.conn);
+    if (dc) return this.readFramed(dc, path, format, opts.user);
     if (format === 'stream') return this.readStream(path, opts.user);
     const chunks: Buffer[] = [];
     let offset = 0;
@@ -174,6 +177,33 @@ export class Filesystem {
       if (eof) break;
     }
     const all = Buffer.concat(chunks);
+    if (format === 'text') return all.toString('utf8');
+    if (format === 'blob') return new Blob([all]);
+    return new Uint8Array(all.buffer, all.byteOffset, all.byteLength);
+  }
+
+  /** read() on the data plane (stream.ts): binary frames, no base64. */
+  private async readFramed(dc: DataConn, path: string, format: ReadFormat, user: string | undefined): Promise<string | Uint8Array | Blob | ReadableStream<Uint8Array>> {
+    const { chunks } = await dc.readFile(this.link.conn, asAccount(this.link, user, { sandbox: this.link.sandboxId, path }));
+    if (format === 'stream') {
+      const it = chunks[Symbol.asyncIterator]();
+      return new ReadableStream<Uint8Array>(
+        {
+          pull: async (ctrl) => {
+            const r = await it.next();
+            if (r.done) ctrl.close();
+            else ctrl.enqueue(new Uint8Array(r.value.buffer, r.value.byteOffset, r.value.byteLength));
+          },
+          cancel: async () => {
+            await it.return?.(undefined);
+          },
+        },
+        { highWaterMark: 1 },
+      );
+    }
+    const parts: Buffer[] = [];
+    for await (const c of chunks) parts.push(c);
+    const all = Buffer.concat(parts);
     if (format === 'text') return all.toString('utf8');
     if (format === 'blob') return new Blob([all]);
     return new Uint8Array(all.buffer, all.byteOffset, all.byteLength);
@@ -262,6 +292,14 @@ export class Filesystem {
 
   /** Sends data to path in 1 MiB pieces: from offset 0 (truncating), or appended. */
   private async send(path: string, data: WriteEntry['data'], user: string | undefined, append: boolean, mode?: number): Promise<void> {
+    // a whole file (no append, no mode) goes over the data connection's binary frames when the daemon has them
+    if (!append && mode === undefined) {
+      const dc = await dataConn(this.link.conn);
+      if (dc) {
+        await dc.writeFile(this.link.conn, asAccount(this.link, user, { sandbox: this.link.sandboxId, path }), chunksOf(data));
+        return;
+      }
+    }
     let offset = 0;
     // whole 1 MiB pieces, each sent once the previous one was written; an empty file is one empty write
     for await (const piece of inChunks(chunksOf(data))) {

@@ -1,0 +1,126 @@
+--- The data plane's JSON methods (docs/protocol.md, "Stream frames"):
+-- stream.channel and stream.attach give a control connection its data
+-- connection, fs.read_stream and fs.write_stream open file streams on it.
+-- The bytes never come here: runtime/host/stream_fs.c relays them between
+-- the data connection and the box's agent; this file only decides which
+-- sandbox, path and account, and hands out stream ids.
+local uv = require("luv")
+local core = require("tupper.core")
+local json = require("tupper.util.json")
+local rpc = require("tupper.wire.rpc")
+
+local M = {}
+
+M.VERSION = 1                 -- the frames' version (hello's `streams`)
+M.TOKEN_TTL = 30000           -- ms a stream.channel token stays valid
+M.TOKENS_MAX = 16             -- unused tokens one connection may hold
+M.IDLE_MS = 60000             -- a data connection with no credit for this long is dropped
+M.WINDOW = 4 * 1024 * 1024    -- the default window of a data connection
+M.FRAME_MAX = 1048576
+
+local function hex_token()
+  local bytes = assert(uv.random(16))
+  return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
+-- The control connection's data connection goes with it.
+local function on_control_close(conn)
+  if conn._stream_hooked then return end
+  conn._stream_hooked = true
+  local handlers = conn.handlers
+  local prev = handlers.close
+  conn.handlers = setmetatable({ close = function(c)
+    if c.data_conn then c.data_conn:close(); c.data_conn = nil end
+    if prev then return prev(c) end
+  end }, { __index = handlers })
+end
+
+--- Registers the handlers into api.lua's table; helpers are api.lua's.
+function M.register(h, helpers)
+  local get_sandbox, abs_path, as, agent_call, MSG = helpers.get_sandbox, helpers.abs_path,
+    helpers.as, helpers.agent_call, helpers.MSG
+
+  function h.stream_channel(d, conn, p)
+    d.stream_tokens = d.stream_tokens or {}
+    local now = uv.now()
+    for t, e in pairs(d.stream_tokens) do
+      if e.expires < now or e.conn.closed then d.stream_tokens[t] = nil end
+    end
+    local mine = 0
+    for _, e in pairs(d.stream_tokens) do if e.conn == conn then mine = mine + 1 end end
+    if mine >= M.TOKENS_MAX then
+      return nil, rpc.BUSY, ("stream.channel: %d unused tokens on this connection already"):format(mine),
+        { cap = "stream_tokens", value = M.TOKENS_MAX }
+    end
+    local token = hex_token()
+    d.stream_tokens[token] = { conn = conn, expires = now + M.TOKEN_TTL }
+    return { token = token }
+  end
+
+  function h.stream_attach(d, conn, p)
+    local e = d.stream_tokens and d.stream_tokens[p.token]
+    if e then d.stream_tokens[p.token] = nil end
+    if not e or e.expires < uv.now() or e.conn.closed then
+      return nil, rpc.INVALID_PARAMS, "stream.attach: unknown or expired token"
+    end
+    local control = e.conn
+    if control.data_conn and control.data_conn:alive() then
+      return nil, rpc.INVALID_REQUEST, "stream.attach: that connection has a data connection already"
+    end
+    if conn.closed then return {} end
+    local window = p.window or M.WINDOW
+    local reply = json.encode({ jsonrpc = "2.0", id = p._rpc_id or 1,
+      result = { protocol = M.VERSION, window = window, frame_max = M.FRAME_MAX } }) .. "\n"
+    -- from here the socket is C's: luv lets go of it without a shutdown
+    -- (that would end the dup'ed descriptor's writes too)
+    conn.stream:read_stop()
+    local fd = conn.stream:fileno()
+    local dc, err = core.stream_attach(fd, window, M.IDLE_MS, reply, function() end)
+    conn.closed = true
+    conn.stream:close()
+    if conn.handlers.close then conn.handlers.close(conn) end
+    if not dc then return nil, rpc.INTERNAL_ERROR, "stream.attach: " .. tostring(err) end
+    control.data_conn = dc
+    on_control_close(control)
+    return {} -- not sent: the reply went out as the data connection's first bytes
+  end
+
+  local function open(d, conn, p, write, spec)
+    local dc = conn.data_conn
+    if not dc or not dc:alive() then
+      return nil, rpc.INVALID_REQUEST, "no data connection: call stream.channel, then stream.attach on a second connection"
+    end
+    local sb, code, msg = get_sandbox(d, p.sandbox)
+    if not sb then return nil, code, msg end
+    local sid = conn.next_sid or 1
+    conn.next_sid = sid < 0x7fffffff and sid + 1 or 1
+    local ok, err, errno = dc:file(sb.box, sid, write, as(p, spec))
+    if not ok then return nil, rpc.FS_ERROR, err, { errno = errno } end
+    return sid
+  end
+
+  function h.fs_read_stream(d, conn, p)
+    local sb, code, msg = get_sandbox(d, p.sandbox)
+    if not sb then return nil, code, msg end
+    local path = abs_path(p.path)
+    -- the size, and ENOENT/EISDIR/EACCES as a JSON error before any frame
+    local r, c, m, x = agent_call(sb, MSG.FS_READ, as(p, { path = path, offset = 0, length = 0 }), rpc.FS_ERROR)
+    if not r then return nil, c, m, x end
+    local sid, ec, em, ex = open(d, conn, p, false, { path = path, offset = p.offset or 0, length = p.length })
+    if not sid then return nil, ec, em, ex end
+    return { stream = sid, size = math.tointeger(r.size) or 0 }
+  end
+
+  function h.fs_write_stream(d, conn, p)
+    local offset = p.offset or 0
+    local truncate = p.truncate
+    if truncate == nil then truncate = offset == 0 and not p.append end
+    local flags = 4 | (truncate and 1 or 0) | (p.append and 2 or 0)
+    local sid, ec, em, ex = open(d, conn, p, true, { path = abs_path(p.path), offset = offset,
+      flags = flags, mode = p.mode or 420 })
+    if not sid then return nil, ec, em, ex end
+    return { stream = sid }
+  end
+end
+
+return M

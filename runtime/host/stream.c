@@ -1,0 +1,525 @@
+/* tp_sconn_t: a data connection of the data plane (stream.h). */
+#include "stream.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct tp__sstream_s {
+  struct tp__sstream_s *next;
+  uint32_t sid;
+  uint32_t kind;
+  void *data;
+  uint64_t send_credit; /* bytes this side may still send */
+  uint64_t recv_left;   /* bytes the peer may still send */
+  uint64_t recv_window; /* most outstanding credit this side grants */
+  int sends, peer_sends;
+  int sent_end, peer_end;
+} tp__sstream_t;
+
+struct tp_sconn_s {
+  void *data;
+  uv_loop_t *loop;
+  uv_pipe_t pipe;
+  uv_timer_t timer;
+  uv_shutdown_t shut;
+  tp_sconn_cbs_t cbs;
+  int open_handles;
+  int down;     /* no more reading or callbacks */
+  int closing;  /* uv_close called */
+  int released; /* the owner called tp_sconn_close */
+  uint32_t window;
+  uint64_t idle_ms;
+  uint64_t last_progress;
+  tp__sstream_t *streams;
+  size_t nstreams;
+  size_t queued;
+  uint32_t recent[TP_SCONN_RECENT];
+  unsigned nrecent;
+  uint8_t *rbuf;
+  size_t rlen;
+};
+
+typedef struct tp__swrite_s {
+  uv_write_t req;
+  tp_sconn_t *c;
+  size_t len;
+  uint8_t bytes[];
+} tp__swrite_t;
+
+void *tp_sconn_data(const tp_sconn_t *c) { return c->data; }
+size_t tp_sconn_streams(const tp_sconn_t *c) { return c->nstreams; }
+size_t tp_sconn_queued(const tp_sconn_t *c) { return c->queued; }
+
+static void tp__sconn_close_cb(uv_handle_t *h) {
+  tp_sconn_t *c = h->data;
+  if (--c->open_handles > 0)
+    return;
+  free(c->rbuf);
+  free(c);
+}
+
+static void tp__sconn_free_streams(tp_sconn_t *c) {
+  while (c->streams != NULL) {
+    tp__sstream_t *s = c->streams;
+    c->streams = s->next;
+    free(s);
+  }
+  c->nstreams = 0;
+}
+
+static void tp__sconn_close_handles(tp_sconn_t *c) {
+  if (c->closing)
+    return;
+  c->closing = 1;
+  uv_close((uv_handle_t *) &c->pipe, tp__sconn_close_cb);
+  uv_close((uv_handle_t *) &c->timer, tp__sconn_close_cb);
+}
+
+static tp__sstream_t *tp__sconn_find(tp_sconn_t *c, uint32_t sid) {
+  for (tp__sstream_t *s = c->streams; s != NULL; s = s->next)
+    if (s->sid == sid)
+      return s;
+  return NULL;
+}
+
+static void tp__sconn_forget(tp_sconn_t *c, tp__sstream_t *s) {
+  tp__sstream_t **pp = &c->streams;
+  while (*pp != s)
+    pp = &(*pp)->next;
+  *pp = s->next;
+  c->nstreams--;
+  c->recent[c->nrecent++ % TP_SCONN_RECENT] = s->sid;
+  free(s);
+}
+
+static int tp__sconn_recent(const tp_sconn_t *c, uint32_t sid) {
+  unsigned n = c->nrecent < TP_SCONN_RECENT ? c->nrecent : TP_SCONN_RECENT;
+  for (unsigned i = 0; i < n; i++)
+    if (c->recent[i] == sid)
+      return 1;
+  return 0;
+}
+
+static void tp__sconn_write_cb(uv_write_t *req, int status) {
+  tp__swrite_t *w = (tp__swrite_t *) req;
+  tp_sconn_t *c = w->c;
+  c->queued -= w->len;
+  if (status == 0)
+    c->last_progress = uv_now(c->loop);
+  free(w);
+}
+
+/* Queues one frame: header for a payload of len bytes, then p. */
+static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void *p, size_t len) {
+  tp__swrite_t *w;
+  uv_buf_t b;
+  int r;
+  if (c->closing)
+    return -EPIPE;
+  w = malloc(sizeof(*w) + TP_SF_HDR + len);
+  if (w == NULL)
+    return -ENOMEM;
+  tp_sframe_header(w->bytes, type, sid, (uint32_t) len);
+  if (len)
+    memcpy(w->bytes + TP_SF_HDR, p, len);
+  w->c = c;
+  w->len = TP_SF_HDR + len;
+  b = uv_buf_init((char *) w->bytes, (unsigned) w->len);
+  if (c->queued == 0)
+    c->last_progress = uv_now(c->loop); /* the wait for this write starts now */
+  r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &b, 1, tp__sconn_write_cb);
+  if (r < 0) {
+    free(w);
+    return r;
+  }
+  c->queued += w->len;
+  return 0;
+}
+
+static void tp__sconn_send_error(tp_sconn_t *c, uint32_t sid, int errnum, const char *msg) {
+  uint8_t f[TP_SF_HDR + 4 + TP_SF_MSG_MAX];
+  size_t n = tp_sframe_error(f, sid, (uint32_t) errnum, msg);
+  tp__sconn_send(c, TP_SF_ERROR, sid, f + TP_SF_HDR, n - TP_SF_HDR);
+}
+
+/* A stream error found here: the peer is told, the owner too. */
+static void tp__sconn_stream_error(tp_sconn_t *c, tp__sstream_t *s, int errnum, const char *msg) {
+  uint32_t sid = s->sid;
+  void *sdata = s->data;
+  tp__sconn_send_error(c, sid, errnum, msg);
+  tp__sconn_forget(c, s);
+  if (!c->released && c->cbs.on_stream_error != NULL)
+    c->cbs.on_stream_error(c, sid, sdata, errnum, msg);
+}
+
+static void tp__sconn_shutdown_cb(uv_shutdown_t *req, int status) {
+  tp_sconn_t *c = req->data;
+  (void) status;
+  tp__sconn_close_handles(c);
+}
+
+/* The connection goes down on its own: streams end, the owner hears it,
+ * the socket closes (after an ERROR on sid 0 when errnum says so). */
+static void tp__sconn_down(tp_sconn_t *c, int errnum, const char *reason, int tell_peer) {
+  char msg[256];
+  if (c->down)
+    return;
+  c->down = 1;
+  uv_read_stop((uv_stream_t *) &c->pipe);
+  snprintf(msg, sizeof(msg), "data connection closed: %s", reason);
+  while (c->streams != NULL) {
+    tp__sstream_t *s = c->streams;
+    uint32_t sid = s->sid;
+    void *sdata = s->data;
+    tp__sconn_forget(c, s);
+    if (!c->released && c->cbs.on_stream_error != NULL)
+      c->cbs.on_stream_error(c, sid, sdata, errnum ? errnum : ECONNRESET, msg);
+  }
+  if (!c->released && c->cbs.on_close != NULL)
+    c->cbs.on_close(c, errnum, reason);
+  c->released = 1; /* no callback after on_close */
+  if (tell_peer && errnum) {
+    tp__sconn_send_error(c, 0, errnum, reason);
+    c->shut.data = c;
+    if (uv_shutdown(&c->shut, (uv_stream_t *) &c->pipe, tp__sconn_shutdown_cb) == 0)
+      return; /* closed once the ERROR is out, or by the idle timer */
+  }
+  tp__sconn_close_handles(c);
+}
+
+static void tp__sconn_timer_cb(uv_timer_t *t) {
+  tp_sconn_t *c = t->data;
+  uint64_t now = uv_now(c->loop);
+  int waiting = c->queued > 0;
+  for (tp__sstream_t *s = c->streams; s != NULL && !waiting; s = s->next)
+    if (s->sends && !s->sent_end && s->send_credit == 0)
+      waiting = 1;
+  if (!waiting) {
+    c->last_progress = now;
+    return;
+  }
+  if (now - c->last_progress < c->idle_ms)
+    return;
+  if (c->down) { /* an ERROR on sid 0 the peer never read */
+    tp__sconn_close_handles(c);
+    return;
+  }
+  tp__sconn_down(c, ETIMEDOUT, "the client took nothing for the idle time", 1);
+}
+
+static void tp__sconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  tp_sconn_t *c = h->data;
+  (void) suggested;
+  buf->base = (char *) c->rbuf + c->rlen;
+  buf->len = TP_SF_HDR + TP_SF_DATA_MAX - c->rlen;
+}
+
+/* One whole, valid frame from the peer. */
+static void tp__sconn_frame(tp_sconn_t *c, const tp_sframe_t *f) {
+  tp__sstream_t *s;
+  char msg[128];
+  if (f->type == TP_SF_ERROR && f->sid == 0) {
+    char reason[TP_SF_MSG_MAX + 32];
+    snprintf(reason, sizeof(reason), "the client ended it: %.*s", (int) f->msg_len, f->msg);
+    tp__sconn_down(c, 0, reason, 0);
+    return;
+  }
+  if (f->type == TP_SF_OPEN) {
+    snprintf(msg, sizeof(msg), "stream %u: a client cannot open streams in version 1", f->sid);
+    tp__sconn_send_error(c, f->sid, EOPNOTSUPP, msg);
+    return;
+  }
+  s = tp__sconn_find(c, f->sid);
+  if (s == NULL) {
+    if (!tp__sconn_recent(c, f->sid) && f->type != TP_SF_ERROR) {
+      snprintf(msg, sizeof(msg), "stream %u: no such stream on this connection", f->sid);
+      tp__sconn_send_error(c, f->sid, ENOENT, msg);
+    }
+    return;
+  }
+  c->last_progress = uv_now(c->loop);
+  switch (f->type) {
+  case TP_SF_DATA:
+    if (!s->peer_sends || s->peer_end) {
+      snprintf(msg, sizeof(msg), "stream %u: DATA %s", s->sid,
+               s->peer_end ? "after END" : "on a stream the client does not send on");
+      tp__sconn_stream_error(c, s, EPROTO, msg);
+    } else if (f->len > s->recv_left) {
+      snprintf(msg, sizeof(msg), "stream %u: DATA beyond the credit given (%llu bytes left)", s->sid,
+               (unsigned long long) s->recv_left);
+      tp__sconn_stream_error(c, s, EPROTO, msg);
+    } else {
+      s->recv_left -= f->len;
+      if (c->cbs.on_data != NULL && !c->released)
+        c->cbs.on_data(c, s->sid, s->data, f->payload, f->len);
+    }
+    break;
+  case TP_SF_END:
+    if (!s->peer_sends || s->peer_end) {
+      snprintf(msg, sizeof(msg), "stream %u: END %s", s->sid,
+               s->peer_end ? "twice" : "on a stream the client does not send on");
+      tp__sconn_stream_error(c, s, EPROTO, msg);
+      break;
+    }
+    s->peer_end = 1;
+    {
+      uint32_t sid = s->sid;
+      void *sdata = s->data;
+      if (!s->sends || s->sent_end)
+        tp__sconn_forget(c, s);
+      if (c->cbs.on_end != NULL && !c->released)
+        c->cbs.on_end(c, sid, sdata);
+    }
+    break;
+  case TP_SF_ERROR: {
+    char m[TP_SF_MSG_MAX + 1];
+    uint32_t sid = s->sid;
+    void *sdata = s->data;
+    memcpy(m, f->msg, f->msg_len);
+    m[f->msg_len] = '\0';
+    tp__sconn_forget(c, s);
+    if (c->cbs.on_stream_error != NULL && !c->released)
+      c->cbs.on_stream_error(c, sid, sdata, f->err ? (int) f->err : ECANCELED, m);
+    break;
+  }
+  case TP_SF_CREDIT:
+    if (!s->sends || s->sent_end)
+      break; /* credit for a direction that is done: harmless */
+    if (s->send_credit + f->credit > c->window) {
+      snprintf(msg, sizeof(msg), "stream %u: CREDIT beyond the window of %u bytes", s->sid, c->window);
+      tp__sconn_stream_error(c, s, EPROTO, msg);
+      break;
+    }
+    s->send_credit += f->credit;
+    if (c->cbs.on_writable != NULL && !c->released)
+      c->cbs.on_writable(c, s->sid, s->data);
+    break;
+  default:
+    break;
+  }
+}
+
+static void tp__sconn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  tp_sconn_t *c = st->data;
+  size_t off = 0;
+  (void) buf;
+  if (nread < 0) {
+    tp__sconn_down(c, nread == UV_EOF ? 0 : -(int) nread,
+                   nread == UV_EOF ? (c->rlen ? "the client left in the middle of a frame"
+                                              : "the client closed it")
+                                   : uv_strerror((int) nread), 0);
+    return;
+  }
+  c->rlen += (size_t) nread;
+  while (!c->down) {
+    tp_sframe_t f;
+    const char *why = "malformed frame";
+    long n = tp_sframe_parse(c->rbuf + off, c->rlen - off, &f, &why);
+    if (n == 0)
+      break;
+    if (n < 0) {
+      tp__sconn_down(c, EPROTO, why, 1);
+      return;
+    }
+    off += (size_t) n;
+    tp__sconn_frame(c, &f);
+  }
+  if (c->down)
+    return;
+  if (off > 0) {
+    memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+    c->rlen -= off;
+  }
+}
+
+tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle_ms,
+                         const tp_sconn_cbs_t *cbs, void *data, tp_error_t *err) {
+  tp_sconn_t *c;
+  int r;
+  if (window < TP_SCONN_WINDOW_MIN || window > TP_SCONN_WINDOW_MAX) {
+    close(fd);
+    tp_error_set(err, EINVAL, "data connection: window %u is not %u to %u bytes", window,
+                 TP_SCONN_WINDOW_MIN, TP_SCONN_WINDOW_MAX);
+    return NULL;
+  }
+  c = calloc(1, sizeof(*c));
+  if (c == NULL || (c->rbuf = malloc(TP_SF_HDR + TP_SF_DATA_MAX)) == NULL) {
+    free(c);
+    close(fd);
+    tp_error_set(err, ENOMEM, "data connection: out of memory");
+    return NULL;
+  }
+  c->data = data;
+  c->loop = loop;
+  c->cbs = *cbs;
+  c->window = window;
+  c->idle_ms = idle_ms ? idle_ms : TP_SCONN_IDLE_MS;
+  if ((r = uv_pipe_init(loop, &c->pipe, 0)) < 0) {
+    free(c->rbuf);
+    free(c);
+    close(fd);
+    tp_error_set(err, -r, "data connection: %s", uv_strerror(r));
+    return NULL;
+  }
+  c->pipe.data = c;
+  c->open_handles = 1;
+  uv_timer_init(loop, &c->timer); /* cannot fail */
+  c->timer.data = c;
+  c->open_handles = 2;
+  if ((r = uv_pipe_open(&c->pipe, fd)) < 0 ||
+      (r = uv_read_start((uv_stream_t *) &c->pipe, tp__sconn_alloc_cb, tp__sconn_read_cb)) < 0) {
+    close(fd);
+    c->released = c->down = 1;
+    tp__sconn_close_handles(c);
+    tp_error_set(err, -r, "data connection: %s", uv_strerror(r));
+    return NULL;
+  }
+  c->last_progress = uv_now(loop);
+  {
+    uint64_t tick = c->idle_ms / 4 ? c->idle_ms / 4 : 1;
+    uv_timer_start(&c->timer, tp__sconn_timer_cb, tick, tick);
+  }
+  return c;
+}
+
+int tp_sconn_preface(tp_sconn_t *c, const void *p, size_t n, tp_error_t *err) {
+  tp__swrite_t *w;
+  uv_buf_t b;
+  int r;
+  if (c->down)
+    return tp_error_set(err, EPIPE, "data connection is closed");
+  if ((w = malloc(sizeof(*w) + n)) == NULL)
+    return tp_error_set(err, ENOMEM, "out of memory");
+  memcpy(w->bytes, p, n);
+  w->c = c;
+  w->len = n;
+  b = uv_buf_init((char *) w->bytes, (unsigned) n);
+  if ((r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &b, 1, tp__sconn_write_cb)) < 0) {
+    free(w);
+    return tp_error_set(err, -r, "data connection: %s", uv_strerror(r));
+  }
+  c->queued += n;
+  return 0;
+}
+
+int tp_sconn_open(tp_sconn_t *c, uint32_t sid, uint32_t kind, uint32_t recv_window, int sends,
+                  void *sdata, tp_error_t *err) {
+  uint8_t f[TP_SF_HDR + 8];
+  tp__sstream_t *s;
+  int r;
+  if (c->down)
+    return tp_error_set(err, EPIPE, "data connection is closed");
+  if (sid == 0 || sid >= TP_SF_CLIENT_SID || kind == 0 || kind > TP_SK_MAX_ ||
+      recv_window > TP_SCONN_WINDOW_MAX || (!sends && recv_window == 0))
+    return tp_error_set(err, EINVAL, "stream %u: bad id, kind or window", sid);
+  if (tp__sconn_find(c, sid) != NULL || tp__sconn_recent(c, sid))
+    return tp_error_set(err, EEXIST, "stream %u: the id is taken", sid);
+  if (c->nstreams >= TP_SCONN_STREAMS_MAX)
+    return tp_error_set(err, EMFILE, "too many streams on one data connection (%d)",
+                        TP_SCONN_STREAMS_MAX);
+  if ((s = calloc(1, sizeof(*s))) == NULL)
+    return tp_error_set(err, ENOMEM, "out of memory");
+  tp_sframe_open(f, sid, kind, recv_window);
+  if ((r = tp__sconn_send(c, TP_SF_OPEN, sid, f + TP_SF_HDR, 8)) < 0) {
+    free(s);
+    return tp_error_set(err, -r, "stream %u: %s", sid, strerror(-r));
+  }
+  s->sid = sid;
+  s->kind = kind;
+  s->data = sdata;
+  s->sends = sends ? 1 : 0;
+  s->send_credit = sends ? c->window : 0;
+  s->peer_sends = recv_window > 0;
+  s->recv_left = s->recv_window = recv_window;
+  s->next = c->streams;
+  c->streams = s;
+  c->nstreams++;
+  return 0;
+}
+
+uint64_t tp_sconn_can_write(const tp_sconn_t *c, uint32_t sid) {
+  tp__sstream_t *s = tp__sconn_find((tp_sconn_t *) c, sid);
+  return s != NULL && s->sends && !s->sent_end && !c->down ? s->send_credit : 0;
+}
+
+long tp_sconn_write(tp_sconn_t *c, uint32_t sid, const void *p, size_t n, tp_error_t *err) {
+  tp__sstream_t *s = tp__sconn_find(c, sid);
+  const uint8_t *b = p;
+  size_t done = 0;
+  if (c->down)
+    return tp_error_set(err, EPIPE, "data connection is closed");
+  if (s == NULL || !s->sends)
+    return tp_error_set(err, ENOENT, "stream %u: not a stream this side sends on", sid);
+  if (s->sent_end)
+    return tp_error_set(err, EPIPE, "stream %u: already ended", sid);
+  while (done < n && s->send_credit > 0) {
+    size_t k = n - done;
+    int r;
+    if (k > TP_SF_DATA_MAX)
+      k = TP_SF_DATA_MAX;
+    if (k > s->send_credit)
+      k = (size_t) s->send_credit;
+    if ((r = tp__sconn_send(c, TP_SF_DATA, sid, b + done, k)) < 0) {
+      if (done > 0)
+        break;
+      return tp_error_set(err, -r, "stream %u: %s", sid, uv_strerror(r));
+    }
+    s->send_credit -= k;
+    done += k;
+  }
+  return (long) done;
+}
+
+int tp_sconn_end(tp_sconn_t *c, uint32_t sid, int has_size, uint64_t size, tp_error_t *err) {
+  tp__sstream_t *s = tp__sconn_find(c, sid);
+  uint8_t f[TP_SF_HDR + 8];
+  size_t n;
+  int r;
+  if (c->down)
+    return tp_error_set(err, EPIPE, "data connection is closed");
+  if (s == NULL || !s->sends || s->sent_end)
+    return tp_error_set(err, ENOENT, "stream %u: not a stream this side sends on", sid);
+  n = tp_sframe_end(f, sid, has_size, size);
+  if ((r = tp__sconn_send(c, TP_SF_END, sid, f + TP_SF_HDR, n - TP_SF_HDR)) < 0)
+    return tp_error_set(err, -r, "stream %u: %s", sid, uv_strerror(r));
+  s->sent_end = 1;
+  if (!s->peer_sends || s->peer_end)
+    tp__sconn_forget(c, s);
+  return 0;
+}
+
+int tp_sconn_credit(tp_sconn_t *c, uint32_t sid, uint32_t n, tp_error_t *err) {
+  tp__sstream_t *s = tp__sconn_find(c, sid);
+  uint8_t f[TP_SF_HDR + 4];
+  int r;
+  if (c->down)
+    return tp_error_set(err, EPIPE, "data connection is closed");
+  if (s == NULL || s->peer_end)
+    return 0; /* the stream is over: nothing to grant */
+  if (n == 0 || s->recv_left + n > s->recv_window)
+    return tp_error_set(err, EINVAL, "stream %u: credit of %u beyond the window", sid, n);
+  tp_sframe_credit(f, sid, n);
+  if ((r = tp__sconn_send(c, TP_SF_CREDIT, sid, f + TP_SF_HDR, 4)) < 0)
+    return tp_error_set(err, -r, "stream %u: %s", sid, uv_strerror(r));
+  s->recv_left += n;
+  return 0;
+}
+
+int tp_sconn_fail(tp_sconn_t *c, uint32_t sid, int errnum, const char *msg) {
+  tp__sstream_t *s = tp__sconn_find(c, sid);
+  if (s == NULL || c->down)
+    return -1;
+  tp__sconn_send_error(c, sid, errnum, msg);
+  tp__sconn_forget(c, s);
+  return 0;
+}
+
+void tp_sconn_close(tp_sconn_t *c) {
+  c->released = 1;
+  c->down = 1;
+  tp__sconn_free_streams(c);
+  tp__sconn_close_handles(c);
+}

@@ -1,0 +1,93 @@
+/* tupper: one data connection of the data plane (docs/protocol.md,
+ * "Stream frames"), on the loop, in C.
+ *
+ * A tp_sconn_t owns a connected stream socket (the fd of a client's data
+ * connection once attached) and speaks stream frames on it (sframe.h):
+ * it reads into a buffer of one frame at most, keeps the table of live
+ * streams, counts credit both ways, answers every broken rule as the
+ * protocol says (a connection error closes it after an ERROR on sid 0; a
+ * stream error ends that stream; an unknown id gets ENOENT), and drops a
+ * peer that leaves a stream without credit, or the write queue without
+ * progress, for idle_ms.  What the bytes are is the owner's business: it
+ * opens streams, writes what a source gives within the credit, and gets
+ * a callback for what the peer sends.
+ *
+ * Memory: the read buffer is one frame; the write queue holds at most
+ * what the peer's credit allowed (a stream's outstanding credit never
+ * exceeds the window the connection was made with), plus control frames.
+ *
+ * Lifetime (libuv's rules): tp_sconn_close is the owner's last call; no
+ * callback runs after it, and the object is freed in its handles' close
+ * callbacks.  When the connection goes down on its own (the peer closed
+ * it, broke a rule, or was idle) on_stream_error runs for each live
+ * stream, then on_close once; after on_close the owner must not touch c
+ * (it is being freed). */
+#ifndef TP_STREAM_H
+#define TP_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "error.h"
+#include "sframe.h"
+
+#define TP_SCONN_STREAMS_MAX 256       /* live streams on one connection */
+#define TP_SCONN_IDLE_MS 60000         /* default idle time (docs/protocol.md) */
+#define TP_SCONN_WINDOW_MIN (64u * 1024u)
+#define TP_SCONN_WINDOW_MAX (64u * 1024u * 1024u)
+#define TP_SCONN_WINDOW_DEFAULT (4u * 1024u * 1024u)
+#define TP_SCONN_RECENT 64              /* ended ids whose late frames are dropped quietly */
+
+typedef struct tp_sconn_s tp_sconn_t;
+
+typedef struct tp_sconn_cbs_s {
+  /* n bytes the peer sent on sid; the owner copies or forwards them now
+   * and calls tp_sconn_credit once they are gone on (that is the flow
+   * control: without it the peer stops). */
+  void (*on_data)(tp_sconn_t *c, uint32_t sid, void *sdata, const uint8_t *p, size_t n);
+  /* The peer sends no more on sid. */
+  void (*on_end)(tp_sconn_t *c, uint32_t sid, void *sdata);
+  /* Credit arrived on sid: tp_sconn_write may take more. */
+  void (*on_writable)(tp_sconn_t *c, uint32_t sid, void *sdata);
+  /* sid is over (the peer's ERROR, a rule it broke, or the connection's
+   * end); err is an errno value; sid is gone once this returns. */
+  void (*on_stream_error)(tp_sconn_t *c, uint32_t sid, void *sdata, int err, const char *msg);
+  /* The connection went down on its own; c is freed after this returns. */
+  void (*on_close)(tp_sconn_t *c, int err, const char *reason);
+} tp_sconn_cbs_t;
+
+/* Takes over fd (a connected socket; closed on failure too).  window: the
+ * credit the peer gave for what this side sends on each stream
+ * (TP_SCONN_WINDOW_MIN..MAX); idle_ms: 0 for TP_SCONN_IDLE_MS. */
+tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle_ms,
+                         const tp_sconn_cbs_t *cbs, void *data, tp_error_t *err);
+void *tp_sconn_data(const tp_sconn_t *c);
+/* Queues raw bytes before any frame (the attach's JSON reply line). */
+int tp_sconn_preface(tp_sconn_t *c, const void *p, size_t n, tp_error_t *err);
+
+/* Opens stream sid (1..2^31-1, never used before on c) of kind and tells
+ * the peer (OPEN).  recv_window > 0: the peer may send that much before a
+ * CREDIT; sends: this side sends on it (it ends with tp_sconn_end).
+ * EEXIST for a used id, EMFILE past TP_SCONN_STREAMS_MAX, EINVAL. */
+int tp_sconn_open(tp_sconn_t *c, uint32_t sid, uint32_t kind, uint32_t recv_window, int sends,
+                  void *sdata, tp_error_t *err);
+/* Bytes this side may send on sid now (0: wait for on_writable). */
+uint64_t tp_sconn_can_write(const tp_sconn_t *c, uint32_t sid);
+/* Sends up to n bytes of p as DATA; returns how many it took (at most the
+ * credit; 0 when there is none), or -1 and err (ENOENT, EPIPE). */
+long tp_sconn_write(tp_sconn_t *c, uint32_t sid, const void *p, size_t n, tp_error_t *err);
+/* This side sends no more on sid (END, with a size when has_size). */
+int tp_sconn_end(tp_sconn_t *c, uint32_t sid, int has_size, uint64_t size, tp_error_t *err);
+/* The owner took n bytes of what the peer sent on sid: CREDIT. */
+int tp_sconn_credit(tp_sconn_t *c, uint32_t sid, uint32_t n, tp_error_t *err);
+/* Ends sid with an ERROR to the peer; no callback for it. */
+int tp_sconn_fail(tp_sconn_t *c, uint32_t sid, int errnum, const char *msg);
+/* Live streams, and bytes queued for the peer. */
+size_t tp_sconn_streams(const tp_sconn_t *c);
+size_t tp_sconn_queued(const tp_sconn_t *c);
+/* The owner lets go: streams are dropped without callbacks, the socket
+ * closed; c is freed once its handles are. */
+void tp_sconn_close(tp_sconn_t *c);
+
+#endif

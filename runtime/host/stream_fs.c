@@ -1,0 +1,350 @@
+/* File relays between a data connection and a box's agent (stream_fs.h). */
+#include "stream_fs.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* agent requests in flight per relay: a write stream has at most its window
+ * in whole chunks plus the last piece in flight */
+#define TP__SFS_INFLIGHT ((int) (TP_SCONN_WINDOW_MAX / TP_CHUNK_MAX) + 2)
+
+typedef struct tp__srelay_s {
+  struct tp__srelay_s *bnext, *dnext; /* the box's relays, the connection's */
+  tp_sdc_t *d;
+  tp_dbox_t *b;
+  uint32_t sid;
+  int write;
+  char *path;
+  tp_sfs_spec_t spec;   /* path and groups point into this relay */
+  uint8_t groups[4 * 64];
+  uint64_t next_off;    /* read: the next offset to ask for; write: to write at */
+  uint64_t end;         /* read: stop here */
+  uint64_t done;        /* bytes delivered (read) or confirmed (write) */
+  int eof;              /* read: a short reply came, ask for nothing more */
+  int first;            /* write: the next request is the first (TRUNC) */
+  int peer_end;         /* write: the client's END came */
+  uint32_t ids[TP__SFS_INFLIGHT]; /* requests in flight, oldest first */
+  uint32_t lens[TP__SFS_INFLIGHT]; /* bytes each asked for (read) or carried (write) */
+  int inflight;
+  uint64_t inflight_bytes;
+  uint8_t *wbuf;        /* write: DATA gathered for the next FS_WRITE */
+  size_t wlen;
+} tp__srelay_t;
+
+struct tp_sdc_s {
+  void *data;
+  tp_sconn_t *c;        /* NULL once it went down */
+  tp__srelay_t *relays;
+  size_t nrelays;
+  tp_sdc_close_cb on_close;
+};
+
+void *tp_sdc_data(const tp_sdc_t *d) { return d->data; }
+int tp_sdc_alive(const tp_sdc_t *d) { return d->c != NULL; }
+size_t tp_sdc_streams(const tp_sdc_t *d) { return d->nrelays; }
+
+/* Unlinks r from its box and connection and frees it. */
+static void tp__srelay_free(tp__srelay_t *r) {
+  tp__srelay_t **pp = (tp__srelay_t **) &r->b->c_data;
+  while (*pp != NULL && *pp != r)
+    pp = &(*pp)->bnext;
+  if (*pp == r)
+    *pp = r->bnext;
+  pp = &r->d->relays;
+  while (*pp != NULL && *pp != r)
+    pp = &(*pp)->dnext;
+  if (*pp == r) {
+    *pp = r->dnext;
+    r->d->nrelays--;
+  }
+  free(r->wbuf);
+  free(r->path);
+  free(r);
+}
+
+static void tp__srelay_fail(tp__srelay_t *r, int errnum, const char *msg) {
+  if (r->d->c != NULL)
+    tp_sconn_fail(r->d->c, r->sid, errnum, msg);
+  tp__srelay_free(r);
+}
+
+/* Queues one agent request of r: FS_READ of len bytes at off, or FS_WRITE of p[0..len). */
+static int tp__srelay_request(tp__srelay_t *r, uint64_t off, const uint8_t *p, uint32_t len,
+                              uint32_t flags) {
+  tp_buf_t buf;
+  tp_error_t err = { 0 };
+  uint32_t id = r->b->c_next < TP_DBOX_CID_MIN ? TP_DBOX_CID_MIN : r->b->c_next;
+  if (r->inflight >= TP__SFS_INFLIGHT)
+    return -EAGAIN; /* the windows keep it below: a bug if reached */
+  r->b->c_next = id == UINT32_MAX ? TP_DBOX_CID_MIN : id + 1;
+  tp_buf_init(&buf);
+  tp_frame_begin(&buf, r->write ? TP_MSG_FS_WRITE : TP_MSG_FS_READ, id);
+  tp_frame_add_str(&buf, TP_TAG_PATH, r->path);
+  tp_frame_add_int(&buf, TP_TAG_OFFSET, (int64_t) off);
+  if (r->write) {
+    tp_frame_add(&buf, TP_TAG_DATA, p, len);
+    tp_frame_add_int(&buf, TP_TAG_FLAGS, flags);
+    tp_frame_add_int(&buf, TP_TAG_MODE, r->spec.mode);
+  } else {
+    tp_frame_add_int(&buf, TP_TAG_LENGTH, len);
+  }
+  if (r->spec.has_account) {
+    tp_frame_add_int(&buf, TP_TAG_UID, r->spec.uid);
+    tp_frame_add_int(&buf, TP_TAG_GID, r->spec.gid);
+    if (r->spec.glen > 0)
+      tp_frame_add(&buf, TP_TAG_GROUPS, r->groups, r->spec.glen);
+  }
+  if (tp_frame_end(&buf) < 0) {
+    tp_buf_free(&buf);
+    return -ENOMEM;
+  }
+  if (tp_dbox_send(r->b, &buf, &err) < 0) /* buf is freed */
+    return -(err.code ? err.code : EPIPE);
+  r->ids[r->inflight] = id;
+  r->lens[r->inflight] = len;
+  r->inflight++;
+  r->inflight_bytes += len;
+  return 0;
+}
+
+/* Read: ask for as much as the client's credit has room for. */
+static void tp__srelay_pump_read(tp__srelay_t *r) {
+  while (!r->eof && r->inflight < TP__SFS_INFLIGHT && r->next_off < r->end && r->d->c != NULL) {
+    uint64_t want = r->end - r->next_off, credit = tp_sconn_can_write(r->d->c, r->sid);
+    int e;
+    if (want > TP_CHUNK_MAX)
+      want = TP_CHUNK_MAX;
+    if (credit <= r->inflight_bytes)
+      break; /* on_writable comes back here */
+    if (want > credit - r->inflight_bytes)
+      want = credit - r->inflight_bytes; /* a window under a chunk: smaller reads */
+    if ((e = tp__srelay_request(r, r->next_off, NULL, (uint32_t) want, 0)) < 0) {
+      tp__srelay_fail(r, -e, "sandbox channel: cannot send the read");
+      return;
+    }
+    r->next_off += want;
+  }
+  if (r->inflight == 0 && (r->eof || r->next_off >= r->end) && r->d->c != NULL) {
+    tp_sconn_end(r->d->c, r->sid, 1, r->done, NULL);
+    tp__srelay_free(r);
+  }
+}
+
+/* Write: send what is gathered (flush: even less than a chunk). */
+static int tp__srelay_flush(tp__srelay_t *r) {
+  uint32_t flags = r->spec.flags & (TP_F_WRITE_APPEND | TP_F_WRITE_PARENTS);
+  int e;
+  if (r->first)
+    flags = r->spec.flags;
+  if ((e = tp__srelay_request(r, r->next_off, r->wbuf, (uint32_t) r->wlen, flags)) < 0) {
+    tp__srelay_fail(r, -e, "sandbox channel: cannot send the write");
+    return -1;
+  }
+  r->first = 0;
+  r->next_off += r->wlen;
+  r->wlen = 0;
+  return 0;
+}
+
+static void tp__srelay_maybe_done(tp__srelay_t *r) {
+  if (!r->peer_end || r->inflight > 0 || r->d->c == NULL)
+    return;
+  if (r->first || r->wlen > 0) { /* an empty file, or the last piece */
+    tp__srelay_flush(r);
+    return;
+  }
+  tp_sconn_end(r->d->c, r->sid, 1, r->done, NULL);
+  tp__srelay_free(r);
+}
+
+/* The box's replies to C ids. */
+static int tp__sfs_frame(tp_dbox_t *b, unsigned type, uint32_t id, const tp_field_t *fs, int n,
+                         tp_field_t *scratch, int scratch_max) {
+  tp__srelay_t *r;
+  (void) scratch, (void) scratch_max;
+  for (r = b->c_data; r != NULL; r = r->bnext)
+    if (r->inflight > 0 && r->ids[0] == id)
+      break;
+  if (r == NULL)
+    return 0; /* a relay that ended: its late replies are dropped */
+  uint32_t len = r->lens[0];
+  memmove(r->ids, r->ids + 1, sizeof(r->ids[0]) * (size_t) (r->inflight - 1));
+  memmove(r->lens, r->lens + 1, sizeof(r->lens[0]) * (size_t) (r->inflight - 1));
+  r->inflight--;
+  r->inflight_bytes -= len;
+  if (type == TP_MSG_ERR) {
+    int64_t e = EIO;
+    const tp_field_t *m = tp_fields_get(fs, n, TP_TAG_MSG);
+    char msg[TP_SF_MSG_MAX + 1] = "file error";
+    tp_field_int(tp_fields_get(fs, n, TP_TAG_ERRNO), &e);
+    if (m != NULL) {
+      size_t k = m->len < TP_SF_MSG_MAX ? m->len : TP_SF_MSG_MAX;
+      memcpy(msg, m->val, k);
+      msg[k] = '\0';
+    }
+    tp__srelay_fail(r, e > 0 && e < 4096 ? (int) e : EIO, msg);
+    return 0;
+  }
+  if (r->write) {
+    r->done += len;
+    if (r->d->c != NULL && len > 0 && tp_sconn_credit(r->d->c, r->sid, len, NULL) < 0) {
+      tp__srelay_fail(r, EPROTO, "credit");
+      return 0;
+    }
+    tp__srelay_maybe_done(r);
+    return 0;
+  }
+  const tp_field_t *data = tp_fields_get(fs, n, TP_TAG_DATA);
+  int64_t size = -1;
+  tp_field_int(tp_fields_get(fs, n, TP_TAG_SIZE), &size);
+  if (data == NULL || data->len > len)
+    return -1; /* the agent answered more than was asked: a protocol error */
+  if (data->len > 0 && r->d->c != NULL) {
+    long k = tp_sconn_write(r->d->c, r->sid, data->val, data->len, NULL);
+    if (k != (long) data->len) { /* the credit was reserved: cannot happen unless the stream is gone */
+      tp__srelay_fail(r, EPROTO, "the data connection took less than its credit");
+      return 0;
+    }
+  }
+  r->done += data->len;
+  if (data->len < len)
+    r->eof = 1;
+  if (size >= 0 && (uint64_t) size < r->end)
+    r->end = (uint64_t) size; /* the size the agent saw: nothing is asked for past it */
+  tp__srelay_pump_read(r);
+  return 0;
+}
+
+static void tp__sfs_down(tp_dbox_t *b, const char *reason) {
+  char msg[256];
+  snprintf(msg, sizeof(msg), "sandbox went down: %s", reason);
+  while (b->c_data != NULL)
+    tp__srelay_fail(b->c_data, EIO, msg);
+}
+
+/* The data connection's callbacks, for the relay in sdata. */
+static void tp__sdc_on_data(tp_sconn_t *c, uint32_t sid, void *sdata, const uint8_t *p, size_t n) {
+  tp__srelay_t *r = sdata;
+  (void) c, (void) sid;
+  while (n > 0) {
+    size_t k = TP_CHUNK_MAX - r->wlen;
+    if (k > n)
+      k = n;
+    memcpy(r->wbuf + r->wlen, p, k);
+    r->wlen += k;
+    p += k;
+    n -= k;
+    if (r->wlen == TP_CHUNK_MAX && tp__srelay_flush(r) < 0)
+      return;
+  }
+}
+
+static void tp__sdc_on_end(tp_sconn_t *c, uint32_t sid, void *sdata) {
+  (void) c, (void) sid;
+  tp__srelay_t *r = sdata;
+  r->peer_end = 1;
+  tp__srelay_maybe_done(r);
+}
+
+static void tp__sdc_on_writable(tp_sconn_t *c, uint32_t sid, void *sdata) {
+  (void) c, (void) sid;
+  tp__srelay_pump_read(sdata);
+}
+
+static void tp__sdc_on_stream_error(tp_sconn_t *c, uint32_t sid, void *sdata, int err,
+                                    const char *msg) {
+  (void) c, (void) sid, (void) err, (void) msg;
+  tp__srelay_free(sdata); /* the stream is gone: nothing to tell the client */
+}
+
+static void tp__sdc_on_close(tp_sconn_t *c, int err, const char *reason) {
+  tp_sdc_t *d = tp_sconn_data(c);
+  d->c = NULL; /* freed by stream.c after this returns */
+  if (d->on_close != NULL)
+    d->on_close(d, err, reason);
+}
+
+static const tp_sconn_cbs_t tp__sdc_cbs = {
+  tp__sdc_on_data, tp__sdc_on_end, tp__sdc_on_writable, tp__sdc_on_stream_error, tp__sdc_on_close,
+};
+
+tp_sdc_t *tp_sdc_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle_ms,
+                     const void *preface, size_t plen, tp_sdc_close_cb on_close, void *data,
+                     tp_error_t *err) {
+  tp_sdc_t *d = calloc(1, sizeof(*d));
+  if (d == NULL) {
+    close(fd);
+    tp_error_set(err, ENOMEM, "out of memory");
+    return NULL;
+  }
+  d->data = data;
+  d->on_close = on_close;
+  d->c = tp_sconn_new(loop, fd, window, idle_ms, &tp__sdc_cbs, d, err);
+  if (d->c == NULL) {
+    free(d);
+    return NULL;
+  }
+  if (plen > 0 && tp_sconn_preface(d->c, preface, plen, err) < 0) {
+    tp_sconn_close(d->c);
+    free(d);
+    return NULL;
+  }
+  return d;
+}
+
+int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs_spec_t *spec,
+                tp_error_t *err) {
+  tp__srelay_t *r;
+  if (d->c == NULL)
+    return tp_error_set(err, EPIPE, "the data connection is closed");
+  if (!tp_dbox_running(b))
+    return tp_error_set(err, EPIPE, "sandbox is not running");
+  if (spec->glen > sizeof(r->groups) || spec->glen % 4 != 0)
+    return tp_error_set(err, EINVAL, "stream %u: bad groups", sid);
+  if ((r = calloc(1, sizeof(*r))) == NULL || (r->path = strdup(spec->path)) == NULL ||
+      (write && (r->wbuf = malloc(TP_CHUNK_MAX)) == NULL)) {
+    if (r != NULL)
+      free(r->path);
+    free(r);
+    return tp_error_set(err, ENOMEM, "out of memory");
+  }
+  r->spec = *spec;
+  r->spec.path = r->path;
+  if (spec->glen)
+    memcpy(r->groups, spec->groups, spec->glen);
+  r->d = d;
+  r->b = b;
+  r->sid = sid;
+  r->write = write;
+  r->next_off = spec->offset;
+  r->end = write || spec->length > UINT64_MAX - spec->offset ? UINT64_MAX : spec->offset + spec->length;
+  r->first = 1;
+  if (tp_sconn_open(d->c, sid, write ? TP_SK_FILE_WRITE : TP_SK_FILE_READ,
+                    write ? TP_SCONN_WINDOW_DEFAULT : 0, 1, r, err) < 0) {
+    free(r->wbuf);
+    free(r->path);
+    free(r);
+    return -1;
+  }
+  r->bnext = b->c_data;
+  b->c_data = r;
+  b->c_frame = tp__sfs_frame;
+  b->c_down = tp__sfs_down;
+  r->dnext = d->relays;
+  d->relays = r;
+  d->nrelays++;
+  if (!write)
+    tp__srelay_pump_read(r);
+  return 0;
+}
+
+void tp_sdc_close(tp_sdc_t *d) {
+  while (d->relays != NULL)
+    tp__srelay_fail(d->relays, ECONNRESET, "the data connection's client is gone");
+  if (d->c != NULL)
+    tp_sconn_close(d->c);
+  free(d);
+}

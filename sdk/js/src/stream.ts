@@ -1,0 +1,329 @@
+/**
+ * The data plane (docs/protocol.md, "Stream frames"): file bytes as binary
+ * frames on a second connection to the daemon's socket, with credit both
+ * ways, instead of base64 inside JSON.  Node cannot pass file descriptors
+ * over unix sockets, so the data connection is opened with a token
+ * (stream.channel on the JSON connection, then stream.attach as the only
+ * JSON line of the new one); after the attach's reply it carries frames:
+ *
+ *   u32 len | u8 version (1) | u8 type | u16 flags (0) | u32 sid | payload
+ *
+ * One data connection per Connection, made on first use; a daemon without
+ * the data plane (no stream.channel) makes `dataConn` resolve to null and
+ * the callers keep the JSON path.
+ */
+import * as net from 'node:net';
+
+import type { Connection } from './connection';
+import { fromRpcError, SandboxError } from './errors';
+
+export const STREAMS_VERSION = 1;
+export const HDR = 12;
+export const DATA_MAX = 1024 * 1024;
+export const WINDOW = 4 * 1024 * 1024;
+export const T = { OPEN: 1, DATA: 2, END: 3, ERROR: 4, CREDIT: 5 } as const;
+
+const ERRNO_NAMES: Record<number, string> = {
+  1: 'EPERM', 2: 'ENOENT', 5: 'EIO', 13: 'EACCES', 17: 'EEXIST', 20: 'ENOTDIR', 21: 'EISDIR',
+  22: 'EINVAL', 28: 'ENOSPC', 71: 'EPROTO', 104: 'ECONNRESET', 110: 'ETIMEDOUT', 122: 'EDQUOT',
+};
+
+type Ev = { kind: 'data'; bytes: Buffer } | { kind: 'end'; size?: number } | { kind: 'error'; errno: number; msg: string } | { kind: 'credit' };
+
+interface StreamState {
+  queue: Ev[];
+  credit: number;
+  wake?: () => void;
+}
+
+/** One frame as bytes. */
+export function frame(type: number, sid: number, payload?: Buffer): Buffer {
+  const h = Buffer.alloc(HDR);
+  const len = payload ? payload.length : 0;
+  h.writeUInt32LE(len, 0);
+  h.writeUInt8(STREAMS_VERSION, 4);
+  h.writeUInt8(type, 5);
+  h.writeUInt16LE(0, 6);
+  h.writeUInt32LE(sid, 8);
+  return payload && len > 0 ? Buffer.concat([h, payload]) : h;
+}
+
+function u32(n: number): Buffer {
+  const b = Buffer.alloc(4);
+  b.writeUInt32LE(n, 0);
+  return b;
+}
+
+function streamError(ev: { errno: number; msg: string }, method: string): SandboxError {
+  return fromRpcError({ code: -32002, message: ev.msg, data: { errno: ev.errno, code: ERRNO_NAMES[ev.errno] ?? `E${ev.errno}` } }, method);
+}
+
+/** A data connection: frames in both directions, streams by id. */
+export class DataConn {
+  private readonly sock: net.Socket;
+  private readonly streams = new Map<number, StreamState>();
+  private parts: Buffer[] = [];
+  private have = 0;
+  private closedWith?: string;
+  private active = 0;
+
+  private constructor(sock: net.Socket) {
+    this.sock = sock;
+    sock.unref(); // only a stream in progress keeps Node alive
+  }
+
+  /** Opens the data connection of conn; rejects when the daemon has none. */
+  static async open(conn: Connection, window = WINDOW): Promise<DataConn> {
+    const { token } = await conn.call<{ token: string }>('stream.channel', {});
+    const sock = await new Promise<net.Socket>((resolve, reject) => {
+      const s = net.createConnection({ path: conn.socketPath });
+      s.once('error', reject);
+      s.once('connect', () => {
+        s.off('error', reject);
+        resolve(s);
+      });
+    });
+    sock.setNoDelay?.(true);
+    const dc = new DataConn(sock);
+    await new Promise<void>((resolve, reject) => {
+      let line: Buffer[] = [];
+      const onData = (chunk: Buffer): void => {
+        line.push(chunk);
+        const all = Buffer.concat(line);
+        const nl = all.indexOf(0x0a);
+        if (nl < 0) {
+          line = [all];
+          return;
+        }
+        sock.off('data', onData);
+        let reply: { result?: unknown; error?: { message?: string } };
+        try {
+          reply = JSON.parse(all.subarray(0, nl).toString('utf8'));
+        } catch {
+          reply = { error: { message: 'not JSON' } };
+        }
+        if (!reply.result) {
+          sock.destroy();
+          reject(new SandboxError(`stream.attach: ${reply.error?.message ?? 'no reply'}`));
+          return;
+        }
+        dc.listen();
+        if (nl + 1 < all.length) dc.feed(all.subarray(nl + 1));
+        resolve();
+      };
+      sock.on('data', onData);
+      sock.once('close', () => reject(new SandboxError('stream.attach: the daemon closed the connection')));
+      sock.write(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'stream.attach', params: { token, window } }) + '\n');
+    });
+    return dc;
+  }
+
+  private listen(): void {
+    this.sock.on('data', (c: Buffer) => this.feed(c));
+    this.sock.on('close', () => this.down('the data connection closed'));
+    this.sock.on('error', (e) => this.down(e.message));
+  }
+
+  private state(sid: number): StreamState {
+    let s = this.streams.get(sid);
+    if (!s) {
+      s = { queue: [], credit: 0 };
+      this.streams.set(sid, s);
+    }
+    return s;
+  }
+
+  private push(sid: number, ev: Ev): void {
+    const s = this.state(sid);
+    s.queue.push(ev);
+    const w = s.wake;
+    s.wake = undefined;
+    w?.();
+  }
+
+  private feed(chunk: Buffer): void {
+    this.parts.push(chunk);
+    this.have += chunk.length;
+    if (this.have < HDR) return;
+    let buf = this.parts.length === 1 ? this.parts[0] : Buffer.concat(this.parts);
+    let off = 0;
+    while (buf.length - off >= HDR) {
+      const len = buf.readUInt32LE(off);
+      if (buf[off + 4] !== STREAMS_VERSION || buf.readUInt16LE(off + 6) !== 0 || len > DATA_MAX + 8192) {
+        this.down('the daemon sent a bad frame');
+        return;
+      }
+      if (buf.length - off < HDR + len) break;
+      const type = buf[off + 5];
+      const sid = buf.readUInt32LE(off + 8);
+      const p = buf.subarray(off + HDR, off + HDR + len);
+      off += HDR + len;
+      this.frame(type, sid, p);
+      if (this.closedWith) return;
+    }
+    buf = buf.subarray(off);
+    this.parts = buf.length ? [buf] : [];
+    this.have = buf.length;
+  }
+
+  private frame(type: number, sid: number, p: Buffer): void {
+    switch (type) {
+      case T.OPEN:
+        this.state(sid).credit = p.readUInt32LE(4);
+        this.push(sid, { kind: 'credit' });
+        break;
+      case T.DATA:
+        this.push(sid, { kind: 'data', bytes: p });
+        break;
+      case T.END:
+        this.push(sid, { kind: 'end', size: p.length === 8 ? Number(p.readBigUInt64LE(0)) : undefined });
+        break;
+      case T.ERROR: {
+        const errno = p.readUInt32LE(0);
+        const msg = p.subarray(4).toString('utf8');
+        if (sid === 0) this.down(msg || 'the daemon closed the data connection', errno);
+        else this.push(sid, { kind: 'error', errno, msg });
+        break;
+      }
+      case T.CREDIT: {
+        const s = this.state(sid);
+        s.credit += p.readUInt32LE(0);
+        this.push(sid, { kind: 'credit' });
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  private down(why: string, errno = 104): void {
+    if (this.closedWith) return;
+    this.closedWith = why;
+    this.sock.destroy();
+    for (const sid of this.streams.keys()) this.push(sid, { kind: 'error', errno, msg: why });
+  }
+
+  get closed(): boolean {
+    return this.closedWith !== undefined;
+  }
+
+  private async next(sid: number): Promise<Ev> {
+    const s = this.state(sid);
+    while (s.queue.length === 0) {
+      if (this.closedWith) return { kind: 'error', errno: 104, msg: this.closedWith };
+      await new Promise<void>((r) => {
+        s.wake = r;
+      });
+    }
+    return s.queue.shift() as Ev;
+  }
+
+  private async send(b: Buffer): Promise<void> {
+    if (this.closedWith) throw new SandboxError(this.closedWith);
+    if (!this.sock.write(b)) await new Promise<void>((r) => this.sock.once('drain', () => r()));
+  }
+
+  private begin(): void {
+    if (this.active++ === 0) this.sock.ref();
+  }
+
+  private finish(sid: number): void {
+    this.streams.delete(sid);
+    if (--this.active === 0 && !this.closedWith) this.sock.unref();
+  }
+
+  /**
+   * Reads a file (params as fs.read_stream's) as an async iterator of
+   * chunks; credit for each chunk goes back once the consumer took it, so
+   * no more than the window is ever ahead of the reader.
+   */
+  async readFile(conn: Connection, params: Record<string, unknown>): Promise<{ size: number; chunks: AsyncIterable<Buffer> }> {
+    const r = await conn.call<{ stream: number; size: number }>('fs.read_stream', params);
+    const sid = r.stream;
+    this.begin();
+    const self = this;
+    async function* chunks(): AsyncGenerator<Buffer> {
+      let ended = false;
+      try {
+        for (;;) {
+          const ev = await self.next(sid);
+          if (ev.kind === 'data') {
+            yield ev.bytes;
+            await self.send(frame(T.CREDIT, sid, u32(ev.bytes.length)));
+          } else if (ev.kind === 'end') {
+            ended = true;
+            return;
+          } else if (ev.kind === 'error') {
+            ended = true;
+            throw streamError(ev, 'files.read');
+          }
+        }
+      } finally {
+        // a consumer that stopped early: the daemon ends the stream
+        if (!ended && !self.closedWith) self.sock.write(frame(T.ERROR, sid, Buffer.concat([u32(125), Buffer.from('the reader stopped')])));
+        self.finish(sid);
+      }
+    }
+    return { size: r.size, chunks: chunks() };
+  }
+
+  /** Writes the chunks to a file (params as fs.write_stream's); resolves with the bytes written. */
+  async writeFile(conn: Connection, params: Record<string, unknown>, data: AsyncIterable<Uint8Array>): Promise<number> {
+    const r = await conn.call<{ stream: number }>('fs.write_stream', params);
+    const sid = r.stream;
+    const s = this.state(sid);
+    this.begin();
+    try {
+      const failed = (): Ev | undefined => s.queue.find((e) => e.kind === 'error');
+      for await (const piece of data) {
+        let b = Buffer.from(piece.buffer, piece.byteOffset, piece.byteLength);
+        while (b.length > 0) {
+          const f = failed();
+          if (f && f.kind === 'error') throw streamError(f, 'files.write');
+          while (s.credit === 0) {
+            const ev = await this.next(sid);
+            if (ev.kind === 'error') throw streamError(ev, 'files.write');
+          }
+          const n = Math.min(b.length, s.credit, DATA_MAX);
+          s.credit -= n;
+          await this.send(frame(T.DATA, sid, b.subarray(0, n)));
+          b = b.subarray(n);
+        }
+      }
+      await this.send(frame(T.END, sid));
+      for (;;) {
+        const ev = await this.next(sid);
+        if (ev.kind === 'end') return ev.size ?? 0;
+        if (ev.kind === 'error') throw streamError(ev, 'files.write');
+      }
+    } finally {
+      this.finish(sid);
+    }
+  }
+
+  close(): void {
+    this.down('closed');
+  }
+}
+
+const conns = new WeakMap<Connection, Promise<DataConn | null>>();
+
+/**
+ * The data connection of conn, made on first use; null when the daemon has
+ * no data plane (the JSON path is used then).  A data connection that went
+ * down is made again on the next call.
+ */
+export async function dataConn(conn: Connection): Promise<DataConn | null> {
+  let p = conns.get(conn);
+  if (p) {
+    const dc = await p;
+    if (dc === null || !dc.closed) return dc;
+  }
+  p = DataConn.open(conn).catch((e: unknown) => {
+    const code = (e as { code?: unknown }).code;
+    if (code === -32601) return null; // an older daemon: no stream.channel
+    throw e;
+  });
+  conns.set(conn, p);
+  return p;
+}

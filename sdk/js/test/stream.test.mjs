@@ -1,0 +1,99 @@
+// The data plane from the SDK (src/stream.ts, docs/protocol.md "Stream
+// frames"): sbx.files on binary frames, byte for byte; a slow reader loses
+// nothing; a reader that stops early leaves the connection usable; errors
+// keep their types; a client's malformed frame closes only its own data
+// connection.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import { randomBytes } from 'node:crypto';
+import { withSandbox } from './daemon.mjs';
+import { Sandbox, NotFoundError } from '../dist/index.js';
+import { dataConn, frame, T } from '../dist/stream.js';
+import { Connection } from '../dist/connection.js';
+
+let sbx;
+let daemon;
+withSandbox(Sandbox, (d, s) => { daemon = d; sbx = s; });
+
+test('files go over the data connection: 16 MiB byte for byte both ways', async () => {
+  const dc = await dataConn(sbx.conn);
+  assert.ok(dc, 'the daemon has a data plane');
+  const data = randomBytes(16 * 1024 * 1024 + 5);
+  await sbx.files.write('/tmp/s16', data);
+  assert.equal((await sbx.commands.run('wc -c < /tmp/s16')).stdout.trim(), String(data.length));
+  const back = await sbx.files.read('/tmp/s16', { format: 'bytes' });
+  assert.ok(Buffer.from(back).equals(data));
+  assert.equal(await dataConn(sbx.conn), dc, 'one data connection per connection, reused');
+});
+
+test('a slow reader gets every byte; the stream format pulls as it is read', async () => {
+  const data = randomBytes(9 * 1024 * 1024);
+  await sbx.files.write('/tmp/slow', data);
+  const rs = await sbx.files.read('/tmp/slow', { format: 'stream' });
+  const parts = [];
+  let n = 0;
+  for await (const c of rs) {
+    parts.push(Buffer.from(c));
+    if (n++ === 0) await new Promise((r) => setTimeout(r, 500)); // the daemon waits on our credit meanwhile
+  }
+  assert.ok(Buffer.concat(parts).equals(data));
+});
+
+test('a reader that stops early leaves the connection usable', async () => {
+  const rs = await sbx.files.read('/tmp/slow', { format: 'stream' });
+  const reader = rs.getReader();
+  const first = await reader.read();
+  assert.ok(first.value.length > 0);
+  await reader.cancel();
+  assert.equal(await sbx.files.read('/tmp/s16', { format: 'bytes' }).then((b) => b.length), 16 * 1024 * 1024 + 5);
+});
+
+test('errors keep their types on the data plane', async () => {
+  await assert.rejects(sbx.files.read('/nope/x'), NotFoundError);
+  await assert.rejects(sbx.files.write('/proc/version', 'x'));
+  assert.equal(await sbx.files.read('/tmp/s16', { format: 'bytes' }).then((b) => b.length), 16 * 1024 * 1024 + 5);
+});
+
+test('a malformed frame closes that data connection only, after an ERROR on stream 0', async () => {
+  // a second client (a connection has one data connection: sbx's has its own)
+  const other = await Connection.open({ socket: daemon.socket });
+  const { token } = await other.call('stream.channel', {});
+  const s = net.createConnection({ path: daemon.socket });
+  await new Promise((r) => s.once('connect', r));
+  let got = Buffer.alloc(0);
+  const closed = new Promise((r) => s.once('close', r));
+  s.on('data', (c) => { got = Buffer.concat([got, c]); });
+  s.write(JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'stream.attach', params: { token } }) + '\n');
+  const deadline = Date.now() + 5000;
+  while (!got.includes(0x0a) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+  const nl = got.indexOf(0x0a);
+  assert.equal(JSON.parse(got.subarray(0, nl).toString()).id, 3);
+  got = got.subarray(nl + 1);
+  const bad = frame(T.CREDIT, 1, Buffer.alloc(8)); // CREDIT must be 4 bytes
+  s.write(bad);
+  await closed;
+  assert.ok(got.length >= 16);
+  assert.equal(got[5], T.ERROR);
+  assert.equal(got.readUInt32LE(8), 0);
+  assert.equal(got.readUInt32LE(12), 71); // EPROTO
+  assert.match(got.subarray(16).toString(), /CREDIT payload/);
+  // this client's own data connection and its calls are unaffected, and so
+  // is the other client's JSON connection
+  assert.equal(await sbx.files.read('/tmp/s16', { format: 'bytes' }).then((b) => b.length), 16 * 1024 * 1024 + 5);
+  assert.equal((await other.call('hello', {})).streams, 1);
+  other.close();
+});
+
+test('a second data connection for one connection is refused', async () => {
+  const { token } = await sbx.conn.call('stream.channel', {});
+  const s = net.createConnection({ path: daemon.socket });
+  await new Promise((r) => s.once('connect', r));
+  let got = '';
+  s.on('data', (c) => { got += c.toString(); });
+  s.write(JSON.stringify({ jsonrpc: '2.0', id: 4, method: 'stream.attach', params: { token } }) + '\n');
+  const deadline = Date.now() + 5000;
+  while (!got.includes('\n') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+  s.destroy();
+  assert.equal(JSON.parse(got).error.code, -32600);
+});

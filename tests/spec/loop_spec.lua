@@ -1,0 +1,217 @@
+-- One client's load does not hold the others: the daemon's loop stays free
+-- while process starts are in flight (their cgroup work runs in the thread
+-- pool).  A functional bound with a wide margin, not a benchmark
+-- (bench/loop measures it).
+local helper = require("helper")
+local async = require("tupper.util.async")
+local json = require("tupper.util.json")
+
+describe("a loop that starts do not block", function()
+  local d, load, other, id
+  setup(function()
+    d = helper.start_daemon()
+    load = d.connect()
+    other = d.connect()
+    id = assert(helper.call(load, "sandbox.create", {})).id
+  end)
+  teardown(function()
+    if id then helper.call(load, "sandbox.kill", { id = id }) end
+    if load then load:close() end
+    if other then other:close() end
+    if d then d.stop() end
+  end)
+
+  it("answers another client's sandbox.list while 200 starts are in flight", function()
+    local N = 200
+    local answered, failed = 0, {}
+    local lists, slowest, bad = 0, 0, nil
+    helper.sync(function()
+      for _ = 1, N do
+        async.spawn(function()
+          local r, e = load:call("process.start", { sandbox = id, argv = { "/bin/true" } })
+          if not r then failed[#failed + 1] = e and e.message or "?" end
+          answered = answered + 1
+        end)
+      end
+      -- the other client lists, one call after another, until the starts are done
+      while answered < N do
+        local t = helper.now()
+        local r = other:call("sandbox.list", {})
+        if not (r and r.sandboxes and #r.sandboxes == 1) then bad = r end
+        local ms = helper.now() - t
+        if answered > 0 and answered < N then lists = lists + 1 end
+        if ms > slowest then slowest = ms end
+      end
+    end)
+    assert.is_nil(bad)
+    assert.are.same({}, failed)
+    -- each start waits on the agent and on a cgroup attach in the thread
+    -- pool; a list waits on neither.  A loop that did the attaches itself
+    -- held a list for seconds here; the bound leaves a loaded machine a
+    -- wide margin
+    assert.is_true(lists >= 1, "no sandbox.list answered while the starts were answered")
+    assert.is_true(slowest < 2000, ("a sandbox.list took %d ms"):format(slowest))
+  end)
+
+  it("leaves no process tree behind once the starts are done", function()
+    helper.sync(function()
+      local deadline = helper.now() + 20000
+      while helper.now() < deadline do
+        local r = assert(load:call("process.list", { sandbox = id }))
+        if #r.processes == 0 then return end
+        async.sleep(50)
+      end
+    end)
+    local r = assert(helper.call(load, "process.list", { sandbox = id }))
+    assert.are.equal(0, #r.processes)
+    -- each tree's sub cgroup goes with its process (v1: in every
+    -- hierarchy), removed in the thread pool soon after
+    local function subs()
+      local p = io.popen("ls -d /sys/fs/cgroup/*/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ " ..
+        "/sys/fs/cgroup/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ 2>/dev/null")
+      local left = p:read("a")
+      p:close()
+      return left
+    end
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while subs() ~= "" and helper.now() < deadline do async.sleep(50) end
+    end)
+    assert.are.equal("", subs())
+  end)
+end)
+
+describe("a box's DNS flood", function()
+  local d, c, id
+  setup(function()
+    d = helper.start_daemon()
+    c = d.connect()
+    id = assert(helper.call(c, "sandbox.create", { network = { allow = { "flood.test" } } })).id
+  end)
+  teardown(function()
+    if id then helper.call(c, "sandbox.kill", { id = id }) end
+    if c then c:close() end
+    if d then d.stop() end
+  end)
+
+  it("is held to the box's DNS rate, said once a second in its network log, and resolves again after", function()
+    local rec = json.decode(assert(helper.read_file(d.state .. "/boxes/" .. id .. ".json")))
+    -- 3000 queries at once from the box's network namespace (the host's python3)
+    local py = "import socket,struct\n" ..
+      "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n" ..
+      "for i in range(3000): s.sendto(struct.pack('>HHHHHH',i,256,1,0,0,0)+b'\\x05flood\\x04test\\x00\\x00\\x01\\x00\\x01',('127.0.0.1',53))\n"
+    local f = assert(io.open(d.dir .. "/flood.py", "w"))
+    f:write(py)
+    f:close()
+    local p = io.popen(("nsenter --net=/proc/%d/ns/net python3 %s/flood.py 2>&1"):format(math.tointeger(rec.pid), d.dir))
+    local out = p:read("a")
+    assert.is_true(p:close(), out)
+    local said, allowed = nil, 0
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while helper.now() < deadline do
+        local r = assert(c:call("sandbox.network_log", { id = id }))
+        allowed = 0
+        for _, e in ipairs(r.entries) do
+          if e.host == "(rate limit)" then said = e end
+          if e.action == "allow" and e.via == "dns" then allowed = allowed + 1 end
+        end
+        if said then return end
+        async.sleep(50)
+      end
+    end)
+    assert.truthy(said, "no rate limit entry in the network log")
+    assert.are.equal("deny", said.action)
+    assert.matches("over 200 queries/s: %d+ dropped", said.reason)
+    -- the burst (400) and the rate's share of the flood's few seconds went
+    -- through, the rest did not (without the bound the log's 1000 would
+    -- all be allowed queries)
+    assert.is_true(allowed >= 1 and allowed <= 900, ("%d queries answered"):format(allowed))
+    -- a second later the bucket has refilled: the box resolves again
+    helper.sync(function() async.sleep(1500) end)
+    local r = helper.sync(helper.run, c, id, { "/bin/sh", "-c", "nslookup flood.test 127.0.0.1" })
+    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+  end)
+end)
+
+describe("a client that does not read", function()
+  local d
+  setup(function()
+    d = helper.start_daemon(nil, { pool = 0, args = { "--max-queued", "1M" } })
+  end)
+  teardown(function()
+    if d then d.stop() end
+  end)
+
+  it("is dropped once 1M of replies wait for it (--max-queued), the log saying why; others go on", function()
+    local uv = require("luv")
+    local p = uv.new_pipe(false)
+    local closed, werr = false, nil
+    -- a write after the daemon's close must fail with EPIPE, not kill busted
+    local sigpipe = uv.new_signal()
+    sigpipe:start("sigpipe", function() end)
+    helper.sync(function()
+      local err = async.wait(function(cb) p:connect(d.socket, function(e) cb(e) end) end)
+      assert.is_nil(err)
+    end)
+    -- 40,000 calls each answered with about 150 bytes, never read: 6 MB
+    local line = '{"jsonrpc":"2.0","id":1,"method":"no.' .. ("x"):rep(90) .. '"}\n'
+    local batch = line:rep(1000)
+    helper.sync(function()
+      for _ = 1, 40 do
+        if werr then break end
+        async.wait(function(cb)
+          p:write(batch, function(e) werr = werr or e; cb() end)
+        end)
+      end
+      -- the daemon closes its end: a read sees the end (the replies it
+      -- had sent before are read and thrown away here)
+      p:read_start(function(e, chunk)
+        if e or not chunk then closed = true end
+      end)
+      local deadline = helper.now() + 20000
+      while not closed and helper.now() < deadline do async.sleep(20) end
+    end)
+    if not p:is_closing() then p:close() end
+    sigpipe:close()
+    assert.is_true(closed or werr ~= nil, "the connection stayed open")
+    local log = helper.read_file(d.log)
+    assert.matches("a client closed: %d+ bytes queued on its connection, not read: this daemon's cap is 1M", log)
+    assert.matches("(tupper daemon --max-queued)", log, 1, true)
+    -- another client is served
+    local c = d.connect()
+    local r = helper.call(c, "sandbox.list", {})
+    c:close()
+    assert.are.same({}, r.sandboxes)
+  end)
+end)
+
+describe("the loop-lag probe", function()
+  local d
+  setup(function() d = helper.start_daemon(nil, { pool = 0 }) end)
+  teardown(function() if d then d.stop() end end)
+
+  it("says in the log how long the daemon's loop was held", function()
+    local uv = require("luv")
+    -- nothing runs on a stopped daemon's loop: 1 s of it held
+    uv.kill(d.pid, "sigstop")
+    helper.sync(function() async.sleep(1000) end)
+    uv.kill(d.pid, "sigcont")
+    local held
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while helper.now() < deadline do
+        for ms in (helper.read_file(d.log) or ""):gmatch("the daemon's loop was held (%d+) ms") do
+          if tonumber(ms) >= 900 then held = tonumber(ms) end
+        end
+        if held then return end
+        async.sleep(50)
+      end
+    end)
+    assert.truthy(held, "no loop-lag line of 900 ms or more: " .. tostring(helper.read_file(d.log)))
+    -- and it still answers
+    local c = d.connect()
+    assert.truthy(helper.call(c, "sandbox.list", {}))
+    c:close()
+  end)
+end)

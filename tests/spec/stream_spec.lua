@@ -1,0 +1,290 @@
+-- The data plane end to end (docs/protocol.md, "Stream frames"): a real
+-- daemon, a real box, file bytes in and out on a data connection, and the
+-- bad inputs each answered without harm to anyone else.
+local uv = require("luv")
+local async = require("tupper.util.async")
+local json = require("tupper.util.json")
+local helper = require("helper")
+local stream = require("tupper.wire.stream")
+
+local T = stream.TYPES
+
+-- A raw socket to the daemon, driven synchronously by the spec.
+local function raw_connect(socket)
+  local pipe = uv.new_pipe(false)
+  local err = helper.sync(function() return async.wait(function(cb) pipe:connect(socket, function(e) cb(e) end) end) end)
+  assert(not err, err)
+  local r = { pipe = pipe, buf = "", eof = false }
+  pipe:read_start(function(e, chunk)
+    if e or not chunk then r.eof = true else r.buf = r.buf .. chunk end
+  end)
+  return r
+end
+
+-- Waits (up to 5 s) until cond(r) holds.
+local function wait_for(r, cond)
+  return helper.sync(function()
+    local deadline = helper.now() + 5000
+    while not cond(r) and helper.now() < deadline do async.sleep(5) end
+    return cond(r)
+  end)
+end
+
+local function raw_line(r)
+  wait_for(r, function(x) return x.buf:find("\n", 1, true) or x.eof end)
+  local nl = r.buf:find("\n", 1, true)
+  if not nl then return nil end
+  local line = r.buf:sub(1, nl - 1)
+  r.buf = r.buf:sub(nl + 1)
+  return json.decode(line)
+end
+
+local function raw_frame(r)
+  wait_for(r, function(x)
+    if x.eof then return true end
+    if #x.buf < 12 then return false end
+    return #x.buf >= 12 + string.unpack("<I4", x.buf)
+  end)
+  if #r.buf < 12 then return nil end
+  local len, _, type_, _, sid = string.unpack("<I4BBI2I4", r.buf)
+  if #r.buf < 12 + len then return nil end
+  local payload = r.buf:sub(13, 12 + len)
+  r.buf = r.buf:sub(13 + len)
+  return { type = type_, sid = sid, payload = payload }
+end
+
+local function raw_close(r) if not r.pipe:is_closing() then r.pipe:close() end end
+
+-- Attaches a raw data connection for client c.
+local function raw_attach(d, c, window)
+  local tok = assert(helper.call(c, "stream.channel", {}))
+  local r = raw_connect(d.socket)
+  r.pipe:write(json.encode({ jsonrpc = "2.0", id = 7, method = "stream.attach",
+    params = { token = tok.token, window = window } }) .. "\n")
+  local reply = raw_line(r)
+  return r, reply
+end
+
+describe("the data plane", function()
+  local d, c, box
+
+  setup(function()
+    d = helper.start_daemon()
+    c = d.connect()
+    box = assert(helper.call(c, "sandbox.create", {})).id
+  end)
+
+  teardown(function()
+    if c then pcall(function() helper.call(c, "sandbox.kill", { id = box }) end); c:close() end
+    if d then assert.are.equal(0, d.stop()) end
+    helper.drain()
+  end)
+
+  it("hello says which version of the frames the daemon speaks", function()
+    assert.are.equal(1, c.server.streams)
+  end)
+
+  it("writes and reads back 24 MiB byte for byte, and an empty file", function()
+    local parts = {}
+    for i = 1, 24 do parts[i] = string.rep(string.char(i % 256, (i * 7) % 256, 0, 255), 262144) end
+    local want = table.concat(parts)
+    local dc = assert(helper.sync(stream.open, c))
+    local i = 0
+    local n, err = helper.sync(function()
+      return dc:write_file(c, { sandbox = box, path = "/tmp/big" }, function()
+        i = i + 1
+        return parts[i]
+      end)
+    end)
+    assert.is_nil(err)
+    assert.are.equal(#want, n)
+    local st = assert(helper.call(c, "fs.stat", { sandbox = box, path = "/tmp/big" }))
+    assert.are.equal(#want, st.size)
+    local got = {}
+    local rn, rerr, size = helper.sync(function()
+      return dc:read_file(c, { sandbox = box, path = "/tmp/big" }, function(chunk)
+        got[#got + 1] = chunk
+        return true
+      end)
+    end)
+    assert.is_nil(rerr)
+    assert.are.equal(#want, rn)
+    assert.are.equal(#want, size)
+    assert.is_true(table.concat(got) == want, "the bytes read back differ")
+    -- a range
+    got = {}
+    rn = helper.sync(function()
+      return dc:read_file(c, { sandbox = box, path = "/tmp/big", offset = 1048575, length = 3 },
+        function(chunk) got[#got + 1] = chunk; return true end)
+    end)
+    assert.are.equal(3, rn)
+    assert.are.equal(want:sub(1048576, 1048578), table.concat(got))
+    -- empty: created, then truncated to nothing
+    n = helper.sync(function() return dc:write_file(c, { sandbox = box, path = "/tmp/big" }, function() end) end)
+    assert.are.equal(0, n)
+    assert.are.equal(0, assert(helper.call(c, "fs.stat", { sandbox = box, path = "/tmp/big" })).size)
+    dc:close()
+  end)
+
+  it("answers a missing file and a refused write with the file's errno", function()
+    local dc = assert(helper.sync(stream.open, c))
+    local n, err = helper.sync(function()
+      return dc:read_file(c, { sandbox = box, path = "/nope" }, function() return true end)
+    end)
+    assert.is_nil(n)
+    assert.are.equal(-32002, err.code)
+    n, err = helper.sync(function()
+      local sent = false
+      return dc:write_file(c, { sandbox = box, path = "/proc/version" }, function()
+        if sent then return nil end
+        sent = true
+        return "x"
+      end)
+    end)
+    assert.is_nil(n)
+    assert.truthy(err.message ~= nil)
+    dc:close()
+  end)
+
+  it("refuses streams without a data connection, and a bad or used token", function()
+    local c2 = d.connect()
+    local r, err = helper.call(c2, "fs.read_stream", { sandbox = box, path = "/etc/passwd" })
+    assert.is_nil(r)
+    assert.truthy(err.message:find("no data connection", 1, true))
+    local raw = raw_connect(d.socket)
+    raw.pipe:write(json.encode({ jsonrpc = "2.0", id = 1, method = "stream.attach",
+      params = { token = string.rep("0", 32) } }) .. "\n")
+    local reply = raw_line(raw)
+    assert.are.equal(-32602, reply.error.code)
+    raw_close(raw)
+    local tok = assert(helper.call(c2, "stream.channel", {}))
+    local a = raw_connect(d.socket)
+    a.pipe:write(json.encode({ jsonrpc = "2.0", id = 1, method = "stream.attach", params = { token = tok.token } }) .. "\n")
+    assert.are.equal(1, raw_line(a).result.protocol)
+    local b = raw_connect(d.socket)
+    b.pipe:write(json.encode({ jsonrpc = "2.0", id = 1, method = "stream.attach", params = { token = tok.token } }) .. "\n")
+    assert.are.equal(-32602, raw_line(b).error.code, "a token is single use")
+    raw_close(a)
+    raw_close(b)
+    -- unused tokens are capped per connection
+    local busy
+    for _ = 1, 17 do
+      local t, terr = helper.call(c2, "stream.channel", {})
+      if not t then busy = terr; break end
+    end
+    assert.truthy(busy, "the 17th unused token is refused")
+    assert.are.equal(-32004, busy.code)
+    c2:close()
+  end)
+
+  it("closes a data connection that sends a wrong length, after saying why; nothing else is hurt", function()
+    local c2 = d.connect()
+    local r, reply = raw_attach(d, c2)
+    assert.are.equal(7, reply.id)
+    r.pipe:write(string.pack("<I4BBI2I4", 1048577, 1, T.DATA, 0, 1))
+    local f = raw_frame(r)
+    assert.are.equal(T.ERROR, f.type)
+    assert.are.equal(0, f.sid)
+    assert.are.equal(71, string.unpack("<I4", f.payload)) -- EPROTO
+    assert.truthy(f.payload:find("over 1048576", 1, true))
+    assert.is_true(wait_for(r, function(x) return x.eof end), "the daemon closed it")
+    raw_close(r)
+    -- the control connection and the other client go on
+    assert.truthy(helper.call(c2, "fs.stat", { sandbox = box, path = "/" }))
+    assert.truthy(helper.call(c, "fs.stat", { sandbox = box, path = "/" }))
+    c2:close()
+  end)
+
+  it("answers an unknown id and another client's stream with ENOENT", function()
+    -- client A's write stream, left open
+    local ra = raw_attach(d, c)
+    local w = assert(helper.call(c, "fs.write_stream", { sandbox = box, path = "/tmp/a" }))
+    local open = raw_frame(ra)
+    assert.are.equal(T.OPEN, open.type)
+    assert.are.equal(w.stream, open.sid)
+    -- client B writes on A's stream id on its own data connection
+    local c2 = d.connect()
+    local rb = raw_attach(d, c2)
+    rb.pipe:write(stream.frame(T.DATA, w.stream, "intruder"))
+    local f = raw_frame(rb)
+    assert.are.equal(T.ERROR, f.type)
+    assert.are.equal(w.stream, f.sid)
+    assert.are.equal(2, string.unpack("<I4", f.payload))
+    assert.truthy(f.payload:find("no such stream", 1, true))
+    -- A's stream is untouched: its bytes land, END gives the size
+    ra.pipe:write(stream.frame(T.DATA, w.stream, "mine") .. stream.frame(T.END, w.stream))
+    local e = raw_frame(ra)
+    assert.are.equal(T.END, e.type)
+    assert.are.equal(4, string.unpack("<I8", e.payload))
+    local rd = assert(helper.call(c, "fs.read", { sandbox = box, path = "/tmp/a", encoding = "utf8" }))
+    assert.are.equal("mine", rd.data)
+    raw_close(ra)
+    raw_close(rb)
+    c2:close()
+  end)
+
+  it("survives a half-written frame and a disconnect, and keeps no stream of it", function()
+    local c2 = d.connect()
+    local r = raw_attach(d, c2)
+    local w = assert(helper.call(c2, "fs.write_stream", { sandbox = box, path = "/tmp/half" }))
+    raw_frame(r) -- OPEN
+    r.pipe:write(string.pack("<I4BBI2I4", 1000, 1, T.DATA, 0, w.stream) .. string.rep("z", 10))
+    helper.sync(function() async.sleep(50) end)
+    raw_close(r)
+    helper.sync(function() async.sleep(100) end)
+    -- a new data connection of the same client works, the half frame wrote nothing
+    local dc = assert(helper.sync(stream.open, c2))
+    local st, serr = helper.call(c2, "fs.stat", { sandbox = box, path = "/tmp/half" })
+    assert.is_nil(st, "nothing of the half frame was written")
+    assert.are.equal("ENOENT", serr.data.code)
+    local n = helper.sync(function()
+      local once = false
+      return dc:write_file(c2, { sandbox = box, path = "/tmp/half" }, function()
+        if once then return nil end
+        once = true
+        return "ok"
+      end)
+    end)
+    assert.are.equal(2, n)
+    dc:close()
+    c2:close()
+  end)
+
+  it("holds a read stream to the window of a client that does not read", function()
+    local c2 = d.connect()
+    local r = raw_attach(d, c2, 65536)
+    -- make a 4 MiB file with the JSON path, then read it with credit never given
+    for i = 0, 3 do
+      assert(helper.call(c2, "fs.write", { sandbox = box, path = "/tmp/four4", offset = i * 1048576,
+        data = string.rep("q", 1048576), encoding = "utf8" }))
+    end
+    local rs = assert(helper.call(c2, "fs.read_stream", { sandbox = box, path = "/tmp/four4" }))
+    assert.are.equal(4194304, rs.size)
+    local got = 0
+    wait_for(r, function(x)
+      while true do
+        if #x.buf < 12 then return false end
+        local len, _, type_ = string.unpack("<I4BBI2I4", x.buf)
+        if #x.buf < 12 + len then return false end
+        if type_ == T.DATA then got = got + len end
+        x.buf = x.buf:sub(13 + len)
+      end
+    end)
+    assert.are.equal(65536, got, "no more than the window came")
+    -- credit for it: exactly that much more comes
+    r.pipe:write(stream.frame(T.CREDIT, rs.stream, string.pack("<I4", 65536)))
+    wait_for(r, function(x)
+      while #x.buf >= 12 do
+        local len, _, type_ = string.unpack("<I4BBI2I4", x.buf)
+        if #x.buf < 12 + len then return false end
+        if type_ == T.DATA then got = got + len end
+        x.buf = x.buf:sub(13 + len)
+      end
+      return got >= 131072
+    end)
+    helper.sync(function() async.sleep(100) end)
+    assert.are.equal(131072, got)
+    raw_close(r)
+    c2:close()
+  end)
+end)

@@ -1,0 +1,184 @@
+/* A box's process trees in the thread pool (runtime/host/dbox_tree.c) on
+ * the host's real cgroups and a real loop: tp_dbox_tree_start moves a
+ * process into its tree's sub, tp_dbox_tree_kill_start kills the tree while
+ * a removal waits for it, and a destroy of the box while a tree job is in
+ * the pool waits for that job.  The box object has no PID 1 of its own
+ * (none is needed: the processes are this test's children, each PID 1 of a
+ * pid namespace, in its cgroup). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "cgroup.h"
+#include "dbox.h"
+#include "dbox_int.h"
+#include "utils.h"
+
+#include "cgroup_test.h"
+
+static int order, tree_seen, kill_seen, done_seen;
+static tp_error_t last;
+static const tp_error_t *last_err; /* &last, or NULL: success */
+static size_t killed_n;
+
+static void keep(const tp_error_t *err) {
+  last_err = NULL;
+  if (err != NULL) { /* the job's own, freed after the callback */
+    last = *err;
+    last_err = &last;
+    printf("# callback: %s\n", err->msg);
+  }
+}
+
+static void tree_cb(void *data, const tp_error_t *err) {
+  *(int *) data = ++order;
+  keep(err);
+}
+
+static void kill_cb(void *data, size_t n, const tp_error_t *err) {
+  *(int *) data = ++order;
+  killed_n = n;
+  keep(err);
+}
+
+/* A process that is PID 1 of a pid namespace of its own, as a box's
+ * processes are in theirs (a tree's pid is the one its box sees: 1 here),
+ * moved into box cgroup cg.  Its host pid, or -1. */
+static pid_t spawn_ns(const tp_cgroup_t *cg) {
+  tp_error_t e = {0};
+  pid_t pid = (pid_t) syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, NULL);
+  if (pid == 0)
+    for (;;)
+      pause();
+  if (pid > 0 && tp_cgroup_attach(cg, pid, &e) < 0) {
+    diag("attach", &e);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+  }
+  return pid;
+}
+
+static void done_cb(tp_dbox_t *b, int ret, const tp_error_t *err) {
+  (void) b;
+  (void) err;
+  done_seen = ++order;
+  check(ret == 0, "the held destroy succeeds");
+}
+
+int main(void) {
+  tp_cgroup_root_t root = {0};
+  tp_error_t err = {0};
+  char id[32], dir[] = "/tmp/tupper-dbox-tree.XXXXXX";
+  char *ids[] = {id};
+  const tp_backend_t *lx;
+  tp_dbox_tree_t *t;
+  uv_loop_t loop;
+  tp_dbox_t *b;
+  pid_t p1, p2;
+  int r, status, queued = 0;
+
+  if ((r = cg_test_begin()) != 0)
+    return r;
+  snprintf(id, sizeof(id), "t%d-tree", (int) getpid());
+  if (tp_cgroup_detect(NULL, &root, &err) < 0) {
+    printf("# host cgroups: %s\n1..0 # SKIP no host cgroups\n", err.msg);
+    return 77;
+  }
+  lx = tp_backend_find("linux");
+  if (mkdtemp(dir) == NULL || lx == NULL || uv_loop_init(&loop) != 0) {
+    printf("1..0 # SKIP no temp dir, linux backend or loop\n");
+    return 77;
+  }
+  b = tp__dbox_new(lx, &loop, dir);
+  r = tp_cgroup_create(&root, id, NULL, &b->cg, &err);
+  if (r < 0)
+    diag("create", &err);
+  check(r == 0, "a box cgroup %s", id);
+  if (r < 0)
+    goto out;
+  b->has_cg = 1;
+
+  /* a tree made in the pool */
+  p1 = spawn_ns(&b->cg);
+  check(p1 > 0 && has_own_pid(&b->cg, p1) == 1, "a process in the box's own cgroup");
+  r = tp_dbox_tree_start(b, "t1", 1, tree_cb, &tree_seen, &err);
+  check(r == 0 && b->tree_jobs == 1 && tp_dbox_tree_find(b, "t1") == NULL,
+        "tree_start queues a job; the tree is not listed before it is made");
+  check(tp_dbox_tree_start(b, "bad/name", 1, tree_cb, &tree_seen, &err) < 0 && err.code == EINVAL,
+        "a bad tree name is refused before anything is queued");
+  uv_run(&loop, UV_RUN_DEFAULT);
+  t = tp_dbox_tree_find(b, "t1");
+  check(tree_seen == 1 && last_err == NULL && t != NULL && b->tree_jobs == 0,
+        "its callback runs on the loop, the tree listed");
+  check(t != NULL && in_cgroup(p1, &t->cg) == cg_ndirs(&t->cg, (const char *[TP_CG_NCTRL]){0}) &&
+            has_own_pid(&b->cg, p1) == 0,
+        "the process is in the tree's sub in every hierarchy, no longer the box's own");
+  r = tp_dbox_tree_start(b, "t9", 999999, tree_cb, &tree_seen, &err);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  check(r == 0 && tree_seen == 2 && last_err != NULL && last_err->code == ESRCH &&
+            tp_dbox_tree_find(b, "t9") == NULL,
+        "a pid not in the box: the callback gets ESRCH, no tree is left");
+
+  /* a kill in the pool, and a removal asked for meanwhile waits for it */
+  if (t != NULL) {
+    const char *d[TP_CG_NCTRL];
+    int n = cg_ndirs(&t->cg, d);
+    char *copy[TP_CG_NCTRL];
+    for (int i = 0; i < n; i++)
+      copy[i] = strdup(d[i]);
+    r = tp_dbox_tree_kill_start(b, t, kill_cb, &kill_seen, &err);
+    check(r == 0 && t->busy == 1, "kill_start queues a job, the tree busy");
+    check(tp_dbox_tree_remove(b, t, &err) < 0 && err.code == EBUSY, "a synchronous removal of a busy tree is EBUSY");
+    check(tp_dbox_tree_remove_start(b, t, &err) == 0 && tp_dbox_tree_find(b, "t1") == NULL,
+          "remove_start unlinks it at once");
+    uv_run(&loop, UV_RUN_DEFAULT);
+    check(kill_seen == 3 && last_err == NULL && killed_n == 1, "the kill's callback: 1 process");
+    check(wait_pid(p1, WAIT_MS, &status) == 0 && killed(status), "the process died of SIGKILL");
+    check(b->tree_jobs == 0 && !any_dir_left(n, (const char *const *) copy),
+          "the removal ran after the kill: the sub is gone in every hierarchy");
+    for (int i = 0; i < n; i++)
+      free(copy[i]);
+  }
+
+  /* a destroy while a tree job is in the pool waits for it */
+  p2 = spawn_ns(&b->cg);
+  tree_seen = 0;
+  r = tp_dbox_tree_start(b, "t2", 1, tree_cb, &tree_seen, &err);
+  check(r == 0, "another tree job");
+  r = tp_dbox_destroy(b, NULL, done_cb, &queued, &err);
+  check(r == 0 && queued == 1 && b->held_destroy == 1, "a destroy meanwhile is held, reported queued");
+  uv_run(&loop, UV_RUN_DEFAULT);
+  check(tree_seen > 0 && done_seen > tree_seen, "the tree's callback ran first, then the destroy's");
+  check(p2 > 0 && wait_pid(p2, WAIT_MS, &status) == 0 && killed(status), "the box's destroy killed its tree");
+  check(!listed(&root, id), "the box cgroup is gone");
+  tp_dbox_release(b); /* frees it: destroyed, no job */
+  b = NULL;
+out:
+  if (b != NULL) {
+    tp_dbox_release(b);
+  }
+  uv_run(&loop, UV_RUN_DEFAULT);
+  check(uv_loop_close(&loop) == 0, "the loop closes");
+  rmdir(dir);
+  tp_cgroup_prune(&root, NULL);
+  tp_cgroup_root_free(&root);
+  cg_test_end(ids, 1);
+  return S->failed ? 1 : 0;
+}

@@ -1,0 +1,387 @@
+#define _GNU_SOURCE
+/* Unit tests for the data connection (runtime/host/stream.c) over a
+ * socketpair: the test plays the client with raw frames on its end, the
+ * connection runs on a real loop.  Flow control both ways (a slow reader
+ * holds the writer back and loses nothing), and the bad inputs of
+ * docs/protocol.md: a wrong length, an unknown stream id, another
+ * connection's stream, DATA beyond the credit, a half-written frame and
+ * then a disconnect, a client that never reads.  The loop closes with no
+ * handle left at the end (nothing leaks). */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "sframe.h"
+#include "stream.h"
+#include "tap.h"
+
+typedef struct owner_s {
+  size_t got;             /* bytes delivered by on_data */
+  uint64_t sum;           /* of their values, to check the order */
+  int ends, writable, errors, closed;
+  int last_err, close_err;
+  uint32_t last_err_sid;
+  char close_reason[256];
+  int credit_back;        /* on_data grants credit right away */
+} owner_t;
+
+static void on_data(tp_sconn_t *c, uint32_t sid, void *sdata, const uint8_t *p, size_t n) {
+  owner_t *o = tp_sconn_data(c);
+  (void) sdata;
+  for (size_t i = 0; i < n; i++)
+    o->sum += p[i];
+  o->got += n;
+  if (o->credit_back)
+    tp_sconn_credit(c, sid, (uint32_t) n, NULL);
+}
+static void on_end(tp_sconn_t *c, uint32_t sid, void *sdata) {
+  (void) sid, (void) sdata;
+  ((owner_t *) tp_sconn_data(c))->ends++;
+}
+static void on_writable(tp_sconn_t *c, uint32_t sid, void *sdata) {
+  (void) sid, (void) sdata;
+  ((owner_t *) tp_sconn_data(c))->writable++;
+}
+static void on_stream_error(tp_sconn_t *c, uint32_t sid, void *sdata, int err, const char *msg) {
+  owner_t *o = tp_sconn_data(c);
+  (void) sdata, (void) msg;
+  o->errors++;
+  o->last_err = err;
+  o->last_err_sid = sid;
+}
+static void on_close(tp_sconn_t *c, int err, const char *reason) {
+  owner_t *o = tp_sconn_data(c);
+  o->closed++;
+  o->close_err = err;
+  snprintf(o->close_reason, sizeof(o->close_reason), "%s", reason);
+}
+static const tp_sconn_cbs_t cbs = { on_data, on_end, on_writable, on_stream_error, on_close };
+
+static uv_loop_t loop;
+
+static void pump(int ms) {
+  uint64_t end = uv_now(&loop) + (uint64_t) ms;
+  do {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    usleep(1000);
+    uv_update_time(&loop);
+  } while (uv_now(&loop) < end);
+}
+
+/* The client's side: reads one whole frame (up to 2 s), into buf. */
+static long peer_frame(int fd, uint8_t *buf, size_t cap, tp_sframe_t *f) {
+  size_t n = 0;
+  for (int i = 0; i < 2000; i++) {
+    long r = tp_sframe_parse(buf, n, f, NULL);
+    if (r != 0)
+      return r;
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ssize_t k = read(fd, buf + n, n < TP_SF_HDR ? TP_SF_HDR - n : TP_SF_HDR + f->len - n);
+    if (k == 0)
+      return -2; /* EOF */
+    if (k < 0 && errno != EAGAIN)
+      return -3;
+    if (k > 0) {
+      n += (size_t) k;
+      if (n >= TP_SF_HDR) { /* learn the length to read exactly one frame */
+        uint32_t len = (uint32_t) buf[0] | (uint32_t) buf[1] << 8 | (uint32_t) buf[2] << 16 |
+                       (uint32_t) buf[3] << 24;
+        f->len = len > cap - TP_SF_HDR ? (uint32_t) (cap - TP_SF_HDR) : len;
+      }
+      continue;
+    }
+    usleep(1000);
+  }
+  return -4;
+}
+
+static void peer_send(int fd, const void *p, size_t n) {
+  const uint8_t *b = p;
+  while (n > 0) {
+    ssize_t k = write(fd, b, n);
+    if (k > 0) {
+      b += k;
+      n -= (size_t) k;
+    } else {
+      uv_run(&loop, UV_RUN_NOWAIT);
+      usleep(500);
+    }
+  }
+  pump(5);
+}
+
+static void peer_data(int fd, uint32_t sid, const uint8_t *p, uint32_t n) {
+  uint8_t h[TP_SF_HDR];
+  tp_sframe_header(h, TP_SF_DATA, sid, n);
+  peer_send(fd, h, sizeof(h));
+  peer_send(fd, p, n);
+}
+
+static tp_sconn_t *pair(owner_t *o, int *peer, uint32_t window, uint64_t idle_ms) {
+  int sv[2];
+  tp_error_t err = { 0 };
+  tp_sconn_t *c;
+  memset(o, 0, sizeof(*o));
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+    return NULL;
+  fcntl(sv[1], F_SETFL, O_NONBLOCK);
+  *peer = sv[1];
+  c = tp_sconn_new(&loop, sv[0], window, idle_ms, &cbs, o, &err);
+  if (c == NULL)
+    diag("tp_sconn_new: %s", err.msg);
+  return c;
+}
+
+static uint8_t fbuf[TP_SF_HDR + TP_SF_DATA_MAX];
+
+/* 8 MiB through a 64 KiB window, the reader granting credit as it goes. */
+static void test_send_flow(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 0);
+  tp_sframe_t f;
+  size_t total = 8u << 20, sent = 0, recvd = 0;
+  uint8_t *src = malloc(total);
+  uint64_t want = 0, sum = 0;
+  int bad = 0, max_queued_ok = 1;
+  for (size_t i = 0; i < total; i++)
+    want += (src[i] = (uint8_t) (i * 7 + (i >> 13)));
+  check(tp_sconn_open(c, 1, TP_SK_STDOUT, 0, 1, NULL, NULL) == 0, "open a sending stream");
+  long r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_OPEN && f.sid == 1 && f.kind == TP_SK_STDOUT && f.window == 0,
+        "the client sees OPEN (kind stdout, window 0)");
+  check(tp_sconn_can_write(c, 1) == TP_SCONN_WINDOW_MIN, "credit starts at the window");
+  while (recvd < total && !bad) {
+    if (sent < total) {
+      long k = tp_sconn_write(c, 1, src + sent, total - sent, NULL);
+      if (k < 0)
+        bad = 1;
+      else
+        sent += (size_t) k;
+    }
+    if (tp_sconn_queued(c) > TP_SCONN_WINDOW_MIN + 64 * TP_SF_HDR)
+      max_queued_ok = 0;
+    r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+    if (r <= 0 || f.type != TP_SF_DATA || f.sid != 1) {
+      bad = 1;
+      break;
+    }
+    for (uint32_t i = 0; i < f.len; i++)
+      sum += f.payload[i];
+    recvd += f.len;
+    uint8_t cr[TP_SF_HDR + 4];
+    peer_send(peer, cr, tp_sframe_credit(cr, 1, f.len));
+  }
+  check(!bad && recvd == total && sum == want, "8 MiB arrive exactly through a 64 KiB window");
+  check(max_queued_ok, "the write queue never held more than the window");
+  check(o.writable > 0, "credit woke the writer (%d times)", o.writable);
+  check(tp_sconn_end(c, 1, 0, 0, NULL) == 0 && tp_sconn_streams(c) == 0,
+        "END: the sending-only stream is over");
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_END && f.sid == 1, "the client sees END");
+  /* credit beyond the window is refused for that stream */
+  tp_sconn_open(c, 2, TP_SK_STDOUT, 0, 1, NULL, NULL);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  uint8_t cr[TP_SF_HDR + 4];
+  peer_send(peer, cr, tp_sframe_credit(cr, 2, 1));
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_ERROR && f.sid == 2 && f.err == EPROTO && o.last_err == EPROTO &&
+            tp_sconn_streams(c) == 0, "CREDIT beyond the window ends that stream with EPROTO");
+  tp_sconn_close(c);
+  close(peer);
+  free(src);
+  pump(5);
+}
+
+/* The client sends: within the credit it gets, beyond it is refused. */
+static void test_recv_flow(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_DEFAULT, 0);
+  tp_sframe_t f;
+  uint8_t *chunk = malloc(65536);
+  memset(chunk, 3, 65536);
+  o.credit_back = 1;
+  check(tp_sconn_open(c, 5, TP_SK_FILE_WRITE, 65536, 1, NULL, NULL) == 0, "open a receiving stream");
+  long r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_OPEN && f.window == 65536, "OPEN gives the client 64 KiB");
+  int credits = 1;
+  for (int i = 0; i < 32; i++) { /* 2 MiB, each chunk after the credit for the last */
+    peer_data(peer, 5, chunk, 65536);
+    r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+    if (r <= 0 || f.type != TP_SF_CREDIT || f.credit != 65536)
+      credits = 0;
+  }
+  check(credits && o.got == 32 * 65536 && o.sum == 3ull * 32 * 65536,
+        "2 MiB in, credit back for each chunk");
+  uint8_t e[TP_SF_HDR + 8];
+  peer_send(peer, e, tp_sframe_end(e, 5, 0, 0));
+  check(o.ends == 1 && tp_sconn_streams(c) == 1, "the client's END: the owner hears it, the stream waits for ours");
+  check(tp_sconn_end(c, 5, 1, 32 * 65536, NULL) == 0 && tp_sconn_streams(c) == 0, "our END with the size closes it");
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_END && f.has_size && f.size == 32 * 65536, "the client gets END with the size");
+
+  /* beyond the credit */
+  o.credit_back = 0;
+  tp_sconn_open(c, 6, TP_SK_FILE_WRITE, 65536, 1, NULL, NULL);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  peer_data(peer, 6, chunk, 65536);
+  peer_data(peer, 6, chunk, 1);
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_ERROR && f.sid == 6 && f.err == EPROTO && o.last_err_sid == 6,
+        "DATA beyond the credit: ERROR EPROTO for that stream");
+  peer_data(peer, 6, chunk, 10); /* crossed the ERROR: dropped quietly */
+  /* DATA on a stream the client does not send on */
+  tp_sconn_open(c, 7, TP_SK_STDOUT, 0, 1, NULL, NULL);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  peer_data(peer, 7, chunk, 10);
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_ERROR && f.sid == 7 && f.err == EPROTO,
+        "DATA on a receive-only stream: EPROTO (nothing about stream 6 came first)");
+  /* a client's OPEN */
+  uint8_t op[TP_SF_HDR + 8];
+  peer_send(peer, op, tp_sframe_open(op, TP_SF_CLIENT_SID + 1, TP_SK_FILE_WRITE, 100));
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_ERROR && f.sid == TP_SF_CLIENT_SID + 1 && f.err == EOPNOTSUPP,
+        "a client's OPEN: EOPNOTSUPP in version 1");
+  check(o.closed == 0, "the connection lives through every stream error");
+  tp_sconn_close(c);
+  close(peer);
+  free(chunk);
+  pump(5);
+}
+
+/* An unknown id, and another connection's stream. */
+static void test_unknown(void) {
+  owner_t oa, ob;
+  int pa, pb;
+  tp_sconn_t *a = pair(&oa, &pa, TP_SCONN_WINDOW_DEFAULT, 0);
+  tp_sconn_t *b = pair(&ob, &pb, TP_SCONN_WINDOW_DEFAULT, 0);
+  tp_sframe_t f;
+  uint8_t x[4] = { 1, 2, 3, 4 };
+  tp_sconn_open(a, 1, TP_SK_FILE_WRITE, 65536, 1, NULL, NULL);
+  peer_frame(pa, fbuf, sizeof(fbuf), &f);
+  peer_data(pb, 1, x, 4); /* b's client writes on a's stream */
+  long r = peer_frame(pb, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_ERROR && f.sid == 1 && f.err == ENOENT &&
+            memmem(f.msg, f.msg_len, "no such stream", 14) != NULL,
+        "a stream of another connection: ENOENT 'no such stream'");
+  check(oa.got == 0 && oa.errors == 0 && tp_sconn_streams(a) == 1, "the owner's connection is unaffected");
+  peer_data(pa, 1, x, 4);
+  check(oa.got == 4, "and still gets its own bytes");
+  peer_data(pb, 99, x, 4);
+  r = peer_frame(pb, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_ERROR && f.sid == 99 && f.err == ENOENT && ob.closed == 0,
+        "an id never opened: ENOENT, the connection goes on");
+  tp_sconn_close(a);
+  tp_sconn_close(b);
+  close(pa);
+  close(pb);
+  pump(5);
+}
+
+/* A wrong length: ERROR on sid 0, then the close; streams end. */
+static void test_bad_length(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_DEFAULT, 0);
+  tp_sframe_t f;
+  uint8_t h[TP_SF_HDR];
+  tp_sconn_open(c, 1, TP_SK_FILE_WRITE, 65536, 1, NULL, NULL);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  tp_sframe_header(h, TP_SF_DATA, 1, TP_SF_DATA_MAX + 1);
+  peer_send(peer, h, sizeof(h));
+  long r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_ERROR && f.sid == 0 && f.err == EPROTO &&
+            memmem(f.msg, f.msg_len, "over 1048576", 12) != NULL,
+        "a DATA announcing 1 MiB + 1: ERROR EPROTO on sid 0, saying why");
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r == -2, "then the connection is closed");
+  check(o.closed == 1 && o.close_err == EPROTO && o.errors == 1 && o.last_err == EPROTO,
+        "the owner heard: the stream ended, then the connection (%s)", o.close_reason);
+  close(peer); /* c frees itself after on_close */
+  pump(5);
+}
+
+/* A half-written frame, then the client goes. */
+static void test_half_frame(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_DEFAULT, 0);
+  tp_sframe_t f;
+  uint8_t h[TP_SF_HDR + 100];
+  tp_sconn_open(c, 3, TP_SK_FILE_WRITE, 65536, 1, NULL, NULL);
+  tp_sconn_open(c, 4, TP_SK_STDOUT, 0, 1, NULL, NULL);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  tp_sframe_header(h, TP_SF_DATA, 3, 1000);
+  memset(h + TP_SF_HDR, 9, 100);
+  peer_send(peer, h, sizeof(h));
+  close(peer);
+  pump(20);
+  check(o.got == 0, "nothing of the partial frame was delivered");
+  check(o.closed == 1 && strstr(o.close_reason, "middle of a frame") != NULL && o.errors == 2 &&
+            o.last_err == ECONNRESET,
+        "both streams ended (ECONNRESET), then the connection: %s", o.close_reason);
+  pump(5);
+}
+
+/* A client that never reads: dropped after the idle time, nothing more queued than its window. */
+static void test_never_reads(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 200);
+  uint8_t *src = calloc(1, 1u << 20);
+  long total = 0, k;
+  tp_sconn_open(c, 1, TP_SK_STDOUT, 0, 1, NULL, NULL);
+  while ((k = tp_sconn_write(c, 1, src, 1u << 20, NULL)) > 0)
+    total += k;
+  check(total == TP_SCONN_WINDOW_MIN && tp_sconn_queued(c) <= TP_SCONN_WINDOW_MIN + 64,
+        "the writer gets no further than the window (%ld bytes)", total);
+  pump(150);
+  check(o.closed == 0, "not dropped before the idle time");
+  pump(300);
+  check(o.closed == 1 && o.close_err == ETIMEDOUT && o.last_err == ETIMEDOUT,
+        "dropped with ETIMEDOUT after it (%s)", o.closed ? o.close_reason : "-");
+  pump(400); /* the ERROR on sid 0 it never reads: closed by the timer */
+  close(peer);
+  free(src);
+  pump(5);
+}
+
+/* A connection that is only waiting on the client's bytes is not idle. */
+static void test_waiting_is_not_idle(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 100);
+  tp_sconn_open(c, 1, TP_SK_FILE_WRITE, 65536, 1, NULL, NULL);
+  pump(350);
+  check(o.closed == 0, "a stream waiting for the client's DATA is not dropped");
+  tp_error_t err = { 0 };
+  check(tp_sconn_open(c, 1, TP_SK_STDOUT, 0, 1, NULL, &err) < 0 && err.code == EEXIST,
+        "an id in use is EEXIST");
+  check(tp_sconn_open(c, TP_SF_CLIENT_SID, TP_SK_STDOUT, 0, 1, NULL, &err) < 0 && err.code == EINVAL,
+        "a client-range id is EINVAL");
+  tp_sconn_close(c);
+  close(peer);
+  pump(5);
+}
+
+int main(void) {
+  uv_loop_init(&loop);
+  test_send_flow();
+  test_recv_flow();
+  test_unknown();
+  test_bad_length();
+  test_half_frame();
+  test_never_reads();
+  test_waiting_is_not_idle();
+  pump(10);
+  check(uv_loop_close(&loop) == 0, "the loop closes: every handle was freed");
+  return tap_done();
+}
