@@ -60,6 +60,15 @@ static int linux_check_start(tp_start_spec_t *spec, tp_error_t *err) {
 
 static int linux_start(void *state, const tp_start_spec_t *spec, tp_box_t *box, tp_error_t *err) {
   const tp__linux_state_t *s = state;
+  tp_box_volume_t vols[TP_VOLUMES_MAX];
+  int nv = spec->volumes != NULL ? spec->n_volumes / 2 : 0;
+  if (nv > TP_VOLUMES_MAX || (spec->volumes != NULL && spec->n_volumes % 2 != 0))
+    return tp_error_set(err, EINVAL, "box_start: volumes must be at most %d image, target pairs",
+                        TP_VOLUMES_MAX);
+  for (int i = 0; i < nv; i++) {
+    vols[i].image = spec->volumes[2 * i];
+    vols[i].target = spec->volumes[2 * i + 1];
+  }
   tp_box_spec_t bs = {
       .id = spec->id,
       .layers = spec->layers,
@@ -71,6 +80,8 @@ static int linux_start(void *state, const tp_start_spec_t *spec, tp_box_t *box, 
       .cgroup_procs = spec->cgroup_procs,
       .disk_bytes = spec->disk_bytes,
       .seccomp = &s->seccomp,
+      .volumes = vols,
+      .n_volumes = nv,
   };
   return tp_linux_box_start(&bs, box, err);
 }

@@ -27,6 +27,17 @@
 #endif
 
 static void cleanup_planp(tp__plan_t *p) { tp__plan_free(p); }
+
+typedef struct fds_s {
+  int fd[TP_VOLUMES_MAX];
+  int n;
+} fds_t;
+static void cleanup_fdsp(fds_t *f) {
+  for (int i = 0; i < f->n; i++)
+    if (f->fd[i] >= 0)
+      close(f->fd[i]);
+}
+#define cleanup_fds __attribute__((cleanup(cleanup_fdsp)))
 #define cleanup_plan __attribute__((cleanup(cleanup_planp)))
 
 /* Removes a half-made box dir on any early return; set to NULL to keep it. */
@@ -154,6 +165,7 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
   /* The disk's loop device: held until the child has mounted it (AUTOCLEAR
    * would detach it on this last close otherwise), released on return. */
   cleanup_close int loop_fd = -1;
+  cleanup_fds fds_t vol_fds = {{-1}, 0}; /* the volumes' loop devices, likewise */
   cleanup_stacks stacks_t stacks = {NULL, 0};
   cleanup_close int chan_p = -1, chan_c = -1;
   cleanup_close int pidfd = -1;
@@ -179,6 +191,20 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
                             sizeof(plan.disk_dev), err);
     if (loop_fd < 0)
       return tp_error_prefix(err, "disk cap");
+  }
+  for (int i = 0; i < spec->n_volumes; i++) {
+    cleanup_close int img = open(spec->volumes[i].image,
+                                 O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+    struct stat st;
+    if (img < 0)
+      return tp_error_errno(err, errno, "volume: open '%s'", spec->volumes[i].image);
+    if (fstat(img, &st) < 0 || !S_ISREG(st.st_mode))
+      return tp_error_set(err, EINVAL, "volume: '%s' is not a regular file",
+                          spec->volumes[i].image);
+    vol_fds.fd[i] = tp__loop_attach(img, plan.vol_dev[i], sizeof(plan.vol_dev[i]), err);
+    if (vol_fds.fd[i] < 0)
+      return tp_error_prefix(err, "volume '%s'", spec->volumes[i].image);
+    vol_fds.n = i + 1;
   }
   if (stacks_map(&stacks, err) < 0)
     return -1;

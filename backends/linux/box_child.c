@@ -150,6 +150,60 @@ static int real_dir(const char *dst, mode_t mode) {
   return 0;
 }
 
+/* TP__OP_VOLUME: walks op->dst (relative, checked by the plan) under the
+ * rootfs op->data one component at a time, making what is missing (owned
+ * uid:gid) and refusing a symlink anywhere (O_NOFOLLOW), then binds op->src
+ * on the dir reached, named by its fd.  Async-signal-safe calls only. */
+static int volume_bind(const tp__op_t *op) {
+  char rel[TP_VOLUME_TARGET_MAX + 1], fdpath[32] = "/proc/self/fd/";
+  size_t n = strlen(op->dst), off = 14;
+  int dfd, r, e;
+  char digits[12];
+  int nd = 0;
+
+  if (n > TP_VOLUME_TARGET_MAX) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  memcpy(rel, op->dst, n + 1);
+  dfd = open(op->data, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return -1;
+  for (char *c = rel; c != NULL;) {
+    char *slash = strchr(c, '/');
+    int nfd;
+    if (slash != NULL)
+      *slash = '\0';
+    if (mkdirat(dfd, c, op->mode) == 0) {
+      if (fchownat(dfd, c, op->uid, op->gid, AT_SYMLINK_NOFOLLOW) < 0)
+        goto fail;
+    } else if (errno != EEXIST) {
+      goto fail;
+    }
+    nfd = openat(dfd, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (nfd < 0)
+      goto fail;
+    close(dfd);
+    dfd = nfd;
+    c = slash != NULL ? slash + 1 : NULL;
+  }
+  for (int v = dfd; nd == 0 || v > 0; v /= 10)
+    digits[nd++] = (char) ('0' + v % 10);
+  while (nd > 0)
+    fdpath[off++] = digits[--nd];
+  fdpath[off] = '\0';
+  r = mount(op->src, fdpath, NULL, MS_BIND, NULL);
+  e = errno;
+  close(dfd);
+  errno = e;
+  return r;
+fail:
+  e = errno;
+  close(dfd);
+  errno = e;
+  return -1;
+}
+
 static int run_op(tp__child_t *c, const tp__op_t *op) {
   int fd;
   switch (op->kind) {
@@ -177,6 +231,8 @@ static int run_op(tp__child_t *c, const tp__op_t *op) {
     return symlink(op->src, op->dst);
   case TP__OP_CHDIR:
     return chdir(op->dst);
+  case TP__OP_VOLUME:
+    return volume_bind(op);
   case TP__OP_HOSTNAME:
     return sethostname(op->src, strlen(op->src));
   case TP__OP_LO_UP:

@@ -94,6 +94,52 @@ static int check_path(const char *what, const char *path, tp_error_t *err) {
   return 0;
 }
 
+/* A volume's mount point: absolute, bounded, each component a plain name
+ * (no "", ".", "..", control character), not / itself nor under the
+ * mounts the box gets from the host (/proc, /sys, /dev). */
+static int check_target(const char *t, tp_error_t *err) {
+  static const char *const host[] = {"proc", "sys", "dev"};
+  size_t n;
+  if (t == NULL || t[0] != '/')
+    return tp_error_set(err, EINVAL, "volume mount point must be an absolute path");
+  n = strlen(t);
+  if (n < 2 || n > TP_VOLUME_TARGET_MAX)
+    return tp_error_set(err, EINVAL, "volume mount point must be 2 to %d bytes, not /",
+                        TP_VOLUME_TARGET_MAX);
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char) t[i] < 0x20 || t[i] == 0x7f)
+      return tp_error_set(err, EINVAL, "volume mount point contains a control character");
+  for (const char *c = t + 1; c != NULL && *c != '\0';) {
+    const char *e = strchr(c, '/');
+    size_t len = e != NULL ? (size_t) (e - c) : strlen(c);
+    if (len == 0 || (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'))
+      return tp_error_set(err, EINVAL,
+                          "volume mount point '%s': empty, '.' or '..' component", t);
+    if (c == t + 1)
+      for (size_t h = 0; h < sizeof(host) / sizeof(host[0]); h++)
+        if (len == strlen(host[h]) && strncmp(c, host[h], len) == 0)
+          return tp_error_set(err, EINVAL, "volume mount point '%s' is under /%s", t, host[h]);
+    c = e != NULL ? e + 1 : NULL;
+    if (c != NULL && *c == '\0')
+      return tp_error_set(err, EINVAL, "volume mount point '%s' ends with /", t);
+  }
+  return 0;
+}
+
+static int check_volumes(const tp_box_spec_t *s, tp_error_t *err) {
+  if (s->n_volumes < 0 || s->n_volumes > TP_VOLUMES_MAX)
+    return tp_error_set(err, E2BIG, "0 to %d volumes, not %d", TP_VOLUMES_MAX, s->n_volumes);
+  for (int i = 0; i < s->n_volumes; i++) {
+    if (check_path("volume image", s->volumes[i].image, err) < 0 ||
+        check_target(s->volumes[i].target, err) < 0)
+      return -1;
+    for (int j = 0; j < i; j++)
+      if (strcmp(s->volumes[i].target, s->volumes[j].target) == 0)
+        return tp_error_set(err, EINVAL, "two volumes at '%s'", s->volumes[i].target);
+  }
+  return 0;
+}
+
 static int check_spec(const tp_box_spec_t *s, tp_error_t *err) {
   if (s->id == NULL || !valid_id(s->id))
     return tp_error_set(err, EINVAL, "invalid box id (want [a-z0-9][a-z0-9-]{0,62})");
@@ -129,6 +175,8 @@ static int check_spec(const tp_box_spec_t *s, tp_error_t *err) {
   if (s->disk_bytes < 0 || (s->disk_bytes > 0 && s->disk_bytes < TP__DISK_MIN))
     return tp_error_set(err, EINVAL, "disk_bytes must be 0 (no cap) or at least %d",
                         TP__DISK_MIN);
+  if (check_volumes(s, err) < 0)
+    return -1;
   if (s->seccomp != NULL &&
       (s->seccomp->filter == NULL || s->seccomp->len == 0 || s->seccomp->len > BPF_MAXINSNS))
     return tp_error_set(err, EINVAL, "seccomp filter must have 1..%d instructions",
@@ -221,6 +269,27 @@ static void plan_disk(builder_t *b, const tp_box_spec_t *s) {
   op(b, TP__OP_DIR, "mkdir disk work", NULL, work, NULL, 0, NULL, 0700);
 }
 
+/* The volumes: each image's loop device (attached by the parent, which
+ * fills in vol_dev[i]) mounted at <box_dir>/v<i>, its root given to root in
+ * the box (mode 1777: every account of the box may write there), then
+ * bound at its mount point in the rootfs, which the child walks without
+ * following a symlink (the image owns those dirs).  The staging mount is
+ * dropped with the old root at pivot_root. */
+static void plan_volumes(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
+  for (int i = 0; i < s->n_volumes; i++) {
+    const char *stage = str(b, "%s/v%d", s->box_dir, i);
+    op(b, TP__OP_DIR, "mkdir volume stage", NULL, stage, NULL, 0, NULL, 0700);
+    mnt(b, "mount volume", b->p->vol_dev[i], stage, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME,
+        NULL);
+    own(b, "own volume root", stage, s->uid_base, s->gid_base, 01777);
+    op(b, TP__OP_VOLUME, "bind volume", stage, s->volumes[i].target + 1, NULL, 0, rootfs, 0755);
+    if (!b->failed) {
+      b->p->ops[b->p->n_ops - 1].uid = s->uid_base;
+      b->p->ops[b->p->n_ops - 1].gid = s->gid_base;
+    }
+  }
+}
+
 /* overlay's lowerdir: the links box.c makes in box_dir, top layer first
  * ("l/2:l/1:l/0"), read relative to box_dir (the child's cwd by then).  At
  * most TP_LAYERS_MAX * 6 bytes whatever the layers' paths, so the option
@@ -286,6 +355,8 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   /* A fresh sysfs in the new netns shows only the box's interfaces. */
   op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 0, NULL, 0555);
   mnt(&b, "mount /sys", "sysfs", sys, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+
+  plan_volumes(&b, s, rootfs);
 
   op(&b, TP__OP_HOSTNAME, "sethostname", s->id, NULL, NULL, 0, NULL, 0);
   op(&b, TP__OP_LO_UP, "bring lo up", NULL, NULL, NULL, 0, NULL, 0);

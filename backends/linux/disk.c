@@ -27,11 +27,13 @@
 #define TP__MKFS "/sbin/mkfs.ext4"
 #define TP__LOOP_TRIES 16 /* LOOP_CTL_GET_FREE races with other attachers */
 
-/* Runs mkfs.ext4 on path; its stderr (first bytes) goes into the error. */
-static int mkfs(const char *path, tp_error_t *err) {
-  char *const argv[] = {"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E",
-                        "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-m", "0", "-b",
-                        "4096", (char *) path, NULL};
+/* Runs mkfs.ext4 on path; its stderr (first bytes) goes into the error.  A
+ * box's throwaway disk has no journal; a volume (journal != 0) keeps one, so
+ * that what was written survives a host crash in a consistent state. */
+static int mkfs(const char *path, int journal, tp_error_t *err) {
+  char *const argv[] = {"mkfs.ext4", "-q", "-F", "-O", journal ? "has_journal" : "^has_journal",
+                        "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-m", "0",
+                        "-b", "4096", (char *) path, NULL};
   char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", NULL};
   cleanup_close int rd = -1;
   cleanup_pid pid_t pid = -1;
@@ -90,7 +92,7 @@ static int mkfs(const char *path, tp_error_t *err) {
 }
 
 /* Binds the image to a free loop device; returns the device's fd. */
-static int loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err) {
+int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err) {
   cleanup_close int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
   struct loop_config cfg;
 
@@ -128,7 +130,25 @@ int tp__disk_make(int box_dfd, const char *box_dir, int64_t bytes, char *dev, si
     return tp_error_errno(err, errno, "create '%s'", path);
   if (ftruncate(img, (off_t) bytes) < 0)
     return tp_error_errno(err, errno, "size '%s' to %lld bytes", path, (long long) bytes);
-  if (mkfs(path, err) < 0)
+  if (mkfs(path, 0, err) < 0)
     return -1;
-  return loop_attach(img, dev, dev_len, err);
+  return tp__loop_attach(img, dev, dev_len, err);
+}
+
+int tp_linux_volume_make(const char *path, int64_t bytes, tp_error_t *err) {
+  cleanup_close int img = -1;
+
+  if (bytes < TP__DISK_MIN)
+    return tp_error_set(err, EINVAL, "a volume is at least %d bytes", TP__DISK_MIN);
+  img = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (img < 0)
+    return tp_error_errno(err, errno, "create '%s'", path);
+  if (ftruncate(img, (off_t) bytes) < 0 || mkfs(path, 1, err) < 0 || fsync(img) < 0) {
+    int e = errno;
+    if (err->code == 0)
+      tp_error_errno(err, e, "size '%s' to %lld bytes", path, (long long) bytes);
+    unlink(path);
+    return -1;
+  }
+  return 0;
 }

@@ -32,6 +32,18 @@
 #include "error.h"
 
 #define TP_LAYERS_MAX 128 /* layers of one box (Docker allows 127; overlay 500) */
+#define TP_VOLUMES_MAX 16 /* volumes mounted in one box */
+#define TP_VOLUME_TARGET_MAX 255 /* bytes of a volume's mount point in the box */
+
+/* A volume mounted in a box: an ext4 image (tp_linux_volume_make) attached
+ * to a loop device and mounted nosuid,nodev at target, an absolute path in
+ * the box whose components are made (no symlink followed) if missing.  The
+ * volume's root is owned by root in the box, mode 1777, at each mount. */
+typedef struct tp_box_volume_s {
+  const char *image;  /* absolute path of the image file (not a symlink) */
+  const char *target; /* "/mnt/data": no "." or ".." component, no //, under none of
+                         /proc /sys /dev */
+} tp_box_volume_t;
 
 typedef struct tp_box_spec_s {
   const char *id;        /* sandbox id: [a-z0-9-]{1,63}; also the hostname */
@@ -54,7 +66,13 @@ typedef struct tp_box_spec_s {
   const char *const *cgroup_procs;
   int64_t disk_bytes;    /* 0 = no cap; else upper/ and work/ live on an ext4 image of this size */
   const struct sock_fprog *seccomp; /* NULL = none; loaded with no_new_privs just before the agent's exec */
+  const tp_box_volume_t *volumes;   /* n_volumes of them (0..TP_VOLUMES_MAX) */
+  int n_volumes;
 } tp_box_spec_t;
+
+/* Makes a volume's image: path (must not exist) created 0600, sparse,
+ * `bytes` long, formatted ext4 with a journal (mkfs.ext4), fsync'd. */
+int tp_linux_volume_make(const char *path, int64_t bytes, tp_error_t *err);
 
 /* Creates box_dir (with l/0..l/n-1: symlinks to the layers, for the overlay
  * mount) and starts the box.  On failure nothing is left behind (no

@@ -36,6 +36,9 @@ enum tp__op_kind {
   TP__OP_LO_UP,    /* bring the loopback interface of the new netns up */
   TP__OP_PIVOT,    /* pivot_root into dst, detach the old root */
   TP__OP_CHDIR,    /* chdir dst (relative paths of later mounts start there) */
+  TP__OP_VOLUME,   /* bind-mount src (a volume mounted in box_dir) at dst, a path under
+                      the rootfs (named by data), each missing component made (owned
+                      uid:gid) and none followed if it is a symlink */
 };
 
 typedef struct tp__op_s {
@@ -51,7 +54,7 @@ typedef struct tp__op_s {
   gid_t gid;
 } tp__op_t;
 
-#define TP__OPS_MAX 128
+#define TP__OPS_MAX 192
 #define TP__STRS_MAX 96
 #define TP__CGROUPS_MAX 16    /* entries of spec.cgroup_procs */
 #define TP__PATH_MAX_LEN 1024 /* box_dir, layers, cgroup files */
@@ -68,6 +71,7 @@ typedef struct tp__plan_s {
   char *gid_map;
   char disk_dev[32]; /* "/dev/loopN" of the disk cap, filled in by the parent after
                         tp__disk_make; the "mount disk" op's source */
+  char vol_dev[TP_VOLUMES_MAX][32]; /* the volumes' loop devices, likewise */
   const struct sock_fprog *seccomp; /* spec's filter, or NULL */
 } tp__plan_t;
 
@@ -83,6 +87,10 @@ void tp__plan_free(tp__plan_t *plan);
  * closing it before detaches it (disk.c). */
 int tp__disk_make(int box_dfd, const char *box_dir, int64_t bytes, char *dev, size_t dev_len,
                   tp_error_t *err);
+
+/* Attaches the image open at img to a free loop device (LO_FLAGS_AUTOCLEAR);
+ * returns the device's fd (CLOEXEC) and its path in dev. */
+int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err);
 
 /* A failed step, as the child (or its helper) leaves it for the parent. */
 typedef struct tp__child_report_s {

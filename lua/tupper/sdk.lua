@@ -584,7 +584,8 @@ end
 -- (a recipe file's path, a shipped recipe's name, or {source, name, lock}:
 -- docs/recipes.md; envs, cwd and limits given here override its own),
 -- network ("none", "all" or { allow = {...}, deny = {...} }: docs/network.md),
--- backend ("linux", the default, or "microvm": docs/microvm.md).
+-- backend ("linux", the default, or "microvm": docs/microvm.md), volumes
+-- ({ ["/mnt/data"] = "name" }: docs/volumes.md).
 M.create = entry(function(opts)
   opts = opts or {}
   local limits = opts.limits
@@ -595,7 +596,7 @@ M.create = entry(function(opts)
   end
   local info = call("sandbox.create", { image = opts.image, env = opts.envs, metadata = opts.metadata,
     limits = limits, cwd = opts.cwd, policy = policy_param(opts.policy), recipe = recipe_param(opts.recipe),
-    network = opts.network, backend = opts.backend })
+    network = opts.network, backend = opts.backend, volumes = opts.volumes })
   return new_box(info)
 end)
 
@@ -609,6 +610,19 @@ end)
 M.list = entry(function()
   return call("sandbox.list", {}).sandboxes
 end)
+
+--- Volumes (docs/volumes.md): tupper.volumes.create(name, size),
+-- .list(), .get(name), .destroy(name).  A volume is { name, id, size,
+-- created_at, mounted_by = { { sandbox, path } } }.
+M.volumes = {
+  create = entry(function(name, size)
+    if type(name) ~= "string" then fail("volumes.create wants a name") end
+    return call("volume.create", { name = name, size = size })
+  end),
+  list = entry(function() return call("volume.list", {}).volumes end),
+  get = entry(function(name) return call("volume.get", { name = name }) end),
+  destroy = entry(function(name) return call("volume.destroy", { name = name }).destroyed end),
+}
 
 --- Kills sandbox id; false when there was none.
 M.kill = entry(function(id)

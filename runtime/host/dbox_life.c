@@ -20,7 +20,7 @@ typedef struct tp__start_job_s {
   const tp_cgroup_root_t *cgroot;
   tp_cgroup_limits_t lim;
   char *id, *dir, *cgname;
-  char **layers, **argv; /* NULL-terminated copies, or NULL */
+  char **layers, **argv, **volumes; /* NULL-terminated copies, or NULL */
   int *fds;
   char procs[TP_CG_NCTRL][TP__DBOX_PATH_MAX + 16];
   const char *procs_list[TP_CG_NCTRL + 1];
@@ -60,6 +60,7 @@ static char **tp__strv_dup(const char *const *v, int n, int *oom) {
 static void tp__start_job_free(tp__start_job_t *j) {
   tp__strv_free(j->layers);
   tp__strv_free(j->argv);
+  tp__strv_free(j->volumes);
   free(j->fds);
   free(j->id);
   free(j->dir);
@@ -81,6 +82,7 @@ static tp__start_job_t *tp__start_job_new(const tp_dbox_start_t *req) {
   j->cgname = strdup(req->cgroup != NULL ? req->cgroup : s->id);
   j->layers = tp__strv_dup(s->layers, s->n_layers, &oom);
   j->argv = tp__strv_dup(s->argv, s->argc, &oom);
+  j->volumes = tp__strv_dup(s->volumes, s->n_volumes, &oom);
   if (s->fds != NULL) {
     j->fds = calloc((size_t) s->nfds + 1, sizeof(int));
     if (j->fds != NULL)
@@ -96,6 +98,7 @@ static tp__start_job_t *tp__start_job_new(const tp_dbox_start_t *req) {
   j->spec.dir = j->dir;
   j->spec.layers = (const char *const *) j->layers;
   j->spec.argv = (const char *const *) j->argv;
+  j->spec.volumes = (const char *const *) j->volumes;
   j->spec.fds = j->fds;
   j->spec.cgroup_procs = NULL;
   return j;

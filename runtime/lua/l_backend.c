@@ -102,7 +102,8 @@ static void tp__lstart_done(void *data, tp_dbox_t *b, const tp_error_t *err) {
  * prefixes it with a tag of its state dir so that two daemons never touch
  * each other's), limits = { memory=, pids=, cpu_quota=, cpu_period=, disk= },
  * and the backend's own fields:
- *   linux: layers = { dir, ... } (lowest first), uid_base=, gid_base=, id_count=
+ *   linux: layers = { dir, ... } (lowest first), uid_base=, gid_base=, id_count=,
+ *     volumes = { image, target, ... } (pairs: an ext4 image, where it goes)
  *   microvm: argv = { qemu, ... }, fds = { fd, ... } (QEMU's 4, 5, ...; the
  *     caller closes its own once cb ran), uid=, gid=, console_fd=,
  *     die_with_parent= (a VM that is never re-adopted)
@@ -112,6 +113,7 @@ static int tp_lcore_start(lua_State *L) {
   const tp_backend_t *be = tp__check_backend(L);
   tp_daemon_t *d = tp_l_daemon(L);
   const char *layers[TP_SPEC_LIST_MAX + 1], *argv[TP_SPEC_LIST_MAX + 1];
+  const char *volumes[TP_SPEC_LIST_MAX + 1];
   int fds[TP_SPEC_LIST_MAX];
   tp_dbox_start_t req;
   tp_error_t err = {0};
@@ -144,6 +146,9 @@ static int tp_lcore_start(lua_State *L) {
   n = tp__opt_strs(L, "argv", argv);
   req.spec.argv = n < 0 ? NULL : argv;
   req.spec.argc = n < 0 ? 0 : n;
+  n = tp__opt_strs(L, "volumes", volumes);
+  req.spec.volumes = n < 0 ? NULL : volumes;
+  req.spec.n_volumes = n < 0 ? 0 : n;
   n = tp__opt_fds(L, "fds", fds);
   req.spec.fds = n < 0 ? NULL : fds;
   req.spec.nfds = n < 0 ? 0 : n;

@@ -20,10 +20,11 @@
 
 #include "job.h"
 #include "layer.h"
+#include "linux.h" /* tp_linux_volume_make */
 #include "l_core.h"
 #include "tupper.h"
 
-enum job_kind { JOB_UNPACK, JOB_BLOB, JOB_TAR };
+enum job_kind { JOB_UNPACK, JOB_BLOB, JOB_TAR, JOB_VOLUME };
 
 typedef struct img_job_s {
   lua_State *L; /* main thread */
@@ -59,6 +60,9 @@ static void job_work(void *data) {
     break;
   case JOB_TAR:
     j->ret = tp_tar_dir(j->a, j->b, j->opts.uid_base, j->opts.gid_base, j->opts.id_count, &j->err);
+    break;
+  case JOB_VOLUME:
+    j->ret = tp_linux_volume_make(j->a, (int64_t) j->max_bytes, &j->err);
     break;
   }
 }
@@ -222,6 +226,29 @@ static int l_tar_dir(lua_State *L) {
   return job_queue(L, j, 6);
 }
 
+/* core.volume_make(path, bytes, cb(true | nil, msg)): a volume's ext4
+ * image (tp_linux_volume_make), made in the thread pool (mkfs runs). */
+static int l_volume_make(lua_State *L) {
+  img_job_t *j;
+  lua_Integer n;
+  luaL_checkstring(L, 1);
+  n = luaL_checkinteger(L, 2);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  if (n <= 0)
+    return luaL_error(L, "volume_make: bad size");
+  j = calloc(1, sizeof(*j));
+  if (j == NULL)
+    return luaL_error(L, "out of memory");
+  j->kind = JOB_VOLUME;
+  j->max_bytes = (uint64_t) n;
+  j->a = strdup(lua_tostring(L, 1));
+  if (j->a == NULL) {
+    job_free(j);
+    return luaL_error(L, "out of memory");
+  }
+  return job_queue(L, j, 3);
+}
+
 static int l_digest_valid(lua_State *L) {
   lua_pushboolean(L, lua_type(L, 1) == LUA_TSTRING && tp_digest_valid(lua_tostring(L, 1)));
   return 1;
@@ -231,6 +258,7 @@ void tp_l_image_register(lua_State *L) {
   static const luaL_Reg funcs[] = {{"layer_unpack", l_layer_unpack},
                                    {"blob_put", l_blob_put},
                                    {"tar_dir", l_tar_dir},
+                                   {"volume_make", l_volume_make},
                                    {"digest_valid", l_digest_valid},
                                    {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);

@@ -360,6 +360,8 @@ describe("the CLI against a daemon", function()
       images = {}, rmi = { "nosuch:1" }, ["image ls"] = {}, ["image inspect"] = { "nosuch:1" },
       ["image rm"] = { "nosuch:1" }, ["image import"] = { dir .. "/nofile" }, ["image prune"] = {},
       build = { dir .. "/nofile.lua" },
+      ["volume create"] = { "--size", "1M", "nosuch" }, ["volume ls"] = {}, ["volume inspect"] = { "nosuch" },
+      ["volume rm"] = { "nosuch" },
     }
     for _, v in ipairs(cli_table.VERBS) do
       if v.daemon then

@@ -449,6 +449,47 @@ static void test_box_failures(const env_t *e) {
           TP_LAYERS_MAX + 1, err.msg);
   }
 
+  {
+    /* volumes: mount points the plan refuses, an image that is not there
+     * or not a regular file; nothing is left behind by any of them */
+    static const char *const bad[] = {"rel", "/", "/proc/x", "/sys", "/dev/shm", "/a/../b", "/a//b",
+                                      "/a/", "/./a", "/a\001b"};
+    tp_box_volume_t v[2];
+    char *img = path_in(tmp_root, "vol.img");
+    s = spec_for(e, "ok", box_dir);
+    s.volumes = v;
+    s.n_volumes = 1;
+    v[0].image = img;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+      v[0].target = bad[i];
+      r = tp_linux_box_start(&s, &box, &err);
+      check(r < 0 && err.code == EINVAL && !exists(box_dir), "start: volume at '%s' refused (%s)",
+            bad[i], err.msg);
+    }
+    v[0].target = "/mnt/a";
+    v[1] = v[0];
+    s.n_volumes = 2;
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r < 0 && err.code == EINVAL && !exists(box_dir), "start: two volumes at one point refused (%s)",
+          err.msg);
+    s.n_volumes = TP_VOLUMES_MAX + 1;
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r < 0 && err.code == E2BIG, "start: too many volumes refused (%s)", err.msg);
+    s.n_volumes = 1;
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r < 0 && err.code == ENOENT && !exists(box_dir), "start: a missing volume image (%s)", err.msg);
+    v[0].image = tmp_root; /* a directory */
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r < 0 && !exists(box_dir), "start: a volume image that is not a file (%s)", err.msg);
+    v[0].image = img;
+    check(tp_linux_volume_make(img, 1024, &err) < 0 && err.code == EINVAL && !exists(img),
+          "volume_make: too small refused (%s)", err.msg);
+    check(tp_linux_volume_make(img, 16 << 20, &err) == 0 && exists(img), "volume_make: made (%s)", err.msg);
+    check(tp_linux_volume_make(img, 16 << 20, &err) < 0 && err.code == EEXIST, "volume_make: never over an existing file");
+    unlink(img);
+    free(img);
+  }
+
   mkdir(box_dir, 0700);
   s = spec_for(e, "ok", box_dir);
   r = tp_linux_box_start(&s, &box, &err);

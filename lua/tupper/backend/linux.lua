@@ -23,11 +23,12 @@ M.pool = { option = "pool", size = 2, delay_ms = 0, label = "pool" }
 
 --- Starts a box.  opts: id, layers (read-only layer dirs, lowest first),
 -- dir, uid_base, id_count, cgroup, limits (the backend's: memory, pids,
--- disk, cpu_quota, cpu_period).  Returns core's box or nil, err.
+-- disk, cpu_quota, cpu_period), volumes (image, target pairs: daemon/volumes.lua).
+-- Returns core's box or nil, err.
 function M.start(opts)
   local spec = { id = opts.id, layers = opts.layers, dir = opts.dir,
     uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
-    cgroup = opts.cgroup, limits = opts.limits }
+    cgroup = opts.cgroup, limits = opts.limits, volumes = opts.volumes }
   -- the start runs in the thread pool: the loop keeps serving meanwhile
   return async.wait(function(cb)
     local ok, serr = core.start("linux", spec, cb)

@@ -158,17 +158,18 @@ function M.main(argv)
   end
   i = i + 1
   local name = verb
-  if verb == "image" then
+  local groups = { image = "ls, inspect, rm, import or prune", volume = "create, ls, inspect or rm" }
+  if groups[verb] then
     local sub = argv[i]
     if sub == nil or sub == "--help" or sub == "-h" then
       -- asked for, on stdout; a usage error, on stderr
       local out = sub and io.stdout or io.stderr
-      out:write(cli_doc.group_help("image"))
+      out:write(cli_doc.group_help(verb))
       return sub and 0 or 2
     end
-    name = "image " .. (SUB_ALIAS[sub] or sub)
+    name = verb .. " " .. (SUB_ALIAS[sub] or sub)
     if not cli_table.verb(name) then
-      return die("image: no command '%s': want ls, inspect, rm, import or prune (see tupper image --help)", sub)
+      return die("%s: no command '%s': want %s (see tupper %s --help)", verb, sub, groups[verb], verb)
     end
     i = i + 1
   end

@@ -177,6 +177,14 @@ function M.box_opts(p)
   local b = { env = o.env or {}, metadata = o.metadata or {}, interactive = o.interactive or false,
     tty = o.tty or false, detach_keys = o.detach_keys, workdir = o.workdir, image = o.image,
     backend = o.backend, accel = o.accel, rm = o.rm, recipe = o.recipe, json = o.json, limits = {} }
+  -- --volume NAME:/PATH: sandbox.create's volumes (path -> name)
+  for _, v in ipairs(o.volume or {}) do
+    local name, path = v:match("^([^:]+):(/.*)$")
+    if not name then error(("--volume wants NAME:/PATH, got %q"):format(v), 0) end
+    b.volumes = b.volumes or {}
+    if b.volumes[path] then error(("--volume: two volumes at %s"):format(path), 0) end
+    b.volumes[path] = name
+  end
   for _, k in ipairs({ "memory", "cpus", "pids", "disk", "timeout" }) do b.limits[k] = o[k] end
   b.policy = o.policy
   if o.no_policy then b.policy = false end

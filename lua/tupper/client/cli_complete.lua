@@ -91,6 +91,8 @@ function M.bash()
   out[#out + 1] = "}"
   local subs = {}
   for _, v in ipairs(T.subverbs("image")) do subs[#subs + 1] = v.name:match("%S+$") end
+  local vsubs = {}
+  for _, v in ipairs(T.subverbs("volume")) do vsubs[#vsubs + 1] = v.name:match("%S+$") end
   out[#out + 1] = ([==[
 
 # words the daemon knows (sandbox ids, image names); nothing without one
@@ -154,6 +156,14 @@ _tupper() {
     verb=image_${COMP_WORDS[i]}
     i=$((i + 1))
   fi
+  if [ "$verb" = volume ]; then
+    if [ "$i" -ge "$COMP_CWORD" ]; then
+      COMPREPLY=($(compgen -W "%s" -- "$cur"))
+      return
+    fi
+    verb=volume_${COMP_WORDS[i]}
+    i=$((i + 1))
+  fi
   [ -n "$(_tupper_opts "$verb")" ] || return
   local n=0 dd=0 at
   at=$(_tupper_cmdat "$verb")
@@ -182,7 +192,7 @@ _tupper() {
 }
 
 complete -F _tupper tupper
-]==]):format(table.concat(verbs, " "), table.concat(verbs, " "), table.concat(subs, " "))
+]==]):format(table.concat(verbs, " "), table.concat(verbs, " "), table.concat(subs, " "), table.concat(vsubs, " "))
   return table.concat(out, "\n")
 end
 
@@ -234,6 +244,11 @@ function M.zsh()
     slist[#slist + 1] = "'" .. v.name:match("%S+$") .. ":" .. zdesc(v.summary) .. "'"
   end
   out[#out + 1] = "_tupper_image_subs() { local -a v; v=(" .. table.concat(slist, " ") .. "); _describe -t commands 'image command' v }"
+  local vslist = {}
+  for _, v in ipairs(T.subverbs("volume")) do
+    vslist[#vslist + 1] = "'" .. v.name:match("%S+$") .. ":" .. zdesc(v.summary) .. "'"
+  end
+  out[#out + 1] = "_tupper_volume_subs() { local -a v; v=(" .. table.concat(vslist, " ") .. "); _describe -t commands 'volume command' v }"
   out[#out + 1] = ""
   for _, v in ipairs(T.VERBS) do
     local specs = {}
@@ -272,6 +287,11 @@ _tupper() {
     if [[ $v == image ]]; then
       if (( CURRENT == 2 )); then _tupper_image_subs; return; fi
       v=image_${words[2]}
+      shift words
+      (( CURRENT-- ))
+    elif [[ $v == volume ]]; then
+      if (( CURRENT == 2 )); then _tupper_volume_subs; return; fi
+      v=volume_${words[2]}
       shift words
       (( CURRENT-- ))
     fi

@@ -53,6 +53,9 @@ opt("allow", { value = "RULE", kind = "rule", repeatable = true, summary = "let 
 opt("deny", { value = "RULE", kind = "rule", repeatable = true, summary = "never let the box reach RULE" })
 opt("network", { value = "MODE", kind = "enum", values = { "all", "none" },
   summary = "every public address, or nothing (the default)" })
+opt("volume", { short = "v", value = "NAME:/PATH", kind = "string", repeatable = true,
+  summary = "mount the volume NAME at /PATH in the box (tupper volume create)" })
+opt("size", { value = "SIZE", kind = "size", summary = "a volume's capacity, e.g. 256M (default 1G)" })
 opt("recipe", { value = "FILE|NAME", kind = "file", summary = "make the sandbox from a recipe: a Lua file (with its .lock) or a shipped recipe's name" })
 
 -- listings and logs
@@ -128,7 +131,7 @@ M.VERBS = {
       "Creates a sandbox, runs CMD in it with its output streamed to this terminal, and removes the sandbox when CMD exits (or when this client goes). The exit code is CMD's; 125 when tupper itself failed, 126 when CMD cannot run, 127 when it is not found, 128+N when a signal N ended it.",
       "With no CMD, the image's Entrypoint and Cmd run (an image of the store), or /bin/sh. Options stop at CMD; `--` ends them explicitly. The box lives as long as CMD unless --timeout says otherwise.",
     },
-    options = list("interactive", "tty", "detach-keys", "env", "workdir", "image", "metadata", "rm", "recipe", LIMITS),
+    options = list("interactive", "tty", "detach-keys", "env", "workdir", "image", "metadata", "rm", "recipe", "volume", LIMITS),
     args = { { name = "CMD", kind = "command", optional = true, repeatable = true } },
     examples = {
       { "tupper run -- sh -c 'echo hi; exit 3'", "prints hi, exits 3" },
@@ -143,7 +146,7 @@ M.VERBS = {
     description = {
       "Creates a sandbox that stays: it lives 5 minutes unless --timeout says otherwise (0: until killed). Prints its id.",
     },
-    options = list("env", "workdir", "image", "metadata", "recipe", LIMITS),
+    options = list("env", "workdir", "image", "metadata", "recipe", "volume", LIMITS),
     args = {},
     examples = {
       { "id=$(tupper create --timeout 1h --memory 1G)", "" },
@@ -295,6 +298,34 @@ M.VERBS = {
     options = { "all" },
     args = {},
     examples = { { "tupper image prune --all", "" } } },
+  { name = "volume create", group = "volumes", daemon = true,
+    synopsis = "[--size SIZE] NAME",
+    summary = "make a named persistent volume",
+    description = { "Makes a volume: an ext4 filesystem of SIZE (default 1G, 16M to 64G) kept in the daemon's state dir until tupper volume rm. Mount it with --volume NAME:/PATH on run or create; what the box writes there outlives the box. See docs/volumes.md." },
+    options = { "size", "json" },
+    args = { { name = "NAME", kind = "string" } },
+    examples = { { "tupper volume create --size 2G data && tupper run -v data:/mnt/data -- sh -c 'date > /mnt/data/t'", "" } } },
+  { name = "volume ls", group = "volumes", daemon = true,
+    synopsis = "[--json] [-q]",
+    summary = "list the volumes",
+    description = { "Lists the daemon's volumes: name, id, size, creation time and the sandbox that mounts it. -q prints the names only." },
+    options = { "json", { name = "quiet", summary = "print only the names" } },
+    args = {},
+    examples = { { "tupper volume ls", "" } } },
+  { name = "volume inspect", group = "volumes", daemon = true,
+    synopsis = "NAME",
+    summary = "a volume's id, size and mounts (JSON)",
+    description = { "Prints the volume (by name or id) as JSON: name, id, size, created_at and mounted_by, the sandboxes that mount it and where." },
+    options = {},
+    args = { { name = "NAME", kind = "string" } },
+    examples = { { "tupper volume inspect data", "" } } },
+  { name = "volume rm", group = "volumes", daemon = true,
+    synopsis = "NAME...",
+    summary = "remove volumes and their data",
+    description = { "Removes each volume (by name or id) and everything in it. Refused while a sandbox mounts it: the error names the sandbox." },
+    options = {},
+    args = { { name = "NAME", kind = "string", repeatable = true } },
+    examples = { { "tupper volume rm data", "" } } },
   { name = "build", group = "recipes", daemon = true,
     synopsis = "RECIPE",
     summary = "build a recipe's layer and write its lockfile",
@@ -379,7 +410,7 @@ M.VERBS = {
 }
 
 M.GROUPS = {
-  { "sandboxes", "sandboxes" }, { "images", "images" }, { "recipes", "recipes" },
+  { "sandboxes", "sandboxes" }, { "images", "images" }, { "volumes", "volumes" }, { "recipes", "recipes" },
   { "servers", "daemon and servers" }, { "host", "this host" },
 }
 

@@ -216,7 +216,8 @@ function M.run(c, p)
   if serr then return die("%s", serr) end
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, limits = o.limits, kill_on_disconnect = true,
-    policy = pol, recipe = spec, network = o.network, backend = o.backend, accel = o.accel })
+    policy = pol, recipe = spec, network = o.network, backend = o.backend, accel = o.accel,
+    volumes = o.volumes })
   if not sb then return die("%s", errmsg(err)) end
   if image_cmd then
     -- no command: the image's own (Entrypoint + Cmd), as docker run does
@@ -241,7 +242,8 @@ function M.create(c, p)
   local sb, err = c:call("sandbox.create", { image = o.image, env = next(o.env) and o.env or nil,
     metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir,
     limits = next(o.limits) and o.limits or nil, policy = policy_param(o), recipe = spec,
-    network = o.network, backend = o.backend, accel = o.accel })
+    network = o.network, backend = o.backend, accel = o.accel,
+    volumes = o.volumes })
   if not sb then return die("%s", errmsg(err)) end
   print(sb.id)
   return 0
@@ -473,6 +475,52 @@ function M.image_prune(c, p)
   for _, ref in ipairs(r.refs) do print("removed " .. ref) end
   print(("%d blobs and %d layers removed"):format(math.tointeger(r.blobs) or 0, math.tointeger(r.layers) or 0))
   return 0
+end
+
+-- tupper volume create|ls|inspect|rm (daemon/volumes.lua)
+function M.volume_create(c, p)
+  local r, err = c:call("volume.create", { name = p.args[1], size = p.opts.size })
+  if not r then return die("%s", errmsg(err)) end
+  if p.opts.json then print(json.pretty(r)) else print(r.name) end
+  return 0
+end
+
+local function mounts_of(v)
+  local out = {}
+  for _, m in ipairs(v.mounted_by or {}) do out[#out + 1] = m.sandbox .. ":" .. m.path end
+  return #out > 0 and table.concat(out, ",") or "-"
+end
+
+function M.volume_ls(c, p)
+  local r, err = c:call("volume.list", {})
+  if not r then return die("%s", errmsg(err)) end
+  if p.opts.json then print(json.pretty(r.volumes)); return 0 end
+  if p.opts.quiet then
+    for _, v in ipairs(r.volumes) do print(v.name) end
+    return 0
+  end
+  local rows = {}
+  for _, v in ipairs(r.volumes) do
+    rows[#rows + 1] = { v.name, v.id, units.human(v.size), tostring(v.created_at), mounts_of(v) }
+  end
+  M.print_table({ "NAME", "ID", "SIZE", "CREATED", "MOUNTED BY" }, rows)
+  return 0
+end
+
+function M.volume_inspect(c, p)
+  local r, err = c:call("volume.get", { name = p.args[1] })
+  if not r then return die("%s", errmsg(err)) end
+  print(json.pretty(r))
+  return 0
+end
+
+function M.volume_rm(c, p)
+  local code = 0
+  for _, name in ipairs(p.args) do
+    local r, err = c:call("volume.destroy", { name = name })
+    if not r then code = die("volume rm %s: %s", name, errmsg(err)) else print(name) end
+  end
+  return code
 end
 
 --- tupper cp [-r] [-a] SRC DST (client/cli_cp.lua).

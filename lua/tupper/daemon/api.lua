@@ -554,6 +554,8 @@ for k, fn in pairs(require("tupper.daemon.templates").handlers) do h[k] = fn end
 -- the data plane's methods (stream.*, fs.*_stream) live in api_stream.lua
 api_stream.register(h, { get_sandbox = get_sandbox, abs_path = abs_path, as = as, agent_call = agent_call,
                          MSG = MSG })
+-- volume.create, volume.list, volume.get, volume.destroy
+for k, fn in pairs(require("tupper.daemon.volumes").handlers) do h[k] = fn end
 
 function M.lookup(method)
   if not schema.methods[method] then return nil end

@@ -14,6 +14,7 @@ local start = require("tupper.recipe.start")
 local templates = require("tupper.daemon.templates")
 local backends = require("tupper.backend.registry")
 local limits = require("tupper.daemon.limits")
+local volumes = require("tupper.daemon.volumes")
 local units = require("tupper.util.units")
 local log = require("tupper.daemon.log").log
 
@@ -29,8 +30,10 @@ end
 -- leaves them; may be empty) on read-only layers (lowest
 -- first; default: the default image); image names it, image_digest is its
 -- manifest's (what the image store keeps while the box lives); backend is
--- a name of backend/registry.lua (nil: the default).
-function D:_start_box(id, lim, layers, image, image_digest, backend, accel)
+-- a name of backend/registry.lua (nil: the default); accel: the microVM
+-- accelerator asked for (nil: the daemon's); vols: the volumes' image,
+-- target pairs (daemon/volumes.lua) or nil.
+function D:_start_box(id, lim, layers, image, image_digest, backend, accel, vols)
   self.reserved[id] = true
   layers = layers or { self.default_image }
   local sb, err = sandbox.start({
@@ -38,7 +41,7 @@ function D:_start_box(id, lim, layers, image, image_digest, backend, accel)
     id = id, image = image or "default", image_digest = image_digest,
     layers = layers or { self.default_image }, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = sandbox.ID_COUNT, cgroup = self.tag .. "-" .. id,
-    limits = backends.limits(lim),
+    limits = backends.limits(lim), volumes = vols,
     on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
     on_exit = function(s, proc) self:_exit(s, proc) end,
     on_down = function(s, reason) self:_sandbox_down(s, reason) end,
@@ -240,9 +243,9 @@ end
 -- A box of backend b for a create with effective limits lim: a pooled one
 -- when the pool's boxes (made with the default limits, disk cap included)
 -- fit, else a new one.  Returns the sandbox or nil, err.
-function D:_make_box(b, lim, plan, img, image, accel)
+function D:_make_box(b, lim, plan, img, image, accel, vols)
   local layers = plan and plan.layers or (img and img.layers)
-  local pooled_ok = not layers or (#layers == 1 and layers[1] == self.default_image)
+  local pooled_ok = not vols and (not layers or (#layers == 1 and layers[1] == self.default_image))
   -- a pooled VM runs on the daemon's accelerator
   if accel ~= nil and accel ~= "auto" then pooled_ok = false end
   -- what differs from the pool's boxes: a limit can be set on a running
@@ -260,7 +263,7 @@ function D:_make_box(b, lim, plan, img, image, accel)
   end
   if not sb then
     sb, err = self:_start_box(self:_new_id(), limits.for_backend(lim), layers, img and img.ref or image,
-                              (plan and plan.image.digest) or (img and img.digest), b.name, accel)
+                              (plan and plan.image.digest) or (img and img.digest), b.name, accel, vols)
     if not sb then
       log("create failed: %s", err)
       return nil, err
@@ -312,24 +315,33 @@ function D:create_sandbox(p)
   local ok, cerr, cdata = self:_check_caps(lim)
   if not ok then return nil, cerr, cdata end
   -- counted against the caps until it is a sandbox, or failed
+  -- the volumes it mounts: claimed (one sandbox at a time) until it is a sandbox
+  local vclaim, vcode, verr, vdata
+  if p.volumes and next(p.volumes) then
+    vclaim, vcode, verr, vdata = volumes.of(self):claim(p.volumes, b.name)
+    if not vclaim then return nil, verr, vdata end
+  end
   local token = {}
   self.creating[token] = lim.memory or 0
-  local sb, err = self:_finish_create(p, b, lim, plan, img, image)
+  local sb, err = self:_finish_create(p, b, lim, plan, img, image, vclaim and vclaim.spec)
   self.creating[token] = nil
   if sb then
+    sb.volume_mounts = vclaim and vclaim.mounts
     self.sandboxes[sb.id] = sb
     sb.kill_on_disconnect = p.kill_on_disconnect == true or nil -- in the record (daemon/recover.lua)
+    volumes.of(self):release(vclaim)
     self:set_timeout(sb, lim.timeout) -- also writes the record
     log("sandbox %s created", sb.id)
   end
+  volumes.of(self):release(vclaim)
   return sb, err
 end
 
 -- The rest of a create that fits the caps: the box, its network, recipe,
 -- image settings and default account.  Returns the sandbox (not yet in
 -- self.sandboxes) or nil, err.
-function D:_finish_create(p, b, lim, plan, img, image)
-  local sb, err = self:_make_box(b, lim, plan, img, image, p.accel)
+function D:_finish_create(p, b, lim, plan, img, image, vols)
+  local sb, err = self:_make_box(b, lim, plan, img, image, p.accel, vols)
   if not sb then return nil, err end
   if self.stopping then -- the daemon began to shut down while this box started
     sb:destroy()

@@ -76,6 +76,7 @@ function D:_recover()
       elseif sb then
         self.sandboxes[id] = sb
         if pol then sb.policy, sb.policy_source = pol, rec.policy end
+        if type(rec.volumes) == "table" then sb.volume_mounts = rec.volumes end -- daemon/volumes.lua
         self:_hook_connect(sb)
         if rec.network ~= nil then
           local nok, nerr = sb:set_network(rec.network, self:policy_networks(sb.policy))

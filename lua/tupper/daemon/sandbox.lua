@@ -142,7 +142,7 @@ function Sandbox:record()
            timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
            policy = self.policy_source, cred = self.cred, recipe = self.recipe,
            network = self.network, default_user = self.default_user, home = self.home,
-           workdir = self.workdir,
+           workdir = self.workdir, volumes = self.volume_mounts,
            -- the backend's own (a microVM's QEMU: what proves its pid is still it)
            vm = self.impl.record(self.box) }
 end
@@ -679,7 +679,7 @@ function Sandbox:info()
            metadata = self.metadata, processes = n, limits = self.limits or {},
            timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
            recipe = self.recipe, default_user = self.default_user, home = self.home,
-           workdir = self.workdir, network = self.network or "none",
+           workdir = self.workdir, network = self.network or "none", volumes = self.volume_mounts,
            expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
 end
 

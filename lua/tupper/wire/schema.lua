@@ -59,6 +59,12 @@ M.NETWORK = NETWORK
 -- where a sandbox runs: namespaces on the host's kernel, or a microVM with
 -- a kernel of its own (docs/microvm.md)
 M.BACKEND = { type = "enum", values = backends.NAMES }
+-- a volume's name or id, checked by the daemon (daemon/volumes.lua) so that
+-- '..', '/', NUL and control characters each get a clear error
+local VOLUME_NAME = { type = "string", min = 1, max = 256 }
+-- sandbox.create's volumes: mount point in the box -> volume name or id
+-- (E2B's volumeMounts)
+local VOLUME_MOUNTS = { type = "map", max = 16, key_max = 255, value_max = 256 }
 M.DEFAULT_TIMEOUT = 300 -- seconds a sandbox lives unless told otherwise, as E2B (the
                         -- daemon's --default-timeout changes it: daemon/limits.lua)
 M.methods = {
@@ -74,9 +80,30 @@ M.methods = {
                env = MAP, metadata = MAP, cwd = PATH, limits = LIMITS, network = NETWORK,
                kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE,
                backend = M.BACKEND, template = { type = "string", min = 1, max = 256 },
-               accel = { type = "enum", values = { "kvm", "tcg", "auto" } } },
+               accel = { type = "enum", values = { "kvm", "tcg", "auto" } },
+               volumes = VOLUME_MOUNTS },
     result = { "id", "image", "backend", "state", "created_at", "metadata", "limits", "timeout",
                "default_user", "home" },
+  },
+  ["volume.create"] = {
+    doc = "Makes a named persistent volume (an ext4 filesystem of `size`, default 1 GiB) in the state dir.",
+    params = { name = VOLUME_NAME, size = { type = "size", min = 1 }, required = { "name" } },
+    result = { "name", "id", "size", "created_at", "mounted_by" },
+  },
+  ["volume.list"] = {
+    doc = "The daemon's volumes, by name.",
+    params = {},
+    result = { "volumes" },
+  },
+  ["volume.get"] = {
+    doc = "Describes one volume (by name or id), with the sandboxes that mount it.",
+    params = { name = VOLUME_NAME, required = { "name" } },
+    result = { "name", "id", "size", "created_at", "mounted_by" },
+  },
+  ["volume.destroy"] = {
+    doc = "Removes a volume and its data; refused while a sandbox mounts it.",
+    params = { name = VOLUME_NAME, required = { "name" } },
+    result = { "destroyed" },
   },
   ["recipe.build"] = {
     doc = "Builds a recipe's layer (files and setup) unless cached, and returns what a lockfile of it pins.",

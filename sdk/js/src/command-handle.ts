@@ -4,7 +4,7 @@
  * the means to feed and kill it.
  */
 import { StringDecoder } from 'node:string_decoder';
-import type { Commands } from './commands';
+import type { CommandRequestOpts, Commands } from './commands';
 import { CommandExitError, type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, TimeoutError } from './errors';
 import type { SandboxLink } from './link';
 import { decodeData, exitStatus, outputStream } from './wire';
@@ -85,10 +85,18 @@ class Retained {
   }
 }
 
+/** What E2B says after a command's or a watch's "[deadline_exceeded]" (code matches on it). */
+export const DEADLINE_HINT =
+  "This error is likely due to exceeding 'timeoutMs' — the total time a long running request " +
+  "(like command execution or directory watch) can be active. It can be modified by passing 'timeoutMs' " +
+  "when making the request. Use '0' to disable the timeout.";
+
 function gone(sandboxId: string, why: string): TimeoutError {
+  // E2B's words after its own "[unavailable]" prefix: code matches on them
   return new TimeoutError(
-    `sandbox ${sandboxId} is gone (${why}): it was killed or its lifetime ran out. ` +
-      "Give it a longer life with 'timeoutMs' at create or with sbx.setTimeout()",
+    `[unavailable] sandbox ${sandboxId} is gone (${why}): it was killed or its lifetime ran out: ` +
+      "This error is likely due to sandbox timeout. You can modify the sandbox timeout by passing 'timeoutMs' " +
+      "when starting the sandbox or calling '.setTimeout' on the sandbox with the desired timeout.",
   );
 }
 
@@ -182,6 +190,7 @@ export class CommandHandle implements Partial<CommandResult> {
    * its timeoutMs killed it or when its sandbox went away.
    */
   async wait(): Promise<CommandResult> {
+    if (arguments[0] !== undefined) throw new InvalidArgumentError('CommandHandle.wait: takes no options');
     this.waiters++;
     this.hold();
     try {
@@ -193,19 +202,20 @@ export class CommandHandle implements Partial<CommandResult> {
 
   /** Kills the command and its whole tree (SIGKILL); false when it was no longer running. */
   async kill(): Promise<boolean> {
+    if (arguments[0] !== undefined) throw new InvalidArgumentError('CommandHandle.kill: takes no options');
     if (this.finished) return false;
     this.killedByUs = true;
     return this.commands.kill(this.pid);
   }
 
   /** Writes to its stdin (started with `stdin: true`). */
-  async sendStdin(data: string | Uint8Array): Promise<void> {
-    return this.commands.sendStdin(this.pid, data);
+  async sendStdin(data: string | Uint8Array, opts?: CommandRequestOpts): Promise<void> {
+    return this.commands.sendStdin(this.pid, data, opts);
   }
 
   /** Closes its stdin once what was written is delivered. */
-  async closeStdin(): Promise<void> {
-    return this.commands.closeStdin(this.pid);
+  async closeStdin(opts?: CommandRequestOpts): Promise<void> {
+    return this.commands.closeStdin(this.pid, opts);
   }
 
   /**
@@ -213,6 +223,7 @@ export class CommandHandle implements Partial<CommandResult> {
    * it with commands.kill(pid)).  A wait() still pending rejects.
    */
   async disconnect(): Promise<void> {
+    if (arguments[0] !== undefined) throw new InvalidArgumentError('CommandHandle.disconnect: takes no options');
     if (this.finished) return;
     this.fail(new SandboxError(`command ${this.pid}: disconnected; it keeps running in the sandbox`));
   }
@@ -318,7 +329,7 @@ export class CommandHandle implements Partial<CommandResult> {
     if (this.abortedBy) {
       failure = new AbortError(`command ${this.pid} was aborted`, this.abortedBy.reason, result);
     } else if (p.timed_out === true) {
-      failure = new TimeoutError(`command ${this.pid} was killed: it ran past its timeoutMs`);
+      failure = new TimeoutError(`[deadline_exceeded] command ${this.pid} was killed: it ran past its timeoutMs: ${DEADLINE_HINT}`);
     } else if (signal === 9 && !this.killedByUs) {
       // processes of a killed sandbox report signal 9: is the sandbox still there?
       failure = (await sandboxGone(this.link)) ?? new CommandExitError(result);

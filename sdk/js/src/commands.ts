@@ -7,6 +7,7 @@ import { startParams } from './account';
 import { AbortError, CommandHandle, type HandleOpts, checkMaxOutputBytes, sandboxGone } from './command-handle';
 import { type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, checkTimeoutMs } from './errors';
 import type { SandboxLink } from './link';
+import { checkKeys, checkRequestOpts, type RequestOpts } from './options';
 
 /** Default timeout of a command, as E2B: 60 s. 0 = none. */
 export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
@@ -55,19 +56,30 @@ export interface CommandStartOpts {
    * onStdout/onStderr still get every chunk.  Default: everything is kept.
    */
   maxOutputBytes?: number;
+  /** Return a CommandHandle at once instead of waiting for the end (commands.run). */
+  background?: boolean;
 }
 
+/** E2B's CommandRequestOpts: what commands.list, kill, sendStdin and closeStdin take. */
+export type CommandRequestOpts = RequestOpts;
+
 /** Options of commands.connect. */
-export interface CommandConnectOpts {
+export interface CommandConnectOpts extends CommandRequestOpts {
   /** Each chunk of stdout from now on (after the recent output replayed first). */
   onStdout?: (data: string) => void | Promise<void>;
   onStderr?: (data: string) => void | Promise<void>;
+  /**
+   * Accepted (E2B's: how long the connection stays): the command's own
+   * timeoutMs, set when it started, stands.
+   */
+  timeoutMs?: number;
 }
 
-export interface CommandRunOpts extends CommandStartOpts {
-  /** Return a CommandHandle at once instead of waiting for the end. */
-  background?: boolean;
-}
+const START_KEYS = [
+  'cwd', 'envs', 'timeoutMs', 'onStdout', 'onStderr', 'stdin', 'requestTimeoutMs', 'user', 'signal', 'maxOutputBytes', 'background',
+];
+
+export type CommandRunOpts = CommandStartOpts;
 
 /** A running command, as `commands.list()` reports it. */
 export interface ProcessInfo {
@@ -84,6 +96,8 @@ export interface ProcessInfo {
   pty?: boolean;
   /** E2B's field; environment is not reported. */
   envs: Record<string, string>;
+  /** E2B's tag of a process started with one: tupper does not tag processes, so it is never set. */
+  tag?: string;
 }
 
 /** sbx.commands */
@@ -108,6 +122,7 @@ export class Commands {
   run(cmd: string | readonly string[], opts?: CommandStartOpts & { background?: false }): Promise<CommandResult>;
   run(cmd: string | readonly string[], opts?: CommandRunOpts): Promise<CommandHandle | CommandResult>;
   async run(cmd: string | readonly string[], opts: CommandRunOpts = {}): Promise<CommandHandle | CommandResult> {
+    checkKeys(opts, START_KEYS, 'commands.run');
     const handle = await this.start(cmd, opts);
     if (opts.background) return handle;
     return handle.wait();
@@ -177,6 +192,13 @@ export class Commands {
    * NotFoundError when no such command runs.
    */
   async connect(pid: number, opts: CommandConnectOpts = {}): Promise<CommandHandle> {
+    checkRequestOpts(opts, ['onStdout', 'onStderr', 'timeoutMs'], 'commands.connect');
+    if (opts.timeoutMs !== undefined) checkTimeoutMs(opts.timeoutMs, 'commands.connect');
+    return this._connect(pid, opts);
+  }
+
+  /** @internal commands.connect's work, for pty.connect's handle too (onData) */
+  async _connect(pid: number, opts: HandleOpts): Promise<CommandHandle> {
     let handle: CommandHandle | undefined;
     await this.link.conn.call<{ pid: number; output: Array<Record<string, unknown>> }>(
       'process.connect',
@@ -193,7 +215,8 @@ export class Commands {
   }
 
   /** The running commands started through the API. */
-  async list(): Promise<ProcessInfo[]> {
+  async list(opts?: CommandRequestOpts): Promise<ProcessInfo[]> {
+    checkRequestOpts(opts, [], 'commands.list');
     const r = await this.link.conn.call<{ processes: Array<Record<string, unknown>> }>('process.list', {
       sandbox: this.link.sandboxId,
     });
@@ -209,7 +232,8 @@ export class Commands {
   }
 
   /** Kills a command and its whole tree (SIGKILL); false when there is no such process. */
-  async kill(pid: number): Promise<boolean> {
+  async kill(pid: number, opts?: CommandRequestOpts): Promise<boolean> {
+    checkRequestOpts(opts, [], 'commands.kill');
     try {
       await this.link.conn.call('process.signal', { sandbox: this.link.sandboxId, pid, signal: 'KILL' });
       return true;
@@ -223,7 +247,8 @@ export class Commands {
    * Writes to a command's stdin.  Large data goes in 1 MiB chunks; when the
    * sandbox's stdin queue is full (EAGAIN) it waits and retries.
    */
-  async sendStdin(pid: number, data: string | Uint8Array): Promise<void> {
+  async sendStdin(pid: number, data: string | Uint8Array, opts?: CommandRequestOpts): Promise<void> {
+    checkRequestOpts(opts, [], 'commands.sendStdin');
     const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
     let off = 0;
     do {
@@ -250,8 +275,17 @@ export class Commands {
   }
 
   /** Closes a command's stdin once what was written is delivered. */
-  async closeStdin(pid: number): Promise<void> {
+  async closeStdin(pid: number, opts?: CommandRequestOpts): Promise<void> {
+    checkRequestOpts(opts, [], 'commands.closeStdin');
     await this.link.conn.call('process.close_stdin', { sandbox: this.link.sandboxId, pid });
+  }
+
+  /**
+   * E2B's: whether closeStdin works on this sandbox (E2B asks its envd's
+   * version).  Always true: tupper's agent closes stdin everywhere.
+   */
+  get supportsStdinClose(): boolean {
+    return true;
   }
 
   /** @internal */

@@ -139,7 +139,7 @@ export class Connection {
         p.timer = setTimeout(() => {
           if (this.pending.delete(id)) {
             this.updateRef();
-            reject(new TimeoutError(`${method}: no answer from the daemon in ${timeout} ms (requestTimeoutMs)`));
+            reject(new TimeoutError(`[canceled] ${method}: no answer from the daemon in ${timeout} ms: This error is likely due to exceeding 'requestTimeoutMs'.`));
           }
         }, timeout);
         p.timer.unref();

@@ -20,6 +20,8 @@ export interface WriteInfo {
   name: string;
   type?: FileType;
   path: string;
+  /** E2B's per-file metadata (user.e2b.* extended attributes): tupper keeps none, so it is never set. */
+  metadata?: Record<string, string>;
 }
 
 /** A file or directory, as `list` and `getInfo` describe it. */

@@ -32,6 +32,8 @@ export class SandboxError extends Error {
   readonly code?: number;
   /** The daemon's error data (for file and process errors: `{errno, code}`). */
   readonly data?: unknown;
+  /** E2B's HTTP status of the API answer behind it: tupper has no HTTP API under the SDK; set by RateLimitError (429) only. */
+  statusCode?: number;
 
   constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
@@ -89,6 +91,7 @@ export class RateLimitError extends SandboxError {
   constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
     super(message, opts);
     this.name = 'RateLimitError';
+    this.statusCode = 429;
   }
 }
 
@@ -117,6 +120,48 @@ export class PermissionError extends SandboxError {
   constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
     super(message, opts);
     this.name = 'PermissionError';
+  }
+}
+
+/**
+ * E2B's errors of its API that tupper's SDK never throws (there is no API
+ * key, capacity service, envd version or remote build under it), exported
+ * so that code catching them runs unchanged.  SandboxErrors here, as every
+ * error of this SDK.
+ */
+export class AuthenticationError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'AuthenticationError';
+  }
+}
+/** E2B's HTTP 503 "service busy": never thrown (the daemon answers RateLimitError when busy). */
+export class ServiceBusyError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'ServiceBusyError';
+    this.statusCode = 503;
+  }
+}
+/** E2B's "template's envd too old": never thrown (tupper's agent comes with the daemon). */
+export class TemplateError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'TemplateError';
+  }
+}
+/** E2B's remote template build failed: never thrown (Template.build fails with the daemon's error). */
+export class BuildError extends SandboxError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'BuildError';
+  }
+}
+/** E2B's upload of a template's files failed: never thrown (a recipe's files are read locally). */
+export class FileUploadError extends BuildError {
+  constructor(message: string, opts: { code?: number; data?: unknown; cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = 'FileUploadError';
   }
 }
 

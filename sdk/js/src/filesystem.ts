@@ -13,8 +13,9 @@ import { asBuffer, CHUNK, inChunks } from './chunks';
 import { basename, type EntryInfo, FileType, ownerNames, toEntry, type WriteInfo } from './entry';
 import { checkTimeoutMs, ErrorCode, InvalidArgumentError, SandboxError } from './errors';
 import type { SandboxLink } from './link';
+import { checkKeys, checkRequestOpts, checkSignal, REQUEST_KEYS } from './options';
 import { dataConn, type DataConn } from './stream';
-import { DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, WatchHandle, type WatchOpts } from './watch';
+import { DEFAULT_WATCH_TIMEOUT_MS, type FilesystemEvent, FilesystemEventType, WatchHandle, type WatchOpts } from './watch';
 import { decodeData } from './wire';
 
 /** A stream of bytes to write: a web ReadableStream or any async iterable of chunks (a Node Readable). */
@@ -43,6 +44,23 @@ export interface FilesystemRequestOpts {
   requestTimeoutMs?: number;
   /** E2B's gzip content encoding: accepted; the daemon's socket is local, so nothing is compressed. */
   gzip?: boolean;
+  /** E2B's request signal: one already aborted is not sent (AbortError). */
+  signal?: AbortSignal;
+}
+
+/** Options of files.read (E2B's FilesystemReadOpts). */
+export interface FilesystemReadOpts extends FilesystemRequestOpts {
+  /**
+   * E2B's idle limit of a read stream: accepted (a timeout value); tupper's
+   * read stream has no idle limit (the next bytes come when the reader asks).
+   */
+  streamIdleTimeoutMs?: number;
+}
+
+/** Options of files.list (E2B's FilesystemListOpts). */
+export interface FilesystemListOpts extends FilesystemRequestOpts {
+  /** How many levels down (default 1). */
+  depth?: number;
 }
 
 /** Options of files.write. */
@@ -54,6 +72,8 @@ export interface FilesystemWriteOpts extends FilesystemRequestOpts {
    * and readers never see it half written.
    */
   mode?: number;
+  /** E2B's raw upload: accepted; bytes always go as they are, in 1 MiB pieces. */
+  useOctetStream?: boolean;
 }
 
 /** Options of files.copy. */
@@ -108,6 +128,17 @@ async function* chunksOf(data: WriteEntry['data']): AsyncGenerator<Uint8Array> {
   }
 }
 
+/** E2B file options with no local counterpart: refused with a reason rather than dropped. */
+const FS_UNSUPPORTED: Record<string, string> = {
+  metadata: "tupper does not keep E2B's per-file metadata (user.e2b.* extended attributes)",
+};
+const FS_KEYS = ['user', 'gzip', ...REQUEST_KEYS];
+
+function checkFsOpts(opts: unknown, extra: readonly string[], what: string): void {
+  checkKeys(opts, [...FS_KEYS, ...extra], what, FS_UNSUPPORTED);
+  checkSignal((opts as FilesystemRequestOpts | undefined)?.signal, what);
+}
+
 /** sbx.files */
 export class Filesystem {
   private readonly link: SandboxLink;
@@ -153,14 +184,16 @@ export class Filesystem {
    * buffers the whole file).  A missing file rejects with NotFoundError,
    * for a stream too (the first chunk is read before it resolves).
    */
-  read(path: string, opts?: FilesystemRequestOpts & { format?: 'text' }): Promise<string>;
-  read(path: string, opts: FilesystemRequestOpts & { format: 'bytes' }): Promise<Uint8Array>;
-  read(path: string, opts: FilesystemRequestOpts & { format: 'blob' }): Promise<Blob>;
-  read(path: string, opts: FilesystemRequestOpts & { format: 'stream' }): Promise<ReadableStream<Uint8Array>>;
+  read(path: string, opts?: FilesystemReadOpts & { format?: 'text' }): Promise<string>;
+  read(path: string, opts: FilesystemReadOpts & { format: 'bytes' }): Promise<Uint8Array>;
+  read(path: string, opts: FilesystemReadOpts & { format: 'blob' }): Promise<Blob>;
+  read(path: string, opts: FilesystemReadOpts & { format: 'stream' }): Promise<ReadableStream<Uint8Array>>;
   async read(
     path: string,
-    opts: FilesystemRequestOpts & { format?: ReadFormat } = {},
+    opts: FilesystemReadOpts & { format?: ReadFormat } = {},
   ): Promise<string | Uint8Array | Blob | ReadableStream<Uint8Array>> {
+    checkFsOpts(opts, ['format', 'streamIdleTimeoutMs'], 'files.read');
+    if (opts.streamIdleTimeoutMs !== undefined) checkTimeoutMs(opts.streamIdleTimeoutMs, 'files.read');
     const format = opts.format ?? 'text';
     if (format !== 'text' && format !== 'bytes' && format !== 'blob' && format !== 'stream') {
       throw new InvalidArgumentError(`files.read: format ${String(format)} is not supported (text, bytes, blob, stream)`);
@@ -248,6 +281,7 @@ export class Filesystem {
     dataOrOpts?: WriteEntry['data'] | FilesystemWriteOpts,
     maybeOpts?: FilesystemWriteOpts,
   ): Promise<WriteInfo | WriteInfo[]> {
+    checkFsOpts(Array.isArray(pathOrFiles) ? dataOrOpts : maybeOpts, ['mode', 'useOctetStream'], 'files.write');
     if (Array.isArray(pathOrFiles)) {
       const o = (dataOrOpts ?? {}) as FilesystemWriteOpts;
       const mode = checkMode(o.mode, 'files.write');
@@ -261,7 +295,8 @@ export class Filesystem {
   }
 
   /** E2B's writeFiles: write(files) under its own name (each file's parents made; in order). */
-  async writeFiles(files: WriteEntry[], opts?: FilesystemRequestOpts): Promise<WriteInfo[]> {
+  async writeFiles(files: WriteEntry[], opts?: FilesystemWriteOpts): Promise<WriteInfo[]> {
+    checkFsOpts(opts, ['mode', 'useOctetStream'], 'files.writeFiles');
     if (!Array.isArray(files)) throw new InvalidArgumentError('files.writeFiles: files must be a list of {path, data}');
     return this.write(files, opts);
   }
@@ -318,6 +353,7 @@ export class Filesystem {
    * when it does not exist), in 1 MiB pieces.
    */
   async append(path: string, data: WriteEntry['data'], opts?: FilesystemRequestOpts): Promise<WriteInfo> {
+    checkFsOpts(opts, [], 'files.append');
     if (typeof path !== 'string' || path === '') throw new InvalidArgumentError('files.append: path must be a non-empty string');
     if (data === undefined || data === null) throw new InvalidArgumentError('files.append: no data');
     await this.send(path, data, opts?.user, true);
@@ -332,6 +368,7 @@ export class Filesystem {
    * directory copied into itself.
    */
   async copy(src: string, dst: string, opts: FilesystemCopyOpts = {}): Promise<EntryInfo> {
+    checkFsOpts(opts, ['overwrite'], 'files.copy');
     if (typeof src !== 'string' || src === '' || typeof dst !== 'string' || dst === '') {
       throw new InvalidArgumentError('files.copy: src and dst must be non-empty strings');
     }
@@ -372,7 +409,8 @@ export class Filesystem {
    * levels down: each directory's entries follow it (symlinks are not
    * followed), at most LIST_DIRS_MAX directories in all.
    */
-  async list(path: string, opts?: FilesystemRequestOpts & { depth?: number }): Promise<EntryInfo[]> {
+  async list(path: string, opts?: FilesystemListOpts): Promise<EntryInfo[]> {
+    checkFsOpts(opts, ['depth'], 'files.list');
     const depth = opts?.depth ?? 1;
     if (typeof depth !== 'number' || !Number.isInteger(depth) || depth < 1) {
       throw new InvalidArgumentError('depth should be at least one');
@@ -394,8 +432,9 @@ export class Filesystem {
     return out;
   }
 
-  /** True when something exists at path (a dangling symlink counts). Never throws. */
+  /** True when something exists at path (a dangling symlink counts). Never rejects for what is there or not; an unknown option does (InvalidArgumentError). */
   async exists(path: string, opts?: FilesystemRequestOpts): Promise<boolean> {
+    checkFsOpts(opts, [], 'files.exists');
     try {
       await this.call('fs.stat', { path }, opts?.user);
       return true;
@@ -406,12 +445,14 @@ export class Filesystem {
 
   /** Describes a file or directory; NotFoundError when there is nothing there. */
   async getInfo(path: string, opts?: FilesystemRequestOpts): Promise<EntryInfo> {
+    checkFsOpts(opts, [], 'files.getInfo');
     const [r, names] = await Promise.all([this.call('fs.stat', { path }, opts?.user), ownerNames(this.link)]);
     return toEntry(r, names);
   }
 
   /** Removes a file, or a directory with everything in it. */
   async remove(path: string, opts?: FilesystemRequestOpts): Promise<void> {
+    checkFsOpts(opts, [], 'files.remove');
     try {
       await this.call('fs.remove', { path, recursive: true }, opts?.user);
     } catch (e) {
@@ -423,6 +464,7 @@ export class Filesystem {
 
   /** Renames (moves) a file or directory; returns what is now at newPath. */
   async rename(oldPath: string, newPath: string, opts?: FilesystemRequestOpts): Promise<EntryInfo> {
+    checkFsOpts(opts, [], 'files.rename');
     await this.call('fs.rename', { from: oldPath, to: newPath }, opts?.user, ['from', 'to']);
     return this.getInfo(newPath, opts);
   }
@@ -439,6 +481,8 @@ export class Filesystem {
     onEvent: (e: FilesystemEvent) => void | Promise<void>,
     opts: WatchOpts = {},
   ): Promise<WatchHandle> {
+    checkFsOpts(opts, ['recursive', 'timeoutMs', 'onExit', 'includeEntry', 'allowNetworkMounts'], 'files.watchDir');
+    if (opts.includeEntry === true && typeof onEvent === 'function') onEvent = withEntries(this, path, opts.user, onEvent);
     if (typeof onEvent !== 'function') throw new InvalidArgumentError('files.watchDir: onEvent must be a function');
     checkTimeoutMs(opts.timeoutMs ?? DEFAULT_WATCH_TIMEOUT_MS, 'files.watchDir');
     let handle: WatchHandle | undefined;
@@ -459,7 +503,34 @@ export class Filesystem {
 
   /** Makes a directory and its parents; false when it already existed. */
   async makeDir(path: string, opts?: FilesystemRequestOpts): Promise<boolean> {
+    checkFsOpts(opts, [], 'files.makeDir');
     const r = await this.call<{ created: boolean }>('fs.mkdir', { path, parents: true }, opts?.user);
     return r.created === true;
   }
+}
+
+/**
+ * E2B's includeEntry: each event but a removal gets what is at its path
+ * now (files.getInfo; none when it is gone again), delivered in order.
+ */
+function withEntries(
+  files: Filesystem,
+  dir: string,
+  user: string | undefined,
+  onEvent: (e: FilesystemEvent) => void | Promise<void>,
+): (e: FilesystemEvent) => Promise<void> {
+  let chain: Promise<void> = Promise.resolve();
+  return (e) => {
+    chain = chain.then(async () => {
+      if (e.type !== FilesystemEventType.REMOVE && e.type !== FilesystemEventType.OVERFLOW && e.name !== '') {
+        try {
+          e.entry = await files.getInfo(joinPath(dir, e.name), user === undefined ? undefined : { user });
+        } catch {
+          // gone again (or renamed away) before it could be described
+        }
+      }
+      await onEvent(e);
+    }).catch(() => {});
+    return chain;
+  };
 }

@@ -3,6 +3,7 @@
  * that code written against E2B's `Sandbox` moves by changing the import.
  */
 export { Sandbox, DEFAULT_SANDBOX_TIMEOUT_MS, type SandboxConnectOpts } from './sandbox';
+export { Volume, VolumeFileType, type VolumeInfo, type VolumeAndToken, type VolumeEntryStat, type VolumeMetadataOpts, type VolumeWriteOpts, type VolumeCreateOpts } from './volume';
 export { SandboxPaginator, type SandboxListOpts, type SandboxListOrder } from './paginator';
 export { type SandboxInfo, type SandboxState, type SandboxMetrics, type SandboxMetricsOpts } from './sandbox-info';
 export {
@@ -25,6 +26,7 @@ export {
   type CommandStartOpts,
   type CommandRunOpts,
   type CommandConnectOpts,
+  type CommandRequestOpts,
   type ProcessInfo,
 } from './commands';
 export { CommandHandle, AbortError } from './command-handle';
@@ -35,6 +37,8 @@ export {
   type WriteEntry,
   type ReadFormat,
   type FilesystemRequestOpts,
+  type FilesystemReadOpts,
+  type FilesystemListOpts,
   type FilesystemWriteOpts,
   type FilesystemCopyOpts,
 } from './filesystem';
@@ -47,6 +51,11 @@ export {
   FileNotFoundError,
   SandboxNotFoundError,
   RateLimitError,
+  AuthenticationError,
+  ServiceBusyError,
+  TemplateError,
+  BuildError,
+  FileUploadError,
   InvalidArgumentError,
   NotEnoughSpaceError,
   CommandExitError,

@@ -6,6 +6,7 @@
  */
 import { withConnection } from './connection';
 import { InvalidArgumentError } from './errors';
+import { checkKeys } from './options';
 import { type SandboxInfo, type SandboxState, toInfo } from './sandbox-info';
 import type { SandboxConnectionOpts } from './sandbox-opts';
 
@@ -71,9 +72,7 @@ export class SandboxPaginator {
 
   /** @internal */
   constructor(opts: SandboxListOpts = {}) {
-    for (const k of Object.keys(opts)) {
-      if (!LIST_KEYS.has(k) && (opts as Record<string, unknown>)[k] !== undefined) throw new InvalidArgumentError(`Sandbox.list: unknown option '${k}'`);
-    }
+    checkKeys(opts, LIST_KEYS, 'Sandbox.list');
     for (const k of Object.keys(opts.query ?? {})) {
       if (!QUERY_KEYS.has(k)) throw new InvalidArgumentError(`Sandbox.list: unknown query field '${k}'`);
     }

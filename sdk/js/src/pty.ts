@@ -6,9 +6,10 @@
  * its size (the program gets SIGWINCH).
  */
 import type { CommandHandle } from './command-handle';
-import type { CommandConnectOpts, Commands } from './commands';
+import type { Commands } from './commands';
 import type { SandboxLink } from './link';
 import { checkTimeoutMs, InvalidArgumentError } from './errors';
+import { checkKeys, checkRequestOpts, type RequestOpts } from './options';
 
 /** Default lifetime of a terminal's program, as E2B: 60 s (0 = none). */
 export const DEFAULT_PTY_TIMEOUT_MS = 60_000;
@@ -35,10 +36,12 @@ export interface PtyCreateOpts extends PtySize {
   cmd?: string[];
   /** Accepted for E2B compatibility; requests are bounded by the sandbox's requestTimeoutMs. */
   requestTimeoutMs?: number;
+  /** E2B's request signal: one already aborted starts nothing (AbortError). */
+  signal?: AbortSignal;
 }
 
 /** What pty.connect takes (E2B's PtyConnectOpts). */
-export interface PtyConnectOpts {
+export interface PtyConnectOpts extends RequestOpts {
   /** What the terminal shows from now on, after the recent output the daemon kept (its last 64 KiB). */
   onData?: (data: Uint8Array) => void | Promise<void>;
   /** Accepted (E2B): the program's own timeout, set at create, stands. */
@@ -73,6 +76,8 @@ export class Pty {
    * onData, not to stdout.
    */
   async create(opts: PtyCreateOpts): Promise<CommandHandle> {
+    if (opts === undefined || opts === null) throw new InvalidArgumentError('pty.create: options { cols, rows, onData } are required');
+    checkRequestOpts(opts, ['cols', 'rows', 'onData', 'envs', 'cwd', 'user', 'timeoutMs', 'cmd'], 'pty.create');
     checkSize('pty.create', opts);
     if (typeof opts.onData !== 'function') throw new InvalidArgumentError('pty.create: onData must be a function');
     const params: Record<string, unknown> = { sandbox: this.link.sandboxId, cols: opts.cols, rows: opts.rows };
@@ -86,29 +91,30 @@ export class Pty {
    * shows.  NotFoundError when no such program runs.
    */
   async connect(pid: number, opts: PtyConnectOpts = {}): Promise<CommandHandle> {
-    for (const k of Object.keys(opts)) {
-      if (k !== 'onData' && k !== 'timeoutMs' && k !== 'requestTimeoutMs') throw new InvalidArgumentError(`pty.connect: unknown option '${k}'`);
-    }
+    checkRequestOpts(opts, ['onData', 'timeoutMs'], 'pty.connect');
     if (opts.onData !== undefined && typeof opts.onData !== 'function') throw new InvalidArgumentError('pty.connect: onData must be a function');
     if (opts.timeoutMs !== undefined) checkTimeoutMs(opts.timeoutMs, 'pty.connect');
     // a handle that hands the terminal's bytes to onData, not to stdout
-    const handleOpts = { onData: opts.onData ?? (() => {}) } as CommandConnectOpts;
-    return this.commands.connect(pid, handleOpts);
+    return this.commands._connect(pid, { onData: opts.onData ?? (() => {}) });
   }
 
   /** Types into the terminal (keystrokes: "\x03" is Ctrl-C, "\r" is Enter). */
-  async sendInput(pid: number, data: string | Uint8Array): Promise<void> {
-    return this.commands.sendStdin(pid, data);
+  async sendInput(pid: number, data: string | Uint8Array, opts?: RequestOpts): Promise<void> {
+    checkRequestOpts(opts, [], 'pty.sendInput');
+    return this.commands.sendStdin(pid, data, opts);
   }
 
   /** Resizes the terminal; its programs get SIGWINCH. */
-  async resize(pid: number, size: PtySize): Promise<void> {
+  async resize(pid: number, size: PtySize, opts?: RequestOpts): Promise<void> {
+    checkKeys(size, ['cols', 'rows'], 'pty.resize');
+    checkRequestOpts(opts, [], 'pty.resize');
     checkSize('pty.resize', size);
     await this.link.conn.call('pty.resize', { sandbox: this.link.sandboxId, pid, cols: size.cols, rows: size.rows });
   }
 
   /** Kills the terminal's program and its whole tree; false when it no longer ran. */
-  async kill(pid: number): Promise<boolean> {
-    return this.commands.kill(pid);
+  async kill(pid: number, opts?: RequestOpts): Promise<boolean> {
+    checkRequestOpts(opts, [], 'pty.kill');
+    return this.commands.kill(pid, opts);
   }
 }

@@ -38,6 +38,8 @@ export interface SandboxInfo {
   home?: string;
   /** The working directory the sandbox was given (create's cwd, a recipe's workdir, the image's WorkingDir). */
   workdir?: string;
+  /** E2B's: the volumes it mounts, `{name, path}` (docs/volumes.md). */
+  volumeMounts?: Array<{ name: string; path: string }>;
   /** E2B's: true when it may reach every public address (`network: "all"`), false with no network, else absent. */
   allowInternetAccess?: boolean;
   /** E2B's shape of its rules: allow rules as `allowOut`, and `denyOut` `[ALL_TRAFFIC, ...deny rules]` (tupper allows nothing else). */
@@ -113,6 +115,12 @@ export function toInfo(r: Record<string, unknown>): SandboxInfo {
   if (typeof r.default_user === 'string') info.defaultUser = r.default_user;
   if (typeof r.home === 'string') info.home = r.home;
   if (typeof r.workdir === 'string') info.workdir = r.workdir;
+  if (r.volumes && typeof r.volumes === 'object' && !Array.isArray(r.volumes)) {
+    info.volumeMounts = Object.entries(r.volumes as Record<string, unknown>)
+      .filter(([, name]) => typeof name === 'string')
+      .map(([path, name]) => ({ name: name as string, path }))
+      .sort((a, b) => a.path.localeCompare(b.path));
+  }
   return info;
 }
 

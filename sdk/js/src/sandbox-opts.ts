@@ -16,6 +16,20 @@ export interface SandboxConnectionOpts extends ConnectionOpts {
   domain?: string;
   /** Accepted and ignored (E2B compatibility). */
   debug?: boolean;
+  /**
+   * E2B's API client options, accepted and not used: there is no API
+   * server, envd URL, retry or HTTP header under tupper's SDK (the daemon's
+   * socket is the one transport).
+   */
+  validateApiKey?: boolean;
+  apiUrl?: string;
+  sandboxUrl?: string;
+  retries?: number;
+  logger?: unknown;
+  headers?: Record<string, string>;
+  proxy?: unknown;
+  apiHeaders?: Record<string, string>;
+  signal?: AbortSignal;
 }
 
 /** Resource limits (docs/protocol.md, sandbox.create). */
@@ -49,8 +63,15 @@ export interface NetworkLogEntry {
 }
 
 export interface SandboxOpts extends SandboxConnectionOpts {
+  /** E2B's template: the image (as `Sandbox.create(template, opts)`). */
+  template?: string;
   /** The image (E2B's template). Only "default", the embedded busybox image, for now. */
   image?: string;
+  /**
+   * Volumes to mount, as E2B's: mount point in the box -> a Volume or a
+   * volume's name (docs/volumes.md). One sandbox at a time mounts a volume.
+   */
+  volumeMounts?: Record<string, { readonly volumeId: string } | string>;
   /**
    * Where it runs: 'linux' (the default: namespaces on the host's kernel) or
    * 'microvm' (a QEMU microVM with its own kernel; same API, see docs/microvm.md).

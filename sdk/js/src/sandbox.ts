@@ -13,6 +13,7 @@ import { checkTimeoutMs, fromRpcError, InvalidArgumentError, NotFoundError, Sand
 import { Filesystem } from './filesystem';
 import type { SandboxLink } from './link';
 import { SandboxPaginator, type SandboxListOpts } from './paginator';
+import { checkKeys as checkOptionKeys } from './options';
 import { policyParam } from './policy';
 import { Pty } from './pty';
 import { recipeParam, templateParams } from './recipe';
@@ -56,25 +57,34 @@ const E2B_CONNECTION_KEYS = [
 const CONNECTION_KEYS = ['socket', 'requestTimeoutMs', ...E2B_CONNECTION_KEYS];
 const CREATE_KEYS = new Set([
   ...CONNECTION_KEYS, 'template', 'image', 'backend', 'accel', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd', 'policy',
-  'recipe', 'network', 'allowInternetAccess', 'secure', 'lifecycle',
+  'recipe', 'network', 'allowInternetAccess', 'secure', 'lifecycle', 'volumeMounts',
 ]);
 /** E2B options with no local counterpart at all: refused with a reason rather than dropped. */
 const E2B_UNSUPPORTED: Record<string, string> = {
   mcp: "tupper has no MCP gateway template; run tupper's own MCP server (tupper-mcp) instead",
-  volumeMounts: 'tupper has no volumes yet; use a recipe\'s files or files.write',
   iam: 'tupper has no workload identity tokens',
 };
 const CONNECT_KEYS = new Set([...CONNECTION_KEYS, 'timeoutMs', 'onResume']);
 
 /** InvalidArgumentError for every key of opts not in known (an option tupper does not know is never dropped). */
 function checkKeys(opts: object | undefined, known: Set<string>, what: string): void {
-  if (opts === undefined || opts === null) return;
-  if (typeof opts !== 'object' || Array.isArray(opts)) throw new InvalidArgumentError(`${what}: options must be an object`);
-  for (const k of Object.keys(opts)) {
-    if ((opts as Record<string, unknown>)[k] === undefined) continue;
-    if (E2B_UNSUPPORTED[k] !== undefined) throw new InvalidArgumentError(`${what}: option '${k}' is not supported: ${E2B_UNSUPPORTED[k]}`);
-    if (!known.has(k)) throw new InvalidArgumentError(`${what}: unknown option '${k}'`);
+  checkOptionKeys(opts, known, what, E2B_UNSUPPORTED);
+}
+
+/** E2B's volumeMounts ({ '/mnt/data': vol | 'name' }) as sandbox.create's volumes (path -> name or id). */
+function volumeMountsParam(m: unknown): Record<string, string> {
+  if (m === null || typeof m !== 'object' || Array.isArray(m)) {
+    throw new InvalidArgumentError("Sandbox.create: volumeMounts must map mount points to volumes, e.g. { '/mnt/data': vol }");
   }
+  const out: Record<string, string> = {};
+  for (const [path, v] of Object.entries(m as Record<string, unknown>)) {
+    const ref = typeof v === 'string' ? v : v !== null && typeof v === 'object' ? (v as { volumeId?: unknown }).volumeId : undefined;
+    if (typeof ref !== 'string' || ref === '') {
+      throw new InvalidArgumentError(`Sandbox.create: volumeMounts['${path}'] must be a Volume or a volume's name`);
+    }
+    out[path] = ref;
+  }
+  return out;
 }
 
 /** E2B's lifecycle: kill at timeout is what tupper does; pause at timeout it cannot. */
@@ -256,6 +266,7 @@ export class Sandbox {
     if (opts.metadata !== undefined) params.metadata = opts.metadata;
     if (opts.cwd !== undefined) params.cwd = opts.cwd;
     if (network !== undefined) params.network = network;
+    if (opts.volumeMounts !== undefined) params.volumes = volumeMountsParam(opts.volumeMounts);
     const policy = await policyParam(opts.policy);
     if (policy !== undefined) params.policy = policy;
     const conn = await Connection.open(connectionOpts(opts));
@@ -398,6 +409,11 @@ export class Sandbox {
       this.files._sandboxGone('killed');
       this.conn.close();
     }
+  }
+
+  /** @internal Closes this object's connection, leaving the sandbox as it is (Volume's file methods). */
+  _close(): void {
+    this.conn.close();
   }
 
   /** The sandbox now lives timeoutMs from now (0: until killed). */

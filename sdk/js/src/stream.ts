@@ -69,7 +69,6 @@ export class DataConn {
 
   private constructor(sock: net.Socket) {
     this.sock = sock;
-    sock.unref(); // only a stream in progress keeps Node alive
   }
 
   /** Opens the data connection of conn; rejects when the daemon has none. */
@@ -115,6 +114,10 @@ export class DataConn {
       sock.once('close', () => reject(new SandboxError('stream.attach: the daemon closed the connection')));
       sock.write(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'stream.attach', params: { token, window } }) + '\n');
     });
+    // ref'd until attached (the attach is a request in flight: a script whose
+    // only wait it is must not end there); from now on only a stream in
+    // progress keeps Node alive
+    if (dc.active === 0) sock.unref();
     return dc;
   }
 

@@ -2,7 +2,9 @@
  * files.watchDir: a directory watched in a sandbox; its events arrive as
  * fs.event notifications on the connection that asked.
  */
+import { DEADLINE_HINT } from './command-handle';
 import { SandboxError, TimeoutError } from './errors';
+import type { EntryInfo } from './entry';
 import type { SandboxLink } from './link';
 
 /** What watchDir reports, as E2B's FilesystemEventType (plus tupper's OVERFLOW). */
@@ -25,6 +27,8 @@ export interface FilesystemEvent {
   message?: string;
   /** The exact bytes of a name that is not UTF-8 (`name` then shows U+FFFD). */
   nameRaw?: Uint8Array;
+  /** With watchDir's `includeEntry`: what is at the path now (not for a removal, nor once it is gone again). */
+  entry?: EntryInfo;
 }
 
 export interface WatchOpts {
@@ -37,6 +41,12 @@ export interface WatchOpts {
   /** The account it watches as (default: the sandbox's default account); see FilesystemRequestOpts. */
   user?: string;
   requestTimeoutMs?: number;
+  /** E2B's request signal: one already aborted starts no watch (AbortError). */
+  signal?: AbortSignal;
+  /** E2B's: each event but a removal carries its EntryInfo (fetched with files.getInfo as it comes). */
+  includeEntry?: boolean;
+  /** Accepted (E2B refuses network mounts without it): tupper watches what inotify sees in the box. */
+  allowNetworkMounts?: boolean;
 }
 
 /** Default duration of a watch, as E2B: 60 s. */
@@ -82,7 +92,7 @@ export class WatchHandle {
     const timeoutMs = opts.timeoutMs ?? DEFAULT_WATCH_TIMEOUT_MS;
     if (timeoutMs > 0) {
       this.timer = setTimeout(() => {
-        void this.stopWith(new TimeoutError(`watch ${watchId} ran for its timeoutMs (${timeoutMs} ms)`));
+        void this.stopWith(new TimeoutError(`[deadline_exceeded] watch ${watchId} ran for its timeoutMs (${timeoutMs} ms): ${DEADLINE_HINT}`));
       }, timeoutMs);
     }
   }

@@ -163,7 +163,9 @@ test('unknown options are errors in JavaScript too; E2B options without a counte
   await assert.rejects(Sandbox.create({ ...opts, timeOutMs: 1000 }), (e) => e instanceof InvalidArgumentError && /unknown option 'timeOutMs'/.test(e.message));
   await assert.rejects(Sandbox.create('default', { ...opts, envz: {} }), /unknown option 'envz'/);
   await assert.rejects(Sandbox.create({ ...opts, mcp: {} }), /option 'mcp' is not supported/);
-  await assert.rejects(Sandbox.create({ ...opts, volumeMounts: { '/data': 'v' } }), /option 'volumeMounts' is not supported/);
+  // volumeMounts is real now (volume.test.mjs): a volume that does not exist is the daemon's error
+  await assert.rejects(Sandbox.create({ ...opts, volumeMounts: { '/data': 'v' } }), /no volume 'v'/);
+  await assert.rejects(Sandbox.create({ ...opts, volumeMounts: ['v'] }), /volumeMounts must map mount points/);
   await assert.rejects(Sandbox.create({ ...opts, network: { allowOut: ['x.org'], egress: 1 } }), /unknown network option 'egress'/);
   await assert.rejects(Sandbox.create({ ...opts, allowInternetAccess: 'yes' }), /allowInternetAccess must be a boolean/);
   await assert.rejects(Sandbox.create({ ...opts, lifecycle: { onTimeout: 'pause' } }), /'pause' is not supported/);

@@ -106,6 +106,47 @@ test('openapi.json documents every route, and only those; it is served', async (
   assert.deepEqual(await r.json(), doc);
 });
 
+test('volumes: create, list, get, mount with volumeMounts, destroy refused while mounted (409), bad names (400)', async () => {
+  let r = await post('/volumes', { name: 'http-vol', size: '16M' });
+  assert.equal(r.status, 201);
+  const v = await r.json();
+  assert.equal(v.name, 'http-vol');
+  assert.equal(v.size, 16 << 20);
+  assert.match(v.volumeId, /^vol-/);
+  await errorOf(await post('/volumes', { name: 'http-vol' }), 409);
+  for (const bad of ['..', 'a/b', 'a\nb']) await errorOf(await post('/volumes', { name: bad }), 400);
+  await errorOf(await post('/volumes', { name: 'x', extra: 1 }), 400);
+  assert.deepEqual((await (await fetch(base + '/volumes')).json()).volumes.map((x) => x.name), ['http-vol']);
+  r = await post('/sandboxes', { volumeMounts: { '/mnt/v': 'http-vol' } });
+  assert.equal(r.status, 201);
+  const sid = (await r.json()).sandboxId;
+  try {
+    r = await post(`/sandboxes/${sid}/commands`, { cmd: 'echo kept > /mnt/v/f && cat /mnt/v/f' });
+    assert.equal(r.status, 200);
+    const events = await allEvents(r);
+    assert.equal(events.at(-1).exitCode, 0, JSON.stringify(events));
+    const got = await fetch(`${base}/volumes/${v.volumeId}`);
+    assert.deepEqual((await got.json()).mountedBy, [{ sandboxId: sid, path: '/mnt/v' }]);
+    const e = await errorOf(await fetch(`${base}/volumes/http-vol`, { method: 'DELETE' }), 409);
+    assert.ok(e.message.includes(sid), e.message);
+  } finally {
+    await fetch(`${base}/sandboxes/${sid}`, { method: 'DELETE' });
+  }
+  r = await post('/sandboxes', { volumeMounts: { '/data': 'http-vol' } });
+  const sid2 = (await r.json()).sandboxId;
+  try {
+    const f = await fetch(`${base}/sandboxes/${sid2}/files${q('/data/f')}`);
+    assert.equal(await f.text(), 'kept\n');
+  } finally {
+    await fetch(`${base}/sandboxes/${sid2}`, { method: 'DELETE' });
+  }
+  await errorOf(await post('/sandboxes', { volumeMounts: { '/d': 'missing' } }), 422);
+  await errorOf(await fetch(`${base}/volumes/a..b`), 400);
+  assert.equal((await fetch(`${base}/volumes/http-vol`, { method: 'DELETE' })).status, 200);
+  await errorOf(await fetch(`${base}/volumes/http-vol`, { method: 'DELETE' }), 404);
+  await errorOf(await fetch(`${base}/volumes/http-vol`), 404);
+});
+
 test('sandboxes: create, get, list with filters, timeout, metrics, kill', async () => {
   const r = await post('/sandboxes', { image: 'default', metadata: { who: 'crud' }, envs: { A: 'b' }, timeoutMs: 60000, limits: { pids: 64 } });
   assert.equal(r.status, 201);

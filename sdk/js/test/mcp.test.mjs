@@ -121,6 +121,27 @@ test('the tools are listed with descriptions and input schemas', async () => {
   assert.match(create.description, /"default".*no other image in its store/);
 });
 
+test('volumes: volume_create, sandbox_create with volumeMounts, data kept for the next sandbox, volume_destroy refused while mounted', async () => {
+  const v = json(await call('volume_create', { name: 'mcp-vol', size: '16M' }));
+  assert.equal(v.name, 'mcp-vol');
+  assert.equal(v.size, 16 << 20);
+  const bad = await call('volume_create', { name: '../x' });
+  assert.equal(bad.isError, true);
+  const a = json(await call('sandbox_create', { volumeMounts: { '/mnt/v': 'mcp-vol' } }));
+  json(await call('write_file', { sandboxId: a.sandboxId, path: '/mnt/v/note.txt', content: 'from mcp' }));
+  const listed = json(await call('volume_list', {})).volumes;
+  assert.deepEqual(listed.map((x) => [x.name, x.mountedBy]), [['mcp-vol', [{ sandboxId: a.sandboxId, path: '/mnt/v' }]]]);
+  const refused = await call('volume_destroy', { name: 'mcp-vol' });
+  assert.equal(refused.isError, true);
+  assert.ok(refused.content[0].text.includes(a.sandboxId), refused.content[0].text);
+  json(await call('sandbox_kill', { sandboxId: a.sandboxId }));
+  const b = json(await call('sandbox_create', { volumeMounts: { '/data': 'mcp-vol' } }));
+  assert.equal(json(await call('read_file', { sandboxId: b.sandboxId, path: '/data/note.txt' })).content, 'from mcp');
+  json(await call('sandbox_kill', { sandboxId: b.sandboxId }));
+  assert.deepEqual(json(await call('volume_destroy', { name: 'mcp-vol' })), { name: 'mcp-vol', destroyed: true });
+  assert.deepEqual(json(await call('volume_list', {})).volumes, []);
+});
+
 test('unknown arguments are an error, as additionalProperties: false says', async () => {
   const r = await call('sandbox_create', { image: 'default', netwrok: 'all' });
   assert.equal(r.isError, true);

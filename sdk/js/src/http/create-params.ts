@@ -24,6 +24,8 @@ export interface ServerCreateOpts {
   cwd?: string;
   network?: NetworkRules;
   policy?: { source: string; name?: string };
+  /** Volumes to mount: mount point -> volume name or id (E2B's volumeMounts; docs/volumes.md). */
+  volumeMounts?: Record<string, string>;
 }
 
 const SHIPPED = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
@@ -53,6 +55,7 @@ export function createParams(o: ServerCreateOpts): Record<string, unknown> {
   if (o.metadata !== undefined) p.metadata = o.metadata;
   if (o.cwd !== undefined) p.cwd = o.cwd;
   if (o.network !== undefined) p.network = o.network;
+  if (o.volumeMounts !== undefined) p.volumes = o.volumeMounts;
   if (o.policy !== undefined) {
     if (typeof o.policy.source !== 'string' || o.policy.source === '') throw new InvalidArgumentError('policy.source must be a non-empty string');
     if (Buffer.byteLength(o.policy.source) > POLICY_MAX_BYTES) throw new InvalidArgumentError(`policy: larger than ${POLICY_MAX_BYTES} bytes`);

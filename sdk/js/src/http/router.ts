@@ -33,6 +33,10 @@ export const HTTP_ROUTES: ReadonlyArray<{ method: string; path: string }> = [
   ['GET', '/sandboxes/{id}/files/stat'],
   ['POST', '/sandboxes/{id}/files/mkdir'],
   ['POST', '/sandboxes/{id}/files/rename'],
+  ['POST', '/volumes'],
+  ['GET', '/volumes'],
+  ['GET', '/volumes/{volume}'],
+  ['DELETE', '/volumes/{volume}'],
   ['GET', '/openapi.json'],
 ].map(([method, path]) => ({ method, path }));
 

@@ -21,6 +21,7 @@ import * as commands from './routes/commands';
 import * as files from './routes/files';
 import * as openapi from './routes/openapi';
 import * as sandboxes from './routes/sandboxes';
+import * as volumes from './routes/volumes';
 
 export interface HttpServerOpts extends ConnectionOpts {
   /** Bearer token every request must carry; required to listen beyond loopback. */
@@ -117,6 +118,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
   commands.register(router, ctx);
   code.register(router, ctx);
   files.register(router, ctx);
+  volumes.register(router, ctx);
   openapi.register(router);
   router.checkComplete();
 

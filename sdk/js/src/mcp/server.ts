@@ -9,6 +9,7 @@ import * as code from './tools/code';
 import * as commands from './tools/commands';
 import * as files from './tools/files';
 import * as sandboxes from './tools/sandboxes';
+import * as volumes from './tools/volumes';
 
 export interface McpServerOpts extends ConnectionOpts {
   /** Most sandboxes one session may have at once (default 16). */
@@ -45,6 +46,9 @@ export const MCP_TOOLS = [
   'read_file',
   'write_file',
   'list_files',
+  'volume_create',
+  'volume_list',
+  'volume_destroy',
 ] as const;
 
 /** What the daemon has, for createMcpServer's descriptions. */
@@ -89,6 +93,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
   commands.register(server, session);
   code.register(server, session);
   files.register(server, session);
+  volumes.register(server, session);
 
   async function close(): Promise<void> {
     if (!(await session.close())) return;

@@ -51,7 +51,7 @@ function textValue(v: unknown, what: string, keys: string[]): { source: string; 
 
 /** The options of a create, from its body. */
 function createOpts(b: Record<string, unknown>): ServerCreateOpts {
-  onlyKeys(b, ['image', 'recipe', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd', 'network', 'policy'], 'body');
+  onlyKeys(b, ['image', 'recipe', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd', 'network', 'policy', 'volumeMounts'], 'body');
   const o: ServerCreateOpts = {};
   if (b.image !== undefined) {
     if (typeof b.image !== 'string' || b.image === '' || b.image.length > 512) throw badRequest('image must be a non-empty string');
@@ -65,6 +65,7 @@ function createOpts(b: Record<string, unknown>): ServerCreateOpts {
   if (b.cwd !== undefined) o.cwd = checkPath(b.cwd, 'cwd');
   if (b.network !== undefined) o.network = networkValue(b.network, 'network');
   if (b.policy !== undefined) o.policy = textValue(b.policy, 'policy', ['source', 'name']);
+  if (b.volumeMounts !== undefined) o.volumeMounts = stringMap(b.volumeMounts, 'volumeMounts');
   return o;
 }
 

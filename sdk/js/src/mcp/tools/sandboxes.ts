@@ -230,6 +230,10 @@ export function register(server: McpServer, session: Session): void {
         limits: S.limits().optional(),
         network: S.network().optional(),
         cwd: S.filePath("Default working directory of the sandbox's commands.").optional(),
+        volumeMounts: z
+          .record(z.string().min(1).max(256))
+          .optional()
+          .describe('Volumes to mount (volume_create makes them): mount point in the sandbox -> volume name, e.g. {"/mnt/data": "data"}. What is written there outlives the sandbox; one sandbox at a time mounts a volume.'),
         name: z
           .string()
           .min(1)
