@@ -56,6 +56,7 @@ bench: build
 	@BUILD=$(BUILD) bench/network
 	@BUILD=$(BUILD) bench/bytes
 	@BUILD=$(BUILD) bench/loop
+	@BUILD=$(BUILD) bench/fork
 
 clean:
 	rm -rf $(BUILD)

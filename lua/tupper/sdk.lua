@@ -522,6 +522,21 @@ Sandbox.get_host = entry(function(self, port)
   return ("%s:%d"):format(r.host, math.tointeger(r.port))
 end)
 
+--- Snapshots the sandbox's files (docs/snapshots.md), optionally named;
+-- returns the snapshot: id, names, sandbox, created_at, size, sandboxes.
+Sandbox.snapshot = entry(function(self, name)
+  return call("sandbox.snapshot", { id = self.id, name = name })
+end)
+
+--- count (default 1) new sandboxes from one snapshot of this one: an
+-- array of handles, and the snapshot's id.
+Sandbox.fork = entry(function(self, count)
+  local r = call("sandbox.fork", { id = self.id, count = count or 1 })
+  local out = {}
+  for i, info in ipairs(r.sandboxes) do out[i] = new_box(info) end
+  return out, r.snapshot
+end)
+
 --- True while the sandbox exists.
 Sandbox.is_running = entry(function(self)
   return call("sandbox.get", { id = self.id }, true) ~= nil
@@ -585,7 +600,8 @@ end
 -- docs/recipes.md; envs, cwd and limits given here override its own),
 -- network ("none", "all" or { allow = {...}, deny = {...} }: docs/network.md),
 -- backend ("linux", the default, or "microvm": docs/microvm.md), volumes
--- ({ ["/mnt/data"] = "name" }: docs/volumes.md).
+-- ({ ["/mnt/data"] = "name" }: docs/volumes.md), snapshot (a snapshot's id
+-- or name: its files and settings, docs/snapshots.md).
 M.create = entry(function(opts)
   opts = opts or {}
   local limits = opts.limits
@@ -596,8 +612,19 @@ M.create = entry(function(opts)
   end
   local info = call("sandbox.create", { image = opts.image, env = opts.envs, metadata = opts.metadata,
     limits = limits, cwd = opts.cwd, policy = policy_param(opts.policy), recipe = recipe_param(opts.recipe),
-    network = opts.network, backend = opts.backend, volumes = opts.volumes })
+    network = opts.network, backend = opts.backend, volumes = opts.volumes,
+    snapshot = opts.snapshot })
   return new_box(info)
+end)
+
+--- The daemon's snapshots, oldest first.
+M.snapshots = entry(function()
+  return call("snapshot.list", {}).snapshots
+end)
+
+--- Deletes a snapshot (id or name); raises while a sandbox uses it.
+M.delete_snapshot = entry(function(ref)
+  return call("snapshot.delete", { id = ref }).deleted
 end)
 
 --- A handle on an existing sandbox; raises when there is none.

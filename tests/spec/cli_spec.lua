@@ -362,6 +362,7 @@ describe("the CLI against a daemon", function()
       build = { dir .. "/nofile.lua" },
       ["volume create"] = { "--size", "1M", "nosuch" }, ["volume ls"] = {}, ["volume inspect"] = { "nosuch" },
       ["volume rm"] = { "nosuch" },
+      snapshot = { "nosuchbox" }, ["snapshot ls"] = {}, ["snapshot rm"] = { "nosuch" }, fork = { "nosuchbox" },
     }
     for _, v in ipairs(cli_table.VERBS) do
       if v.daemon then

@@ -172,6 +172,10 @@ function M.main(argv)
       return die("%s: no command '%s': want %s (see tupper %s --help)", verb, sub, groups[verb], verb)
     end
     i = i + 1
+  elseif verb == "snapshot" and (argv[i] == "ls" or argv[i] == "list" or argv[i] == "rm" or argv[i] == "remove") then
+    -- `tupper snapshot ID [NAME]` takes one; `snapshot ls|rm` are its sub-verbs
+    name = "snapshot " .. (SUB_ALIAS[argv[i]] or argv[i])
+    i = i + 1
   end
   local v = cli_table.verb(name)
   if not v then return die("unknown command '%s' (see tupper --help)", verb) end

@@ -57,6 +57,8 @@ opt("volume", { short = "v", value = "NAME:/PATH", kind = "string", repeatable =
   summary = "mount the volume NAME at /PATH in the box (tupper volume create)" })
 opt("size", { value = "SIZE", kind = "size", summary = "a volume's capacity, e.g. 256M (default 1G)" })
 opt("recipe", { value = "FILE|NAME", kind = "file", summary = "make the sandbox from a recipe: a Lua file (with its .lock) or a shipped recipe's name" })
+opt("snapshot", { value = "ID|NAME", kind = "string", summary = "make the sandbox from a snapshot's files and settings (tupper snapshot)" })
+opt("count", { short = "n", value = "N", kind = "int", min = 1, max = 64, summary = "how many sandboxes (default 1, at most 64)" })
 
 -- listings and logs
 opt("json", { summary = "print JSON" })
@@ -146,10 +148,11 @@ M.VERBS = {
     description = {
       "Creates a sandbox that stays: it lives 5 minutes unless --timeout says otherwise (0: until killed). Prints its id.",
     },
-    options = list("env", "workdir", "image", "metadata", "recipe", "volume", LIMITS),
+    options = list("env", "workdir", "image", "metadata", "recipe", "volume", "snapshot", LIMITS),
     args = {},
     examples = {
       { "id=$(tupper create --timeout 1h --memory 1G)", "" },
+      { "tupper create --snapshot base", "from the snapshot named base" },
       { "tupper create --backend microvm --cpus 2 --disk 2G", "a VM with its own kernel" },
     } },
   { name = "exec", group = "sandboxes", daemon = true,
@@ -199,6 +202,34 @@ M.VERBS = {
     options = {},
     args = { IDS },
     examples = { { "tupper kill $id", "" } } },
+  { name = "snapshot", group = "sandboxes", daemon = true,
+    synopsis = "ID [NAME] | snapshot ls [--json] | snapshot rm ID|NAME...",
+    summary = "snapshot a sandbox's files",
+    description = { "Freezes the sandbox, copies its files into a read-only snapshot, thaws it, and prints the snapshot's id (docs/snapshots.md). NAME, if given, also names it. tupper create --snapshot makes a sandbox from it; tupper fork snapshots and creates in one step." },
+    options = {},
+    args = { ID, { name = "NAME", kind = "string", optional = true } },
+    examples = { { "tupper snapshot $id base", "" }, { "tupper create --snapshot base", "" } } },
+  { name = "snapshot ls", group = "sandboxes", daemon = true,
+    synopsis = "[--json]",
+    summary = "list the snapshots",
+    description = { "Lists the snapshots: id, names, the sandbox it was taken of, size, creation time and the sandboxes using it." },
+    options = { "json" },
+    args = {},
+    examples = { { "tupper snapshot ls", "" } } },
+  { name = "snapshot rm", group = "sandboxes", daemon = true,
+    synopsis = "ID|NAME...",
+    summary = "delete snapshots",
+    description = { "Deletes each snapshot; refused while a sandbox uses it. The exit code is 125 if one of them could not be deleted." },
+    options = {},
+    args = { { name = "SNAPSHOT", kind = "string", repeatable = true } },
+    examples = { { "tupper snapshot rm base", "" } } },
+  { name = "fork", group = "sandboxes", daemon = true,
+    synopsis = "[-n N] ID",
+    summary = "copy a running sandbox N times",
+    description = { "Snapshots the sandbox ID and creates N sandboxes (default 1, at most 64) from it: each sees its files as they were at that instant, writes on its own, and has its env, limits, network rules and policy. Prints the new ids, one a line." },
+    options = { "count" },
+    args = { ID },
+    examples = { { "tupper fork -n 3 $id", "three copies" } } },
   { name = "pause", group = "sandboxes", daemon = true,
     synopsis = "ID...",
     summary = "freeze every process of sandboxes",

@@ -243,9 +243,53 @@ function M.create(c, p)
     metadata = next(o.metadata) and o.metadata or nil, cwd = o.workdir,
     limits = next(o.limits) and o.limits or nil, policy = policy_param(o), recipe = spec,
     network = o.network, backend = o.backend, accel = o.accel,
-    volumes = o.volumes })
+    volumes = o.volumes, snapshot = p.opts.snapshot })
   if not sb then return die("%s", errmsg(err)) end
   print(sb.id)
+  return 0
+end
+
+--- tupper snapshot ID [NAME]
+function M.snapshot(c, p)
+  local r, err = c:call("sandbox.snapshot", { id = p.args[1], name = p.args[2] })
+  if not r then return die("%s", errmsg(err)) end
+  print(r.id)
+  return 0
+end
+
+--- tupper snapshot ls [--json]
+function M.snapshot_ls(c, p)
+  local r, err = c:call("snapshot.list", {})
+  if not r then return die("%s", errmsg(err)) end
+  if p.opts.json then
+    print(json.encode(json.array(r.snapshots)))
+    return 0
+  end
+  local rows = {}
+  for _, s in ipairs(r.snapshots) do
+    rows[#rows + 1] = { s.id, #s.names > 0 and table.concat(s.names, ",") or "-", tostring(s.sandbox or "-"),
+      units.human(s.size or 0, { si = true }), tostring(s.created_at or "-"),
+      #s.sandboxes > 0 and table.concat(s.sandboxes, ",") or "-" }
+  end
+  M.print_table({ "ID", "NAMES", "SANDBOX", "SIZE", "CREATED", "USED BY" }, rows)
+  return 0
+end
+
+--- tupper snapshot rm ID|NAME...
+function M.snapshot_rm(c, p)
+  local code = 0
+  for _, ref in ipairs(p.args) do
+    local r, err = c:call("snapshot.delete", { id = ref })
+    if not r then code = die("snapshot rm %s: %s", ref, errmsg(err)) else print(ref) end
+  end
+  return code
+end
+
+--- tupper fork [-n N] ID
+function M.fork(c, p)
+  local r, err = c:call("sandbox.fork", { id = p.args[1], count = p.opts.count or 1 })
+  if not r then return die("%s", errmsg(err)) end
+  for _, sb in ipairs(r.sandboxes) do print(sb.id) end
   return 0
 end
 

@@ -115,6 +115,7 @@ function h.sandbox_pause(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.id, true)
   if not sb then return nil, code, msg end
   if sb.state == "paused" then return { state = "paused" } end
+  if sb.snapshotting then return nil, rpc.SANDBOX_ERROR, ("sandbox '%s' is being snapshotted: pause it after"):format(p.id) end
   local ok, err = sb:freeze(true)
   if not ok then return nil, rpc.SANDBOX_ERROR, err end
   d:pause_timeout(sb)
@@ -126,6 +127,7 @@ function h.sandbox_resume(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.id, true)
   if not sb then return nil, code, msg end
   if sb.state == "running" then return { state = "running" } end
+  if sb.snapshotting then return nil, rpc.SANDBOX_ERROR, ("sandbox '%s' is being snapshotted: resume it after"):format(p.id) end
   local ok, err = sb:freeze(false)
   if not ok then return nil, rpc.SANDBOX_ERROR, err end
   d:resume_timeout(sb)
@@ -550,6 +552,8 @@ end
 
 -- recipe.register, recipe.list, recipe.remove: the template registry's
 for k, fn in pairs(require("tupper.daemon.templates").handlers) do h[k] = fn end
+-- sandbox.snapshot, sandbox.fork, snapshot.list, snapshot.delete
+for k, fn in pairs(require("tupper.daemon.snapshot_api").handlers) do h[k] = fn end
 
 -- the data plane's methods (stream.*, fs.*_stream) live in api_stream.lua
 api_stream.register(h, { get_sandbox = get_sandbox, abs_path = abs_path, as = as, agent_call = agent_call,

@@ -108,7 +108,8 @@ function D:_recipe_params(p)
     q.template = nil
     local spec = templates.resolve(self, p.template)
     if not spec then
-      q.image = p.template
+      -- E2B's Sandbox.create(snapshotId): a snapshot's id or name
+      if self:snapshot_find(p.template) then q.snapshot = p.template else q.image = p.template end
       return q
     end
     q.recipe = spec
@@ -284,7 +285,18 @@ function D:create_sandbox(p)
   end
   local image = p.image or "default"
   local img
-  if image ~= "default" and not plan then
+  if p.snapshot then
+    -- a create from a snapshot (daemon/snapshots.lua): its layer, image
+    -- settings, env, limits and network rules under the request's own
+    if p.image or p._recipe then return nil, "'snapshot' names the sandbox's files: not with 'image', 'recipe' or 'template'" end
+    local rec, serr = self:snapshot_find(p.snapshot)
+    if not rec then return nil, serr end
+    local err
+    img, err = self:_snapshot_image(rec)
+    if not img then return nil, err end
+    p = self:_snapshot_params(rec, p)
+    image = img.ref or "default"
+  elseif image ~= "default" and not plan then
     local err
     img, err = self.images:resolve(image)
     if not img and not image:match("^sha256:") then -- a digest names nothing to pull
@@ -364,12 +376,14 @@ function D:_finish_create(p, b, lim, plan, img, image, vols)
   end
   -- the image's Env, WorkingDir and User, under the create's (and recipe's)
   apply_image(sb, img or (plan and plan.image), p)
+  if img and img.snapshot then sb.snapshot, sb.cred = img.snapshot, img.cred end
   -- without a recipe, the default account is a function of the image's
   -- files alone (no code has run in the box yet): kept per image digest, a
   -- create of an image seen before asks its box nothing (two file reads
   -- through the agent, which under TCG are a microVM's slowest after a
   -- snapshot restore)
-  local akey = not plan and (img and img.digest or (image == "default" and "default")) or nil
+  local akey = not plan and not (img and img.snapshot)
+    and (img and img.digest or (image == "default" and "default")) or nil
   local known = akey and self.accounts[akey]
   if known then
     sb.default_user, sb.home = known.name, known.home

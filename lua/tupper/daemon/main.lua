@@ -23,7 +23,8 @@ local limits = require("tupper.daemon.limits")
 -- the daemon's methods, by what they do (mixed into Daemon below)
 local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
                 require("tupper.daemon.life"), require("tupper.daemon.events"),
-                (require("tupper.daemon.recover")) } -- (): require also returns the path
+                require("tupper.daemon.recover"),
+                (require("tupper.daemon.snapshots")) } -- (): require also returns the path
 
 local M = {}
 
@@ -420,6 +421,7 @@ function M.run(opts)
       self.layer_store, err = layers.open(self.state .. "/layers")
       ok = self.layer_store ~= nil
     end
+    if ok then ok, err = self:_snapshots_open() end
     if ok then
       self.images, err = images.open(self.state .. "/images", { uid_base = self.uid_base,
         id_count = sandbox.ID_COUNT, default_layers = { self.default_image }, log = log,

@@ -105,8 +105,10 @@ function M.adopt(opts)
   -- opts.saved: the backend's part of the record (record().vm)
   local box, err = opts.backend_impl.adopt(opts)
   if not box then return nil, "adopt sandbox " .. opts.id .. ": " .. tostring(err) end
-  -- a backend whose pause freezes the agent too: thawed for the handshake
-  local refreeze = opts.backend_impl.agent_frozen and opts.paused and box:has_cgroup()
+  -- a paused box's agent may be frozen too (a microVM's QEMU; a linux
+  -- box's agent on a v1 freezer, which freezes the whole cgroup): thawed
+  -- for the handshake, frozen again after
+  local refreeze = opts.paused and box:has_cgroup()
   if refreeze then box:freeze(false) end
   local self, aerr = attach(box, opts, true)
   if not self then return nil, aerr end
@@ -688,7 +690,8 @@ end
 function Sandbox:destroy(keep_upper)
   if self.state == "killing" or self.state == "gone" then return true end
   local reason = "killed"
-  if self.state == "paused" then self.box:freeze(false) end -- a frozen task cannot die
+  -- a frozen task cannot die (snapshot_frozen: frozen by a snapshot's copy)
+  if self.state == "paused" or self.snapshot_frozen then self.box:freeze(false) end
   self.state = "killing"
   if self.net then self.net:close_all() end
   self:_fail_all(reason)

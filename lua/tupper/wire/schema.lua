@@ -55,6 +55,9 @@ local RECIPE = { type = "object", fields = {
 M.RECIPE = RECIPE
 -- "none", "all" or { allow = [rule...], deny = [rule...] } (tupper.netrules)
 local NETWORK = { type = "network" }
+-- a snapshot's id or name (daemon/snapshots.lua checks a new name's characters)
+local SNAPSHOT_REF = { type = "string", min = 1, max = 128 }
+local SNAPSHOT_NAME = { type = "string", min = 1, max = 128 }
 M.NETWORK = NETWORK
 -- where a sandbox runs: namespaces on the host's kernel, or a microVM with
 -- a kernel of its own (docs/microvm.md)
@@ -81,7 +84,7 @@ M.methods = {
                kill_on_disconnect = { type = "boolean" }, policy = POLICY, recipe = RECIPE,
                backend = M.BACKEND, template = { type = "string", min = 1, max = 256 },
                accel = { type = "enum", values = { "kvm", "tcg", "auto" } },
-               volumes = VOLUME_MOUNTS },
+               volumes = VOLUME_MOUNTS, snapshot = SNAPSHOT_REF },
     result = { "id", "image", "backend", "state", "created_at", "metadata", "limits", "timeout",
                "default_user", "home" },
   },
@@ -172,6 +175,27 @@ M.methods = {
     doc = "Lists the sandboxes.",
     params = {},
     result = { "sandboxes" },
+  },
+  ["sandbox.snapshot"] = {
+    doc = "Freezes the sandbox, copies its files into a read-only snapshot layer, thaws it (docs/snapshots.md).",
+    params = { id = ID, name = SNAPSHOT_NAME, required = { "id" } },
+    result = { "id", "names", "sandbox", "image", "created_at", "size", "sandboxes" },
+  },
+  ["sandbox.fork"] = {
+    doc = "One snapshot of the sandbox, then count sandboxes made from it with its env, limits, network rules and policy.",
+    params = { id = ID, count = { type = "integer", min = 1, max = 64 }, name = SNAPSHOT_NAME,
+               kill_on_disconnect = { type = "boolean" }, required = { "id" } },
+    result = { "snapshot", "sandboxes" },
+  },
+  ["snapshot.list"] = {
+    doc = "The daemon's snapshots.",
+    params = {},
+    result = { "snapshots" },
+  },
+  ["snapshot.delete"] = {
+    doc = "Deletes a snapshot (by id or name); refused while a sandbox uses it.",
+    params = { id = SNAPSHOT_REF, required = { "id" } },
+    result = { "deleted" },
   },
   ["sandbox.kill"] = {
     doc = "Kills every process of a sandbox and removes it; false when unknown.",

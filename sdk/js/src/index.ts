@@ -5,6 +5,7 @@
 export { Sandbox, DEFAULT_SANDBOX_TIMEOUT_MS, type SandboxConnectOpts } from './sandbox';
 export { Volume, VolumeFileType, type VolumeInfo, type VolumeAndToken, type VolumeEntryStat, type VolumeMetadataOpts, type VolumeWriteOpts, type VolumeCreateOpts } from './volume';
 export { SandboxPaginator, type SandboxListOpts, type SandboxListOrder } from './paginator';
+export { SnapshotPaginator, FORK_MAX, type SnapshotInfo, type CreateSnapshotOpts, type SandboxForkOpts } from './snapshot';
 export { type SandboxInfo, type SandboxState, type SandboxMetrics, type SandboxMetricsOpts } from './sandbox-info';
 export {
   ALL_TRAFFIC,

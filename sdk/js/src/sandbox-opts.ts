@@ -73,6 +73,12 @@ export interface SandboxOpts extends SandboxConnectionOpts {
    */
   volumeMounts?: Record<string, { readonly volumeId: string } | string>;
   /**
+   * A snapshot's id or name (Sandbox.createSnapshot): the sandbox starts from
+   * its files, env, limits and network rules (docs/snapshots.md).  E2B's form,
+   * Sandbox.create(snapshotId), works as well.
+   */
+  snapshot?: string;
+  /**
    * Where it runs: 'linux' (the default: namespaces on the host's kernel) or
    * 'microvm' (a QEMU microVM with its own kernel; same API, see docs/microvm.md).
    */

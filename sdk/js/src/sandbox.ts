@@ -19,6 +19,10 @@ import { Pty } from './pty';
 import { recipeParam, templateParams } from './recipe';
 import { type SandboxInfo, type SandboxMetrics, type SandboxMetricsOpts, toInfo, toMetrics } from './sandbox-info';
 import type { NetworkLogEntry, NetworkRules, SandboxConnectionOpts, SandboxOpts } from './sandbox-opts';
+import {
+  type CreateSnapshotOpts, type SandboxForkOpts, type SnapshotInfo, SnapshotPaginator, checkForkCount,
+  deleteSnapshotOn, snapshotOn,
+} from './snapshot';
 
 /** E2B's connect options: tupper's connection options, a lifetime, and how a paused box comes back. */
 export type SandboxConnectOpts = SandboxConnectionOpts & {
@@ -57,7 +61,7 @@ const E2B_CONNECTION_KEYS = [
 const CONNECTION_KEYS = ['socket', 'requestTimeoutMs', ...E2B_CONNECTION_KEYS];
 const CREATE_KEYS = new Set([
   ...CONNECTION_KEYS, 'template', 'image', 'backend', 'accel', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd', 'policy',
-  'recipe', 'network', 'allowInternetAccess', 'secure', 'lifecycle', 'volumeMounts',
+  'recipe', 'network', 'allowInternetAccess', 'secure', 'lifecycle', 'volumeMounts', 'snapshot',
 ]);
 /** E2B options with no local counterpart at all: refused with a reason rather than dropped. */
 const E2B_UNSUPPORTED: Record<string, string> = {
@@ -259,6 +263,7 @@ export class Sandbox {
     if (Object.keys(limits).length > 0) params.limits = limits;
     if (opts.recipe !== undefined) params.recipe = await recipeParam(opts.recipe);
     if (opts.image !== undefined) params.image = opts.image;
+    if (opts.snapshot !== undefined) params.snapshot = opts.snapshot;
     if (tpl.template !== undefined) params.template = tpl.template;
     if (opts.backend !== undefined) params.backend = opts.backend;
     if (opts.accel !== undefined) params.accel = opts.accel;
@@ -307,6 +312,53 @@ export class Sandbox {
   /** The sandboxes, page by page (E2B's paginator): `await Sandbox.list().nextItems()`. */
   static list(opts?: SandboxListOpts): SandboxPaginator {
     return new SandboxPaginator(opts);
+  }
+
+  /** Snapshots a sandbox by id (docs/snapshots.md): its files now, read-only; the sandbox runs on. */
+  static async createSnapshot(sandboxId: string, opts: CreateSnapshotOpts = {}): Promise<SnapshotInfo> {
+    checkKeys(opts, new Set([...CONNECTION_KEYS, 'name']), 'createSnapshot');
+    return withConnection(opts, (c) => snapshotOn(c, sandboxId, opts.name));
+  }
+
+  /** The daemon's snapshots (E2B's paginator): `await Sandbox.listSnapshots().nextItems()`. */
+  static listSnapshots(opts?: SandboxConnectionOpts): SnapshotPaginator {
+    checkKeys(opts, new Set(CONNECTION_KEYS), 'listSnapshots');
+    return new SnapshotPaginator(opts);
+  }
+
+  /** Deletes a snapshot by id or name: true, or false when there was none; refused while a sandbox uses it. */
+  static async deleteSnapshot(snapshotId: string, opts?: SandboxConnectionOpts): Promise<boolean> {
+    checkKeys(opts, new Set(CONNECTION_KEYS), 'deleteSnapshot');
+    return deleteSnapshotOn(snapshotId, opts);
+  }
+
+  /**
+   * Forks a running sandbox (by id, or the object): one snapshot, then
+   * `count` sandboxes from it, each with its files at that instant, its env,
+   * limits, network rules and policy (docs/snapshots.md).  All or nothing:
+   * tupper makes every fork or none, so the array holds sandboxes only.
+   */
+  static async fork(sandbox: string | Sandbox, opts: SandboxForkOpts = {}): Promise<Sandbox[]> {
+    checkKeys(opts, new Set([...CONNECTION_KEYS, 'count', 'timeoutMs']), 'Sandbox.fork');
+    const count = checkForkCount(opts.count, 'Sandbox.fork');
+    if (opts.timeoutMs !== undefined) checkTimeoutMs(opts.timeoutMs, 'Sandbox.fork');
+    const id = typeof sandbox === 'string' ? sandbox : sandbox.sandboxId;
+    const connOpts = typeof sandbox === 'string' ? opts : { ...sandbox.connOpts, ...opts };
+    const r = await withConnection(connOpts, (c) =>
+      c.call<{ snapshot: string; sandboxes: Record<string, unknown>[] }>('sandbox.fork', { id, count }));
+    const out: Sandbox[] = [];
+    try {
+      for (const info of r.sandboxes) {
+        const conn = await Connection.open(connectionOpts(connOpts));
+        const s = new (this as unknown as SandboxClass)(conn, info);
+        out.push(s);
+        if (opts.timeoutMs !== undefined) await s.setTimeout(opts.timeoutMs);
+      }
+    } catch (e) {
+      for (const s of out) await s.kill().catch(() => undefined);
+      throw e;
+    }
+    return out;
   }
 
   /** Kills a sandbox by id: true when it was killed, false when there was no such sandbox. */
@@ -490,6 +542,17 @@ export class Sandbox {
   async pause(): Promise<boolean> {
     const r = await this.rpc<{ state: string }>('sandbox.pause', { id: this.sandboxId });
     return r.state === 'paused';
+  }
+
+  /** Snapshots this sandbox (E2B's): its files now, read-only; it runs on. */
+  async createSnapshot(opts: CreateSnapshotOpts = {}): Promise<SnapshotInfo> {
+    checkKeys(opts, new Set([...CONNECTION_KEYS, 'name']), 'createSnapshot');
+    return snapshotOn(this.conn, this.sandboxId, opts.name);
+  }
+
+  /** Forks this sandbox (E2B's): `count` copies of it as it is now; see Sandbox.fork. */
+  async fork(opts: SandboxForkOpts = {}): Promise<Sandbox[]> {
+    return (this.constructor as typeof Sandbox).fork(this, opts);
   }
 
   /** E2B's name for pause(). */

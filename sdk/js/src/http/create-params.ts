@@ -26,6 +26,8 @@ export interface ServerCreateOpts {
   policy?: { source: string; name?: string };
   /** Volumes to mount: mount point -> volume name or id (E2B's volumeMounts; docs/volumes.md). */
   volumeMounts?: Record<string, string>;
+  /** A snapshot's id or name (docs/snapshots.md): not with image or recipe. */
+  snapshot?: string;
 }
 
 const SHIPPED = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
@@ -39,6 +41,10 @@ export function createParams(o: ServerCreateOpts): Record<string, unknown> {
   const p: Record<string, unknown> = {};
   if (Object.keys(limits).length) p.limits = limits;
   if (o.image !== undefined) p.image = o.image;
+  if (o.snapshot !== undefined) {
+    if (o.image !== undefined || o.recipe !== undefined) throw new InvalidArgumentError('snapshot names the files: not with image or recipe');
+    p.snapshot = o.snapshot;
+  }
   if (typeof o.recipe === 'string') {
     if (!SHIPPED.test(o.recipe) || o.recipe.endsWith('.lua')) {
       throw new InvalidArgumentError(`recipe ${JSON.stringify(o.recipe)}: a shipped recipe's name, or {source} with the recipe's text (the server reads no file a client names)`);

@@ -22,6 +22,7 @@ import * as files from './routes/files';
 import * as openapi from './routes/openapi';
 import * as sandboxes from './routes/sandboxes';
 import * as volumes from './routes/volumes';
+import * as snapshots from './routes/snapshots';
 
 export interface HttpServerOpts extends ConnectionOpts {
   /** Bearer token every request must carry; required to listen beyond loopback. */
@@ -115,6 +116,7 @@ export function createHttpServer(opts: HttpServerOpts = {}): TupperHttpServer {
 
   const router = new Router();
   sandboxes.register(router, ctx);
+  snapshots.register(router, ctx);
   commands.register(router, ctx);
   code.register(router, ctx);
   files.register(router, ctx);

@@ -10,6 +10,7 @@ import * as commands from './tools/commands';
 import * as files from './tools/files';
 import * as sandboxes from './tools/sandboxes';
 import * as volumes from './tools/volumes';
+import * as snapshots from './tools/snapshots';
 
 export interface McpServerOpts extends ConnectionOpts {
   /** Most sandboxes one session may have at once (default 16). */
@@ -39,6 +40,11 @@ export const MCP_TOOLS = [
   'sandbox_list',
   'sandbox_kill',
   'sandbox_port',
+  'sandbox_snapshot',
+  'sandbox_fork',
+  'sandbox_restore',
+  'snapshot_list',
+  'snapshot_delete',
   'run_command',
   'command_output',
   'command_kill',
@@ -90,6 +96,7 @@ export function createMcpServer(opts: McpServerOpts = {}): { server: McpServer; 
 
   // in MCP_TOOLS' order
   sandboxes.register(server, session);
+  snapshots.register(server, session);
   commands.register(server, session);
   code.register(server, session);
   files.register(server, session);

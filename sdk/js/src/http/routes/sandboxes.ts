@@ -51,7 +51,10 @@ function textValue(v: unknown, what: string, keys: string[]): { source: string; 
 
 /** The options of a create, from its body. */
 function createOpts(b: Record<string, unknown>): ServerCreateOpts {
-  onlyKeys(b, ['image', 'recipe', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd', 'network', 'policy', 'volumeMounts'], 'body');
+  onlyKeys(b, ['image', 'recipe', 'envs', 'metadata', 'timeoutMs', 'limits', 'cwd', 'network', 'policy', 'volumeMounts', 'snapshot'], 'body');
+  if (b.snapshot !== undefined) {
+    if (typeof b.snapshot !== 'string' || b.snapshot === '' || b.snapshot.length > 128) throw badRequest('snapshot must be a non-empty string (an id or name)');
+  }
   const o: ServerCreateOpts = {};
   if (b.image !== undefined) {
     if (typeof b.image !== 'string' || b.image === '' || b.image.length > 512) throw badRequest('image must be a non-empty string');
@@ -66,6 +69,7 @@ function createOpts(b: Record<string, unknown>): ServerCreateOpts {
   if (b.network !== undefined) o.network = networkValue(b.network, 'network');
   if (b.policy !== undefined) o.policy = textValue(b.policy, 'policy', ['source', 'name']);
   if (b.volumeMounts !== undefined) o.volumeMounts = stringMap(b.volumeMounts, 'volumeMounts');
+  if (b.snapshot !== undefined) o.snapshot = b.snapshot as string;
   return o;
 }
 

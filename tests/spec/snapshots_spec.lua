@@ -1,0 +1,354 @@
+-- Filesystem snapshots and fork on the linux backend (docs/snapshots.md).
+local uv = require("luv")
+local helper = require("helper")
+
+local sync, call = helper.sync, helper.call
+
+local function run(c, id, argv) return sync(function() return helper.run(c, id, argv) end) end
+
+local function read(c, id, path)
+  local r = call(c, "fs.read", { sandbox = id, path = path, encoding = "utf8" })
+  return r and r.data
+end
+
+local function write(c, id, path, data)
+  assert(call(c, "fs.write", { sandbox = id, path = path, data = data, encoding = "utf8" }))
+end
+
+-- the error message of a call expected to fail
+local function fails(c, method, params)
+  local r, err = call(c, method, params)
+  assert.is_nil(r, method .. " should have failed")
+  return type(err) == "table" and err.message or tostring(err)
+end
+
+local function entries(dir)
+  local out = {}
+  local h = uv.fs_scandir(dir)
+  while h do
+    local name = uv.fs_scandir_next(h)
+    if not name then break end
+    out[#out + 1] = name
+  end
+  table.sort(out)
+  return out
+end
+
+describe("snapshots", function()
+  local d, c
+
+  setup(function()
+    d = helper.start_daemon(nil, { pool = 0 })
+    c = assert(d.connect())
+  end)
+  teardown(function()
+    if c then helper.kill_sandboxes(c); c:close() end
+    if d then d.stop() end
+    helper.drain()
+  end)
+
+  it("captures a running box's files at that instant; the box keeps running and writing", function()
+    local id = assert(call(c, "sandbox.create", { env = { FOO = "bar" } })).id
+    write(c, id, "/data.txt", "before")
+    -- a process holding a file open for writing across the snapshot
+    local bg = assert(call(c, "process.start", { sandbox = id,
+      argv = { "sh", "-c", "exec 3>>/log.txt; i=0; while [ $i -lt 100000 ]; do echo $i >&3; i=$((i+1)); sleep 0.05; done" } }))
+    local snap = assert(call(c, "sandbox.snapshot", { id = id, name = "first" }))
+    assert.truthy(snap.id:match("^s%x+$"))
+    assert.are.same({ "first" }, snap.names)
+    assert.are.equal(id, snap.sandbox)
+    assert.truthy(type(snap.size) == "number" and snap.size > 100000, tostring(snap.size))
+    write(c, id, "/data.txt", "after")
+    -- the writer is still alive and its file still grows on the parent
+    local n1 = #read(c, id, "/log.txt")
+    sync(function() require("tupper.util.async").sleep(300) end)
+    assert.is_true(#read(c, id, "/log.txt") > n1)
+    assert.are.equal("after", read(c, id, "/data.txt"))
+    assert(call(c, "process.signal", { sandbox = id, pid = bg.pid, signal = "KILL" }))
+
+    -- a create from it (by name) sees the files as they were, and the env
+    local child = assert(call(c, "sandbox.create", { snapshot = "first" })).id
+    assert.are.equal("before", read(c, child, "/data.txt"))
+    assert.are.equal("bar\n", run(c, child, { "sh", "-c", "echo $FOO" }).stdout)
+    write(c, child, "/data.txt", "child")
+    assert.are.equal("after", read(c, id, "/data.txt"))
+
+    local list = assert(call(c, "snapshot.list", {})).snapshots
+    assert.are.equal(1, #list)
+    assert.are.same({ child }, list[1].sandboxes)
+    -- refused while used, by name or id
+    assert.truthy(fails(c, "snapshot.delete", { id = "first" }):find("in use by sandbox " .. child, 1, true))
+    assert.truthy(call(c, "sandbox.kill", { id = child }).killed)
+    assert.truthy(call(c, "sandbox.kill", { id = id }).killed)
+    assert.is_true(assert(call(c, "snapshot.delete", { id = snap.id })).deleted)
+    assert.are.equal(0, #assert(call(c, "snapshot.list", {})).snapshots)
+    -- its layer went with it
+    for _, name in ipairs(entries(d.state .. "/layers")) do
+      local info = helper.read_file(d.state .. "/layers/" .. name .. "/layer.json") or ""
+      assert.is_nil(info:find('"snapshot"', 1, true), "snapshot layer left: " .. name)
+    end
+  end)
+
+  it("forks: each fork sees the parent's files, writes on its own, keeps env, limits and network rules", function()
+    local net = { allow = { "example.com:443" } }
+    local id = assert(call(c, "sandbox.create", { env = { WHO = "parent" }, network = net,
+      limits = { memory = 256 * 1048576, pids = 200 } })).id
+    write(c, id, "/shared.txt", "from parent")
+    local r = assert(call(c, "sandbox.fork", { id = id, count = 3 }))
+    assert.are.equal(3, #r.sandboxes)
+    local ids = {}
+    for i, sb in ipairs(r.sandboxes) do
+      ids[i] = sb.id
+      assert.are.equal(256 * 1048576, sb.limits.memory)
+      assert.are.equal(200, sb.limits.pids)
+      assert.are.same({ "example.com:443" }, sb.network.allow)
+      assert.are.equal("from parent", read(c, sb.id, "/shared.txt"))
+      assert.are.equal("parent\n", run(c, sb.id, { "sh", "-c", "echo $WHO" }).stdout)
+      write(c, sb.id, "/own.txt", "fork " .. i)
+    end
+    for i, fid in ipairs(ids) do assert.are.equal("fork " .. i, read(c, fid, "/own.txt")) end
+    assert.is_nil(read(c, id, "/own.txt"))
+    -- the snapshot is kept while a fork uses it
+    assert.truthy(fails(c, "snapshot.delete", { id = r.snapshot }):find("in use", 1, true))
+    for _, fid in ipairs(ids) do call(c, "sandbox.kill", { id = fid }) end
+    call(c, "sandbox.kill", { id = id })
+    assert(call(c, "snapshot.delete", { id = r.snapshot }))
+  end)
+
+  it("refuses bad names, bad counts, unknown ids, and a pause mid-snapshot is not possible", function()
+    local id = assert(call(c, "sandbox.create", {})).id
+    for _, bad in ipairs({ "..", "a/b", "x..y", "nul\0x", "tab\tx", "del\127", "." }) do
+      local msg = fails(c, "sandbox.snapshot", { id = id, name = bad })
+      assert.truthy(msg:find("snapshot name", 1, true) or msg:find("NUL", 1, true), bad .. ": " .. msg)
+    end
+    assert.truthy(fails(c, "sandbox.fork", { id = id, count = 0 }):find("count", 1, true))
+    assert.truthy(fails(c, "sandbox.fork", { id = id, count = 1000000 }):find("count", 1, true))
+    assert.truthy(fails(c, "sandbox.snapshot", { id = "nosuchbox" }):find("no sandbox", 1, true))
+    assert.truthy(fails(c, "sandbox.create", { snapshot = "nosuch" }):find("no snapshot", 1, true))
+    assert.truthy(fails(c, "snapshot.delete", { id = "nosuch" }):find("no snapshot", 1, true))
+    -- one name, one snapshot
+    local s1 = assert(call(c, "sandbox.snapshot", { id = id, name = "dup" }))
+    assert.truthy(fails(c, "sandbox.snapshot", { id = id, name = "dup" }):find("already named", 1, true))
+    -- a paused box: the snapshot is taken, and the box stays paused
+    write(c, id, "/p.txt", "paused")
+    assert(call(c, "sandbox.pause", { id = id }))
+    local s2 = assert(call(c, "sandbox.snapshot", { id = id }))
+    assert.are.equal("paused", assert(call(c, "sandbox.get", { id = id })).state)
+    assert(call(c, "sandbox.resume", { id = id }))
+    local child = assert(call(c, "sandbox.create", { snapshot = s2.id })).id
+    assert.are.equal("paused", read(c, child, "/p.txt"))
+    call(c, "sandbox.kill", { id = child })
+    call(c, "sandbox.kill", { id = id })
+    assert(call(c, "snapshot.delete", { id = s1.id }))
+    assert(call(c, "snapshot.delete", { id = s2.id }))
+  end)
+
+  it("refuses a pause or resume mid-snapshot, and a kill mid-snapshot kills the box and leaves no snapshot", function()
+    local id = assert(call(c, "sandbox.create", {})).id
+    assert.are.equal(0, run(c, id, { "dd", "if=/dev/zero", "of=/big", "bs=1M", "count=300" }).exit_code)
+    local before = #assert(call(c, "snapshot.list", {})).snapshots
+    -- the snapshot's handler freezes before it yields to the copy: the
+    -- pause sent right after it finds it snapshotting
+    local done
+    c.conn:send({ jsonrpc = "2.0", id = 990001, method = "sandbox.snapshot", params = { id = id } })
+    local msg = fails(c, "sandbox.pause", { id = id })
+    assert.truthy(msg:find("being snapshotted", 1, true), msg)
+    msg = fails(c, "sandbox.snapshot", { id = id })
+    assert.truthy(msg:find("being snapshotted", 1, true), msg)
+    assert.truthy(assert(call(c, "sandbox.kill", { id = id })).killed)
+    assert.are.equal(0, helper.box_pids(id))
+    -- the copy of a box that went is not kept
+    sync(function()
+      for _ = 1, 500 do
+        local left = false
+        for _, name in ipairs(entries(d.state .. "/layers")) do left = left or name:match("^tmp%-") ~= nil end
+        if not left then done = true; return end
+        require("tupper.util.async").sleep(10)
+      end
+    end)
+    assert.is_true(done)
+    assert.are.equal(before, #assert(call(c, "snapshot.list", {})).snapshots)
+  end)
+
+  it("refuses to snapshot or fork a sandbox bound by a policy with hooks (fail closed)", function()
+    local pol = { source = "return policy { on_file = function(op, path) return true end }", name = "/p/tupper.lua" }
+    local id = assert(call(c, "sandbox.create", { policy = pol })).id
+    local before = #assert(call(c, "snapshot.list", {})).snapshots
+    assert.truthy(fails(c, "sandbox.snapshot", { id = id }):find("polic", 1, true))
+    assert.truthy(fails(c, "sandbox.fork", { id = id, count = 1 }):find("polic", 1, true))
+    assert.are.equal(before, #assert(call(c, "snapshot.list", {})).snapshots)
+    call(c, "sandbox.kill", { id = id })
+  end)
+
+  it("works from the CLI: snapshot, snapshot ls, create --snapshot, fork, snapshot rm", function()
+    local env = { "TUPPER_SOCKET=" .. d.socket, "PATH=" .. os.getenv("PATH") }
+    local id = assert(call(c, "sandbox.create", {})).id
+    write(c, id, "/cli.txt", "cli")
+    local code, out, err = helper.cli({ "snapshot", id, "clisnap" }, { env = env })
+    assert.are.equal(0, code, err)
+    local sid = out:match("^(s%x+)\n$")
+    assert.truthy(sid, out)
+    code, out = helper.cli({ "snapshot", "ls" }, { env = env })
+    assert.are.equal(0, code)
+    assert.truthy(out:find("clisnap", 1, true))
+    code, out, err = helper.cli({ "create", "--snapshot", "clisnap" }, { env = env })
+    assert.are.equal(0, code, err)
+    local child = out:match("^(%S+)\n$")
+    assert.are.equal("cli", read(c, child, "/cli.txt"))
+    code, out, err = helper.cli({ "fork", "-n", "2", id }, { env = env })
+    assert.are.equal(0, code, err)
+    local forks = {}
+    for line in out:gmatch("[^\n]+") do forks[#forks + 1] = line end
+    assert.are.equal(2, #forks)
+    code, _, err = helper.cli({ "fork", "-n", "0", id }, { env = env })
+    assert.are_not.equal(0, code)
+    code, _, err = helper.cli({ "snapshot", "rm", "clisnap" }, { env = env })
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("in use", 1, true))
+    for _, f in ipairs(forks) do call(c, "sandbox.kill", { id = f }) end
+    call(c, "sandbox.kill", { id = child })
+    code, _, err = helper.cli({ "snapshot", "rm", "clisnap" }, { env = env })
+    assert.are.equal(0, code, err)
+    call(c, "sandbox.kill", { id = id })
+    for _, s in ipairs(assert(call(c, "snapshot.list", {})).snapshots) do call(c, "snapshot.delete", { id = s.id }) end
+  end)
+end)
+
+describe("snapshots from the Lua SDK (and so the REPL)", function()
+  local d
+  local tupper = require("tupper.sdk")
+
+  setup(function()
+    d = helper.start_daemon(nil, { pool = 0 })
+    tupper.configure({ socket = d.socket, autostart = false })
+  end)
+  teardown(function()
+    pcall(function() for _, s in ipairs(tupper.list()) do tupper.kill(s.id) end end)
+    pcall(function() for _, s in ipairs(tupper.snapshots()) do tupper.delete_snapshot(s.id) end end)
+    pcall(tupper.close)
+    if d then d.stop() end
+    helper.drain()
+  end)
+
+  it("box:snapshot, tupper.create{snapshot}, box:fork, tupper.snapshots, tupper.delete_snapshot", function()
+    local box = tupper.create()
+    box:run("echo lua > /tmp/l.txt")
+    local snap = box:snapshot("lua-snap")
+    assert.are.same({ "lua-snap" }, snap.names)
+    local child = tupper.create({ snapshot = "lua-snap" })
+    assert.are.equal("lua\n", child:run("cat /tmp/l.txt").stdout)
+    local forks, sid = box:fork(2)
+    assert.are.equal(2, #forks)
+    assert.truthy(sid:match("^s%x+$"))
+    for _, f in ipairs(forks) do assert.are.equal("lua\n", f:run("cat /tmp/l.txt").stdout) end
+    assert.are.equal(2, #tupper.snapshots())
+    assert.has_error(function() tupper.delete_snapshot("lua-snap") end)
+    child:kill()
+    assert.is_true(tupper.delete_snapshot("lua-snap"))
+    for _, f in ipairs(forks) do f:kill() end
+    assert.is_true(tupper.delete_snapshot(sid))
+    box:kill()
+  end)
+end)
+
+describe("a daemon killed during a snapshot or a fork", function()
+  local dir, d
+
+  setup(function() dir = helper.tmpdir() end)
+  after_each(function() helper.release(d) end)
+  teardown(function()
+    helper.rmrf(dir)
+    helper.drain()
+  end)
+
+  it("leaves no half snapshot visible and nothing of it on disk after the restart", function()
+    d = helper.start_daemon(dir, { pool = 0 })
+    local c = assert(d.connect())
+    local id = assert(call(c, "sandbox.create", {})).id
+    local kept = assert(call(c, "sandbox.snapshot", { id = id, name = "kept" }))
+    -- enough files that the copy takes a while, then SIGKILL mid-copy
+    assert(run(c, id, { "sh", "-c", "mkdir /many && cd /many && i=0; while [ $i -lt 3000 ]; do echo $i > f$i; i=$((i+1)); done" }).exit_code == 0)
+    c.conn:send({ jsonrpc = "2.0", id = 99, method = "sandbox.snapshot", params = { id = id, name = "half" } })
+    -- the copy has begun when a tmp-* dir shows in the layer store
+    sync(function()
+      for _ = 1, 2000 do
+        for _, name in ipairs(entries(d.state .. "/layers")) do
+          if name:match("^tmp%-") then return end
+        end
+        require("tupper.util.async").sleep(1)
+      end
+    end)
+    c:close()
+    d.crash()
+    d = helper.start_daemon(dir, { pool = 0 })
+    c = assert(d.connect())
+    local list = assert(call(c, "snapshot.list", {})).snapshots
+    assert.are.equal(1, #list)
+    assert.are.equal(kept.id, list[1].id)
+    -- frozen when the daemon died, and recorded as paused: re-adopted as
+    -- paused, and resume thaws it
+    local info = call(c, "sandbox.get", { id = id })
+    assert(info, "not re-adopted: " .. tostring(helper.read_file(d.log)))
+    assert.are.equal("paused", info.state)
+    assert(call(c, "sandbox.resume", { id = id }))
+    assert.are.equal("alive\n", run(c, id, { "echo", "alive" }).stdout)
+    -- on disk: the kept snapshot's layer and record, no tmp dir, no other
+    local snaps, tmps = 0, 0
+    for _, name in ipairs(entries(d.state .. "/layers")) do
+      if name:match("^tmp%-") then tmps = tmps + 1 end
+      local info2 = helper.read_file(d.state .. "/layers/" .. name .. "/layer.json") or ""
+      if info2:find('"snapshot"', 1, true) then snaps = snaps + 1 end
+    end
+    assert.are.equal(0, tmps)
+    assert.are.equal(1, snaps)
+    assert.are.same({ kept.id .. ".json" }, entries(d.state .. "/snapshots"))
+    call(c, "sandbox.kill", { id = id })
+    assert(call(c, "snapshot.delete", { id = kept.id }))
+    c:close()
+    d.stop()
+  end)
+
+  it("mid-fork leaves a whole snapshot and whole forks, re-adopted, and nothing else", function()
+    d = helper.start_daemon(dir, { pool = 0 })
+    local c = assert(d.connect())
+    local id = assert(call(c, "sandbox.create", {})).id
+    c.conn:send({ jsonrpc = "2.0", id = 99, method = "sandbox.fork", params = { id = id, count = 8 } })
+    -- killed once the first fork has its record
+    local function records()
+      local n = 0
+      for _, name in ipairs(entries(d.state .. "/boxes")) do
+        if name:match("%.json$") then n = n + 1 end
+      end
+      return n
+    end
+    sync(function()
+      for _ = 1, 3000 do
+        if records() >= 2 then return end
+        require("tupper.util.async").sleep(2)
+      end
+    end)
+    c:close()
+    d.crash()
+    d = helper.start_daemon(dir, { pool = 0 })
+    c = assert(d.connect())
+    local snaps = assert(call(c, "snapshot.list", {})).snapshots
+    assert.are.equal(1, #snaps)
+    local forks = {}
+    for _, sb in ipairs(assert(call(c, "sandbox.list", {})).sandboxes) do
+      if sb.id ~= id then forks[#forks + 1] = sb.id end
+    end
+    assert.truthy(#forks >= 1 and #forks < 8, #forks .. " forks")
+    for _, f in ipairs(forks) do
+      assert.are.equal("ok\n", run(c, f, { "echo", "ok" }).stdout)
+    end
+    assert.truthy(fails(c, "snapshot.delete", { id = snaps[1].id }):find("in use", 1, true))
+    for _, f in ipairs(forks) do call(c, "sandbox.kill", { id = f }) end
+    call(c, "sandbox.kill", { id = id })
+    assert(call(c, "snapshot.delete", { id = snaps[1].id }))
+    for _, name in ipairs(entries(d.state .. "/layers")) do
+      assert.is_nil(name:match("^tmp%-"), name)
+    end
+    c:close()
+    d.stop()
+  end)
+end)
