@@ -48,6 +48,9 @@ suite "fuzz targets" env FUZZ_BUILD="$BUILD/fuzz" tests/fuzz/run.sh "${FUZZ_SECO
 suite "Lua specs" lua5.4 /usr/bin/busted --helper tests/spec/cleanup.lua \
   --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" -o utfTerminal tests/spec
 suite "sdk/js" sh -c "cd sdk/js && npm ci --no-audit --no-fund >/dev/null && npm test"
+# the same files on Bun and on Deno from npm (1.5 to 2 minutes each);
+# before the background test below, as it rebuilds dist
+suite "sdk/js on bun and deno" sh sdk/js/test/runtimes.sh
 # The MCP long-call test (sdk/js/test/slow/mcp-long.test.mjs, needs sdk/js
 # built as the suite above leaves it): a 5-minute command under the official
 # client's default 60 s timeout.  Five minutes of waiting and almost no CPU,

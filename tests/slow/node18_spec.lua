@@ -171,7 +171,8 @@ describe("the TypeScript SDK on Debian's Node 18", function()
     -- overlayfs takes ':' and ',' as separators in lowerdir
     assert.is_nil(root:find("[:,]"), root)
 
-    -- a copy of the package, without what the host's node built in it
+    -- a copy of the package, without what the host's node built in it (nor
+    -- test/runtimes.sh's bun and deno, 200 MB)
     ok, out = sh("mkdir -p " .. q(pkg) .. " && tar -C " .. q(helper.ROOT .. "/sdk/js")
       .. " --exclude=./node_modules --exclude=./dist --exclude=./.runtimes -cf - . | tar -C " .. q(pkg) .. " -xf -"
       .. " && tar -C " .. q(helper.ROOT) .. " -cf - docs | tar -C " .. q(dir) .. " -xf -")

@@ -125,8 +125,9 @@ async function extendTimeout(c: Connection, r: Record<string, unknown>, timeoutM
  */
 function exposeSync(conn: ConnectionOpts, id: string, port: number): string {
   const script =
-    'const { Connection } = require(process.argv[1]);' +
-    '(async () => { const o = JSON.parse(process.argv[2]); let c;' +
+    // the last two arguments: Deno puts its eval file's name before them
+    'const [file, json] = process.argv.slice(-2); const { Connection } = require(file);' +
+    '(async () => { const o = JSON.parse(json); let c;' +
     ' try { c = await Connection.open(o.conn); const r = await c.call("sandbox.expose", { id: o.id, port: o.port });' +
     ' process.stdout.write(JSON.stringify({ ok: r })); }' +
     ' catch (e) { process.stdout.write(JSON.stringify({ err: { code: e.code, data: e.data, message: String(e.message) } })); }' +

@@ -35,6 +35,21 @@ process.on('exit', () => {
   for (const child of live.keys()) child.kill('SIGTERM');
 });
 
+/** Sends `signal` to a child that has not exited yet, by its pid.  Not
+ * child.kill(): Deno (2.9) reports a child it signalled that way as killed
+ * by that signal, { code: null, sig }, even when the child caught it and
+ * exited 0, so a clean shutdown could not be told from a crash there. */
+export function signal(child, sig = 'SIGTERM') {
+  if (child.exitCode !== null || child.signalCode !== null) return false;
+  try {
+    process.kill(child.pid, sig);
+    return true;
+  } catch (e) {
+    if (e.code === 'ESRCH') return false;
+    throw e;
+  }
+}
+
 /** Records a child process to be sent SIGTERM if it still runs a minute
  * after this file's tests, or when the file's process exits; returns it. */
 export function track(child, dir = null) {
@@ -78,7 +93,7 @@ export async function startDaemon() {
     log,
     async stop() {
       if (!exited) {
-        child.kill('SIGTERM');
+        signal(child, 'SIGTERM');
         const t = setTimeout(() => child.kill('SIGKILL'), 10_000);
         await exit;
         clearTimeout(t);

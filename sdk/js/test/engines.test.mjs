@@ -81,3 +81,17 @@ test('the production dependencies that exclude part of engines.node are the know
     .sort();
   assert.deepEqual(excluding, Object.keys(NOT_LOADED).sort());
 });
+
+test('engines.bun and engines.deno start at the versions test/runtimes.sh runs the suite on', () => {
+  const script = fs.readFileSync(path.join(PKG, 'test', 'runtimes.sh'), 'utf8');
+  for (const name of ['bun', 'deno']) {
+    const range = pkg.engines[name];
+    assert.ok(semver.validRange(range), `engines.${name}: ${range}`);
+    const pinned = new RegExp(`^${name.toUpperCase()}_VERSION=\\$\\{TUPPER_${name.toUpperCase()}_VERSION:-([^}]+)\\}$`, 'm').exec(script);
+    assert.ok(pinned, `runtimes.sh pins no ${name} version`);
+    assert.equal(semver.minVersion(range).version, pinned[1], `engines.${name} ${range} vs runtimes.sh's ${name}@${pinned[1]}`);
+    // and under that runtime (runtimes.sh runs this file there too), it is inside the range
+    const running = process.versions[name];
+    if (running) assert.ok(semver.satisfies(running, range), `${name} ${running} is outside ${range}`);
+  }
+});

@@ -8,7 +8,7 @@ import * as http from 'node:http';
 import { spawn } from 'node:child_process';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { BIN, startDaemon, track } from './daemon.mjs';
+import { BIN, signal, startDaemon, track } from './daemon.mjs';
 import { ERROR_TYPES, HTTP_ROUTES, listenHttp, openApiPath } from '../dist/http.js';
 import { Sandbox } from '../dist/index.js';
 
@@ -640,7 +640,7 @@ test('`tupper http` serves on loopback, refuses 0.0.0.0 without a token, stops o
   assert.equal((await fetch(`${url}/sandboxes`)).status, 401, 'the token from the environment is required');
   const r = await fetch(`${url}/sandboxes/${id}`, { headers: { authorization: `Bearer ${token}` } });
   assert.equal(r.status, 200);
-  s.child.kill('SIGTERM');
+  signal(s.child, 'SIGTERM'); // not child.kill(): daemon.mjs says why
   const end = await s.exit;
   assert.equal(end.code, 0, end.err);
 });

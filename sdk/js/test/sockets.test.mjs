@@ -9,7 +9,7 @@ import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { BIN, track } from './daemon.mjs';
+import { BIN, signal, track } from './daemon.mjs';
 import { defaultSockets } from '../dist/index.js';
 import { clientSocket } from '../dist/sockets.js';
 
@@ -71,7 +71,7 @@ before(async () => {
 
 after(async () => {
   if (!child) return;
-  child.kill('SIGTERM');
+  signal(child, 'SIGTERM'); // not child.kill(): daemon.mjs says why
   const e = await exited;
   fs.rmSync(dir, { recursive: true, force: true });
   assert.equal(e.code, 0);
@@ -80,9 +80,10 @@ after(async () => {
 // node as uid/gid 65534, no supplementary groups: lists the sandboxes
 // through the default socket; prints "ok" or the error
 function asNobody(system) {
-  const script = `import(${JSON.stringify(path.join(dir, 'dist', 'index.js'))}).then(async ({ Sandbox }) => {
+  // require, not import(): Deno's `-e` has no dynamic import
+  const script = `(async () => { const { Sandbox } = require(${JSON.stringify(path.join(dir, 'dist', 'index.js'))});
     const page = Sandbox.list(); await page.nextItems(); console.log('ok');
-  }).catch((e) => { console.log(String(e.message)); process.exit(3); });`;
+  })().catch((e) => { console.log(String(e.message)); process.exit(3); });`;
   return spawnSync(process.execPath, ['-e', script], {
     uid: 65534, gid: 65534, encoding: 'utf8', timeout: 60_000,
     env: { PATH: process.env.PATH, HOME: '/nonexistent', XDG_RUNTIME_DIR: '/nonexistent/run', TUPPER_SYSTEM_SOCKET: system },

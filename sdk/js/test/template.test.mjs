@@ -10,7 +10,7 @@ import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
-import { BIN, startDaemon, track } from './daemon.mjs';
+import { BIN, signal, startDaemon, track } from './daemon.mjs';
 import {
   Sandbox,
   SandboxError,
@@ -164,7 +164,7 @@ test('registered templates survive a daemon restart', async () => {
         s.once('error', () => { s.destroy(); resolve(false); });
       });
     for (let i = 0; i < 1000 && !(await answers()); i++) await new Promise((r) => setTimeout(r, 10));
-    return { stop: async () => { child.kill('SIGTERM'); return exit; } };
+    return { stop: async () => { signal(child, 'SIGTERM'); return exit; } }; // not child.kill(): daemon.mjs says why
   };
   let d = await start();
   try {
