@@ -42,7 +42,7 @@ suite() {
 
 suite "C unit tests" sh -c "cd '$BUILD' && ctest --output-on-failure"
 # every fuzz target for a short, bounded time (a longer run: tests/fuzz/run.sh 600)
-suite "fuzz targets" env FUZZ_BUILD="$BUILD/fuzz" tests/fuzz/run.sh "${FUZZ_SECONDS:-20}"
+suite "fuzz targets" env FUZZ_BUILD="$BUILD/fuzz" tests/fuzz/run.sh "${FUZZ_SECONDS:-10}"
 # --helper: after each spec file, what its tests started and left (a test
 # that failed before its cleanup) is released and named on one line
 suite "Lua specs" lua5.4 /usr/bin/busted --helper tests/spec/cleanup.lua \
@@ -65,10 +65,10 @@ suite "sdk/adapters" sh sdk/adapters/test.sh
 # pytest's exit 5 (no test ran) fails the suite like any other non-zero exit
 suite "sdk/python" env PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m pytest -q -p no:cacheprovider sdk/python/tests
 # slow suites (image builds, microVM boots): their own step with a bound, so
-# a hang fails the suite instead of eating CI's 90 minutes
+# a hang fails the suite instead of eating CI's 90 minutes; two lanes side
+# by side (tests/slow/lanes.sh: the microVM specs beside the Debian builds)
 if ls tests/slow/*_spec.lua >/dev/null 2>&1; then
-  suite "slow specs" timeout "${SLOW_SECONDS:-2700}" lua5.4 /usr/bin/busted --helper tests/spec/cleanup.lua \
-    --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" -o utfTerminal tests/slow
+  suite "slow specs" env ROOT="$ROOT" timeout "${SLOW_SECONDS:-2700}" tests/slow/lanes.sh
 fi
 
 mcp_long_rc=0
