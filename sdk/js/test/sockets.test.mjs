@@ -36,6 +36,7 @@ const root = typeof process.getuid === 'function' && process.getuid() === 0;
 
 let dir;
 let socket;
+let runtime = process.execPath;
 let child;
 let exited;
 before(async () => {
@@ -46,6 +47,13 @@ before(async () => {
   // the SDK as the other user can read it: the checkout may sit where it
   // cannot (a fresh machine clones into /root); dist needs no node_modules
   fs.cpSync(path.dirname(dist), path.join(dir, 'dist'), { recursive: true });
+  // the runtime too, unless it is the system's: Bun and Deno come from npm
+  // into the checkout (sdk/js/.runtimes), which the other user cannot reach
+  if (!process.execPath.startsWith('/usr/')) {
+    runtime = path.join(dir, path.basename(process.execPath));
+    fs.copyFileSync(process.execPath, runtime);
+    fs.chmodSync(runtime, 0o755);
+  }
   fs.chmodSync(path.join(dir, 'dist'), 0o755);
   for (const f of fs.readdirSync(path.join(dir, 'dist'), { recursive: true })) {
     const p = path.join(dir, 'dist', String(f));
@@ -84,7 +92,7 @@ function asNobody(system) {
   const script = `(async () => { const { Sandbox } = require(${JSON.stringify(path.join(dir, 'dist', 'index.js'))});
     const page = Sandbox.list(); await page.nextItems(); console.log('ok');
   })().catch((e) => { console.log(String(e.message)); process.exit(3); });`;
-  return spawnSync(process.execPath, ['-e', script], {
+  return spawnSync(runtime, ['-e', script], {
     uid: 65534, gid: 65534, encoding: 'utf8', timeout: 60_000,
     env: { PATH: process.env.PATH, HOME: '/nonexistent', XDG_RUNTIME_DIR: '/nonexistent/run', TUPPER_SYSTEM_SOCKET: system },
   });
