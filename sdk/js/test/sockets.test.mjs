@@ -47,13 +47,11 @@ before(async () => {
   // the SDK as the other user can read it: the checkout may sit where it
   // cannot (a fresh machine clones into /root); dist needs no node_modules
   fs.cpSync(path.dirname(dist), path.join(dir, 'dist'), { recursive: true });
-  // the runtime too, unless it is the system's: Bun and Deno come from npm
-  // into the checkout (sdk/js/.runtimes), which the other user cannot reach
-  if (!process.execPath.startsWith('/usr/')) {
-    runtime = path.join(dir, path.basename(process.execPath));
-    fs.copyFileSync(process.execPath, runtime);
-    fs.chmodSync(runtime, 0o755);
-  }
+  // a runtime the other user can run: Bun and Deno come from npm into the
+  // checkout (sdk/js/.runtimes), which it cannot reach (a fresh machine's
+  // sits in /root); the system's node then runs the client (the path choice
+  // itself is tested on every runtime above)
+  if (!process.execPath.startsWith('/usr/') && fs.existsSync('/usr/bin/node')) runtime = '/usr/bin/node';
   fs.chmodSync(path.join(dir, 'dist'), 0o755);
   for (const f of fs.readdirSync(path.join(dir, 'dist'), { recursive: true })) {
     const p = path.join(dir, 'dist', String(f));
