@@ -11,6 +11,8 @@ local M = {}
 M.BIN = os.getenv("TUPPER_BIN") or "build/tupper"
 M.ROOT = os.getenv("TUPPER_ROOT") or "."
 M.TIMEOUT_MS = 30000
+-- how long a daemon may take to listen (start_daemon)
+M.START_MS = 90000
 
 --- The loop's time, brought up to date first: uv.now() alone is the time
 -- the loop last ran, which is stale after a test spent a while outside it
@@ -22,10 +24,16 @@ end
 
 --- Runs fn(...) in a coroutine and drives the loop until it returns.
 function M.sync(fn, ...)
+  return M.sync_for(M.TIMEOUT_MS, fn, ...)
+end
+
+--- M.sync with a deadline of its own (ms), for a wait that is known to be
+-- longer than TIMEOUT_MS and reports its own, clearer, error first.
+function M.sync_for(ms, fn, ...)
   local res
   local args = table.pack(...)
   async.spawn(function() res = table.pack(fn(table.unpack(args, 1, args.n))) end)
-  local deadline = M.now() + M.TIMEOUT_MS
+  local deadline = M.now() + ms
   local guard = uv.new_timer()
   guard:start(100, 100, function() end) -- wakes uv.run("once") to check the deadline
   while not res do
@@ -183,8 +191,11 @@ function M.start_daemon(dir, opts)
   assert(handle, pid)
   d.handle, d.pid = handle, pid
   started.daemons[#started.daemons + 1] = d
-  M.sync(function()
-    local deadline = M.now() + 30000 -- a re-adopting daemon on a loaded machine takes seconds
+  -- a re-adopting daemon re-attaches to every box before it listens: on a
+  -- loaded machine, with microVMs under TCG, that takes tens of seconds.
+  -- Its own deadline comes first, and its error carries the daemon's log.
+  M.sync_for(M.START_MS + 5000, function()
+    local deadline = M.now() + M.START_MS
     while M.now() < deadline do
       -- the socket answers (a crashed daemon may have left a stale file)
       local probe = uv.new_pipe(false)
