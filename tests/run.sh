@@ -33,11 +33,15 @@ export LUA_CPATH="$BUILD/lua/?.so;${LUA_CPATH:-;}" # tupper.recipe.jail_core, tu
 
 passed=0
 failed=0
+# each suite's wall time is printed after it: the budget of make test is
+# CI's (docs/testing.md), and this says where it goes
 suite() {
   name=$1
   shift
   echo "=== $name"
+  t0=$(date +%s)
   if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "=== $name FAILED"; fi
+  echo "=== $name: $(($(date +%s) - t0)) s"
 }
 
 suite "C unit tests" sh -c "cd '$BUILD' && ctest --output-on-failure"
