@@ -69,8 +69,9 @@ suite "sdk/adapters" sh sdk/adapters/test.sh
 # pytest's exit 5 (no test ran) fails the suite like any other non-zero exit
 suite "sdk/python" env PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m pytest -q -p no:cacheprovider sdk/python/tests
 # slow suites (image builds, microVM boots): their own step with a bound, so
-# a hang fails the suite instead of eating CI's 90 minutes; two lanes side
-# by side (tests/slow/lanes.sh: the microVM specs beside the Debian builds)
+# a hang fails the suite instead of eating CI's 90 minutes; three lanes side
+# by side (tests/slow/lanes.sh: the microVM specs, the code interpreter and
+# node 18, the Debian builds)
 if ls tests/slow/*_spec.lua >/dev/null 2>&1; then
   suite "slow specs" env ROOT="$ROOT" timeout "${SLOW_SECONDS:-2700}" tests/slow/lanes.sh
 fi

@@ -1,43 +1,56 @@
 #!/bin/sh
-# The slow specs (tests/slow/*_spec.lua) in two lanes side by side: the
-# microVM specs (TCG emulation: CPU) in one, the rest (Debian builds with
-# mmdebstrap, Debian's node 18, the code interpreter's image: mostly
-# downloads and unpacking) in the other.  Each lane is one busted run with
-# the cleanup helper; the second lane's output follows the first's.  Exits
-# non-zero when either lane fails.  Run from the repository's root with the
-# environment tests/run.sh sets; ROOT is the root.
+# The slow specs (tests/slow/*_spec.lua) in three lanes side by side: the
+# microVM specs (TCG emulation: CPU) in one, the code interpreter's image
+# and Debian's node 18 in another, the Debian builds with mmdebstrap in the
+# third (those two are mostly downloads and unpacking).  A lane runs its
+# files one after another, each in a busted run of its own with the
+# cleanup helper, and prints each file's wall time; the other lanes' output
+# follows the first's.  Exits non-zero when any file fails.  Run from the
+# repository's root with the environment tests/run.sh sets; ROOT is the root.
 set -u
 ROOT=${ROOT:-$(pwd)}
 vm=""
-rest=""
+pkg=""
+deb=""
 for f in tests/slow/*_spec.lua; do
   case $f in
     *microvm*|*backend_matrix*) vm="$vm $f" ;;
-    *) rest="$rest $f" ;;
+    *code_interpreter*|*node18*) pkg="$pkg $f" ;;
+    *) deb="$deb $f" ;;
   esac
 done
 lane() {
-  # shellcheck disable=SC2086 # the file lists are words on purpose
-  lua5.4 /usr/bin/busted --helper tests/spec/cleanup.lua \
-    --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" -o utfTerminal "$@"
+  rc=0
+  for f in "$@"; do
+    t0=$(date +%s)
+    lua5.4 /usr/bin/busted --helper tests/spec/cleanup.lua \
+      --lpath="$ROOT/lua/?.lua;$ROOT/tests/spec/?.lua" -o utfTerminal "$f" || { rc=1; echo "--- $f FAILED"; }
+    echo "--- $f: $(($(date +%s) - t0)) s"
+  done
+  return $rc
 }
-log=$(mktemp "${TMPDIR:-/tmp}/tupper-slow-lane.XXXXXX") || exit 1
-r2=0
-if [ -n "$rest" ]; then
-  # shellcheck disable=SC2086
-  lane $rest >"$log" 2>&1 &
-  other=$!
-fi
-r1=0
+logs=$(mktemp -d "${TMPDIR:-/tmp}/tupper-slow-lanes.XXXXXX") || exit 1
+pids=""
+for name in pkg deb; do
+  eval "files=\$$name"
+  [ -n "$files" ] || continue
+  # shellcheck disable=SC2086,SC2154 # the file lists are words on purpose
+  (lane $files >"$logs/$name" 2>&1; echo $? >"$logs/$name.rc") &
+  pids="$pids $!"
+done
+r=0
 if [ -n "$vm" ]; then
   # shellcheck disable=SC2086
-  lane $vm || r1=$?
+  lane $vm || r=1
 fi
-if [ -n "$rest" ]; then
-  wait "$other" || r2=$?
+for p in $pids; do wait "$p"; done
+for name in pkg deb; do
+  [ -f "$logs/$name.rc" ] || continue
+  eval "files=\$$name"
   echo
-  echo "--- the other lane:$rest"
-  cat "$log"
-fi
-rm -f "$log"
-[ "$r1" -eq 0 ] && [ "$r2" -eq 0 ]
+  echo "--- the $name lane:$files"
+  cat "$logs/$name"
+  [ "$(cat "$logs/$name.rc")" = 0 ] || r=1
+done
+rm -rf "$logs"
+exit $r
