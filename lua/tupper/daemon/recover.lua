@@ -21,6 +21,70 @@ local function read_json(path)
   return text and json.decode(text)
 end
 
+-- One record of boxes/ (name, for box id): re-adopted into
+-- self.sandboxes, or removed; a kill_on_disconnect box joins doomed.
+function D:_recover_one(id, name, doomed)
+  local rec = read_json(self.boxes .. "/" .. name)
+  local sb, err, pol
+  if type(rec) == "table" and type(rec.policy) == "table" then
+    -- the sandbox's policy binds it after a crash too: one that no
+    -- longer loads means no re-adoption (fail closed)
+    pol, err = guard.load_client_policy(rec.policy)
+    if not pol then rec = nil end
+  end
+  local backend = type(rec) == "table" and rec.backend or nil
+  if backend ~= nil and not backends.known(backend) then
+    err = "unknown backend"
+  elseif type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
+    sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers,
+      backend = backend or nil, saved = type(rec.vm) == "table" and rec.vm or nil,
+      paused = rec.paused == true,
+      image_digest = rec.image_digest, user = rec.user, dir = self.boxes .. "/" .. id,
+      pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
+      metadata = rec.metadata, env = rec.env, cwd = rec.cwd, limits_info = rec.limits,
+      cred = type(rec.cred) == "table" and rec.cred or nil,
+      default_user = type(rec.default_user) == "string" and rec.default_user or nil,
+      home = type(rec.home) == "string" and rec.home or nil,
+      workdir = type(rec.workdir) == "string" and rec.workdir or nil,
+      recipe = type(rec.recipe) == "table" and rec.recipe or nil,
+      on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
+      on_exit = function(s, proc) self:_exit(s, proc) end,
+      on_down = function(s, reason) self:_sandbox_down(s, reason) end,
+      on_watch = function(s, w, kind, name, msg) self:_watch_event(s, w, kind, name, msg) end })
+  else
+    err = err or "unreadable record"
+  end
+  if sb and rec.kill_on_disconnect == true then
+    self.sandboxes[id] = sb
+    doomed[#doomed + 1] = id -- killed below, once the sweep of boxes/ is done
+  elseif sb then
+    self.sandboxes[id] = sb
+    if pol then sb.policy, sb.policy_source = pol, rec.policy end
+    if type(rec.volumes) == "table" then sb.volume_mounts = rec.volumes end -- daemon/volumes.lua
+    self:_hook_connect(sb)
+    if rec.network ~= nil then
+      local nok, nerr = sb:set_network(rec.network, self:policy_networks(sb.policy))
+      if not nok then log("sandbox %s: network rules not restored: %s", id, tostring(nerr)) end
+    end
+    if rec.paused then sb.state = "paused" end
+    local left = rec.expires_at and (rec.expires_at - os.time())
+    if rec.expires_at then
+      self:set_timeout(sb, math.max(1, left))
+      if rec.paused then self:pause_timeout(sb) end
+    else
+      self:set_timeout(sb, 0)
+    end
+    log("sandbox %s re-adopted (%d processes)", id, (function()
+      local n = 0
+      for _ in pairs(sb.procs) do n = n + 1 end
+      return n
+    end)())
+  else
+    log("sandbox %s cannot be re-adopted (%s): removing it", id, tostring(err))
+    self:unsave(id)
+  end
+end
+
 -- After a crash: re-adopts the boxes a previous daemon left that are still
 -- whole, and removes everything else it left in boxes/ (directories,
 -- records, cgroups).  A box created with kill_on_disconnect is killed: its
@@ -35,72 +99,17 @@ function D:_recover()
     if not name then break end
     names[#names + 1] = name
   end
-  local seen, doomed = {}, {}
+  local seen, doomed, jobs = {}, {}, {}
   for _, name in ipairs(names) do
     local id = name:match("^([a-z0-9]+)%.json$")
     if id and not seen[id] then
       seen[id] = true
-      local rec = read_json(self.boxes .. "/" .. name)
-      local sb, err, pol
-      if type(rec) == "table" and type(rec.policy) == "table" then
-        -- the sandbox's policy binds it after a crash too: one that no
-        -- longer loads means no re-adoption (fail closed)
-        pol, err = guard.load_client_policy(rec.policy)
-        if not pol then rec = nil end
-      end
-      local backend = type(rec) == "table" and rec.backend or nil
-      if backend ~= nil and not backends.known(backend) then
-        err = "unknown backend"
-      elseif type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
-        sb, err = sandbox.adopt({ id = id, image = rec.image, layers = rec.layers,
-          backend = backend or nil, saved = type(rec.vm) == "table" and rec.vm or nil,
-          paused = rec.paused == true,
-          image_digest = rec.image_digest, user = rec.user, dir = self.boxes .. "/" .. id,
-          pid = math.tointeger(rec.pid), cgroup = self.tag .. "-" .. id, created_at = rec.created_at,
-          metadata = rec.metadata, env = rec.env, cwd = rec.cwd, limits_info = rec.limits,
-          cred = type(rec.cred) == "table" and rec.cred or nil,
-          default_user = type(rec.default_user) == "string" and rec.default_user or nil,
-          home = type(rec.home) == "string" and rec.home or nil,
-          workdir = type(rec.workdir) == "string" and rec.workdir or nil,
-          recipe = type(rec.recipe) == "table" and rec.recipe or nil,
-          on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
-          on_exit = function(s, proc) self:_exit(s, proc) end,
-          on_down = function(s, reason) self:_sandbox_down(s, reason) end,
-          on_watch = function(s, w, kind, name, msg) self:_watch_event(s, w, kind, name, msg) end })
-      else
-        err = err or "unreadable record"
-      end
-      if sb and rec.kill_on_disconnect == true then
-        self.sandboxes[id] = sb
-        doomed[#doomed + 1] = id -- killed below, once the sweep of boxes/ is done
-      elseif sb then
-        self.sandboxes[id] = sb
-        if pol then sb.policy, sb.policy_source = pol, rec.policy end
-        if type(rec.volumes) == "table" then sb.volume_mounts = rec.volumes end -- daemon/volumes.lua
-        self:_hook_connect(sb)
-        if rec.network ~= nil then
-          local nok, nerr = sb:set_network(rec.network, self:policy_networks(sb.policy))
-          if not nok then log("sandbox %s: network rules not restored: %s", id, tostring(nerr)) end
-        end
-        if rec.paused then sb.state = "paused" end
-        local left = rec.expires_at and (rec.expires_at - os.time())
-        if rec.expires_at then
-          self:set_timeout(sb, math.max(1, left))
-          if rec.paused then self:pause_timeout(sb) end
-        else
-          self:set_timeout(sb, 0)
-        end
-        log("sandbox %s re-adopted (%d processes)", id, (function()
-          local n = 0
-          for _ in pairs(sb.procs) do n = n + 1 end
-          return n
-        end)())
-      else
-        log("sandbox %s cannot be re-adopted (%s): removing it", id, tostring(err))
-        self:unsave(id)
-      end
+      jobs[#jobs + 1] = function() self:_recover_one(id, name, doomed) end
     end
   end
+  -- side by side: a microVM's re-attach takes seconds (under TCG, tens of
+  -- them on a loaded machine), and the daemon listens once all are done
+  async.all(jobs)
   -- what is left: boxes nobody re-adopted, half-made ones, stray files
   for _, name in ipairs(names) do
     local id = name:match("^([a-z0-9]+)") or name

@@ -38,6 +38,24 @@ function M.wait(start)
   return coroutine.yield()
 end
 
+--- Runs every function of fns in a coroutine of its own, side by side, and
+-- waits inside a coroutine until all of them returned.  A function that
+-- raises is reported like a failed spawn and counts as returned.
+function M.all(fns)
+  if #fns == 0 then return end
+  return M.wait(function(cb)
+    local left = #fns
+    for _, fn in ipairs(fns) do
+      M.spawn(function()
+        local ok, err = pcall(fn)
+        if not ok then report(coroutine.running(), false, err) end
+        left = left - 1
+        if left == 0 then cb() end
+      end)
+    end
+  end)
+end
+
 --- Sleeps ms milliseconds inside a coroutine.
 function M.sleep(ms)
   return M.wait(function(cb)
