@@ -392,7 +392,8 @@ class AsyncDataConn(_Streams):
         """Opens conn's data connection (conn: an AsyncConnection whose hello said streams 1)."""
         token = (await conn.call("stream.channel", {})).get("token")
         line = attach_line(token, window)
-        reader, writer = await asyncio.open_unix_connection(conn.socket_path, limit=ATTACH_LINE_MAX)
+        # the reader's buffer: a frame and a half, so that reading a DATA frame does not stop and start
+        reader, writer = await asyncio.open_unix_connection(conn.socket_path, limit=DATA_MAX + (DATA_MAX >> 1))
         try:
             writer.write(line)
             await writer.drain()
@@ -402,6 +403,8 @@ class AsyncDataConn(_Streams):
                 raise TimeoutException("stream.attach: no answer from the daemon") from None
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 raise SandboxException("stream.attach: the daemon closed the connection or said too much") from None
+            if len(reply) > ATTACH_LINE_MAX:
+                raise SandboxException("stream.attach: the reply is too long")
             attach_reply(reply)
         except BaseException:
             writer.close()
