@@ -16,6 +16,8 @@ import socket as _socket
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ._drive import arun, run
+from ._stream import STREAMS_VERSION, AsyncDataConn, DataConn, end_task
 from .exceptions import SandboxException, TimeoutException, from_rpc_error
 
 #: The protocol version this package speaks.
@@ -24,6 +26,10 @@ PROTOCOL = 1
 CLIENT = "tupper-python/0.1.0"
 #: How long a request waits for its reply unless told otherwise (seconds), as E2B.
 DEFAULT_REQUEST_TIMEOUT = 60.0
+#: What this client says in ``hello``.  protocol.md has a client send ``streams: 1`` too, but
+#: the daemon's hello refuses that parameter (-32602), so the frames' version is read from
+#: the reply only, as the TypeScript SDK does.
+HELLO = {"protocol": PROTOCOL, "client": CLIENT}
 #: The longest line read from the daemon: its own bound on a line (16 MiB).
 MAX_LINE = 16 << 20
 
@@ -94,6 +100,33 @@ def _unreachable(tried: List[Tuple[str, BaseException]]) -> SandboxException:
     )
 
 
+def _dial(socket: Optional[str], connect: Callable[[str], Any]) -> Any:
+    """
+    (path, connection) of the first socket that answers (a generator for
+    ``_drive.run`` / ``arun``): one that is not there is passed over, one that
+    is there but refuses this user is said at once.
+    """
+    tried: List[Tuple[str, BaseException]] = []
+    for path in _places(socket):
+        try:
+            return path, (yield (connect, path))
+        except OSError as e:
+            tried.append((path, e))
+            if not _absent(e):
+                break  # there, but not this user's to use: say so
+    raise _unreachable(tried) from tried[-1][1]
+
+
+def _connect_unix(path: str) -> _socket.socket:
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
 def _check_timeout(value: Optional[float], what: str) -> Optional[float]:
     """A request timeout: None or 0 for none, else a positive number of seconds."""
     if value is None or value == 0:
@@ -103,6 +136,13 @@ def _check_timeout(value: Optional[float], what: str) -> Optional[float]:
 
         raise InvalidArgumentException(f"{what}: bad request_timeout {value!r}")
     return float(value)
+
+
+def _no_answer(method: str, limit: Optional[float]) -> TimeoutException:
+    return TimeoutException(
+        f"{method}: no answer from the daemon in {limit} s: "
+        "the 'request_timeout' option can be used to increase this timeout"
+    )
 
 
 def subscription_key(method: str, params: Dict[str, Any]) -> Key:
@@ -136,6 +176,24 @@ class _Dispatch:
         self._close_handlers: List[Callable[[BaseException], None]] = []
         self._lock = threading.Lock()
         self.closed_with: Optional[BaseException] = None
+        #: the frames version of the daemon's data plane (hello's ``streams``); None: it has none
+        self.streams: Optional[int] = None
+        self._dc: Any = None
+
+    def _took_hello(self, hello: Any) -> None:
+        if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL:
+            got = hello.get("protocol") if isinstance(hello, dict) else None
+            raise SandboxException(f"the daemon speaks protocol {got}, not {PROTOCOL}")
+        self.streams = STREAMS_VERSION if hello.get("streams") == STREAMS_VERSION else None
+
+    def _live_dc(self) -> Any:
+        """The data connection when one is open and up; False when the daemon has no data plane."""
+        if self.streams is None:
+            return False
+        if self.closed_with is not None:
+            raise self.closed_with
+        dc = self._dc
+        return dc if dc is not None and not dc.closed else None
 
     @property
     def closed(self) -> bool:
@@ -162,6 +220,23 @@ class _Dispatch:
                     self._close_handlers.remove(fn)
 
         return cancel
+
+    def _begin(self, method: str, params: Dict[str, Any], on_result: Optional[Callable[[Any], None]]) -> Tuple[_Pending, int, bytes]:
+        """A request's pending entry, id and line; the connection's error when it is gone."""
+        if self.closed_with is not None:
+            raise self.closed_with
+        p = _Pending(method, on_result)
+        rid, line = self._encode(method, params, p)
+        return p, rid, line
+
+    def _send_failed(self, rid: int, e: OSError) -> BaseException:
+        self._forget(rid)
+        self._shutdown(SandboxException(f"the connection to the tupper daemon failed: {e}"))
+        assert self.closed_with is not None
+        return self.closed_with
+
+    def _limit(self, timeout: Any, method: str) -> Optional[float]:
+        return self.request_timeout if timeout == "default" else _check_timeout(timeout, method)
 
     def _encode(self, method: str, params: Dict[str, Any], p: _Pending) -> Tuple[int, bytes]:
         with self._lock:
@@ -239,6 +314,7 @@ class Connection(_Dispatch):
         super().__init__(socket_path, request_timeout)
         self._sock = sock
         self._wlock = threading.Lock()
+        self._dlock = threading.Lock()
         self._reader = threading.Thread(target=self._read_loop, name="tupper-reader", daemon=True)
         self._reader.start()
 
@@ -246,27 +322,10 @@ class Connection(_Dispatch):
     def open(cls, socket: Optional[str] = None, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "Connection":
         """Connects to the daemon and says hello (protocol 1)."""
         timeout = _check_timeout(request_timeout, "connect")
-        tried: List[Tuple[str, BaseException]] = []
-        for path in _places(socket):
-            s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-            try:
-                s.connect(path)
-            except OSError as e:
-                s.close()
-                tried.append((path, e))
-                if _absent(e):
-                    continue
-                break  # there, but not this user's to use: say so
-            conn = cls(s, path, timeout)
-            break
-        else:
-            raise _unreachable(tried) from tried[-1][1]
-        if len(tried) > 0 and not _absent(tried[-1][1]):
-            raise _unreachable(tried) from tried[-1][1]
+        path, s = run(_dial(socket, _connect_unix))
+        conn = cls(s, path, timeout)
         try:
-            hello = conn.call("hello", {"protocol": PROTOCOL, "client": CLIENT})
-            if hello.get("protocol") != PROTOCOL:
-                raise SandboxException(f"the daemon speaks protocol {hello.get('protocol')}, not {PROTOCOL}")
+            conn._took_hello(conn.call("hello", HELLO))
         except BaseException:
             conn.close()
             raise
@@ -280,25 +339,17 @@ class Connection(_Dispatch):
         timeout: Any = "default",
     ) -> Any:
         """Sends a request and returns its result (raising the daemon's error as an exception)."""
-        if self.closed_with is not None:
-            raise self.closed_with
-        p = _Pending(method, on_result)
+        p, rid, line = self._begin(method, params, on_result)
         p.event = threading.Event()
-        rid, line = self._encode(method, params, p)
         try:
             with self._wlock:
                 self._sock.sendall(line)
         except OSError as e:
-            self._forget(rid)
-            self._shutdown(SandboxException(f"the connection to the tupper daemon failed: {e}"))
-            raise self.closed_with from e  # type: ignore[misc]
-        limit = self.request_timeout if timeout == "default" else _check_timeout(timeout, method)
+            raise self._send_failed(rid, e) from e
+        limit = self._limit(timeout, method)
         if not p.event.wait(limit):
             if self._forget(rid):
-                raise TimeoutException(
-                    f"{method}: no answer from the daemon in {limit} s: "
-                    "the 'request_timeout' option can be used to increase this timeout"
-                )
+                raise _no_answer(method, limit)
             p.event.wait()
         if p.error is not None:
             raise p.error
@@ -345,8 +396,25 @@ class Connection(_Dispatch):
             except OSError:
                 pass
 
+    def data(self) -> Optional[DataConn]:
+        """
+        The data connection (binary stream frames), opened on first use and
+        again after it went down; None when the daemon's hello had no
+        ``streams`` (the JSON path serves then).
+        """
+        with self._dlock:
+            dc = self._live_dc()
+            if dc is False:
+                return None
+            if dc is None:
+                old, self._dc = self._dc, None
+                if old is not None:
+                    old.close()
+                self._dc = DataConn.open(self)
+            return self._dc
+
     def close(self) -> None:
-        """Closes the connection; what still waits on it fails."""
+        """Closes the connection (and its data connection); what still waits on it fails."""
         with self._lock:
             self._close_handlers.clear()
         self._shutdown(SandboxException("the connection was closed"))
@@ -354,6 +422,10 @@ class Connection(_Dispatch):
             self._sock.shutdown(_socket.SHUT_RDWR)
         except OSError:
             pass
+        with self._dlock:
+            dc, self._dc = self._dc, None
+        if dc is not None:
+            dc.close()
         if threading.current_thread() is not self._reader:
             self._reader.join(5)
 
@@ -365,31 +437,17 @@ class AsyncConnection(_Dispatch):
         super().__init__(socket_path, request_timeout)
         self._r = reader
         self._w = writer
+        self._dlock = asyncio.Lock()
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
     async def open(cls, socket: Optional[str] = None, request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "AsyncConnection":
         """Connects to the daemon and says hello (protocol 1)."""
         timeout = _check_timeout(request_timeout, "connect")
-        tried: List[Tuple[str, BaseException]] = []
-        for path in _places(socket):
-            try:
-                reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE + 1)
-            except OSError as e:
-                tried.append((path, e))
-                if _absent(e):
-                    continue
-                break  # there, but not this user's to use: say so
-            conn = cls(reader, writer, path, timeout)
-            break
-        else:
-            raise _unreachable(tried) from tried[-1][1]
-        if len(tried) > 0 and not _absent(tried[-1][1]):
-            raise _unreachable(tried) from tried[-1][1]
+        path, (reader, writer) = await arun(_dial(socket, lambda p: asyncio.open_unix_connection(p, limit=MAX_LINE + 1)))
+        conn = cls(reader, writer, path, timeout)
         try:
-            hello = await conn.call("hello", {"protocol": PROTOCOL, "client": CLIENT})
-            if hello.get("protocol") != PROTOCOL:
-                raise SandboxException(f"the daemon speaks protocol {hello.get('protocol')}, not {PROTOCOL}")
+            conn._took_hello(await conn.call("hello", HELLO))
         except BaseException:
             await conn.close()
             raise
@@ -403,27 +461,19 @@ class AsyncConnection(_Dispatch):
         timeout: Any = "default",
     ) -> Any:
         """Sends a request and returns its result (raising the daemon's error as an exception)."""
-        if self.closed_with is not None:
-            raise self.closed_with
-        p = _Pending(method, on_result)
+        p, rid, line = self._begin(method, params, on_result)
         p.future = asyncio.get_running_loop().create_future()
-        rid, line = self._encode(method, params, p)
         try:
             self._w.write(line)
             await self._w.drain()
         except OSError as e:
-            self._forget(rid)
-            self._shutdown(SandboxException(f"the connection to the tupper daemon failed: {e}"))
-            raise self.closed_with from e  # type: ignore[misc]
-        limit = self.request_timeout if timeout == "default" else _check_timeout(timeout, method)
+            raise self._send_failed(rid, e) from e
+        limit = self._limit(timeout, method)
         try:
             return await asyncio.wait_for(asyncio.shield(p.future), limit)
         except asyncio.TimeoutError:
             if self._forget(rid):
-                raise TimeoutException(
-                    f"{method}: no answer from the daemon in {limit} s: "
-                    "the 'request_timeout' option can be used to increase this timeout"
-                ) from None
+                raise _no_answer(method, limit) from None
             return await p.future
 
     def _settle(self, p: _Pending) -> None:
@@ -457,19 +507,26 @@ class AsyncConnection(_Dispatch):
             self._shutdown(err)
             self._w.close()
 
+    async def data(self) -> Optional[AsyncDataConn]:
+        """The data connection, as :meth:`Connection.data`."""
+        async with self._dlock:
+            dc = self._live_dc()
+            if dc is False:
+                return None
+            if dc is None:
+                old, self._dc = self._dc, None
+                if old is not None:
+                    await old.close()
+                self._dc = await AsyncDataConn.open(self)
+            return self._dc
+
     async def close(self) -> None:
-        """Closes the connection; what still waits on it fails."""
+        """Closes the connection (and its data connection); what still waits on it fails."""
         with self._lock:
             self._close_handlers.clear()
         self._shutdown(SandboxException("the connection was closed"))
         self._w.close()
-        if asyncio.current_task() is not self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except BaseException:  # noqa: BLE001 - it was cancelled
-                pass
-            try:
-                await self._w.wait_closed()
-            except (OSError, asyncio.CancelledError):
-                pass
+        dc, self._dc = self._dc, None
+        if dc is not None:
+            await dc.close()
+        await end_task(self._task, self._w)

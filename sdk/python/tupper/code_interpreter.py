@@ -20,17 +20,16 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from ._code_interpreter import DriverCore, InterpreterOps, create_args
 from ._connection import Connection
-from ._opts import connection_opts, create_params
-from ._wire import decode_data, exit_status, output_stream, start_params
+from ._drive import run
+from ._opts import connection_opts
 from .code_interpreter_models import (
     CODE_INTERPRETER_RECIPE,
     CODE_MAX_BYTES,
     DEFAULT_RUN_CODE_TIMEOUT,
     DRIVER_PATH,
-    INTERRUPT_SLACK,
     READY_TIMEOUT,
-    Collector,
     Context,
     Execution,
     ExecutionError,
@@ -38,12 +37,7 @@ from .code_interpreter_models import (
     Logs,
     OutputMessage,
     Result,
-    context_id,
-    execute_params,
-    exit_failure,
-    failure,
     is_terminal,
-    to_context,
 )
 from .exceptions import SandboxException, TimeoutException
 from .sandbox_sync.command_handle import sandbox_gone
@@ -54,47 +48,16 @@ __all__ = [
     "CODE_INTERPRETER_RECIPE", "CODE_MAX_BYTES", "DEFAULT_RUN_CODE_TIMEOUT", "DRIVER_PATH",
 ]
 
-#: The exit code of the start command when the sandbox has no driver (or no python3).
-NO_DRIVER_EXIT = 78
-#: How the driver is started (the TypeScript SDK's DRIVER_CMD).
-DRIVER_CMD = (f"[ -f {DRIVER_PATH} ] && command -v python3 >/dev/null 2>&1 || exit {NO_DRIVER_EXIT}; "
-              f"exec python3 {DRIVER_PATH}")
-#: The driver's stderr kept for an error message.
-STDERR_KEEP = 4096
 
-
-def recipe_create_params(template: Optional[str], timeout: Optional[float], kw: Dict[str, Any]) -> Dict[str, Any]:
-    """sandbox.create's params for the code interpreter: the shipped recipe unless a template names an image."""
-    params = create_params(template, timeout, kw.pop("metadata", None), kw.pop("envs", None),
-                           kw.pop("allow_internet_access", True), kw.pop("network", None), kw.pop("mcp", None),
-                           kw.pop("backend", None), kw.pop("cwd", None), kw.pop("limits", None))
-    kw.pop("secure", None)
-    if template is None:
-        params["recipe"] = {"name": CODE_INTERPRETER_RECIPE}
-        if timeout is None:
-            # the recipe's own lifetime, unless one is given (as the TypeScript SDK)
-            params["limits"].pop("timeout", None)
-            if not params["limits"]:
-                params.pop("limits")
-    return params
-
-
-class _Driver:
+class _Driver(DriverCore):
     """The SDK's side of the driver, for a blocking Sandbox: events arrive on the connection's reading thread."""
 
     def __init__(self, sbx: BaseSandbox) -> None:
-        self._link = sbx._link
-        self._commands = sbx.commands
+        super().__init__(sbx)
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._pid: Optional[int] = None
-        self._next = 1
-        self._queues: Dict[int, "queue.Queue[Dict[str, Any]]"] = {}
-        self._lines = LineSplitter()
-        self._stderr = ""
         self._ready: Optional[threading.Event] = None
         self._failure: Optional[BaseException] = None
-        self._cancel_close: Callable[[], None] = lambda: None
 
     def request(self, op: str, params: Dict[str, Any], on_event: Callable[[Dict[str, Any]], None],
                 bound: Optional[float]) -> Dict[str, Any]:
@@ -106,9 +69,7 @@ class _Driver:
             q: "queue.Queue[Dict[str, Any]]" = queue.Queue()
             self._queues[rid] = q
             pid = self._pid
-        import json
-
-        line = (json.dumps({**params, "id": rid, "op": op}, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
+        line = self._line(rid, op, params)
         try:
             with self._write_lock:  # one line at a time: pieces of two lines must not interleave
                 self._commands.send_stdin(pid, line)
@@ -165,18 +126,16 @@ class _Driver:
 
     def _spawn(self) -> None:
         link = self._link
-        params = link.params(cmd=DRIVER_CMD, encoding="base64", stdin=True)
-        params.update(start_params(link.acct, None, None, None, None))
 
         def subscribe(r: Any) -> None:
             # before the next line is read: output may follow the reply at once
             with self._lock:
                 self._pid = int(r["pid"])
-            link.conn.subscribe(("p", link.sandbox_id, self._pid), self._on_notification)
+            link.conn.subscribe(self._key(), self._on_notification)
             self._cancel_close = link.conn.on_close(lambda e: self._gone(SandboxException(f"code interpreter: {e}")))
 
         try:
-            link.conn.call("process.start", params, on_result=subscribe)
+            link.conn.call("process.start", self._spawn_params(), on_result=subscribe)
         except SandboxException as e:
             g = sandbox_gone(link)
             if g is not None:
@@ -186,7 +145,7 @@ class _Driver:
     def _gone(self, err: BaseException) -> None:
         with self._lock:
             if self._pid is not None:
-                self._link.conn.unsubscribe(("p", self._link.sandbox_id, self._pid))
+                self._link.conn.unsubscribe(self._key())
             self._pid = None
             self._cancel_close()
             self._cancel_close = lambda: None
@@ -202,12 +161,8 @@ class _Driver:
 
     def _on_notification(self, method: str, p: Dict[str, Any]) -> None:
         if method == "process.output":
-            data = decode_data(p.get("data"), p.get("encoding"))
-            if output_stream(p) == "stderr":
-                self._stderr = (self._stderr + data.decode("utf-8", "replace"))[-STDERR_KEEP:]
-                return
             try:
-                events = self._lines.feed(data)
+                events = self._output(p)
             except SandboxException as e:
                 pid = self._pid
                 self._gone(e)
@@ -217,30 +172,20 @@ class _Driver:
             for e in events:
                 self._on_event(e)
         elif method == "process.exit":
-            code, _sig, error = exit_status(p)
             was_ready = self._ready is None
             # the sandbox's state is asked on another thread: this one reads the connection
-            def judge() -> None:
-                g = sandbox_gone(self._link)
-                if g is not None:
-                    self._gone(g)
-                elif not was_ready and code == NO_DRIVER_EXIT:
-                    self._gone(exit_failure("No such file", False, error))
-                else:
-                    self._gone(exit_failure(self._stderr, was_ready, error))
-
-            threading.Thread(target=judge, daemon=True).start()
+            threading.Thread(target=lambda: self._gone(self._verdict(sandbox_gone(self._link), p, was_ready)),
+                             daemon=True).start()
 
     def _on_event(self, e: Dict[str, Any]) -> None:
-        if e.get("type") == "ready" and e.get("id") == 0:
+        if self._is_ready(e):
             with self._lock:
                 ready, self._ready = self._ready, None
             if ready is not None:
                 ready.set()
             return
-        rid = e.get("id")
         with self._lock:
-            q = self._queues.get(rid) if isinstance(rid, int) else None
+            q = self._route(e)
         if q is not None:
             q.put(e)
 
@@ -257,6 +202,7 @@ class Sandbox(BaseSandbox):
     def __init__(self, conn: Connection, info: Dict[str, Any]) -> None:
         super().__init__(conn, info)
         self._driver = _Driver(self)
+        self._ci = InterpreterOps(self._driver, self._link.acct)
 
     @classmethod
     def create(cls, template: Optional[str] = None, timeout: Optional[int] = None, **kw: Any) -> "Sandbox":  # type: ignore[override]
@@ -265,16 +211,10 @@ class Sandbox(BaseSandbox):
         recipe (its first use builds the image: minutes, then cached).  The
         other arguments are tupper's Sandbox.create's.
         """
-        conn_opts = {k: kw.pop(k) for k in list(kw) if k in ("socket", "request_timeout") or k in (
-            "api_key", "access_token", "domain", "debug", "headers", "proxy", "logger")}
-        params = recipe_create_params(template, timeout, kw)
-        if kw:
-            raise SandboxException(f"Sandbox.create: unknown option {next(iter(kw))!r}")
+        conn_opts, params, limit = create_args(template, timeout, kw, "Sandbox.create")
         conn = Connection.open(**connection_opts(conn_opts, "Sandbox.create"))
         try:
-            # a recipe's first create builds its image: minutes, not the usual request bound
-            r = conn.call("sandbox.create", params, timeout=None if "recipe" in params else "default")
-            return cls(conn, r)
+            return cls(conn, conn.call("sandbox.create", params, timeout=limit))
         except BaseException:
             conn.close()
             raise
@@ -305,40 +245,24 @@ class Sandbox(BaseSandbox):
         :param timeout: seconds (default 60; 0 or None: no bound)
         :param request_timeout: accepted for E2B compatibility
         """
-        params = execute_params(code, language, context, envs, timeout)
-        c = Collector(on_stdout, on_stderr, on_result, on_error)
-        bound = timeout + INTERRUPT_SLACK if timeout else None
-        end = self._driver.request("execute", params, c.event, bound)
-        return c.finish(end, timeout)
-
-    def _context_op(self, op: str, params: Dict[str, Any], what: str) -> Any:
-        end = self._driver.request(op, params, lambda e: None, None)
-        if end.get("type") == "fail":
-            raise failure(end, what)
-        return end.get("value")
+        return run(self._ci.run_code(code, language, context, on_stdout, on_stderr, on_result, on_error, envs, timeout))
 
     def create_code_context(self, cwd: Optional[str] = None, language: Optional[str] = None,
                             request_timeout: Optional[float] = None) -> Context:
         """A new context: its own kernel, its own variables (cwd default: the sandbox's working directory)."""
-        params: Dict[str, Any] = {"cwd": cwd if cwd is not None else (self._link.acct.workdir or self.home)}
-        if language is not None:
-            params["language"] = language
-        return to_context(self._context_op("create_context", params, "create_code_context"))
+        return run(self._ci.create_code_context(cwd, language))
 
     def list_code_contexts(self, request_timeout: Optional[float] = None) -> List[Context]:
         """The contexts there are (the default python context once a cell ran in it)."""
-        v = self._context_op("list_contexts", {}, "list_code_contexts")
-        return [to_context(x) for x in v] if isinstance(v, list) else []
+        return run(self._ci.list_code_contexts())
 
     def restart_code_context(self, context: Any, request_timeout: Optional[float] = None) -> None:
         """Restarts a context's kernel: its variables are gone, the context stays."""
-        self._context_op("restart_context", {"context": context_id(context, "restart_code_context")},
-                         "restart_code_context")
+        run(self._ci.restart_code_context(context))
 
     def remove_code_context(self, context: Any, request_timeout: Optional[float] = None) -> None:
         """Removes a context and stops its kernel; later cells in it raise NotFoundException."""
-        self._context_op("remove_context", {"context": context_id(context, "remove_code_context")},
-                         "remove_code_context")
+        run(self._ci.remove_code_context(context))
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -1,50 +1,35 @@
 """AsyncSandbox of tupper.code_interpreter: the same code interpreter with asyncio (E2B's AsyncSandbox)."""
 import asyncio
 import inspect
-import json
 from typing import Any, Callable, Dict, List, Optional
 
+from ._code_interpreter import DriverCore, InterpreterOps, create_args
 from ._connection import AsyncConnection
+from ._drive import arun
 from ._opts import connection_opts
-from ._wire import decode_data, exit_status, output_stream, start_params
-from .code_interpreter import DRIVER_CMD, NO_DRIVER_EXIT, STDERR_KEEP, recipe_create_params
 from .code_interpreter_models import (
     DEFAULT_RUN_CODE_TIMEOUT,
-    INTERRUPT_SLACK,
     READY_TIMEOUT,
-    Collector,
     Context,
     Execution,
     ExecutionError,
     LineSplitter,
     OutputMessage,
     Result,
-    context_id,
-    execute_params,
-    exit_failure,
-    failure,
     is_terminal,
-    to_context,
 )
 from .exceptions import SandboxException, TimeoutException
 from .sandbox_async.command_handle import sandbox_gone
 from .sandbox_async.main import AsyncSandbox as BaseAsyncSandbox
 
 
-class _AsyncDriver:
+class _AsyncDriver(DriverCore):
     """The SDK's side of the driver, for an AsyncSandbox: events arrive on the connection's reading task."""
 
     def __init__(self, sbx: BaseAsyncSandbox) -> None:
-        self._link = sbx._link
-        self._commands = sbx.commands
-        self._pid: Optional[int] = None
-        self._next = 1
-        self._queues: Dict[int, "asyncio.Queue[Dict[str, Any]]"] = {}
-        self._lines = LineSplitter()
-        self._stderr = ""
+        super().__init__(sbx)
         self._ready: Optional["asyncio.Future[None]"] = None
         self._write_lock: Optional[asyncio.Lock] = None
-        self._cancel_close: Callable[[], None] = lambda: None
 
     async def request(self, op: str, params: Dict[str, Any], on_event: Callable[[Dict[str, Any]], Any],
                       bound: Optional[float]) -> Dict[str, Any]:
@@ -53,7 +38,7 @@ class _AsyncDriver:
         self._next += 1
         q: "asyncio.Queue[Dict[str, Any]]" = asyncio.Queue()
         self._queues[rid] = q
-        line = (json.dumps({**params, "id": rid, "op": op}, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
+        line = self._line(rid, op, params)
         if self._write_lock is None:
             self._write_lock = asyncio.Lock()
         try:
@@ -110,16 +95,14 @@ class _AsyncDriver:
 
     async def _spawn(self) -> None:
         link = self._link
-        params = link.params(cmd=DRIVER_CMD, encoding="base64", stdin=True)
-        params.update(start_params(link.acct, None, None, None, None))
 
         def subscribe(r: Any) -> None:
             self._pid = int(r["pid"])
-            link.conn.subscribe(("p", link.sandbox_id, self._pid), self._on_notification)
+            link.conn.subscribe(self._key(), self._on_notification)
             self._cancel_close = link.conn.on_close(lambda e: self._gone(SandboxException(f"code interpreter: {e}")))
 
         try:
-            await link.conn.call("process.start", params, on_result=subscribe)
+            await link.conn.call("process.start", self._spawn_params(), on_result=subscribe)
         except SandboxException as e:
             g = await sandbox_gone(link)
             if g is not None:
@@ -128,7 +111,7 @@ class _AsyncDriver:
 
     def _gone(self, err: BaseException) -> None:
         if self._pid is not None:
-            self._link.conn.unsubscribe(("p", self._link.sandbox_id, self._pid))
+            self._link.conn.unsubscribe(self._key())
         self._pid = None
         self._cancel_close()
         self._cancel_close = lambda: None
@@ -144,12 +127,8 @@ class _AsyncDriver:
 
     def _on_notification(self, method: str, p: Dict[str, Any]) -> None:
         if method == "process.output":
-            data = decode_data(p.get("data"), p.get("encoding"))
-            if output_stream(p) == "stderr":
-                self._stderr = (self._stderr + data.decode("utf-8", "replace"))[-STDERR_KEEP:]
-                return
             try:
-                events = self._lines.feed(data)
+                events = self._output(p)
             except SandboxException as e:
                 pid = self._pid
                 self._gone(e)
@@ -159,28 +138,20 @@ class _AsyncDriver:
             for e in events:
                 self._on_event(e)
         elif method == "process.exit":
-            code, _sig, error = exit_status(p)
             was_ready = self._ready is None
 
             async def judge() -> None:
-                g = await sandbox_gone(self._link)
-                if g is not None:
-                    self._gone(g)
-                elif not was_ready and code == NO_DRIVER_EXIT:
-                    self._gone(exit_failure("No such file", False, error))
-                else:
-                    self._gone(exit_failure(self._stderr, was_ready, error))
+                self._gone(self._verdict(await sandbox_gone(self._link), p, was_ready))
 
             asyncio.ensure_future(judge())
 
     def _on_event(self, e: Dict[str, Any]) -> None:
-        if e.get("type") == "ready" and e.get("id") == 0:
+        if self._is_ready(e):
             ready, self._ready = self._ready, None
             if ready is not None and not ready.done():
                 ready.set_result(None)
             return
-        rid = e.get("id")
-        q = self._queues.get(rid) if isinstance(rid, int) else None
+        q = self._route(e)
         if q is not None:
             q.put_nowait(e)
 
@@ -193,20 +164,16 @@ class AsyncSandbox(BaseAsyncSandbox):
     def __init__(self, conn: AsyncConnection, info: Dict[str, Any]) -> None:
         super().__init__(conn, info)
         self._driver = _AsyncDriver(self)
+        self._ci = InterpreterOps(self._driver, self._link.acct)
 
     @classmethod
     async def create(cls, template: Optional[str] = None, timeout: Optional[int] = None,  # type: ignore[override]
                      **kw: Any) -> "AsyncSandbox":
         """Creates a code interpreter sandbox; the arguments are those of ``Sandbox.create``."""
-        conn_opts = {k: kw.pop(k) for k in list(kw) if k in ("socket", "request_timeout") or k in (
-            "api_key", "access_token", "domain", "debug", "headers", "proxy", "logger")}
-        params = recipe_create_params(template, timeout, kw)
-        if kw:
-            raise SandboxException(f"AsyncSandbox.create: unknown option {next(iter(kw))!r}")
+        conn_opts, params, limit = create_args(template, timeout, kw, "AsyncSandbox.create")
         conn = await AsyncConnection.open(**connection_opts(conn_opts, "AsyncSandbox.create"))
         try:
-            r = await conn.call("sandbox.create", params, timeout=None if "recipe" in params else "default")
-            return cls(conn, r)
+            return cls(conn, await conn.call("sandbox.create", params, timeout=limit))
         except BaseException:
             await conn.close()
             raise
@@ -225,33 +192,17 @@ class AsyncSandbox(BaseAsyncSandbox):
         request_timeout: Optional[float] = None,
     ) -> Execution:
         """Runs a cell (see Sandbox.run_code); the callbacks may be coroutine functions."""
-        params = execute_params(code, language, context, envs, timeout)
-        c = Collector(on_stdout, on_stderr, on_result, on_error)
-        bound = timeout + INTERRUPT_SLACK if timeout else None
-        end = await self._driver.request("execute", params, c.event, bound)
-        return c.finish(end, timeout)
-
-    async def _context_op(self, op: str, params: Dict[str, Any], what: str) -> Any:
-        end = await self._driver.request(op, params, lambda e: None, None)
-        if end.get("type") == "fail":
-            raise failure(end, what)
-        return end.get("value")
+        return await arun(self._ci.run_code(code, language, context, on_stdout, on_stderr, on_result, on_error, envs, timeout))
 
     async def create_code_context(self, cwd: Optional[str] = None, language: Optional[str] = None,
                                   request_timeout: Optional[float] = None) -> Context:
-        params: Dict[str, Any] = {"cwd": cwd if cwd is not None else (self._link.acct.workdir or self._link.acct.home)}
-        if language is not None:
-            params["language"] = language
-        return to_context(await self._context_op("create_context", params, "create_code_context"))
+        return await arun(self._ci.create_code_context(cwd, language))
 
     async def list_code_contexts(self, request_timeout: Optional[float] = None) -> List[Context]:
-        v = await self._context_op("list_contexts", {}, "list_code_contexts")
-        return [to_context(x) for x in v] if isinstance(v, list) else []
+        return await arun(self._ci.list_code_contexts())
 
     async def restart_code_context(self, context: Any, request_timeout: Optional[float] = None) -> None:
-        await self._context_op("restart_context", {"context": context_id(context, "restart_code_context")},
-                               "restart_code_context")
+        await arun(self._ci.restart_code_context(context))
 
     async def remove_code_context(self, context: Any, request_timeout: Optional[float] = None) -> None:
-        await self._context_op("remove_context", {"context": context_id(context, "remove_code_context")},
-                               "remove_code_context")
+        await arun(self._ci.remove_code_context(context))

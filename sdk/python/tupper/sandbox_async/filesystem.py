@@ -1,11 +1,13 @@
 """sbx.files of an AsyncSandbox, as E2B's async Filesystem (same accounts and paths as the blocking form)."""
 import asyncio
-from typing import IO, Any, AsyncIterator, Dict, List, Optional, Tuple, Union
+from typing import IO, Any, List, Optional, Union
 
-from .._link import Link, rt
-from .._wire import CHUNK, as_account, b64, basename, decode_data, entry_fields, raw_bytes, seconds, to_entry, write_chunks
-from ..exceptions import FileNotFoundException, InvalidArgumentException, SandboxException, TimeoutException
-from ..models import EntryInfo, FilesystemEvent, FilesystemEventType, FileType, Username, WriteEntry, WriteInfo
+from .._drive import Chunks, arun, arun_iter
+from .._files import FilesOps
+from .._link import Link
+from .._wire import raw_bytes, seconds
+from ..exceptions import InvalidArgumentException, SandboxException, TimeoutException
+from ..models import EntryInfo, FilesystemEvent, FilesystemEventType, Username, WriteEntry, WriteInfo
 from .command_handle import OutputHandler, call_handler
 
 
@@ -74,117 +76,53 @@ class AsyncWatchHandle:
 
 
 class Filesystem:
-    """Files and directories of the sandbox (asyncio)."""
+    """Files and directories of the sandbox (asyncio; the protocol is ``_files.FilesOps``)."""
 
     def __init__(self, link: Link) -> None:
         self._link = link
-
-    async def _call(self, method: str, params: Dict[str, Any], user: Optional[str], request_timeout: Optional[float],
-                    paths: Tuple[str, ...] = ("path",)) -> Any:
-        p = as_account(self._link.acct, user, self._link.params(**params), paths)
-        return await self._link.conn.call(method, p, timeout=rt(request_timeout))
-
-    async def _read_chunk(self, path: str, offset: int, user: Optional[str], request_timeout: Optional[float]) -> Tuple[bytes, bool]:
-        r = await self._call("fs.read", {"path": path, "offset": offset, "length": CHUNK, "encoding": "base64"}, user, request_timeout)
-        data = decode_data(r.get("data"), r.get("encoding"))
-        return data, bool(r.get("eof")) or not data
+        self._ops = FilesOps(link)
 
     async def read(self, path: str, format: str = "text", user: Optional[Username] = None,
                    request_timeout: Optional[float] = None) -> Any:
-        """Reads a file as ``text``, ``bytes`` (a bytearray) or ``stream`` (an async iterator of bytes, 1 MiB at a time)."""
-        if format not in ("text", "bytes", "stream"):
-            raise InvalidArgumentException(f"files.read: format {format!r} is not supported (text, bytes, stream)")
-        first, eof = await self._read_chunk(path, 0, user, request_timeout)
-        if format == "stream":
-            return self._stream(path, first, eof, user, request_timeout)
-        out = bytearray(first)
-        while not eof:
-            data, eof = await self._read_chunk(path, len(out), user, request_timeout)
-            out += data
-        return out.decode("utf-8", "replace") if format == "text" else out
-
-    async def _stream(self, path: str, first: bytes, eof: bool, user: Optional[str], request_timeout: Optional[float]) -> AsyncIterator[bytes]:
-        offset = len(first)
-        if first:
-            yield first
-        while not eof:
-            data, eof = await self._read_chunk(path, offset, user, request_timeout)
-            offset += len(data)
-            if data:
-                yield data
+        """Reads a file as ``text``, ``bytes`` (a bytearray) or ``stream`` (an async iterator of bytes)."""
+        v = await arun(self._ops.read(path, format, user, request_timeout))
+        return arun_iter(v.gen) if isinstance(v, Chunks) else v
 
     async def write(self, path: str, data: Union[str, bytes, IO[Any]], user: Optional[Username] = None,
                     request_timeout: Optional[float] = None) -> WriteInfo:
         """Writes a file, replacing it (missing parent directories are made)."""
-        return await self._write_one(path, data, user, request_timeout)
+        return await arun(self._ops.write(path, data, user, request_timeout))
 
     async def write_files(self, files: List[WriteEntry], user: Optional[Username] = None,
                           request_timeout: Optional[float] = None) -> List[WriteInfo]:
         """Writes several files, one after the other."""
-        if not isinstance(files, list):
-            raise InvalidArgumentException("files.write_files: files must be a list of WriteEntry")
-        out = []
-        for f in files:
-            path, data = entry_fields(f)
-            out.append(await self._write_one(path, data, user, request_timeout))
-        return out
-
-    async def _write_one(self, path: Any, data: Any, user: Optional[str], request_timeout: Optional[float]) -> WriteInfo:
-        if not isinstance(path, str) or path == "":
-            raise InvalidArgumentException("files.write: path must be a non-empty string")
-        if data is None:
-            raise InvalidArgumentException("files.write: no data")
-        offset = 0
-        for piece in write_chunks(data):
-            await self._call("fs.write", {"path": path, "offset": offset, "data": b64(piece), "encoding": "base64"}, user, request_timeout)
-            offset += len(piece)
-        return WriteInfo(name=basename(path), type=FileType.FILE, path=path)
+        return await arun(self._ops.write_files(files, user, request_timeout))
 
     async def list(self, path: str, depth: Optional[int] = 1, user: Optional[Username] = None,
                    request_timeout: Optional[float] = None) -> List[EntryInfo]:
         """The entries of a directory (and, with ``depth`` > 1, of its subdirectories)."""
-        if depth is None:
-            depth = 1
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise InvalidArgumentException("files.list: depth should be at least 1")
-        out: List[EntryInfo] = []
-        todo = [(path, 1)]
-        while todo:
-            d, level = todo.pop(0)
-            r = await self._call("fs.list", {"path": d}, user, request_timeout)
-            for e in r.get("entries") or []:
-                entry = to_entry(e)
-                out.append(entry)
-                if entry.type == FileType.DIR and level < depth:
-                    todo.append((entry.path, level + 1))
-        return out
+        return await arun(self._ops.list(path, depth, user, request_timeout))
 
     async def exists(self, path: str, user: Optional[Username] = None, request_timeout: Optional[float] = None) -> bool:
         """True when something is at path."""
-        try:
-            await self._call("fs.stat", {"path": path}, user, request_timeout)
-            return True
-        except FileNotFoundException:
-            return False
+        return await arun(self._ops.exists(path, user, request_timeout))
 
     async def get_info(self, path: str, user: Optional[Username] = None, request_timeout: Optional[float] = None) -> EntryInfo:
         """Describes a file or directory."""
-        return to_entry(await self._call("fs.stat", {"path": path}, user, request_timeout))
+        return await arun(self._ops.get_info(path, user, request_timeout))
 
     async def remove(self, path: str, user: Optional[Username] = None, request_timeout: Optional[float] = None) -> None:
         """Removes a file, or a directory with everything in it."""
-        await self._call("fs.remove", {"path": path, "recursive": True}, user, request_timeout)
+        await arun(self._ops.remove(path, user, request_timeout))
 
     async def rename(self, old_path: str, new_path: str, user: Optional[Username] = None,
                      request_timeout: Optional[float] = None) -> EntryInfo:
         """Renames (moves) a file or directory; returns what is now at new_path."""
-        await self._call("fs.rename", {"from": old_path, "to": new_path}, user, request_timeout, ("from", "to"))
-        return await self.get_info(new_path, user=user, request_timeout=request_timeout)
+        return await arun(self._ops.rename(old_path, new_path, user, request_timeout))
 
     async def make_dir(self, path: str, user: Optional[Username] = None, request_timeout: Optional[float] = None) -> bool:
         """Makes a directory and its parents; False when it already existed."""
-        r = await self._call("fs.mkdir", {"path": path, "parents": True}, user, request_timeout)
-        return r.get("created") is True
+        return await arun(self._ops.make_dir(path, user, request_timeout))
 
     async def watch_dir(self, path: str, on_event: OutputHandler[FilesystemEvent],
                         on_exit: Optional[OutputHandler[Optional[Exception]]] = None, user: Optional[Username] = None,
@@ -200,10 +138,6 @@ class Filesystem:
             raise InvalidArgumentException("files.watch_dir: on_event must be callable")
         t = seconds(timeout, "files.watch_dir")
         box: List[AsyncWatchHandle] = []
-
-        def subscribe(r: Any) -> None:
-            box.append(AsyncWatchHandle(self._link, int(r["watch"]), on_event, on_exit, t))
-
-        p = as_account(self._link.acct, user, self._link.params(path=path, recursive=bool(recursive)))
-        await self._link.conn.call("fs.watch", p, on_result=subscribe, timeout=rt(request_timeout))
+        await arun(self._ops.watch(path, user, request_timeout, recursive,
+                                   lambda w: box.append(AsyncWatchHandle(self._link, w, on_event, on_exit, t))))
         return box[0]

@@ -1,24 +1,24 @@
-"""AsyncSandbox: E2B's AsyncSandbox over tupper's socket API (asyncio form)."""
-from typing import Any, Awaitable, Callable, Dict, List, Optional, TypeVar
+"""AsyncSandbox: E2B's AsyncSandbox over tupper's socket API (asyncio form; the protocol of each call is ``_sandbox``'s)."""
+from typing import Any, Callable, Dict, List, Optional
 
+from .. import _sandbox as ops
 from .._connection import AsyncConnection
-from .._link import Link
+from .._drive import Proto, arun
 from .._opts import connection_opts, create_params
-from .._wire import seconds, to_info
-from ..exceptions import InvalidArgumentException, SandboxNotFoundException
+from .._sandbox import SandboxBase
+from ..exceptions import InvalidArgumentException
 from ..models import SandboxInfo, SandboxMetrics, SandboxQuery
-from ..sandbox_sync.main import SandboxPaginator, _metrics, class_method_variant
+from ..sandbox_sync.main import SandboxPaginator, class_method_variant
 from .commands import Commands
 from .filesystem import Filesystem
 from .pty import Pty
 
-T = TypeVar("T")
 
-
-async def _with_conn(opts: Dict[str, Any], what: str, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+async def _with_conn(opts: Dict[str, Any], what: str, op: Callable[[AsyncConnection], Proto]) -> Any:
+    """Runs op on a connection of its own, closed after it."""
     conn = await AsyncConnection.open(**connection_opts(opts, what))
     try:
-        return await fn(conn)
+        return await arun(op(conn))
     finally:
         await conn.close()
 
@@ -30,52 +30,19 @@ class AsyncSandboxPaginator(SandboxPaginator):
         """The next page of sandboxes, oldest first."""
         if not self._more:
             raise InvalidArgumentException("Sandbox.list: no more items to fetch")
-        r = await _with_conn(self._opts, "AsyncSandbox.list", lambda c: c.call("sandbox.list", {}))
-        return self._page(r.get("sandboxes") or [])
+        return self._page(await _with_conn(self._opts, "AsyncSandbox.list", ops.list_sandboxes))
 
 
-class AsyncSandbox:
+class AsyncSandbox(SandboxBase[Commands, Filesystem, Pty]):
     """A tupper sandbox, as E2B's ``AsyncSandbox``: ``sbx = await AsyncSandbox.create()``."""
 
-    default_template = "default"
+    _Commands = Commands
+    _Filesystem = Filesystem
+    _Pty = Pty
 
     def __init__(self, conn: AsyncConnection, info: Dict[str, Any]) -> None:
         """Use ``await AsyncSandbox.create()`` or ``await AsyncSandbox.connect()``."""
-        self._conn = conn
-        self._link = Link(str(info["id"]), conn, info)
-        self._commands = Commands(self._link)
-        self._files = Filesystem(self._link)
-        self._pty = Pty(self._link, self._commands)
-
-    @property
-    def sandbox_id(self) -> str:
-        """The sandbox's id."""
-        return self._link.sandbox_id
-
-    @property
-    def commands(self) -> Commands:
-        """Commands in the sandbox."""
-        return self._commands
-
-    @property
-    def files(self) -> Filesystem:
-        """The sandbox's filesystem."""
-        return self._files
-
-    @property
-    def pty(self) -> Pty:
-        """Programs on a terminal."""
-        return self._pty
-
-    @property
-    def default_user(self) -> Optional[str]:
-        """The account calls act as unless told."""
-        return self._link.acct.default_user
-
-    @property
-    def home(self) -> str:
-        """The default account's home."""
-        return self._link.acct.home
+        super().__init__(conn, info)
 
     @classmethod
     async def create(cls, template: Optional[str] = None, timeout: Optional[int] = None,
@@ -88,7 +55,7 @@ class AsyncSandbox:
         params = create_params(template, timeout, metadata, envs, allow_internet_access, network, mcp, backend, cwd, limits, accel)
         conn = await AsyncConnection.open(**connection_opts(opts, "AsyncSandbox.create"))
         try:
-            return cls(conn, await conn.call("sandbox.create", params))
+            return cls(conn, await arun(ops.create(conn, params)))
         except BaseException:
             await conn.close()
             raise
@@ -97,12 +64,7 @@ class AsyncSandbox:
     async def _cls_connect(cls, sandbox_id: str, timeout: Optional[int] = None, **opts: Any) -> "AsyncSandbox":
         conn = await AsyncConnection.open(**connection_opts(opts, "AsyncSandbox.connect"))
         try:
-            r = await conn.call("sandbox.get", {"id": sandbox_id})
-            if r.get("state") == "paused":
-                await conn.call("sandbox.resume", {"id": sandbox_id})
-            if timeout is not None:
-                await conn.call("sandbox.set_timeout", {"id": sandbox_id, "timeout": seconds(timeout, "connect")})
-            return cls(conn, r)
+            return cls(conn, await arun(ops.connect(conn, sandbox_id, timeout, "connect")))
         except BaseException:
             await conn.close()
             raise
@@ -110,10 +72,7 @@ class AsyncSandbox:
     @class_method_variant("_cls_connect")
     async def connect(self, timeout: Optional[int] = None, **opts: Any) -> "AsyncSandbox":
         """Connects to a sandbox (``await AsyncSandbox.connect(sandbox_id)``), resuming it when paused."""
-        if (await self._conn.call("sandbox.get", {"id": self.sandbox_id})).get("state") == "paused":
-            await self._conn.call("sandbox.resume", {"id": self.sandbox_id})
-        if timeout is not None:
-            await self.set_timeout(timeout)
+        await arun(ops.connect(self._conn, self.sandbox_id, timeout, "set_timeout"))
         return self
 
     @staticmethod
@@ -124,77 +83,60 @@ class AsyncSandbox:
 
     @staticmethod
     async def _cls_kill(sandbox_id: str, **opts: Any) -> bool:
-        r = await _with_conn(opts, "AsyncSandbox.kill", lambda c: c.call("sandbox.kill", {"id": sandbox_id}))
-        return r.get("killed") is True
+        return await _with_conn(opts, "AsyncSandbox.kill", lambda c: ops.kill(c, sandbox_id))
 
     @class_method_variant("_cls_kill")
     async def kill(self, **opts: Any) -> bool:
         """Kills the sandbox: True when it was killed, False when it was already gone."""
         try:
-            r = await self._conn.call("sandbox.kill", {"id": self.sandbox_id})
-            return r.get("killed") is True
+            return await arun(ops.kill(self._conn, self.sandbox_id))
         finally:
-            self._link.killed = True
-            self._commands._sandbox_gone("killed")
+            self._killed()
             await self._conn.close()
 
     @staticmethod
     async def _cls_set_timeout(sandbox_id: str, timeout: int, **opts: Any) -> None:
-        t = seconds(timeout, "set_timeout", allow_none=False)
-        await _with_conn(opts, "AsyncSandbox.set_timeout", lambda c: c.call("sandbox.set_timeout", {"id": sandbox_id, "timeout": t}))
+        await _with_conn(opts, "AsyncSandbox.set_timeout", lambda c: ops.set_timeout(c, sandbox_id, timeout))
 
     @class_method_variant("_cls_set_timeout")
     async def set_timeout(self, timeout: int, **opts: Any) -> None:
         """The sandbox now lives ``timeout`` seconds from now (0: until killed)."""
-        t = seconds(timeout, "set_timeout", allow_none=False)
-        await self._conn.call("sandbox.set_timeout", {"id": self.sandbox_id, "timeout": t})
+        await arun(ops.set_timeout(self._conn, self.sandbox_id, timeout))
 
     @staticmethod
     async def _cls_get_info(sandbox_id: str, **opts: Any) -> SandboxInfo:
-        return to_info(await _with_conn(opts, "AsyncSandbox.get_info", lambda c: c.call("sandbox.get", {"id": sandbox_id})))
+        return await _with_conn(opts, "AsyncSandbox.get_info", lambda c: ops.get_info(c, sandbox_id))
 
     @class_method_variant("_cls_get_info")
     async def get_info(self, **opts: Any) -> SandboxInfo:
         """Describes the sandbox."""
-        return to_info(await self._conn.call("sandbox.get", {"id": self.sandbox_id}))
+        return await arun(ops.get_info(self._conn, self.sandbox_id))
+
+    @staticmethod
+    async def _cls_get_metrics(sandbox_id: str, **opts: Any) -> List[SandboxMetrics]:
+        return await _with_conn(opts, "AsyncSandbox.get_metrics", lambda c: ops.get_metrics(c, sandbox_id))
 
     @class_method_variant("_cls_get_metrics")
     async def get_metrics(self, start: Any = None, end: Any = None, **opts: Any) -> List[SandboxMetrics]:
         """The sandbox's counters now, as a one-sample list."""
-        m = await self._conn.call("sandbox.metrics", {"id": self.sandbox_id})
-        return [_metrics(m, await self.get_info())]
-
-    @staticmethod
-    async def _cls_get_metrics(sandbox_id: str, **opts: Any) -> List[SandboxMetrics]:
-        async def go(c: AsyncConnection) -> List[SandboxMetrics]:
-            m = await c.call("sandbox.metrics", {"id": sandbox_id})
-            return [_metrics(m, to_info(await c.call("sandbox.get", {"id": sandbox_id})))]
-
-        return await _with_conn(opts, "AsyncSandbox.get_metrics", go)
+        return await arun(ops.get_metrics(self._conn, self.sandbox_id))
 
     @staticmethod
     async def _cls_pause(sandbox_id: str, **opts: Any) -> bool:
-        r = await _with_conn(opts, "AsyncSandbox.pause", lambda c: c.call("sandbox.pause", {"id": sandbox_id}))
-        return r.get("state") == "paused"
+        return await _with_conn(opts, "AsyncSandbox.pause", lambda c: ops.pause(c, sandbox_id))
 
     @class_method_variant("_cls_pause")
     async def pause(self, **opts: Any) -> bool:
         """Freezes every process of the sandbox; ``connect()`` resumes it."""
-        return (await self._conn.call("sandbox.pause", {"id": self.sandbox_id})).get("state") == "paused"
+        return await arun(ops.pause(self._conn, self.sandbox_id))
 
     async def is_running(self, request_timeout: Optional[float] = None) -> bool:
         """True while the sandbox exists and is not paused."""
-        try:
-            return (await self._conn.call("sandbox.get", {"id": self.sandbox_id})).get("state") == "running"
-        except SandboxNotFoundException:
-            return False
+        return await arun(ops.is_running(self._conn, self.sandbox_id))
 
     async def get_host(self, port: int) -> str:
         """``"127.0.0.1:PORT"``: a port of the host's loopback forwarded to ``port`` inside the sandbox."""
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise InvalidArgumentException(f"get_host: bad port {port!r}")
-        r = await self._conn.call("sandbox.expose", {"id": self.sandbox_id, "port": port})
-        return f"{r['host']}:{r['port']}"
+        return await arun(ops.get_host(self._conn, self.sandbox_id, port))
 
     async def close(self) -> None:
         """tupper's: lets go of this object's connection; the sandbox lives on."""

@@ -1,8 +1,8 @@
 """sbx.pty of an AsyncSandbox: programs on a terminal, as E2B's async Pty."""
 from typing import Dict, List, Optional
 
-from .._link import Link, rt
-from .._wire import check_size
+from .._drive import arun
+from .._link import Link
 from ..exceptions import InvalidArgumentException
 from ..models import PtyOutput, PtySize, Username
 from .command_handle import AsyncCommandHandle, OutputHandler
@@ -20,12 +20,9 @@ class Pty:
                      cwd: Optional[str] = None, envs: Optional[Dict[str, str]] = None, timeout: Optional[float] = 60,
                      request_timeout: Optional[float] = None, cmd: Optional[List[str]] = None) -> AsyncCommandHandle:
         """Starts a terminal of ``size`` running ``cmd`` (tupper's; default ``/bin/sh -i -l``); killed after ``timeout`` s (0: never)."""
-        check_size("pty.create", size)
+        params = self._commands._ops.pty_params(size, cmd)
         if not callable(on_data):
             raise InvalidArgumentException("pty.create: on_data must be callable")
-        params = self._link.params(cols=size.cols, rows=size.rows)
-        if cmd is not None:
-            params["argv"] = list(cmd)
         return await self._commands._start("pty.create", params, cwd, envs, user, timeout, request_timeout,
                                            dict(on_pty=on_data), pty=True)
 
@@ -35,8 +32,7 @@ class Pty:
 
     async def resize(self, pid: int, size: PtySize, request_timeout: Optional[float] = None) -> None:
         """Resizes the terminal; its programs get SIGWINCH."""
-        check_size("pty.resize", size)
-        await self._link.conn.call("pty.resize", self._link.params(pid=pid, cols=size.cols, rows=size.rows), timeout=rt(request_timeout))
+        await arun(self._commands._ops.resize(pid, size, request_timeout))
 
     async def kill(self, pid: int, request_timeout: Optional[float] = None) -> bool:
         """Kills the terminal's program and its whole tree; False when it no longer ran."""

@@ -1,12 +1,13 @@
-"""sbx.commands: processes in a sandbox (``/bin/sh -c cmd``), as E2B's Commands module."""
+"""sbx.commands: processes in a sandbox (``/bin/sh -c cmd``), as E2B's Commands module (the protocol is ``_commands.CommandsOps``)."""
 import time
 from typing import Any, Callable, Dict, List, Literal, Optional, Set, Union, overload
 
-from .._link import Link, rt
-from .._wire import CHUNK, b64, seconds, start_params, to_process
-from ..exceptions import CommandResult, InvalidArgumentException, NotFoundException, SandboxException
+from .._commands import CommandsOps
+from .._drive import run
+from .._link import Link
+from ..exceptions import CommandResult
 from ..models import ProcessInfo, Username
-from .command_handle import CommandHandle, sandbox_gone
+from .command_handle import CommandHandle
 
 
 class Commands:
@@ -15,6 +16,7 @@ class Commands:
     def __init__(self, link: Link) -> None:
         self._link = link
         self._live: Set[CommandHandle] = set()
+        self._ops = CommandsOps(link, time.sleep)
 
     @overload
     def run(self, cmd: str, background: Union[Literal[False], None] = None, envs: Optional[Dict[str, str]] = None,
@@ -45,38 +47,21 @@ class Commands:
         :param timeout: kill it (its whole tree) after this many seconds; 0 or None: never
         :param request_timeout: how long the start request may wait for its answer (seconds)
         """
-        if not isinstance(cmd, str) or cmd == "":
-            raise InvalidArgumentException("commands.run: cmd must be a non-empty string")
-        params = self._link.params(cmd=cmd, encoding="utf8")
-        if stdin:
-            params["stdin"] = True
+        params = self._ops.run_params(cmd, stdin)
         handle = self._start("process.start", params, cwd, envs, user, timeout, request_timeout)
         if background:
             return handle
         return handle.wait(on_stdout=on_stdout, on_stderr=on_stderr)
 
+    def _handle(self, pid: int, pty: bool = False) -> CommandHandle:
+        h = CommandHandle(self._link, self, pid, pty=pty)
+        self._live.add(h)
+        return h
+
     def _start(self, method: str, params: Dict[str, Any], cwd: Optional[str], envs: Optional[Dict[str, str]],
                user: Optional[str], timeout: Optional[float], request_timeout: Optional[float], pty: bool = False) -> CommandHandle:
-        t = seconds(timeout, method)
-        params.update(start_params(self._link.acct, cwd, envs, user, t))
-        box: List[CommandHandle] = []
-
-        def subscribe(r: Any) -> None:
-            # before the next line is read: output may follow the reply at once
-            h = CommandHandle(self._link, self, int(r["pid"]), pty=pty)
-            self._live.add(h)
-            box.append(h)
-
-        try:
-            self._link.conn.call(method, params, on_result=subscribe, timeout=rt(request_timeout))
-        except SandboxException as e:
-            # a start cut short because the sandbox was killed meanwhile is the sandbox going away
-            if not isinstance(e, (NotFoundException, InvalidArgumentException)):
-                g = sandbox_gone(self._link)
-                if g is not None:
-                    raise g from e
-            raise
-        return box[0]
+        return run(self._ops.start(method, params, cwd, envs, user, timeout, request_timeout,
+                                   lambda pid: self._handle(pid, pty)))
 
     def connect(self, pid: int, timeout: Optional[float] = 60, request_timeout: Optional[float] = None) -> CommandHandle:
         """
@@ -86,58 +71,23 @@ class Commands:
         ``timeout`` is accepted for E2B compatibility (the command's own
         timeout, set at its start, still applies).
         """
-        box: List[CommandHandle] = []
-
-        def subscribe(r: Any) -> None:
-            h = CommandHandle(self._link, self, int(r["pid"]))
-            self._live.add(h)
-            h._replay(r.get("output"))
-            box.append(h)
-
-        self._link.conn.call("process.connect", self._link.params(pid=pid, encoding="utf8"),
-                             on_result=subscribe, timeout=rt(request_timeout))
-        return box[0]
+        return run(self._ops.connect(pid, request_timeout, self._handle))
 
     def list(self, request_timeout: Optional[float] = None) -> List[ProcessInfo]:
         """The running commands and terminals started through the API."""
-        r = self._link.conn.call("process.list", self._link.params(), timeout=rt(request_timeout))
-        return [to_process(p) for p in r.get("processes") or []]
+        return run(self._ops.list(request_timeout))
 
     def kill(self, pid: int, request_timeout: Optional[float] = None) -> bool:
         """Kills a command and its whole tree (SIGKILL); False when there is no such process."""
-        try:
-            self._link.conn.call("process.signal", self._link.params(pid=pid, signal="KILL"), timeout=rt(request_timeout))
-            return True
-        except NotFoundException:
-            return False
+        return run(self._ops.kill(pid, request_timeout))
 
     def send_stdin(self, pid: int, data: Union[str, bytes], request_timeout: Optional[float] = None) -> None:
         """Writes to a command's stdin, in 1 MiB pieces; a full stdin queue (EAGAIN) is waited out."""
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-        if not isinstance(data, (bytes, bytearray)):
-            raise InvalidArgumentException("send_stdin: data must be str or bytes")
-        off = 0
-        while True:
-            piece = bytes(data[off:off + CHUNK])
-            delay = 0.005
-            while True:
-                try:
-                    self._link.conn.call("process.stdin", self._link.params(pid=pid, data=b64(piece), encoding="base64"),
-                                         timeout=rt(request_timeout))
-                    break
-                except SandboxException as e:
-                    if e.errno_code != "EAGAIN":
-                        raise
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.2)
-            off += len(piece)
-            if off >= len(data):
-                break
+        run(self._ops.send_stdin(pid, data, request_timeout))
 
     def close_stdin(self, pid: int, request_timeout: Optional[float] = None) -> None:
         """Closes a command's stdin once what was written is delivered."""
-        self._link.conn.call("process.close_stdin", self._link.params(pid=pid), timeout=rt(request_timeout))
+        run(self._ops.close_stdin(pid, request_timeout))
 
     def _forget(self, h: CommandHandle) -> None:
         self._live.discard(h)

@@ -1,17 +1,20 @@
 """
-sbx.files: the sandbox's filesystem, as E2B's Filesystem module.  Bytes go in
-1 MiB pieces (fs.read / fs.write with offsets).  Every call acts as an account
+sbx.files: the sandbox's filesystem, as E2B's Filesystem module.  Bytes go on
+the data connection as binary frames (fs.read_stream / fs.write_stream; from
+a daemon without one, fs.read / fs.write in 1 MiB pieces).  Every call acts as an account
 of the box: ``user``, else the sandbox's default account (``user`` where the
 image has it); the kernel checks that account's permissions, and relative
 paths are taken from its home.
 """
 import threading
-from typing import IO, Any, Dict, Iterator, List, Literal, Optional, Tuple, Union, overload
+from typing import IO, Any, Dict, Iterator, List, Literal, Optional, Union, overload
 
+from .._drive import Chunks, run, run_iter
+from .._files import FilesOps
 from .._link import Link, rt
-from .._wire import CHUNK, as_account, b64, basename, decode_data, entry_fields, raw_bytes, to_entry, write_chunks
-from ..exceptions import FileNotFoundException, InvalidArgumentException, SandboxException
-from ..models import EntryInfo, FilesystemEvent, FilesystemEventType, FileType, Username, WriteEntry, WriteInfo
+from .._wire import raw_bytes
+from ..exceptions import SandboxException
+from ..models import EntryInfo, FilesystemEvent, FilesystemEventType, Username, WriteEntry, WriteInfo
 
 #: Most events a WatchHandle keeps between two get_new_events calls; past it, one OVERFLOW event says so.
 MAX_PENDING_EVENTS = 65536
@@ -90,20 +93,11 @@ class WatchHandle:
 
 
 class Filesystem:
-    """Files and directories of the sandbox."""
+    """Files and directories of the sandbox (the protocol is ``_files.FilesOps``; this form blocks)."""
 
     def __init__(self, link: Link) -> None:
         self._link = link
-
-    def _call(self, method: str, params: Dict[str, Any], user: Optional[str], request_timeout: Optional[float],
-              paths: Tuple[str, ...] = ("path",)) -> Any:
-        p = as_account(self._link.acct, user, self._link.params(**params), paths)
-        return self._link.conn.call(method, p, timeout=rt(request_timeout))
-
-    def _read_chunk(self, path: str, offset: int, user: Optional[str], request_timeout: Optional[float]) -> Tuple[bytes, bool]:
-        r = self._call("fs.read", {"path": path, "offset": offset, "length": CHUNK, "encoding": "base64"}, user, request_timeout)
-        data = decode_data(r.get("data"), r.get("encoding"))
-        return data, bool(r.get("eof")) or not data
+        self._ops = FilesOps(link)
 
     @overload
     def read(self, path: str, format: Literal["text"] = "text", user: Optional[Username] = None,
@@ -121,32 +115,14 @@ class Filesystem:
              request_timeout: Optional[float] = None) -> Any:
         """
         Reads a file as ``text`` (UTF-8, the default), ``bytes`` (a
-        bytearray) or ``stream`` (an iterator of bytes that fetches 1 MiB at
-        a time as it is consumed).  FileNotFoundException when it is missing
-        (for a stream too: the first piece is read before it returns).
+        bytearray) or ``stream`` (an iterator of bytes that fetches more as
+        it is consumed: the daemon sends at most 4 MiB ahead of it).
+        FileNotFoundException when it is missing (for a stream too: before
+        it returns).  The bytes come on the data connection, as binary
+        frames; from a daemon without one, 1 MiB at a time as base64.
         """
-        if format not in ("text", "bytes", "stream"):
-            raise InvalidArgumentException(f"files.read: format {format!r} is not supported (text, bytes, stream)")
-        first, eof = self._read_chunk(path, 0, user, request_timeout)
-        if format == "stream":
-            return self._stream(path, first, eof, user, request_timeout)
-        out = bytearray(first)
-        while not eof:
-            data, eof = self._read_chunk(path, len(out), user, request_timeout)
-            out += data
-        if format == "text":
-            return out.decode("utf-8", "replace")
-        return out
-
-    def _stream(self, path: str, first: bytes, eof: bool, user: Optional[str], request_timeout: Optional[float]) -> Iterator[bytes]:
-        offset = len(first)
-        if first:
-            yield first
-        while not eof:
-            data, eof = self._read_chunk(path, offset, user, request_timeout)
-            offset += len(data)
-            if data:
-                yield data
+        v = run(self._ops.read(path, format, user, request_timeout))
+        return run_iter(v.gen) if isinstance(v, Chunks) else v
 
     def write(self, path: str, data: Union[str, bytes, IO[Any]], user: Optional[Username] = None,
               request_timeout: Optional[float] = None) -> WriteInfo:
@@ -154,29 +130,12 @@ class Filesystem:
         Writes a file, replacing it (missing parent directories are made).
         ``data`` is str, bytes, or a file object read 1 MiB at a time.
         """
-        return self._write_one(path, data, user, request_timeout)
+        return run(self._ops.write(path, data, user, request_timeout))
 
     def write_files(self, files: List[WriteEntry], user: Optional[Username] = None,
                     request_timeout: Optional[float] = None) -> List[WriteInfo]:
         """Writes several files (WriteEntry, or dicts with ``path`` and ``data``), one after the other."""
-        if not isinstance(files, list):
-            raise InvalidArgumentException("files.write_files: files must be a list of WriteEntry")
-        out = []
-        for f in files:
-            path, data = entry_fields(f)
-            out.append(self._write_one(path, data, user, request_timeout))
-        return out
-
-    def _write_one(self, path: Any, data: Any, user: Optional[str], request_timeout: Optional[float]) -> WriteInfo:
-        if not isinstance(path, str) or path == "":
-            raise InvalidArgumentException("files.write: path must be a non-empty string")
-        if data is None:
-            raise InvalidArgumentException("files.write: no data")
-        offset = 0
-        for piece in write_chunks(data):
-            self._call("fs.write", {"path": path, "offset": offset, "data": b64(piece), "encoding": "base64"}, user, request_timeout)
-            offset += len(piece)
-        return WriteInfo(name=basename(path), type=FileType.FILE, path=path)
+        return run(self._ops.write_files(files, user, request_timeout))
 
     def list(self, path: str, depth: Optional[int] = 1, user: Optional[Username] = None,
              request_timeout: Optional[float] = None) -> List[EntryInfo]:
@@ -185,48 +144,28 @@ class Filesystem:
         those of its subdirectories down to that depth (symlinks are not
         followed).  At most 4000 entries per directory (the daemon's bound).
         """
-        if depth is None:
-            depth = 1
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise InvalidArgumentException("files.list: depth should be at least 1")
-        out: List[EntryInfo] = []
-        todo = [(path, 1)]
-        while todo:
-            d, level = todo.pop(0)
-            r = self._call("fs.list", {"path": d}, user, request_timeout)
-            for e in r.get("entries") or []:
-                entry = to_entry(e)
-                out.append(entry)
-                if entry.type == FileType.DIR and level < depth:
-                    todo.append((entry.path, level + 1))
-        return out
+        return run(self._ops.list(path, depth, user, request_timeout))
 
     def exists(self, path: str, user: Optional[Username] = None, request_timeout: Optional[float] = None) -> bool:
         """True when something is at path (a dangling symlink counts); False when nothing is."""
-        try:
-            self._call("fs.stat", {"path": path}, user, request_timeout)
-            return True
-        except FileNotFoundException:
-            return False
+        return run(self._ops.exists(path, user, request_timeout))
 
     def get_info(self, path: str, user: Optional[Username] = None, request_timeout: Optional[float] = None) -> EntryInfo:
         """Describes a file or directory (a final symlink is not followed)."""
-        return to_entry(self._call("fs.stat", {"path": path}, user, request_timeout))
+        return run(self._ops.get_info(path, user, request_timeout))
 
     def remove(self, path: str, user: Optional[Username] = None, request_timeout: Optional[float] = None) -> None:
         """Removes a file, or a directory with everything in it."""
-        self._call("fs.remove", {"path": path, "recursive": True}, user, request_timeout)
+        run(self._ops.remove(path, user, request_timeout))
 
     def rename(self, old_path: str, new_path: str, user: Optional[Username] = None,
                request_timeout: Optional[float] = None) -> EntryInfo:
         """Renames (moves) a file or directory; returns what is now at new_path."""
-        self._call("fs.rename", {"from": old_path, "to": new_path}, user, request_timeout, ("from", "to"))
-        return self.get_info(new_path, user=user, request_timeout=request_timeout)
+        return run(self._ops.rename(old_path, new_path, user, request_timeout))
 
     def make_dir(self, path: str, user: Optional[Username] = None, request_timeout: Optional[float] = None) -> bool:
         """Makes a directory and its parents; False when it already existed."""
-        r = self._call("fs.mkdir", {"path": path, "parents": True}, user, request_timeout)
-        return r.get("created") is True
+        return run(self._ops.make_dir(path, user, request_timeout))
 
     def watch_dir(self, path: str, user: Optional[Username] = None, request_timeout: Optional[float] = None,
                   recursive: bool = False) -> WatchHandle:
@@ -236,11 +175,5 @@ class Filesystem:
         FileNotFoundException when it does not exist.
         """
         box: List[WatchHandle] = []
-
-        def subscribe(r: Any) -> None:
-            # before the next line is read: events may follow the reply at once
-            box.append(WatchHandle(self._link, int(r["watch"])))
-
-        p = as_account(self._link.acct, user, self._link.params(path=path, recursive=bool(recursive)))
-        self._link.conn.call("fs.watch", p, on_result=subscribe, timeout=rt(request_timeout))
+        run(self._ops.watch(path, user, request_timeout, recursive, lambda w: box.append(WatchHandle(self._link, w))))
         return box[0]

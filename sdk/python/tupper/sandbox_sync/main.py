@@ -1,18 +1,17 @@
 """Sandbox: E2B's Sandbox class over tupper's socket API (blocking form)."""
-import datetime
-from typing import Any, Callable, Dict, List, Optional, TypeVar
+from typing import Any, Callable, Dict, List, Optional
 
+from .. import _sandbox as ops
 from .._connection import Connection
-from .._link import Link
+from .._drive import Proto, run
 from .._opts import connection_opts, create_params
-from .._wire import seconds, to_info
-from ..exceptions import InvalidArgumentException, SandboxNotFoundException
+from .._sandbox import SandboxBase
+from .._wire import to_info
+from ..exceptions import InvalidArgumentException
 from ..models import SandboxInfo, SandboxMetrics, SandboxQuery
 from .commands import Commands
 from .filesystem import Filesystem
 from .pty import Pty
-
-T = TypeVar("T")
 
 
 class class_method_variant:
@@ -33,25 +32,13 @@ class class_method_variant:
         return self._fn.__get__(obj, owner)
 
 
-def _with_conn(opts: Dict[str, Any], what: str, fn: Callable[[Connection], T]) -> T:
+def _with_conn(opts: Dict[str, Any], what: str, op: Callable[[Connection], Proto]) -> Any:
+    """Runs op on a connection of its own, closed after it."""
     conn = Connection.open(**connection_opts(opts, what))
     try:
-        return fn(conn)
+        return run(op(conn))
     finally:
         conn.close()
-
-
-def _metrics(m: Dict[str, Any], info: SandboxInfo) -> SandboxMetrics:
-    return SandboxMetrics(
-        timestamp=datetime.datetime.now(datetime.timezone.utc),
-        cpu_count=info.cpu_count,
-        cpu_used_pct=None,
-        mem_used=int(m.get("memory_bytes") or 0),
-        mem_total=info.limits.get("memory"),
-        cpu_usage_usec=int(m.get("cpu_usage_usec") or 0),
-        pids=int(m.get("pids") or 0),
-        oom_kills=m.get("oom_kills"),
-    )
 
 
 class SandboxPaginator:
@@ -99,58 +86,25 @@ class SandboxPaginator:
         """The next page of sandboxes, oldest first."""
         if not self._more:
             raise InvalidArgumentException("Sandbox.list: no more items to fetch")
-        r = _with_conn(self._opts, "Sandbox.list", lambda c: c.call("sandbox.list", {}))
-        return self._page(r.get("sandboxes") or [])
+        return self._page(_with_conn(self._opts, "Sandbox.list", ops.list_sandboxes))
 
 
-class Sandbox:
+class Sandbox(SandboxBase[Commands, Filesystem, Pty]):
     """
     A tupper sandbox, as E2B's ``Sandbox``: ``Sandbox.create()``, then
     ``sbx.commands``, ``sbx.files``, ``sbx.pty``; ``sbx.kill()`` at the end
     (or use it as a context manager).  Each Sandbox object holds its own
     connection to the daemon, which sends a process's output to the
-    connection that started it.
+    connection that started it.  (The protocol of each call is ``_sandbox``'s.)
     """
 
-    default_template = "default"
+    _Commands = Commands
+    _Filesystem = Filesystem
+    _Pty = Pty
 
     def __init__(self, conn: Connection, info: Dict[str, Any]) -> None:
         """Use ``Sandbox.create()`` or ``Sandbox.connect()``."""
-        self._conn = conn
-        self._link = Link(str(info["id"]), conn, info)
-        self._commands = Commands(self._link)
-        self._files = Filesystem(self._link)
-        self._pty = Pty(self._link, self._commands)
-
-    @property
-    def sandbox_id(self) -> str:
-        """The sandbox's id."""
-        return self._link.sandbox_id
-
-    @property
-    def commands(self) -> Commands:
-        """Commands in the sandbox."""
-        return self._commands
-
-    @property
-    def files(self) -> Filesystem:
-        """The sandbox's filesystem."""
-        return self._files
-
-    @property
-    def pty(self) -> Pty:
-        """Programs on a terminal."""
-        return self._pty
-
-    @property
-    def default_user(self) -> Optional[str]:
-        """The account calls act as unless told (``user`` where the image has it, else its User, else root)."""
-        return self._link.acct.default_user
-
-    @property
-    def home(self) -> str:
-        """The default account's home: relative paths and commands start there."""
-        return self._link.acct.home
+        super().__init__(conn, info)
 
     @classmethod
     def create(
@@ -188,8 +142,7 @@ class Sandbox:
         params = create_params(template, timeout, metadata, envs, allow_internet_access, network, mcp, backend, cwd, limits, accel)
         conn = Connection.open(**connection_opts(opts, "Sandbox.create"))
         try:
-            r = conn.call("sandbox.create", params)
-            return cls(conn, r)
+            return cls(conn, run(ops.create(conn, params)))
         except BaseException:
             conn.close()
             raise
@@ -198,12 +151,7 @@ class Sandbox:
     def _cls_connect(cls, sandbox_id: str, timeout: Optional[int] = None, **opts: Any) -> "Sandbox":
         conn = Connection.open(**connection_opts(opts, "Sandbox.connect"))
         try:
-            r = conn.call("sandbox.get", {"id": sandbox_id})
-            if r.get("state") == "paused":
-                conn.call("sandbox.resume", {"id": sandbox_id})
-            if timeout is not None:
-                conn.call("sandbox.set_timeout", {"id": sandbox_id, "timeout": seconds(timeout, "Sandbox.connect")})
-            return cls(conn, r)
+            return cls(conn, run(ops.connect(conn, sandbox_id, timeout, "Sandbox.connect")))
         except BaseException:
             conn.close()
             raise
@@ -215,10 +163,7 @@ class Sandbox:
         when paused; ``timeout`` sets a new lifetime in seconds.
         SandboxNotFoundException when there is none.
         """
-        if self._conn.call("sandbox.get", {"id": self.sandbox_id}).get("state") == "paused":
-            self._conn.call("sandbox.resume", {"id": self.sandbox_id})
-        if timeout is not None:
-            self.set_timeout(timeout)
+        run(ops.connect(self._conn, self.sandbox_id, timeout, "set_timeout"))
         return self
 
     @staticmethod
@@ -229,80 +174,62 @@ class Sandbox:
 
     @staticmethod
     def _cls_kill(sandbox_id: str, **opts: Any) -> bool:
-        r = _with_conn(opts, "Sandbox.kill", lambda c: c.call("sandbox.kill", {"id": sandbox_id}))
-        return r.get("killed") is True
+        return _with_conn(opts, "Sandbox.kill", lambda c: ops.kill(c, sandbox_id))
 
     @class_method_variant("_cls_kill")
     def kill(self, **opts: Any) -> bool:
         """Kills the sandbox (``Sandbox.kill(sandbox_id)`` too): True when it was killed, False when it was already gone."""
         try:
-            r = self._conn.call("sandbox.kill", {"id": self.sandbox_id})
-            return r.get("killed") is True
+            return run(ops.kill(self._conn, self.sandbox_id))
         finally:
-            self._link.killed = True
-            self._commands._sandbox_gone("killed")
+            self._killed()
             self._conn.close()
 
     @staticmethod
     def _cls_set_timeout(sandbox_id: str, timeout: int, **opts: Any) -> None:
-        t = seconds(timeout, "set_timeout", allow_none=False)
-        _with_conn(opts, "Sandbox.set_timeout", lambda c: c.call("sandbox.set_timeout", {"id": sandbox_id, "timeout": t}))
+        _with_conn(opts, "Sandbox.set_timeout", lambda c: ops.set_timeout(c, sandbox_id, timeout))
 
     @class_method_variant("_cls_set_timeout")
     def set_timeout(self, timeout: int, **opts: Any) -> None:
         """The sandbox now lives ``timeout`` seconds from now (0: until killed)."""
-        t = seconds(timeout, "set_timeout", allow_none=False)
-        self._conn.call("sandbox.set_timeout", {"id": self.sandbox_id, "timeout": t})
+        run(ops.set_timeout(self._conn, self.sandbox_id, timeout))
 
     @staticmethod
     def _cls_get_info(sandbox_id: str, **opts: Any) -> SandboxInfo:
-        return to_info(_with_conn(opts, "Sandbox.get_info", lambda c: c.call("sandbox.get", {"id": sandbox_id})))
+        return _with_conn(opts, "Sandbox.get_info", lambda c: ops.get_info(c, sandbox_id))
 
     @class_method_variant("_cls_get_info")
     def get_info(self, **opts: Any) -> SandboxInfo:
         """Describes the sandbox: its image, metadata, state, start and end, limits."""
-        return to_info(self._conn.call("sandbox.get", {"id": self.sandbox_id}))
+        return run(ops.get_info(self._conn, self.sandbox_id))
 
     @staticmethod
     def _cls_get_metrics(sandbox_id: str, **opts: Any) -> List[SandboxMetrics]:
-        def go(c: Connection) -> List[SandboxMetrics]:
-            m = c.call("sandbox.metrics", {"id": sandbox_id})
-            return [_metrics(m, to_info(c.call("sandbox.get", {"id": sandbox_id})))]
-
-        return _with_conn(opts, "Sandbox.get_metrics", go)
+        return _with_conn(opts, "Sandbox.get_metrics", lambda c: ops.get_metrics(c, sandbox_id))
 
     @class_method_variant("_cls_get_metrics")
     def get_metrics(self, start: Any = None, end: Any = None, **opts: Any) -> List[SandboxMetrics]:
         """The sandbox's counters now, as a one-sample list (E2B returns samples over time; start and end are ignored)."""
-        m = self._conn.call("sandbox.metrics", {"id": self.sandbox_id})
-        return [_metrics(m, self.get_info())]
+        return run(ops.get_metrics(self._conn, self.sandbox_id))
 
     @staticmethod
     def _cls_pause(sandbox_id: str, **opts: Any) -> bool:
-        r = _with_conn(opts, "Sandbox.pause", lambda c: c.call("sandbox.pause", {"id": sandbox_id}))
-        return r.get("state") == "paused"
+        return _with_conn(opts, "Sandbox.pause", lambda c: ops.pause(c, sandbox_id))
 
     @class_method_variant("_cls_pause")
     def pause(self, **opts: Any) -> bool:
         """Freezes every process of the sandbox (cgroup freezer); ``connect()`` resumes it."""
-        return self._conn.call("sandbox.pause", {"id": self.sandbox_id}).get("state") == "paused"
+        return run(ops.pause(self._conn, self.sandbox_id))
 
     beta_pause = pause
 
     def is_running(self, request_timeout: Optional[float] = None) -> bool:
         """True while the sandbox exists and is not paused."""
-        try:
-            r = self._conn.call("sandbox.get", {"id": self.sandbox_id})
-            return r.get("state") == "running"
-        except SandboxNotFoundException:
-            return False
+        return run(ops.is_running(self._conn, self.sandbox_id))
 
     def get_host(self, port: int) -> str:
         """``"127.0.0.1:PORT"``: a port of the host's loopback forwarded to ``port`` inside the sandbox."""
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise InvalidArgumentException(f"get_host: bad port {port!r}")
-        r = self._conn.call("sandbox.expose", {"id": self.sandbox_id, "port": port})
-        return f"{r['host']}:{r['port']}"
+        return run(ops.get_host(self._conn, self.sandbox_id, port))
 
     def close(self) -> None:
         """tupper's: lets go of this object's connection; the sandbox lives on (``Sandbox.connect`` reaches it again)."""

@@ -1,8 +1,8 @@
 """sbx.pty: programs on a terminal of the box, as E2B's Pty module."""
 from typing import Dict, List, Optional
 
-from .._link import Link, rt
-from .._wire import check_size
+from .._drive import run
+from .._link import Link
 from ..models import PtySize, Username
 from .command_handle import CommandHandle
 from .commands import Commands
@@ -27,10 +27,7 @@ class Pty:
         (tupper's; default ``/bin/sh -i -l``) as ``user``; killed after
         ``timeout`` seconds (0: never).
         """
-        check_size("pty.create", size)
-        params = self._link.params(cols=size.cols, rows=size.rows)
-        if cmd is not None:
-            params["argv"] = list(cmd)
+        params = self._commands._ops.pty_params(size, cmd)
         return self._commands._start("pty.create", params, cwd, envs, user, timeout, request_timeout, pty=True)
 
     def send_stdin(self, pid: int, data: bytes, request_timeout: Optional[float] = None) -> None:
@@ -39,8 +36,7 @@ class Pty:
 
     def resize(self, pid: int, size: PtySize, request_timeout: Optional[float] = None) -> None:
         """Resizes the terminal; its programs get SIGWINCH."""
-        check_size("pty.resize", size)
-        self._link.conn.call("pty.resize", self._link.params(pid=pid, cols=size.cols, rows=size.rows), timeout=rt(request_timeout))
+        run(self._commands._ops.resize(pid, size, request_timeout))
 
     def kill(self, pid: int, request_timeout: Optional[float] = None) -> bool:
         """Kills the terminal's program and its whole tree; False when it no longer ran."""
