@@ -57,6 +57,7 @@ bench: build
 	@BUILD=$(BUILD) bench/bytes
 	@BUILD=$(BUILD) bench/loop
 	@BUILD=$(BUILD) bench/fork
+	@BUILD=$(BUILD) /usr/bin/python3 bench/sdk-python
 
 clean:
 	rm -rf $(BUILD)
