@@ -26,6 +26,9 @@ typedef struct tp__nrs_s {
   size_t plen, pcap;    /* being written; pcap never changes once allocated */
   size_t inflight;
   size_t head;          /* the first head bytes of pend are the daemon's: not acknowledged */
+  uint8_t *batch;       /* upstream -> box: NET_DATA frames read in place, not yet on */
+  size_t blen, bcap;    /* the channel; blen bytes of whole frames */
+  size_t asked;         /* the data room the last alloc_cb gave */
   uint8_t *down;        /* handed-over bytes owed to the box: down[doff..dlen) */
   size_t doff, dlen;
   uint32_t in_unacked;  /* the box's bytes received, not acknowledged */
@@ -41,13 +44,11 @@ struct tp_netrelay_s {
   int nstreams;
   int closing;          /* streams whose handle's close callback is pending */
   int released;
-  uint8_t *rbuf;        /* upstream reads land here, and go onto the channel at once */
 };
 
 static void tp__nr_maybe_free(tp_netrelay_t *nr) {
   if (!nr->released || nr->closing > 0 || nr->streams != NULL)
     return;
-  free(nr->rbuf);
   free(nr);
 }
 
@@ -104,6 +105,7 @@ static void tp__nrs_send_data(tp__nrs_t *s, const uint8_t *p, size_t n) {
 static void tp__nrs_close_cb(uv_handle_t *h) {
   tp__nrs_t *s = h->data;
   tp_netrelay_t *nr = s->nr;
+  free(s->batch);
   free(s->pend);
   free(s->down);
   free(s);
@@ -139,12 +141,68 @@ static tp__nrs_t *tp__nr_find(const tp_netrelay_t *nr, uint32_t sid) {
   return NULL;
 }
 
+/* A NET_DATA frame's head: the frame header, SID, and DATA's tag and
+ * length (frame.c's encoding, little-endian), for n bytes of data. */
+#define TP__NR_HEAD (TP_FRAME_HDR + 6 + 8 + 6)
+#define TP__NR_BATCH (4 * (TP__NR_HEAD + TP_NET_CHUNK))
+
+static void tp__put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t) (v >> (8 * i));
+}
+
+static void tp__nrs_head(const tp__nrs_t *s, uint8_t *p, size_t n) {
+  tp_buf_t b;
+  tp_buf_init(&b);
+  tp_frame_begin(&b, TP_MSG_NET_DATA, 0);
+  tp_frame_add_int(&b, TP_TAG_SID, s->sid);
+  tp_frame_add(&b, TP_TAG_DATA, NULL, 0);
+  if (!b.oom && b.len == TP__NR_HEAD) {
+    memcpy(p, b.data, TP__NR_HEAD);
+    tp__put_u32(p, (uint32_t) (TP__NR_HEAD - TP_FRAME_HDR + n));
+    tp__put_u32(p + TP__NR_HEAD - 4, (uint32_t) n);
+  }
+  tp_buf_free(&b);
+}
+
+/* The frames read so far go onto the channel, in one write. */
+static void tp__nrs_flush(tp__nrs_t *s) {
+  tp_buf_t buf;
+  if (s->blen == 0)
+    return;
+  tp_buf_init(&buf);
+  buf.data = s->batch;
+  buf.len = s->blen;
+  buf.cap = s->bcap;
+  s->batch = NULL;
+  s->blen = s->bcap = 0;
+  tp__nr_send(s->nr, &buf);
+}
+
+/* Upstream reads land in place, after a frame head, in a batch of frames
+ * (no copy on the way to the channel).  Reading is on only while the
+ * window has room. */
 static void tp__nrs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   tp__nrs_t *s = h->data;
+  size_t room = TP_NET_WINDOW - s->out_unacked;
   (void) suggested;
-  /* reading is on only while the window has room */
-  buf->base = (char *) s->nr->rbuf;
-  buf->len = TP_NET_WINDOW - s->out_unacked;
+  if (s->batch != NULL && s->bcap - s->blen < TP__NR_HEAD + TP_NET_CHUNK)
+    tp__nrs_flush(s);
+  if (s->batch == NULL) {
+    s->batch = malloc(TP__NR_BATCH);
+    s->bcap = s->batch ? TP__NR_BATCH : 0;
+    s->blen = 0;
+  }
+  if (s->batch == NULL) { /* read_cb gets UV_ENOBUFS */
+    buf->base = NULL;
+    buf->len = 0;
+    return;
+  }
+  if (room > TP_NET_CHUNK)
+    room = TP_NET_CHUNK;
+  s->asked = room;
+  buf->base = (char *) s->batch + s->blen + TP__NR_HEAD;
+  buf->len = room;
 }
 
 static void tp__nrs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
@@ -184,15 +242,18 @@ static void tp__nrs_pump_box(tp__nrs_t *s) {
 static void tp__nrs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   tp__nrs_t *s = st->data;
   (void) buf;
-  if (nread == 0)
+  if (nread == 0) { /* drained for now */
+    tp__nrs_flush(s);
     return;
-  if (nread == UV_ENOBUFS) { /* no room: wait for an acknowledgement */
+  }
+  if (nread == UV_ENOBUFS) { /* no memory: wait for an acknowledgement */
+    tp__nrs_flush(s);
     uv_read_stop(st);
     s->reading = 0;
-    tp__nrs_pump_box(s);
     return;
   }
   if (nread == UV_EOF) {
+    tp__nrs_flush(s); /* the data before the end */
     s->up_eof = 1;
     tp__nrs_pump_box(s);
     return;
@@ -201,7 +262,13 @@ static void tp__nrs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     tp__nrs_end(s, (int) -nread, 1, 1);
     return;
   }
-  tp__nrs_send_data(s, s->nr->rbuf, (size_t) nread);
+  tp__nrs_head(s, s->batch + s->blen, (size_t) nread);
+  s->blen += TP__NR_HEAD + (size_t) nread;
+  s->out_unacked += (uint32_t) nread;
+  s->to_box += (uint64_t) nread;
+  /* a short read drained the socket, and libuv reads no more this round */
+  if ((size_t) nread < s->asked || s->out_unacked >= TP_NET_WINDOW)
+    tp__nrs_flush(s);
   tp__nrs_pump_box(s); /* stops reading at a full window */
 }
 
@@ -357,8 +424,7 @@ tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, tp_netrelay_end_cb on_end, void *da
     return NULL;
   }
   nr = calloc(1, sizeof(*nr));
-  if (nr == NULL || (nr->rbuf = malloc(TP_NET_WINDOW)) == NULL) {
-    free(nr);
+  if (nr == NULL) {
     tp_error_set(err, ENOMEM, "network relay: out of memory");
     return NULL;
   }

@@ -18,8 +18,9 @@
  * plus the rewritten request head (the box cannot send more unacknowledged,
  * and bytes are acknowledged only once written upstream); upstream -> box,
  * nothing is read while TP_NET_WINDOW bytes wait for the agent's
- * acknowledgement, and what is read goes onto the channel at once (one
- * read buffer per relay, TP_NET_WINDOW).  So an upstream that stops
+ * acknowledgement, and reads land in place in NET_DATA frames that go onto
+ * the channel in one write once the socket is drained (a batch of at most
+ * four TP_NET_CHUNK frames, no copy).  So an upstream that stops
  * reading blocks the box's writer, and one that floods waits on the box.
  *
  * Lifetime (libuv's rules): tp_netrelay_release is the owner's last call;
