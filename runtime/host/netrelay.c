@@ -144,7 +144,7 @@ static tp__nrs_t *tp__nr_find(const tp_netrelay_t *nr, uint32_t sid) {
 /* A NET_DATA frame's head: the frame header, SID, and DATA's tag and
  * length (frame.c's encoding, little-endian), for n bytes of data. */
 #define TP__NR_HEAD (TP_FRAME_HDR + 6 + 8 + 6)
-#define TP__NR_BATCH (4 * (TP__NR_HEAD + TP_NET_CHUNK))
+#define TP__NR_BATCH (2 * (TP__NR_HEAD + TP_NET_CHUNK)) /* half a window */
 
 static void tp__put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++)
@@ -179,9 +179,8 @@ static void tp__nrs_flush(tp__nrs_t *s) {
   tp__nr_send(s->nr, &buf);
 }
 
-/* Upstream reads land in place, after a frame head, in a batch of frames
- * (no copy on the way to the channel).  Reading is on only while the
- * window has room. */
+/* Upstream reads land in place, after a frame head (no copy on the way to
+ * the channel).  Reading is on only while the window has room. */
 static void tp__nrs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   tp__nrs_t *s = h->data;
   size_t room = TP_NET_WINDOW - s->out_unacked;
@@ -266,8 +265,11 @@ static void tp__nrs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
   s->blen += TP__NR_HEAD + (size_t) nread;
   s->out_unacked += (uint32_t) nread;
   s->to_box += (uint64_t) nread;
-  /* a short read drained the socket, and libuv reads no more this round */
-  if ((size_t) nread < s->asked || s->out_unacked >= TP_NET_WINDOW)
+  /* on once the socket is drained (a short read: libuv reads no more this
+   * round), the window is full, or half a window is read: the agent
+   * delivers and acknowledges one half while the other is read */
+  if ((size_t) nread < s->asked || s->out_unacked >= TP_NET_WINDOW ||
+      s->bcap - s->blen < TP__NR_HEAD + TP_NET_CHUNK)
     tp__nrs_flush(s);
   tp__nrs_pump_box(s); /* stops reading at a full window */
 }

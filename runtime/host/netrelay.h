@@ -18,9 +18,10 @@
  * plus the rewritten request head (the box cannot send more unacknowledged,
  * and bytes are acknowledged only once written upstream); upstream -> box,
  * nothing is read while TP_NET_WINDOW bytes wait for the agent's
- * acknowledgement, and reads land in place in NET_DATA frames that go onto
- * the channel in one write once the socket is drained (a batch of at most
- * four TP_NET_CHUNK frames, no copy).  So an upstream that stops
+ * acknowledgement, and reads (up to TP_NET_CHUNK each) land in place in
+ * NET_DATA frames that go onto the channel in one write per half window,
+ * or sooner once the socket is drained (no copy; the channel's write queue
+ * holds at most the window).  So an upstream that stops
  * reading blocks the box's writer, and one that floods waits on the box.
  *
  * Lifetime (libuv's rules): tp_netrelay_release is the owner's last call;
