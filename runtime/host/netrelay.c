@@ -192,7 +192,7 @@ static void tp__nrs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     s->bcap = s->batch ? TP__NR_BATCH : 0;
     s->blen = 0;
   }
-  if (s->batch == NULL) { /* read_cb gets UV_ENOBUFS */
+  if (s->batch == NULL) { /* read_cb gets UV_ENOBUFS: the stream ends */
     buf->base = NULL;
     buf->len = 0;
     return;
@@ -245,10 +245,8 @@ static void tp__nrs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     tp__nrs_flush(s);
     return;
   }
-  if (nread == UV_ENOBUFS) { /* no memory: wait for an acknowledgement */
-    tp__nrs_flush(s);
-    uv_read_stop(st);
-    s->reading = 0;
+  if (nread == UV_ENOBUFS) { /* no memory for a frame (reading is on only with room) */
+    tp__nrs_end(s, ENOMEM, 1, 1);
     return;
   }
   if (nread == UV_EOF) {
