@@ -423,6 +423,7 @@ void agent_net_frame(agent_t *a, const tp_frame_t *f) {
   uint32_t sid;
   net_stream_t *s;
   const tp_field_t *data;
+  size_t data_off = 0; /* of a NET_DATA's bytes, those written at once */
   int n = tp_fields_parse(f->payload, f->len, a->fields, TP_FIELDS_MAX);
 
   if (n < 0 || a->net == NULL || tp_field_int(tp_fields_get(a->fields, n, TP_TAG_SID), &sid64) < 0 ||
@@ -451,13 +452,21 @@ void agent_net_frame(agent_t *a, const tp_frame_t *f) {
       stream_close(a, s, EPROTO); /* the host overran the window */
       return;
     }
+    if (s->out_len == s->out_off && !s->connecting && data->len > 0) {
+      /* nothing queued: straight to the box's socket, what it takes acknowledged now */
+      ssize_t w = write(s->fd, data->val, data->len);
+      if (w > 0) {
+        send_sid(a, TP_MSG_NET_ACK, s->sid, TP_TAG_SIZE, w);
+        data_off = (size_t) w;
+      }
+    }
     if (s->out_off > 0) {
       memmove(s->out, s->out + s->out_off, s->out_len - s->out_off);
       s->out_len -= s->out_off;
       s->out_off = 0;
     }
-    memcpy(s->out + s->out_len, data->val, data->len);
-    s->out_len += data->len;
+    memcpy(s->out + s->out_len, data->val + data_off, data->len - data_off);
+    s->out_len += data->len - data_off;
     break;
   case TP_MSG_NET_ACK:
     if (tp_field_int(tp_fields_get(a->fields, n, TP_TAG_SIZE), &v) < 0 || v < 0 ||

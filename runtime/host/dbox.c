@@ -48,6 +48,8 @@ static void tp__dbox_close_cb(uv_handle_t *h) {
 void tp__dbox_stop(tp_dbox_t *b) {
   if (b->c_down != NULL)
     b->c_down(b, "sandbox stopped");
+  if (b->n_down != NULL)
+    b->n_down(b, "sandbox stopped");
   if (!b->started)
     return;
   b->started = 0;
@@ -68,6 +70,8 @@ static void tp__dbox_down(tp_dbox_t *b, const char *reason) {
   b->down = 1;
   if (b->c_down != NULL)
     b->c_down(b, reason);
+  if (b->n_down != NULL)
+    b->n_down(b, reason);
   if (b->started) {
     uv_read_stop((uv_stream_t *) &b->chan);
     uv_poll_stop(&b->exitp);
@@ -123,6 +127,15 @@ static int tp__dbox_dispatch(tp_dbox_t *b) {
         break;
       }
       continue;
+    }
+    if (b->n_frame != NULL && tp_msg_net_stream(f.type)) {
+      int taken = b->n_frame(b, f.type, b->fields, m); /* a relayed stream's: no Lua */
+      if (taken < 0) {
+        ret = -1;
+        break;
+      }
+      if (taken > 0)
+        continue;
     }
     if (!b->released && b->on_frame != NULL &&
         b->on_frame(b, f.type, f.id, b->fields, m, b->fields + TP_FIELDS_MAX, TP_FIELDS_MAX) < 0) {

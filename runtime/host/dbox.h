@@ -88,6 +88,13 @@ struct tp_dbox_s {
   void (*c_down)(tp_dbox_t *b, const char *reason);
   void *c_data;
   uint32_t c_next; /* the next such id */
+  /* The network relay's C half (netrelay.c): NET_* stream frames go to
+   * n_frame first; it returns 1 for a frame of a stream it owns, 0 to leave
+   * the frame to the owner, -1 for a payload that breaks the protocol (the
+   * box goes down).  n_down runs as c_down does. */
+  int (*n_frame)(tp_dbox_t *b, unsigned type, const tp_field_t *fields, int n);
+  void (*n_down)(tp_dbox_t *b, const char *reason);
+  void *n_data;
 };
 
 /* Request ids from here are made in C (the Lua owner's stay below). */

@@ -83,6 +83,7 @@ int luaopen_tupper_core(lua_State *L) {
   tp_l_image_register(L); /* the image store's functions (l_image.c) */
   tp_l_service_register(L); /* the activated socket, sd_notify (l_service.c) */
   tp_l_stream_register(L);  /* the data plane's connections (l_stream.c) */
+  tp_l_netrelay_register(L); /* relayed network streams (l_netrelay.c) */
   lua_newtable(L);
   for (size_t i = 0; i < TP_ARRAY_SIZE(msgs); i++) {
     lua_pushinteger(L, msgs[i].v);

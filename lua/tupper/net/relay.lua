@@ -3,7 +3,10 @@
 -- streams (proto.h NET_*); here the requests are parsed, judged by the
 -- sandbox's rules (tupper.netrules), resolved on the host, connected, and
 -- the bytes relayed with per-stream flow control.  Every decision is
--- logged in a bounded ring.
+-- logged in a bounded ring.  Policy is checked here once per connection;
+-- an allowed, established stream is then handed to the C relay
+-- (core.netrelay, runtime/host/netrelay.c), which moves its bytes without
+-- a Lua callback per chunk.
 local uv = require("luv")
 local core = require("tupper.core")
 local rules = require("tupper.net.rules")
@@ -200,6 +203,11 @@ function Net:_stream_close(s, notify)
   s.closed = true
   self.streams[s.sid] = nil
   self.nstreams = self.nstreams - 1
+  if s.c then -- relayed in C: it ends the stream there and tells the box
+    s.c = nil
+    if self.crelay then self.crelay:drop(s.sid, notify) end
+    notify = false
+  end
   if s.timer and not s.timer:is_closing() then s.timer:close() end
   if s.tcp and not s.tcp:is_closing() then s.tcp:close() end
   if notify then self:_send(MSG.NET_CLOSE, { sid = s.sid }) end
@@ -387,6 +395,62 @@ function Net:_maybe_shut(s)
   end
 end
 
+-- The C relay of this box, made at its first use; nil if it cannot be.
+function Net:_crelay()
+  if self.crelay == nil and self.sb.box then
+    local nr, err = core.netrelay(self.sb.box, function(sid, to_up, to_box, e)
+      self:_c_ended(sid, to_up, to_box, e)
+    end)
+    if not nr then
+      io.stderr:write("tupper: network relay in C unavailable, relaying in Lua: " .. tostring(err) .. "\n")
+      self.crelay = false
+    else
+      self.crelay = nr
+    end
+  end
+  return self.crelay or nil
+end
+
+-- A stream relayed in C ended by its peers (the box closed it, the
+-- upstream failed, a frame broke the protocol): C told the box already.
+function Net:_c_ended(sid, to_up, to_box, err)
+  local s = self.streams[sid]
+  if not s then return end
+  s.c = nil
+  s.to_up, s.to_box, s.err = to_up, to_box, err
+  self:_stream_close(s, false)
+end
+
+-- The stream is judged and connected: its bytes move from here on.  head
+-- is the daemon's own first bytes for the upstream (a rewritten request
+-- head), data the box's bytes received so far, all unacknowledged.  The C
+-- relay takes the stream with its window state; where it cannot (no
+-- relay), the bytes go on through Lua as before.
+function Net:_relay(s, head, data)
+  s.state = "open"
+  local nr = self:_crelay()
+  if nr and s.tcp and s.writing == 0 and s.in_unacked == #data then
+    if s.reading then s.tcp:read_stop(); s.reading = false end
+    s.c = true
+    local ok, err = nr:take({ sid = s.sid, fd = s.tcp:fileno(), up = head .. data, up_head = #head,
+                              down = table.concat(s.outq), out_unacked = s.out_unacked,
+                              box_eof = s.box_eof, up_eof = s.up_eof, eof_sent = s.eof_sent })
+    if ok then
+      s.outq = {}
+      if not s.tcp:is_closing() then s.tcp:close() end -- C holds its own descriptor
+      s.tcp = nil
+      return
+    end
+    s.c = nil
+    io.stderr:write("tupper: network relay in C refused a stream, relaying in Lua: " .. tostring(err) .. "\n")
+    if s.closed then return end
+  end
+  if #head > 0 then s.tcp:write(head) end
+  self:_upstream_write(s, data)
+  self:_maybe_shut(s)
+  self:_to_box(s)
+end
+
 function Net:_sni(s)
   local h, why = parse.client_hello(s.buf)
   if h == nil then
@@ -412,12 +476,9 @@ function Net:_sni(s)
     self:record("deny", s.via .. "/tls", s.name or s.host, s.port, why)
     return self:_stream_close(s, true)
   end
-  s.state = "open"
   local data = s.buf
   s.buf = nil
-  if #data > 0 then self:_upstream_write(s, data) end
-  self:_maybe_shut(s)
-  self:_to_box(s)
+  self:_relay(s, "", data)
 end
 
 function Net:_http(s)
@@ -450,13 +511,9 @@ function Net:_http(s)
         self:_to_box(s, "HTTP/1.1 200 Connection established\r\n\r\n")
         return self:_opened(s, rest .. (s.buf_after or ""))
       end
-      s.state = "open"
-      s.tcp:write(req.head)
       local later = rest .. (s.buf_after or "")
       s.buf_after = nil
-      self:_upstream_write(s, later)
-      self:_maybe_shut(s)
-      self:_to_box(s)
+      self:_relay(s, req.head, later)
     end)
   end)
 end
@@ -636,6 +693,8 @@ end
 --- The box is gone: every stream and forwarder ends.
 function Net:close_all()
   for _, s in pairs(self.streams) do self:_stream_close(s, false) end
+  if self.crelay then self.crelay:close() end
+  self.crelay = nil
   for port, e in pairs(self.exposed) do
     if not e.server:is_closing() then e.server:close() end
     self.exposed[port] = nil

@@ -1,0 +1,82 @@
+/* tupper: the network relay's data path (docs/network.md), in C.
+ *
+ * The daemon's Lua half (lua/tupper/net/relay.lua) reads what a box asks
+ * for on its proxy and SOCKS ports, judges it by the sandbox's rules once
+ * per connection and connects upstream.  Once a connection is allowed and
+ * established it hands the stream here: from then on the bytes move
+ * between the agent's NET_* stream frames and the upstream TCP socket
+ * without Lua, with the same per-stream flow control the agent speaks
+ * (proto.h: at most TP_NET_WINDOW bytes unacknowledged each way).
+ *
+ * Threat model: the box's agent and the upstream server are both hostile.
+ * A frame that breaks the protocol (a window overrun, an acknowledgement
+ * of more than was sent, data after the box's end) ends that stream with
+ * NET_CLOSE, as the Lua half does; nothing a peer sends grows memory past
+ * the bounds below.
+ *
+ * Memory per relayed stream: box -> upstream, one buffer of TP_NET_WINDOW
+ * plus the rewritten request head (the box cannot send more unacknowledged,
+ * and bytes are acknowledged only once written upstream); upstream -> box,
+ * nothing is read while TP_NET_WINDOW bytes wait for the agent's
+ * acknowledgement, and reads (up to TP_NET_CHUNK each) land in place in
+ * NET_DATA frames that go onto the channel in one write per half window,
+ * or sooner once the socket is drained (no copy; the channel's write queue
+ * holds at most the window).  So an upstream that stops
+ * reading blocks the box's writer, and one that floods waits on the box.
+ *
+ * Lifetime (libuv's rules): tp_netrelay_release is the owner's last call;
+ * the relay is freed once its streams' handles are closed.  When the box
+ * goes down or stops, every stream is closed quietly (no end callback) and
+ * the relay lets go of the box. */
+#ifndef TP_NETRELAY_H
+#define TP_NETRELAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dbox.h"
+#include "error.h"
+
+typedef struct tp_netrelay_s tp_netrelay_t;
+
+/* A stream ended by its peers (the agent closed it, the upstream failed,
+ * a frame broke the protocol): to_up bytes of the box went upstream,
+ * to_box bytes came back; err is 0 or an errno value.  sid is gone. */
+typedef void (*tp_netrelay_end_cb)(tp_netrelay_t *nr, uint32_t sid, uint64_t to_up,
+                                   uint64_t to_box, int err, void *data);
+
+/* A stream as the Lua half hands it over. */
+typedef struct tp_netrelay_take_s {
+  uint32_t sid;            /* the agent's (1..2^31-1) */
+  int fd;                  /* the connected upstream socket: taken, closed on failure too */
+  const uint8_t *up;       /* bytes to write upstream first */
+  size_t up_len;
+  size_t up_head;          /* of up, the first up_head bytes are the daemon's (a rewritten
+                              request head): never acknowledged to the box; the rest are
+                              the box's unacknowledged bytes (in_unacked) */
+  const uint8_t *down;     /* bytes read upstream, not yet sent to the box */
+  size_t down_len;         /* at most TP_NET_WINDOW + TP_NET_CHUNK */
+  uint32_t out_unacked;    /* bytes sent to the box, not yet acknowledged */
+  int box_eof;             /* the box sent NET_EOF */
+  int up_eof;              /* the upstream ended */
+  int eof_sent;            /* NET_EOF went to the box */
+} tp_netrelay_take_t;
+
+/* A relay on box b (one per box: EBUSY for a second). */
+tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, tp_netrelay_end_cb on_end, void *data,
+                               tp_error_t *err);
+/* Takes over a stream.  EINVAL for a bad sid or inconsistent counts,
+ * EEXIST for a sid it has, EPIPE once the box is gone; t->fd is closed on
+ * any failure. */
+int tp_netrelay_take(tp_netrelay_t *nr, const tp_netrelay_take_t *t, tp_error_t *err);
+/* 1 if sid is relayed here. */
+int tp_netrelay_has(const tp_netrelay_t *nr, uint32_t sid);
+/* Live streams. */
+int tp_netrelay_count(const tp_netrelay_t *nr);
+/* Ends sid at the owner's request, with NET_CLOSE to the box if notify;
+ * no end callback.  0, or -1 if sid is not here. */
+int tp_netrelay_drop(tp_netrelay_t *nr, uint32_t sid, int notify);
+/* The owner lets go: every stream is closed (no NET_CLOSE, no callback). */
+void tp_netrelay_release(tp_netrelay_t *nr);
+
+#endif

@@ -1,0 +1,321 @@
+/* The network relay's C data path (runtime/host/netrelay.c) on a real loop:
+ * a box object whose agent channel is a socketpair this test speaks on (the
+ * agent's side of the NET_* frames), and a real loopback TCP connection as
+ * the upstream.  Checked: a hand-over writes the daemon's head and the box's
+ * bytes upstream and acknowledges only the box's; upstream bytes reach the
+ * agent in frames of at most TP_NET_CHUNK, never more than TP_NET_WINDOW
+ * unacknowledged, byte-exact; frames of streams it does not own go to the
+ * owner; a broken acknowledgement ends the stream (NET_CLOSE, EPROTO,
+ * upstream closed); the agent's NET_CLOSE ends it with the end callback;
+ * the box going down ends every stream quietly.  No PID 1: a fake backend
+ * whose destroy only closes. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "dbox.h"
+#include "dbox_int.h"
+#include "frame.h"
+#include "netrelay.h"
+
+#include "tap.h"
+
+static int fake_destroy(tp_box_t *box, const char *dir, tp_error_t *err) {
+  (void) dir, (void) err;
+  if (box->pidfd >= 0)
+    close(box->pidfd);
+  box->pidfd = -1;
+  return 0;
+}
+static const tp_backend_t fake_be = {.name = "fake", .destroy = fake_destroy};
+
+/* What the agent's side saw. */
+static struct {
+  int fd;
+  uint8_t buf[TP_FRAME_HDR + TP_FRAME_MAX];
+  size_t len;
+  uint8_t *data; /* NET_DATA bytes of sid 1 */
+  size_t ndata, unacked, max_unacked, max_frame;
+  int64_t acked; /* NET_ACK sizes */
+  int eofs, closes;
+} ag;
+static int owner_frames, ends, end_err, downs;
+static uint64_t end_up, end_down;
+
+static void agent_read(void) {
+  ssize_t n;
+  while ((n = read(ag.fd, ag.buf + ag.len, sizeof(ag.buf) - ag.len)) > 0) {
+    size_t off = 0;
+    ag.len += (size_t) n;
+    for (;;) {
+      tp_frame_t f;
+      tp_field_t fs[8];
+      const tp_field_t *d;
+      int64_t v = 0;
+      long fl = tp_frame_parse_header(ag.buf + off, ag.len - off, &f);
+      if (fl <= 0)
+        break;
+      int m = tp_fields_parse(f.payload, f.len, fs, 8);
+      off += (size_t) fl;
+      if (m < 0)
+        continue;
+      if (f.type == TP_MSG_NET_DATA && (d = tp_fields_get(fs, m, TP_TAG_DATA)) != NULL) {
+        memcpy(ag.data + ag.ndata, d->val, d->len);
+        ag.ndata += d->len;
+        ag.unacked += d->len;
+        if (ag.unacked > ag.max_unacked)
+          ag.max_unacked = ag.unacked;
+        if (d->len > ag.max_frame)
+          ag.max_frame = d->len;
+      } else if (f.type == TP_MSG_NET_ACK && tp_field_int(tp_fields_get(fs, m, TP_TAG_SIZE), &v) == 0) {
+        ag.acked += v;
+      } else if (f.type == TP_MSG_NET_EOF) {
+        ag.eofs++;
+      } else if (f.type == TP_MSG_NET_CLOSE) {
+        ag.closes++;
+      }
+    }
+    memmove(ag.buf, ag.buf + off, ag.len - off);
+    ag.len -= off;
+  }
+}
+
+static void agent_send(uint8_t type, uint32_t sid, uint16_t tag, int64_t v, const void *p, size_t n) {
+  tp_buf_t b;
+  tp_buf_init(&b);
+  tp_frame_begin(&b, type, 0);
+  tp_frame_add_int(&b, TP_TAG_SID, sid);
+  if (tag == TP_TAG_DATA)
+    tp_frame_add(&b, TP_TAG_DATA, p, (uint32_t) n);
+  else if (tag != 0)
+    tp_frame_add_int(&b, tag, v);
+  tp_frame_end(&b);
+  for (size_t off = 0; off < b.len;) {
+    ssize_t w = write(ag.fd, b.data + off, b.len - off);
+    if (w > 0)
+      off += (size_t) w;
+  }
+  tp_buf_free(&b);
+}
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs the loop and reads the agent's side until done() or ms passed. */
+static int spin(uv_loop_t *loop, int ms, int (*done)(void)) {
+  long long end = now_ms() + ms;
+  while (now_ms() < end) {
+    uv_run(loop, UV_RUN_NOWAIT);
+    agent_read();
+    if (done())
+      return 1;
+    struct pollfd p = {.fd = ag.fd, .events = POLLIN};
+    poll(&p, 1, 1);
+  }
+  return 0;
+}
+
+static int on_frame(tp_dbox_t *b, unsigned type, uint32_t id, const tp_field_t *fs, int n,
+                    tp_field_t *scratch, int smax) {
+  (void) b, (void) type, (void) id, (void) fs, (void) n, (void) scratch, (void) smax;
+  owner_frames++;
+  return 0;
+}
+static void on_down(tp_dbox_t *b, const char *reason) {
+  (void) b, (void) reason;
+  downs++;
+}
+static void on_end(tp_netrelay_t *nr, uint32_t sid, uint64_t up, uint64_t down, int err, void *data) {
+  (void) nr, (void) sid, (void) data;
+  ends++;
+  end_err = err;
+  end_up = up;
+  end_down = down;
+}
+
+/* A connected loopback TCP pair: *ours (the daemon's) and the upstream's. */
+static int tcp_pair(int *ours, int *theirs) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (l < 0 || bind(l, (struct sockaddr *) &sa, sizeof(sa)) < 0 || listen(l, 1) < 0 ||
+      getsockname(l, (struct sockaddr *) &sa, &len) < 0)
+    return -1;
+  *ours = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (*ours < 0 || connect(*ours, (struct sockaddr *) &sa, sizeof(sa)) < 0)
+    return -1;
+  *theirs = accept4(l, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  close(l);
+  return *theirs < 0 ? -1 : 0;
+}
+
+static size_t want_data;
+static int got_data(void) { return ag.ndata >= want_data; }
+static int got_ack4(void) { return ag.acked >= 4; }
+static int got_close(void) { return ag.closes > 0; }
+static int got_end(void) { return ends > 0; }
+static int up_fd;
+static uint8_t upbuf[64];
+static size_t uplen;
+static int up_got_8(void) {
+  ssize_t n = read(up_fd, upbuf + uplen, sizeof(upbuf) - uplen);
+  if (n > 0)
+    uplen += (size_t) n;
+  return uplen >= 8;
+}
+static int up_eof(void) {
+  char c[4096];
+  ssize_t n;
+  while ((n = read(up_fd, c, sizeof(c))) > 0) {
+  }
+  return n == 0;
+}
+
+int main(void) {
+  enum { BIG = 1 << 20 };
+  char dir[] = "/tmp/tupper-netrelay.XXXXXX";
+  int sv[2], mine, r;
+  uv_loop_t loop;
+  tp_error_t err = {0};
+  tp_dbox_t *b;
+  tp_netrelay_t *nr;
+  uint8_t *big = malloc(BIG);
+
+  ag.data = malloc(2 * BIG);
+  if (mkdtemp(dir) == NULL || uv_loop_init(&loop) != 0 || big == NULL || ag.data == NULL ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+    printf("1..0 # SKIP no temp dir, loop or socketpair\n");
+    return 77;
+  }
+  for (size_t i = 0; i < BIG; i++)
+    big[i] = (uint8_t) (i * 7 + (i >> 9));
+  ag.fd = sv[1];
+  fcntl(ag.fd, F_SETFL, O_NONBLOCK);
+  b = tp__dbox_new(&fake_be, &loop, dir);
+  b->box.chan_fd = sv[0];
+  b->box.pidfd = eventfd(0, EFD_CLOEXEC); /* never readable: PID 1 never exits */
+  check(tp_dbox_on(b, on_frame, on_down, &err) == 0, "the box's channel is on the loop");
+  nr = tp_netrelay_new(b, on_end, NULL, &err);
+  check(nr != NULL, "a relay on the box");
+  check(tp_netrelay_new(b, on_end, NULL, &err) == NULL && err.code == EBUSY, "one relay a box");
+
+  /* a hand-over: the head is the daemon's, the rest the box's */
+  r = tcp_pair(&mine, &up_fd);
+  check(r == 0, "a loopback upstream");
+  tp_netrelay_take_t t = {.sid = 1, .fd = mine, .up = (const uint8_t *) "HEADbody", .up_len = 8,
+                          .up_head = 4, .down = (const uint8_t *) "hi", .down_len = 2};
+  check(tp_netrelay_take(nr, &t, &err) == 0 && tp_netrelay_has(nr, 1) && tp_netrelay_count(nr) == 1,
+        "the relay takes stream 1");
+  int fd2, up2;
+  tcp_pair(&fd2, &up2);
+  t.fd = fd2;
+  check(tp_netrelay_take(nr, &t, &err) < 0 && err.code == EEXIST, "a sid taken twice is refused");
+  close(up2);
+  check(spin(&loop, 2000, up_got_8) && memcmp(upbuf, "HEADbody", 8) == 0,
+        "the upstream gets the head, then the box's bytes");
+  check(spin(&loop, 2000, got_ack4) && ag.acked == 4, "only the box's 4 bytes are acknowledged");
+  want_data = 2;
+  check(spin(&loop, 2000, got_data) && memcmp(ag.data, "hi", 2) == 0,
+        "bytes read upstream before the hand-over reach the box");
+
+  /* 1 MiB from the upstream: within the window, in chunks, byte-exact */
+  size_t sent = 0;
+  while (sent < BIG) {
+    ssize_t w = write(up_fd, big + sent, BIG - sent);
+    if (w > 0)
+      sent += (size_t) w;
+    uv_run(&loop, UV_RUN_NOWAIT);
+    agent_read();
+    if (ag.unacked > 0) { /* the agent delivers and acknowledges all it holds */
+      agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, (int64_t) ag.unacked, NULL, 0);
+      ag.unacked = 0;
+    }
+  }
+  want_data = 2 + BIG;
+  for (int i = 0; i < 200 && ag.ndata < want_data; i++) {
+    spin(&loop, 10, got_data);
+    if (ag.unacked > 0) {
+      agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, (int64_t) ag.unacked, NULL, 0);
+      ag.unacked = 0;
+    }
+  }
+  check(ag.ndata == 2 + BIG && memcmp(ag.data + 2, big, BIG) == 0, "1 MiB reaches the box byte-exact");
+  check(ag.max_unacked <= TP_NET_WINDOW && ag.max_frame <= TP_NET_CHUNK,
+        "never more than the window unacknowledged (%zu), frames of at most a chunk (%zu)",
+        ag.max_unacked, ag.max_frame);
+
+  /* a window's worth unacknowledged: the relay stops reading upstream */
+  size_t before = ag.ndata;
+  for (int i = 0; i < 2; i++) { /* 2 MiB offered (up_fd takes what its buffer holds) */
+    ssize_t w = write(up_fd, big, BIG);
+    (void) w;
+    spin(&loop, 50, got_end);
+  }
+  want_data = SIZE_MAX;
+  spin(&loop, 300, got_data);
+  check(ag.ndata - before <= TP_NET_WINDOW, "without acknowledgements at most the window comes (%zu)",
+        ag.ndata - before);
+
+  /* frames of a stream it does not own are the owner's */
+  owner_frames = 0;
+  agent_send(TP_MSG_NET_EOF, 7, 0, 0, NULL, 0);
+  spin(&loop, 100, got_end);
+  check(owner_frames == 1 && downs == 0, "a frame of another stream goes to the owner");
+
+  /* an acknowledgement of more than was sent: the stream ends */
+  agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, 10 * TP_NET_WINDOW, NULL, 0);
+  check(spin(&loop, 2000, got_close) && ends == 1 && end_err == EPROTO && !tp_netrelay_has(nr, 1),
+        "a broken acknowledgement: NET_CLOSE to the box, the end with EPROTO");
+  check(end_up == 4 && end_down >= 2 + BIG, "the end reports the bytes each way");
+  check(spin(&loop, 2000, up_eof), "the upstream connection is closed");
+  close(up_fd);
+
+  /* the agent's NET_CLOSE ends a stream, with its callback */
+  tcp_pair(&mine, &up_fd);
+  t = (tp_netrelay_take_t){.sid = 2, .fd = mine};
+  ends = 0;
+  check(tp_netrelay_take(nr, &t, &err) == 0, "the relay takes stream 2");
+  agent_send(TP_MSG_NET_CLOSE, 2, 0, 0, NULL, 0);
+  check(spin(&loop, 2000, got_end) && end_err == 0 && tp_netrelay_count(nr) == 0,
+        "the agent's NET_CLOSE ends it");
+  check(spin(&loop, 2000, up_eof), "and closes its upstream");
+  close(up_fd);
+
+  /* the box goes down: every stream ends quietly, the relay lets go */
+  tcp_pair(&mine, &up_fd);
+  t = (tp_netrelay_take_t){.sid = 3, .fd = mine};
+  ends = 0;
+  check(tp_netrelay_take(nr, &t, &err) == 0, "the relay takes stream 3");
+  close(ag.fd);
+  check(spin(&loop, 2000, up_eof) && downs == 1 && ends == 0 && tp_netrelay_count(nr) == 0 &&
+            b->n_data == NULL,
+        "the box down: the stream's upstream closed, no end callback, the box let go");
+  close(up_fd);
+  tcp_pair(&mine, &up_fd);
+  t = (tp_netrelay_take_t){.sid = 4, .fd = mine};
+  check(tp_netrelay_take(nr, &t, &err) < 0 && err.code == EPIPE, "no hand-over after the box is gone");
+  close(up_fd);
+
+  tp_netrelay_release(nr);
+  tp_dbox_release(b);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  check(uv_loop_close(&loop) == 0, "the loop closes: every handle is gone");
+  rmdir(dir);
+  free(big);
+  free(ag.data);
+  printf("1..%d\n", tap_num);
+  return tap_failed ? 1 : 0;
+}
