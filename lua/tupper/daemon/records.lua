@@ -10,6 +10,7 @@ local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local paths = require("tupper.util.paths")
+local log = require("tupper.daemon.log").log
 
 local M = {}
 
@@ -63,6 +64,17 @@ function M.load(path, max)
   if type(rec) ~= "table" then
     return nil, ("%s is not a JSON object%s"):format(path, derr and (": " .. tostring(derr)) or "")
   end
+  return rec
+end
+
+--- Loads the record at path (M.load) and checks it with valid(rec);
+-- one that does not load or pass is logged as `<what>: skipping <path>:
+-- ...` and skipped (a damaged state dir is never fatal).  Returns the
+-- record or nil.
+function M.pick(path, max, valid, what)
+  local rec, err = M.load(path, max)
+  if rec and not valid(rec) then rec, err = nil, ("not a %s record"):format(what) end
+  if not rec then log("%s: skipping %s: %s", what, path, err) end
   return rec
 end
 

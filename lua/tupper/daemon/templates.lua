@@ -48,12 +48,9 @@ local function load_all(dir)
     if not name then break end
     local base = name:match("^(.*)%.json$")
     if typ == "file" and base and M.check_name(base) then
-      local rec = records.load(dir .. "/" .. name, M.RECORD_MAX)
-      if rec and rec.name == base and type(rec.source) == "string" then
-        out[base] = rec
-      else
-        log("templates: skipping %s/%s: not a template record", dir, name)
-      end
+      out[base] = records.pick(dir .. "/" .. name, M.RECORD_MAX, function(rec)
+        return rec.name == base and type(rec.source) == "string"
+      end, "template")
     end
   end
   return out

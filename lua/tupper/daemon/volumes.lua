@@ -76,13 +76,9 @@ local function load_all(dir)
       local ok, err = core.rmtree(dir .. "/" .. name)
       log("volumes: removed leftover %s%s", name, ok and "" or (": " .. tostring(err)))
     elseif typ == "directory" and M.check_name(name) then
-      local rec = records.load(dir .. "/" .. name .. "/volume.json", M.RECORD_MAX)
-      if rec and rec.name == name and math.tointeger(rec.size)
-         and type(rec.id) == "string" then
-        out[name] = rec
-      else
-        log("volumes: skipping %s/%s: not a volume record", dir, name)
-      end
+      out[name] = records.pick(dir .. "/" .. name .. "/volume.json", M.RECORD_MAX, function(rec)
+        return rec.name == name and math.tointeger(rec.size) and type(rec.id) == "string"
+      end, "volume")
     end
   end
   return out
