@@ -51,13 +51,59 @@ describe("daemon/handles.lua", function()
   end)
 end)
 
+-- The Lua tree of this checkout as a daemon loads it (TUPPER_LUA_DIR), with
+-- daemon/metrics.lua's start also making a timer and a pipe it never
+-- closes: a module that forgets a handle, as a future change might.
+local function leaky_lua_dir(base)
+  local dir = base .. "/lua"
+  assert(os.execute(("mkdir -p '%s' && cp -as '%s/lua/.' '%s/'"):format(dir, uv.fs_realpath(helper.ROOT), dir)))
+  local path = dir .. "/tupper/daemon/metrics.lua"
+  local real = uv.fs_realpath(path)
+  assert(os.remove(path))
+  local f = assert(io.open(path, "w"))
+  f:write(([[
+local uv = require("luv")
+local M = dofile(%q)
+local start = M.start
+function M.start(d)
+  d._leaked = { uv.new_timer(), uv.new_pipe(false) } -- never closed, and idle
+  return start(d)
+end
+return M
+]]):format(real))
+  f:close()
+  return dir
+end
+
+-- The daemon's environment: this one's, plus extra ("K=V" strings).
+local function env_with(extra)
+  local env = {}
+  for k, v in pairs(uv.os_environ()) do env[#env + 1] = k .. "=" .. v end
+  for _, kv in ipairs(extra) do env[#env + 1] = kv end
+  return env
+end
+
+-- SIGTERMs daemon d and waits (up to 30 s) for it: the daemon's log.
+local function sigterm(d)
+  uv.kill(d.pid, "sigterm")
+  local exited = helper.sync(function()
+    local deadline = helper.now() + 30000
+    while d.exit_code == nil and helper.now() < deadline do async.sleep(10) end
+    return d.exit_code ~= nil
+  end)
+  local log = helper.read_file(d.log) or ""
+  assert.is_true(exited, "the daemon did not exit within 30 s of SIGTERM: " .. log:sub(-2000))
+  return log
+end
+
 describe("a daemon stopped with long-lived things open", function()
-  local d, c, data
+  local d, c, data, overlay
 
   teardown(function()
     if data and not data:is_closing() then data:close() end
     if c then c:close() end
     helper.release(d)
+    if overlay then helper.rmrf(overlay) end
     helper.drain()
   end)
 
@@ -83,18 +129,29 @@ describe("a daemon stopped with long-lived things open", function()
     local reply = json.decode(buf:match("^([^\n]*)\n") or "")
     assert(reply and reply.result, "stream.attach: " .. buf)
     assert(call(c, "fs.write_stream", { sandbox = id, path = "/tmp/half" }))
-    -- and a request the daemon is still working on when the signal comes
+    -- a process with a timeout, a host client connected to the forwarder
+    assert(call(c, "process.start", { sandbox = id, argv = { "sleep", "1000" }, timeout = 900 }))
+    local fwd = assert(call(c, "sandbox.expose", { id = id, port = 8080 }))
+    local tcp = uv.new_tcp()
+    helper.sync(function() async.wait(function(cb) tcp:connect("127.0.0.1", fwd.port, function() cb() end) end) end)
+    -- and requests the daemon is still working on when the signal comes
+    c.conn:send({ jsonrpc = "2.0", id = 9998, method = "sandbox.snapshot", params = { id = id } })
     c.conn:send({ jsonrpc = "2.0", id = 9999, method = "sandbox.create", params = {} })
-    uv.kill(d.pid, "sigterm")
-    local exited = helper.sync(function()
-      local deadline = helper.now() + 30000
-      while d.exit_code == nil and helper.now() < deadline do async.sleep(10) end
-      return d.exit_code ~= nil
-    end)
-    local log = helper.read_file(d.log) or ""
-    assert.is_true(exited, "the daemon did not exit within 30 s of SIGTERM: " .. log:sub(-2000))
+    helper.sync(function() async.sleep(30) end)
+    local log = sigterm(d)
     assert.is_nil(d.signal, "killed by signal " .. tostring(d.signal) .. ": " .. log:sub(-2000))
     assert.are.equal(0, d.exit_code, log:sub(-2000))
     assert.is_nil(log:find("event loop still busy", 1, true), log:sub(-2000))
+    if not tcp:is_closing() then tcp:close() end
+  end)
+
+  it("exits 0 on SIGTERM when a module left idle handles open, and says how many it closed", function()
+    helper.release(d)
+    overlay = helper.tmpdir()
+    d = helper.start_daemon(nil, { pool = 0, env = env_with({ "TUPPER_LUA_DIR=" .. leaky_lua_dir(overlay) }) })
+    local log = sigterm(d)
+    assert.is_nil(d.signal, "killed by signal " .. tostring(d.signal) .. ": " .. log:sub(-2000))
+    assert.are.equal(0, d.exit_code, log:sub(-2000))
+    assert.truthy(log:find("closed 2 handles left open", 1, true), log:sub(-2000))
   end)
 end)
