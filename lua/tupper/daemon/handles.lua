@@ -48,11 +48,19 @@ function M.untrack()
   originals = nil
 end
 
+-- Whether h is open.  A handle luv has collected stays a key of `owned`
+-- until the collection after its finalizer ran (Lua's rule for weak keys),
+-- and luv then refuses it as a handle: it is not open.
+local function is_open(h)
+  local ok, closing = pcall(h.is_closing, h)
+  return ok and not closing
+end
+
 --- How many recorded handles are open (not closing).
 function M.open_count()
   local n = 0
   for h in pairs(owned) do
-    if not h:is_closing() then n = n + 1 end
+    if is_open(h) then n = n + 1 end
   end
   return n
 end
@@ -63,10 +71,10 @@ end
 function M.close_all()
   local list = {}
   for h in pairs(owned) do
-    if not h:is_closing() then list[#list + 1] = h end
+    if is_open(h) then list[#list + 1] = h end
   end
   for _, h in ipairs(list) do
-    if not h:is_closing() then h:close() end
+    if is_open(h) then h:close() end
   end
   return #list
 end
