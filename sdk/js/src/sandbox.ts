@@ -10,7 +10,7 @@ import { Commands } from './commands';
 import { Connection, connectionOpts, withConnection, type ConnectionOpts } from './connection';
 import { networkParam, checkNetwork, type SandboxNetworkUpdate } from './e2b-network';
 import { checkTimeoutMs, fromRpcError, InvalidArgumentError, NotFoundError, SandboxError } from './errors';
-import { HEADER_BYTES, type ExposeJob } from './expose-worker';
+import { HEADER_BYTES, STATE_ANSWERED, STATE_NEW, type ExposeJob } from './expose-shared';
 import { Filesystem } from './filesystem';
 import type { SandboxLink } from './link';
 import { SandboxPaginator, type SandboxListOpts } from './paginator';
@@ -122,12 +122,16 @@ async function extendTimeout(c: Connection, r: Record<string, unknown>, timeoutM
 
 /** Bytes of JSON the getHost worker may answer with. */
 const EXPOSE_ANSWER_MAX = 16_384;
+/** How long getHost waits for its worker thread to start running. */
+const EXPOSE_START_MS = 5000;
 
 /**
  * The host:port of a sandbox port, asked for synchronously (E2B's getHost
  * returns a string): a worker thread of this process makes the one request
- * (expose-worker.ts) while this thread waits for its answer, bounded by
- * the request timeout (and 5 s to start the thread).  docs/network.md
+ * (expose-worker.cts) while this thread waits for its answer: bounded by
+ * EXPOSE_START_MS for the thread to run (one that fails to load cannot
+ * say so while this thread waits), then by the request timeout and 5 s
+ * more.  docs/network.md
  * ("Inbound ports") says why the address is asked for, not computed.
  */
 function exposeSync(conn: ConnectionOpts, id: string, port: number): string {
@@ -136,7 +140,7 @@ function exposeSync(conn: ConnectionOpts, id: string, port: number): string {
   const job: ExposeJob = { conn, id, port, shared };
   let worker: Worker;
   try {
-    worker = new Worker(nodePath.join(__dirname, 'expose-worker.js'), { workerData: job });
+    worker = new Worker(nodePath.join(__dirname, 'expose-worker.cjs'), { workerData: job });
   } catch (e) {
     throw new SandboxError(`getHost: cannot start its worker thread: ${(e as Error).message}`, { cause: e });
   }
@@ -145,12 +149,19 @@ function exposeSync(conn: ConnectionOpts, id: string, port: number): string {
   worker.unref();
   worker.on('error', () => {});
   const timeout = conn.requestTimeoutMs ?? 60_000;
+  let state: number;
   try {
-    Atomics.wait(head, 0, 0, timeout > 0 ? timeout + 5000 : Infinity);
+    Atomics.wait(head, 0, STATE_NEW, EXPOSE_START_MS);
+    state = Atomics.load(head, 0);
+    if (state !== STATE_NEW && state !== STATE_ANSWERED) {
+      Atomics.wait(head, 0, state, timeout > 0 ? timeout + 5000 : Infinity);
+      state = Atomics.load(head, 0);
+    }
   } finally {
     void worker.terminate();
   }
-  if (Atomics.load(head, 0) !== 1) throw new SandboxError(`getHost: no answer from the daemon within ${timeout + 5000} ms`);
+  if (state === STATE_NEW) throw new SandboxError(`getHost: its worker thread did not start within ${EXPOSE_START_MS} ms`);
+  if (state !== STATE_ANSWERED) throw new SandboxError(`getHost: no answer from the daemon within ${timeout + 5000} ms`);
   const len = Math.min(Math.max(head[1], 0), EXPOSE_ANSWER_MAX);
   let out: { ok?: { host: string; port: number }; err?: { code?: number; data?: unknown; message: string } };
   try {
