@@ -169,7 +169,10 @@ int tp_dbox_tree_kill_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_dbox_kill_cb cb,
 int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 /* The same in the pool: t is unlinked (no longer found) at once, its cgroup
  * removed there (on failure, the box's destroy removes it); its v1 OOM
- * kills are counted in oom_gone when done.  ENOENT if t is not b's. */
+ * kills move to oom_gone as the removal is queued, on the loop, in the step
+ * that renames its memory cgroup out of the box's count (dbox_tree.c
+ * hide_oom), so the box's count never misses nor doubles them.  ENOENT if t
+ * is not b's. */
 int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 
 /* Kills every process of the box at once and, in the pool, waits for its

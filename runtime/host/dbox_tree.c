@@ -1,6 +1,7 @@
 /* tp_dbox_t: process trees, each in a sub cgroup of the box so that it can
  * be signalled or killed whole, setsid and double-fork included. */
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,15 +197,13 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
 
 typedef struct rm_job_s {
   tp_dbox_t *b;
-  tp_dbox_tree_t *t; /* unlinked: the job's alone */
-  int64_t oom;
+  tp_dbox_tree_t *t; /* unlinked: the job's alone (its OOM kills moved to oom_gone) */
   int ret;
   tp_error_t err;
 } rm_job_t;
 
 static void rm_work(void *data) {
   rm_job_t *j = data;
-  j->oom = j->t->cg.version == 1 ? tp_cgroup_oom_kills(&j->t->cg) : -1;
   j->ret = tp_cgroup_destroy(&j->t->cg, &j->err);
 }
 
@@ -213,8 +212,6 @@ static void rm_after(void *data, int status) {
   tp_dbox_t *b = j->b;
   if (status < 0) /* never ran: here, then */
     rm_work(j);
-  if (j->oom > 0)
-    b->oom_gone += j->oom;
   if (j->ret < 0) { /* the box's destroy removes what is left */
     tp_cgroup_free(&j->t->cg);
   }
@@ -224,14 +221,63 @@ static void rm_after(void *data, int status) {
   tp__dbox_jobs_done(b);
 }
 
+/* Removes t here, on the loop (a fallback): its v1 OOM kills go to oom_gone
+ * as its cgroup goes. */
+static void rm_here(tp_dbox_t *b, tp_dbox_tree_t *t) {
+  tp_error_t e = {0};
+  int64_t oom = t->cg.version == 1 ? tp_cgroup_oom_kills(&t->cg) : -1;
+  if (tp_cgroup_destroy(&t->cg, &e) < 0)
+    tp_cgroup_free(&t->cg);
+  else if (oom > 0)
+    b->oom_gone += oom;
+  free(t);
+}
+
+/* v1 counts an OOM kill in the victim's own memory cgroup only, and a box's
+ * count is its own plus its subs' (tp__cg_v1_oom_kills, which reads subs of
+ * valid names only).  A tree about to be removed in the pool whose cgroup
+ * counted kills is renamed, here on the loop, to ".gone-<name>" (v1 allows a
+ * rename in the same parent) and its count moves to oom_gone in the same
+ * step: sandbox.metrics sees each kill exactly once while the pool removes
+ * the dir, and the loop never waits for an rmdir.  Returns 0, or -1 when the
+ * rename failed (nothing moved: the caller removes t here). */
+static int hide_oom(tp_dbox_t *b, tp_dbox_tree_t *t) {
+  char *old = t->cg.version == 1 ? t->cg.path_v1[TP_CG_MEMORY] : NULL;
+  char path[PATH_MAX], *hidden = NULL;
+  const char *slash;
+  int64_t oom;
+
+  if (old == NULL)
+    return 0;
+  oom = tp_cgroup_oom_kills(&t->cg);
+  if (oom <= 0) /* nothing to carry: seen or not, it adds 0 */
+    return 0;
+  /* memory in a hierarchy of its own, as every distribution mounts it (a
+   * shared one would need its other paths renamed too): else removed here */
+  for (int c = 0; c < TP_CG_NCTRL; c++)
+    if (c != TP_CG_MEMORY && t->cg.path_v1[c] != NULL && strcmp(t->cg.path_v1[c], old) == 0)
+      return -1;
+  slash = strrchr(old, '/');
+  if (slash == NULL ||
+      snprintf(path, sizeof(path), "%.*s/.gone-%s", (int) (slash - old), old, slash + 1) >= (int) sizeof(path) ||
+      (hidden = strdup(path)) == NULL)
+    return -1;
+  if (rename(old, hidden) < 0) {
+    free(hidden);
+    return -1;
+  }
+  free(old);
+  t->cg.path_v1[TP_CG_MEMORY] = hidden;
+  b->oom_gone += oom;
+  return 0;
+}
+
 static int rm_queue(tp_dbox_t *b, tp_dbox_tree_t *t) {
   rm_job_t *j = calloc(1, sizeof(*j));
   int r;
-  if (j == NULL) { /* here, then */
-    tp_error_t e = {0};
-    if (tp_cgroup_destroy(&t->cg, &e) < 0)
-      tp_cgroup_free(&t->cg);
-    free(t);
+  if (j == NULL || hide_oom(b, t) < 0) { /* here, then */
+    free(j);
+    rm_here(b, t);
     return -1;
   }
   j->b = b;

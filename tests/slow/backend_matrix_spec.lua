@@ -55,35 +55,9 @@ describe("the backend matrix", function()
       args[#args + 1] = "--test-timeout=600000"
     end
     for _, f in ipairs(files) do args[#args + 1] = f end
-    local out = {}
-    local stdout, stderr = uv.new_pipe(false), uv.new_pipe(false)
-    local code
     -- its own process group: a timeout stops the runner, its test files
     -- and the daemons they started, all of them
-    local handle, pid = uv.spawn("node", { args = args, cwd = dir, stdio = { nil, stdout, stderr },
-      detached = true }, function(c, sig) code = sig ~= 0 and 128 + sig or c end)
-    assert(handle, pid)
-    local open = 2
-    local function reader(_, chunk) if chunk then out[#out + 1] = chunk else open = open - 1 end end
-    stdout:read_start(reader)
-    stderr:read_start(reader)
-    local deadline = helper.now() + 20 * 60 * 1000
-    local guard = uv.new_timer()
-    guard:start(1000, 1000, function() end)
-    while (code == nil or open > 0) and helper.now() < deadline do uv.run("once") end
-    guard:close()
-    if code == nil then
-      uv.kill(-pid, "sigterm")
-      local grace = helper.now() + 15000
-      while code == nil and helper.now() < grace do uv.run("once") end
-      uv.kill(-pid, "sigkill")
-      while code == nil do uv.run("once") end
-    end
-    handle:close()
-    if not stdout:is_closing() then stdout:close() end
-    if not stderr:is_closing() then stderr:close() end
-    uv.run("nowait")
-    local text = table.concat(out)
+    local code, text = helper.run_host({ "node", table.unpack(args) }, { cwd = dir, ms = 20 * 60 * 1000 })
     assert.are.equal(0, code, text:sub(-6000))
     assert.matches("# fail 0", text)
   end)

@@ -18,36 +18,7 @@ local root = os.getenv("TUPPER_ROOT") or "."
 local function run(argv, cwd, env, ms)
   local full = { "PATH=" .. (os.getenv("PATH") or "/usr/bin:/bin"), "HOME=" .. (os.getenv("HOME") or "/root") }
   for k, v in pairs(env) do full[#full + 1] = k .. "=" .. v end
-  local out = {}
-  local stdout, stderr = uv.new_pipe(false), uv.new_pipe(false)
-  local code
-  local args = {}
-  for i = 2, #argv do args[#args + 1] = argv[i] end
-  local handle, pid = uv.spawn(argv[1], { args = args, cwd = cwd, env = full, stdio = { nil, stdout, stderr },
-    detached = true }, function(c, sig) code = sig ~= 0 and 128 + sig or c end)
-  assert(handle, pid)
-  local open = 2
-  local function reader(_, chunk) if chunk then out[#out + 1] = chunk else open = open - 1 end end
-  stdout:read_start(reader)
-  stderr:read_start(reader)
-  local deadline = helper.now() + ms
-  local guard = uv.new_timer()
-  guard:start(1000, 1000, function() end)
-  while (code == nil or open > 0) and helper.now() < deadline do uv.run("once") end
-  guard:close()
-  if code == nil then
-    -- the runner, its tests and what they started: all of them
-    uv.kill(-pid, "sigterm")
-    local grace = helper.now() + 15000
-    while code == nil and helper.now() < grace do uv.run("once") end
-    uv.kill(-pid, "sigkill")
-    while code == nil do uv.run("once") end
-  end
-  handle:close()
-  if not stdout:is_closing() then stdout:close() end
-  if not stderr:is_closing() then stderr:close() end
-  uv.run("nowait")
-  return code, table.concat(out)
+  return helper.run_host(argv, { cwd = cwd, env = full, ms = ms })
 end
 
 describe("recipes/code-interpreter.lua", function()

@@ -4,26 +4,20 @@
 -- the exit says oom_killed as on the linux backend, sandbox.metrics counts
 -- the guest's kills, and a SIGKILL that is not the OOM killer's is not
 -- reported as one.  One boot under TCG: slow.
-local async = require("tupper.util.async")
 local json = require("tupper.util.json")
 local helper = require("helper")
 local vm = require("microvm_helper")
-
-local sync = helper.sync
 
 describe("OOM kills in a microVM guest", function()
   local d, c, vm_undo, id
 
   setup(function()
     vm_undo = vm.vm_setup(300000) -- a cold boot under TCG emulation, on a loaded machine
-    d = helper.start_daemon(nil, { pool = 0 })
-    c = assert(d.connect())
+    d, c = helper.daemon_and_client(nil, { pool = 0 })
   end)
 
   teardown(function()
-    if id then helper.call(c, "sandbox.kill", { id = id }) end
-    if c then c:close() end
-    if d then assert.are.equal(0, d.stop()) end
+    helper.stop_daemon_and_client(d, c) -- the box `id` goes with the others
     if vm_undo then vm_undo() end
     helper.drain()
   end)
@@ -31,25 +25,7 @@ describe("OOM kills in a microVM guest", function()
   local function call(method, params) return helper.call(c, method, params) end
 
   -- Runs argv in the box: { stdout, exit = its process.exit notification }.
-  local function run(argv)
-    return sync(function()
-      local out, exit, waiter, pid = {}, nil, nil, nil
-      c:on("process.output", function(p)
-        if p.sandbox == id and p.pid == pid and p.stream == "stdout" then out[#out + 1] = p.data end
-      end)
-      c:on("process.exit", function(p)
-        if p.sandbox == id and p.pid == pid then
-          exit = p
-          if waiter then waiter() end
-        end
-      end)
-      local r, err = c:call("process.start", { sandbox = id, argv = argv, encoding = "utf8" })
-      assert(r, err and err.message)
-      pid = r.pid
-      if not exit then async.wait(function(cb) waiter = cb end) end
-      return { stdout = table.concat(out), exit = exit }
-    end)
-  end
+  local function run(argv) return helper.run_exit(c, id, argv) end
 
   it("reports a memory hog the guest kernel killed as OOM-killed, and counts it in sandbox.metrics", function()
     local sb, err = call("sandbox.create", { backend = "microvm", limits = { memory = "256M" } })

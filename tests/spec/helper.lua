@@ -5,6 +5,7 @@
 local uv = require("luv")
 local async = require("tupper.util.async")
 local client = require("tupper.wire.client")
+local luassert = require("luassert")
 
 local M = {}
 
@@ -301,7 +302,8 @@ function M.b64encode(s)
 end
 
 --- Runs a command in a sandbox through the API and collects its output.
--- Returns { stdout, stderr, exit_code, signal }.
+-- Returns { stdout, stderr, exit_code, signal, pid, exit (the process.exit
+-- notification) }.
 function M.run(c, sandbox, argv, opts)
   opts = opts or {}
   local out, err = {}, {}
@@ -329,7 +331,122 @@ function M.run(c, sandbox, argv, opts)
   end
   if not exit then async.wait(function(cb) waiter = cb end) end
   return { stdout = table.concat(out), stderr = table.concat(err), exit_code = exit.exit_code,
-           signal = exit.signal, pid = pid }
+           signal = exit.signal, pid = pid, exit = exit }
+end
+
+--- M.run from outside a coroutine, for a test that wants the process's
+-- exit as the daemon told it: M.run's table (its `exit` the process.exit
+-- notification).  Raises if the process does not start.
+function M.run_exit(c, id, argv)
+  local r, err = M.sync(M.run, c, id, argv)
+  assert(r, err and err.message)
+  return r
+end
+
+--- Runs a host command (argv[1] found on PATH) in its own process group,
+-- bounded by opts.ms: opts.cwd, opts.env (a "K=V" list: its whole
+-- environment; nil: this one's).  Past the bound the group gets SIGTERM,
+-- 15 s, then SIGKILL (the runner, its tests and what they started: all of
+-- them).  Returns its exit code (128 + signal when killed) and its stdout
+-- and stderr together.
+function M.run_host(argv, opts)
+  local out = {}
+  local stdout, stderr = uv.new_pipe(false), uv.new_pipe(false)
+  local code
+  local args = {}
+  for i = 2, #argv do args[#args + 1] = argv[i] end
+  local handle, pid = uv.spawn(argv[1], { args = args, cwd = opts.cwd, env = opts.env,
+    stdio = { nil, stdout, stderr }, detached = true }, function(c, sig) code = sig ~= 0 and 128 + sig or c end)
+  assert(handle, pid)
+  local open = 2
+  local function reader(_, chunk) if chunk then out[#out + 1] = chunk else open = open - 1 end end
+  stdout:read_start(reader)
+  stderr:read_start(reader)
+  local deadline = M.now() + opts.ms
+  local guard = uv.new_timer()
+  guard:start(1000, 1000, function() end)
+  while (code == nil or open > 0) and M.now() < deadline do uv.run("once") end
+  guard:close()
+  if code == nil then
+    uv.kill(-pid, "sigterm")
+    local grace = M.now() + 15000
+    while code == nil and M.now() < grace do uv.run("once") end
+    uv.kill(-pid, "sigkill")
+    while code == nil do uv.run("once") end
+  end
+  handle:close()
+  if not stdout:is_closing() then stdout:close() end
+  if not stderr:is_closing() then stderr:close() end
+  uv.run("nowait")
+  return code, table.concat(out)
+end
+
+--- For a block's setup: starts a daemon (M.start_daemon(dir, opts)) and
+-- connects to it.  Returns the daemon and the client.
+function M.daemon_and_client(dir, opts)
+  local d = M.start_daemon(dir, opts)
+  return d, assert(d.connect())
+end
+
+--- For the teardown of a block whose tests share daemon d and client c
+-- (either nil when the setup failed): kills c's sandboxes, closes c, stops
+-- d and asserts that it exited 0.
+function M.stop_daemon_and_client(d, c)
+  if c then M.kill_sandboxes(c); c:close() end
+  if d then luassert.are.equal(0, d.stop()) end
+end
+
+--- For a block that drives a daemon through the Lua SDK (tupper.sdk, the
+-- module sdk): starts one (pool 0) and points the SDK at it.  Returns the
+-- daemon.
+function M.sdk_daemon(sdk)
+  local d = M.start_daemon(nil, { pool = 0 })
+  sdk.configure({ socket = d.socket, autostart = false })
+  return d
+end
+
+--- The teardown of such a block: kills the SDK's sandboxes, runs tidy (for
+-- what else the block made), closes the SDK, each of them whatever a
+-- failure left; then stops d.  Returns d.stop()'s exit code (nil without d).
+function M.sdk_teardown(sdk, d, tidy)
+  pcall(function() for _, s in ipairs(sdk.list()) do sdk.kill(s.id) end end)
+  if tidy then pcall(tidy) end
+  pcall(sdk.close)
+  return d and d.stop()
+end
+
+--- A state dir that daemons use one after another, for the blocks that
+-- SIGKILL a daemon and check what the next one makes of what it left.
+-- Hook it in with setup(r.setup), after_each(r.after_each) and
+-- teardown(r.teardown); in a test, `d, c = r.start()` starts a daemon on
+-- the dir (opts: M.start_daemon's, default { pool = 0 }) and connects,
+-- `d, c = r.restart(c)` closes c, SIGKILLs the daemon and starts the next.
+function M.restarts(opts)
+  local r = { opts = opts or { pool = 0 } }
+  function r.setup() r.dir = M.tmpdir() end
+  -- a test that fails between a crash and the restart leaves boxes that no
+  -- daemon owns: release restarts a daemon on that state dir to stop them
+  function r.after_each() M.release(r.d) end
+  function r.teardown()
+    M.rmrf(r.dir)
+    M.drain()
+  end
+  function r.start()
+    r.d = M.start_daemon(r.dir, r.opts)
+    return r.d, assert(r.d.connect())
+  end
+  function r.restart(c)
+    if c then c:close() end
+    r.d.crash()
+    return r.start()
+  end
+  --- A daemon a test started otherwise (on another dir): after_each
+  -- releases it instead.  Returns d.
+  function r.track(d)
+    r.d = d
+    return d
+  end
+  return r
 end
 
 -- Is path dir itself or below it?

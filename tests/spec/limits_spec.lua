@@ -17,13 +17,7 @@ local MiB, GiB = 1048576, 1073741824
 local PROBE = os.getenv("TUPPER_PROBE") or "build/tupper-probe"
 local PROBE_IN_BOX = "/usr/local/bin/tupper-probe"
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = helper.read_file
 
 -- A file of box id's cgroup (daemon d) for a controller: the v1 hierarchy's
 -- when mounted, else the v2 one; nil when neither has it.
@@ -33,10 +27,7 @@ local function cg_read(d, id, ctrl, file)
   return s and s:gsub("%s+$", "")
 end
 
-local function kill_all(c)
-  local list = call(c, "sandbox.list", {})
-  for _, sb in ipairs(list and list.sandboxes or {}) do call(c, "sandbox.kill", { id = sb.id }) end
-end
+local kill_all = helper.kill_sandboxes
 
 local function copy_probe(c, id)
   local bin = assert(read_file(PROBE), "no probe at " .. PROBE .. " (build tupper-probe, set TUPPER_PROBE)")
@@ -51,26 +42,8 @@ local function copy_probe(c, id)
 end
 
 -- Runs argv in box id: { stdout, exit = the process.exit notification,
--- signal }.
-local function run(c, id, argv)
-  return sync(function()
-    local out, exit, waiter, pid = {}, nil, nil, nil
-    c:on("process.output", function(p)
-      if p.sandbox == id and p.pid == pid and p.stream == "stdout" then out[#out + 1] = p.data end
-    end)
-    c:on("process.exit", function(p)
-      if p.sandbox == id and p.pid == pid then
-        exit = p
-        if waiter then waiter() end
-      end
-    end)
-    local r, err = c:call("process.start", { sandbox = id, argv = argv, encoding = "utf8" })
-    assert(r, err and err.message)
-    pid = r.pid
-    if not exit then async.wait(function(cb) waiter = cb end) end
-    return { stdout = table.concat(out), exit = exit, signal = exit.signal, exit_code = exit.exit_code }
-  end)
-end
+-- signal, exit_code }.
+local run = helper.run_exit
 
 -- A raw connection to the daemon's socket (no hello): send(obj), and
 -- next_msg() / closed() wait (bounded) for a line or for the daemon's close.
@@ -160,14 +133,12 @@ describe("a daemon's default limits", function()
   local host_mem, host_cpus
 
   setup(function()
-    d = helper.start_daemon()
-    c = assert(d.connect())
+    d, c = helper.daemon_and_client()
     host_mem = uv.get_total_memory() // MiB * MiB
     host_cpus = uv.available_parallelism and uv.available_parallelism() or #uv.cpu_info()
   end)
   teardown(function()
-    if c then kill_all(c); c:close() end
-    if d then assert.are.equal(0, d.stop()) end
+    helper.stop_daemon_and_client(d, c)
     helper.drain()
   end)
   after_each(function() kill_all(c) end)
@@ -245,13 +216,11 @@ describe("a daemon with small defaults", function()
   local d, c
 
   setup(function()
-    d = helper.start_daemon(nil, { args = { "--default-memory", "64M", "--default-pids", "64",
-                                            "--default-disk", "64M" } })
-    c = assert(d.connect())
+    d, c = helper.daemon_and_client(nil, { args = { "--default-memory", "64M", "--default-pids", "64",
+                                                   "--default-disk", "64M" } })
   end)
   teardown(function()
-    if c then kill_all(c); c:close() end
-    if d then assert.are.equal(0, d.stop()) end
+    helper.stop_daemon_and_client(d, c)
     helper.drain()
   end)
   after_each(function() kill_all(c) end)
@@ -301,13 +270,11 @@ describe("a daemon's caps", function()
   local d, c
 
   setup(function()
-    d = helper.start_daemon(nil, { pool = 0, args = { "--default-memory", "64M", "--max-sandboxes", "2",
+    d, c = helper.daemon_and_client(nil, { pool = 0, args = { "--default-memory", "64M", "--max-sandboxes", "2",
       "--max-memory", "192M", "--max-requests", "2", "--max-streams", "1" } })
-    c = assert(d.connect())
   end)
   teardown(function()
-    if c then kill_all(c); c:close() end
-    if d then assert.are.equal(0, d.stop()) end
+    helper.stop_daemon_and_client(d, c)
     helper.drain()
   end)
   after_each(function() kill_all(c) end)

@@ -218,15 +218,11 @@ describe("snapshots from the Lua SDK (and so the REPL)", function()
   local d
   local tupper = require("tupper.sdk")
 
-  setup(function()
-    d = helper.start_daemon(nil, { pool = 0 })
-    tupper.configure({ socket = d.socket, autostart = false })
-  end)
+  setup(function() d = helper.sdk_daemon(tupper) end)
   teardown(function()
-    pcall(function() for _, s in ipairs(tupper.list()) do tupper.kill(s.id) end end)
-    pcall(function() for _, s in ipairs(tupper.snapshots()) do tupper.delete_snapshot(s.id) end end)
-    pcall(tupper.close)
-    if d then d.stop() end
+    helper.sdk_teardown(tupper, d, function()
+      for _, s in ipairs(tupper.snapshots()) do tupper.delete_snapshot(s.id) end
+    end)
     helper.drain()
   end)
 
@@ -252,18 +248,16 @@ describe("snapshots from the Lua SDK (and so the REPL)", function()
 end)
 
 describe("a daemon killed during a snapshot or a fork", function()
-  local dir, d
+  local r = helper.restarts()
+  local d
 
-  setup(function() dir = helper.tmpdir() end)
-  after_each(function() helper.release(d) end)
-  teardown(function()
-    helper.rmrf(dir)
-    helper.drain()
-  end)
+  setup(r.setup)
+  after_each(r.after_each)
+  teardown(r.teardown)
 
   it("leaves no half snapshot visible and nothing of it on disk after the restart", function()
-    d = helper.start_daemon(dir, { pool = 0 })
-    local c = assert(d.connect())
+    local c
+    d, c = r.start()
     local id = assert(call(c, "sandbox.create", {})).id
     local kept = assert(call(c, "sandbox.snapshot", { id = id, name = "kept" }))
     -- enough files that the copy takes a while, then SIGKILL mid-copy
@@ -278,10 +272,7 @@ describe("a daemon killed during a snapshot or a fork", function()
         require("tupper.util.async").sleep(1)
       end
     end)
-    c:close()
-    d.crash()
-    d = helper.start_daemon(dir, { pool = 0 })
-    c = assert(d.connect())
+    d, c = r.restart(c)
     local list = assert(call(c, "snapshot.list", {})).snapshots
     assert.are.equal(1, #list)
     assert.are.equal(kept.id, list[1].id)
@@ -309,8 +300,8 @@ describe("a daemon killed during a snapshot or a fork", function()
   end)
 
   it("mid-fork leaves a whole snapshot and whole forks, re-adopted, and nothing else", function()
-    d = helper.start_daemon(dir, { pool = 0 })
-    local c = assert(d.connect())
+    local c
+    d, c = r.start()
     local id = assert(call(c, "sandbox.create", {})).id
     c.conn:send({ jsonrpc = "2.0", id = 99, method = "sandbox.fork", params = { id = id, count = 8 } })
     -- killed once the first fork has its record
@@ -327,10 +318,7 @@ describe("a daemon killed during a snapshot or a fork", function()
         require("tupper.util.async").sleep(2)
       end
     end)
-    c:close()
-    d.crash()
-    d = helper.start_daemon(dir, { pool = 0 })
-    c = assert(d.connect())
+    d, c = r.restart(c)
     local snaps = assert(call(c, "snapshot.list", {})).snapshots
     assert.are.equal(1, #snaps)
     local forks = {}

@@ -210,18 +210,16 @@ describe("volumes", function()
 end)
 
 describe("volumes across a daemon crash", function()
-  local dir, d
+  local r = helper.restarts()
+  local d
 
-  setup(function() dir = helper.tmpdir() end)
-  after_each(function() helper.release(d) end)
-  teardown(function()
-    helper.rmrf(dir)
-    helper.drain()
-  end)
+  setup(r.setup)
+  after_each(r.after_each)
+  teardown(r.teardown)
 
   it("keep the acknowledged writes and their records, and stay claimed by re-adopted boxes", function()
-    d = helper.start_daemon(dir, { pool = 0 })
-    local c = assert(d.connect())
+    local c
+    d, c = r.start()
     assert(call(c, "volume.create", { name = "keep", size = "32M" }))
     local sb = assert(call(c, "sandbox.create", { volumes = { ["/mnt/keep"] = "keep" } }))
     -- acknowledged writes: the daemon answered them
@@ -233,11 +231,7 @@ describe("volumes across a daemon crash", function()
     assert(call(c, "process.start", { sandbox = sb.id,
       argv = { "sh", "-c", "i=0; while :; do echo $i >> /mnt/keep/log; i=$((i+1)); done" } }))
     helper.sync(function() require("tupper.util.async").sleep(100) end)
-    c:close()
-    d.crash()
-
-    d = helper.start_daemon(dir, { pool = 0 })
-    c = assert(d.connect())
+    d, c = r.restart(c)
     local list = call(c, "volume.list", {}).volumes
     assert.are.equal(1, #list)
     assert.are.equal("keep", list[1].name)
@@ -265,7 +259,7 @@ describe("volumes across a daemon crash", function()
   it("killed during volume.create: the volume is whole or absent, no leftover after restart", function()
     local async = require("tupper.util.async")
     for round, delay in ipairs({ 0, 40, 120, 1500 }) do
-      d = helper.start_daemon(helper.tmpdir(), { pool = 0 })
+      d = r.track(helper.start_daemon(helper.tmpdir(), { pool = 0 }))
       local pipe = uv.new_pipe(false)
       helper.sync(function() async.wait(function(cb) pipe:connect(d.socket, cb) end) end)
       pipe:write('{"jsonrpc":"2.0","id":1,"method":"volume.create","params":{"name":"half","size":"2G"}}\n')
@@ -273,7 +267,7 @@ describe("volumes across a daemon crash", function()
       d.crash()
       pipe:close()
       local state = d.state
-      d = helper.start_daemon(d.dir, { pool = 0 })
+      d = r.track(helper.start_daemon(d.dir, { pool = 0 }))
       local c = assert(d.connect())
       local list = call(c, "volume.list", {}).volumes
       assert.truthy(#list == 0 or (#list == 1 and list[1].name == "half"), "round " .. round)
@@ -307,15 +301,12 @@ describe("volumes from the Lua client (tupper.sdk)", function()
   local tupper = require("tupper.sdk")
   local d
 
-  setup(function()
-    d = helper.start_daemon(nil, { pool = 0 })
-    tupper.configure({ socket = d.socket, autostart = false })
-  end)
+  setup(function() d = helper.sdk_daemon(tupper) end)
   teardown(function()
-    pcall(function() for _, s in ipairs(tupper.list()) do tupper.kill(s.id) end end)
-    pcall(function() for _, v in ipairs(tupper.volumes.list()) do tupper.volumes.destroy(v.name) end end)
-    pcall(tupper.close)
-    if d then assert.are.equal(0, d.stop()) end
+    local code = helper.sdk_teardown(tupper, d, function()
+      for _, v in ipairs(tupper.volumes.list()) do tupper.volumes.destroy(v.name) end
+    end)
+    if d then assert.are.equal(0, code) end
     helper.drain()
   end)
 

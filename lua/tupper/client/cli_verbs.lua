@@ -47,6 +47,45 @@ function M.trunc(s, n, keep)
   return s:sub(1, n - 1) .. "\u{2026}"
 end
 
+-- A verb that lists what a method returns (ls, images, volume ls,
+-- snapshot ls): calls how.method and prints its how.field as JSON with
+-- --json (how.json(list), else a compact array), one how.quiet(item) a
+-- line with --quiet (when the verb has it), else a table of how.row(item)
+-- under how.headers.  Returns the exit code.
+local function list_verb(c, p, how)
+  local r, err = c:call(how.method, {})
+  if not r then return die("%s", errmsg(err)) end
+  local list = r[how.field]
+  if p.opts.json then
+    print(how.json and how.json(list) or json.encode(json.array(list)))
+    return 0
+  end
+  if p.opts.quiet and how.quiet then
+    for _, item in ipairs(list) do print(how.quiet(item)) end
+    return 0
+  end
+  local rows = {}
+  for _, item in ipairs(list) do rows[#rows + 1] = how.row(item) end
+  M.print_table(how.headers, rows)
+  return 0
+end
+
+-- A verb that calls method once for each of its arguments (kill, pause,
+-- rmi, volume rm ...) with { [key] = arg } and prints what shown(r, arg)
+-- returns (the arg by default), or its nil, message as `VERB ARG: message`.
+-- Returns the exit code (non-zero when one failed).
+local function each_arg(c, p, verb, method, key, shown)
+  shown = shown or function(_, arg) return arg end
+  local code = 0
+  for _, arg in ipairs(p.args) do
+    local r, err = c:call(method, { [key] = arg })
+    local out, why
+    if r then out, why = shown(r, arg) else why = errmsg(err) end
+    if out then print(out) else code = die("%s %s: %s", verb, arg, why) end
+  end
+  return code
+end
+
 -- cli-b: a box's bytes on our terminal go through the escaping filter
 local out_filters = {}
 local function write_out(stream, p)
@@ -259,31 +298,17 @@ end
 
 --- tupper snapshot ls [--json]
 function M.snapshot_ls(c, p)
-  local r, err = c:call("snapshot.list", {})
-  if not r then return die("%s", errmsg(err)) end
-  if p.opts.json then
-    print(json.encode(json.array(r.snapshots)))
-    return 0
-  end
-  local rows = {}
-  for _, s in ipairs(r.snapshots) do
-    rows[#rows + 1] = { s.id, #s.names > 0 and table.concat(s.names, ",") or "-", tostring(s.sandbox or "-"),
-      units.human(s.size or 0, { si = true }), tostring(s.created_at or "-"),
-      #s.sandboxes > 0 and table.concat(s.sandboxes, ",") or "-" }
-  end
-  M.print_table({ "ID", "NAMES", "SANDBOX", "SIZE", "CREATED", "USED BY" }, rows)
-  return 0
+  return list_verb(c, p, { method = "snapshot.list", field = "snapshots",
+    headers = { "ID", "NAMES", "SANDBOX", "SIZE", "CREATED", "USED BY" },
+    row = function(s)
+      return { s.id, #s.names > 0 and table.concat(s.names, ",") or "-", tostring(s.sandbox or "-"),
+        units.human(s.size or 0, { si = true }), tostring(s.created_at or "-"),
+        #s.sandboxes > 0 and table.concat(s.sandboxes, ",") or "-" }
+    end })
 end
 
 --- tupper snapshot rm ID|NAME...
-function M.snapshot_rm(c, p)
-  local code = 0
-  for _, ref in ipairs(p.args) do
-    local r, err = c:call("snapshot.delete", { id = ref })
-    if not r then code = die("snapshot rm %s: %s", ref, errmsg(err)) else print(ref) end
-  end
-  return code
-end
+function M.snapshot_rm(c, p) return each_arg(c, p, "snapshot rm", "snapshot.delete", "id") end
 
 --- tupper fork [-n N] ID
 function M.fork(c, p)
@@ -325,47 +350,20 @@ function M.pull(c, p)
 end
 
 function M.ls(c, p)
-  local r, err = c:call("sandbox.list", {})
-  if not r then return die("%s", errmsg(err)) end
-  if p.opts.json then
-    print(json.encode(json.array(r.sandboxes)))
-    return 0
-  end
-  if p.opts.quiet then
-    for _, s in ipairs(r.sandboxes) do print(s.id) end
-    return 0
-  end
-  local rows = {}
-  for _, s in ipairs(r.sandboxes) do
-    rows[#rows + 1] = { tostring(s.id), M.trunc(s.image, M.TRUNC_REF, p.opts.no_trunc), tostring(s.state),
-      tostring(s.created_at), tostring(math.tointeger(s.processes) or 0) }
-  end
-  M.print_table({ "ID", "IMAGE", "STATE", "CREATED", "PROCESSES" }, rows)
-  return 0
+  return list_verb(c, p, { method = "sandbox.list", field = "sandboxes",
+    quiet = function(s) return s.id end,
+    headers = { "ID", "IMAGE", "STATE", "CREATED", "PROCESSES" },
+    row = function(s)
+      return { tostring(s.id), M.trunc(s.image, M.TRUNC_REF, p.opts.no_trunc), tostring(s.state),
+        tostring(s.created_at), tostring(math.tointeger(s.processes) or 0) }
+    end })
 end
 
 function M.kill(c, p)
-  local code = 0
-  for _, id in ipairs(p.args) do
-    local r, err = c:call("sandbox.kill", { id = id })
-    if not r then
-      code = die("kill %s: %s", id, errmsg(err))
-    elseif not r.killed then
-      code = die("kill %s: no such sandbox", id)
-    else
-      print(id)
-    end
-  end
-  return code
-end
-
-local function each_id(c, p, method, verb)
-  local code = 0
-  for _, id in ipairs(p.args) do
-    local r, err = c:call(method, { id = id })
-    if not r then code = die("%s %s: %s", verb, id, errmsg(err)) else print(id) end
-  end
-  return code
+  return each_arg(c, p, "kill", "sandbox.kill", "id", function(r, id)
+    if not r.killed then return nil, "no such sandbox" end
+    return id
+  end)
 end
 
 --- tupper attach ID PID (client/cli_tty.lua).
@@ -389,8 +387,8 @@ function M.port(c, p)
   return 0
 end
 
-function M.pause(c, p) return each_id(c, p, "sandbox.pause", "pause") end
-function M.resume(c, p) return each_id(c, p, "sandbox.resume", "resume") end
+function M.pause(c, p) return each_arg(c, p, "pause", "sandbox.pause", "id") end
+function M.resume(c, p) return each_arg(c, p, "resume", "sandbox.resume", "id") end
 
 local function num(v) return tostring(math.tointeger(v) or v or "-") end
 
@@ -477,41 +475,31 @@ function M.import(c, p)
 end
 
 function M.images(c, p)
-  local r, err = c:call("image.list", {})
-  if not r then return die("%s", errmsg(err)) end
-  if p.opts.json then
-    print(json.encode(json.array(r.images)))
-    return 0
-  end
-  if p.opts.quiet then
-    for _, i in ipairs(r.images) do print(i.ref) end
-    return 0
-  end
-  local rows, keep = {}, p.opts.no_trunc
-  for _, i in ipairs(r.images) do
-    rows[#rows + 1] = { M.trunc(i.ref, M.TRUNC_REF, keep),
-      keep and tostring(i.digest) or tostring(i.digest):sub(1, M.TRUNC_DIGEST),
-      units.human(i.size, { si = true }), num(i.layers), type(i.created) == "string" and i.created or "-" }
-  end
-  M.print_table({ "REF", "DIGEST", "SIZE", "LAYERS", "CREATED" }, rows)
-  return 0
+  local keep = p.opts.no_trunc
+  return list_verb(c, p, { method = "image.list", field = "images",
+    quiet = function(i) return i.ref end,
+    headers = { "REF", "DIGEST", "SIZE", "LAYERS", "CREATED" },
+    row = function(i)
+      return { M.trunc(i.ref, M.TRUNC_REF, keep),
+        keep and tostring(i.digest) or tostring(i.digest):sub(1, M.TRUNC_DIGEST),
+        units.human(i.size, { si = true }), num(i.layers), type(i.created) == "string" and i.created or "-" }
+    end })
 end
 
 function M.rmi(c, p)
-  local code = 0
-  for _, ref in ipairs(p.args) do
-    local r, err = c:call("image.remove", { ref = ref })
-    if not r then code = die("rmi %s: %s", ref, errmsg(err)) else print(r.ref) end
-  end
-  return code
+  return each_arg(c, p, "rmi", "image.remove", "ref", function(r) return r.ref end)
 end
 
-function M.image_inspect(c, p)
-  local r, err = c:call("image.inspect", { ref = p.args[1] })
+-- A verb that prints what method returns for its one argument (params
+-- { [key] = arg }) as indented JSON.  Returns the exit code.
+local function inspect_verb(c, p, method, key)
+  local r, err = c:call(method, { [key] = p.args[1] })
   if not r then return die("%s", errmsg(err)) end
   print(json.pretty(r))
   return 0
 end
+
+function M.image_inspect(c, p) return inspect_verb(c, p, "image.inspect", "ref") end
 
 function M.image_prune(c, p)
   local r, err = c:call("image.prune", { all = p.opts.all or false })
@@ -536,36 +524,15 @@ local function mounts_of(v)
 end
 
 function M.volume_ls(c, p)
-  local r, err = c:call("volume.list", {})
-  if not r then return die("%s", errmsg(err)) end
-  if p.opts.json then print(json.pretty(r.volumes)); return 0 end
-  if p.opts.quiet then
-    for _, v in ipairs(r.volumes) do print(v.name) end
-    return 0
-  end
-  local rows = {}
-  for _, v in ipairs(r.volumes) do
-    rows[#rows + 1] = { v.name, v.id, units.human(v.size), tostring(v.created_at), mounts_of(v) }
-  end
-  M.print_table({ "NAME", "ID", "SIZE", "CREATED", "MOUNTED BY" }, rows)
-  return 0
+  return list_verb(c, p, { method = "volume.list", field = "volumes", json = json.pretty,
+    quiet = function(v) return v.name end,
+    headers = { "NAME", "ID", "SIZE", "CREATED", "MOUNTED BY" },
+    row = function(v) return { v.name, v.id, units.human(v.size), tostring(v.created_at), mounts_of(v) } end })
 end
 
-function M.volume_inspect(c, p)
-  local r, err = c:call("volume.get", { name = p.args[1] })
-  if not r then return die("%s", errmsg(err)) end
-  print(json.pretty(r))
-  return 0
-end
+function M.volume_inspect(c, p) return inspect_verb(c, p, "volume.get", "name") end
 
-function M.volume_rm(c, p)
-  local code = 0
-  for _, name in ipairs(p.args) do
-    local r, err = c:call("volume.destroy", { name = name })
-    if not r then code = die("volume rm %s: %s", name, errmsg(err)) else print(name) end
-  end
-  return code
-end
+function M.volume_rm(c, p) return each_arg(c, p, "volume rm", "volume.destroy", "name") end
 
 --- tupper cp [-r] [-a] SRC DST (client/cli_cp.lua).
 function M.cp(c, p)

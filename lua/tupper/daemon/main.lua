@@ -20,6 +20,7 @@ local netrelay = require("tupper.net.relay")
 local backends = require("tupper.backend.registry")
 local activation = require("tupper.daemon.activation")
 local limits = require("tupper.daemon.limits")
+local handles = require("tupper.daemon.handles")
 -- the daemon's methods, by what they do (mixed into Daemon below)
 local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
                 require("tupper.daemon.life"), require("tupper.daemon.events"),
@@ -332,6 +333,8 @@ end
 --- Runs the daemon until SIGTERM/SIGINT.  opts: socket, state_dir, uid_base.
 -- Returns the exit code.
 function M.run(opts)
+  -- every luv handle made from here on is known to the shutdown
+  handles.track()
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
     reserved = {}, pulls = {}, setups = {}, pools = {}, creating = {}, pool_limits = {},
     accounts = {}, -- image digest -> its default account { name, home }
@@ -461,6 +464,16 @@ function M.run(opts)
     require("tupper.daemon.metrics").start(self) -- sandbox.metrics's series
   end)
   uv.run()
+  -- the loop ran out of work: what is still open is idle (a stopped timer,
+  -- an exited process's handle, a pipe nobody reads, an unref'd timer).
+  -- Closed now, their close callbacks run, before tp_main closes the Lua
+  -- state (daemon/handles.lua).  Not earlier: a box's cleanup still
+  -- running after the shutdown's last step needs its timers.
+  local n = handles.close_all()
+  if n > 0 then
+    log("closed %d handle%s left open", n, n == 1 and "" or "s")
+    uv.run()
+  end
   return code
 end
 

@@ -615,12 +615,12 @@ function Sandbox:_tree_done(proc)
   if not proc.tree or not self.box:has_cgroup() or self.impl.guest_kernel then return end
   local n = self.box:tree_count(proc.tree)
   if n ~= 0 then return end
-  -- rmdirs in the thread pool, unless the (empty) tree's cgroup counted an
-  -- OOM kill (v1 counts it there only): then here, so that the count moves
-  -- to the box as the cgroup goes, with no moment where sandbox.metrics
-  -- sees neither (rare: one read of memory.oom_control decides)
-  local oom = self.box:tree_oom(proc.tree)
-  self.box:tree_remove(proc.tree, not (oom and oom > 0))
+  -- rmdirs in the thread pool, never here: an OOM kill the (empty) tree's
+  -- cgroup counted (v1 counts it there only) moves to the box's count in
+  -- the step that hides the cgroup from that count, on the loop, as the
+  -- removal starts (dbox_tree.c hide_oom), so sandbox.metrics sees it
+  -- exactly once before, during and after the removal
+  self.box:tree_remove(proc.tree, true)
 end
 
 --- Watches a directory for owner (a connection), as acct (an account, or

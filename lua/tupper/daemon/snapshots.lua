@@ -19,12 +19,17 @@ local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local async = require("tupper.util.async")
+local records = require("tupper.daemon.records")
 local log = require("tupper.daemon.log").log
 
 local D = {}
 
 D.FORK_MAX = 64 -- sandboxes one sandbox.fork makes at most
 D.SNAPSHOT_NAME_MAX = 128
+-- bytes of one snapshot record: its env, metadata and policy came in a
+-- request line of at most 16 MiB (wire/rpc.lua MAX_LINE), a policy file is
+-- at most 1 MiB before JSON escapes; twice a request line bounds them all
+D.SNAPSHOT_RECORD_MAX = 32 * 1024 * 1024
 
 local CP = "/usr/bin/cp"
 local DU = "/usr/bin/du"
@@ -46,26 +51,8 @@ local function check_name(name)
 end
 D.check_snapshot_name = check_name
 
-local function read_file(path)
-  local fd = uv.fs_open(path, "r", 0)
-  if not fd then return nil end
-  local st = uv.fs_fstat(fd)
-  local text = st and uv.fs_read(fd, st.size, 0)
-  uv.fs_close(fd)
-  return text
-end
-
-local function write_atomic(path, text)
-  local tmp = path .. ".tmp"
-  local fd, err = uv.fs_open(tmp, "w", tonumber("600", 8))
-  if not fd then return nil, err end
-  local ok, werr = uv.fs_write(fd, text)
-  if ok then ok, werr = uv.fs_fsync(fd) end
-  uv.fs_close(fd)
-  if ok then ok, werr = uv.fs_rename(tmp, path) end
-  if not ok then uv.fs_unlink(tmp); return nil, werr end
-  return true
-end
+-- Snapshot and box records are written atomically (daemon/records.lua).
+local write_atomic = records.write
 
 --- Loads the snapshot records and removes what a killed snapshot left:
 -- record temp files, and snapshot layers that no record names.
@@ -80,8 +67,8 @@ function D:_snapshots_open()
     if not name then break end
     local path = self.snapdir .. "/" .. name
     local id = name:match("^(s%x+)%.json$")
-    local rec = id and json.decode(read_file(path) or "")
-    if type(rec) == "table" and rec.id == id and self.layer_store:get(rec.layer or "") then
+    local rec = id and records.load(path, D.SNAPSHOT_RECORD_MAX)
+    if rec and rec.id == id and self.layer_store:get(rec.layer or "") then
       self.snapshots[id] = rec
     else
       log("removing stale snapshot file %s", name)

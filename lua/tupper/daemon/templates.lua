@@ -11,6 +11,7 @@ local paths = require("tupper.util.paths")
 local rpc = require("tupper.wire.rpc")
 local build = require("tupper.recipe.build")
 local recipe = require("tupper.recipe.file")
+local records = require("tupper.daemon.records")
 local log = require("tupper.daemon.log").log
 
 local M = {}
@@ -47,13 +48,9 @@ local function load_all(dir)
     if not name then break end
     local base = name:match("^(.*)%.json$")
     if typ == "file" and base and M.check_name(base) then
-      local text = paths.read_file(dir .. "/" .. name, M.RECORD_MAX)
-      local ok, rec = pcall(json.decode, text or "")
-      if ok and type(rec) == "table" and rec.name == base and type(rec.source) == "string" then
-        out[base] = rec
-      else
-        log("templates: skipping %s/%s: not a template record", dir, name)
-      end
+      out[base] = records.pick(dir .. "/" .. name, M.RECORD_MAX, function(rec)
+        return rec.name == base and type(rec.source) == "string"
+      end, "template")
     end
   end
   return out
@@ -80,24 +77,7 @@ end
 function Registry:_write(rec)
   local ok, err = paths.mkdirs(self.dir, tonumber("700", 8))
   if not ok then return nil, ("cannot create %s: %s"):format(self.dir, tostring(err)) end
-  local path = self.dir .. "/" .. rec.name .. ".json"
-  local tmp = path .. ".tmp-" .. core.random_hex(4)
-  local fd, oerr = uv.fs_open(tmp, "wx", tonumber("600", 8))
-  if not fd then return nil, ("cannot write %s: %s"):format(tmp, tostring(oerr)) end
-  local text = json.encode(rec)
-  local n, werr = uv.fs_write(fd, text)
-  local sok = n == #text and uv.fs_fsync(fd)
-  uv.fs_close(fd)
-  if not sok then
-    uv.fs_unlink(tmp)
-    return nil, ("cannot write %s: %s"):format(tmp, tostring(werr or "short write"))
-  end
-  local rok, rerr = uv.fs_rename(tmp, path)
-  if not rok then
-    uv.fs_unlink(tmp)
-    return nil, ("cannot rename %s: %s"):format(tmp, tostring(rerr))
-  end
-  return true
+  return records.save(self.dir .. "/" .. rec.name .. ".json", rec)
 end
 
 --- Registers (or replaces) a template.  Returns the record or nil, err.

@@ -24,6 +24,7 @@ local paths = require("tupper.util.paths")
 local rpc = require("tupper.wire.rpc")
 local units = require("tupper.util.units")
 local async = require("tupper.util.async")
+local records = require("tupper.daemon.records")
 local log = require("tupper.daemon.log").log
 
 local M = {}
@@ -36,6 +37,7 @@ M.MAX_COUNT = 64                          -- volumes one daemon keeps
 M.MAX_TOTAL = 256 * 1024 * 1024 * 1024    -- their sizes together (the images are sparse)
 M.MOUNTS_MAX = 16                         -- volumes of one sandbox (TP_VOLUMES_MAX)
 M.RELEASE_WAIT_MS = 3000                  -- for a dead box's mounts of a volume to go
+M.RECORD_MAX = 65536                      -- bytes of a volume.json
 
 --- Checks a volume's name: letters, digits, '.', '_' and '-', starting
 -- with a letter or digit, no "..", at most NAME_MAX bytes.  It names a dir
@@ -62,35 +64,6 @@ Store.__index = Store
 
 local function now_iso() return os.date("!%Y-%m-%dT%H:%M:%SZ") end
 
--- Writes text to path atomically (temp file, fsync, rename, fsync of the
--- dir).  Returns true or nil, err.
-local function write_atomic(dir, name, text)
-  local path = dir .. "/" .. name
-  local tmp = path .. ".tmp-" .. core.random_hex(4)
-  local fd, oerr = uv.fs_open(tmp, "wx", tonumber("600", 8))
-  if not fd then return nil, ("cannot write %s: %s"):format(tmp, tostring(oerr)) end
-  local n, werr = uv.fs_write(fd, text)
-  local sok = n == #text and uv.fs_fsync(fd)
-  uv.fs_close(fd)
-  if not sok then
-    uv.fs_unlink(tmp)
-    return nil, ("cannot write %s: %s"):format(tmp, tostring(werr or "short write"))
-  end
-  local rok, rerr = uv.fs_rename(tmp, path)
-  if not rok then
-    uv.fs_unlink(tmp)
-    return nil, ("cannot rename %s: %s"):format(tmp, tostring(rerr))
-  end
-  local dfd = uv.fs_open(dir, "r", 0)
-  if dfd then uv.fs_fsync(dfd); uv.fs_close(dfd) end
-  return true
-end
-
-local function fsync_dir(dir)
-  local dfd = uv.fs_open(dir, "r", 0)
-  if dfd then uv.fs_fsync(dfd); uv.fs_close(dfd) end
-end
-
 -- Reads the records; leftovers of a create or destroy cut short are removed,
 -- a record that does not parse is skipped (and logged), never fatal.
 local function load_all(dir)
@@ -103,14 +76,9 @@ local function load_all(dir)
       local ok, err = core.rmtree(dir .. "/" .. name)
       log("volumes: removed leftover %s%s", name, ok and "" or (": " .. tostring(err)))
     elseif typ == "directory" and M.check_name(name) then
-      local text = paths.read_file(dir .. "/" .. name .. "/volume.json", 65536)
-      local ok, rec = pcall(json.decode, text or "")
-      if ok and type(rec) == "table" and rec.name == name and math.tointeger(rec.size)
-         and type(rec.id) == "string" then
-        out[name] = rec
-      else
-        log("volumes: skipping %s/%s: not a volume record", dir, name)
-      end
+      out[name] = records.pick(dir .. "/" .. name .. "/volume.json", M.RECORD_MAX, function(rec)
+        return rec.name == name and math.tointeger(rec.size) and type(rec.id) == "string"
+      end, "volume")
     end
   end
   return out
@@ -236,11 +204,11 @@ function Store:create(name, size)
   local made, verr = async.wait(function(cb) core.volume_make(tmp .. "/disk.img", size, cb) end)
   if not made then return fail(verr) end
   local rec = { name = name, id = "vol-" .. core.random_hex(8), size = size, created_at = now_iso() }
-  local wok, werr = write_atomic(tmp, "volume.json", json.encode(rec))
+  local wok, werr = records.save(tmp .. "/volume.json", rec)
   if not wok then return fail(werr) end
   local rok, rerr = uv.fs_rename(tmp, self.dir .. "/" .. name)
   if not rok then return fail(tostring(rerr)) end
-  fsync_dir(self.dir)
+  records.fsync_dir(self.dir)
   self.claims[key] = nil
   self.entries[name] = rec
   log("volume %s created (%s)", name, units.format_size(size))
@@ -266,7 +234,7 @@ function Store:destroy(ref)
   local gone = ("%s/.gone-%s-%s"):format(self.dir, rec.name, core.random_hex(4))
   local ok, err = uv.fs_rename(self.dir .. "/" .. rec.name, gone)
   if not ok then return nil, rpc.SANDBOX_ERROR, ("volume '%s': %s"):format(rec.name, tostring(err)) end
-  fsync_dir(self.dir)
+  records.fsync_dir(self.dir)
   self.entries[rec.name] = nil
   core.rmtree(gone)
   log("volume %s destroyed", rec.name)

@@ -3,13 +3,14 @@
  * has its own connection to the daemon (the daemon sends a process's output
  * to the connection that started it); static methods open one for the call.
  */
-import { spawnSync } from 'node:child_process';
 import * as os from 'node:os';
 import * as nodePath from 'node:path';
+import { Worker } from 'node:worker_threads';
 import { Commands } from './commands';
 import { Connection, connectionOpts, withConnection, type ConnectionOpts } from './connection';
 import { networkParam, checkNetwork, type SandboxNetworkUpdate } from './e2b-network';
 import { checkTimeoutMs, fromRpcError, InvalidArgumentError, NotFoundError, SandboxError } from './errors';
+import { HEADER_BYTES, STATE_ANSWERED, STATE_NEW, type ExposeJob } from './expose-shared';
 import { Filesystem } from './filesystem';
 import type { SandboxLink } from './link';
 import { SandboxPaginator, type SandboxListOpts } from './paginator';
@@ -119,30 +120,54 @@ async function extendTimeout(c: Connection, r: Record<string, unknown>, timeoutM
   await c.call('sandbox.set_timeout', { id: r.id, timeout });
 }
 
+/** Bytes of JSON the getHost worker may answer with. */
+const EXPOSE_ANSWER_MAX = 16_384;
+/** How long getHost waits for its worker thread to start running. */
+const EXPOSE_START_MS = 5000;
+
 /**
  * The host:port of a sandbox port, asked for synchronously (E2B's getHost
- * returns a string): a short-lived node process makes the one request.
+ * returns a string): a worker thread of this process makes the one request
+ * (expose-worker.cts) while this thread waits for its answer: bounded by
+ * EXPOSE_START_MS for the thread to run (one that fails to load cannot
+ * say so while this thread waits), then by the request timeout and 5 s
+ * more.  docs/network.md
+ * ("Inbound ports") says why the address is asked for, not computed.
  */
 function exposeSync(conn: ConnectionOpts, id: string, port: number): string {
-  const script =
-    // the last two arguments: Deno puts its eval file's name before them
-    'const [file, json] = process.argv.slice(-2); const { Connection } = require(file);' +
-    '(async () => { const o = JSON.parse(json); let c;' +
-    ' try { c = await Connection.open(o.conn); const r = await c.call("sandbox.expose", { id: o.id, port: o.port });' +
-    ' process.stdout.write(JSON.stringify({ ok: r })); }' +
-    ' catch (e) { process.stdout.write(JSON.stringify({ err: { code: e.code, data: e.data, message: String(e.message) } })); }' +
-    ' finally { if (c) c.close(); } })();';
-  const arg = JSON.stringify({ conn, id, port });
+  const shared = new SharedArrayBuffer(HEADER_BYTES + EXPOSE_ANSWER_MAX);
+  const head = new Int32Array(shared, 0, 2);
+  const job: ExposeJob = { conn, id, port, shared };
+  let worker: Worker;
+  try {
+    worker = new Worker(nodePath.join(__dirname, 'expose-worker.cjs'), { workerData: job });
+  } catch (e) {
+    throw new SandboxError(`getHost: cannot start its worker thread: ${(e as Error).message}`, { cause: e });
+  }
+  // told through the buffer or by the bound below; the thread must not
+  // keep the process alive, nor its failure crash it
+  worker.unref();
+  worker.on('error', () => {});
   const timeout = conn.requestTimeoutMs ?? 60_000;
-  const r = spawnSync(process.execPath, ['-e', script, nodePath.join(__dirname, 'connection.js'), arg], {
-    encoding: 'utf8',
-    timeout: timeout > 0 ? timeout + 5000 : undefined,
-  });
+  let state: number;
+  try {
+    Atomics.wait(head, 0, STATE_NEW, EXPOSE_START_MS);
+    state = Atomics.load(head, 0);
+    if (state !== STATE_NEW && state !== STATE_ANSWERED) {
+      Atomics.wait(head, 0, state, timeout > 0 ? timeout + 5000 : Infinity);
+      state = Atomics.load(head, 0);
+    }
+  } finally {
+    void worker.terminate();
+  }
+  if (state === STATE_NEW) throw new SandboxError(`getHost: its worker thread did not start within ${EXPOSE_START_MS} ms`);
+  if (state !== STATE_ANSWERED) throw new SandboxError(`getHost: no answer from the daemon within ${timeout + 5000} ms`);
+  const len = Math.min(Math.max(head[1], 0), EXPOSE_ANSWER_MAX);
   let out: { ok?: { host: string; port: number }; err?: { code?: number; data?: unknown; message: string } };
   try {
-    out = JSON.parse(r.stdout) as typeof out;
+    out = JSON.parse(Buffer.from(new Uint8Array(shared, HEADER_BYTES, len)).toString('utf8')) as typeof out;
   } catch {
-    throw new SandboxError(`getHost: the request to the daemon failed${r.error ? `: ${r.error.message}` : ''} ${r.stderr ?? ''}`.trim());
+    throw new SandboxError('getHost: the request to the daemon failed');
   }
   if (out.ok) return `${out.ok.host}:${out.ok.port}`;
   const e = out.err ?? { message: 'no answer' };
@@ -497,8 +522,9 @@ export class Sandbox {
    * "127.0.0.1:PORT": a port on the host's loopback forwarded to `port`
    * inside the sandbox (E2B's getHost gives a public host name).  A string,
    * as E2B's: `` `http://${sbx.getHost(3000)}` ``.  The first call for a
-   * port asks the daemon synchronously (a short-lived node process); later
-   * ones return the same host:port.
+   * port asks the daemon synchronously (a worker thread of this process
+   * makes the request while this one waits); later ones return the same
+   * host:port.
    */
   getHost(port: number): string {
     if (!Number.isInteger(port) || port < 1 || port > 65535) throw new InvalidArgumentError(`getHost: bad port ${String(port)}`);
@@ -511,7 +537,7 @@ export class Sandbox {
 
   /**
    * tupper's asynchronous getHost: the same "127.0.0.1:PORT", asked for on
-   * this object's own connection instead of a short-lived process, so a
+   * this object's own connection instead of a worker thread, so a
    * server (the MCP and HTTP ones, an adapter) never blocks its event loop.
    */
   async getHostAsync(port: number): Promise<string> {

@@ -6,7 +6,7 @@
 // lifetime, the list paginator, and metrics with E2B's fields.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import childProcess, { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import http from 'node:http';
 import * as os from 'node:os';
@@ -105,9 +105,25 @@ test('one account, one home: an image without WorkingDir runs commands in /home/
 test('getHost returns a string, usable in a template literal (E2B\'s `https://${sbx.getHost(3000)}`)', async () => {
   const sbx = await Sandbox.create(opts);
   try {
-    await sbx.commands.run('mkdir -p srv && echo e2b-style > srv/index.html && httpd -p 127.0.0.1:3000 -h /home/user/srv');
-    const host = sbx.getHost(3000);
+    await sbx.commands.run('mkdir -p srv && echo e2b-style > srv/index.html && httpd -p 127.0.0.1:3000 -h /home/user/srv' +
+      ' && mkdir -p srv2 && echo second > srv2/index.html && httpd -p 127.0.0.1:3001 -h /home/user/srv2');
+    // no child process asks the daemon (a worker thread of this process does)
+    const saved = {};
+    for (const name of ['spawn', 'spawnSync', 'execFileSync', 'execSync', 'fork']) {
+      saved[name] = childProcess[name];
+      childProcess[name] = () => { throw new Error(`getHost started a child process (${name})`); };
+    }
+    let host, second;
+    try {
+      host = sbx.getHost(3000);
+      // two ports asked for in one go, with no await between them
+      second = sbx.getHost(3001);
+    } finally {
+      Object.assign(childProcess, saved);
+    }
     assert.equal(typeof host, 'string');
+    assert.match(second, /^127\.0\.0\.1:\d+$/);
+    assert.notEqual(second, host, 'another port, another forwarder');
     assert.match(host, /^127\.0\.0\.1:\d+$/);
     assert.equal(sbx.getHost(3000), host, 'the same port gives the same host');
     const url = `http://${sbx.getHost(3000)}/index.html`;
@@ -119,6 +135,10 @@ test('getHost returns a string, usable in a template literal (E2B\'s `https://${
       }).on('error', reject);
     });
     assert.equal(body, 'e2b-style\n');
+    // reached by another process as well: the forwarder is the daemon's
+    assert.equal(execFileSync(process.execPath, ['-e',
+      `require('http').get('http://${second}/index.html', (r) => r.pipe(process.stdout))`], { encoding: 'utf8', timeout: 30_000 }), 'second\n');
+    assert.equal(await sbx.getHostAsync(3001), second, 'getHostAsync names the same forwarder');
     assert.equal(await sbx.getHost(3000), host, 'awaiting it, as older code did, still works');
     assert.throws(() => sbx.getHost(0), InvalidArgumentError);
     assert.throws(() => sbx.getHost(70000), InvalidArgumentError);
