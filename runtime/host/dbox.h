@@ -49,7 +49,11 @@ typedef struct tp_dbox_tree_s {
   tp_cgroup_t cg;
   int busy;       /* kill jobs in the pool on cg */
   int rm_pending; /* unlinked while busy: the last kill job removes it */
+  int spare;      /* made ahead, no process yet: not found by name until taken */
 } tp_dbox_tree_t;
+
+/* Spare trees a box keeps made ahead (tp_dbox_tree_take) */
+#define TP_DBOX_SPARES 2
 
 struct tp_dbox_s {
   void *data; /* the owner's */
@@ -62,6 +66,8 @@ struct tp_dbox_s {
   int open_handles; /* initialised handles whose close callback is pending */
   int work_pending; /* a destroy job is queued */
   int tree_jobs;    /* tp_dbox_tree_start jobs in the pool: they read cg */
+  int spares;       /* spare trees in trees */
+  int refilling;    /* a job making spares is in the pool */
   int held_destroy; /* tp_dbox_destroy waits for them (0, or 1: queue it; 2: release) */
   int started;      /* tp_dbox_on ran: the handles exist */
   int down;         /* the down callback ran (or the box was destroyed) */
@@ -164,6 +170,32 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
  * removed there (on failure, the box's destroy removes it); its v1 OOM
  * kills are counted in oom_gone when done.  ENOENT if t is not b's. */
 int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
+
+/* Spare trees (per-process cgroups made ahead, so that a process.start
+ * makes none: one EXEC, no HOLD and RELEASE).  The box's start makes
+ * TP_DBOX_SPARES of them in the pool; each take queues a job there that
+ * makes up the count again.  An idle box thus costs TP_DBOX_SPARES empty
+ * subs in the kernel; a box that starts processes faster than the pool
+ * refills (or an adopted one, which has none at first) runs out and its
+ * owner falls back to tp_dbox_tree_start.
+ *
+ * tp_dbox_tree_take hands one over: it is a tree like any other from then
+ * on (found by name, t->name), NULL if none is spare.  Send the EXEC that
+ * puts a process there with tp_dbox_send_tree. */
+tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b);
+/* Queues the job that makes up TP_DBOX_SPARES (none while one runs, or
+ * where the box has no trees). */
+void tp_dbox_tree_refill(tp_dbox_t *b);
+/* In the pool, while nothing else has b (its start): n spares. */
+int tp__dbox_spares_make(tp_dbox_t *b, int n, tp_error_t *err);
+
+/* tp_dbox_send of a frame with the cgroup.procs fds of t (opened here, one
+ * per hierarchy) attached to its first byte (SCM_RIGHTS): for an EXEC with
+ * TP_F_EXEC_TREE.  Only while nothing else is queued on the channel (else
+ * the fds would arrive with other bytes): EAGAIN, and nothing sent, if it
+ * is not so or the socket takes no byte now; the caller then starts the
+ * process another way.  buf is freed in every case. */
+int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_error_t *err);
 
 /* Kills every process of the box at once and, in the pool, waits for its
  * end, removes its dir and its cgroups; with keep_upper (an absolute path on
