@@ -393,6 +393,10 @@ static void spare_after(void *data, int status) {
    * until now) removes them with the others */
   spares_link(b, j->list, j->made);
   b->refilling = 0;
+  /* takes meanwhile: make up the count (not after a failure: the next take
+   * tries again) */
+  if (j->made == j->want)
+    tp_dbox_tree_refill(b);
   free(j);
   b->tree_jobs--;
   tp__dbox_jobs_done(b);
@@ -418,7 +422,7 @@ void tp_dbox_tree_refill(tp_dbox_t *b) {
 
 tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b) {
   tp_dbox_tree_t *got = NULL;
-  if (b->destroyed || !tp_dbox_has_cgroup(b))
+  if (b->destroyed || !tp_dbox_has_cgroup(b) || !(b->be->flags & TP_BACKEND_CG_BOX))
     return NULL;
   for (tp_dbox_tree_t *t = b->trees; t != NULL && got == NULL; t = t->next)
     if (t->spare)

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -114,6 +115,49 @@ int main(void) {
   if (r < 0)
     goto out;
   b->has_cg = 1;
+
+  /* spare trees: made ahead, taken, refilled in the pool */
+  {
+    tp_dbox_tree_t *s1, *s2, *s3;
+    int fds[TP_CG_NCTRL], n, ok = 1;
+    pid_t c;
+    r = tp__dbox_spares_make(b, TP_DBOX_SPARES, &err);
+    check(r == 0 && b->spares == TP_DBOX_SPARES, "the box's start makes %d spare trees", TP_DBOX_SPARES);
+    s1 = tp_dbox_tree_take(b);
+    check(s1 != NULL && !s1->spare && tp_dbox_tree_find(b, s1->name) == s1 && b->spares == 1 &&
+              b->refilling == 1 && b->tree_jobs == 1,
+          "a take hands one over (found by name from now on) and queues a refill");
+    s2 = tp_dbox_tree_take(b);
+    s3 = tp_dbox_tree_take(b);
+    check(s2 != NULL && s3 == NULL && b->spares == 0 && b->tree_jobs == 1,
+          "once none is left a take gets none (the owner takes the held way); one refill at a time");
+    uv_run(&loop, UV_RUN_DEFAULT);
+    check(b->spares == TP_DBOX_SPARES && !b->refilling && b->tree_jobs == 0,
+          "the refill made up the count (%d spare)", b->spares);
+    /* the agent's child: writes itself to the fds the EXEC brings */
+    n = s1 != NULL ? tp_cgroup_enter_fds(&s1->cg, fds, &err) : -1;
+    c = n > 0 ? fork() : -1;
+    if (c == 0) {
+      for (int i = 0; i < n; i++)
+        if (write(fds[i], "0", 1) != 1)
+          _exit(1);
+      for (;;)
+        pause();
+    }
+    for (int i = 0; i < n; i++)
+      close(fds[i]);
+    for (long long end = now_ms() + WAIT_MS; c > 0 && in_cgroup(c, &s1->cg) < n && now_ms() < end;)
+      poll(NULL, 0, 2);
+    ok = c > 0 && in_cgroup(c, &s1->cg) == n;
+    check(ok, "a process that writes itself to a taken tree's fds is in it in every hierarchy (%d)", n);
+    if (c > 0) {
+      size_t cnt = 0;
+      check(tp_dbox_tree_signal(b, s1, SIGKILL, &cnt, &err) == 0 && cnt == 1 &&
+                wait_pid(c, WAIT_MS, &status) == 0 && killed(status),
+            "the tree's kill kills it");
+    }
+    check(s1 != NULL && tp_dbox_tree_remove(b, s1, &err) == 0, "the tree is removed");
+  }
 
   /* a tree made in the pool */
   p1 = spawn_ns(&b->cg);
