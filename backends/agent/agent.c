@@ -274,6 +274,8 @@ static ssize_t channel_recv(agent_t *a, size_t cap, int *fds, int *nfds) {
   if (a->chan == a->vm_port)
     return read(a->chan, iov.iov_base, iov.iov_len);
   n = recvmsg(a->chan, &mh, MSG_CMSG_CLOEXEC);
+  if (n < 0 && errno == ENOTSOCK) /* a pipe or a port: no fds come that way */
+    return read(a->chan, iov.iov_base, iov.iov_len);
   for (struct cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL; c = CMSG_NXTHDR(&mh, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
       continue;
