@@ -443,8 +443,8 @@ static void fdset_closep(agent_fdset_t *s) {
 
 /* The set that came with this EXEC frame: each a cgroup.procs open for
  * writing (a cgroup file, write-only), at least one. */
-static int tree_fds(agent_t *a, agent_fdset_t *set, tp_error_t *err) {
-  if (agent_fdsets_take(a, a->fpos, set) < 0 || set->n == 0)
+static int tree_fds(const agent_fdset_t *set, tp_error_t *err) {
+  if (set->n == 0)
     return tp_error_set(err, EBADF, "exec: FLAGS TREE, but no cgroup came with the request");
   for (int i = 0; i < set->n; i++) {
     struct statfs sf;
@@ -486,8 +486,8 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   int rc;
 
   /* first: the set is this frame's, whatever becomes of the request */
-  if (with_tree && tree_fds(a, &tree_set, err) < 0)
-    return -1;
+  if (with_tree && agent_fdsets_take(a, a->fpos, &tree_set) < 0)
+    tree_set.n = 0;
   if (agent_req_check(r, allowed, AGENT_TAG(TP_TAG_ARG) | AGENT_TAG(TP_TAG_ENV), "exec", err) < 0)
     return -1;
   if (nargs == 0)
@@ -498,6 +498,8 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return tp_error_set(err, EINVAL, "exec: unknown FLAGS 0x%llx", (unsigned long long) flags);
   if (with_tree && (hold || agent_cg_active()))
     return tp_error_set(err, EINVAL, "exec: FLAGS TREE goes with neither HOLD nor a guest's cgroups");
+  if (with_tree && tree_fds(&tree_set, err) < 0)
+    return -1;
   if (!pty && (agent_req_get(r, TP_TAG_COLS) != NULL || agent_req_get(r, TP_TAG_ROWS) != NULL))
     return tp_error_set(err, EINVAL, "exec: COLS and ROWS need FLAGS PTY");
   if (pty && pty_size(r, "exec", &ws, err) < 0)
