@@ -531,17 +531,19 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
                    uid = cred and cred.uid, gid = cred and cred.gid }
   if cred and cred.groups then M.as_fields(fields, cred) end
   if x.pty then fields.cols, fields.rows = x.pty.cols, x.pty.rows end
-  local r, err, errno, unsent = self:request(MSG.EXEC, fields, tree)
-  if not r and tree then
-    -- no process of its own is in it (a failed child was reaped before the reply)
-    if self.box:has_cgroup() then self.box:tree_remove(tree, true) end
-    tree = nil
-    if unsent ~= 11 then return nil, err, errno end
-    -- EAGAIN: the channel had other bytes queued, nothing was sent
-    fields.flags = flags | 2
-    r, err, errno = self:request(MSG.EXEC, fields)
-  elseif tree == nil and hold then
-    fields.flags = flags | 2
+  local r, err, errno, unsent
+  if tree then
+    r, err, errno, unsent = self:request(MSG.EXEC, fields, tree)
+    if not r then
+      -- no process is in it (a failed child was reaped before the reply)
+      if self.box:has_cgroup() then self.box:tree_remove(tree, true) end
+      tree = nil
+      if unsent ~= 11 then return nil, err, errno end
+      -- EAGAIN: the channel had other bytes queued, nothing was sent
+    end
+  end
+  if not tree then
+    fields.flags = flags | (hold and 2 or 0)
     r, err, errno = self:request(MSG.EXEC, fields)
   end
   if not r then return nil, err, errno end
