@@ -172,12 +172,14 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 
 /* Spare trees (per-process cgroups made ahead, so that a process.start
- * makes none: one EXEC, no HOLD and RELEASE).  The box's start makes
- * TP_DBOX_SPARES of them in the pool; each take queues a job there that
- * makes up the count again.  An idle box thus costs TP_DBOX_SPARES empty
- * subs in the kernel; a box that starts processes faster than the pool
- * refills (or an adopted one, which has none at first) runs out and its
- * owner falls back to tp_dbox_tree_start.
+ * makes none: one EXEC, no HOLD and RELEASE).  A box has none until its
+ * first take (which gets none: its owner takes the held way with
+ * tp_dbox_tree_start); each take queues a job in the pool that makes up
+ * TP_DBOX_SPARES.  So a box that never starts a second process (`tupper
+ * run`, an idle box) costs no cgroup more than before (on v1 a mkdir or an
+ * rmdir takes the kernel 2-3 ms here, in each of three hierarchies), and a
+ * box that starts processes faster than the pool refills runs out and takes
+ * the held way too.
  *
  * tp_dbox_tree_take hands one over: it is a tree like any other from then
  * on (found by name, t->name), NULL if none is spare.  Send the EXEC that
@@ -186,7 +188,7 @@ tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b);
 /* Queues the job that makes up TP_DBOX_SPARES (none while one runs, or
  * where the box has no trees). */
 void tp_dbox_tree_refill(tp_dbox_t *b);
-/* In the pool, while nothing else has b (its start): n spares. */
+/* n spares made here, at once (tests). */
 int tp__dbox_spares_make(tp_dbox_t *b, int n, tp_error_t *err);
 
 /* tp_dbox_send of a frame with the cgroup.procs fds of t (opened here, one

@@ -132,13 +132,6 @@ static void tp__start_work(void *data) {
     tp_error_t oerr = {0};
     tp_oom_protect(b->box.pid, &oerr);
   }
-  if (j->ret == 0 && b->has_cg && (b->be->flags & TP_BACKEND_CG_BOX)) {
-    /* the first process.start makes no cgroup (dbox.h); without them it
-     * takes the slower way */
-    tp_error_t serr = {0};
-    if (tp__dbox_spares_make(b, TP_DBOX_SPARES, &serr) < 0)
-      fprintf(stderr, "tupper: box %s: spare process cgroups: %s\n", j->cgname, serr.msg);
-  }
   if (j->ret < 0 && b->has_cg) {
     tp_error_t e2 = {0};
     if (tp_cgroup_destroy(&b->cg, &e2) < 0)
