@@ -1,77 +1,13 @@
 // bench/loop's measurements (see bench/loop).  Bare JSON-RPC clients on the
 // daemon's socket: the SDK's own costs are bench/sdk's business.
-import * as net from 'node:net';
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { Bare, now, pct, cpuOf } from './rpc.mjs';
 
 const races = Number(process.argv[2] ?? 1000);
 const piped = Number(process.argv[3] ?? 200);
 const stateDir = process.argv[4];
-// the daemon's CPU time so far, in seconds (utime + stime of /proc/PID/stat)
-const daemonCpu = () => {
-  const f = readFileSync(`/proc/${process.env.TUPPER_DAEMON_PID}/stat`, 'utf8');
-  const v = f.slice(f.lastIndexOf(')') + 2).split(' ');
-  return (Number(v[11]) + Number(v[12])) / 100;
-};
-
-class Bare {
-  static open(path) {
-    return new Promise((resolve, reject) => {
-      const s = net.createConnection({ path });
-      s.once('error', reject);
-      s.once('connect', () => resolve(new Bare(s)));
-    });
-  }
-  constructor(s) {
-    this.s = s;
-    this.id = 0;
-    this.pending = new Map();
-    this.exits = new Map();
-    this.buf = '';
-    s.setEncoding('utf8');
-    s.on('data', (d) => {
-      this.buf += d;
-      let nl;
-      while ((nl = this.buf.indexOf('\n')) >= 0) {
-        const m = JSON.parse(this.buf.slice(0, nl));
-        this.buf = this.buf.slice(nl + 1);
-        if (m.id === undefined) { // of notifications, only exits are waited for
-          if (m.method === 'process.exit') {
-            const w = this.exits.get(m.params.pid);
-            if (w) w(m.params);
-            else this.exits.set(m.params.pid, m.params);
-          }
-          continue;
-        }
-        const p = this.pending.get(m.id);
-        this.pending.delete(m.id);
-        if (m.error) p.reject(Object.assign(new Error(m.error.message), { code: m.error.code }));
-        else p.resolve(m.result);
-      }
-    });
-  }
-  call(method, params) {
-    const id = ++this.id;
-    return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
-      this.s.write(JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n');
-    });
-  }
-  // process.start of argv and its process.exit
-  async run(sandbox, argv) {
-    const { pid } = await this.call('process.start', { sandbox, argv });
-    const got = this.exits.get(pid);
-    if (got) { this.exits.delete(pid); return got; }
-    return new Promise((resolve) => this.exits.set(pid, (p) => { this.exits.delete(pid); resolve(p); }));
-  }
-  close() { this.s.destroy(); }
-}
-
-const now = () => Number(process.hrtime.bigint()) / 1e6;
-const pct = (ms, p) => {
-  const s = [...ms].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor(s.length * p))];
-};
+const daemonCpu = () => cpuOf(process.env.TUPPER_DAEMON_PID);
 
 // the other client: sandbox.list calls one after another until stop()
 function prober(c) {
@@ -173,7 +109,7 @@ print(sent, got)
     const ms = [];
     for (let i = 0; i < 200; i++) {
       const t = now();
-      await other.run(sandbox, ['/bin/true']);
+      await other.run(sandbox, { argv: ['/bin/true'] });
       ms.push(now() - t);
     }
     console.log(`\none client alone: process.start of /bin/true to its process.exit, 200 runs: p50 ${pct(ms, 0.5).toFixed(2)} ms, p99 ${pct(ms, 0.99).toFixed(2)} ms`);

@@ -1,81 +1,20 @@
 // bench/sdk's measurements (see bench/sdk).  Each measurement runs the SDK
 // and the bare client alternately, so that a busy moment of the machine
 // falls on both.
-import * as net from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { Sandbox } from '../sdk/js/dist/index.js';
+import { Bare, stats, loadavg } from './rpc.mjs';
 
 const runs = Number(process.argv[2] ?? 200);
 const rounds = Number(process.argv[3] ?? 3);
 const SIZE = 100 * 1024 * 1024;
 const CHUNK = 1024 * 1024;
 
-// A bare client: JSON lines over the socket, nothing else.
-class Bare {
-  static open(path) {
-    return new Promise((resolve, reject) => {
-      const s = net.createConnection({ path });
-      s.once('error', reject);
-      s.once('connect', () => resolve(new Bare(s)));
-    });
-  }
-  constructor(s) {
-    this.s = s;
-    this.id = 0;
-    this.pending = new Map();
-    this.exits = new Map();
-    this.parts = [];
-    s.setEncoding('utf8');
-    s.on('data', (d) => {
-      // look for the end of a line in the new data only: a 1.4 MB reply
-      // arrives in many pieces
-      let start = 0;
-      let nl;
-      while ((nl = d.indexOf('\n', start)) >= 0) {
-        this.parts.push(d.slice(start, nl));
-        const m = JSON.parse(this.parts.join(''));
-        this.parts = [];
-        start = nl + 1;
-        if (m.id !== undefined) {
-          const p = this.pending.get(m.id);
-          this.pending.delete(m.id);
-          if (m.error) p.reject(new Error(m.error.message));
-          else p.resolve(m.result);
-        } else if (m.method === 'process.exit') {
-          const w = this.exits.get(m.params.pid);
-          if (w) w(m.params);
-          else this.exits.set(m.params.pid, m.params);
-        }
-      }
-      if (start < d.length) this.parts.push(d.slice(start));
-    });
-  }
-  call(method, params) {
-    const id = ++this.id;
-    return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
-      this.s.write(JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n');
-    });
-  }
-  async run(sandbox, cmd) {
-    const { pid } = await this.call('process.start', { sandbox, cmd, timeout: 60 });
-    const got = this.exits.get(pid);
-    if (got) { this.exits.delete(pid); return got; }
-    return new Promise((resolve) => this.exits.set(pid, (p) => { this.exits.delete(pid); resolve(p); }));
-  }
-  close() { this.s.destroy(); }
-}
-
-function stats(ms) {
-  const s = [...ms].sort((a, b) => a - b);
-  return { median: s[Math.floor(s.length / 2)], mean: s.reduce((a, b) => a + b, 0) / s.length };
-}
-
 const sbx = await Sandbox.create({ timeoutMs: 0 });
 const bare = await Bare.open(process.env.TUPPER_SOCKET);
 try {
   // warm both paths
-  for (let i = 0; i < 10; i++) { await sbx.commands.run('true'); await bare.run(sbx.sandboxId, 'true'); }
+  for (let i = 0; i < 10; i++) { await sbx.commands.run('true'); await bare.run(sbx.sandboxId, { cmd: 'true', timeout: 60 }); }
   const sdkMs = [];
   const bareMs = [];
   for (let i = 0; i < runs; i++) {
@@ -83,16 +22,21 @@ try {
     await sbx.commands.run('true');
     sdkMs.push(Number(process.hrtime.bigint() - t) / 1e6);
     t = process.hrtime.bigint();
-    await bare.run(sbx.sandboxId, 'true');
+    await bare.run(sbx.sandboxId, { cmd: 'true', timeout: 60 });
     bareMs.push(Number(process.hrtime.bigint() - t) / 1e6);
   }
   const a = stats(sdkMs);
   const b = stats(bareMs);
-  console.log(`\ncommands.run('true'), ${runs} runs each`);
-  console.log('| client | median ms | mean ms | ratio to bare |');
-  console.log('|---|---:|---:|---:|');
-  console.log(`| bare JSON-RPC | ${b.median.toFixed(2)} | ${b.mean.toFixed(2)} | 1.00x |`);
-  console.log(`| @tupper/sdk | ${a.median.toFixed(2)} | ${a.mean.toFixed(2)} | ${(a.median / b.median).toFixed(2)}x |`);
+  console.log(`\ncommands.run('true'), ${runs} runs each, alternated (load ${loadavg()})`);
+  console.log('| client | p50 ms | p99 ms | mean ms | p50 ratio to bare |');
+  console.log('|---|---:|---:|---:|---:|');
+  console.log(`| bare JSON-RPC | ${b.median.toFixed(2)} | ${b.p99.toFixed(2)} | ${b.mean.toFixed(2)} | 1.00x |`);
+  console.log(`| @tupper/sdk | ${a.median.toFixed(2)} | ${a.p99.toFixed(2)} | ${a.mean.toFixed(2)} | ${(a.median / b.median).toFixed(2)}x |`);
+  if (rounds === 0) { // the round trip only (bench/sdk RUNS 0)
+    bare.close();
+    await sbx.kill();
+    process.exit(0);
+  }
 
   // what acting as an account costs a small file call: the daemon looks
   // the account up in the box's /etc/passwd and /etc/group (two reads

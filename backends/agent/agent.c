@@ -244,19 +244,71 @@ static void dispatch(agent_t *a, const tp_frame_t *f) {
 
 /* Reads what the channel has and handles every whole frame.  EOF or a
  * channel error marks the agent dead; a protocol error returns -1. */
+/* The offset in rbuf of the last frame that starts before rlen: file
+ * descriptors that came with a read belong to it (the host attaches them to
+ * a frame's first byte, and a read of a unix socket ends with the bytes
+ * they came with). */
+static size_t last_frame_start(const agent_t *a) {
+  size_t off = 0;
+  for (;;) {
+    tp_frame_t f;
+    long fl = tp_frame_parse_header(a->rbuf + off, a->rlen - off, &f);
+    if (fl <= 0 || off + (size_t) fl >= a->rlen)
+      return off;
+    off += (size_t) fl;
+  }
+}
+
+/* Reads from the channel (a socket: with the fds the host sent along; the
+ * microVM port carries none). */
+static ssize_t channel_recv(agent_t *a, size_t cap, int *fds, int *nfds) {
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int) * AGENT_FDSET_FDS * 2)];
+  } cm;
+  struct iovec iov = {.iov_base = a->rbuf + a->rlen, .iov_len = cap - a->rlen};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                      .msg_controllen = sizeof(cm.buf)};
+  ssize_t n;
+  *nfds = 0;
+  if (a->chan == a->vm_port)
+    return read(a->chan, iov.iov_base, iov.iov_len);
+  n = recvmsg(a->chan, &mh, MSG_CMSG_CLOEXEC);
+  if (n < 0 && errno == ENOTSOCK) /* a pipe or a port: no fds come that way */
+    return read(a->chan, iov.iov_base, iov.iov_len);
+  for (struct cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+      continue;
+    for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
+      if (*nfds < AGENT_FDSET_FDS * 2)
+        fds[(*nfds)++] = fd;
+      else
+        close(fd);
+    }
+  }
+  return n;
+}
+
 static int channel_read(agent_t *a) {
   const size_t cap = TP_FRAME_HDR + TP_FRAME_MAX;
   size_t off = 0;
-  ssize_t n = read(a->chan, a->rbuf + a->rlen, cap - a->rlen);
+  int fds[AGENT_FDSET_FDS * 2], nfds;
+  ssize_t n = channel_recv(a, cap, fds, &nfds);
   if (n < 0 && (errno == EINTR || errno == EAGAIN))
     return 0;
   if (n <= 0) {
     if (n < 0)
       agent_log("channel read: %s", strerror(errno));
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
     a->dead = 1;
     return 0;
   }
   a->rlen += (size_t) n;
+  if (nfds > 0)
+    agent_fdsets_add(a, a->rpos + last_frame_start(a), fds, nfds);
   while (!a->dead) {
     tp_frame_t f;
     long fl = tp_frame_parse_header(a->rbuf + off, a->rlen - off, &f);
@@ -266,11 +318,13 @@ static int channel_read(agent_t *a) {
     }
     if (fl == 0)
       break;
+    a->fpos = a->rpos + off;
     dispatch(a, &f);
     off += (size_t) fl;
   }
   memmove(a->rbuf, a->rbuf + off, a->rlen - off);
   a->rlen -= off;
+  a->rpos += off;
   return 0;
 }
 
@@ -433,6 +487,8 @@ static void detach(agent_t *a) {
   a->chan = -1;
   a->dead = 0;
   a->rlen = 0; /* a request cut in half by the crash */
+  a->rpos = 0;
+  agent_fdsets_clear(a);
   agent_net_detach(a);
   agent_watch_clear(a);
   tp_buf_reset(&a->out);

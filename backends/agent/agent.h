@@ -122,6 +122,17 @@ typedef struct agent_pollref_s {
   int16_t stream;             /* 0 stdin, 1 stdout, 2 stderr, 3 a watch's inotify fd */
 } agent_pollref_t;
 
+/* File descriptors that came over the channel (SCM_RIGHTS) with the frame
+ * starting at stream position pos: an EXEC with TP_F_EXEC_TREE takes the
+ * set of its own frame, nothing else does. */
+#define AGENT_FDSET_FDS 5          /* a tree's cgroup.procs in each hierarchy (TP_CG_NCTRL) */
+#define AGENT_FDSETS_MAX 8         /* sets not taken yet (older ones are closed) */
+typedef struct agent_fdset_s {
+  uint64_t pos;
+  int n;
+  int fd[AGENT_FDSET_FDS];
+} agent_fdset_t;
+
 typedef struct agent_s {
   int chan;                   /* the channel (SOCK_STREAM), -1 while detached */
   int sigfd;                  /* signalfd for SIGCHLD */
@@ -136,6 +147,10 @@ typedef struct agent_s {
   long long listen_pause;     /* accept failed for want of resources: retry after this */
   uint8_t *rbuf;              /* TP_FRAME_HDR + TP_FRAME_MAX bytes */
   size_t rlen;
+  uint64_t rpos;              /* stream position of rbuf[0] on this channel */
+  uint64_t fpos;              /* stream position of the frame being dispatched */
+  int nfdsets;
+  agent_fdset_t fdsets[AGENT_FDSETS_MAX];
   tp_buf_t out;               /* the frame being built and sent */
   uint8_t *fsbuf;             /* TP_CHUNK_MAX bytes, for FS_READ */
   struct rlimit nofile;       /* RLIMIT_NOFILE as inherited, restored in children */
@@ -211,6 +226,7 @@ enum agent_stage {
   AGENT_STAGE_CHDIR,
   AGENT_STAGE_HELD,           /* not a failure: set up, waiting for RELEASE */
   AGENT_STAGE_EXEC,
+  AGENT_STAGE_TREE,           /* joining the cgroup of TP_F_EXEC_TREE */
 };
 
 /* agent_cred.c: in a forked child, before exec; async-signal-safe only.
@@ -277,6 +293,15 @@ void agent_cg_sweep(agent_t *a);
 int agent_cg_tree_signal(uint32_t tree, int sig, tp_error_t *err);
 /* Kills every process of box/ and waits (bounded) until they are gone. */
 void agent_cg_kill_all(void);
+/* fds (n of them, CLOEXEC) came with the frame at stream position pos: kept
+ * for its EXEC (the oldest set goes when there are too many; a set of more
+ * than AGENT_FDSET_FDS is closed whole). */
+void agent_fdsets_add(agent_t *a, uint64_t pos, const int *fds, int n);
+/* The set that came with the frame at pos, moved to *out (0), or -1 if none
+ * did; sets of earlier frames, never to be taken, are closed. */
+int agent_fdsets_take(agent_t *a, uint64_t pos, agent_fdset_t *out);
+/* Closes every set (a new channel: positions start over). */
+void agent_fdsets_clear(agent_t *a);
 /* VM_LIMITS: the box's pids.max. */
 int agent_vm_limits(agent_t *a, const agent_req_t *r, tp_error_t *err);
 

@@ -310,3 +310,52 @@ int agent_vm_limits(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   }
   return cg_write(cg_box, "pids.max", v, err);
 }
+
+/* ---- cgroups the host made ahead (linux backend, TP_F_EXEC_TREE) ---------- */
+
+static void fdset_close(agent_fdset_t *s) {
+  for (int i = 0; i < s->n; i++)
+    close(s->fd[i]);
+  s->n = 0;
+}
+
+void agent_fdsets_add(agent_t *a, uint64_t pos, const int *fds, int n) {
+  agent_fdset_t s = {.pos = pos};
+  if (n > AGENT_FDSET_FDS) { /* not the host's: none is taken */
+    for (int i = 0; i < n; i++)
+      close(fds[i]);
+    agent_log("channel: %d fds with one frame, closed", n);
+    return;
+  }
+  s.n = n;
+  memcpy(s.fd, fds, (size_t) n * sizeof(int));
+  if (a->nfdsets == AGENT_FDSETS_MAX) {
+    fdset_close(&a->fdsets[0]);
+    memmove(&a->fdsets[0], &a->fdsets[1], (AGENT_FDSETS_MAX - 1) * sizeof(a->fdsets[0]));
+    a->nfdsets--;
+  }
+  a->fdsets[a->nfdsets++] = s;
+}
+
+int agent_fdsets_take(agent_t *a, uint64_t pos, agent_fdset_t *out) {
+  int i = 0, found = -1;
+  /* positions only grow: a set older than this frame's was never taken */
+  while (i < a->nfdsets && a->fdsets[i].pos <= pos) {
+    if (a->fdsets[i].pos == pos) {
+      *out = a->fdsets[i];
+      found = 0;
+    } else {
+      fdset_close(&a->fdsets[i]);
+    }
+    i++;
+  }
+  memmove(&a->fdsets[0], &a->fdsets[i], (size_t) (a->nfdsets - i) * sizeof(a->fdsets[0]));
+  a->nfdsets -= i;
+  return found;
+}
+
+void agent_fdsets_clear(agent_t *a) {
+  for (int i = 0; i < a->nfdsets; i++)
+    fdset_close(&a->fdsets[i]);
+  a->nfdsets = 0;
+}

@@ -4,7 +4,12 @@
  * execve over a close-on-exec status pipe, so the host gets ERR instead of
  * OK.  With TP_F_EXEC_HOLD the child stops right before execve, all its
  * set-up done, until RELEASE: the host meanwhile moves it into a cgroup of
- * its own, so nothing it will ever run starts outside; in a microVM guest
+ * its own, so nothing it will ever run starts outside.  With TP_F_EXEC_TREE
+ * the host made that cgroup ahead and sent its cgroup.procs fds with the
+ * EXEC frame (opened by the host: the kernel judges a write by the opener's
+ * credentials, so the box needs no right to any cgroup file): the child
+ * writes itself there first thing after fork, and EXEC alone starts it in
+ * its tree, one round trip instead of two.  In a microVM guest
  * the child joins such a cgroup of the guest itself, first thing after its
  * fork (agent_cgroup.c), and SIGNAL goes to that whole tree.  The loop streams
  * OUTPUT as the pipes fill, writes queued STDIN as the child reads, and
@@ -19,7 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -55,6 +62,7 @@ typedef struct exec_spec_s {
   int status_fd;      /* write end of the status pipe (CLOEXEC) */
   int hold_fd;        /* read end of the hold pipe (CLOEXEC), or -1 */
   int cg_fd;          /* microVM guest: its tree's cgroup.procs (CLOEXEC), or -1 */
+  const agent_fdset_t *tree; /* TP_F_EXEC_TREE: the host's cgroup.procs fds, or NULL */
   int pty;            /* in/out/err are a terminal's slave: make it the controlling one */
   uid_t uid;
   gid_t gid;
@@ -226,6 +234,12 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
   /* Into its tree's cgroup first, before anything it runs can fork. */
   if (s->cg_fd >= 0 && write(s->cg_fd, "0", 1) != 1)
     goto fail;
+  for (int i = 0; s->tree != NULL && i < s->tree->n; i++) {
+    st.stage = AGENT_STAGE_TREE;
+    if (write(s->tree->fd[i], "0", 1) != 1)
+      goto fail;
+  }
+  st.stage = AGENT_STAGE_SETUP;
   if (setsid() < 0)
     goto fail;
   /* A new session has no terminal: the slave becomes its controlling one. */
@@ -347,6 +361,7 @@ static const char *stage_name(int stage) {
   case AGENT_STAGE_CAPS: return "drop capabilities";
   case AGENT_STAGE_NNP: return "set no_new_privs";
   case AGENT_STAGE_HELD: return "held without HOLD";
+  case AGENT_STAGE_TREE: return "join its cgroup";
   default: return "child set-up";
   }
 }
@@ -420,6 +435,28 @@ static int pty_open(int *master, int *slave, uid_t uid, const struct winsize *ws
   return 0;
 }
 
+static void fdset_closep(agent_fdset_t *s) {
+  for (int i = 0; i < s->n; i++)
+    close(s->fd[i]);
+  s->n = 0;
+}
+
+/* The set that came with this EXEC frame: each a cgroup.procs open for
+ * writing (a cgroup file, write-only), at least one. */
+static int tree_fds(const agent_fdset_t *set, tp_error_t *err) {
+  if (set->n == 0)
+    return tp_error_set(err, EBADF, "exec: FLAGS TREE, but no cgroup came with the request");
+  for (int i = 0; i < set->n; i++) {
+    struct statfs sf;
+    int fl = fcntl(set->fd[i], F_GETFL);
+    if (fstatfs(set->fd[i], &sf) < 0 || fl < 0 ||
+        (sf.f_type != CGROUP_SUPER_MAGIC && sf.f_type != CGROUP2_SUPER_MAGIC) ||
+        (fl & O_ACCMODE) != O_WRONLY)
+      return tp_error_set(err, EBADF, "exec: FLAGS TREE: fd %d is not a cgroup file open for writing", i);
+  }
+  return 0;
+}
+
 int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   const uint64_t allowed = AGENT_TAG(TP_TAG_ARG) | AGENT_TAG(TP_TAG_ENV) | AGENT_TAG(TP_TAG_CWD) |
                            AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_UID) | AGENT_TAG(TP_TAG_GID) |
@@ -437,6 +474,8 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   int64_t flags = agent_req_int(r, TP_TAG_FLAGS, 0);
   int hold = (flags & TP_F_EXEC_HOLD) != 0;
   int pty = (flags & TP_F_EXEC_PTY) != 0;
+  __attribute__((cleanup(fdset_closep))) agent_fdset_t tree_set = {0};
+  int with_tree = (flags & TP_F_EXEC_TREE) != 0;
   struct winsize ws = {0};
   unsigned uid = 0, gid = 0;
   uint32_t tree = 0;
@@ -446,14 +485,21 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   pid_t pid;
   int rc;
 
+  /* first: the set is this frame's, whatever becomes of the request */
+  if (with_tree && agent_fdsets_take(a, a->fpos, &tree_set) < 0)
+    tree_set.n = 0;
   if (agent_req_check(r, allowed, AGENT_TAG(TP_TAG_ARG) | AGENT_TAG(TP_TAG_ENV), "exec", err) < 0)
     return -1;
   if (nargs == 0)
     return tp_error_set(err, EINVAL, "exec: no ARG");
   if (nargs + nenv > TP_ARGS_MAX)
     return tp_error_set(err, E2BIG, "exec: more than %d ARG and ENV fields", TP_ARGS_MAX);
-  if (flags & ~(int64_t) (TP_F_EXEC_STDIN | TP_F_EXEC_HOLD | TP_F_EXEC_PTY))
+  if (flags & ~(int64_t) (TP_F_EXEC_STDIN | TP_F_EXEC_HOLD | TP_F_EXEC_PTY | TP_F_EXEC_TREE))
     return tp_error_set(err, EINVAL, "exec: unknown FLAGS 0x%llx", (unsigned long long) flags);
+  if (with_tree && (hold || agent_cg_active()))
+    return tp_error_set(err, EINVAL, "exec: FLAGS TREE goes with neither HOLD nor a guest's cgroups");
+  if (with_tree && tree_fds(&tree_set, err) < 0)
+    return -1;
   if (!pty && (agent_req_get(r, TP_TAG_COLS) != NULL || agent_req_get(r, TP_TAG_ROWS) != NULL))
     return tp_error_set(err, EINVAL, "exec: COLS and ROWS need FLAGS PTY");
   if (pty && pty_size(r, "exec", &ws, err) < 0)
@@ -504,7 +550,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 
   spec = (exec_spec_t){.path = path, .argv = argv, .envp = envp, .cwd = cwd, .in_fd = in_r,
                        .out_fd = out_w, .err_fd = err_w, .status_fd = st_w, .hold_fd = hold_r,
-                       .cg_fd = cg_fd, .uid = (uid_t) uid, .gid = (gid_t) gid,
+                       .cg_fd = cg_fd, .tree = with_tree ? &tree_set : NULL, .uid = (uid_t) uid, .gid = (gid_t) gid,
                        .ngroups = ngroups, .groups = groups, .nofile = &a->nofile,
                        .umask = a->umask, .pty = pty};
   pid = fork();

@@ -160,6 +160,10 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
 #define TP_F_WRITE_PARENTS 0x4u   /* FS_WRITE: create missing parent dirs */
 #define TP_F_MKDIR_PARENTS 0x1u   /* FS_MKDIR: like mkdir -p */
 #define TP_F_REMOVE_RECURSIVE 0x1u
+#define TP_F_EXEC_TREE 0x8u       /* EXEC: the child joins the cgroup whose cgroup.procs fds came
+                                     with this frame (SCM_RIGHTS on the channel, attached to the
+                                     frame's first byte) before anything else: its tree's cgroup,
+                                     made ahead by the host; no HOLD, no RELEASE */
 #define TP_F_EXEC_PTY 0x4u        /* EXEC: stdin/stdout/stderr are a new terminal (its controlling
                                      one); COLS and ROWS give its size; output is STREAM 1 */
 #define TP_F_WATCH_RECURSIVE 0x1u /* WATCH_ADD: subdirectories too, new ones as they appear */

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "dbox_int.h"
 
@@ -235,6 +237,60 @@ int tp_dbox_send(tp_dbox_t *b, tp_buf_t *buf, tp_error_t *err) {
     return tp_error_set(err, -r, "box channel: %s", uv_strerror(r));
   }
   return 0;
+}
+
+int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_error_t *err) {
+  int fds[TP_CG_NCTRL], n;
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(fds))];
+  } cm;
+  struct iovec iov;
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf};
+  struct cmsghdr *c;
+  uv_os_fd_t fd;
+  ssize_t w;
+  int e;
+  if (!tp_dbox_running(b)) {
+    tp_buf_free(buf);
+    return tp_error_set(err, EPIPE, "box is not running");
+  }
+  if (tp_dbox_queued(b) > 0 || uv_fileno((uv_handle_t *) &b->chan, &fd) < 0) {
+    tp_buf_free(buf);
+    return tp_error_set(err, EAGAIN, "box channel: busy, no fds can go with this frame");
+  }
+  if ((n = tp_cgroup_enter_fds(&t->cg, fds, err)) <= 0) {
+    tp_buf_free(buf);
+    return n < 0 ? -1 : tp_error_set(err, ENOENT, "tree '%s' has no cgroup", t->name);
+  }
+  memset(cm.buf, 0, sizeof(cm.buf));
+  mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t) n);
+  c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t) n);
+  memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t) n);
+  iov = (struct iovec){.iov_base = buf->data, .iov_len = buf->len};
+  do
+    w = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (w < 0 && errno == EINTR);
+  e = errno;
+  for (int i = 0; i < n; i++) /* the kernel holds its own references */
+    close(fds[i]);
+  if (w < 0) {
+    tp_buf_free(buf);
+    if (e == EAGAIN || e == EWOULDBLOCK)
+      return tp_error_set(err, EAGAIN, "box channel: full, no fds can go with this frame");
+    return tp_error_errno(err, e, "box channel: sendmsg");
+  }
+  if ((size_t) w == buf->len) {
+    tp_buf_free(buf);
+    return 0;
+  }
+  /* the rest after it, in order: nothing else was queued */
+  memmove(buf->data, buf->data + w, buf->len - (size_t) w);
+  buf->len -= (size_t) w;
+  return tp_dbox_send(b, buf, err);
 }
 
 size_t tp_dbox_queued(const tp_dbox_t *b) {

@@ -49,7 +49,11 @@ typedef struct tp_dbox_tree_s {
   tp_cgroup_t cg;
   int busy;       /* kill jobs in the pool on cg */
   int rm_pending; /* unlinked while busy: the last kill job removes it */
+  int spare;      /* made ahead, no process yet: not found by name until taken */
 } tp_dbox_tree_t;
+
+/* Spare trees a box keeps made ahead (tp_dbox_tree_take) */
+#define TP_DBOX_SPARES 2
 
 struct tp_dbox_s {
   void *data; /* the owner's */
@@ -62,6 +66,8 @@ struct tp_dbox_s {
   int open_handles; /* initialised handles whose close callback is pending */
   int work_pending; /* a destroy job is queued */
   int tree_jobs;    /* tp_dbox_tree_start jobs in the pool: they read cg */
+  int spares;       /* spare trees in trees */
+  int refilling;    /* a job making spares is in the pool */
   int held_destroy; /* tp_dbox_destroy waits for them (0, or 1: queue it; 2: release) */
   int started;      /* tp_dbox_on ran: the handles exist */
   int down;         /* the down callback ran (or the box was destroyed) */
@@ -174,6 +180,34 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
  * hide_oom), so the box's count never misses nor doubles them.  ENOENT if t
  * is not b's. */
 int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
+
+/* Spare trees (per-process cgroups made ahead, so that a process.start
+ * makes none: one EXEC, no HOLD and RELEASE).  A box has none until its
+ * first take (which gets none: its owner takes the held way with
+ * tp_dbox_tree_start); each take queues a job in the pool that makes up
+ * TP_DBOX_SPARES.  So a box that never starts a second process (`tupper
+ * run`, an idle box) costs no cgroup more than before (on v1 a mkdir or an
+ * rmdir takes the kernel 2-3 ms here, in each of three hierarchies), and a
+ * box that starts processes faster than the pool refills runs out and takes
+ * the held way too.
+ *
+ * tp_dbox_tree_take hands one over: it is a tree like any other from then
+ * on (found by name, t->name), NULL if none is spare.  Send the EXEC that
+ * puts a process there with tp_dbox_send_tree. */
+tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b);
+/* Queues the job that makes up TP_DBOX_SPARES (none while one runs, or
+ * where the box has no trees). */
+void tp_dbox_tree_refill(tp_dbox_t *b);
+/* n spares made here, at once (tests). */
+int tp__dbox_spares_make(tp_dbox_t *b, int n, tp_error_t *err);
+
+/* tp_dbox_send of a frame with the cgroup.procs fds of t (opened here, one
+ * per hierarchy) attached to its first byte (SCM_RIGHTS): for an EXEC with
+ * TP_F_EXEC_TREE.  Only while nothing else is queued on the channel (else
+ * the fds would arrive with other bytes): EAGAIN, and nothing sent, if it
+ * is not so or the socket takes no byte now; the caller then starts the
+ * process another way.  buf is freed in every case. */
+int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_error_t *err);
 
 /* Kills every process of the box at once and, in the pool, waits for its
  * end, removes its dir and its cgroups; with keep_upper (an absolute path on

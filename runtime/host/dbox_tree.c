@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "dbox_int.h"
 #include "job.h"
@@ -14,7 +15,7 @@
 
 tp_dbox_tree_t *tp_dbox_tree_find(tp_dbox_t *b, const char *name) {
   for (tp_dbox_tree_t *t = b->trees; t != NULL; t = t->next)
-    if (strcmp(t->name, name) == 0)
+    if (!t->spare && strcmp(t->name, name) == 0)
       return t;
   return NULL;
 }
@@ -357,4 +358,125 @@ int tp_dbox_tree_kill_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_dbox_kill_cb cb,
   t->busy++;
   b->tree_jobs++;
   return 0;
+}
+
+/* ---- spare trees ------------------------------------------------------------------ */
+
+/* A spare's sub of box cgroup cg, named s<16 hex> (apart from the owner's
+ * names, which tree_check lets through: those start with a letter other
+ * than s, as the Lua owner's p<pid>-<hex>; a clash would be EEXIST). */
+static tp_dbox_tree_t *spare_new(const tp_cgroup_t *cg, tp_error_t *err) {
+  unsigned char r[8];
+  tp_dbox_tree_t *t;
+  if (getrandom(r, sizeof(r), 0) != (ssize_t) sizeof(r)) {
+    tp_error_errno(err, errno, "spare tree: getrandom");
+    return NULL;
+  }
+  t = tree_new("", err);
+  if (t == NULL)
+    return NULL;
+  snprintf(t->name, sizeof(t->name), "s%02x%02x%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3],
+           r[4], r[5], r[6], r[7]);
+  t->spare = 1;
+  if (tp_cgroup_sub(cg, t->name, &t->cg, err) < 0) {
+    free(t);
+    return NULL;
+  }
+  return t;
+}
+
+/* n spares of cg, chained by next: *out (as many as were made) */
+static int spares_make(const tp_cgroup_t *cg, int n, tp_dbox_tree_t **out, int *made,
+                       tp_error_t *err) {
+  *out = NULL;
+  *made = 0;
+  for (int i = 0; i < n; i++) {
+    tp_dbox_tree_t *t = spare_new(cg, err);
+    if (t == NULL)
+      return -1;
+    t->next = *out;
+    *out = t;
+    (*made)++;
+  }
+  return 0;
+}
+
+static void spares_link(tp_dbox_t *b, tp_dbox_tree_t *list, int n) {
+  while (list != NULL) {
+    tp_dbox_tree_t *t = list;
+    list = t->next;
+    t->next = b->trees;
+    b->trees = t;
+  }
+  b->spares += n;
+}
+
+int tp__dbox_spares_make(tp_dbox_t *b, int n, tp_error_t *err) {
+  tp_dbox_tree_t *list;
+  int made, r = spares_make(&b->cg, n, &list, &made, err);
+  spares_link(b, list, made);
+  return r;
+}
+
+typedef struct spare_job_s {
+  tp_dbox_t *b;
+  int want, made;
+  tp_dbox_tree_t *list;
+  tp_error_t err;
+} spare_job_t;
+
+static void spare_work(void *data) {
+  spare_job_t *j = data;
+  if (spares_make(&j->b->cg, j->want, &j->list, &j->made, &j->err) < 0)
+    fprintf(stderr, "tupper: box %s: spare process cgroups: %s\n", j->b->cg.id, j->err.msg);
+}
+
+static void spare_after(void *data, int status) {
+  spare_job_t *j = data;
+  tp_dbox_t *b = j->b;
+  (void) status; /* never ran: none made */
+  /* linked even if the box went down meanwhile: its destroy (held back
+   * until now) removes them with the others */
+  spares_link(b, j->list, j->made);
+  b->refilling = 0;
+  /* takes meanwhile: make up the count (not after a failure: the next take
+   * tries again) */
+  if (j->made == j->want)
+    tp_dbox_tree_refill(b);
+  free(j);
+  b->tree_jobs--;
+  tp__dbox_jobs_done(b);
+}
+
+void tp_dbox_tree_refill(tp_dbox_t *b) {
+  spare_job_t *j;
+  if (b->refilling || b->destroyed || b->released || !tp_dbox_has_cgroup(b) ||
+      !(b->be->flags & TP_BACKEND_CG_BOX) || b->spares >= TP_DBOX_SPARES)
+    return;
+  j = calloc(1, sizeof(*j));
+  if (j == NULL)
+    return; /* the next take tries again */
+  j->b = b;
+  j->want = TP_DBOX_SPARES - b->spares;
+  if (tp_job_queue(b->loop, spare_work, spare_after, j) < 0) {
+    free(j);
+    return;
+  }
+  b->refilling = 1;
+  b->tree_jobs++;
+}
+
+tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b) {
+  tp_dbox_tree_t *got = NULL;
+  if (b->destroyed || !tp_dbox_has_cgroup(b) || !(b->be->flags & TP_BACKEND_CG_BOX))
+    return NULL;
+  for (tp_dbox_tree_t *t = b->trees; t != NULL && got == NULL; t = t->next)
+    if (t->spare)
+      got = t;
+  if (got != NULL) {
+    got->spare = 0;
+    b->spares--;
+  }
+  tp_dbox_tree_refill(b);
+  return got;
 }

@@ -113,12 +113,16 @@ static int tp_lbox_on(lua_State *L) {
   return 1;
 }
 
-/* box:send(type, id, fields) -> true | nil, msg */
+/* box:send(type, id, fields [, tree]) -> true | nil, msg [, errno]: with
+ * tree (a name box:tree_take gave), the frame carries that tree's cgroup
+ * fds (an EXEC with FLAGS TREE); errno EAGAIN: not sent, the channel had
+ * other bytes queued. */
 static int tp_lbox_send(lua_State *L) {
   tp_dbox_t *b = tp__check_box(L);
   lua_Integer type = luaL_checkinteger(L, 2);
   lua_Integer id = luaL_checkinteger(L, 3);
   tp_error_t err = {0};
+  tp_dbox_tree_t *t = NULL;
   tp_buf_t buf;
 
   luaL_checktype(L, 4, LUA_TTABLE);
@@ -128,6 +132,8 @@ static int tp_lbox_send(lua_State *L) {
     return luaL_error(L, "send: bad request id");
   /* pass 1: every value has the right type (may raise: nothing held yet) */
   tp_l_check_fields(L, 4);
+  if (!lua_isnoneornil(L, 5) && (t = tp_dbox_tree_find(b, luaL_checkstring(L, 5))) == NULL)
+    return luaL_error(L, "send: no such tree");
   if (!tp_dbox_running(b)) {
     lua_pushnil(L);
     lua_pushstring(L, "box is not running");
@@ -141,10 +147,11 @@ static int tp_lbox_send(lua_State *L) {
     lua_pushstring(L, "request too large for one frame");
     return 2;
   }
-  if (tp_dbox_send(b, &buf, &err) < 0) { /* buf is freed */
-    lua_pushnil(L);
+  if ((t != NULL ? tp_dbox_send_tree(b, &buf, t, &err) : tp_dbox_send(b, &buf, &err)) < 0) {
+    lua_pushnil(L); /* buf is freed */
     lua_pushstring(L, err.msg);
-    return 2;
+    lua_pushinteger(L, err.code);
+    return 3;
   }
   lua_pushboolean(L, 1);
   return 1;
@@ -295,6 +302,20 @@ static void tp__lkill_done(void *data, size_t n, const tp_error_t *err) {
     lua_pushstring(L, err->msg);
   }
   tp_lua_pcall(L, 2, 0, 0);
+}
+
+/* box:tree_take() -> name | nil: a spare tree (a cgroup made ahead) for the
+ * next process, to send its EXEC with (box:send's tree); nil when none is
+ * spare (then box:tree after a held EXEC).  Either way the spares are made
+ * up again in the thread pool. */
+static int tp_lbox_tree_take(lua_State *L) {
+  tp_dbox_t *b = tp__check_box(L);
+  tp_dbox_tree_t *t = tp_dbox_tree_take(b);
+  if (t == NULL)
+    lua_pushnil(L);
+  else
+    lua_pushstring(L, t->name);
+  return 1;
 }
 
 /* box:tree_signal(name, sig [, cb]): sig to every process of the tree;
@@ -457,7 +478,7 @@ void tp_l_box_register(lua_State *L) {
       {"queued", tp_lbox_queued}, {"destroy", tp_lbox_destroy}, {"freeze", tp_lbox_freeze},
       {"stats", tp_lbox_stats}, {"tree", tp_lbox_tree}, {"tree_signal", tp_lbox_tree_signal},
       {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
-      {"tree_oom", tp_lbox_tree_oom},
+      {"tree_oom", tp_lbox_tree_oom}, {"tree_take", tp_lbox_tree_take},
       {"has_cgroup", tp_lbox_has_cgroup}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
   if (luaL_newmetatable(L, TP_L_BOX_MT)) {
     luaL_newlib(L, box_methods);

@@ -5,6 +5,7 @@
 local helper = require("helper")
 local async = require("tupper.util.async")
 local json = require("tupper.util.json")
+local uv = require("luv")
 
 describe("a loop that starts do not block", function()
   local d, load, other, id
@@ -65,10 +66,13 @@ describe("a loop that starts do not block", function()
     local r = assert(helper.call(load, "process.list", { sandbox = id }))
     assert.are.equal(0, #r.processes)
     -- each tree's sub cgroup goes with its process (v1: in every
-    -- hierarchy), removed in the thread pool soon after
+    -- hierarchy), removed in the thread pool soon after; the box's spares
+    -- (s<hex>, empty) stay
     local function subs()
       local p = io.popen("ls -d /sys/fs/cgroup/*/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ " ..
-        "/sys/fs/cgroup/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ 2>/dev/null")
+        "/sys/fs/cgroup/tupper/" .. d.tag .. "-" .. id .. "/p[0-9]*/ 2>/dev/null; " ..
+        "cat /sys/fs/cgroup/*/tupper/" .. d.tag .. "-" .. id .. "/s*/cgroup.procs " ..
+        "/sys/fs/cgroup/tupper/" .. d.tag .. "-" .. id .. "/s*/cgroup.procs 2>/dev/null")
       local left = p:read("a")
       p:close()
       return left
@@ -78,6 +82,128 @@ describe("a loop that starts do not block", function()
       while subs() ~= "" and helper.now() < deadline do async.sleep(50) end
     end)
     assert.are.equal("", subs())
+  end)
+end)
+
+describe("a process's own cgroup", function()
+  -- made ahead (a spare: one EXEC), or, once the box's spares are taken,
+  -- while the child is held (EXEC, RELEASE); either way its whole tree is
+  -- in it, and the spares come back
+  local d, c, id, dir
+  setup(function()
+    d = helper.start_daemon()
+    c = d.connect()
+    id = assert(helper.call(c, "sandbox.create", {})).id
+    -- one hierarchy that lists a tree's processes: v1's pids, or v2's
+    for _, root in ipairs({ "/sys/fs/cgroup/pids", "/sys/fs/cgroup" }) do
+      local p = root .. "/tupper/" .. d.tag .. "-" .. id
+      if os.rename(p, p) then dir = p; break end
+    end
+  end)
+  teardown(function()
+    if id then helper.call(c, "sandbox.kill", { id = id }) end
+    if c then c:close() end
+    if d then d.stop() end
+  end)
+
+  -- name -> number of processes, of each sub of the box
+  local function subs()
+    local out = {}
+    local p = io.popen("cd " .. dir .. " && for s in */; do [ -d \"$s\" ] || continue; echo \"${s%/} $(wc -l < ${s}cgroup.procs)\"; done")
+    for name, n in p:read("a"):gmatch("(%S+) (%d+)\n") do out[name] = tonumber(n) end
+    p:close()
+    return out
+  end
+
+  it("takes the spares first, holds the child once none is left, kills every tree whole, refills", function()
+    assert.is_not_nil(dir, "the box's cgroup")
+    assert.are.same({}, subs(), "a new box has no spare tree")
+    -- its first process takes the held way; then the spares are made
+    local first = helper.sync(function() return helper.run(c, id, { "/bin/true" }) end)
+    assert.are.equal(0, first.exit_code)
+    local before = {}
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      repeat
+        before = subs()
+        local n = 0
+        for _ in pairs(before) do n = n + 1 end
+        if n == 2 then break end
+        async.sleep(20)
+      until helper.now() > deadline
+    end)
+    local spares = 0
+    for name, n in pairs(before) do
+      assert.matches("^s%x+$", name)
+      assert.are.equal(0, n)
+      spares = spares + 1
+    end
+    assert.are.equal(2, spares, "2 spare trees after the first process")
+    -- three starts in one write: the daemon takes them in one go, so the
+    -- third finds no spare (the refill is in the thread pool)
+    local pipe = uv.new_pipe(false)
+    local buf, replies = "", {}
+    helper.sync(function()
+      assert(not async.wait(function(cb) pipe:connect(d.socket, function(e) cb(e) end) end))
+    end)
+    pipe:read_start(function(_, chunk)
+      buf = buf .. (chunk or "")
+      for line in buf:gmatch("([^\n]*)\n") do replies[#replies + 1] = json.decode(line) end
+      buf = buf:match("[^\n]*$")
+    end)
+    local lines = {}
+    for i = 1, 3 do
+      lines[i] = json.encode({ jsonrpc = "2.0", id = i, method = "process.start", params = { sandbox = id,
+        argv = { "/bin/sh", "-c", "setsid sleep 300 & exec sleep 300" } } }) .. "\n"
+    end
+    pipe:write(table.concat(lines))
+    local now = {}
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while helper.now() < deadline do
+        now = subs()
+        local full = 0
+        for _, n in pairs(now) do if n == 2 then full = full + 1 end end
+        if #replies == 3 and full == 3 then break end
+        async.sleep(20)
+      end
+    end)
+    pipe:close()
+    local pids, spare_trees, held_trees = {}, 0, 0
+    for _, r in ipairs(replies) do pids[#pids + 1] = assert(r.result, r.error and r.error.message).pid end
+    for name, n in pairs(now) do
+      if n == 2 then
+        if name:match("^s") then spare_trees = spare_trees + 1
+        elseif name:match("^p%d+%-") then held_trees = held_trees + 1 end
+      end
+    end
+    assert.are.same({ 2, 1 }, { spare_trees, held_trees },
+      "2 trees were spares, 1 made while held, each with the process and its setsid child")
+    for _, pid in ipairs(pids) do
+      assert(helper.call(c, "process.signal", { sandbox = id, pid = pid, signal = 9 }))
+    end
+    -- every tree killed whole; the used ones go, the spares are made up
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while helper.now() < deadline do
+        now = subs()
+        local n, other = 0, 0
+        for name, k in pairs(now) do
+          n = n + 1
+          if k > 0 or not name:match("^s") or before[name] then other = other + 1 end
+        end
+        if n == 2 and other == 0 then break end
+        async.sleep(20)
+      end
+    end)
+    local n = 0
+    for name, k in pairs(now) do
+      n = n + 1
+      assert.matches("^s%x+$", name)
+      assert.are.equal(0, k)
+      assert.is_nil(before[name], "a spare of the first two is still there")
+    end
+    assert.are.equal(2, n, "2 new spares, nothing else")
   end)
 end)
 

@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -82,6 +84,99 @@ static void done_cb(tp_dbox_t *b, int ret, const tp_error_t *err) {
   check(ret == 0, "the held destroy succeeds");
 }
 
+/* Spare trees: made ahead, taken, run out, refilled in the pool; a
+ * process that writes itself to a taken one's fds (as the agent's child
+ * does) is in it, and its kill kills it.  v names the cgroup version. */
+static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
+  tp_error_t err = {0};
+  int status, r;
+  tp_dbox_tree_t *s1, *s2, *s3;
+  int fds[TP_CG_NCTRL], n, ok = 1;
+  pid_t c;
+  r = tp__dbox_spares_make(b, TP_DBOX_SPARES, &err);
+  check(r == 0 && b->spares == TP_DBOX_SPARES, "%s: the box's start makes %d spare trees", v, TP_DBOX_SPARES);
+  s1 = tp_dbox_tree_take(b);
+  check(s1 != NULL && !s1->spare && tp_dbox_tree_find(b, s1->name) == s1 && b->spares == 1 &&
+            b->refilling == 1 && b->tree_jobs == 1,
+        "a take hands one over (found by name from now on) and queues a refill");
+  s2 = tp_dbox_tree_take(b);
+  s3 = tp_dbox_tree_take(b);
+  check(s2 != NULL && s3 == NULL && b->spares == 0 && b->tree_jobs == 1,
+        "once none is left a take gets none (the owner takes the held way); one refill at a time");
+  uv_run(loop, UV_RUN_DEFAULT);
+  check(b->spares == TP_DBOX_SPARES && !b->refilling && b->tree_jobs == 0,
+        "the refill made up the count (%d spare)", b->spares);
+  /* the agent's child: writes itself to the fds the EXEC brings */
+  n = s1 != NULL ? tp_cgroup_enter_fds(&s1->cg, fds, &err) : -1;
+  c = n > 0 ? fork() : -1;
+  if (c == 0) {
+    for (int i = 0; i < n; i++)
+      if (write(fds[i], "0", 1) != 1)
+        _exit(1);
+    for (;;)
+      pause();
+  }
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+  for (long long end = now_ms() + WAIT_MS; c > 0 && in_cgroup(c, &s1->cg) < n && now_ms() < end;)
+    poll(NULL, 0, 2);
+  ok = c > 0 && in_cgroup(c, &s1->cg) == n;
+  check(ok, "a process that writes itself to a taken tree's fds is in it in every hierarchy (%d)", n);
+  if (c > 0) {
+    size_t cnt = 0;
+    check(tp_dbox_tree_signal(b, s1, SIGKILL, &cnt, &err) == 0 && cnt == 1 &&
+              wait_pid(c, WAIT_MS, &status) == 0 && killed(status),
+          "the tree's kill kills it");
+  }
+  check(s1 != NULL && tp_dbox_tree_remove(b, s1, &err) == 0, "the tree is removed");
+}
+
+/* The same on a private cgroup2 mount (a v1 host's v2 code paths), in a
+ * child with a mount namespace of its own. */
+static void v2_private(const tp_backend_t *lx, const char *host_id) {
+  pid_t c = fork();
+  int status;
+  if (c == 0) {
+    char mnt[] = "/tmp/tp-dbox-cg2-XXXXXX", bdir[] = "/tmp/tupper-dbox-tree2.XXXXXX", id[48];
+    tp_cgroup_root_t root = {0};
+    tp_error_t err = {0};
+    uv_loop_t loop;
+    tp_dbox_t *b;
+    int queued = 0;
+    snprintf(id, sizeof(id), "%s-v2", host_id);
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mkdtemp(mnt) == NULL || mount("cgroup2", mnt, "cgroup2", 0, NULL) < 0) {
+      skip("v2: no private cgroup2 mount");
+      _exit(0);
+    }
+    if (mkdtemp(bdir) == NULL || tp_cgroup_detect(mnt, &root, &err) < 0 || uv_loop_init(&loop) != 0) {
+      check(0, "v2: a private cgroup2 root: %s", err.msg);
+      _exit(0);
+    }
+    b = tp__dbox_new(lx, &loop, bdir);
+    if (tp_cgroup_create(&root, id, NULL, &b->cg, &err) == 0) {
+      b->has_cg = 1;
+      spares_part(&loop, b, "v2");
+      check(tp_dbox_destroy(b, NULL, NULL, &queued, &err) == 0, "v2: the box's destroy");
+      uv_run(&loop, UV_RUN_DEFAULT);
+    } else {
+      check(0, "v2: a box cgroup: %s", err.msg);
+    }
+    tp_dbox_release(b);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    check(uv_loop_close(&loop) == 0, "v2: the loop closes");
+    tp_cgroup_prune(&root, NULL);
+    tp_cgroup_root_free(&root);
+    umount2(mnt, MNT_DETACH);
+    rmdir(mnt);
+    rmdir(bdir);
+    fflush(stdout);
+    _exit(0);
+  }
+  if (c > 0)
+    waitpid(c, &status, 0);
+}
+
 int main(void) {
   tp_cgroup_root_t root = {0};
   tp_error_t err = {0};
@@ -114,6 +209,10 @@ int main(void) {
   if (r < 0)
     goto out;
   b->has_cg = 1;
+
+  spares_part(&loop, b, root.version == 1 ? "v1" : "v2");
+  if (root.version == 1)
+    v2_private(lx, id);
 
   /* a tree made in the pool */
   p1 = spawn_ns(&b->cg);

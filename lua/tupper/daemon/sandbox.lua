@@ -296,13 +296,15 @@ function Sandbox:_fail_all(reason)
 end
 
 --- Sends one request to the agent and waits for its reply: returns the
--- reply's fields, or nil, msg, errno.
-function Sandbox:request(type_, fields)
+-- reply's fields, or nil, msg, errno (and, when it was not sent, the
+-- send's errno fourth).  tree: a name from box:tree_take, whose cgroup fds
+-- go with the frame (an EXEC with FLAGS TREE).
+function Sandbox:request(type_, fields, tree)
   if self.state ~= "running" then return nil, "sandbox is " .. self.state, 0 end
   local id = self.next_id
   self.next_id = id < 0x7fffffff and id + 1 or 1
-  local ok, err = self.box:send(type_, id, fields)
-  if not ok then return nil, err, 0 end
+  local ok, err, code = self.box:send(type_, id, fields, tree)
+  if not ok then return nil, err, 0, code end
   return async.wait(function(cb)
     local timer = uv.new_timer()
     self.pending[id] = { cb = cb, timer = timer }
@@ -496,9 +498,11 @@ function Sandbox:_resolve_user(spec)
 end
 
 --- Starts a process; returns the process record or nil, msg, errno.  With
--- a cgroup, the child is held before its exec until it sits in a cgroup of
--- its own, so that its whole tree (setsid and double-fork included) can be
--- signalled and killed.
+-- a cgroup, the child sits in a cgroup of its own before it execs, so that
+-- its whole tree (setsid and double-fork included) can be signalled and
+-- killed: a spare one the box made ahead, whose fds go with the EXEC (one
+-- round trip); when none is spare, the child is held until the daemon made
+-- one and moved it there (EXEC, then RELEASE).
 -- cred = { uid, gid, home, name } runs it as that user (default: the
 -- sandbox's user, self.cred, from a recipe; else the image's User; else
 -- root of the box).  x (optional): pty = { cols, rows } for a terminal.
@@ -521,12 +525,27 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   table.sort(envl)
   -- a guest's processes are in its own kernel: no host cgroup per tree
   local hold = self.box:has_cgroup() and not self.impl.guest_kernel
-  local fields = { args = argv, env = envl, cwd = cwd or self.cwd,
-                   flags = (stdin and 1 or 0) | (hold and 2 or 0) | (x.pty and 4 or 0),
+  local tree = hold and self.box:tree_take() or nil
+  local flags = (stdin and 1 or 0) | (x.pty and 4 or 0)
+  local fields = { args = argv, env = envl, cwd = cwd or self.cwd, flags = flags | (tree and 8 or 0),
                    uid = cred and cred.uid, gid = cred and cred.gid }
   if cred and cred.groups then M.as_fields(fields, cred) end
   if x.pty then fields.cols, fields.rows = x.pty.cols, x.pty.rows end
-  local r, err, errno = self:request(MSG.EXEC, fields)
+  local r, err, errno, unsent
+  if tree then
+    r, err, errno, unsent = self:request(MSG.EXEC, fields, tree)
+    if not r then
+      -- no process is in it (a failed child was reaped before the reply)
+      if self.box:has_cgroup() then self.box:tree_remove(tree, true) end
+      tree = nil
+      if unsent ~= 11 then return nil, err, errno end
+      -- EAGAIN: the channel had other bytes queued, nothing was sent
+    end
+  end
+  if not tree then
+    fields.flags = flags | (hold and 2 or 0)
+    r, err, errno = self:request(MSG.EXEC, fields)
+  end
   if not r then return nil, err, errno end
   local pid = math.tointeger(r.pid)
   if not pid or pid < 1 or self.procs[pid] then
@@ -537,7 +556,9 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
                  started_at = now_iso(), stdin = stdin or x.pty ~= nil, pty = x.pty ~= nil,
                  user = cred and (cred.name or tostring(cred.uid)) or "root", starting = true }
   self.procs[pid] = proc
-  if hold then
+  if tree then
+    proc.tree = tree
+  elseif hold then
     -- unique across daemon restarts: a re-adopted box keeps its old trees
     local tree = "p" .. pid .. "-" .. core.random_hex(4)
     -- in the thread pool: a v1 attach can take the kernel tens of ms
