@@ -175,8 +175,10 @@ static int check_spec(const tp_box_spec_t *s, tp_error_t *err) {
   if (s->disk_bytes < 0 || (s->disk_bytes > 0 && s->disk_bytes < TP__DISK_MIN))
     return tp_error_set(err, EINVAL, "disk_bytes must be 0 (no cap) or at least %d",
                         TP__DISK_MIN);
-  if (s->pool != NULL && (s->disk_bytes <= 0 || check_path("pool", s->pool, err) < 0))
-    return err->code != 0 ? -1 : tp_error_set(err, EINVAL, "a box on the pool needs a disk cap");
+  if (s->pool != NULL && s->disk_bytes <= 0)
+    return tp_error_set(err, EINVAL, "a box on the pool needs a disk cap");
+  if (s->pool != NULL && check_path("pool", s->pool, err) < 0)
+    return -1;
   if (check_volumes(s, err) < 0)
     return -1;
   if (s->seccomp != NULL &&

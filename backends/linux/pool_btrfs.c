@@ -275,9 +275,13 @@ fail:
 }
 
 int tp_linux_pool_close(const char *dir, tp_error_t *err) {
-  if (umount2(dir, UMOUNT_NOFOLLOW) < 0 && errno != EINVAL)
-    return tp_error_errno(err, errno, "unmount the pool at '%s'", dir);
-  return 0;
+  if (umount2(dir, UMOUNT_NOFOLLOW) == 0 || errno == EINVAL) /* EINVAL: not mounted */
+    return 0;
+  /* EBUSY: a host process still has a file of it open; the caller's boxes
+   * are gone, so detach it: it goes with that last file */
+  if (errno == EBUSY && umount2(dir, UMOUNT_NOFOLLOW | MNT_DETACH) == 0)
+    return 0;
+  return tp_error_errno(err, errno, "unmount the pool at '%s'", dir);
 }
 
 /* Opens <dir>/<sub> as a directory on the pool. */
