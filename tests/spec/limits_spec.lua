@@ -208,7 +208,7 @@ describe("a daemon's default limits", function()
         p:close()
         local id0 = ("0/%d"):format(tonumber(io.popen("btrfs inspect-internal rootid '" .. sv .. "'"):read("a")))
         local max = out:match(id0:gsub("/", "%%/") .. "%s+%d+%s+%d+%s+(%d+)")
-        assert.are.equal(tostring(info.limits.disk), max, "the qgroup of " .. id .. ": " .. out)
+        assert.are.equal(info.limits.disk, tonumber(max), "the qgroup of " .. id .. ": " .. out)
       else
         local r = run(c, id, { "df", "-k", "/" })
         local kb = tonumber(r.stdout:match("\n%S+%s+(%d+)"))

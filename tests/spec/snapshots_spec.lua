@@ -401,7 +401,7 @@ describe("snapshots on the btrfs pool", function()
     -- the box's upper dir is its own subvolume, bound in its mount namespace
     local sv = pool .. "/boxes/" .. id
     assert.are.equal(256, assert(uv.fs_stat(sv)).ino)
-    assert.are.equal(0, run(c, id, { "dd", "if=/dev/urandom", "of=/big", "bs=1M", "count=256" }).exit_code)
+    assert.are.equal(0, run(c, id, { "dd", "if=/dev/zero", "of=/big", "bs=1M", "count=256" }).exit_code)
     write(c, id, "/mark.txt", "v1")
     local pool_before, layers_before = used(pool), #entries(d.state .. "/layers")
     local snap = assert(call(c, "sandbox.snapshot", { id = id, name = "big" }))

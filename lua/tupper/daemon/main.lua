@@ -24,7 +24,7 @@ local limits = require("tupper.daemon.limits")
 local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
                 require("tupper.daemon.life"), require("tupper.daemon.events"),
                 require("tupper.daemon.recover"),
-                (require("tupper.daemon.snapshots")), require("tupper.daemon.disk_pool") } -- (): require also returns the path
+                (require("tupper.daemon.snapshots")), (require("tupper.daemon.disk_pool")) } -- (): require also returns the path
 
 local M = {}
 
