@@ -159,16 +159,24 @@ end
 local function check_disk_pool(state)
   local off = state .. "/no-btrfs-pool"
   if uv.fs_stat(off) then
-    return check("disk pool", "ok", ("ext4 image per box: turned off by %s (snapshots copy the box's files)"):format(off))
+    check("disk pool", "ok", ("ext4 image per box: turned off by %s (snapshots copy the box's files)"):format(off))
+    facts({ btrfs = false, mounted = false })
+    return
   end
   local ok, err = core.pool_probe()
   if not ok then
-    return check("disk pool", "warn", ("ext4 image per box (snapshots copy the box's files): %s"):format(err),
+    check("disk pool", "warn", ("ext4 image per box (snapshots copy the box's files): %s"):format(err),
       "apt-get install btrfs-progs (and a kernel with btrfs) for O(1) snapshots and forks")
+    facts({ btrfs = false, mounted = false })
+    return
   end
-  local mounted = (read("/proc/self/mountinfo") or ""):find(" " .. (uv.fs_realpath(state) or state) .. "/pool btrfs ", 1, true)
-  check("disk pool", "ok", ("btrfs: boxes' upper dirs are subvolumes of %s/pool.img%s (snapshots are O(1))"):format(
-    state, mounted and ", mounted" or ", mounted by the daemon's start"))
+  local point, mounted = (uv.fs_realpath(state) or state) .. "/pool", false
+  for line in (read("/proc/self/mountinfo", 1048576) or ""):gmatch("[^\n]+") do
+    if line:match("^%S+ %S+ %S+ %S+ (%S+)") == point and line:find(" - btrfs ", 1, true) then mounted = true end
+  end
+  check("disk pool", "ok", ("btrfs: boxes' upper dirs are subvolumes of %s/pool.img, %s (snapshots are O(1))"):format(
+    state, mounted and "mounted" or "mounted at the daemon's start"))
+  facts({ btrfs = true, mounted = mounted })
 end
 
 local function check_seccomp()
