@@ -409,6 +409,11 @@ describe("snapshots on the btrfs pool", function()
     assert.is_string(rec.pool_snap)
     assert.is_nil(rec.layer)
     local sdir = pool .. "/snaps/" .. rec.pool_snap
+    -- the image it stacks on is kept from prune while it lives
+    local function pinned()
+      return (helper.read_file(d.state .. "/images/pins.json") or ""):find("snapshot " .. snap.id, 1, true) ~= nil
+    end
+    if rec.image_digest then assert.is_true(pinned(), "the image is not pinned") end
     -- a subvolume root (inode 256) that refuses writes: read-only
     assert.are.equal(256, assert(uv.fs_stat(sdir)).ino)
     local wok = uv.fs_open(sdir .. "/upper/new", "w", 420)
@@ -436,6 +441,7 @@ describe("snapshots on the btrfs pool", function()
     assert.truthy(fails(c, "snapshot.delete", { id = snap.id }):find("in use", 1, true))
     assert(call(c, "snapshot.delete", { id = snap2.id }))
     assert(call(c, "snapshot.delete", { id = snap.id }))
+    assert.is_false(pinned())
     -- its subvolume went with it, and a killed box's with the box
     assert.is_nil(uv.fs_stat(sdir))
     call(c, "sandbox.kill", { id = id })

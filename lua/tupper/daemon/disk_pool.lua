@@ -7,6 +7,7 @@
 -- (daemon/main.lua mixes them in); the C half is backends/linux/pool_btrfs.c.
 local uv = require("luv")
 local core = require("tupper.core")
+local async = require("tupper.util.async")
 local linux = require("tupper.backend.linux")
 local log = require("tupper.daemon.log").log
 
@@ -52,9 +53,17 @@ function D:_disk_pool_open()
 end
 
 --- Removes the box subvolumes no live sandbox owns (a box of a killed
--- daemon that was not re-adopted, a start cut short), and the snapshot
--- temp subvolumes of a snapshot cut short.  After _recover.
+-- daemon that was not re-adopted, a start cut short), the snapshot temp
+-- subvolumes of a snapshot cut short, and the image pins of snapshots
+-- that are gone.  After _recover.
 function D:_disk_pool_sweep()
+  -- pins of pool snapshots whose record is gone (a delete cut short)
+  for digest, owners in pairs(self.images and self.images:pins() or {}) do
+    for owner in pairs(owners) do
+      local sid = type(owner) == "string" and owner:match("^snapshot (s%x+)$")
+      if sid and not self.snapshots[sid] then self.images:unpin(digest, owner) end
+    end
+  end
   if not self.disk_pool then return end
   local dir = self.disk_pool.dir
   for _, sub in ipairs({ "boxes", "snaps" }) do
@@ -67,7 +76,7 @@ function D:_disk_pool_sweep()
       else stale = name:match("^%.tmp%-") ~= nil end
       if stale then
         log("disk pool: removing %s/%s (nothing owns it)", sub, name)
-        local ok, err = require("tupper.util.async").wait(function(cb)
+        local ok, err = async.wait(function(cb)
           local qok, qerr = core.pool_drop(dir, sub, name, cb)
           if not qok then cb(nil, qerr) end
         end)

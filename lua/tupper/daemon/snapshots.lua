@@ -30,6 +30,7 @@ local core = require("tupper.core")
 local json = require("tupper.util.json")
 local async = require("tupper.util.async")
 local log = require("tupper.daemon.log").log
+local layers = require("tupper.image.layers")
 
 local D = {}
 
@@ -92,7 +93,7 @@ function D:_snapshots_open()
     local path = self.snapdir .. "/" .. name
     local id = name:match("^(s%x+)%.json$")
     local rec = id and json.decode(read_file(path) or "")
-    if type(rec) == "table" and rec.id == id and type(rec.pool_snap) == "string" and
+    if type(rec) == "table" and rec.id == id and layers.valid_key(rec.pool_snap) and
         type(rec.lowers) == "table" then
       -- kept while the pool is off: it serves again once the pool is back
       if not self.disk_pool or core.pool_is_subvol(self:_pool_snap_dir(rec)) == 2 then
