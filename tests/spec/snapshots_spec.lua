@@ -449,6 +449,25 @@ describe("snapshots on the btrfs pool", function()
     assert.are.same({}, entries(pool .. "/snaps"))
   end)
 
+  it("keeps the image a snapshot stacks on through image remove and prune", function()
+    if not pool then return pending("no btrfs pool: " .. why) end
+    assert(call(c, "image.import", { path = d.state .. "/images/default/rootfs", ref = "pinned-base" }))
+    local id = assert(call(c, "sandbox.create", { image = "pinned-base" })).id
+    write(c, id, "/own.txt", "own")
+    local snap = assert(call(c, "sandbox.snapshot", { id = id }))
+    assert.is_string(record(d, snap.id).image_digest)
+    call(c, "sandbox.kill", { id = id })
+    assert(call(c, "image.remove", { ref = "pinned-base" }))
+    assert(call(c, "image.prune", { all = true }))
+    -- its layers are still there: a sandbox from the snapshot has the image's files and its own
+    local child = assert(call(c, "sandbox.create", { snapshot = snap.id })).id
+    assert.are.equal("own", read(c, child, "/own.txt"))
+    assert.are.equal(0, run(c, child, { "test", "-x", "/bin/sh" }).exit_code)
+    call(c, "sandbox.kill", { id = child })
+    assert(call(c, "snapshot.delete", { id = snap.id }))
+    assert.is_nil((helper.read_file(d.state .. "/images/pins.json") or ""):find(snap.id, 1, true))
+  end)
+
   it("holds a box to its disk cap with a qgroup limit (EDQUOT)", function()
     if not pool then return pending("no btrfs pool: " .. why) end
     local id = assert(call(c, "sandbox.create", { limits = { disk = 16 * 1048576 } })).id
