@@ -22,6 +22,7 @@
  * the pool: its root is the overlay, and the bind of its subvolume lives
  * only in its mount namespace, dropped with the old root at pivot_root. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/btrfs.h>
@@ -164,6 +165,35 @@ static int mounted_on(int mnt, const struct stat *img, tp_error_t *err) {
   return 0;
 }
 
+/* Is the image already attached to a loop device?  Then a filesystem on it
+ * may still be alive (the boxes of a killed daemon whose pool mount was
+ * taken away): a second mount of the same btrfs through another device
+ * would corrupt it. */
+static int attached_elsewhere(const struct stat *img, char *dev, size_t dev_len) {
+  DIR *d = opendir("/sys/block");
+  struct dirent *e;
+  int found = 0;
+  if (d == NULL)
+    return 0;
+  while (!found && (e = readdir(d)) != NULL) {
+    struct loop_info64 li;
+    int fd;
+    if (strncmp(e->d_name, "loop", 4) != 0 || e->d_name[4] < '0' || e->d_name[4] > '9' ||
+        strlen(e->d_name) + 6 > dev_len)
+      continue;
+    memcpy(dev, "/dev/", 5);
+    memcpy(dev + 5, e->d_name, strlen(e->d_name) + 1);
+    fd = open(dev, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      continue;
+    found = ioctl(fd, LOOP_GET_STATUS64, &li) == 0 && li.lo_device == img->st_dev &&
+            li.lo_inode == img->st_ino;
+    close(fd);
+  }
+  closedir(d);
+  return found;
+}
+
 /* Opens dir (the mount point) and says whether a filesystem other than its
  * parent's is mounted there. */
 static int open_mount_point(const char *dir, int *is_mount, tp_error_t *err) {
@@ -234,6 +264,11 @@ int tp_linux_pool_open(const char *dir, int64_t bytes, int *adopted, tp_error_t 
       }
     } else if (fstat(img, &st) < 0 || !S_ISREG(st.st_mode)) {
       return tp_error_set(err, EINVAL, "'%s' is not a regular file", img_path);
+    } else if (attached_elsewhere(&st, dev, sizeof(dev))) {
+      return tp_error_set(err, EBUSY,
+                          "'%s' is still attached to %s but not mounted at '%s' (boxes of an "
+                          "earlier daemon still use it): not mounted twice",
+                          img_path, dev, dir);
     }
     loop = tp__loop_attach(img, dev, sizeof(dev), err);
     if (loop < 0)

@@ -101,9 +101,28 @@ static void test_pool(const env_t *e) {
   r = tp_linux_pool_drop(pool, "snaps", "snap1", &err);
   snprintf(path, sizeof(path), "%s/snaps/snap1", pool);
   check(r == 0 && !exists(path), "drop: the snapshot deleted (%s)", r < 0 ? err.msg : "ok");
+  {
+    /* an admin's umount -l while something still holds the filesystem: a
+     * second mount of the image through another loop device is refused */
+    int hold = open(pool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    check(hold >= 0 && umount2(pool, MNT_DETACH) == 0, "open: the pool detached, still held");
+    memset(&err, 0, sizeof(err));
+    r = tp_linux_pool_open(pool, 2LL << 30, &adopted, &err);
+    check(r < 0 && err.code == EBUSY && mounts_matching(pool) == 0,
+          "open: refused while its image is still attached (%s)", r < 0 ? err.msg : "mounted");
+    if (r == 0)
+      umount2(pool, MNT_DETACH);
+    if (hold >= 0)
+      close(hold);
+  }
 close:
   r = tp_linux_pool_close(pool, &err);
   check(r == 0 && mounts_matching(pool) == 0, "close: unmounted (%s)", r < 0 ? err.msg : "ok");
+  /* the box's mount namespace lets go of the filesystem a moment after
+   * its last process: then the loop device detaches itself */
+  for (int i = 0; i < 300 && loops_backed_by(tmp_root) > 0; i++)
+    poll(NULL, 0, 10);
+  check(loops_backed_by(tmp_root) == 0, "close: the loop device went with the last user");
 out:
   free(c.buf);
   free(pool);
