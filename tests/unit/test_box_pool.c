@@ -115,6 +115,15 @@ static void test_pool(const env_t *e) {
     if (hold >= 0)
       close(hold);
   }
+  /* as after a reboot: the image mounted again, what it held still there */
+  for (int i = 0; i < 300 && loops_backed_by(tmp_root) > 0; i++)
+    poll(NULL, 0, 10);
+  memset(&err, 0, sizeof(err));
+  adopted = -1;
+  r = tp_linux_pool_open(pool, 2LL << 30, &adopted, &err);
+  snprintf(path, sizeof(path), "%s/snaps", pool);
+  check(r == 0 && adopted == 0 && mounts_matching(pool) == 1 && exists(path),
+        "open: the existing image mounted again (%s)", r < 0 ? err.msg : "ok");
 close:
   r = tp_linux_pool_close(pool, &err);
   check(r == 0 && mounts_matching(pool) == 0, "close: unmounted (%s)", r < 0 ? err.msg : "ok");
