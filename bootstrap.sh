@@ -8,6 +8,8 @@ what=${1:-build}
 
 pkgs="gcc make cmake pkg-config lua5.4 liblua5.4-dev libuv1-dev lua-luv lua-luv-dev
 lua-cjson lua-cjson-dev busybox-static libseccomp-dev e2fsprogs libedit-dev"
+# the btrfs pool of box upper dirs: O(1) snapshots and forks (docs/limits.md)
+pkgs="$pkgs btrfs-progs"
 # the registry client (tupper pull): libcurl, and libcrypto for SHA-256
 pkgs="$pkgs libcurl4-openssl-dev libssl-dev"
 pkgs="$pkgs libarchive-dev" # the image store: layer tars (gzip, zstd)

@@ -50,6 +50,7 @@ typedef struct tp_start_spec_s {
   int n_layers;
   int64_t uid_base, gid_base, id_count; /* the mapped range of root in the box */
   int64_t disk_bytes;                   /* 0: no disk cap */
+  const char *pool; /* the btrfs pool the box's upper dir goes on (with a disk cap), or NULL */
   /* volumes mounted in the box: pairs image, target ("/abs/path" in the
    * box), n_volumes strings in all (even), or NULL */
   const char *const *volumes;

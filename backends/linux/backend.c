@@ -2,10 +2,14 @@
  * (linux.h).  Its per-daemon state is what every box shares and the daemon
  * builds once: the agent as a sealed memfd and the seccomp filter. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
-#include "linux.h"
+#include "linux_int.h"
+#include "rmtree.h"
 #include "tp_seccomp.h"
 
 typedef struct tp__linux_state_s {
@@ -79,6 +83,7 @@ static int linux_start(void *state, const tp_start_spec_t *spec, tp_box_t *box, 
       .id_count = (uint32_t) spec->id_count,
       .cgroup_procs = spec->cgroup_procs,
       .disk_bytes = spec->disk_bytes,
+      .pool = spec->pool,
       .seccomp = &s->seccomp,
       .volumes = vols,
       .n_volumes = nv,
@@ -97,6 +102,34 @@ static int linux_adopt(void *state, const tp_adopt_spec_t *spec, tp_box_t *box, 
   return tp_linux_box_adopt(spec->dir, (pid_t) spec->pid, box, err);
 }
 
+int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err) {
+  char link[TP__PATH_MAX_LEN + 80], path[TP__PATH_MAX_LEN + 96];
+  ssize_t n = -1;
+  char *name = NULL;
+
+  if (box_dir != NULL) {
+    snprintf(path, sizeof(path), "%s/" TP__POOL_LINK, box_dir);
+    n = readlink(path, link, sizeof(link) - 1);
+  }
+  if (n > 0) {
+    /* <pool>/boxes/<id>, as box.c wrote it */
+    link[n] = '\0';
+    name = strrchr(link, '/');
+    if (name == NULL || name - link < 7 || strncmp(name - 6, "/boxes", 6) != 0)
+      return tp_error_set(err, EINVAL, "destroy box: bad pool link '%s'", path);
+    *name++ = '\0';
+    name[-7] = '\0'; /* link is the pool dir now */
+  }
+  if (tp_box_destroy(box, NULL, err) < 0)
+    return -1;
+  /* every process of the box is gone: nothing writes to its subvolume */
+  if (name != NULL && tp_linux_pool_drop(link, "boxes", name, err) < 0 && err->code != ENOENT)
+    return tp_error_prefix(err, "destroy box");
+  if (box_dir != NULL && tp_rmtree(box_dir, err) < 0)
+    return tp_error_prefix(err, "destroy box");
+  return 0;
+}
+
 const tp_backend_t tp_backend_linux = {
     .name = "linux",
     .flags = TP_BACKEND_CG_BOX | TP_BACKEND_OOM_PROTECT,
@@ -106,5 +139,5 @@ const tp_backend_t tp_backend_linux = {
     .start = linux_start,
     .check_adopt = linux_check_adopt,
     .adopt = linux_adopt,
-    .destroy = tp_box_destroy,
+    .destroy = tp_linux_box_destroy,
 };

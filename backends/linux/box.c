@@ -50,13 +50,23 @@ static void cleanup_box_dirp(const char **dir) {
 }
 #define cleanup_box_dir __attribute__((cleanup(cleanup_box_dirp)))
 
+/* Deletes a half-made box's subvolume on the pool; NULL to keep it. */
+static void cleanup_pool_boxp(const tp_box_spec_t **s) {
+  if (*s != NULL) {
+    int saved = errno;
+    tp_linux_pool_drop((*s)->pool, "boxes", (*s)->id, &(tp_error_t){0});
+    errno = saved;
+  }
+}
+#define cleanup_pool_box __attribute__((cleanup(cleanup_pool_boxp)))
+
 /* box_dir (root, 0700) holds upper/ (the box's /, so owned by its root),
  * work/ (overlay's, used with the mounter's credentials), rootfs/ and l/
  * (links to the layers).  With
  * a disk cap, upper/ and work/ are made by the child on the disk image,
  * mounted at disk/.  The child adds agent.sock. */
 static int make_box_subdirs(int dfd, const tp_box_spec_t *s, tp_error_t *err) {
-  if (s->disk_bytes > 0) {
+  if (s->disk_bytes > 0 || s->pool != NULL) {
     if (mkdirat(dfd, "disk", 0700) < 0)
       return tp_error_errno(err, errno, "mkdir '%s/disk'", s->box_dir);
   } else {
@@ -161,6 +171,8 @@ static int await_exec(pid_t pid, int pidfd, int agent_fd, siginfo_t *si, tp_erro
 static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) {
   cleanup_plan tp__plan_t plan;
   cleanup_box_dir const char *dir_guard = NULL; /* declared early: runs after the reap */
+  /* the box's subvolume on the pool, dropped on failure (after the reap) */
+  cleanup_pool_box const tp_box_spec_t *pool_guard = NULL;
   cleanup_close int dfd = -1;
   /* The disk's loop device: held until the child has mounted it (AUTOCLEAR
    * would detach it on this last close otherwise), released on return. */
@@ -186,7 +198,18 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
     return tp_error_errno(err, errno, "open '%s'", spec->box_dir);
   if (make_box_subdirs(dfd, spec, err) < 0)
     return -1;
-  if (spec->disk_bytes > 0) {
+  if (spec->pool != NULL) {
+    char sub[TP__PATH_MAX_LEN + 80];
+    snprintf(sub, sizeof(sub), "%s/boxes/%s", spec->pool, spec->id);
+    /* the link first: a failed start's rmtree of box_dir and the destroy
+     * both find the subvolume through it */
+    if (symlinkat(sub, dfd, TP__POOL_LINK) < 0)
+      return tp_error_errno(err, errno, "link '%s/" TP__POOL_LINK "'", spec->box_dir);
+    if (tp__pool_box_make(spec->pool, spec->id, spec->disk_bytes, spec->uid_base,
+                          spec->gid_base, err) < 0)
+      return tp_error_prefix(err, "disk cap on the pool");
+    pool_guard = spec;
+  } else if (spec->disk_bytes > 0) {
     loop_fd = tp__disk_make(dfd, spec->box_dir, spec->disk_bytes, plan.disk_dev,
                             sizeof(plan.disk_dev), err);
     if (loop_fd < 0)
@@ -255,6 +278,7 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
   pidfd = -1;
   chan_p = -1;
   dir_guard = NULL;
+  pool_guard = NULL;
   return 0;
 }
 

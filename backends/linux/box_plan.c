@@ -175,6 +175,10 @@ static int check_spec(const tp_box_spec_t *s, tp_error_t *err) {
   if (s->disk_bytes < 0 || (s->disk_bytes > 0 && s->disk_bytes < TP__DISK_MIN))
     return tp_error_set(err, EINVAL, "disk_bytes must be 0 (no cap) or at least %d",
                         TP__DISK_MIN);
+  if (s->pool != NULL && s->disk_bytes <= 0)
+    return tp_error_set(err, EINVAL, "a box on the pool needs a disk cap");
+  if (s->pool != NULL && check_path("pool", s->pool, err) < 0)
+    return -1;
   if (check_volumes(s, err) < 0)
     return -1;
   if (s->seccomp != NULL &&
@@ -256,14 +260,21 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
 }
 
 /* The disk cap: the ext4 image (attached by the parent, which fills in
- * disk_dev) mounted at <box_dir>/disk, holding upper/ and work/. */
+ * disk_dev) mounted at <box_dir>/disk, holding upper/ and work/; or, on the
+ * btrfs pool, the box's subvolume bound there. */
 static void plan_disk(builder_t *b, const tp_box_spec_t *s) {
   const char *upper = str(b, "%s/disk/upper", s->box_dir);
   const char *work = str(b, "%s/disk/work", s->box_dir);
   /* noinit_itable: the image is a fresh sparse file whose inode tables read
    * as zeros already; no kernel thread needs to write them out. */
-  mnt(b, "mount disk", b->p->disk_dev, str(b, "%s/disk", s->box_dir), "ext4",
-      MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable");
+  if (s->pool != NULL)
+    /* the box's subvolume on the btrfs pool (made by the parent): a bind
+     * keeps the pool mount's nosuid,nodev and the overlay's short names */
+    mnt(b, "bind pool subvolume", str(b, "%s/boxes/%s", s->pool, s->id),
+        str(b, "%s/disk", s->box_dir), NULL, MS_BIND, NULL);
+  else
+    mnt(b, "mount disk", b->p->disk_dev, str(b, "%s/disk", s->box_dir), "ext4",
+        MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable");
   op(b, TP__OP_DIR, "mkdir disk upper", NULL, upper, NULL, 0, NULL, 0755);
   own(b, "own disk upper", upper, s->uid_base, s->gid_base, 0755);
   op(b, TP__OP_DIR, "mkdir disk work", NULL, work, NULL, 0, NULL, 0700);

@@ -65,6 +65,10 @@ typedef struct tp_box_spec_s {
    * anything of the box runs; NULL = none. */
   const char *const *cgroup_procs;
   int64_t disk_bytes;    /* 0 = no cap; else upper/ and work/ live on an ext4 image of this size */
+  /* NULL, or the mounted btrfs pool (tp_linux_pool_open): upper/ and work/
+   * are then a subvolume <pool>/boxes/<id> with a qgroup limit of
+   * disk_bytes (which must be > 0) instead of an ext4 image */
+  const char *pool;
   const struct sock_fprog *seccomp; /* NULL = none; loaded with no_new_privs just before the agent's exec */
   const tp_box_volume_t *volumes;   /* n_volumes of them (0..TP_VOLUMES_MAX) */
   int n_volumes;
@@ -73,6 +77,31 @@ typedef struct tp_box_spec_s {
 /* Makes a volume's image: path (must not exist) created 0600, sparse,
  * `bytes` long, formatted ext4 with a journal (mkfs.ext4), fsync'd. */
 int tp_linux_volume_make(const char *path, int64_t bytes, tp_error_t *err);
+
+/* The btrfs pool of box upper dirs (pool_btrfs.c): an image <dir>.img,
+ * loop-mounted at dir, quotas on, boxes/ and snaps/ in it.
+ * tp_linux_pool_probe: 0 if this host can have one, else err says why.
+ * tp_linux_pool_open: mounts it (making a sparse image of `bytes`, at least
+ * 1 GiB, if there is none), or adopts the mount an earlier daemon left
+ * (*adopted = 1) once it proved to be this image's.
+ * tp_linux_pool_close: unmounts it (boxes still running keep their own
+ * hold on it; the loop device goes with the last).
+ * tp_linux_pool_snapshot: syncfs, then a read-only snapshot of
+ * boxes/<box_id> as snaps/<name> (made as snaps/.tmp-<name>, renamed).
+ * tp_linux_pool_drop: deletes the subvolume <sub>/<name> (sub: "boxes" or
+ * "snaps"); a missing one is success.
+ * tp_linux_pool_is_subvol: 0 not a subvolume root on btrfs, 1 one, 2 a
+ * read-only one. */
+int tp_linux_pool_probe(tp_error_t *err);
+int tp_linux_pool_open(const char *dir, int64_t bytes, int *adopted, tp_error_t *err);
+int tp_linux_pool_close(const char *dir, tp_error_t *err);
+int tp_linux_pool_snapshot(const char *dir, const char *box_id, const char *name, tp_error_t *err);
+int tp_linux_pool_drop(const char *dir, const char *sub, const char *name, tp_error_t *err);
+int tp_linux_pool_is_subvol(const char *path);
+
+/* The linux backend's destroy: tp_box_destroy, and the box's subvolume on
+ * the pool (named by the box dir's `pool` link) deleted before box_dir. */
+int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err);
 
 /* Creates box_dir (with l/0..l/n-1: symlinks to the layers, for the overlay
  * mount) and starts the box.  On failure nothing is left behind (no

@@ -88,6 +88,13 @@ void tp__plan_free(tp__plan_t *plan);
 int tp__disk_make(int box_dfd, const char *box_dir, int64_t bytes, char *dev, size_t dev_len,
                   tp_error_t *err);
 
+/* The box's subvolume on the pool (pool_btrfs.c): <pool>/boxes/<id>, its
+ * qgroup limited to bytes of referenced data, with upper/ (owned uid:gid,
+ * 0755) and work/ (0700) in it.  On failure nothing is left. */
+int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid, gid_t gid,
+                      tp_error_t *err);
+#define TP__POOL_LINK "pool" /* in box_dir: -> <pool>/boxes/<id>, for the destroy */
+
 /* Attaches the image open at img to a free loop device (LO_FLAGS_AUTOCLEAR);
  * returns the device's fd (CLOEXEC) and its path in dev. */
 int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err);

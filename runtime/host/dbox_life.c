@@ -19,7 +19,7 @@ typedef struct tp__start_job_s {
   int has_cgroups;
   const tp_cgroup_root_t *cgroot;
   tp_cgroup_limits_t lim;
-  char *id, *dir, *cgname;
+  char *id, *dir, *cgname, *pool;
   char **layers, **argv, **volumes; /* NULL-terminated copies, or NULL */
   int *fds;
   char procs[TP_CG_NCTRL][TP__DBOX_PATH_MAX + 16];
@@ -65,6 +65,7 @@ static void tp__start_job_free(tp__start_job_t *j) {
   free(j->id);
   free(j->dir);
   free(j->cgname);
+  free(j->pool);
   free(j);
 }
 
@@ -80,6 +81,8 @@ static tp__start_job_t *tp__start_job_new(const tp_dbox_start_t *req) {
   j->id = strdup(s->id);
   j->dir = strdup(s->dir);
   j->cgname = strdup(req->cgroup != NULL ? req->cgroup : s->id);
+  if (s->pool != NULL && (j->pool = strdup(s->pool)) == NULL)
+    oom = 1;
   j->layers = tp__strv_dup(s->layers, s->n_layers, &oom);
   j->argv = tp__strv_dup(s->argv, s->argc, &oom);
   j->volumes = tp__strv_dup(s->volumes, s->n_volumes, &oom);
@@ -96,6 +99,7 @@ static tp__start_job_t *tp__start_job_new(const tp_dbox_start_t *req) {
   }
   j->spec.id = j->id;
   j->spec.dir = j->dir;
+  j->spec.pool = j->pool;
   j->spec.layers = (const char *const *) j->layers;
   j->spec.argv = (const char *const *) j->argv;
   j->spec.volumes = (const char *const *) j->volumes;

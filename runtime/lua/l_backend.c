@@ -103,7 +103,8 @@ static void tp__lstart_done(void *data, tp_dbox_t *b, const tp_error_t *err) {
  * each other's), limits = { memory=, pids=, cpu_quota=, cpu_period=, disk= },
  * and the backend's own fields:
  *   linux: layers = { dir, ... } (lowest first), uid_base=, gid_base=, id_count=,
- *     volumes = { image, target, ... } (pairs: an ext4 image, where it goes)
+ *     volumes = { image, target, ... } (pairs: an ext4 image, where it goes),
+ *     pool = the btrfs pool's dir (core.pool_open) for the disk cap, or nil
  *   microvm: argv = { qemu, ... }, fds = { fd, ... } (QEMU's 4, 5, ...; the
  *     caller closes its own once cb ran), uid=, gid=, console_fd=,
  *     die_with_parent= (a VM that is never re-adopted)
@@ -146,6 +147,9 @@ static int tp_lcore_start(lua_State *L) {
   n = tp__opt_strs(L, "argv", argv);
   req.spec.argv = n < 0 ? NULL : argv;
   req.spec.argc = n < 0 ? 0 : n;
+  if (lua_getfield(L, 1, "pool") != LUA_TNIL)
+    req.spec.pool = luaL_checkstring(L, -1); /* stays referenced by the spec table */
+  lua_pop(L, 1);
   n = tp__opt_strs(L, "volumes", volumes);
   req.spec.volumes = n < 0 ? NULL : volumes;
   req.spec.n_volumes = n < 0 ? 0 : n;

@@ -81,6 +81,7 @@ int luaopen_tupper_core(lua_State *L) {
   tp_l_edit_register(L);
   tp_l_http_register(L);
   tp_l_image_register(L); /* the image store's functions (l_image.c) */
+  tp_l_pool_register(L);  /* the btrfs pool of box upper dirs (l_pool.c) */
   tp_l_service_register(L); /* the activated socket, sd_notify (l_service.c) */
   tp_l_stream_register(L);  /* the data plane's connections (l_stream.c) */
   tp_l_netrelay_register(L); /* relayed network streams (l_netrelay.c) */

@@ -52,6 +52,7 @@ void tp_l_microvm_register(lua_State *L);
 void tp_l_edit_register(lua_State *L);
 void tp_l_http_register(lua_State *L);  /* http_get: the registry client's transport */
 void tp_l_image_register(lua_State *L); /* the image store */
+void tp_l_pool_register(lua_State *L);  /* the btrfs pool (l_pool.c) */
 void tp_l_service_register(lua_State *L); /* listen_fd, sd_notify: the daemon as a service */
 void tp_l_stream_register(lua_State *L);  /* stream_attach: the data plane (l_stream.c) */
 void tp_l_netrelay_register(lua_State *L); /* netrelay: relayed network streams */

@@ -519,7 +519,7 @@ describe("tupper doctor", function()
   teardown(function() helper.rmrf(dir) end)
 
   local NAMES = { "kernel", "user", "cgroups", "user namespaces", "overlayfs", "seccomp", "qemu", "kvm",
-    "open files", "daemon", "state dir" }
+    "open files", "daemon", "state dir", "disk pool" }
 
   it("reports every check, as text and as JSON, and passes on a host that runs boxes", function()
     local env = { "PATH=" .. os.getenv("PATH"), "TUPPER_SOCKET=" .. dir .. "/none.sock" }
@@ -580,6 +580,12 @@ describe("tupper doctor", function()
         assert.truthy(c.detail:find("answers at " .. d.socket, 1, true), c.detail)
       end
       if c.name == "state dir" then assert.are.equal("ok", c.status, c.detail) end
+      -- the path the daemon took: the btrfs pool it mounted, or the ext4 images
+      if c.name == "disk pool" then
+        local pool = (helper.read_file(d.log) or ""):find("disk pool: btrfs at", 1, true) ~= nil
+        assert.are.equal(pool, c.facts.btrfs, c.detail)
+        assert.are.equal(pool, c.facts.mounted, c.detail)
+      end
     end
   end)
 

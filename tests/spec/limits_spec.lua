@@ -170,11 +170,22 @@ describe("a daemon's default limits", function()
       else
         assert.are.equal(("%d 100000"):format(math.floor(info.limits.cpus * 100000)), cg_read(d, id, "cpu", "cpu.max"))
       end
-      -- the writable layer is a disk of the default size
-      local r = run(c, id, { "df", "-k", "/" })
-      local kb = tonumber(r.stdout:match("\n%S+%s+(%d+)"))
-      assert(kb and kb * 1024 <= info.limits.disk and kb * 1024 > info.limits.disk * 0.9,
-             "df of / in the box: " .. r.stdout)
+      -- the writable layer is a subvolume of the btrfs pool limited to the
+      -- default size (its qgroup: df shows the pool), or an ext4 disk of it
+      local sv = d.state .. "/pool/boxes/" .. id
+      if (helper.read_file(d.log) or ""):find("disk pool: btrfs at", 1, true) then
+        local p = io.popen("btrfs qgroup show -re --raw '" .. sv .. "' 2>&1")
+        local out = p:read("a")
+        p:close()
+        local id0 = ("0/%d"):format(tonumber(io.popen("btrfs inspect-internal rootid '" .. sv .. "'"):read("a")))
+        local max = out:match(id0:gsub("/", "%%/") .. "%s+%d+%s+%d+%s+(%d+)")
+        assert.are.equal(info.limits.disk, tonumber(max), "the qgroup of " .. id .. ": " .. out)
+      else
+        local r = run(c, id, { "df", "-k", "/" })
+        local kb = tonumber(r.stdout:match("\n%S+%s+(%d+)"))
+        assert(kb and kb * 1024 <= info.limits.disk and kb * 1024 > info.limits.disk * 0.9,
+               "df of / in the box: " .. r.stdout)
+      end
     end
   end)
 
@@ -256,11 +267,15 @@ describe("a daemon with small defaults", function()
     assert.matches("killed: out of memory", stderr, 1, true)
   end)
 
-  it("stops dd past the default disk cap with ENOSPC", function()
+  it("stops dd past the default disk cap with EDQUOT (btrfs pool) or ENOSPC (ext4 image)", function()
     local id = assert(call(c, "sandbox.create", {})).id
     local r = run(c, id, { "sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>&1; " ..
                            "echo rc=$?; ls -l /tmp/fill" })
-    assert.matches("No space left on device", r.stdout, 1, true)
+    if (helper.read_file(d.log) or ""):find("disk pool: btrfs at", 1, true) then
+      assert.matches("Disk quota exceeded", r.stdout, 1, true)
+    else
+      assert.matches("No space left on device", r.stdout, 1, true)
+    end
     local size = tonumber(r.stdout:match("%s(%d+)%s+%a+%s+%d+%s+[%d:]+%s+/tmp/fill"))
     assert(size and size <= 64 * MiB, "wrote more than the 64M cap: " .. r.stdout)
   end)

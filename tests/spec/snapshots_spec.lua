@@ -57,7 +57,8 @@ describe("snapshots", function()
     assert.truthy(snap.id:match("^s%x+$"))
     assert.are.same({ "first" }, snap.names)
     assert.are.equal(id, snap.sandbox)
-    assert.truthy(type(snap.size) == "number" and snap.size > 100000, tostring(snap.size))
+    -- what the box wrote over its image (a pool snapshot), or its whole root (a copy)
+    assert.truthy(type(snap.size) == "number" and snap.size > 0, tostring(snap.size))
     write(c, id, "/data.txt", "after")
     -- the writer is still alive and its file still grows on the parent
     local n1 = #read(c, id, "/log.txt")
@@ -255,10 +256,11 @@ describe("a daemon killed during a snapshot or a fork", function()
   after_each(r.after_each)
   teardown(r.teardown)
 
-  it("leaves no half snapshot visible and nothing of it on disk after the restart", function()
+  it("leaves no half snapshot visible and nothing of it on disk after the restart (a copy)", function()
     local c
     d, c = r.start()
-    local id = assert(call(c, "sandbox.create", {})).id
+    -- no disk cap: the upper dir is not on the btrfs pool, the snapshot copies
+    local id = assert(call(c, "sandbox.create", { limits = { disk = 0 } })).id
     local kept = assert(call(c, "sandbox.snapshot", { id = id, name = "kept" }))
     -- enough files that the copy takes a while, then SIGKILL mid-copy
     assert(run(c, id, { "sh", "-c", "mkdir /many && cd /many && i=0; while [ $i -lt 3000 ]; do echo $i > f$i; i=$((i+1)); done" }).exit_code == 0)
@@ -338,5 +340,216 @@ describe("a daemon killed during a snapshot or a fork", function()
     end
     c:close()
     d.stop()
+  end)
+end)
+
+-- The btrfs pool (docs/limits.md "Where a box's writes go"): skipped, with
+-- the reason, where the daemon runs without one (no btrfs, no mkfs.btrfs).
+local function pool_of(d)
+  local log = helper.read_file(d.log) or ""
+  if log:find("disk pool: btrfs at", 1, true) then return d.state .. "/pool" end
+  return nil, log:match("disk pool: none %(([^\n]*)%)") or "no disk pool line in the log"
+end
+
+local function record(d, sid)
+  return require("tupper.util.json").decode(assert(helper.read_file(d.state .. "/snapshots/" .. sid .. ".json")))
+end
+
+-- bytes used on the filesystem at path, after a sync of it
+local function used(path)
+  os.execute("sync -f '" .. path .. "'")
+  local st = assert(uv.fs_statfs(path))
+  return (st.blocks - st.bfree) * st.bsize
+end
+
+local function sh(cmd)
+  local p = io.popen(cmd .. " 2>&1")
+  local out = p:read("a")
+  local ok = p:close()
+  return ok, out
+end
+
+describe("snapshots on the btrfs pool", function()
+  local d, c, pool, why
+
+  setup(function()
+    d = helper.start_daemon(nil, { pool = 0 })
+    c = assert(d.connect())
+    pool, why = pool_of(d)
+  end)
+  teardown(function()
+    if c then helper.kill_sandboxes(c); c:close() end
+    if d then d.stop() end
+    helper.drain()
+  end)
+
+  it("a snapshot of a box that wrote 256 MiB is a read-only subvolume: nothing is copied", function()
+    if not pool then return pending("no btrfs pool: " .. why) end
+    -- an image of the store (the default one is not), to see it pinned
+    assert(call(c, "image.import", { path = d.state .. "/images/default/rootfs", ref = "pinned-base" }))
+    local id = assert(call(c, "sandbox.create", { image = "pinned-base" })).id
+    -- the box's upper dir is its own subvolume, bound in its mount namespace
+    local sv = pool .. "/boxes/" .. id
+    assert.are.equal(256, assert(uv.fs_stat(sv)).ino)
+    assert.are.equal(0, run(c, id, { "dd", "if=/dev/zero", "of=/big", "bs=1M", "count=256" }).exit_code)
+    write(c, id, "/mark.txt", "v1")
+    local pool_before, layers_before = used(pool), #entries(d.state .. "/layers")
+    local snap = assert(call(c, "sandbox.snapshot", { id = id, name = "big" }))
+    local rec = record(d, snap.id)
+    assert.is_string(rec.pool_snap)
+    assert.is_nil(rec.layer)
+    local sdir = pool .. "/snaps/" .. rec.pool_snap
+    -- the image it stacks on is kept from prune while it lives
+    local function pinned()
+      return (helper.read_file(d.state .. "/images/pins.json") or ""):find("snapshot " .. snap.id, 1, true) ~= nil
+    end
+    assert.is_string(rec.image_digest)
+    assert.is_true(pinned(), "the image is not pinned")
+    -- a subvolume root (inode 256) that refuses writes: read-only
+    assert.are.equal(256, assert(uv.fs_stat(sdir)).ino)
+    local wok = uv.fs_open(sdir .. "/upper/new", "w", 420)
+    assert.is_nil(wok, "a write into the snapshot succeeded")
+    assert.are.equal(256 * 1048576, assert(uv.fs_stat(sdir .. "/upper/big")).size)
+    -- neither the pool nor the layer store took the 256 MiB again
+    assert.truthy(used(pool) - pool_before < 32 * 1048576, ("pool grew by %d"):format(used(pool) - pool_before))
+    assert.are.equal(layers_before, #entries(d.state .. "/layers"))
+    -- a sandbox from it: the snapshot's upper over the box's own lower dirs
+    local child = assert(call(c, "sandbox.create", { snapshot = "big" })).id
+    assert.are.equal("v1", read(c, child, "/mark.txt"))
+    assert.are.equal(tostring(256 * 1048576) .. "\n", run(c, child, { "stat", "-c", "%s", "/big" }).stdout)
+    -- and each writes on its own afterwards
+    write(c, id, "/mark.txt", "parent")
+    write(c, child, "/mark.txt", "child")
+    assert.are.equal("parent", read(c, id, "/mark.txt"))
+    assert.are.equal("child", read(c, child, "/mark.txt"))
+    assert.are.equal("v1", helper.read_file(sdir .. "/upper/mark.txt"))
+    -- a snapshot of the child stacks on the first: that one is kept while it lives
+    local snap2 = assert(call(c, "sandbox.snapshot", { id = child }))
+    local grand = assert(call(c, "sandbox.create", { snapshot = snap2.id })).id
+    assert.are.equal("child", read(c, grand, "/mark.txt"))
+    call(c, "sandbox.kill", { id = grand })
+    call(c, "sandbox.kill", { id = child })
+    -- a killed box's subvolume goes with it
+    call(c, "sandbox.kill", { id = id })
+    assert.is_nil(uv.fs_stat(sv))
+    -- the image it stacks on outlives image remove and prune (the pin)
+    assert(call(c, "image.remove", { ref = "pinned-base" }))
+    assert(call(c, "image.prune", { all = true }))
+    child = assert(call(c, "sandbox.create", { snapshot = snap.id })).id
+    assert.are.equal("v1", read(c, child, "/mark.txt"))
+    assert.are.equal(0, run(c, child, { "test", "-x", "/bin/sh" }).exit_code)
+    call(c, "sandbox.kill", { id = child })
+    assert.truthy(fails(c, "snapshot.delete", { id = snap.id }):find("in use", 1, true))
+    assert(call(c, "snapshot.delete", { id = snap2.id }))
+    assert(call(c, "snapshot.delete", { id = snap.id }))
+    assert.is_false(pinned())
+    -- its subvolume went with it
+    assert.is_nil(uv.fs_stat(sdir))
+    assert.are.same({}, entries(pool .. "/snaps"))
+  end)
+
+  it("holds a box to its disk cap with a qgroup limit (EDQUOT)", function()
+    if not pool then return pending("no btrfs pool: " .. why) end
+    local id = assert(call(c, "sandbox.create", { limits = { disk = 16 * 1048576 } })).id
+    local r = run(c, id, { "sh", "-c", "dd if=/dev/zero of=/fill bs=1M count=64 2>&1; sync; stat -c %s /fill" })
+    assert.truthy(r.stdout:find("Disk quota exceeded", 1, true), r.stdout)
+    local size = tonumber(r.stdout:match("(%d+)\n$"))
+    assert.truthy(size and size <= 20 * 1048576, r.stdout)
+    call(c, "sandbox.kill", { id = id })
+  end)
+end)
+
+describe("the btrfs pool after a daemon killed during a snapshot", function()
+  local dir, d
+
+  setup(function() dir = helper.tmpdir() end)
+  after_each(function() helper.release(d) end)
+  teardown(function()
+    helper.rmrf(dir)
+    helper.drain()
+  end)
+
+  it("is re-adopted; what a snapshot cut short left is removed, the box re-adopted", function()
+    d = helper.start_daemon(dir, { pool = 0 })
+    local pool, why = pool_of(d)
+    if not pool then d.stop(); return pending("no btrfs pool: " .. why) end
+    local c = assert(d.connect())
+    local id = assert(call(c, "sandbox.create", {})).id
+    write(c, id, "/a.txt", "a")
+    local kept = assert(call(c, "sandbox.snapshot", { id = id, name = "kept" }))
+    -- what a kill leaves at each point: a temp subvolume (before the rename),
+    -- a snapshot no record names (before the record), a box subvolume that
+    -- no live box owns (a start cut short)
+    local stray = ("%064x"):format(7)
+    for _, cmd in ipairs({
+      ("btrfs -q subvolume snapshot -r '%s/boxes/%s' '%s/snaps/.tmp-%s'"):format(pool, id, pool, stray),
+      ("btrfs -q subvolume snapshot -r '%s/boxes/%s' '%s/snaps/%s'"):format(pool, id, pool, stray),
+      ("btrfs -q subvolume create '%s/boxes/deadbeef0001'"):format(pool) }) do
+      local ok, out = sh(cmd)
+      assert(ok, cmd .. ": " .. out)
+    end
+    -- and a real snapshot under way when the SIGKILL comes
+    c.conn:send({ jsonrpc = "2.0", id = 99, method = "sandbox.snapshot", params = { id = id, name = "half" } })
+    c:close()
+    d.crash()
+    -- the pool stays mounted (the box holds it too) and is adopted
+    d = helper.start_daemon(dir, { pool = 0 })
+    assert.truthy((helper.read_file(d.log) or ""):find("re-adopted)", 1, true), helper.read_file(d.log))
+    c = assert(d.connect())
+    local info = call(c, "sandbox.get", { id = id })
+    assert(info, "not re-adopted: " .. tostring(helper.read_file(d.log)))
+    if info.state == "paused" then assert(call(c, "sandbox.resume", { id = id })) end
+    assert.are.equal("a", read(c, id, "/a.txt"))
+    -- every snapshot listed has its subvolume, and every subvolume a record
+    local names = {}
+    for _, s in ipairs(assert(call(c, "snapshot.list", {})).snapshots) do
+      names[record(d, s.id).pool_snap] = true
+    end
+    local n = 0
+    for _, name in ipairs(entries(pool .. "/snaps")) do
+      assert.is_true(names[name], "a pool snapshot no record names: " .. name)
+      n = n + 1
+    end
+    assert.truthy(n >= 1 and n <= 2, n)
+    assert.is_nil(uv.fs_stat(pool .. "/boxes/deadbeef0001"))
+    local child = assert(call(c, "sandbox.create", { snapshot = kept.id })).id
+    assert.are.equal("a", read(c, child, "/a.txt"))
+    helper.kill_sandboxes(c)
+    for _, s in ipairs(assert(call(c, "snapshot.list", {})).snapshots) do call(c, "snapshot.delete", { id = s.id }) end
+    c:close()
+    d.stop()
+    -- the stop unmounted it
+    assert.is_nil((helper.read_file("/proc/self/mountinfo") or ""):find(dir, 1, true))
+  end)
+end)
+
+describe("a state dir with the btrfs pool turned off", function()
+  it("gives boxes ext4 disks and snapshots that copy", function()
+    local dir = helper.tmpdir()
+    assert(uv.fs_mkdir(dir .. "/state", tonumber("711", 8)))
+    local f = assert(io.open(dir .. "/state/no-btrfs-pool", "w"))
+    f:close()
+    local d = helper.start_daemon(dir, { pool = 0 })
+    local c = assert(d.connect())
+    local ok, err = pcall(function()
+      assert.truthy((helper.read_file(d.log) or ""):find("disk pool: none (turned off", 1, true), helper.read_file(d.log))
+      local id = assert(call(c, "sandbox.create", { limits = { disk = 64 * 1048576 } })).id
+      -- the cap is an ext4 image of that size: df in the box says so
+      local kb = tonumber(run(c, id, { "df", "-k", "/" }).stdout:match("\n%S+%s+(%d+)"))
+      assert.truthy(kb and kb * 1024 <= 64 * 1048576 and kb * 1024 > 64 * 1048576 * 0.9, tostring(kb))
+      write(c, id, "/x.txt", "x")
+      local snap = assert(call(c, "sandbox.snapshot", { id = id }))
+      local rec = record(d, snap.id)
+      assert.is_string(rec.layer)
+      assert.is_nil(rec.pool_snap)
+      assert.is_nil(uv.fs_stat(d.state .. "/pool"))
+      local child = assert(call(c, "sandbox.create", { snapshot = snap.id })).id
+      assert.are.equal("x", read(c, child, "/x.txt"))
+    end)
+    helper.kill_sandboxes(c)
+    for _, s in ipairs(call(c, "snapshot.list", {}).snapshots) do call(c, "snapshot.delete", { id = s.id }) end
+    c:close()
+    d.stop()
+    assert(ok, err)
   end)
 end)

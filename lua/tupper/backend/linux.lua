@@ -20,6 +20,9 @@ M.live_limits = true   -- memory, pids and cpus of a live box can change (set_li
 -- delay_ms: the create that took a box, and the process.start that
 -- usually follows it, are answered first.
 M.pool = { option = "pool", size = 2, delay_ms = 0, label = "pool" }
+-- state dir -> the btrfs pool mounted for it (daemon/disk_pool.lua): a box
+-- with a disk cap gets its upper dir there
+M.pools = {}
 
 --- Starts a box.  opts: id, layers (read-only layer dirs, lowest first),
 -- dir, uid_base, id_count, cgroup, limits (the backend's: memory, pids,
@@ -29,6 +32,7 @@ function M.start(opts)
   local spec = { id = opts.id, layers = opts.layers, dir = opts.dir,
     uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
     cgroup = opts.cgroup, limits = opts.limits, volumes = opts.volumes }
+  if opts.limits and (opts.limits.disk or 0) > 0 then spec.pool = M.pools[opts.state_dir or ""] end
   -- the start runs in the thread pool: the loop keeps serving meanwhile
   return async.wait(function(cb)
     local ok, serr = core.start("linux", spec, cb)

@@ -154,6 +154,31 @@ local function check_overlay()
   check("overlayfs", "fail", "the kernel has no overlay filesystem", "modprobe overlay (CONFIG_OVERLAY_FS)", true)
 end
 
+-- Where boxes' writes go (docs/limits.md): the btrfs pool (snapshots are
+-- subvolume snapshots, O(1)) or an ext4 image per box (snapshots copy).
+local function check_disk_pool(state)
+  local off = state .. "/no-btrfs-pool"
+  if uv.fs_stat(off) then
+    check("disk pool", "ok", ("ext4 image per box: turned off by %s (snapshots copy the box's files)"):format(off))
+    facts({ btrfs = false, mounted = false })
+    return
+  end
+  local ok, err = core.pool_probe()
+  if not ok then
+    check("disk pool", "warn", ("ext4 image per box (snapshots copy the box's files): %s"):format(err),
+      "apt-get install btrfs-progs (and a kernel with btrfs) for O(1) snapshots and forks")
+    facts({ btrfs = false, mounted = false })
+    return
+  end
+  local point, mounted = (uv.fs_realpath(state) or state) .. "/pool", false
+  for line in (read("/proc/self/mountinfo", 1048576) or ""):gmatch("[^\n]+") do
+    if line:match("^%S+ %S+ %S+ %S+ (%S+)") == point and line:find(" - btrfs ", 1, true) then mounted = true end
+  end
+  check("disk pool", "ok", ("btrfs: boxes' upper dirs are subvolumes of %s/pool.img, %s (snapshots are O(1))"):format(
+    state, mounted and "mounted" or "mounted at the daemon's start"))
+  facts({ btrfs = true, mounted = mounted })
+end
+
 local function check_seccomp()
   local status = read("/proc/self/status") or ""
   local actions = read("/proc/sys/kernel/seccomp/actions_avail")
@@ -316,6 +341,7 @@ function M.checks(opts)
   check_nofile()
   check_daemon(opts.socket)
   check_state(opts.state_dir or paths.state_dir())
+  check_disk_pool(opts.state_dir or paths.state_dir())
   return checks
 end
 

@@ -25,7 +25,7 @@ local handles = require("tupper.daemon.handles")
 local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
                 require("tupper.daemon.life"), require("tupper.daemon.events"),
                 require("tupper.daemon.recover"),
-                (require("tupper.daemon.snapshots")) } -- (): require also returns the path
+                (require("tupper.daemon.snapshots")), (require("tupper.daemon.disk_pool")) } -- (): require also returns the path
 
 local M = {}
 
@@ -298,6 +298,7 @@ function Daemon:shutdown()
     while self.filling do async.sleep(5) end
     for conn in pairs(self.clients) do conn:close() end
     core.cgroup_prune()
+    self:_disk_pool_close() -- its boxes are gone
     -- everything is gone: a late SIGTERM (a second Ctrl-C) must not make
     -- a clean exit look like a death by signal
     for _, s in ipairs(self.signals) do s:close() end
@@ -424,6 +425,7 @@ function M.run(opts)
       self.layer_store, err = layers.open(self.state .. "/layers")
       ok = self.layer_store ~= nil
     end
+    if ok then ok, err = self:_disk_pool_open() end
     if ok then ok, err = self:_snapshots_open() end
     if ok then
       self.images, err = images.open(self.state .. "/images", { uid_base = self.uid_base,
@@ -436,6 +438,7 @@ function M.run(opts)
     end
     if ok then
       self:_recover()
+      self:_disk_pool_sweep()
       if self.cgroups then self:_sweep_cgroups() end
     end
     if ok then
@@ -445,6 +448,7 @@ function M.run(opts)
     if not ok then
       io.stderr:write("tupper daemon: ", tostring(err), "\n")
       code = 1
+      if next(self.sandboxes) == nil then self:_disk_pool_close() end
       if self.lock then uv.fs_close(self.lock) end
       return
     end

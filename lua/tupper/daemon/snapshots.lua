@@ -15,12 +15,23 @@
 -- at the next start), is renamed into place as a layer, and only then is
 -- the record written (tmp file + rename).  A layer of kind "snapshot" that
 -- no record names is the leftover of a killed snapshot: removed at start.
+--
+-- On the btrfs pool (daemon/disk_pool.lua), a box's upper dir is a
+-- subvolume: its snapshot is a read-only subvolume snapshot of it,
+-- <pool>/snaps/<key> (record field pool_snap), taken while the box is frozen
+-- (after syncfs), O(1) in what the box wrote.  Its upper/ is the top lower
+-- dir of a sandbox made from it, above the box's own lower dirs (record
+-- field lowers), whose image the snapshot pins in the image store.  Made as
+-- snaps/.tmp-<key> and renamed, then the record: a daemon killed before the
+-- rename leaves a .tmp-* subvolume, one killed before the record a
+-- snapshot no record names; both are removed at the next start.
 local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local async = require("tupper.util.async")
 local records = require("tupper.daemon.records")
 local log = require("tupper.daemon.log").log
+local layers = require("tupper.image.layers")
 
 local D = {}
 
@@ -30,6 +41,7 @@ D.SNAPSHOT_NAME_MAX = 128
 -- request line of at most 16 MiB (wire/rpc.lua MAX_LINE), a policy file is
 -- at most 1 MiB before JSON escapes; twice a request line bounds them all
 D.SNAPSHOT_RECORD_MAX = 32 * 1024 * 1024
+D.LAYERS_MAX = 128 -- lower dirs of one box (TP_LAYERS_MAX, backends/linux/linux.h)
 
 local CP = "/usr/bin/cp"
 local DU = "/usr/bin/du"
@@ -68,7 +80,16 @@ function D:_snapshots_open()
     local path = self.snapdir .. "/" .. name
     local id = name:match("^(s%x+)%.json$")
     local rec = id and records.load(path, D.SNAPSHOT_RECORD_MAX)
-    if rec and rec.id == id and self.layer_store:get(rec.layer or "") then
+    if rec and rec.id == id and layers.valid_key(rec.pool_snap) and
+        type(rec.lowers) == "table" then
+      -- kept while the pool is off: it serves again once the pool is back
+      if not self.disk_pool or core.pool_is_subvol(self:_pool_snap_dir(rec)) == 2 then
+        self.snapshots[id] = rec
+      else
+        log("removing snapshot %s: its subvolume is gone", id)
+        uv.fs_unlink(path)
+      end
+    elseif rec and rec.id == id and self.layer_store:get(rec.layer or "") then
       self.snapshots[id] = rec
     else
       log("removing stale snapshot file %s", name)
@@ -76,7 +97,22 @@ function D:_snapshots_open()
     end
   end
   local used = {}
-  for _, rec in pairs(self.snapshots) do used[rec.layer] = true end
+  for _, rec in pairs(self.snapshots) do used[rec.layer or rec.pool_snap] = true end
+  if self.disk_pool then
+    h = uv.fs_scandir(self.disk_pool.dir .. "/snaps")
+    while h do
+      local name = uv.fs_scandir_next(h)
+      if not name then break end
+      if not used[name] and not name:match("^%.tmp%-") then
+        log("removing pool snapshot %s that no snapshot names (a snapshot cut short)", name:sub(1, 12))
+        local ok, err = async.wait(function(cb)
+          local qok, qerr = core.pool_drop(self.disk_pool.dir, "snaps", name, cb)
+          if not qok then cb(nil, qerr) end
+        end)
+        if not ok then log("pool snapshot %s: %s", name:sub(1, 12), tostring(err)) end
+      end
+    end
+  end
   h = uv.fs_scandir(self.layer_store.dir)
   while h do
     local name = uv.fs_scandir_next(h)
@@ -113,10 +149,27 @@ function D:snapshot_info(rec)
            created_at = rec.created_at, size = rec.size or 0, sandboxes = users }
 end
 
--- The sandboxes (live or being made) whose rootfs has the snapshot's layer.
+-- The dir of a pool snapshot (record field pool_snap), and its lower dir.
+function D:_pool_snap_dir(rec)
+  return (self.disk_pool and self.disk_pool.dir or self.state .. "/pool") .. "/snaps/" .. rec.pool_snap
+end
+
+-- The lower dir a snapshot adds to the sandboxes made from it.
+function D:_snapshot_top(rec)
+  if rec.pool_snap then return self:_pool_snap_dir(rec) .. "/upper" end
+  return self.layer_store.dir .. "/" .. rec.layer .. "/fs"
+end
+
+-- The sandboxes (live or being made) whose rootfs has the snapshot's
+-- layer, and the pool snapshots stacked on it.
 function D:_snapshot_users(rec)
-  local path = self.layer_store.dir .. "/" .. rec.layer .. "/fs"
+  local path = self:_snapshot_top(rec)
   local out = {}
+  for id, r in pairs(self.snapshots) do
+    for _, l in ipairs(r.lowers or {}) do
+      if l == path then out[#out + 1] = "(snapshot " .. id .. ")"; break end
+    end
+  end
   for id, sb in pairs(self.sandboxes) do
     for _, l in ipairs(sb.layers or {}) do
       if l == path then out[#out + 1] = id; break end
@@ -185,6 +238,15 @@ local function du(path)
   return out and math.tointeger(tonumber(out:match("^(%d+)"))) or 0
 end
 
+-- The pool dir when sb's upper dir is a subvolume on it and a sandbox made
+-- from its snapshot still fits the layer limit; else nil (a copy).
+function D:_snapshot_on_pool(sb)
+  local pool = self.disk_pool and self.disk_pool.dir
+  if not pool or #(sb.layers or {}) + 1 > D.LAYERS_MAX then return nil end
+  if core.pool_is_subvol(pool .. "/boxes/" .. sb.id) ~= 1 then return nil end
+  return pool
+end
+
 --- Takes a filesystem snapshot of sandbox sb (running or paused), named
 -- name (optional).  Returns the snapshot record or nil, message.
 function D:snapshot_sandbox(sb, name)
@@ -215,11 +277,33 @@ function D:snapshot_sandbox(sb, name)
       return nil, "freeze the sandbox: " .. tostring(err)
     end
   end
-  local tmp, terr = self.layer_store:tmp()
-  if tmp then
-    ok, err = copy_tree(("/proc/%d/root"):format(sb.pid), tmp .. "/fs")
+  -- on the pool: a subvolume snapshot of the box's upper dir (O(1)), with
+  -- a key of its own; else a copy of its root into the layer store
+  local pool = self:_snapshot_on_pool(sb)
+  local key = core.sha256("tupper-snapshot\0" .. sb.id .. "\0" .. core.random_hex(16))
+  local tmp, terr
+  if pool then
+    ok, err = async.wait(function(cb)
+      local qok, qerr = core.pool_snapshot(pool, sb.id, key, cb)
+      if not qok then cb(nil, qerr) end
+    end)
   else
-    ok, err = nil, terr
+    tmp, terr = self.layer_store:tmp()
+    if tmp then
+      ok, err = copy_tree(("/proc/%d/root"):format(sb.pid), tmp .. "/fs")
+    else
+      ok, err = nil, terr
+    end
+  end
+  -- what a failure from here on drops: the copy, or the pool snapshot
+  local function discard()
+    if not pool then return self.layer_store:discard(tmp) end
+    if not ok then return end
+    local dok, derr = async.wait(function(cb)
+      local qok, qerr = core.pool_drop(pool, "snaps", key, cb)
+      if not qok then cb(nil, qerr) end
+    end)
+    if not dok then log("snapshot of %s: drop its subvolume: %s", sb.id, tostring(derr)) end
   end
   -- thawed unless it was paused before, or got paused meanwhile, or died
   if froze and sb.state == "running" then
@@ -229,30 +313,46 @@ function D:snapshot_sandbox(sb, name)
   sb.snapshot_frozen = nil
   sb.snapshotting = nil
   if not ok then
-    self.layer_store:discard(tmp)
+    discard()
     return nil, "snapshot: " .. tostring(err)
   end
   if self.stopping then
-    self.layer_store:discard(tmp)
+    discard()
     return nil, "the daemon is shutting down"
   end
   if sb.state ~= "running" and sb.state ~= "paused" then
-    self.layer_store:discard(tmp)
+    discard()
     return nil, ("sandbox '%s' went away during its snapshot"):format(sb.id)
   end
-  local size = du(tmp .. "/fs")
+  -- the bytes the snapshot holds of its own: the box's files (a copy), or
+  -- what the box wrote over its lower dirs (a pool snapshot)
+  local size = du(pool and (pool .. "/snaps/" .. key .. "/upper") or (tmp .. "/fs"))
   -- from here on nothing yields until the record is in self.snapshots
   if name and self:snapshot_find(name) then -- taken by another snapshot meanwhile
-    self.layer_store:discard(tmp)
+    discard()
     return nil, ("a snapshot is already named '%s'"):format(name)
   end
   local id
   repeat id = "s" .. core.random_hex(6) until not self.snapshots[id]
-  local key = core.sha256("tupper-snapshot\0" .. id .. "\0" .. core.random_hex(16))
-  local layer, cerr = self.layer_store:commit(tmp, key, { kind = "snapshot", snapshot = id, sandbox = sb.id })
-  if not layer then return nil, "snapshot: " .. tostring(cerr) end
+  local lowers
+  if pool then
+    lowers = {}
+    for i, l in ipairs(sb.layers or {}) do lowers[i] = l end
+    -- the image's layers stay in the image store while the snapshot lives
+    if sb.image_digest and self.images then
+      local pok, perr = self.images:pin(sb.image_digest, "snapshot " .. id)
+      if not pok then
+        discard()
+        return nil, "snapshot: pin its image: " .. tostring(perr)
+      end
+    end
+  else
+    local layer, cerr = self.layer_store:commit(tmp, key, { kind = "snapshot", snapshot = id, sandbox = sb.id })
+    if not layer then return nil, "snapshot: " .. tostring(cerr) end
+  end
   local rec = {
-    id = id, names = name and { name } or {}, layer = key, sandbox = sb.id,
+    id = id, names = name and { name } or {}, layer = not pool and key or nil, sandbox = sb.id,
+    pool_snap = pool and key or nil, lowers = lowers,
     created_at = os.date("!%Y-%m-%dT%H:%M:%SZ"), size = size,
     image = sb.image, image_digest = sb.image_digest, backend = sb.backend,
     env = sb.env, cwd = sb.cwd, workdir = sb.workdir, user = sb.user, cred = sb.cred,
@@ -261,11 +361,16 @@ function D:snapshot_sandbox(sb, name)
   }
   local wok, werr = write_atomic(self.snapdir .. "/" .. id .. ".json", json.encode(rec))
   if not wok then
-    self.layer_store:discard(layer.fs:sub(1, -4))
+    if pool then
+      if sb.image_digest and self.images then self.images:unpin(sb.image_digest, "snapshot " .. id) end
+      discard()
+    else
+      self.layer_store:discard(self.layer_store.dir .. "/" .. key)
+    end
     return nil, "snapshot: write its record: " .. tostring(werr)
   end
   self.snapshots[id] = rec
-  log("snapshot %s of sandbox %s (%d bytes)", id, sb.id, size)
+  log("snapshot %s of sandbox %s (%d bytes, %s)", id, sb.id, size, pool and "a subvolume snapshot" or "a copy")
   return rec
 end
 
@@ -281,7 +386,19 @@ function D:snapshot_delete(ref)
   -- snapshot layer, which the next start removes
   uv.fs_unlink(self.snapdir .. "/" .. rec.id .. ".json")
   self.snapshots[rec.id] = nil
-  self.layer_store:discard(self.layer_store.dir .. "/" .. rec.layer)
+  if rec.pool_snap then
+    -- a killed daemon leaves the subvolume, which the next start removes
+    if rec.image_digest and self.images then self.images:unpin(rec.image_digest, "snapshot " .. rec.id) end
+    if self.disk_pool then
+      local ok, derr = async.wait(function(cb)
+        local qok, qerr = core.pool_drop(self.disk_pool.dir, "snaps", rec.pool_snap, cb)
+        if not qok then cb(nil, qerr) end
+      end)
+      if not ok then log("snapshot %s: %s", rec.id, tostring(derr)) end
+    end
+  else
+    self.layer_store:discard(self.layer_store.dir .. "/" .. rec.layer)
+  end
   log("snapshot %s deleted", rec.id)
   return true
 end
@@ -310,12 +427,29 @@ end
 -- settings the snapshotted sandbox had (apply_image in daemon/create.lua
 -- reads them as an image's config).
 function D:_snapshot_image(rec)
-  local l = self.layer_store:get(rec.layer)
-  if not l then return nil, ("snapshot '%s' has lost its layer"):format(rec.id) end
+  local layers
+  if rec.pool_snap then
+    if not self.disk_pool then
+      return nil, ("snapshot '%s' is on the btrfs disk pool, which this daemon has not mounted (%s)"):format(
+        rec.id, tostring(self.disk_pool_off))
+    end
+    layers = {}
+    for i, l in ipairs(rec.lowers) do
+      if type(l) ~= "string" or not uv.fs_stat(l) then
+        return nil, ("snapshot '%s' has lost lower dir %d"):format(rec.id, i)
+      end
+      layers[i] = l
+    end
+    layers[#layers + 1] = self:_snapshot_top(rec)
+  else
+    local l = self.layer_store:get(rec.layer)
+    if not l then return nil, ("snapshot '%s' has lost its layer"):format(rec.id) end
+    layers = { l.fs }
+  end
   local env = {}
   for k, v in pairs(rec.env or {}) do env[#env + 1] = k .. "=" .. v end
   table.sort(env)
-  return { ref = rec.image, digest = rec.image_digest, layers = { l.fs }, snapshot = rec.id,
+  return { ref = rec.image, digest = rec.image_digest, layers = layers, snapshot = rec.id,
            cred = rec.cred, config = { env = env, workdir = rec.cwd or "", user = rec.user } }
 end
 

@@ -1,0 +1,452 @@
+/* The btrfs pool of box upper dirs (docs/limits.md, docs/snapshots.md).
+ *
+ * One sparse image file, <dir>.img, formatted btrfs (mkfs.btrfs: the only
+ * tool run; everything else is an ioctl), attached to a loop device with
+ * LO_FLAGS_AUTOCLEAR and mounted at <dir> (nosuid, nodev) in the daemon's
+ * mount namespace, quotas on.  Inside:
+ *
+ *   <dir>/boxes/<id>    one subvolume per box: upper/ and work/ of its
+ *                       overlay; the disk cap is its qgroup's limit on
+ *                       referenced bytes (a write past it fails EDQUOT)
+ *   <dir>/snaps/<name>  read-only snapshots of box subvolumes (a snapshot's
+ *                       upper/ is a lower dir of the boxes made from it)
+ *   <dir>/snaps/.tmp-*  a snapshot being made (renamed when whole)
+ *
+ * Lifetime: the loop device goes with the last user of the filesystem (the
+ * host's mount, and the overlays of live boxes, which hold it in their own
+ * mount namespaces).  A daemon killed leaves the mount; the next one adopts
+ * it after checking that it is this image's (tp_linux_pool_open).
+ *
+ * Threat model: every path here is the daemon's own (its state dir); names
+ * inside the pool are checked to be one plain component.  No box can reach
+ * the pool: its root is the overlay, and the bind of its subvolume lives
+ * only in its mount namespace, dropped with the old root at pivot_root. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/btrfs.h>
+#include <linux/loop.h>
+#include <linux/magic.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "linux_int.h"
+#include "utils.h"
+
+#define TP__MKFS_BTRFS "/sbin/mkfs.btrfs"
+#define TP__POOL_MIN (1LL << 30) /* below this btrfs's own metadata crowds the boxes out */
+#define TP__SUBVOL_ROOT_INO 256  /* BTRFS_FIRST_FREE_OBJECTID: a subvolume's root dir */
+
+/* 1 if name is one plain path component of at most 200 bytes. */
+static int plain_name(const char *name) {
+  size_t n = name != NULL ? strlen(name) : 0;
+  if (n == 0 || n > 200 || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (name[i] == '/' || (unsigned char) name[i] < 0x20)
+      return 0;
+  return 1;
+}
+
+static int is_btrfs_fd(int fd) {
+  struct statfs sf;
+  return fstatfs(fd, &sf) == 0 && sf.f_type == (typeof(sf.f_type)) BTRFS_SUPER_MAGIC;
+}
+
+int tp_linux_pool_probe(tp_error_t *err) {
+  char buf[4096];
+  ssize_t n;
+  int found = 0;
+  cleanup_close int fd = open("/proc/filesystems", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return tp_error_errno(err, errno, "open /proc/filesystems");
+  while ((n = read(fd, buf, sizeof(buf) - 1)) > 0 && !found) {
+    buf[n] = '\0';
+    found = strstr(buf, "\tbtrfs\n") != NULL;
+  }
+  if (!found)
+    return tp_error_set(err, ENODEV, "the kernel has no btrfs (not in /proc/filesystems)");
+  if (access(TP__MKFS_BTRFS, X_OK) < 0)
+    return tp_error_errno(err, errno, "no %s (apt install btrfs-progs)", TP__MKFS_BTRFS);
+  if (access("/dev/loop-control", R_OK | W_OK) < 0)
+    return tp_error_errno(err, errno, "no /dev/loop-control");
+  return 0;
+}
+
+/* mkfs.btrfs on path; the start of its stderr goes into the error. */
+static int mkfs_btrfs(const char *path, tp_error_t *err) {
+  char *const argv[] = {"mkfs.btrfs", "-q", "-f", "--nodiscard", "-L", "tupper-pool",
+                        (char *) path, NULL};
+  char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", NULL};
+  cleanup_close int rd = -1;
+  cleanup_pid pid_t pid = -1;
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  sigset_t none, all;
+  char msg[200];
+  size_t len = 0;
+  int p[2], r, status;
+
+  if (pipe2(p, O_CLOEXEC) < 0)
+    return tp_error_errno(err, errno, "pipe");
+  rd = p[0];
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  r = posix_spawn(&pid, TP__MKFS_BTRFS, &fa, &attr, argv, envp);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  close(p[1]);
+  if (r != 0) {
+    pid = -1;
+    return tp_error_errno(err, r, "run %s (apt install btrfs-progs)", TP__MKFS_BTRFS);
+  }
+  for (;;) {
+    char buf[512];
+    ssize_t n = read(rd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    for (ssize_t i = 0; i < n && len + 1 < sizeof(msg); i++)
+      msg[len++] = buf[i] == '\n' ? ' ' : buf[i];
+  }
+  msg[len] = '\0';
+  while ((r = (int) waitpid(pid, &status, 0)) < 0 && errno == EINTR)
+    ;
+  if (r < 0)
+    return tp_error_errno(err, errno, "wait for %s", TP__MKFS_BTRFS);
+  pid = -1;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return tp_error_set(err, EIO, "%s '%s' failed: %s", TP__MKFS_BTRFS, path, msg);
+  return 0;
+}
+
+/* Is the btrfs mounted at mnt (its root open) this image's?  Its device 1
+ * must be a loop device whose backing file is img. */
+static int mounted_on(int mnt, const struct stat *img, tp_error_t *err) {
+  struct btrfs_ioctl_dev_info_args di;
+  struct loop_info64 li;
+  cleanup_close int dev = -1;
+
+  memset(&di, 0, sizeof(di));
+  di.devid = 1;
+  if (ioctl(mnt, BTRFS_IOC_DEV_INFO, &di) < 0)
+    return tp_error_errno(err, errno, "BTRFS_IOC_DEV_INFO");
+  di.path[sizeof(di.path) - 1] = '\0';
+  if (strncmp((const char *) di.path, "/dev/loop", 9) != 0)
+    return tp_error_set(err, EEXIST, "the btrfs mounted there is on '%s', not a loop device",
+                        (const char *) di.path);
+  dev = open((const char *) di.path, O_RDONLY | O_CLOEXEC);
+  if (dev < 0)
+    return tp_error_errno(err, errno, "open '%s'", (const char *) di.path);
+  if (ioctl(dev, LOOP_GET_STATUS64, &li) < 0)
+    return tp_error_errno(err, errno, "LOOP_GET_STATUS64 '%s'", (const char *) di.path);
+  if (li.lo_device != img->st_dev || li.lo_inode != img->st_ino)
+    return tp_error_set(err, EEXIST, "the btrfs mounted there is not the pool's image");
+  return 0;
+}
+
+/* Is the image already attached to a loop device?  Then a filesystem on it
+ * may still be alive (the boxes of a killed daemon whose pool mount was
+ * taken away): a second mount of the same btrfs through another device
+ * would corrupt it. */
+static int attached_elsewhere(const struct stat *img, char *dev, size_t dev_len) {
+  DIR *d = opendir("/sys/block");
+  struct dirent *e;
+  int found = 0;
+  if (d == NULL)
+    return 0;
+  while (!found && (e = readdir(d)) != NULL) {
+    struct loop_info64 li;
+    int fd;
+    if (strncmp(e->d_name, "loop", 4) != 0 || e->d_name[4] < '0' || e->d_name[4] > '9' ||
+        strlen(e->d_name) + 6 > dev_len)
+      continue;
+    memcpy(dev, "/dev/", 5);
+    memcpy(dev + 5, e->d_name, strlen(e->d_name) + 1);
+    fd = open(dev, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      continue;
+    found = ioctl(fd, LOOP_GET_STATUS64, &li) == 0 && li.lo_device == img->st_dev &&
+            li.lo_inode == img->st_ino;
+    close(fd);
+  }
+  closedir(d);
+  return found;
+}
+
+/* Opens dir (the mount point) and says whether a filesystem other than its
+ * parent's is mounted there. */
+static int open_mount_point(const char *dir, int *is_mount, tp_error_t *err) {
+  struct stat st, up;
+  char parent[TP__PATH_MAX_LEN + 4];
+  int fd;
+
+  if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+    return tp_error_errno(err, errno, "mkdir '%s'", dir);
+  fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return tp_error_errno(err, errno, "open '%s'", dir);
+  snprintf(parent, sizeof(parent), "%s/..", dir);
+  if (fstat(fd, &st) < 0 || stat(parent, &up) < 0) {
+    int e = errno;
+    close(fd);
+    return tp_error_errno(err, e, "stat '%s'", dir);
+  }
+  *is_mount = st.st_dev != up.st_dev;
+  return fd;
+}
+
+static int mkdir_in(int dfd, const char *name, tp_error_t *err) {
+  if (mkdirat(dfd, name, 0700) < 0 && errno != EEXIST)
+    return tp_error_errno(err, errno, "mkdir '%s' in the pool", name);
+  return 0;
+}
+
+int tp_linux_pool_open(const char *dir, int64_t bytes, int *adopted, tp_error_t *err) {
+  char img_path[TP__PATH_MAX_LEN + 8], dev[32];
+  cleanup_close int img = -1, loop = -1, mnt = -1;
+  struct btrfs_ioctl_quota_ctl_args q;
+  struct stat st;
+  int is_mount = 0, made = 0;
+
+  *adopted = 0;
+  if (dir == NULL || dir[0] != '/' || strlen(dir) > TP__PATH_MAX_LEN)
+    return tp_error_set(err, EINVAL, "pool dir must be an absolute path of at most %d bytes",
+                        TP__PATH_MAX_LEN);
+  snprintf(img_path, sizeof(img_path), "%s.img", dir);
+  mnt = open_mount_point(dir, &is_mount, err);
+  if (mnt < 0)
+    return -1;
+  img = open(img_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (img < 0 && errno != ENOENT)
+    return tp_error_errno(err, errno, "open '%s'", img_path);
+  if (is_mount) {
+    /* a killed daemon's mount: ours if it is this image's btrfs */
+    if (img < 0 || fstat(img, &st) < 0)
+      return tp_error_set(err, EEXIST, "'%s' is a mount point but '%s' is missing", dir,
+                          img_path);
+    if (!is_btrfs_fd(mnt) || mounted_on(mnt, &st, err) < 0)
+      return tp_error_prefix(err, "'%s' is mounted, not with the pool", dir);
+    *adopted = 1;
+  } else {
+    if (img < 0) {
+      if (bytes < TP__POOL_MIN)
+        bytes = TP__POOL_MIN;
+      img = open(img_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (img < 0)
+        return tp_error_errno(err, errno, "create '%s'", img_path);
+      made = 1;
+      if (ftruncate(img, (off_t) bytes) < 0 || mkfs_btrfs(img_path, err) < 0) {
+        if (err->code == 0)
+          tp_error_errno(err, errno, "size '%s' to %lld bytes", img_path, (long long) bytes);
+        unlink(img_path);
+        return -1;
+      }
+    } else if (fstat(img, &st) < 0 || !S_ISREG(st.st_mode)) {
+      return tp_error_set(err, EINVAL, "'%s' is not a regular file", img_path);
+    } else if (attached_elsewhere(&st, dev, sizeof(dev))) {
+      return tp_error_set(err, EBUSY,
+                          "'%s' is still attached to %s but not mounted at '%s' (boxes of an "
+                          "earlier daemon still use it): not mounted twice",
+                          img_path, dev, dir);
+    }
+    loop = tp__loop_attach(img, dev, sizeof(dev), err);
+    if (loop < 0)
+      goto fail;
+    /* discard=async: what boxes free is punched out of the sparse image */
+    if (mount(dev, dir, "btrfs", MS_NOSUID | MS_NODEV | MS_NOATIME, "discard=async") < 0) {
+      tp_error_errno(err, errno, "mount '%s' (btrfs on %s) at '%s'", img_path, dev, dir);
+      goto fail;
+    }
+    close(mnt);
+    mnt = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (mnt < 0 || !is_btrfs_fd(mnt)) {
+      tp_error_errno(err, mnt < 0 ? errno : EIO, "open the pool at '%s'", dir);
+      umount2(dir, MNT_DETACH);
+      goto fail;
+    }
+  }
+  /* idempotent: an enabled quota is left as it is */
+  memset(&q, 0, sizeof(q));
+  q.cmd = BTRFS_QUOTA_CTL_ENABLE;
+  if (ioctl(mnt, BTRFS_IOC_QUOTA_CTL, &q) < 0) {
+    tp_error_errno(err, errno, "enable quotas on the pool (BTRFS_IOC_QUOTA_CTL)");
+    if (!*adopted)
+      umount2(dir, MNT_DETACH);
+    goto fail;
+  }
+  if (fchmod(mnt, 0700) < 0 || mkdir_in(mnt, "boxes", err) < 0 || mkdir_in(mnt, "snaps", err) < 0) {
+    if (err->code == 0)
+      tp_error_errno(err, errno, "chmod '%s'", dir);
+    if (!*adopted)
+      umount2(dir, MNT_DETACH);
+    goto fail;
+  }
+  return 0;
+fail:
+  if (made)
+    unlink(img_path);
+  return -1;
+}
+
+int tp_linux_pool_close(const char *dir, tp_error_t *err) {
+  if (umount2(dir, UMOUNT_NOFOLLOW) == 0 || errno == EINVAL) /* EINVAL: not mounted */
+    return 0;
+  /* EBUSY: a host process still has a file of it open; the caller's boxes
+   * are gone, so detach it: it goes with that last file */
+  if (errno == EBUSY && umount2(dir, UMOUNT_NOFOLLOW | MNT_DETACH) == 0)
+    return 0;
+  return tp_error_errno(err, errno, "unmount the pool at '%s'", dir);
+}
+
+/* Opens <dir>/<sub> as a directory on the pool. */
+static int open_in_pool(const char *dir, const char *sub, tp_error_t *err) {
+  char path[TP__PATH_MAX_LEN + 16];
+  int fd;
+  snprintf(path, sizeof(path), "%s/%s", dir, sub);
+  fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return tp_error_errno(err, errno, "open '%s'", path);
+  if (!is_btrfs_fd(fd)) {
+    close(fd);
+    return tp_error_set(err, EXDEV, "'%s' is not on the btrfs pool", path);
+  }
+  return fd;
+}
+
+/* Deletes subvolume name of the dir open at parent (its qgroup with it,
+ * best effort: the kernel drops a deleted subvolume in the background). */
+static int subvol_destroy(int parent, const char *name, tp_error_t *err) {
+  struct btrfs_ioctl_vol_args va;
+  struct stat st;
+  if (fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+    return errno == ENOENT ? 0 : tp_error_errno(err, errno, "stat subvolume '%s'", name);
+  if (!S_ISDIR(st.st_mode) || st.st_ino != TP__SUBVOL_ROOT_INO)
+    return tp_error_set(err, EINVAL, "'%s' is not a subvolume", name);
+  memset(&va, 0, sizeof(va));
+  snprintf(va.name, sizeof(va.name), "%s", name);
+  if (ioctl(parent, BTRFS_IOC_SNAP_DESTROY, &va) < 0 && errno != ENOENT)
+    return tp_error_errno(err, errno, "delete subvolume '%s' (BTRFS_IOC_SNAP_DESTROY)", name);
+  return 0;
+}
+
+int tp__pool_box_make(const char *dir, const char *id, int64_t bytes, uid_t uid, gid_t gid,
+                      tp_error_t *err) {
+  cleanup_close int boxes = -1, sv = -1;
+  struct btrfs_ioctl_vol_args va;
+  struct btrfs_ioctl_qgroup_limit_args ql;
+
+  if (!plain_name(id))
+    return tp_error_set(err, EINVAL, "bad box id for the pool");
+  boxes = open_in_pool(dir, "boxes", err);
+  if (boxes < 0)
+    return -1;
+  memset(&va, 0, sizeof(va));
+  snprintf(va.name, sizeof(va.name), "%s", id);
+  if (ioctl(boxes, BTRFS_IOC_SUBVOL_CREATE, &va) < 0)
+    return tp_error_errno(err, errno, "create subvolume boxes/%s (BTRFS_IOC_SUBVOL_CREATE)", id);
+  sv = openat(boxes, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (sv < 0) {
+    tp_error_errno(err, errno, "open subvolume boxes/%s", id);
+    goto fail;
+  }
+  /* qgroupid 0: the subvolume sv is; referenced bytes, so what the box
+   * shares with a snapshot of it counts too, as on its own disk */
+  memset(&ql, 0, sizeof(ql));
+  ql.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER;
+  ql.lim.max_rfer = (uint64_t) bytes;
+  if (bytes > 0 && ioctl(sv, BTRFS_IOC_QGROUP_LIMIT, &ql) < 0) {
+    tp_error_errno(err, errno, "limit boxes/%s to %lld bytes (BTRFS_IOC_QGROUP_LIMIT)", id,
+                   (long long) bytes);
+    goto fail;
+  }
+  if (mkdirat(sv, "upper", 0755) < 0 || fchmodat(sv, "upper", 0755, 0) < 0 ||
+      fchownat(sv, "upper", uid, gid, AT_SYMLINK_NOFOLLOW) < 0 || mkdirat(sv, "work", 0700) < 0) {
+    tp_error_errno(err, errno, "make upper/ and work/ in boxes/%s", id);
+    goto fail;
+  }
+  return 0;
+fail:
+  close(sv);
+  sv = -1;
+  subvol_destroy(boxes, id, &(tp_error_t){0});
+  return -1;
+}
+
+int tp_linux_pool_drop(const char *dir, const char *sub, const char *name, tp_error_t *err) {
+  cleanup_close int parent = -1;
+  if ((strcmp(sub, "boxes") != 0 && strcmp(sub, "snaps") != 0) || !plain_name(name))
+    return tp_error_set(err, EINVAL, "bad pool subvolume %s/%s", sub, name);
+  parent = open_in_pool(dir, sub, err);
+  if (parent < 0)
+    return -1;
+  return subvol_destroy(parent, name, err);
+}
+
+int tp_linux_pool_snapshot(const char *dir, const char *box_id, const char *name, tp_error_t *err) {
+  cleanup_close int boxes = -1, snaps = -1, src = -1;
+  struct btrfs_ioctl_vol_args_v2 va;
+  char tmp[256];
+
+  if (!plain_name(box_id) || !plain_name(name) || name[0] == '.')
+    return tp_error_set(err, EINVAL, "bad name for a pool snapshot");
+  boxes = open_in_pool(dir, "boxes", err);
+  if (boxes < 0)
+    return -1;
+  snaps = open_in_pool(dir, "snaps", err);
+  if (snaps < 0)
+    return -1;
+  src = openat(boxes, box_id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (src < 0)
+    return tp_error_errno(err, errno, "open boxes/%s", box_id);
+  /* what the box wrote is on the pool before the snapshot (the kernel
+   * flushes the subvolume's delalloc too; this covers the rest) */
+  if (syncfs(src) < 0)
+    return tp_error_errno(err, errno, "syncfs the pool");
+  /* a temp name first: a daemon killed before the rename leaves only a
+   * .tmp-* subvolume, which the next open of the snapshots removes */
+  snprintf(tmp, sizeof(tmp), ".tmp-%s", name);
+  memset(&va, 0, sizeof(va));
+  va.fd = src;
+  va.flags = BTRFS_SUBVOL_RDONLY;
+  snprintf(va.name, sizeof(va.name), "%s", tmp);
+  if (ioctl(snaps, BTRFS_IOC_SNAP_CREATE_V2, &va) < 0)
+    return tp_error_errno(err, errno, "snapshot boxes/%s (BTRFS_IOC_SNAP_CREATE_V2)", box_id);
+  if (renameat(snaps, tmp, snaps, name) < 0) {
+    int e = errno;
+    subvol_destroy(snaps, tmp, &(tp_error_t){0});
+    return tp_error_errno(err, e, "rename snapshot to snaps/%s", name);
+  }
+  return 0;
+}
+
+int tp_linux_pool_is_subvol(const char *path) {
+  cleanup_close int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  uint64_t flags = 0;
+  if (fd < 0 || !is_btrfs_fd(fd) || fstat(fd, &st) < 0 || st.st_ino != TP__SUBVOL_ROOT_INO)
+    return 0;
+  if (ioctl(fd, BTRFS_IOC_SUBVOL_GETFLAGS, &flags) < 0)
+    return 0;
+  return (flags & BTRFS_SUBVOL_RDONLY) ? 2 : 1;
+}

@@ -1,0 +1,154 @@
+/* The btrfs pool of box upper dirs (backends/linux/pool_btrfs.c) with the
+ * real agent: a pool made and mounted in the test's temp dir, a box on it
+ * (its subvolume, its qgroup limit: EDQUOT past the cap), a read-only
+ * snapshot that does not copy, the destroy deleting the box's subvolume, a
+ * second open adopting the mount, the close unmounting it.  TAP-ish; exit
+ * 0 pass, 1 fail, 77 skip (not root, no btrfs or mkfs.btrfs, no agent). */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "tap.h"
+#include "image.h"
+#include "linux.h"
+#include "rmtree.h"
+#include "linux_box.h"
+
+static int64_t used(const char *path) {
+  struct statfs st;
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  syncfs(fd);
+  close(fd);
+  if (statfs(path, &st) < 0)
+    return -1;
+  return (int64_t) (st.f_blocks - st.f_bfree) * st.f_bsize;
+}
+
+static void test_pool(const env_t *e) {
+  tp_error_t err = {0};
+  char *pool = path_in(tmp_root, "pool"), *box_dir = path_in(tmp_root, "pbox");
+  char path[400];
+  tp_box_spec_t s = spec_for(e, "pooled", box_dir);
+  tp_box_t box;
+  conn_t c = {-1, NULL, 0, 0, 0};
+  int adopted = -1, r;
+  int64_t before;
+  char *o;
+
+  r = tp_linux_pool_open(pool, 2LL << 30, &adopted, &err);
+  check(r == 0 && adopted == 0, "open: a 2 GiB pool made and mounted (%s)", r < 0 ? err.msg : "ok");
+  if (r < 0)
+    goto out;
+  check(mounts_matching(pool) == 1, "open: mounted at its dir");
+  s.disk_bytes = 32 << 20;
+  s.pool = pool;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r == 0, "box: started on the pool (%s)", r < 0 ? err.msg : "ok");
+  if (r < 0)
+    goto close;
+  c.fd = box.chan_fd;
+  snprintf(path, sizeof(path), "%s/boxes/pooled", pool);
+  check(tp_linux_pool_is_subvol(path) == 1, "box: its upper dir is a writable subvolume");
+  o = box_out(&c, "dd if=/dev/zero of=/big bs=1M count=64 2>&1 | grep -o 'Disk quota exceeded'"
+                  " | head -1; rm /big; sync; head -c 4000000 /dev/urandom > /ok && echo ok-after");
+  check(strcmp(o, "Disk quota exceeded\nok-after") == 0,
+        "box: writing past 32 MiB gets EDQUOT, freeing makes room ('%s')", o);
+  free(o);
+  o = box_out(&c, "head -c 16000000 /dev/urandom > /data && echo written");
+  free(o);
+
+  before = used(pool);
+  r = tp_linux_pool_snapshot(pool, "pooled", "snap1", &err);
+  check(r == 0, "snapshot: taken (%s)", r < 0 ? err.msg : "ok");
+  snprintf(path, sizeof(path), "%s/snaps/snap1", pool);
+  check(tp_linux_pool_is_subvol(path) == 2, "snapshot: a read-only subvolume");
+  check(used(pool) - before < (4 << 20), "snapshot: the 16 MB the box wrote were not copied (%lld)",
+        (long long) (used(pool) - before));
+  snprintf(path, sizeof(path), "%s/snaps/snap1/upper/data", pool);
+  check(open(path, O_WRONLY | O_CLOEXEC) < 0 && errno == EROFS, "snapshot: refuses writes");
+  snprintf(path, sizeof(path), "%s/snaps/.tmp-snap1", pool);
+  check(!exists(path), "snapshot: no temp name left");
+  r = tp_linux_pool_snapshot(pool, "pooled", "../x", &err);
+  check(r < 0 && err.code == EINVAL, "snapshot: a name with '/' refused (%s)", err.msg);
+  r = tp_linux_pool_drop(pool, "..", "boxes", &err);
+  check(r < 0 && err.code == EINVAL, "drop: only boxes/ and snaps/ (%s)", err.msg);
+
+  r = tp_linux_box_destroy(&box, box_dir, &err);
+  check(r == 0, "box: destroyed (%s)", r < 0 ? err.msg : "ok");
+  snprintf(path, sizeof(path), "%s/boxes/pooled", pool);
+  check(!exists(path) && !exists(box_dir), "box: its subvolume and dir are gone");
+  snprintf(path, sizeof(path), "%s/snaps/snap1/upper/data", pool);
+  check(exists(path), "snapshot: outlives the box");
+
+  adopted = -1;
+  r = tp_linux_pool_open(pool, 2LL << 30, &adopted, &err);
+  check(r == 0 && adopted == 1, "open: a second open adopts the mount (%s)", r < 0 ? err.msg : "ok");
+  r = tp_linux_pool_drop(pool, "snaps", "snap1", &err);
+  snprintf(path, sizeof(path), "%s/snaps/snap1", pool);
+  check(r == 0 && !exists(path), "drop: the snapshot deleted (%s)", r < 0 ? err.msg : "ok");
+  {
+    /* an admin's umount -l while something still holds the filesystem: a
+     * second mount of the image through another loop device is refused */
+    int hold = open(pool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    check(hold >= 0 && umount2(pool, MNT_DETACH) == 0, "open: the pool detached, still held");
+    memset(&err, 0, sizeof(err));
+    r = tp_linux_pool_open(pool, 2LL << 30, &adopted, &err);
+    check(r < 0 && err.code == EBUSY && mounts_matching(pool) == 0,
+          "open: refused while its image is still attached (%s)", r < 0 ? err.msg : "mounted");
+    if (r == 0)
+      umount2(pool, MNT_DETACH);
+    if (hold >= 0)
+      close(hold);
+  }
+  /* as after a reboot: the image mounted again, what it held still there */
+  for (int i = 0; i < 300 && loops_backed_by(tmp_root) > 0; i++)
+    poll(NULL, 0, 10);
+  memset(&err, 0, sizeof(err));
+  adopted = -1;
+  r = tp_linux_pool_open(pool, 2LL << 30, &adopted, &err);
+  snprintf(path, sizeof(path), "%s/snaps", pool);
+  check(r == 0 && adopted == 0 && mounts_matching(pool) == 1 && exists(path),
+        "open: the existing image mounted again (%s)", r < 0 ? err.msg : "ok");
+close:
+  r = tp_linux_pool_close(pool, &err);
+  check(r == 0 && mounts_matching(pool) == 0, "close: unmounted (%s)", r < 0 ? err.msg : "ok");
+  /* the box's mount namespace lets go of the filesystem a moment after
+   * its last process: then the loop device detaches itself */
+  for (int i = 0; i < 300 && loops_backed_by(tmp_root) > 0; i++)
+    poll(NULL, 0, 10);
+  check(loops_backed_by(tmp_root) == 0, "close: the loop device went with the last user");
+out:
+  free(c.buf);
+  free(pool);
+  free(box_dir);
+}
+
+int main(void) {
+  env_t env = {NULL, {NULL, NULL}, -1};
+  tp_error_t err = {0};
+  int r;
+
+  if (tp_linux_pool_probe(&err) < 0) {
+    printf("1..0 # SKIP %s\n", err.msg);
+    return 77;
+  }
+  r = box_env_begin(&env, 0);
+  if (r == 0)
+    test_pool(&env);
+  return r > 0 ? r : linux_test_end(&env, 0);
+}
