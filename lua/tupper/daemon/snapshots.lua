@@ -199,11 +199,14 @@ local function du(path)
 end
 
 --- Takes a filesystem snapshot of sandbox sb (running or paused), named
--- name (optional).  Returns the snapshot record or nil, message.
-function D:snapshot_sandbox(sb, name)
+-- name (optional); extra: fields for its record (a pause to disk's
+-- pause_of, daemon/pause.lua).  Returns the snapshot record or nil, message.
+function D:snapshot_sandbox(sb, name, extra)
   local ok, err = check_name(name)
   if not ok then return nil, err end
   if name and self:snapshot_find(name) then return nil, ("a snapshot is already named '%s'"):format(name) end
+  -- a backend with memory snapshots (a microVM): daemon/vmsnap.lua
+  if sb.impl and sb.impl.save_memory then return self:_vm_snapshot(sb, name, extra) end
   if not sb.impl or sb.backend ~= "linux" then
     return nil, ("snapshots are made of linux-backend sandboxes only (this one is %s)"):format(tostring(sb.backend))
   end
@@ -272,6 +275,7 @@ function D:snapshot_sandbox(sb, name)
     default_user = sb.default_user, home = sb.home, limits = sb.limits,
     network = sb.network, policy = sb.policy_source, metadata = sb.metadata,
   }
+  for k, v in pairs(extra or {}) do rec[k] = v end
   local wok, werr = write_atomic(self.snapdir .. "/" .. id .. ".json", json.encode(rec))
   if not wok then
     self.layer_store:discard(layer.fs:sub(1, -4))
