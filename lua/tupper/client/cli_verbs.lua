@@ -359,10 +359,12 @@ function M.kill(c, p)
   return code
 end
 
-local function each_id(c, p, method, verb)
+local function each_id(c, p, method, verb, extra)
   local code = 0
   for _, id in ipairs(p.args) do
-    local r, err = c:call(method, { id = id })
+    local params = { id = id }
+    for k, v in pairs(extra or {}) do params[k] = v end
+    local r, err = c:call(method, params)
     if not r then code = die("%s %s: %s", verb, id, errmsg(err)) else print(id) end
   end
   return code
@@ -389,7 +391,13 @@ function M.port(c, p)
   return 0
 end
 
-function M.pause(c, p) return each_id(c, p, "sandbox.pause", "pause") end
+function M.pause(c, p)
+  local o = p.opts
+  if o.keep_memory and o.files_only then return die("pause: --keep-memory or --files-only, not both") end
+  local keep
+  if o.keep_memory then keep = true elseif o.files_only then keep = false end
+  return each_id(c, p, "sandbox.pause", "pause", { keep_memory = keep })
+end
 function M.resume(c, p) return each_id(c, p, "sandbox.resume", "resume") end
 
 local function num(v) return tostring(math.tointeger(v) or v or "-") end
