@@ -60,6 +60,8 @@ describe("microVM memory snapshots", function()
   end)
 
   it("fork resumes the parent's processes; pause to disk survives a reboot with memory and processes", function()
+    -- a failure shows what the daemon said
+    finally(function() if d then io.stderr:write(helper.read_file(d.log) or "") end end)
     d = helper.start_daemon(dir, { pool = 0 })
     local c = assert(d.connect())
     local sb, err = call(c, "sandbox.create", { backend = "microvm", limits = { memory = 256 * 1048576 } })

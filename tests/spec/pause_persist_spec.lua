@@ -242,9 +242,10 @@ describe("pause to disk", function()
     local id = assert(call(c, "sandbox.create", {})).id
     assert(run(c, id, { "sh", "-c", "mkdir /many && cd /many && i=0; while [ $i -lt 3000 ]; do echo $i > f$i; i=$((i+1)); done" }).exit_code == 0)
     c.conn:send({ jsonrpc = "2.0", id = 99, method = "sandbox.pause", params = { id = id, keep_memory = true } })
+    -- killed once the copy is under way (cp runs and has written files)
     assert.is_true(wait_for(function()
       for _, name in ipairs(entries(d.state .. "/layers")) do
-        if name:match("^tmp%-") then return true end
+        if name:match("^tmp%-") and #entries(d.state .. "/layers/" .. name .. "/fs") > 3 then return true end
       end
     end, 10000), "the pause's copy did not begin")
     c:close()

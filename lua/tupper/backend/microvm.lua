@@ -290,9 +290,12 @@ function M.handshake(sb, opts, adopting)
   local sec, usec = uv.gettimeofday()
   local r, ierr = sb:request(MSG.VM_INIT, { name = opts.id, data = ent, grace = M.GRACE_S,
                                              mtime = sec * 1000000000 + usec * 1000 })
-  if r and opts.limits and opts.limits.pids then
+  -- an integer: limits read back from a record (a create from a snapshot)
+  -- come as floats from JSON
+  local pids = opts.limits and math.tointeger(opts.limits.pids)
+  if r and pids then
     -- enforced by the guest's own cgroups (agent_cgroup.c)
-    r, ierr = sb:request(MSG.VM_LIMITS, { pids = opts.limits.pids })
+    r, ierr = sb:request(MSG.VM_LIMITS, { pids = pids })
   end
   if not r then return nil, "set up the VM: " .. tostring(ierr) end
   if from_memory then

@@ -334,7 +334,7 @@ function D:_pause_adopt_dormant(rec, persist, pol)
     local left = math.tointeger(rec.expires_at) and rec.expires_at - os.time() or 1
     self:set_timeout(dsb, math.max(1, left))
   end
-  log("sandbox %s is paused to disk (its box is gone): resume brings its files back", id)
+  log("sandbox %s is paused to disk (its box is gone): resume brings it back", id)
   return dsb
 end
 

@@ -27,6 +27,10 @@ D.FORK_MAX = 64 -- sandboxes one sandbox.fork makes at most
 D.SNAPSHOT_NAME_MAX = 128
 
 local CP = "/usr/bin/cp"
+-- the copy dies with the daemon: an orphan cp of a SIGKILLed daemon would
+-- go on writing into the tmp-* dir the next daemon's start removes, and
+-- leave it half removed (util-linux's setpriv, Essential on Debian)
+local SETPRIV = "/usr/bin/setpriv"
 local DU = "/usr/bin/du"
 
 -- A snapshot name: printable, no '/' or "..", not an id's shape clash
@@ -187,7 +191,7 @@ end
 -- Copies the tree at src into dst (made here): owners, modes, times,
 -- links, xattrs; one filesystem only.
 local function copy_tree(src, dst)
-  local ok, err = spawn({ CP, "-ax", "--reflink=auto", "--", src .. "/.", dst })
+  local ok, err = spawn({ SETPRIV, "--pdeathsig", "KILL", "--", CP, "-ax", "--reflink=auto", "--", src .. "/.", dst })
   if not ok then return nil, err end
   return true
 end
