@@ -186,8 +186,17 @@ describe("pause to disk", function()
     local id = assert(call(c, "sandbox.create", {})).id
     local other = assert(call(c, "sandbox.create", {})).id
     write(c, id, "/a.txt", "A")
-    local r = assert(call(c, "sandbox.pause", { id = id, keep_memory = false }))
-    assert.are.same({ state = "paused", persisted = true, box = false }, r)
+    -- by the CLI: --files-only is keep_memory false; both options at once are refused
+    local code, _, stderr = helper.cli({ "--socket", d.socket, "pause", "--keep-memory", "--files-only", id })
+    assert.are_not.equal(0, code)
+    assert.truthy(stderr:find("not both", 1, true), stderr)
+    local out
+    code, out, stderr = helper.cli({ "--socket", d.socket, "pause", "--files-only", id })
+    assert.are.equal(0, code, stderr)
+    assert.are.equal(id .. "\n", out)
+    local info = assert(call(c, "sandbox.get", { id = id }))
+    assert.are.equal("paused", info.state)
+    assert.is_true(info.persisted)
     assert.are.equal(0, (helper.box_pids(id)))
     assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. id))
     -- a user's snapshot of the other box, for the tampering below

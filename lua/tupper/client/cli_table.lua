@@ -236,7 +236,7 @@ M.VERBS = {
     synopsis = "[--keep-memory | --files-only] ID...",
     summary = "freeze every process of sandboxes",
     description = { "Freezes every process of each sandbox (the cgroup freezer); resume thaws them. Nothing is written: a daemon restart keeps a paused box, a reboot loses it.",
-      "With --keep-memory or --files-only the pause is also written to disk (a snapshot of the files, linux backend): the sandbox survives daemon restarts and host reboots, listed as paused. --keep-memory keeps the frozen box while the host runs (resume thaws its processes); --files-only removes it now. Once the box is gone, resume gives the sandbox a new box with its files and no processes (docs/snapshots.md)." },
+      "With --keep-memory or --files-only the pause is also written to disk: the sandbox survives daemon restarts and host reboots, listed as paused. On the linux backend that is a snapshot of its files: --keep-memory keeps the frozen box while the host runs (resume thaws its processes), --files-only removes it now, and once the box is gone resume gives the sandbox a new box with its files and no processes. A microVM's (--keep-memory only) is a snapshot of the whole VM, which is removed: resume starts it again with every process (docs/snapshots.md)." },
     options = { "keep-memory", "files-only" },
     args = { IDS },
     examples = { { "tupper pause $id", "" }, { "tupper pause --files-only $id", "free its memory, keep its files" } } },

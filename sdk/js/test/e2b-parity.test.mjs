@@ -268,7 +268,7 @@ test('connect extends a lifetime, never shortens it; the instance connect', asyn
 test('pause({ keepMemory }) writes the pause to disk; connect resumes it, files kept', async () => {
   const sbx = await Sandbox.create(opts);
   try {
-    await sbx.files.write('/kept.txt', 'kept');
+    await sbx.files.write('kept.txt', 'kept');
     await assert.rejects(sbx.pause({ keepMemory: 'yes' }), InvalidArgumentError);
     assert.equal(await sbx.pause({ keepMemory: false }), true);
     const info = await Sandbox.getInfo(sbx.sandboxId, opts);
@@ -277,7 +277,7 @@ test('pause({ keepMemory }) writes the pause to disk; connect resumes it, files 
     const again = await Sandbox.connect(sbx.sandboxId, opts);
     assert.equal(again.sandboxId, sbx.sandboxId);
     assert.equal(await again.isRunning(), true);
-    assert.equal(await again.files.read('/kept.txt'), 'kept');
+    assert.equal(await again.files.read('kept.txt'), 'kept');
   } finally {
     await sbx.kill();
   }
