@@ -26,6 +26,8 @@ local log = require("tupper.daemon.log").log
 
 local D = {}
 
+D.PAUSE_LEFT_MAX = 100 * 366 * 86400 -- seconds of lifetime a record may say are left
+
 local function now_iso() return os.date("!%Y-%m-%dT%H:%M:%SZ") end
 
 -- Writes text to path durably: temp file, fsync, rename, fsync of the dir
@@ -307,7 +309,8 @@ function D:_pause_fields(rec, id)
   local persist
   if type(rec.persist) == "table" and mine(rec.persist.snapshot) then
     local left = math.tointeger(rec.persist.left)
-    persist = { snapshot = rec.persist.snapshot, left = left and left > 0 and left or nil,
+    if left and (left <= 0 or left > D.PAUSE_LEFT_MAX) then left = nil end
+    persist = { snapshot = rec.persist.snapshot, left = left,
                 at = type(rec.persist.at) == "string" and rec.persist.at:sub(1, 32) or nil }
   end
   return persist, mine(rec.pause_snapshot) and rec.pause_snapshot or nil
