@@ -202,12 +202,20 @@ describe("pause to disk", function()
     -- a user's snapshot of the other box, for the tampering below
     local user_snap = assert(call(c, "sandbox.snapshot", { id = other, name = "users" })).id
     assert(call(c, "sandbox.kill", { id = other }))
+    -- one paused to disk with its box kept: a clean stop removes the box, keeps the sandbox
+    local kept = assert(call(c, "sandbox.create", {})).id
+    write(c, kept, "/k.txt", "K")
+    assert.is_true(assert(call(c, "sandbox.pause", { id = kept, keep_memory = true })).box)
     c:close()
     stop_keep(d)
+    assert.are.equal(0, (helper.box_pids(kept)))
 
     d = helper.start_daemon(dir, { pool = 0 })
     c = assert(d.connect())
     assert.are.equal("paused", assert(call(c, "sandbox.get", { id = id })).state)
+    assert.are.same({ state = "running", restarted = true }, assert(call(c, "sandbox.resume", { id = kept })))
+    assert.are.equal("K", read(c, kept, "/k.txt"))
+    assert(call(c, "sandbox.kill", { id = kept }))
     -- a resume, another pause to disk and a resume of that: one snapshot left at the end
     assert.are.same({ state = "running", restarted = true }, assert(call(c, "sandbox.resume", { id = id })))
     assert.are.equal("A", read(c, id, "/a.txt"))
