@@ -199,6 +199,8 @@ describe("pause to disk", function()
     assert.is_true(info.persisted)
     assert.are.equal(0, (helper.box_pids(id)))
     assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. id))
+    -- the id a resume keeps is internal: no client may name the id of a create
+    assert.truthy(fails(c, "sandbox.create", { _id = id }):find("unknown parameter", 1, true))
     -- a user's snapshot of the other box, for the tampering below
     local user_snap = assert(call(c, "sandbox.snapshot", { id = other, name = "users" })).id
     assert(call(c, "sandbox.kill", { id = other }))

@@ -222,13 +222,16 @@ end
 
 -- Whether one more sandbox with limits lim fits the daemon's caps (live
 -- sandboxes and those being made; their committed memory: an unlimited
--- box commits none).  Returns true or nil, message, data.
-function D:_check_caps(lim)
+-- box commits none).  replaces: the id of a sandbox the create takes the
+-- place of.  Returns true or nil, message, data.
+function D:_check_caps(lim, replaces)
   local count, mem = 0, lim.memory or 0
-  for _, sb in pairs(self.sandboxes) do
-    if not sb.dormant then -- paused to disk, no box: holds nothing (daemon/pause.lua)
+  for id, sb in pairs(self.sandboxes) do
+    -- replaces: the sandbox paused to disk this create resumes (daemon/pause.lua)
+    if id ~= replaces then
       count = count + 1
-      mem = mem + (sb.limits and sb.limits.memory or 0)
+      -- paused to disk, no box: no memory committed (its files are on disk: it counts)
+      if not sb.dormant then mem = mem + (sb.limits and sb.limits.memory or 0) end
     end
   end
   for _, m in pairs(self.creating) do count, mem = count + 1, mem + m end
@@ -331,7 +334,7 @@ function D:create_sandbox(p)
   end
   -- the daemon's defaults for what the create leaves out (docs/limits.md)
   local lim = limits.effective(asked, self.defaults, self.enforces, b)
-  local ok, cerr, cdata = self:_check_caps(lim)
+  local ok, cerr, cdata = self:_check_caps(lim, p._id)
   if not ok then return nil, cerr, cdata end
   -- counted against the caps until it is a sandbox, or failed
   -- the volumes it mounts: claimed (one sandbox at a time) until it is a sandbox
