@@ -1,8 +1,9 @@
 -- microVM memory snapshots, fork and pause to disk (docs/snapshots.md,
 -- "microVM memory snapshots and fork"): a fork resumes every process of
 -- its parent, with the parent's files at that instant and its own writes
--- and identity; a microVM paused to disk survives a "reboot" (its daemon
--- SIGKILLed, its QEMU gone) with its memory and processes.  Boots one VM
+-- and identity; after a daemon crash the re-adopted fork can still be
+-- saved; paused to disk it survives a "reboot" (its daemon SIGKILLed, its
+-- QEMU gone) with its memory and processes.  Boots one VM
 -- (a cold boot for the template of its shape, then a start from it) and
 -- starts two from memory snapshots: slow.
 local uv = require("luv")
@@ -94,6 +95,14 @@ describe("microVM memory snapshots", function()
     write(c, id, "/parent-only.txt", "p")
     assert.are.equal("parent", read(c, id, "/data.txt"))
     assert.is_nil(read(c, child, "/parent-only.txt"))
+
+    -- a daemon crash: both VMs re-adopted, their monitors reached again
+    -- through the socket QEMU listens on, so the fork can still be saved
+    c:close()
+    d.crash()
+    d = helper.start_daemon(dir, { pool = 0 })
+    c = assert(d.connect())
+    assert.are.equal("running", assert(call(c, "sandbox.get", { id = child })).state)
     assert(call(c, "sandbox.kill", { id = id }))
     assert(call(c, "snapshot.delete", { id = r.snapshot }))
 

@@ -15,6 +15,7 @@ local image = require("tupper.backend.microvm.image")
 local launch = require("tupper.backend.microvm.launch")
 local snapshot = require("tupper.backend.microvm.snapshot")
 local vmstate = require("tupper.backend.microvm.vmstate")
+local qmp = require("tupper.backend.microvm.qmp")
 
 local MSG = core.MSG
 local M = {}
@@ -96,7 +97,7 @@ local function wrap(box, uid, con, q)
     end)
   end
   function w.destroy(_, cb)
-    if q then q.close() end
+    if w.qmp then w.qmp.close() end
     return box:destroy(function(...)
       if con then con.close() end
       qemu.free_uid(uid)
@@ -248,6 +249,12 @@ function M.adopt(opts)
   local w = wrap(box, uid, nil)
   w.start_time = math.tointeger(saved.start_time)
   w.adopted = true
+  -- for memory snapshots: its monitor is reached again in the handshake
+  -- (QEMU may be frozen now); its shape is the record's (checked: a lie
+  -- only makes a start from its snapshot fail), its disk is in its dir
+  w.shape = saved.shape and vmstate.check_shape(saved.shape) or nil
+  w.rw = opts.dir .. "/rw.ext4"
+  w.dir = opts.dir
   return w
 end
 
@@ -260,7 +267,26 @@ end
 --- What the sandbox's record keeps of the box (its `vm` field): what
 -- proves QEMU's pid is still this VM's after a crash.
 function M.record(box)
-  return { uid = box.uid, start_time = box.start_time }
+  return { uid = box.uid, start_time = box.start_time, shape = box.shape }
+end
+
+-- A re-adopted VM's monitor, through the socket QEMU listens on
+-- (launch.lua's second monitor): a guest a dead daemon left stopped (it
+-- died between a snapshot's stop and its cont) is let run on.
+local function reattach_monitor(w)
+  if not w.dir or w.qmp then return end
+  local q, err = qmp.connect(w.dir .. "/" .. launch.MONITOR_SOCK, 5000)
+  if not q then
+    io.stderr:write("tupper: re-adopted microVM without its monitor (no snapshots of it): ", tostring(err), "\n")
+    return
+  end
+  local st = q.cmd("query-status")
+  if st and st.running == false and st.status ~= "inmigrate" then
+    q.cmd("migrate_cancel") -- a migration the dead daemon began, if any
+    local ok, cerr = q.cmd("cont")
+    if not ok then io.stderr:write("tupper: cont a re-adopted microVM: ", tostring(cerr), "\n") end
+  end
+  w.qmp = q
 end
 
 --- Waits for the agent's READY unless the box's agent said it already: a
@@ -274,6 +300,7 @@ end
 -- opts: its start options).  Returns true or nil, err.
 function M.handshake(sb, opts, adopting)
   local from_memory = not adopting and sb.box.from_memory
+  if adopting then reattach_monitor(sb.box) end
   if adopting or from_memory then
     -- the guest's agent may or may not have seen the dead daemon's
     -- connection close: VM_ATTACH makes it drop what was that one's.  Its

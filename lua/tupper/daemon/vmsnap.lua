@@ -49,7 +49,7 @@ function D:_vm_snapshot(sb, name, extra, leave_stopped)
   if sb.snapshotting then return nil, ("sandbox '%s' is being snapshotted already"):format(sb.id) end
   if not sb.impl.save_memory then return nil, "this backend has no memory snapshots" end
   if not sb.box.qmp then
-    return nil, "this microVM has no monitor (re-adopted after a daemon crash): it cannot be snapshotted"
+    return nil, "this microVM has no monitor (re-adopted after a daemon crash, its monitor socket did not answer): it cannot be snapshotted"
   end
   sb.snapshotting = true
   local was_paused = sb.state == "paused"

@@ -29,7 +29,7 @@ local NO_IGNORE_SHARED = { capabilities = { { capability = "x-ignore-shared", st
 function M.save(w, dir)
   local q = w.qmp
   if not q or q.closed then
-    return nil, "this microVM has no monitor (a VM re-adopted after a daemon crash): it cannot be snapshotted"
+    return nil, "this microVM has no monitor (re-adopted after a daemon crash, its monitor socket did not answer): it cannot be snapshotted"
   end
   if not w.shape or not w.rw then return nil, "this microVM's shape is unknown" end
   local r, err = q.cmd("stop")
@@ -83,6 +83,13 @@ function M.shape(dir)
   uv.fs_close(fd)
   local ok, v = pcall(json.decode, text or "")
   if not ok or type(v) ~= "table" or v.format ~= M.FORMAT then return nil, "the memory snapshot's vm.json is unreadable" end
+  return M.check_shape(v)
+end
+
+--- A VM's shape from hostile input (vm.json, a sandbox's record), checked:
+-- { mem, cpus, disk, accel, root_id, ram } or nil, err.
+function M.check_shape(v)
+  if type(v) ~= "table" then return nil, "no VM shape" end
   local function int(x, lo, hi)
     x = math.tointeger(x)
     return x and x >= lo and x <= hi and x or nil
