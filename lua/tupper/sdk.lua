@@ -486,9 +486,13 @@ Sandbox.set_timeout = entry(function(self, timeout)
   return call("sandbox.set_timeout", { id = self.id, timeout = timeout })
 end)
 
---- Freezes every process of the sandbox.
-Sandbox.pause = entry(function(self)
-  return call("sandbox.pause", { id = self.id }).state
+--- Freezes every process of the sandbox.  opts.keep_memory (true or
+-- false) also writes the pause to disk (docs/snapshots.md, "Pause to disk").
+Sandbox.pause = entry(function(self, opts)
+  local keep
+  if type(opts) == "table" then keep = opts.keep_memory end
+  if keep ~= nil and type(keep) ~= "boolean" then error("pause: keep_memory must be a boolean", 2) end
+  return call("sandbox.pause", { id = self.id, keep_memory = keep }).state
 end)
 
 --- Thaws a paused sandbox.

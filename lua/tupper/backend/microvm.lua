@@ -14,6 +14,8 @@ local console = require("tupper.backend.microvm.console")
 local image = require("tupper.backend.microvm.image")
 local launch = require("tupper.backend.microvm.launch")
 local snapshot = require("tupper.backend.microvm.snapshot")
+local vmstate = require("tupper.backend.microvm.vmstate")
+local qmp = require("tupper.backend.microvm.qmp")
 
 local MSG = core.MSG
 local M = {}
@@ -78,10 +80,11 @@ end
 -- The box the sandbox sees: core's box, whose down reasons carry the end of
 -- the console (a guest panic says so), and which frees its uid once gone.
 -- con is nil for a re-adopted VM (its console went with the dead daemon).
-local function wrap(box, uid, con)
+-- q: QEMU's monitor, kept for memory snapshots (nil for a re-adopted VM).
+local function wrap(box, uid, con, q)
   -- core: the channel's own box, for what relays frames in C (the data
   -- plane's file streams, daemon/api_stream.lua)
-  local w = { uid = uid, core = box }
+  local w = { uid = uid, core = box, qmp = q }
   if con then w.start_time = core.proc_start_time(box:pid()) end
   function w.on(_, on_frame, on_down)
     return box:on(on_frame, function(reason)
@@ -94,6 +97,7 @@ local function wrap(box, uid, con)
     end)
   end
   function w.destroy(_, cb)
+    if w.qmp then w.qmp.close() end
     return box:destroy(function(...)
       if con then con.close() end
       qemu.free_uid(uid)
@@ -124,8 +128,23 @@ function M.start(opts)
   local mem, cpus = qemu.sizes(limits)
   local acc = qemu.accel_for(opts.accel, opts.state_dir, p.k.vmlinuz)
   local shape = { mem = mem, cpus = cpus, disk = limits.disk or qemu.DEFAULT_DISK, accel = acc }
-  local snap, ram
-  if os.getenv("TUPPER_VM_SNAPSHOT") ~= "0" then
+  local snap, ram, own_ram
+  local from = opts.vm_state -- a running VM's memory snapshot (vmstate.lua): its shape
+  if from then
+    local sh, serr = vmstate.shape(from)
+    if not sh then return nil, serr end
+    if sh.root_id ~= p.root_id then return nil, "the memory snapshot's root image is gone or was rebuilt" end
+    shape = { mem = sh.mem, cpus = sh.cpus, disk = sh.disk, accel = sh.accel }
+    mem, cpus = sh.mem, sh.cpus
+    if sh.ram == "memfd" then
+      -- the same memory backend as the VM that was saved (a fresh memfd:
+      -- the stream holds every page)
+      local rerr
+      ram, rerr = core.vm_ram_new(mem)
+      if not ram then return nil, rerr end
+      own_ram = true
+    end
+  elseif os.getenv("TUPPER_VM_SNAPSHOT") ~= "0" then
     local serr
     snap, serr = snapshot.snapshot(opts.state_dir, p, shape)
     if snap then ram, serr = snapshot.ram(snap, shape.mem) end
@@ -139,14 +158,18 @@ function M.start(opts)
   if not uid then return nil, uerr end
   local dir = opts.dir
   local function fail(e)
+    if own_ram then uv.fs_close(ram) end
     qemu.free_uid(uid)
     core.rmtree(dir)
     return nil, e
   end
   local ok, err = uv.fs_mkdir(dir, 448)
-  if not ok then qemu.free_uid(uid); return nil, err end
+  if not ok then if own_ram then uv.fs_close(ram) end; qemu.free_uid(uid); return nil, err end
   local rw = dir .. "/rw.ext4"
-  if snap then
+  if from then
+    local cok, cerr = core.vm_copy_sparse(from .. "/rw.ext4", rw)
+    if not cok then return fail(cerr) end
+  elseif snap then
     -- the writable disk as the snapshot's guest left it (a sparse copy:
     -- the blocks mkfs and the template wrote, hundreds of KiB)
     local cok, cerr = core.vm_copy_sparse(snap .. "/rw.ext4", rw)
@@ -157,13 +180,15 @@ function M.start(opts)
   end
   uv.fs_chown(rw, uid, uid)
   mark()
+  local incoming = (from and from .. "/vm.state") or (snap and snap .. "/vm.state") or nil
   local box, con, q = launch.launch(p, { id = opts.id, dir = dir, uid = uid, cgroup = opts.cgroup, limits = limits,
-    mem = mem, cpus = cpus, rw = rw, accel = shape.accel, incoming = snap and (snap .. "/vm.state"),
+    mem = mem, cpus = cpus, rw = rw, accel = shape.accel, incoming = incoming,
     ram_fd = ram, share = "off" })
+  if own_ram then uv.fs_close(ram); own_ram = false end -- QEMU has its own
   if not box then return fail(con) end
   mark()
-  if snap then
-    local r, lerr = snapshot.restore(q)
+  if incoming then
+    local r, lerr = snapshot.restore(q, from ~= nil)
     mark()
     if r then r, lerr = q.cmd("cont") end
     if not r then
@@ -175,7 +200,8 @@ function M.start(opts)
       return nil, "start from the snapshot: " .. tostring(lerr) .. hint
     end
   end
-  q.close() -- pause is the cgroup freezer's; nothing else needs the monitor
+  -- the monitor stays, for memory snapshots of this VM (vmstate.lua); pause
+  -- is the cgroup freezer's
   mark()
   if snap then
     local function ms(i) return (t[i + 1] - t[i]) // 1000000 end
@@ -183,9 +209,26 @@ function M.start(opts)
       snap:match("[^/]+$"), (" in %d ms: prepare %d, disk %d, QEMU and its monitor %d, load %d, cont %d\n")
       :format((t[#t] - t[1]) // 1000000, ms(1), ms(2), ms(3), ms(4), ms(5)))
   end
-  local w = wrap(box, uid, con)
-  w.restored = snap ~= nil
+  local w = wrap(box, uid, con, q)
+  w.restored = incoming ~= nil
+  -- from a running VM's memory: its agent still holds the saved VM's
+  -- session (handshake below), and may send frames of it
+  w.from_memory = from ~= nil
+  w.shape = { mem = mem, cpus = cpus, disk = shape.disk, accel = shape.accel, root_id = p.root_id,
+              ram = ram and "memfd" or "anon" }
+  w.rw = rw
   return w
+end
+
+--- Saves a running VM's memory snapshot into dir (vmstate.lua); the guest
+-- is left stopped: cont() after, or destroy.  QEMU must not be frozen.
+function M.save_memory(box, dir)
+  return vmstate.save(box, dir)
+end
+
+--- Lets a VM stopped by save_memory run on.
+function M.cont(box)
+  return vmstate.cont(box)
 end
 
 --- Re-adopts a VM a previous daemon started (after a crash).  opts: id,
@@ -206,6 +249,12 @@ function M.adopt(opts)
   local w = wrap(box, uid, nil)
   w.start_time = math.tointeger(saved.start_time)
   w.adopted = true
+  -- for memory snapshots: its monitor is reached again in the handshake
+  -- (QEMU may be frozen now); its shape is the record's (checked: a lie
+  -- only makes a start from its snapshot fail), its disk is in its dir
+  w.shape = saved.shape and vmstate.check_shape(saved.shape) or nil
+  w.rw = opts.dir .. "/rw.ext4"
+  w.dir = opts.dir
   return w
 end
 
@@ -218,7 +267,26 @@ end
 --- What the sandbox's record keeps of the box (its `vm` field): what
 -- proves QEMU's pid is still this VM's after a crash.
 function M.record(box)
-  return { uid = box.uid, start_time = box.start_time }
+  return { uid = box.uid, start_time = box.start_time, shape = box.shape }
+end
+
+-- A re-adopted VM's monitor, through the socket QEMU listens on
+-- (launch.lua's second monitor): a guest a dead daemon left stopped (it
+-- died between a snapshot's stop and its cont) is let run on.
+local function reattach_monitor(w)
+  if not w.dir or w.qmp then return end
+  local q, err = qmp.connect(w.dir .. "/" .. launch.MONITOR_SOCK, 5000)
+  if not q then
+    io.stderr:write("tupper: re-adopted microVM without its monitor (no snapshots of it): ", tostring(err), "\n")
+    return
+  end
+  local st = q.cmd("query-status")
+  if st and st.running == false and st.status ~= "inmigrate" then
+    q.cmd("migrate_cancel") -- a migration the dead daemon began, if any
+    local ok, cerr = q.cmd("cont")
+    if not ok then io.stderr:write("tupper: cont a re-adopted microVM: ", tostring(cerr), "\n") end
+  end
+  w.qmp = q
 end
 
 --- Waits for the agent's READY unless the box's agent said it already: a
@@ -231,7 +299,9 @@ end
 --- The first requests to a VM's agent, once it is up (sb: the sandbox,
 -- opts: its start options).  Returns true or nil, err.
 function M.handshake(sb, opts, adopting)
-  if adopting then
+  local from_memory = not adopting and sb.box.from_memory
+  if adopting then reattach_monitor(sb.box) end
+  if adopting or from_memory then
     -- the guest's agent may or may not have seen the dead daemon's
     -- connection close: VM_ATTACH makes it drop what was that one's.  Its
     -- id is random: a reply the agent still owed the dead daemon (sent as
@@ -239,7 +309,7 @@ function M.handshake(sb, opts, adopting)
     sb.next_id = 0x10000 + (tonumber(core.random_hex(3), 16) % 0x7fff0000)
     local r, aerr = sb:request(MSG.VM_ATTACH, {})
     if not r then return nil, "re-attach to the VM's agent: " .. tostring(aerr) end
-    return true
+    if not from_memory then return true end
   end
   -- the guest's clock, hostname and random pool are its own (and, from a
   -- snapshot, the snapshot's): the daemon sets them
@@ -247,11 +317,25 @@ function M.handshake(sb, opts, adopting)
   local sec, usec = uv.gettimeofday()
   local r, ierr = sb:request(MSG.VM_INIT, { name = opts.id, data = ent, grace = M.GRACE_S,
                                              mtime = sec * 1000000000 + usec * 1000 })
-  if r and opts.limits and opts.limits.pids then
+  -- an integer: limits read back from a record (a create from a snapshot)
+  -- come as floats from JSON
+  local pids = opts.limits and math.tointeger(opts.limits.pids)
+  if r and pids then
     -- enforced by the guest's own cgroups (agent_cgroup.c)
-    r, ierr = sb:request(MSG.VM_LIMITS, { pids = opts.limits.pids })
+    r, ierr = sb:request(MSG.VM_LIMITS, { pids = pids })
   end
   if not r then return nil, "set up the VM: " .. tostring(ierr) end
+  if from_memory then
+    -- a VM started from another's memory: the processes it had run on,
+    -- with no client; they can be listed, signalled, killed
+    local ps, perr = sb:request(MSG.PS, {})
+    if not ps then return nil, "list the VM's processes: " .. tostring(perr) end
+    for _, e in ipairs(ps.entries or {}) do
+      local pid = math.tointeger(e.pid)
+      if pid and pid > 0 then sb.procs[pid] = { pid = pid, argv = e.args or {}, cwd = "?", started_at = "?" } end
+    end
+    sb.adopting = nil
+  end
   return true
 end
 

@@ -58,6 +58,8 @@ opt("volume", { short = "v", value = "NAME:/PATH", kind = "string", repeatable =
 opt("size", { value = "SIZE", kind = "size", summary = "a volume's capacity, e.g. 256M (default 1G)" })
 opt("recipe", { value = "FILE|NAME", kind = "file", summary = "make the sandbox from a recipe: a Lua file (with its .lock) or a shipped recipe's name" })
 opt("snapshot", { value = "ID|NAME", kind = "string", summary = "make the sandbox from a snapshot's files and settings (tupper snapshot)" })
+opt("keep-memory", { summary = "pause to disk: survives daemon restarts and reboots; the frozen box is kept while the host runs" })
+opt("files-only", { summary = "pause to disk, keeping the files only: the box is removed now; resume starts a new one" })
 opt("count", { short = "n", value = "N", kind = "int", min = 1, max = 64, summary = "how many sandboxes (default 1, at most 64)" })
 
 -- listings and logs
@@ -231,16 +233,17 @@ M.VERBS = {
     args = { ID },
     examples = { { "tupper fork -n 3 $id", "three copies" } } },
   { name = "pause", group = "sandboxes", daemon = true,
-    synopsis = "ID...",
+    synopsis = "[--keep-memory | --files-only] ID...",
     summary = "freeze every process of sandboxes",
-    description = { "Freezes every process of each sandbox (the cgroup freezer); resume thaws them." },
-    options = {},
+    description = { "Freezes every process of each sandbox (the cgroup freezer); resume thaws them. Nothing is written: a daemon restart keeps a paused box, a reboot loses it.",
+      "With --keep-memory or --files-only the pause is also written to disk: the sandbox survives daemon restarts and host reboots, listed as paused. On the linux backend that is a snapshot of its files: --keep-memory keeps the frozen box while the host runs (resume thaws its processes), --files-only removes it now, and once the box is gone resume gives the sandbox a new box with its files and no processes. A microVM's (--keep-memory only) is a snapshot of the whole VM, which is removed: resume starts it again with every process (docs/snapshots.md)." },
+    options = { "keep-memory", "files-only" },
     args = { IDS },
-    examples = { { "tupper pause $id", "" } } },
+    examples = { { "tupper pause $id", "" }, { "tupper pause --files-only $id", "free its memory, keep its files" } } },
   { name = "resume", group = "sandboxes", daemon = true,
     synopsis = "ID...",
     summary = "thaw the processes of paused sandboxes",
-    description = { "Thaws every process of each sandbox that pause froze." },
+    description = { "Thaws every process of each sandbox that pause froze; a sandbox paused to disk whose box is gone gets a new box with its files (no processes)." },
     options = {},
     args = { IDS },
     examples = { { "tupper resume $id", "" } } },

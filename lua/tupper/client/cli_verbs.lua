@@ -74,11 +74,13 @@ end
 -- rmi, volume rm ...) with { [key] = arg } and prints what shown(r, arg)
 -- returns (the arg by default), or its nil, message as `VERB ARG: message`.
 -- Returns the exit code (non-zero when one failed).
-local function each_arg(c, p, verb, method, key, shown)
+local function each_arg(c, p, verb, method, key, shown, extra)
   shown = shown or function(_, arg) return arg end
   local code = 0
   for _, arg in ipairs(p.args) do
-    local r, err = c:call(method, { [key] = arg })
+    local params = { [key] = arg }
+    for k, v in pairs(extra or {}) do params[k] = v end
+    local r, err = c:call(method, params)
     local out, why
     if r then out, why = shown(r, arg) else why = errmsg(err) end
     if out then print(out) else code = die("%s %s: %s", verb, arg, why) end
@@ -387,7 +389,13 @@ function M.port(c, p)
   return 0
 end
 
-function M.pause(c, p) return each_arg(c, p, "pause", "sandbox.pause", "id") end
+function M.pause(c, p)
+  local o = p.opts
+  if o.keep_memory and o.files_only then return die("pause: --keep-memory or --files-only, not both") end
+  local keep
+  if o.keep_memory then keep = true elseif o.files_only then keep = false end
+  return each_arg(c, p, "pause", "sandbox.pause", "id", nil, { keep_memory = keep })
+end
 function M.resume(c, p) return each_arg(c, p, "resume", "sandbox.resume", "id") end
 
 local function num(v) return tostring(math.tointeger(v) or v or "-") end

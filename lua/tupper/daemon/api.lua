@@ -111,29 +111,7 @@ local function get_sandbox(d, id, any_state)
   return sb
 end
 
-function h.sandbox_pause(d, conn, p)
-  local sb, code, msg = get_sandbox(d, p.id, true)
-  if not sb then return nil, code, msg end
-  if sb.state == "paused" then return { state = "paused" } end
-  if sb.snapshotting then return nil, rpc.SANDBOX_ERROR, ("sandbox '%s' is being snapshotted: pause it after"):format(p.id) end
-  local ok, err = sb:freeze(true)
-  if not ok then return nil, rpc.SANDBOX_ERROR, err end
-  d:pause_timeout(sb)
-  d:save(sb)
-  return { state = "paused" }
-end
-
-function h.sandbox_resume(d, conn, p)
-  local sb, code, msg = get_sandbox(d, p.id, true)
-  if not sb then return nil, code, msg end
-  if sb.state == "running" then return { state = "running" } end
-  if sb.snapshotting then return nil, rpc.SANDBOX_ERROR, ("sandbox '%s' is being snapshotted: resume it after"):format(p.id) end
-  local ok, err = sb:freeze(false)
-  if not ok then return nil, rpc.SANDBOX_ERROR, err end
-  d:resume_timeout(sb)
-  d:save(sb)
-  return { state = "running" }
-end
+-- sandbox.pause and sandbox.resume are snapshot_api.lua's (with the pause to disk)
 
 function h.sandbox_metrics(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.id, true)

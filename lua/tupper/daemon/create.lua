@@ -32,8 +32,9 @@ end
 -- manifest's (what the image store keeps while the box lives); backend is
 -- a name of backend/registry.lua (nil: the default); accel: the microVM
 -- accelerator asked for (nil: the daemon's); vols: the volumes' image,
--- target pairs (daemon/volumes.lua) or nil.
-function D:_start_box(id, lim, layers, image, image_digest, backend, accel, vols)
+-- target pairs (daemon/volumes.lua) or nil; vm_state: a microVM memory
+-- snapshot's dir to start from (daemon/vmsnap.lua) or nil.
+function D:_start_box(id, lim, layers, image, image_digest, backend, accel, vols, vm_state)
   self.reserved[id] = true
   layers = layers or { self.default_image }
   local sb, err = sandbox.start({
@@ -41,7 +42,7 @@ function D:_start_box(id, lim, layers, image, image_digest, backend, accel, vols
     id = id, image = image or "default", image_digest = image_digest,
     layers = layers or { self.default_image }, dir = self.boxes .. "/" .. id,
     uid_base = self.uid_base, id_count = sandbox.ID_COUNT, cgroup = self.tag .. "-" .. id,
-    limits = backends.limits(lim), volumes = vols,
+    limits = backends.limits(lim), volumes = vols, vm_state = vm_state,
     on_output = function(s, proc, stream, data) self:_output(s, proc, stream, data) end,
     on_exit = function(s, proc) self:_exit(s, proc) end,
     on_down = function(s, reason) self:_sandbox_down(s, reason) end,
@@ -221,12 +222,17 @@ end
 
 -- Whether one more sandbox with limits lim fits the daemon's caps (live
 -- sandboxes and those being made; their committed memory: an unlimited
--- box commits none).  Returns true or nil, message, data.
-function D:_check_caps(lim)
+-- box commits none).  replaces: the id of a sandbox the create takes the
+-- place of.  Returns true or nil, message, data.
+function D:_check_caps(lim, replaces)
   local count, mem = 0, lim.memory or 0
-  for _, sb in pairs(self.sandboxes) do
-    count = count + 1
-    mem = mem + (sb.limits and sb.limits.memory or 0)
+  for id, sb in pairs(self.sandboxes) do
+    -- replaces: the sandbox paused to disk this create resumes (daemon/pause.lua)
+    if id ~= replaces then
+      count = count + 1
+      -- paused to disk, no box: no memory committed (its files are on disk: it counts)
+      if not sb.dormant then mem = mem + (sb.limits and sb.limits.memory or 0) end
+    end
   end
   for _, m in pairs(self.creating) do count, mem = count + 1, mem + m end
   local caps = self.caps
@@ -244,9 +250,10 @@ end
 -- A box of backend b for a create with effective limits lim: a pooled one
 -- when the pool's boxes (made with the default limits, disk cap included)
 -- fit, else a new one.  Returns the sandbox or nil, err.
-function D:_make_box(b, lim, plan, img, image, accel, vols)
+function D:_make_box(b, lim, plan, img, image, accel, vols, fixed_id)
   local layers = plan and plan.layers or (img and img.layers)
-  local pooled_ok = not vols and (not layers or (#layers == 1 and layers[1] == self.default_image))
+  -- fixed_id: a resume from a pause to disk keeps the sandbox's id (daemon/pause.lua)
+  local pooled_ok = not fixed_id and not vols and not (img and img.vm_state) and (not layers or (#layers == 1 and layers[1] == self.default_image))
   -- a pooled VM runs on the daemon's accelerator
   if accel ~= nil and accel ~= "auto" then pooled_ok = false end
   -- what differs from the pool's boxes: a limit can be set on a running
@@ -263,8 +270,9 @@ function D:_make_box(b, lim, plan, img, image, accel, vols)
     if err then return nil, err end
   end
   if not sb then
-    sb, err = self:_start_box(self:_new_id(), limits.for_backend(lim), layers, img and img.ref or image,
-                              (plan and plan.image.digest) or (img and img.digest), b.name, accel, vols)
+    sb, err = self:_start_box(fixed_id or self:_new_id(), limits.for_backend(lim), layers, img and img.ref or image,
+                              (plan and plan.image.digest) or (img and img.digest), b.name, accel, vols,
+                              img and img.vm_state)
     if not sb then
       log("create failed: %s", err)
       return nil, err
@@ -292,9 +300,11 @@ function D:create_sandbox(p)
     local rec, serr = self:snapshot_find(p.snapshot)
     if not rec then return nil, serr end
     local err
-    img, err = self:_snapshot_image(rec)
+    -- a microVM's memory snapshot (daemon/vmsnap.lua): its VM's image and memory
+    if rec.vm then img, err = self:_vm_snapshot_image(rec) else img, err = self:_snapshot_image(rec) end
     if not img then return nil, err end
     p = self:_snapshot_params(rec, p)
+    if rec.vm then p.backend = rec.backend end
     image = img.ref or "default"
   elseif image ~= "default" and not plan then
     local err
@@ -324,7 +334,7 @@ function D:create_sandbox(p)
   end
   -- the daemon's defaults for what the create leaves out (docs/limits.md)
   local lim = limits.effective(asked, self.defaults, self.enforces, b)
-  local ok, cerr, cdata = self:_check_caps(lim)
+  local ok, cerr, cdata = self:_check_caps(lim, p._id)
   if not ok then return nil, cerr, cdata end
   -- counted against the caps until it is a sandbox, or failed
   -- the volumes it mounts: claimed (one sandbox at a time) until it is a sandbox
@@ -353,7 +363,7 @@ end
 -- image settings and default account.  Returns the sandbox (not yet in
 -- self.sandboxes) or nil, err.
 function D:_finish_create(p, b, lim, plan, img, image, vols)
-  local sb, err = self:_make_box(b, lim, plan, img, image, p.accel, vols)
+  local sb, err = self:_make_box(b, lim, plan, img, image, p.accel, vols, p._id)
   if not sb then return nil, err end
   if self.stopping then -- the daemon began to shut down while this box started
     sb:destroy()

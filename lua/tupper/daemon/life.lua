@@ -16,6 +16,8 @@ function D:save(sb)
   local rec = sb:record()
   -- a box that goes with its client: a restarted daemon kills it
   rec.kill_on_disconnect = sb.kill_on_disconnect
+  -- a pause to disk and the snapshot it holds (daemon/pause.lua)
+  rec.persist, rec.pause_snapshot = sb.persist, sb.pause_snapshot
   local text = json.encode(rec)
   local fd = uv.fs_open(path .. ".tmp", "w", tonumber("600", 8))
   if not fd then return end
@@ -61,6 +63,7 @@ function D:kill_sandbox(id)
   self:unsave(id)
   local ok, err = sb:destroy()
   if not ok then log("sandbox %s: cleanup: %s", id, tostring(err)) end
+  self:_pause_release(sb)
   log("sandbox %s killed", id)
   return true
 end
@@ -68,6 +71,10 @@ end
 -- A box died on its own (its agent exited or misbehaved): remove it.
 function D:_sandbox_down(sb, reason)
   log("sandbox %s went down: %s", sb.id, reason)
+  -- paused to disk: its files are kept, it stays listed as paused
+  if sb.persist and self.sandboxes[sb.id] == sb then
+    return async.spawn(function() self:_pause_park(sb) end)
+  end
   for _, pool in ipairs(self.pools) do
     for i, pooled in ipairs(pool.boxes) do
       if pooled == sb then

@@ -24,7 +24,8 @@ local handles = require("tupper.daemon.handles")
 -- the daemon's methods, by what they do (mixed into Daemon below)
 local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
                 require("tupper.daemon.life"), require("tupper.daemon.events"),
-                require("tupper.daemon.recover"),
+                require("tupper.daemon.recover"), require("tupper.daemon.pause"),
+                require("tupper.daemon.vmsnap"),
                 (require("tupper.daemon.snapshots")), (require("tupper.daemon.disk_pool")) } -- (): require also returns the path
 
 local M = {}
@@ -281,7 +282,9 @@ function Daemon:shutdown()
     if not self.activated then uv.fs_unlink(self.socket) end
     self.notify("STOPPING=1")
     for id, sb in pairs(self.sandboxes) do
-      if sb.destroy then self:kill_sandbox(id) end
+      -- paused to disk: kept for the next daemon, its box removed (daemon/pause.lua)
+      if sb.persist then self:_pause_park(sb)
+      elseif sb.destroy then self:kill_sandbox(id) end
     end
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
     if self.idle_timer then self.idle_timer:close(); self.idle_timer = nil end

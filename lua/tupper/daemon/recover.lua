@@ -33,6 +33,10 @@ function D:_recover_one(id, name, doomed)
     if not pol then rec = nil end
   end
   local backend = type(rec) == "table" and rec.backend or nil
+  -- a pause to disk (daemon/pause.lua): its snapshot, if it names one
+  -- of this sandbox's
+  local persist, held
+  if type(rec) == "table" and rec.id == id then persist, held = self:_pause_fields(rec, id) end
   if backend ~= nil and not backends.known(backend) then
     err = "unknown backend"
   elseif type(rec) == "table" and rec.id == id and math.tointeger(rec.pid) then
@@ -51,10 +55,19 @@ function D:_recover_one(id, name, doomed)
       on_exit = function(s, proc) self:_exit(s, proc) end,
       on_down = function(s, reason) self:_sandbox_down(s, reason) end,
       on_watch = function(s, w, kind, name, msg) self:_watch_event(s, w, kind, name, msg) end })
+  elseif persist then
+    err = "paused to disk, no box"
   else
     err = err or "unreadable record"
   end
-  if sb and rec.kill_on_disconnect == true then
+  if sb then sb.persist, sb.pause_snapshot = persist, held end
+  if not sb and persist then
+    -- its box is gone (a reboot) or could not be re-adopted: its files
+    -- are in its snapshot, it stays listed as paused
+    if err ~= "paused to disk, no box" then log("sandbox %s: box not re-adopted (%s)", id, tostring(err)) end
+    sb = self:_pause_adopt_dormant(rec, persist, pol)
+    if rec.kill_on_disconnect == true then doomed[#doomed + 1] = id end
+  elseif sb and rec.kill_on_disconnect == true then
     self.sandboxes[id] = sb
     doomed[#doomed + 1] = id -- killed below, once the sweep of boxes/ is done
   elseif sb then
@@ -123,6 +136,8 @@ function D:_recover()
       if not ok then log("cannot remove %s: %s", name, err) end
     end
   end
+  -- pause snapshots that no record names: a pause or a resume cut short
+  self:_pause_sweep()
   for _, id in ipairs(doomed) do
     log("sandbox %s was created with kill_on_disconnect and its client is gone: killing it", id)
     async.spawn(function() self:kill_sandbox(id) end)

@@ -39,7 +39,10 @@ local function attach(box, opts, adopting)
     user = opts.user, id_count = opts.id_count, box = box, state = "starting", cgroup = opts.cgroup,
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
     cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, exited = {}, watches = {}, hooks = opts,
-    limits = opts.limits_info, pid = box:pid(), adopting = adopting, cred = opts.cred, recipe = opts.recipe,
+    -- a microVM from another VM's memory: its agent may still send frames
+    -- of that VM's session until the handshake (backend/microvm.lua)
+    limits = opts.limits_info, pid = box:pid(), adopting = adopting or (box.from_memory and true) or nil,
+    cred = opts.cred, recipe = opts.recipe,
     backend = opts.backend_impl.name, impl = opts.backend_impl,
     default_user = opts.default_user, home = opts.home, workdir = opts.workdir,
   }, Sandbox)
@@ -709,6 +712,7 @@ function Sandbox:info()
            timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
            recipe = self.recipe, default_user = self.default_user, home = self.home,
            workdir = self.workdir, network = self.network or "none", volumes = self.volume_mounts,
+           persisted = self.persist and true or nil, -- paused to disk (daemon/pause.lua)
            expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
 end
 

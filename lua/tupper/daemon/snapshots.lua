@@ -44,6 +44,10 @@ D.SNAPSHOT_RECORD_MAX = 32 * 1024 * 1024
 D.LAYERS_MAX = 128 -- lower dirs of one box (TP_LAYERS_MAX, backends/linux/linux.h)
 
 local CP = "/usr/bin/cp"
+-- the copy dies with the daemon: an orphan cp of a SIGKILLed daemon would
+-- go on writing into the tmp-* dir the next daemon's start removes, and
+-- leave it half removed (util-linux's setpriv, Essential on Debian)
+local SETPRIV = "/usr/bin/setpriv"
 local DU = "/usr/bin/du"
 
 -- A snapshot name: printable, no '/' or "..", not an id's shape clash
@@ -227,7 +231,7 @@ end
 -- Copies the tree at src into dst (made here): owners, modes, times,
 -- links, xattrs; one filesystem only.
 local function copy_tree(src, dst)
-  local ok, err = spawn({ CP, "-ax", "--reflink=auto", "--", src .. "/.", dst })
+  local ok, err = spawn({ SETPRIV, "--pdeathsig", "KILL", "--", CP, "-ax", "--reflink=auto", "--", src .. "/.", dst })
   if not ok then return nil, err end
   return true
 end
@@ -248,11 +252,14 @@ function D:_snapshot_on_pool(sb)
 end
 
 --- Takes a filesystem snapshot of sandbox sb (running or paused), named
--- name (optional).  Returns the snapshot record or nil, message.
-function D:snapshot_sandbox(sb, name)
+-- name (optional); extra: fields for its record (a pause to disk's
+-- pause_of, daemon/pause.lua).  Returns the snapshot record or nil, message.
+function D:snapshot_sandbox(sb, name, extra)
   local ok, err = check_name(name)
   if not ok then return nil, err end
   if name and self:snapshot_find(name) then return nil, ("a snapshot is already named '%s'"):format(name) end
+  -- a backend with memory snapshots (a microVM): daemon/vmsnap.lua
+  if sb.impl and sb.impl.save_memory then return self:_vm_snapshot(sb, name, extra) end
   if not sb.impl or sb.backend ~= "linux" then
     return nil, ("snapshots are made of linux-backend sandboxes only (this one is %s)"):format(tostring(sb.backend))
   end
@@ -359,6 +366,7 @@ function D:snapshot_sandbox(sb, name)
     default_user = sb.default_user, home = sb.home, limits = sb.limits,
     network = sb.network, policy = sb.policy_source, metadata = sb.metadata,
   }
+  for k, v in pairs(extra or {}) do rec[k] = v end
   local wok, werr = write_atomic(self.snapdir .. "/" .. id .. ".json", json.encode(rec))
   if not wok then
     if pool then

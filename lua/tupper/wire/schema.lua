@@ -137,12 +137,12 @@ M.methods = {
                "default_user", "home" },
   },
   ["sandbox.pause"] = {
-    doc = "Freezes every process of the sandbox (cgroup freezer); its lifetime stands still.",
-    params = { id = ID, required = { "id" } },
-    result = { "state" },
+    doc = "Freezes every process of the sandbox (cgroup freezer); its lifetime stands still.  With keep_memory (true or false) the pause is also written to disk and survives daemon restarts and host reboots (docs/snapshots.md): true keeps the frozen box while the host runs, false removes it (its files are kept).",
+    params = { id = ID, keep_memory = { type = "boolean" }, required = { "id" } },
+    result = { "state", "persisted", "box" },
   },
   ["sandbox.resume"] = {
-    doc = "Thaws a paused sandbox.",
+    doc = "Thaws a paused sandbox; one paused to disk whose box is gone gets a new box of the same id with its files (restarted: true, no processes).",
     params = { id = ID, required = { "id" } },
     result = { "state" },
   },

@@ -2,7 +2,7 @@
  * @tupper/sdk: tupper's sandboxes from TypeScript, shaped like E2B's SDK so
  * that code written against E2B's `Sandbox` moves by changing the import.
  */
-export { Sandbox, DEFAULT_SANDBOX_TIMEOUT_MS, type SandboxConnectOpts } from './sandbox';
+export { Sandbox, DEFAULT_SANDBOX_TIMEOUT_MS, type SandboxConnectOpts, type SandboxPauseOpts } from './sandbox';
 export { Volume, VolumeFileType, type VolumeInfo, type VolumeAndToken, type VolumeEntryStat, type VolumeMetadataOpts, type VolumeWriteOpts, type VolumeCreateOpts } from './volume';
 export { SandboxPaginator, type SandboxListOpts, type SandboxListOrder } from './paginator';
 export { SnapshotPaginator, FORK_MAX, type SnapshotInfo, type CreateSnapshotOpts, type SandboxForkOpts } from './snapshot';

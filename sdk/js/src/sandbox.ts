@@ -92,6 +92,16 @@ function volumeMountsParam(m: unknown): Record<string, string> {
   return out;
 }
 
+/** E2B's pause options: keepMemory writes the pause to disk (see Sandbox.pause). */
+export type SandboxPauseOpts = { keepMemory?: boolean };
+
+function pauseKeepMemory(opts: SandboxPauseOpts | undefined, what: string): { keep_memory?: boolean } {
+  const v = opts?.keepMemory;
+  if (v === undefined) return {};
+  if (typeof v !== 'boolean') throw new InvalidArgumentError(`${what}: keepMemory must be a boolean`);
+  return { keep_memory: v };
+}
+
 /** E2B's lifecycle: kill at timeout is what tupper does; pause at timeout it cannot. */
 function checkLifecycle(l: unknown, what: string): void {
   if (l === undefined) return;
@@ -416,13 +426,20 @@ export class Sandbox {
     await withConnection(opts, (c) => c.call('sandbox.update_network', { id: sandboxId, network: rules }));
   }
 
-  /** Pauses a sandbox by id; true once it is paused. */
-  static async pause(sandboxId: string, opts?: SandboxConnectionOpts): Promise<boolean> {
-    return withConnection(opts, async (c) => (await c.call<{ state: string }>('sandbox.pause', { id: sandboxId })).state === 'paused');
+  /**
+   * Pauses a sandbox by id; true once it is paused.  `keepMemory` (E2B's
+   * pause option) writes the pause to disk, so that the sandbox survives
+   * daemon restarts and host reboots: true keeps the frozen box while the
+   * host runs, false keeps its files only (see pause()).
+   */
+  static async pause(sandboxId: string, opts?: SandboxConnectionOpts & SandboxPauseOpts): Promise<boolean> {
+    const keep = pauseKeepMemory(opts, 'Sandbox.pause');
+    const { keepMemory: _k, ...conn } = opts ?? {};
+    return withConnection(conn, async (c) => (await c.call<{ state: string }>('sandbox.pause', { id: sandboxId, ...keep })).state === 'paused');
   }
 
   /** E2B's name for Sandbox.pause. */
-  static async betaPause(sandboxId: string, opts?: SandboxConnectionOpts): Promise<boolean> {
+  static async betaPause(sandboxId: string, opts?: SandboxConnectionOpts & SandboxPauseOpts): Promise<boolean> {
     return Sandbox.pause(sandboxId, opts);
   }
 
@@ -563,10 +580,17 @@ export class Sandbox {
   /**
    * Freezes every process of the sandbox (cgroup freezer); its lifetime
    * stands still.  Commands and files are refused until resume().  True once
-   * it is paused.
+   * it is paused.  Without options nothing is written: a reboot loses the
+   * paused box.  `keepMemory` (E2B's option) also writes the pause to disk
+   * (a snapshot of its files), so that the sandbox survives daemon restarts
+   * and host reboots, listed as paused: true keeps the frozen box while the
+   * host runs (resume() thaws its processes), false removes it now.  Once
+   * the box is gone, resume() and Sandbox.connect() start a new box of the
+   * same id with its files, without its processes (docs/snapshots.md).
    */
-  async pause(): Promise<boolean> {
-    const r = await this.rpc<{ state: string }>('sandbox.pause', { id: this.sandboxId });
+  async pause(opts?: SandboxPauseOpts): Promise<boolean> {
+    const keep = pauseKeepMemory(opts, 'pause');
+    const r = await this.rpc<{ state: string }>('sandbox.pause', { id: this.sandboxId, ...keep });
     return r.state === 'paused';
   }
 
@@ -582,8 +606,8 @@ export class Sandbox {
   }
 
   /** E2B's name for pause(). */
-  async betaPause(): Promise<boolean> {
-    return this.pause();
+  async betaPause(opts?: SandboxPauseOpts): Promise<boolean> {
+    return this.pause(opts);
   }
 
   /** Thaws a paused sandbox; its lifetime runs on.  True once it is running. */

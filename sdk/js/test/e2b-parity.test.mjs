@@ -285,6 +285,24 @@ test('connect extends a lifetime, never shortens it; the instance connect', asyn
   }
 });
 
+test('pause({ keepMemory }) writes the pause to disk; connect resumes it, files kept', async () => {
+  const sbx = await Sandbox.create(opts);
+  try {
+    await sbx.files.write('kept.txt', 'kept');
+    await assert.rejects(sbx.pause({ keepMemory: 'yes' }), InvalidArgumentError);
+    assert.equal(await sbx.pause({ keepMemory: false }), true);
+    const info = await Sandbox.getInfo(sbx.sandboxId, opts);
+    assert.equal(info.state, 'paused');
+    // the box went with keepMemory false: connect gives it a new one, same id, its files
+    const again = await Sandbox.connect(sbx.sandboxId, opts);
+    assert.equal(again.sandboxId, sbx.sandboxId);
+    assert.equal(await again.isRunning(), true);
+    assert.equal(await again.files.read('kept.txt'), 'kept');
+  } finally {
+    await sbx.kill();
+  }
+});
+
 test('list: newest first by default, order asc, template filter, a cursor token stable across kills', async () => {
   const made = [];
   try {

@@ -197,6 +197,9 @@ test('sandboxes: create, get, list with filters, timeout, metrics, kill', async 
   }
 
   // pause: commands and files are refused (409) until resume, which nothing else does
+  // the pause to disk's option is checked (the pause itself: e2b-parity's keepMemory test)
+  await errorOf(await post(`/sandboxes/${sid}/pause`, { keepMemory: 'yes' }), 400);
+  await errorOf(await post(`/sandboxes/${sid}/pause`, { keep: true }), 400);
   const pz = await post(`/sandboxes/${sid}/pause`, {});
   assert.equal(pz.status, 200);
   assert.equal((await pz.json()).state, 'paused');

@@ -9,6 +9,8 @@ local qmp = require("tupper.backend.microvm.qmp")
 
 local M = {}
 
+M.MONITOR_SOCK = "monitor.sock" -- in the VM's dir: QEMU listens (its second monitor)
+
 --- Starts QEMU.  o: id, dir (exists), uid, cgroup, limits, mem, cpus, rw,
 -- accel; ram_fd (the guest memory: the template's memfd, or a snapshot's
 -- sealed one) and share; incoming (a snapshot's device state file to start
@@ -17,8 +19,9 @@ local M = {}
 -- QMP client.
 function M.launch(p, o)
   local cmdline = qemu.cmdline(o.accel)
-  -- QEMU opens nothing by path: the daemon opens, QEMU gets fds 4..10
-  -- (kernel, initramfs, image, writable disk, monitor, state, memory); a
+  -- QEMU opens nothing by path: the daemon opens, QEMU gets fds 4..11
+  -- (kernel, initramfs, image, writable disk, monitor, state, memory, the
+  -- listening monitor); a
   -- VM started from a snapshot gets no kernel nor initramfs
   local files = { { p.k.vmlinuz, "r" }, { p.initrd, "r" }, { p.root, "r" }, { o.rw, "r+" } }
   if o.incoming then files[1], files[2], files[6] = false, false, { o.incoming, "r" } end
@@ -26,7 +29,25 @@ function M.launch(p, o)
   local pass = {}
   local qpair = uv.socketpair("stream", 0, { cloexec = true }, { cloexec = true })
   local function close_pass()
-    for i, f in pairs(pass) do if f ~= qpair[2] and i ~= 7 then uv.fs_close(f) end end
+    for i, f in pairs(pass) do if f ~= qpair[2] and i ~= 7 and i ~= 8 then uv.fs_close(f) end end
+  end
+  -- a second monitor, on a socket QEMU listens on in the VM's root-only
+  -- dir (monitor.sock): the way back to the monitor for a daemon that
+  -- re-adopts the VM after a crash (the socketpair's end died with the
+  -- old one).  Bound through the dir's fd: the dir's path may be longer
+  -- than a socket path may be.  Not for a template, which dies with us.
+  local msrv
+  if not o.template then
+    local dfd, derr = uv.fs_open(o.dir, "r", 0)
+    if not dfd then uv.fs_close(qpair[1]); uv.fs_close(qpair[2]); return nil, derr end
+    msrv = uv.new_pipe(false)
+    local bok, berr = msrv:bind("/proc/self/fd/" .. dfd .. "/" .. M.MONITOR_SOCK)
+    uv.fs_close(dfd)
+    if bok then bok, berr = msrv:listen(1, function() end) end
+    if not bok then
+      msrv:close(); uv.fs_close(qpair[1]); uv.fs_close(qpair[2])
+      return nil, "the VM's monitor socket: " .. tostring(berr)
+    end
   end
   for i = 1, 7 do
     if i == 5 then
@@ -41,6 +62,7 @@ function M.launch(p, o)
       pass[i] = qpair[2] -- a placeholder keeps the numbering: that fd is then unused
     end
   end
+  pass[8] = msrv and msrv:fileno() or qpair[2]
   local function qfd(i) return "/proc/self/fd/" .. (3 + i) end
   local argv = qemu.argv({ accel = o.accel, kernel = not o.incoming and qfd(1) or nil, initrd = qfd(2),
     root = qfd(3), rw = qfd(4), mem = o.mem, cpus = o.cpus, cmdline = cmdline,
@@ -49,6 +71,11 @@ function M.launch(p, o)
   argv[#argv + 1] = "socket,id=qmp,fd=8"
   argv[#argv + 1] = "-mon"
   argv[#argv + 1] = "chardev=qmp,mode=control"
+  if msrv then
+    for _, v in ipairs({ "-chardev", "socket,id=qmp2,fd=11,server=on,wait=off", "-mon", "chardev=qmp2,mode=control" }) do
+      argv[#argv + 1] = v
+    end
+  end
   if o.incoming then
     argv[#argv + 1] = "-incoming"
     argv[#argv + 1] = "defer"
@@ -68,6 +95,8 @@ function M.launch(p, o)
   uv.fs_close(fds.write)
   close_pass()
   uv.fs_close(qpair[2])
+  -- QEMU holds the listening socket now; ours must never accept on it
+  if msrv then msrv:close() end
   if not box then
     local hint = console.last_words(con)
     con.close()

@@ -13,9 +13,14 @@ M.QMP_LINE_MAX = 1024 * 1024
 -- (name, args) -> the return value, or nil, err.  Replies come in order;
 -- events are skipped.  QEMU may be the guest's by now: every line is
 -- bounded, a bad one closes the monitor.
-local function qmp_open(fd)
-  local pipe = uv.new_pipe()
-  pipe:open(fd)
+-- fd: a socket fd, or a connected luv pipe.  timeout_ms (optional): how
+-- long the greeting may take (a QEMU that does not answer).
+local function qmp_open(fd, timeout_ms)
+  local pipe = fd
+  if type(fd) == "number" then
+    pipe = uv.new_pipe()
+    pipe:open(fd)
+  end
   local q = { buf = "", waiters = {} }
   local function fail_all(why)
     q.closed = why
@@ -60,7 +65,13 @@ local function qmp_open(fd)
   end
   function q.close() if not pipe:is_closing() then pipe:close() end end
   -- the greeting, then capabilities negotiation
+  local timer
+  if timeout_ms then
+    timer = uv.new_timer()
+    timer:start(timeout_ms, 0, function() fail_all("QEMU's monitor did not answer in time") end)
+  end
   local g, gerr = q.cmd(nil)
+  if timer then timer:close() end
   if not g then q.close(); return nil, gerr end
   local c, cerr = q.cmd("qmp_capabilities")
   if not c then q.close(); return nil, cerr end
@@ -83,9 +94,20 @@ local function qmp_until(q, cmd, pred, ms, step_ms)
 end
 
 
---- Opens a QMP client on the socket fd: q.cmd(name, args, with_fd) -> the
--- return value, or nil, err; q.close().  Returns q or nil, err.
+--- Opens a QMP client on the socket fd (or a connected pipe): q.cmd(name,
+-- args, with_fd) -> the return value, or nil, err; q.close().  timeout_ms:
+-- a bound on the greeting.  Returns q or nil, err.
 M.open = qmp_open
+
+--- Connects to the monitor socket at path (QEMU listens; a restarted
+-- daemon's way back to a VM's monitor) and opens a QMP client on it,
+-- the greeting bounded by timeout_ms.  Returns q or nil, err.
+function M.connect(path, timeout_ms)
+  local pipe = uv.new_pipe(false)
+  local err = async.wait(function(cb) pipe:connect(path, function(e) cb(e) end) end)
+  if err then pipe:close(); return nil, "connect to " .. path .. ": " .. tostring(err) end
+  return qmp_open(pipe, timeout_ms)
+end
 
 --- Polls q until pred(reply of cmd) is true (bounded: ms, a poll every
 -- step_ms).  Returns the reply or nil, err.

@@ -134,8 +134,12 @@ end
 
 -- Loads the snapshot's device state into a QEMU started with -incoming
 -- defer (the memory is the snapshot's, mapped), and resumes the guest.
-local function restore(q)
-  local r, err = q.cmd("migrate-set-capabilities", IGNORE_SHARED)
+-- full: the stream holds the guest memory too (a running VM's memory
+-- snapshot, backend/microvm/vmstate.lua): x-ignore-shared stays off, as it
+-- was on the VM that wrote it (the stream's format depends on it).
+local function restore(q, full)
+  local r, err = true, nil
+  if not full then r, err = q.cmd("migrate-set-capabilities", IGNORE_SHARED) end
   if r then r, err = q.cmd("migrate-incoming", { uri = "fd:9" }) end
   if r then
     -- the guest stays paused (it was stopped for the snapshot) until cont

@@ -160,7 +160,12 @@ export function register(router: Router, ctx: ServerContext): void {
 
   router.route('POST', '/sandboxes/{id}/pause', async (c) => {
     const id = sandboxParam(c);
-    await boxes.onBox(id, (s) => s.pause());
+    // an optional body: {"keepMemory": true|false} writes the pause to disk
+    const b = await readJson(c.req, ctx.maxJson, true);
+    onlyKeys(b, ['keepMemory'], 'body');
+    if (b.keepMemory !== undefined && typeof b.keepMemory !== 'boolean') throw badRequest('keepMemory must be a boolean');
+    const opts = b.keepMemory === undefined ? undefined : { keepMemory: b.keepMemory as boolean };
+    await boxes.onBox(id, (s) => s.pause(opts));
     sendJson(c.res, 200, await Sandbox.getInfo(id, conn));
   });
 
