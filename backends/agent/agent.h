@@ -79,6 +79,9 @@ typedef struct agent_proc_s {
   agent_chunk_t *q_head;
   agent_chunk_t *q_tail;
   size_t queued;              /* bytes not yet written */
+  int credit;                 /* TP_F_EXEC_CREDIT: output within out_credit, STDIN_ACK sent */
+  uint32_t out_credit[2];     /* credit: stdout, stderr bytes it may still send */
+  uint64_t in_acked;          /* credit: stdin bytes written but not yet told (STDIN_ACK) */
 } agent_proc_t;
 
 /* An EXIT event that could not be sent (no channel). */
@@ -187,6 +190,7 @@ int agent_proc_signal(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_release(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_ps(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_pty_resize(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_proc_output_ack(agent_t *a, const agent_req_t *r, tp_error_t *err);
 /* Adds the pipes of live processes to a->pfds from index `first`; returns
  * the new count. */
 int agent_proc_poll_fill(agent_t *a, int first);
