@@ -5,6 +5,8 @@
  *   core.stream_attach(fd, window, idle_ms, reply, on_close) -> dc | nil, msg
  *   dc:file(box, sid, write, {path=, offset=, length=, flags=, mode=,
  *           uid=, gid=, groups=}) -> true | nil, msg, code
+ *   dc:process(box, pid, {stdout=, stderr=, stdin=, pty=}) -> true | nil, msg, code
+ *   core.stream_proc_known(box, pid) -> bool
  *   dc:streams() -> n      dc:alive() -> bool      dc:close() */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +18,7 @@
 
 #include "l_core.h"
 #include "stream_fs.h"
+#include "stream_proc.h"
 #include "tupper.h"
 
 #define TP_L_SDC_MT "tupper.sdc"
@@ -136,6 +139,43 @@ static int tp_lsdc_file(lua_State *L) {
   return 1;
 }
 
+static uint32_t tp__opt_sid(lua_State *L, const char *k) {
+  lua_Integer v = tp__opt_int(L, 4, k, 0, NULL);
+  if (v < 0 || v >= (lua_Integer) TP_SF_CLIENT_SID)
+    luaL_error(L, "process streams: bad stream id '%s'", k);
+  return (uint32_t) v;
+}
+
+/* dc:process(box, pid, sids): binds a credit process's streams to dc. */
+static int tp_lsdc_process(lua_State *L) {
+  tp_lsdc_t *u = tp__check_lsdc(L);
+  tp_dbox_t *b = tp_l_box_check(L, 2);
+  lua_Integer pid = luaL_checkinteger(L, 3);
+  tp_sproc_sids_t sids;
+  tp_error_t err = { 0 };
+  luaL_checktype(L, 4, LUA_TTABLE);
+  luaL_argcheck(L, pid > 0 && pid <= 0x7fffffff, 3, "bad pid");
+  memset(&sids, 0, sizeof(sids));
+  sids.out = tp__opt_sid(L, "stdout");
+  sids.err = tp__opt_sid(L, "stderr");
+  sids.in = tp__opt_sid(L, "stdin");
+  lua_getfield(L, 4, "pty");
+  sids.pty = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (tp_sdc_proc(u->d, b, pid, &sids, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.stream_proc_known(box, pid): a credit process that has not exited. */
+static int tp_lcore_stream_proc_known(lua_State *L) {
+  tp_dbox_t *b = tp_l_box_check(L, 1);
+  lua_Integer pid = luaL_checkinteger(L, 2);
+  lua_pushboolean(L, tp_sproc_known(b, pid));
+  return 1;
+}
+
 static int tp_lsdc_streams(lua_State *L) {
   lua_pushinteger(L, (lua_Integer) tp_sdc_streams(tp__check_lsdc(L)->d));
   return 1;
@@ -160,10 +200,13 @@ static int tp_lsdc_close(lua_State *L) {
 }
 
 void tp_l_stream_register(lua_State *L) {
-  static const luaL_Reg methods[] = {{"file", tp_lsdc_file},   {"streams", tp_lsdc_streams},
+  static const luaL_Reg methods[] = {{"file", tp_lsdc_file},   {"process", tp_lsdc_process},
+                                     {"streams", tp_lsdc_streams},
                                      {"alive", tp_lsdc_alive}, {"close", tp_lsdc_close},
                                      {NULL, NULL}};
-  static const luaL_Reg funcs[] = {{"stream_attach", tp_lcore_stream_attach}, {NULL, NULL}};
+  static const luaL_Reg funcs[] = {{"stream_attach", tp_lcore_stream_attach},
+                                   {"stream_proc_known", tp_lcore_stream_proc_known},
+                                   {NULL, NULL}};
   luaL_newmetatable(L, TP_L_SDC_MT);
   lua_newtable(L);
   luaL_setfuncs(L, methods, 0);
