@@ -154,7 +154,7 @@ typedef struct agent_s {
   tp_field_t fields[TP_FIELDS_MAX];
   struct pollfd pfds[AGENT_POLL_MAX];
   agent_pollref_t prefs[AGENT_POLL_MAX];
-  uint8_t iobuf[AGENT_OUTPUT_CHUNK];
+  uint8_t iobuf[TP_CHUNK_MAX];      /* AGENT_OUTPUT_CHUNK a read, TP_CHUNK_MAX for a credit process */
   struct agent_net_s *net;    /* the network relay, once NET_LISTEN made it (agent_net.c) */
 } agent_t;
 

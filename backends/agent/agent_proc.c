@@ -539,6 +539,12 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   set_nonblock(out_r);
   if (err_r >= 0)
     set_nonblock(err_r);
+  if ((flags & TP_F_EXEC_CREDIT) && !pty) {
+    /* its output is read in frames of up to TP_CHUNK_MAX: a pipe that holds
+     * as much (best effort: a box with a lower pipe-max-size keeps 64 KiB) */
+    (void) fcntl(out_r, F_SETPIPE_SZ, (int) TP_CHUNK_MAX);
+    (void) fcntl(err_r, F_SETPIPE_SZ, (int) TP_CHUNK_MAX);
+  }
   *p = (agent_proc_t){.pid = pid, .out_fd = out_r, .err_fd = err_r, .in_fd = in_w,
                       .hold_fd = hold_w, .status_fd = hold ? st_r : -1, .argv = argv, .pty = pty,
                       .tree = tree, .credit = (flags & TP_F_EXEC_CREDIT) != 0,
@@ -768,7 +774,8 @@ static void read_output(agent_t *a, agent_proc_t *p, int stream, size_t limit, i
   uint32_t *credit = &p->out_credit[stream - 1];
   size_t total = 0;
   while (*fd >= 0 && total < limit) {
-    size_t want = sizeof(a->iobuf);
+    /* a credit process's reader keeps up by credit, not by small frames */
+    size_t want = p->credit ? sizeof(a->iobuf) : AGENT_OUTPUT_CHUNK;
     if (p->credit && !drain) {
       if (*credit == 0)
         break;

@@ -177,8 +177,9 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
 
 #define TP_PTY_DIM_MAX 4096       /* most COLS or ROWS */
 /* a TP_F_EXEC_CREDIT process: unacknowledged OUTPUT bytes per stream while it
- * runs; at its exit the agent drains at most AGENT_DRAIN_MAX more per stream
- * (TP_OUT_DRAIN_MAX) before EXIT, whatever the credit */
+ * runs (OUTPUT frames of up to TP_CHUNK_MAX); at its exit the agent drains
+ * TP_OUT_DRAIN_MAX more per stream (and at most one read past it) before
+ * EXIT, whatever the credit */
 #define TP_OUT_WINDOW (1024u * 1024u)
 #define TP_OUT_DRAIN_MAX TP_CHUNK_MAX
 

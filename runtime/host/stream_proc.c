@@ -9,8 +9,9 @@
 #include "stream_int.h"
 
 /* output waiting for the client's credit, per stream: the agent's window
- * while the process runs, its exit's drain, one OUTPUT frame of slack */
-#define TP__SPROC_PEND_MAX (TP_OUT_WINDOW + TP_OUT_DRAIN_MAX + 64u * 1024u)
+ * while the process runs, its exit's drain, which may pass its limit by
+ * one read (an OUTPUT frame) */
+#define TP__SPROC_PEND_MAX (TP_OUT_WINDOW + TP_OUT_DRAIN_MAX + TP_CHUNK_MAX)
 #define TP__SPROC_TAG_MAX 0x3fffu
 #define TP__SPROC_ID_STDIN 0x8000u /* a STDIN or STDIN_CLOSE request (else an OUTPUT_ACK) */
 
