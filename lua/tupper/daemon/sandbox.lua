@@ -522,7 +522,7 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   -- a guest's processes are in its own kernel: no host cgroup per tree
   local hold = self.box:has_cgroup() and not self.impl.guest_kernel
   local fields = { args = argv, env = envl, cwd = cwd or self.cwd,
-                   flags = (stdin and 1 or 0) | (hold and 2 or 0) | (x.pty and 4 or 0),
+                   flags = (stdin and 1 or 0) | (hold and 2 or 0) | (x.pty and 4 or 0) | (x.credit and 8 or 0),
                    uid = cred and cred.uid, gid = cred and cred.gid }
   if cred and cred.groups then M.as_fields(fields, cred) end
   if x.pty then fields.cols, fields.rows = x.pty.cols, x.pty.rows end
@@ -537,6 +537,13 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
                  started_at = now_iso(), stdin = stdin or x.pty ~= nil, pty = x.pty ~= nil,
                  user = cred and (cred.name or tostring(cred.uid)) or "root", starting = true }
   self.procs[pid] = proc
+  -- x.on_pid(proc): process streams bind here, before the channel's next
+  -- frame (its output) is read; false: they could not, the process goes
+  if x.on_pid and not x.on_pid(proc) then
+    proc.owner = nil -- nobody learns of this pid: no notifications
+    self:request(MSG.SIGNAL, { pid = pid, signal = 9 })
+    return nil, "cannot bind the process's streams", 0
+  end
   if hold then
     -- unique across daemon restarts: a re-adopted box keeps its old trees
     local tree = "p" .. pid .. "-" .. core.random_hex(4)
