@@ -13,6 +13,7 @@
  * one read (an OUTPUT frame) */
 #define TP__SPROC_PEND_MAX (TP_OUT_WINDOW + TP_OUT_DRAIN_MAX + TP_CHUNK_MAX)
 #define TP__SPROC_TAG_MAX 0x3fffu
+#define TP__SPROC_REC 5u /* a ring record's header: u8 stream, u32 length */
 #define TP__SPROC_ID_STDIN 0x8000u /* a STDIN or STDIN_CLOSE request (else an OUTPUT_ACK) */
 
 enum { TP__OUT = 0, TP__ERR = 1, TP__IN = 2 };
@@ -32,9 +33,86 @@ typedef struct tp__sproc_s {
   uint64_t sent[2];           /* bytes delivered, END's size */
   uint64_t in_out;            /* stdin sent to the agent, not yet STDIN_ACKed */
   int exited;                 /* its EXIT came: no more output, END once pend is out */
+  int kept;                   /* the owner has not taken its ring yet (tp_sproc_ring) */
+  int mirror;                 /* the owner sees its OUTPUT too (JSON listeners follow it) */
+  /* the last TP_SPROC_RING bytes of its output, as records (process.connect,
+   * tupper logs): the owner's ring is not fed for a registered process */
+  uint8_t *ring;
+  size_t rlen, rcap, rdata;
+  uint64_t rdropped;
 } tp__sproc_t;
 
 static const tp__sdc_ops_t tp__sproc_ops;
+
+static uint32_t tp__get_u32(const uint8_t *p) {
+  return (uint32_t) p[0] | ((uint32_t) p[1] << 8) | ((uint32_t) p[2] << 16) | ((uint32_t) p[3] << 24);
+}
+static void tp__put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t) (v >> (8 * i));
+}
+
+/* Keeps n bytes of stream s (0, 1) in r's ring: the oldest go first. */
+static void tp__sproc_ring_add(tp__sproc_t *r, int s, const uint8_t *p, size_t n) {
+  size_t last = 0;
+  if (n > TP_SPROC_RING) {
+    r->rdropped += n - TP_SPROC_RING;
+    p += n - TP_SPROC_RING;
+    n = TP_SPROC_RING;
+  }
+  while (r->rdata + n > TP_SPROC_RING && r->rlen > 0) {
+    uint32_t l = tp__get_u32(r->ring + 1);
+    size_t excess = r->rdata + n - TP_SPROC_RING;
+    if (l <= excess) { /* the whole first record goes */
+      memmove(r->ring, r->ring + TP__SPROC_REC + l, r->rlen - TP__SPROC_REC - l);
+      r->rlen -= TP__SPROC_REC + l;
+      r->rdata -= l;
+      r->rdropped += l;
+    } else { /* its head goes */
+      memmove(r->ring + TP__SPROC_REC, r->ring + TP__SPROC_REC + excess, r->rlen - TP__SPROC_REC - excess);
+      tp__put_u32(r->ring + 1, l - (uint32_t) excess);
+      r->rlen -= excess;
+      r->rdata -= excess;
+      r->rdropped += excess;
+    }
+  }
+  /* the last record of the same stream grows instead of a new one */
+  for (size_t off = 0; off < r->rlen; off += TP__SPROC_REC + tp__get_u32(r->ring + off + 1))
+    last = off;
+  if (r->rlen > 0 && r->ring[last] == (uint8_t) s) {
+    if (r->rlen + n > r->rcap)
+      goto grow;
+    memcpy(r->ring + r->rlen, p, n);
+    tp__put_u32(r->ring + last + 1, tp__get_u32(r->ring + last + 1) + (uint32_t) n);
+    r->rlen += n;
+    r->rdata += n;
+    return;
+  }
+grow:
+  if (r->rlen + TP__SPROC_REC + n > r->rcap) {
+    size_t cap = r->rcap ? r->rcap : 16384;
+    uint8_t *q;
+    while (cap < r->rlen + TP__SPROC_REC + n)
+      cap *= 2;
+    if ((q = realloc(r->ring, cap)) == NULL) {
+      r->rdropped += n; /* out of memory: this chunk is not kept */
+      return;
+    }
+    r->ring = q;
+    r->rcap = cap;
+  }
+  if (r->rlen > 0 && r->ring[last] == (uint8_t) s) { /* grown for the same stream */
+    memcpy(r->ring + r->rlen, p, n);
+    tp__put_u32(r->ring + last + 1, tp__get_u32(r->ring + last + 1) + (uint32_t) n);
+    r->rlen += n;
+  } else {
+    r->ring[r->rlen] = (uint8_t) s;
+    tp__put_u32(r->ring + r->rlen + 1, (uint32_t) n);
+    memcpy(r->ring + r->rlen + TP__SPROC_REC, p, n);
+    r->rlen += TP__SPROC_REC + n;
+  }
+  r->rdata += n;
+}
 
 static tp__sproc_t *tp__sproc_find(tp_dbox_t *b, int64_t pid) {
   for (tp__sproc_t *r = b->p_data; r != NULL; r = r->bnext)
@@ -68,6 +146,7 @@ static void tp__sproc_free(tp__sproc_t *r) {
     *pp = r->bnext;
   free(r->pend[0]);
   free(r->pend[1]);
+  free(r->ring);
   free(r);
 }
 
@@ -120,7 +199,7 @@ static void tp__sproc_unbind(tp__sproc_t *r, int errnum, const char *msg) {
   }
   r->in_out = 0;
   tp__sproc_unlink_d(r);
-  if (r->exited)
+  if (r->exited && !r->kept)
     tp__sproc_free(r);
 }
 
@@ -131,6 +210,9 @@ static int tp__sproc_maybe_end(tp__sproc_t *r) {
   if (!r->exited)
     return 0;
   if (r->d == NULL || (c = r->d->c) == NULL) {
+    tp__sproc_unlink_d(r);
+    if (r->kept)
+      return 0; /* the owner takes its ring, then it goes */
     tp__sproc_free(r);
     return 1;
   }
@@ -149,6 +231,9 @@ static int tp__sproc_maybe_end(tp__sproc_t *r) {
     tp_sconn_finish(c, r->sids.in, 0, 0, NULL);
   }
   if (!r->live[TP__OUT] && !r->live[TP__ERR]) {
+    tp__sproc_unlink_d(r);
+    if (r->kept)
+      return 0;
     tp__sproc_free(r);
     return 1;
   }
@@ -259,7 +344,7 @@ static int tp__sproc_frame(tp_dbox_t *b, unsigned type, uint32_t id, const tp_fi
   if (type == TP_MSG_EXIT) {
     r->exited = 1;
     tp__sproc_maybe_end(r);
-    return 0; /* the owner reports the exit */
+    return 0; /* the owner reports the exit (and takes the ring: tp_sproc_take) */
   }
   if (type == TP_MSG_STDIN_ACK) {
     if (tp_field_int(tp_fields_get(fs, n, TP_TAG_SIZE), &v) < 0 || v < 1)
@@ -279,11 +364,14 @@ static int tp__sproc_frame(tp_dbox_t *b, unsigned type, uint32_t id, const tp_fi
       data == NULL || data->len == 0 || (r->sids.pty && v == 2))
     return -1;
   int s = (int) v - 1;
+  tp__sproc_ring_add(r, s, data->val, data->len);
   if (r->d == NULL || r->d->c == NULL || !r->live[s]) {
     tp__sproc_ack(r, s, data->len); /* nobody reads it here: the owner keeps what it keeps */
     return 0;
   }
-  return tp__sproc_output(r, s, data->val, data->len) < 0 ? -1 : 1;
+  if (tp__sproc_output(r, s, data->val, data->len) < 0)
+    return -1;
+  return r->mirror ? 0 : 1; /* a copy for the owner's listeners: the slow path, on request */
 }
 
 static void tp__sproc_down(tp_dbox_t *b, const char *reason) {
@@ -292,6 +380,7 @@ static void tp__sproc_down(tp_dbox_t *b, const char *reason) {
   while (b->p_data != NULL) {
     tp__sproc_t *r = b->p_data;
     r->exited = 1; /* nothing more comes: unbind frees it, bound or not */
+    r->kept = 0;
     tp__sproc_unbind(r, EIO, msg);
   }
 }
@@ -364,6 +453,7 @@ int tp_sdc_proc(tp_sdc_t *d, tp_dbox_t *b, int64_t pid, const tp_sproc_sids_t *s
     r->hdr.ops = &tp__sproc_ops;
     r->b = b;
     r->pid = pid;
+    r->kept = 1;
     r->tag = tag;
     r->bnext = b->p_data;
     b->p_data = r;
@@ -410,4 +500,40 @@ int tp_sdc_proc(tp_sdc_t *d, tp_dbox_t *b, int64_t pid, const tp_sproc_sids_t *s
 void tp__sdc_procs_close(tp_sdc_t *d) {
   while (d->procs != NULL)
     tp__sproc_unbind(d->procs, ECONNRESET, "the data connection's client is gone");
+}
+
+/* The last registered entry of pid (exited ones too: its exit is being
+ * reported). */
+static tp__sproc_t *tp__sproc_find_any(tp_dbox_t *b, int64_t pid) {
+  for (tp__sproc_t *r = b->p_data; r != NULL; r = r->bnext)
+    if (r->pid == pid && (!r->exited || r->kept))
+      return r;
+  return NULL;
+}
+
+int tp_sproc_ring(tp_dbox_t *b, int64_t pid, int take, tp_sproc_ring_cb cb, void *data,
+                  uint64_t *dropped) {
+  tp__sproc_t *r = tp__sproc_find_any(b, pid);
+  if (r == NULL)
+    return -1;
+  for (size_t off = 0; off < r->rlen;) {
+    uint32_t l = tp__get_u32(r->ring + off + 1);
+    cb(data, r->ring[off], r->ring + off + TP__SPROC_REC, l);
+    off += TP__SPROC_REC + l;
+  }
+  *dropped = r->rdropped;
+  if (take && r->exited) {
+    r->kept = 0;
+    if (r->d == NULL)
+      tp__sproc_free(r); /* else it goes with its last stream */
+  }
+  return 0;
+}
+
+int tp_sproc_mirror(tp_dbox_t *b, int64_t pid) {
+  tp__sproc_t *r = tp__sproc_find(b, pid);
+  if (r == NULL)
+    return -1;
+  r->mirror = 1;
+  return 0;
 }

@@ -47,4 +47,18 @@ int tp_sdc_proc(tp_sdc_t *d, tp_dbox_t *b, int64_t pid, const tp_sproc_sids_t *s
 /* 1 when pid of b is registered (a credit process that has not exited). */
 int tp_sproc_known(tp_dbox_t *b, int64_t pid);
 
+/* From now on the owner sees pid's OUTPUT too, bound or not (connections
+ * that follow it as process.output).  -1 when pid is not registered. */
+int tp_sproc_mirror(tp_dbox_t *b, int64_t pid);
+
+#define TP_SPROC_RING 65536u /* output kept per process (process.connect's backlog) */
+
+/* Hands the kept output of pid (the last TP_SPROC_RING bytes, stdout and
+ * stderr as they came: stream 0 or 1) to cb in order, *dropped the bytes
+ * before it; take (at its exit): the entry is let go of.  -1 when pid is
+ * not registered. */
+typedef void (*tp_sproc_ring_cb)(void *data, int stream, const uint8_t *p, size_t n);
+int tp_sproc_ring(tp_dbox_t *b, int64_t pid, int take, tp_sproc_ring_cb cb, void *data,
+                  uint64_t *dropped);
+
 #endif

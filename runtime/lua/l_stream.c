@@ -7,6 +7,8 @@
  *           uid=, gid=, groups=}) -> true | nil, msg, code
  *   dc:process(box, pid, {stdout=, stderr=, stdin=, pty=}) -> true | nil, msg, code
  *   core.stream_proc_known(box, pid) -> bool
+ *   core.stream_proc_ring(box, pid, take) -> {{stream=, data=}...}, dropped | nil
+ *   core.stream_proc_mirror(box, pid) -> bool
  *   dc:streams() -> n      dc:alive() -> bool      dc:close() */
 #include <errno.h>
 #include <fcntl.h>
@@ -176,6 +178,40 @@ static int tp_lcore_stream_proc_known(lua_State *L) {
   return 1;
 }
 
+static void tp__lring_cb(void *data, int stream, const uint8_t *p, size_t n) {
+  lua_State *L = data;
+  lua_createtable(L, 0, 2);
+  lua_pushstring(L, stream == 0 ? "stdout" : "stderr");
+  lua_setfield(L, -2, "stream");
+  lua_pushlstring(L, (const char *) p, n);
+  lua_setfield(L, -2, "data");
+  lua_rawseti(L, -2, (lua_Integer) lua_rawlen(L, -2) + 1);
+}
+
+/* core.stream_proc_ring(box, pid, take): the output a registered process
+ * kept (its owner's ring is not fed), and what came before it. */
+static int tp_lcore_stream_proc_ring(lua_State *L) {
+  tp_dbox_t *b = tp_l_box_check(L, 1);
+  lua_Integer pid = luaL_checkinteger(L, 2);
+  int take = lua_toboolean(L, 3);
+  uint64_t dropped = 0;
+  lua_createtable(L, 8, 0); /* at most TP_SPROC_RING bytes: the pushes cannot fail for long */
+  if (tp_sproc_ring(b, pid, take, tp__lring_cb, L, &dropped) < 0) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushinteger(L, (lua_Integer) dropped);
+  return 2;
+}
+
+/* core.stream_proc_mirror(box, pid): its output reaches Lua too (listeners). */
+static int tp_lcore_stream_proc_mirror(lua_State *L) {
+  tp_dbox_t *b = tp_l_box_check(L, 1);
+  lua_Integer pid = luaL_checkinteger(L, 2);
+  lua_pushboolean(L, tp_sproc_mirror(b, pid) == 0);
+  return 1;
+}
+
 static int tp_lsdc_streams(lua_State *L) {
   lua_pushinteger(L, (lua_Integer) tp_sdc_streams(tp__check_lsdc(L)->d));
   return 1;
@@ -206,6 +242,8 @@ void tp_l_stream_register(lua_State *L) {
                                      {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"stream_attach", tp_lcore_stream_attach},
                                    {"stream_proc_known", tp_lcore_stream_proc_known},
+                                   {"stream_proc_ring", tp_lcore_stream_proc_ring},
+                                   {"stream_proc_mirror", tp_lcore_stream_proc_mirror},
                                    {NULL, NULL}};
   luaL_newmetatable(L, TP_L_SDC_MT);
   lua_newtable(L);

@@ -330,7 +330,11 @@ function h.process_connect(d, conn, p)
     listen = "streams" -- its exit comes here as a notification, its bytes on the streams
   end
   local out = {}
-  for i, chunk in ipairs(proc.ring or {}) do
+  local ring, dropped = proc.ring, proc.ring_dropped
+  if proc.streamed then -- kept in C with its streams (stream_proc.c)
+    ring, dropped = core.stream_proc_ring(sb.box.core or sb.box, proc.pid, false)
+  end
+  for i, chunk in ipairs(ring or {}) do
     local data, e = M.encode_data(chunk.data, enc)
     out[i] = { stream = chunk.stream, data = data, encoding = e }
   end
@@ -339,8 +343,10 @@ function h.process_connect(d, conn, p)
   if conn ~= proc.owner then
     proc.listeners = proc.listeners or {}
     proc.listeners[conn] = listen
+    -- a JSON follower of a streamed process: its output reaches Lua too
+    if proc.streamed and listen ~= "streams" then core.stream_proc_mirror(sb.box.core or sb.box, proc.pid) end
   end
-  return { pid = proc.pid, output = json.array(out), dropped = proc.ring_dropped or 0, streams = streams }
+  return { pid = proc.pid, output = json.array(out), dropped = dropped or 0, streams = streams }
 end
 
 function h.fs_watch(d, conn, p)

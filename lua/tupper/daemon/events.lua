@@ -35,7 +35,8 @@ local function ring_add(proc, stream, data)
 end
 
 function D:_output(sb, proc, stream, data)
-  ring_add(proc, stream, data)
+  -- a process started with streams keeps its ring in C (stream_proc.c)
+  if not proc.streamed then ring_add(proc, stream, data) end
   local conn = proc.owner
   local msg = { sandbox = sb.id, pid = proc.pid, stream = stream }
   -- a process started with streams tells its owner nothing here: this is

@@ -225,6 +225,9 @@ function Sandbox:_frame(t, id, f)
     end
     self.procs[f.pid] = nil
     release(proc)
+    if proc.streamed then -- its ring was kept in C, with its streams: it is ours from now on
+      proc.ring, proc.ring_dropped = core.stream_proc_ring(self.box.core or self.box, f.pid, true)
+    end
     proc.exit_code = math.tointeger(f.code) or -1
     proc.signal = math.tointeger(f.signal) or 0
     proc.oom_killed = self:_oom_killed(proc, f) or nil
