@@ -184,9 +184,11 @@ export class CommandHandle implements Partial<CommandResult> {
       if (ids.stderr !== undefined) drains.push(dc.drain(ids.stderr, (b) => this.onBytes('stderr', b), 'commands.run'));
       this.streamsDone = Promise.all(drains).then(
         () => undefined,
-        (e: Error) => {
-          // the data connection went (or a stream failed): the command runs on unread
-          this.fail(new SandboxError(`command ${pid}: its output stream failed: ${e.message}; it keeps running in the sandbox`, { cause: e }));
+        async (e: Error) => {
+          // the sandbox went away under it (TimeoutError, as for JSON output), or
+          // the data connection did (or a stream failed): the command runs on unread
+          const g = await sandboxGone(this.link);
+          this.fail(g ?? new SandboxError(`command ${pid}: its output stream failed: ${e.message}; it keeps running in the sandbox`, { cause: e }));
         },
       );
     }
