@@ -34,6 +34,7 @@
 #define AGENT_CHAN_FD TP_AGENT_FD
 #define AGENT_PROC_MAX 1024                 /* live (unreaped) processes */
 #define AGENT_OUTPUT_CHUNK (64u * 1024u)    /* DATA bytes per OUTPUT frame */
+#define AGENT_CREDIT_READ (TP_OUT_WINDOW / 4) /* a credit process's read: 4 frames in flight */
 #define AGENT_DRAIN_MAX TP_CHUNK_MAX        /* per stream, once its process exited */
 #define AGENT_POLL_FIRST 3                  /* channel, signalfd, listener; then pipes */
 #define AGENT_NET_POLL_MAX (4 + TP_NET_STREAMS_MAX) /* agent_net.c: listeners, streams */

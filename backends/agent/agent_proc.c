@@ -774,8 +774,10 @@ static void read_output(agent_t *a, agent_proc_t *p, int stream, size_t limit, i
   uint32_t *credit = &p->out_credit[stream - 1];
   size_t total = 0;
   while (*fd >= 0 && total < limit) {
-    /* a credit process's reader keeps up by credit, not by small frames */
-    size_t want = p->credit ? sizeof(a->iobuf) : AGENT_OUTPUT_CHUNK;
+    /* a credit process's reader keeps up by credit, not by small frames; a
+     * quarter of the window a read keeps four frames in flight (one would
+     * wait for each ack) */
+    size_t want = p->credit ? (drain ? sizeof(a->iobuf) : AGENT_CREDIT_READ) : AGENT_OUTPUT_CHUNK;
     if (p->credit && !drain) {
       if (*credit == 0)
         break;

@@ -180,7 +180,7 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
  * runs (OUTPUT frames of up to TP_CHUNK_MAX); at its exit the agent drains
  * TP_OUT_DRAIN_MAX more per stream (and at most one read past it) before
  * EXIT, whatever the credit */
-#define TP_OUT_WINDOW (1024u * 1024u)
+#define TP_OUT_WINDOW (2u * 1024u * 1024u)
 #define TP_OUT_DRAIN_MAX TP_CHUNK_MAX
 
 /* watch events (EVENT); NAME is the path relative to the watched directory */

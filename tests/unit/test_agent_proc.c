@@ -241,7 +241,7 @@ static void pump_for(host_t *h, int ms) {
 }
 
 static void test_credit(host_t *h) {
-  const char *big[] = {"/bin/sh", "-c", "head -c 3000000 /dev/zero; echo fin >&2", NULL};
+  const char *big[] = {"/bin/sh", "-c", "head -c 8000000 /dev/zero; echo fin >&2", NULL};
   const char *cat[] = {"/bin/cat", NULL};
   const char *plain[] = {"/bin/sleep", "100", NULL};
   uint8_t *in = calloc(1, 300 * 1024);
@@ -275,7 +275,7 @@ static void test_credit(host_t *h) {
   }
   check(bad_acks == 0, "every OUTPUT_ACK within the window -> OK");
   check(p->exited && p->code == 0, "it ends once acked");
-  check(p->out[1].len == 3000000 && out_is(p, 2, "fin\n"), "every byte came (%zu), stderr too", p->out[1].len);
+  check(p->out[1].len == 8000000 && out_is(p, 2, "fin\n"), "every byte came (%zu), stderr too", p->out[1].len);
   expect_err(ack_req(h, pid, 1, 1), ESRCH, "OUTPUT_ACK to a reaped pid");
 
   other = run(h, plain, NULL, NULL, 0);
