@@ -90,30 +90,44 @@ function DC:_frame(type_, sid, payload)
   end
 end
 
+-- Frames out of the socket's chunks.  A header is read once it is whole;
+-- its payload is gathered as the chunks come and joined once (a 1 MiB DATA
+-- frame crosses 16 reads of 64 KiB: one copy of it, not three).
 function DC:_feed(chunk)
-  local parts = self.parts
-  parts[#parts + 1] = chunk
-  self.have = self.have + #chunk
-  if self.have < self.need then return end
-  local buf = table.concat(parts)
-  local off = 1
-  while #buf - off + 1 >= M.HDR do
-    local len, ver, type_, flags, sid = string.unpack("<I4BBI2I4", buf, off)
-    if ver ~= M.VERSION or flags ~= 0 or len > M.CHUNK + 8192 then
-      return self:_down("the daemon sent a bad frame", 71)
+  local pos = 1
+  while not self.closed do
+    if not self.hdr then
+      local want = M.HDR - self.have
+      local avail = #chunk - pos + 1
+      if avail <= 0 then return end
+      local piece = avail <= want and (pos == 1 and chunk or chunk:sub(pos)) or chunk:sub(pos, pos + want - 1)
+      self.parts[#self.parts + 1] = piece
+      self.have = self.have + #piece
+      pos = pos + #piece
+      if self.have < M.HDR then return end
+      local h = table.concat(self.parts)
+      local len, ver, type_, flags, sid = string.unpack("<I4BBI2I4", h)
+      if ver ~= M.VERSION or flags ~= 0 or len > M.CHUNK + 8192 then
+        return self:_down("the daemon sent a bad frame", 71)
+      end
+      self.hdr = { len = len, type = type_, sid = sid }
+      self.parts, self.have = {}, 0
     end
-    if #buf - off + 1 < M.HDR + len then
-      self.need = M.HDR + len
-      break
+    local hdr = self.hdr
+    local want = hdr.len - self.have
+    local avail = #chunk - pos + 1
+    if want > 0 then
+      if avail <= 0 then return end
+      local piece = avail <= want and (pos == 1 and chunk or chunk:sub(pos)) or chunk:sub(pos, pos + want - 1)
+      self.parts[#self.parts + 1] = piece
+      self.have = self.have + #piece
+      pos = pos + #piece
+      if self.have < hdr.len then return end
     end
-    self:_frame(type_, sid, buf:sub(off + M.HDR, off + M.HDR + len - 1))
-    if self.closed then return end
-    off = off + M.HDR + len
-    self.need = M.HDR
+    local payload = #self.parts == 1 and self.parts[1] or table.concat(self.parts)
+    self.hdr, self.parts, self.have = nil, {}, 0
+    self:_frame(hdr.type, hdr.sid, payload)
   end
-  local rest = off <= #buf and buf:sub(off) or ""
-  self.parts = { rest }
-  self.have = #rest
 end
 
 function DC:_down(msg, errno)
@@ -319,7 +333,7 @@ function M.open(client, window)
   local pipe = uv.new_pipe(false)
   local cerr = async.wait(function(cb) pipe:connect(client.socket, function(e) cb(e) end) end)
   if cerr then pipe:close(); return nil, cerr end
-  local self = setmetatable({ pipe = pipe, streams = {}, parts = {}, have = 0, need = 0, closed = false }, DC)
+  local self = setmetatable({ pipe = pipe, streams = {}, parts = {}, have = 0, closed = false }, DC)
   window = window or M.WINDOW
   -- the attach's reply is the only JSON line; frames follow it
   local line_parts, attached, waiter = {}, nil, nil
@@ -334,7 +348,6 @@ function M.open(client, window)
     local nl = text:find("\n", 1, true)
     if not nl then line_parts = { text }; return end
     attached = json.decode(text:sub(1, nl - 1)) or false
-    self.need = M.HDR
     if nl < #text then self:_feed(text:sub(nl + 1)) end
     if waiter then waiter() end
   end)
