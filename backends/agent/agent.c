@@ -157,6 +157,7 @@ static agent_handler_t handler_for(uint8_t type) {
   case TP_MSG_SIGNAL: return agent_proc_signal;
   case TP_MSG_RELEASE: return agent_proc_release;
   case TP_MSG_PS: return agent_proc_ps;
+  case TP_MSG_OUTPUT_ACK: return agent_proc_output_ack;
   case TP_MSG_FS_READ: return agent_fs_read;
   case TP_MSG_FS_WRITE: return agent_fs_write;
   case TP_MSG_FS_STAT: return agent_fs_stat;

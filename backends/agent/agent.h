@@ -34,6 +34,7 @@
 #define AGENT_CHAN_FD TP_AGENT_FD
 #define AGENT_PROC_MAX 1024                 /* live (unreaped) processes */
 #define AGENT_OUTPUT_CHUNK (64u * 1024u)    /* DATA bytes per OUTPUT frame */
+#define AGENT_CREDIT_READ (TP_OUT_WINDOW / 4) /* a credit process's read: 4 frames in flight */
 #define AGENT_DRAIN_MAX TP_CHUNK_MAX        /* per stream, once its process exited */
 #define AGENT_POLL_FIRST 3                  /* channel, signalfd, listener; then pipes */
 #define AGENT_NET_POLL_MAX (4 + TP_NET_STREAMS_MAX) /* agent_net.c: listeners, streams */
@@ -79,6 +80,9 @@ typedef struct agent_proc_s {
   agent_chunk_t *q_head;
   agent_chunk_t *q_tail;
   size_t queued;              /* bytes not yet written */
+  int credit;                 /* TP_F_EXEC_CREDIT: output within out_credit, STDIN_ACK sent */
+  uint32_t out_credit[2];     /* credit: stdout, stderr bytes it may still send */
+  uint64_t in_acked;          /* credit: stdin bytes written but not yet told (STDIN_ACK) */
 } agent_proc_t;
 
 /* An EXIT event that could not be sent (no channel). */
@@ -166,7 +170,7 @@ typedef struct agent_s {
   tp_field_t fields[TP_FIELDS_MAX];
   struct pollfd pfds[AGENT_POLL_MAX];
   agent_pollref_t prefs[AGENT_POLL_MAX];
-  uint8_t iobuf[AGENT_OUTPUT_CHUNK];
+  uint8_t iobuf[TP_CHUNK_MAX];      /* AGENT_OUTPUT_CHUNK a read, TP_CHUNK_MAX for a credit process */
   struct agent_net_s *net;    /* the network relay, once NET_LISTEN made it (agent_net.c) */
 } agent_t;
 
@@ -202,6 +206,7 @@ int agent_proc_signal(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_release(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_ps(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_proc_pty_resize(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_proc_output_ack(agent_t *a, const agent_req_t *r, tp_error_t *err);
 /* Adds the pipes of live processes to a->pfds from index `first`; returns
  * the new count. */
 int agent_proc_poll_fill(agent_t *a, int first);

@@ -90,6 +90,7 @@ static void close_fd(int *fd) {
 }
 
 static void stdin_drop(agent_proc_t *p) {
+  p->in_acked += p->queued; /* credit: dropped counts as taken (the next STDIN is EPIPE) */
   while (p->q_head != NULL) {
     agent_chunk_t *c = p->q_head;
     p->q_head = c->next;
@@ -494,7 +495,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return tp_error_set(err, EINVAL, "exec: no ARG");
   if (nargs + nenv > TP_ARGS_MAX)
     return tp_error_set(err, E2BIG, "exec: more than %d ARG and ENV fields", TP_ARGS_MAX);
-  if (flags & ~(int64_t) (TP_F_EXEC_STDIN | TP_F_EXEC_HOLD | TP_F_EXEC_PTY | TP_F_EXEC_TREE))
+  if (flags & ~(int64_t) (TP_F_EXEC_STDIN | TP_F_EXEC_HOLD | TP_F_EXEC_PTY | TP_F_EXEC_TREE | TP_F_EXEC_CREDIT))
     return tp_error_set(err, EINVAL, "exec: unknown FLAGS 0x%llx", (unsigned long long) flags);
   if (with_tree && (hold || agent_cg_active()))
     return tp_error_set(err, EINVAL, "exec: FLAGS TREE goes with neither HOLD nor a guest's cgroups");
@@ -584,9 +585,16 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   set_nonblock(out_r);
   if (err_r >= 0)
     set_nonblock(err_r);
+  if ((flags & TP_F_EXEC_CREDIT) && !pty) {
+    /* its output is read in frames of up to TP_CHUNK_MAX: a pipe that holds
+     * as much (best effort: a box with a lower pipe-max-size keeps 64 KiB) */
+    (void) fcntl(out_r, F_SETPIPE_SZ, (int) TP_CHUNK_MAX);
+    (void) fcntl(err_r, F_SETPIPE_SZ, (int) TP_CHUNK_MAX);
+  }
   *p = (agent_proc_t){.pid = pid, .out_fd = out_r, .err_fd = err_r, .in_fd = in_w,
                       .hold_fd = hold_w, .status_fd = hold ? st_r : -1, .argv = argv, .pty = pty,
-                      .tree = tree};
+                      .tree = tree, .credit = (flags & TP_F_EXEC_CREDIT) != 0,
+                      .out_credit = {TP_OUT_WINDOW, TP_OUT_WINDOW}};
   out_r = err_r = in_w = hold_w = -1;
   if (hold)
     st_r = -1;
@@ -686,6 +694,38 @@ int agent_proc_pty_resize(agent_t *a, const agent_req_t *r, tp_error_t *err) {
 
 /* ---- stdin and signals ------------------------------------------------------ */
 
+/* A credit process: tells the host how much more of its stdin the pipe took
+ * (or was dropped), so that the host's client may send that much more. */
+static void stdin_ack(agent_t *a, agent_proc_t *p) {
+  if (!p->credit || p->in_acked == 0)
+    return;
+  agent_event_begin(a, TP_MSG_STDIN_ACK);
+  tp_frame_add_int(&a->out, TP_TAG_PID, p->pid);
+  tp_frame_add_int(&a->out, TP_TAG_SIZE, (int64_t) p->in_acked);
+  if (agent_send(a) == 0)
+    p->in_acked = 0;
+}
+
+/* OUTPUT_ACK: the host took SIZE bytes of a credit process's STREAM. */
+int agent_proc_output_ack(agent_t *a, const agent_req_t *r, tp_error_t *err) {
+  int64_t stream = agent_req_int(r, TP_TAG_STREAM, 0), size = agent_req_int(r, TP_TAG_SIZE, 0);
+  agent_proc_t *p;
+  if (agent_req_check(r, AGENT_TAG(TP_TAG_PID) | AGENT_TAG(TP_TAG_STREAM) | AGENT_TAG(TP_TAG_SIZE), 0,
+                      "output_ack", err) < 0)
+    return -1;
+  if ((p = proc_lookup(a, r, "output_ack", err)) == NULL)
+    return -1;
+  if (!p->credit)
+    return tp_error_set(err, EINVAL, "output_ack: process %d is not flow-controlled", (int) p->pid);
+  if ((stream != 1 && stream != 2) || size < 1 ||
+      (uint64_t) size > TP_OUT_WINDOW - p->out_credit[stream - 1])
+    return tp_error_set(err, EINVAL, "output_ack: bad STREAM %lld or SIZE %lld (credit %u of %u)",
+                        (long long) stream, (long long) size, p->out_credit[stream == 2],
+                        TP_OUT_WINDOW);
+  p->out_credit[stream - 1] += (uint32_t) size;
+  return 0;
+}
+
 int agent_proc_stdin(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   const tp_field_t *data;
   agent_proc_t *p;
@@ -773,15 +813,29 @@ static void send_output(agent_t *a, pid_t pid, int stream, const uint8_t *data, 
 
 /* Reads one of p's output pipes (non-blocking) until at least `limit` bytes
  * were sent as OUTPUT (so 1 means a single read), the pipe is empty, or it
- * reached EOF or failed (then it is closed). */
-static void read_output(agent_t *a, agent_proc_t *p, int stream, size_t limit) {
+ * reached EOF or failed (then it is closed).  A credit process's reads stay
+ * within its credit unless `drain` (its exit: the pipe's last bytes). */
+static void read_output(agent_t *a, agent_proc_t *p, int stream, size_t limit, int drain) {
   int *fd = stream == 1 ? &p->out_fd : &p->err_fd;
+  uint32_t *credit = &p->out_credit[stream - 1];
   size_t total = 0;
   while (*fd >= 0 && total < limit) {
-    ssize_t n = read(*fd, a->iobuf, sizeof(a->iobuf));
+    /* a credit process's reader keeps up by credit, not by small frames; a
+     * quarter of the window a read keeps four frames in flight (one would
+     * wait for each ack) */
+    size_t want = p->credit ? (drain ? sizeof(a->iobuf) : AGENT_CREDIT_READ) : AGENT_OUTPUT_CHUNK;
+    if (p->credit && !drain) {
+      if (*credit == 0)
+        break;
+      if (want > *credit)
+        want = *credit;
+    }
+    ssize_t n = read(*fd, a->iobuf, want);
     if (n > 0) {
       send_output(a, p->pid, stream, a->iobuf, (size_t) n);
       total += (size_t) n;
+      if (p->credit)
+        *credit = (size_t) n > *credit ? 0 : *credit - (uint32_t) n;
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && errno == EAGAIN) {
@@ -794,7 +848,7 @@ static void read_output(agent_t *a, agent_proc_t *p, int stream, size_t limit) {
 
 /* Writes queued stdin until the pipe is full.  EPIPE (the child closed its
  * stdin or died) drops the queue silently. */
-static void stdin_flush(agent_proc_t *p) {
+static void stdin_flush(agent_t *a, agent_proc_t *p) {
   while (p->q_head != NULL) {
     agent_chunk_t *c = p->q_head;
     ssize_t n = write(p->in_fd, c->data + c->off, c->len - c->off);
@@ -804,10 +858,12 @@ static void stdin_flush(agent_proc_t *p) {
       return;
     if (n < 0) {
       stdin_drop(p);
+      stdin_ack(a, p);
       return;
     }
     c->off += (size_t) n;
     p->queued -= (size_t) n;
+    p->in_acked += (size_t) n;
     if (c->off == c->len) {
       p->q_head = c->next;
       if (p->q_head == NULL)
@@ -815,6 +871,7 @@ static void stdin_flush(agent_proc_t *p) {
       free(c);
     }
   }
+  stdin_ack(a, p);
   if (p->in_close)
     close_fd(&p->in_fd);
 }
@@ -826,11 +883,11 @@ int agent_proc_poll_fill(agent_t *a, int first) {
     if (p->pid == 0)
       continue;
     live++;
-    if (p->out_fd >= 0) {
+    if (p->out_fd >= 0 && (!p->credit || p->out_credit[0] > 0)) {
       a->pfds[n] = (struct pollfd){.fd = p->out_fd, .events = POLLIN};
       a->prefs[n++] = (agent_pollref_t){.slot = (int16_t) i, .stream = 1};
     }
-    if (p->err_fd >= 0) {
+    if (p->err_fd >= 0 && (!p->credit || p->out_credit[1] > 0)) {
       a->pfds[n] = (struct pollfd){.fd = p->err_fd, .events = POLLIN};
       a->prefs[n++] = (agent_pollref_t){.slot = (int16_t) i, .stream = 2};
     }
@@ -849,11 +906,11 @@ void agent_proc_poll_handle(agent_t *a, int first, int n) {
     if (a->pfds[i].revents == 0 || p->pid == 0)
       continue;
     if (stream == 0 && p->in_fd == a->pfds[i].fd)
-      stdin_flush(p);
+      stdin_flush(a, p);
     else if (stream == 1 && p->out_fd == a->pfds[i].fd)
-      read_output(a, p, 1, 1);
+      read_output(a, p, 1, 1, 0);
     else if (stream == 2 && p->err_fd == a->pfds[i].fd)
-      read_output(a, p, 2, 1);
+      read_output(a, p, 2, 1, 0);
   }
 }
 
@@ -943,8 +1000,8 @@ static void proc_exited(agent_t *a, agent_proc_t *p, int status) {
   agent_exit_t e = {.pid = p->pid, .code = WIFEXITED(status) ? WEXITSTATUS(status) : -1,
                     .sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0};
   e.oom = guest_oom_killed(a, &e);
-  read_output(a, p, 1, AGENT_DRAIN_MAX);
-  read_output(a, p, 2, AGENT_DRAIN_MAX);
+  read_output(a, p, 1, AGENT_DRAIN_MAX, 1);
+  read_output(a, p, 2, AGENT_DRAIN_MAX, 1);
   /* Earlier ones first: EXIT order is reap order. */
   if (a->exitq_len > 0)
     agent_proc_flush_exits(a);

@@ -106,10 +106,10 @@ int tp_frame_end(tp_buf_t *b) {
 
 int tp_msg_type_valid(unsigned type) {
   switch (type) {
-  case TP_MSG_READY: case TP_MSG_OUTPUT: case TP_MSG_EXIT:
+  case TP_MSG_READY: case TP_MSG_OUTPUT: case TP_MSG_EXIT: case TP_MSG_STDIN_ACK:
   case TP_MSG_OK: case TP_MSG_ERR:
   case TP_MSG_EXEC: case TP_MSG_STDIN: case TP_MSG_STDIN_CLOSE: case TP_MSG_SIGNAL:
-  case TP_MSG_RELEASE: case TP_MSG_PS:
+  case TP_MSG_RELEASE: case TP_MSG_PS: case TP_MSG_OUTPUT_ACK:
   case TP_MSG_FS_READ: case TP_MSG_FS_WRITE: case TP_MSG_FS_STAT: case TP_MSG_FS_LIST:
   case TP_MSG_FS_MKDIR: case TP_MSG_FS_REMOVE: case TP_MSG_FS_RENAME:
   case TP_MSG_FS_SETATTR: case TP_MSG_FS_SYMLINK:

@@ -42,6 +42,8 @@ enum tp_msg_type {
   TP_MSG_READY = 1,        /* VERSION, PID (agent's own pid in the box) */
   TP_MSG_OUTPUT = 2,       /* PID, STREAM, DATA */
   TP_MSG_EXIT = 3,         /* PID, CODE (exit status or -1), SIGNAL (0 or signo), FLAGS? (TP_F_EXIT_*) */
+  TP_MSG_STDIN_ACK = 4,    /* PID SIZE: a TP_F_EXEC_CREDIT process's pipe took SIZE more bytes of
+                              its queued stdin (agent -> host event) */
   /* agent -> host replies (id = request id) */
   TP_MSG_OK = 10,          /* fields depend on the request */
   TP_MSG_ERR = 11,         /* ERRNO, MSG */
@@ -52,6 +54,8 @@ enum tp_msg_type {
   TP_MSG_SIGNAL = 23,      /* PID SIGNAL -> OK (signals the process group) */
   TP_MSG_RELEASE = 24,     /* PID -> OK: lets a child held by TP_F_EXEC_HOLD exec */
   TP_MSG_PS = 25,          /* -> OK(ENTRY*), ENTRY = nested PID ARG* : live processes */
+  TP_MSG_OUTPUT_ACK = 26,  /* PID STREAM SIZE -> OK: the host took SIZE bytes of a TP_F_EXEC_CREDIT
+                              process's output stream: that much more may be sent */
   TP_MSG_FS_READ = 30,     /* PATH OFFSET? LENGTH? -> OK(DATA SIZE) */
   TP_MSG_FS_WRITE = 31,    /* PATH DATA OFFSET? FLAGS? MODE? -> OK(SIZE) */
   TP_MSG_FS_STAT = 32,     /* PATH -> OK(TYPE SIZE MODE MTIME UID GID LINK?) */
@@ -171,7 +175,17 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
                                      killed it (died of SIGKILL, or exited 137, and /proc/vmstat's
                                      oom_kill rose since the last process found so) */
 
+#define TP_F_EXEC_CREDIT 0x10u    /* EXEC: output is flow-controlled: each stream may have at most
+                                     TP_OUT_WINDOW bytes sent and not OUTPUT_ACKed (the agent stops
+                                     reading the pipe, so the writer blocks); stdin sends STDIN_ACK */
+
 #define TP_PTY_DIM_MAX 4096       /* most COLS or ROWS */
+/* a TP_F_EXEC_CREDIT process: unacknowledged OUTPUT bytes per stream while it
+ * runs (OUTPUT frames of up to TP_CHUNK_MAX); at its exit the agent drains
+ * TP_OUT_DRAIN_MAX more per stream (and at most one read past it) before
+ * EXIT, whatever the credit */
+#define TP_OUT_WINDOW (2u * 1024u * 1024u)
+#define TP_OUT_DRAIN_MAX TP_CHUNK_MAX
 
 /* watch events (EVENT); NAME is the path relative to the watched directory */
 enum tp_watch_event {

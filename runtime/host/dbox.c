@@ -52,6 +52,8 @@ void tp__dbox_stop(tp_dbox_t *b) {
     b->c_down(b, "sandbox stopped");
   if (b->n_down != NULL)
     b->n_down(b, "sandbox stopped");
+  if (b->p_down != NULL)
+    b->p_down(b, "sandbox stopped");
   if (!b->started)
     return;
   b->started = 0;
@@ -74,6 +76,8 @@ static void tp__dbox_down(tp_dbox_t *b, const char *reason) {
     b->c_down(b, reason);
   if (b->n_down != NULL)
     b->n_down(b, reason);
+  if (b->p_down != NULL)
+    b->p_down(b, reason);
   if (b->started) {
     uv_read_stop((uv_stream_t *) &b->chan);
     uv_poll_stop(&b->exitp);
@@ -121,6 +125,21 @@ static int tp__dbox_dispatch(tp_dbox_t *b) {
       break;
     }
     off += (size_t) n; /* consumed before the call: it may destroy the box */
+    if (b->p_frame != NULL &&
+        (f.type == TP_MSG_OUTPUT || f.type == TP_MSG_EXIT || f.type == TP_MSG_STDIN_ACK ||
+         (f.id >= TP_DBOX_PID_MIN && (f.type == TP_MSG_OK || f.type == TP_MSG_ERR)))) {
+      int took = b->p_frame(b, f.type, f.id, b->fields, m, b->fields + TP_FIELDS_MAX, TP_FIELDS_MAX);
+      if (took < 0) {
+        ret = -1;
+        break;
+      }
+      if (took > 0 || b->down || b->destroyed)
+        continue;
+    } else if (f.id >= TP_DBOX_PID_MIN && (f.type == TP_MSG_OK || f.type == TP_MSG_ERR)) {
+      continue; /* a late reply to a process relay that is gone */
+    } else if (f.type == TP_MSG_STDIN_ACK) {
+      continue; /* no relay: nobody waits for it */
+    }
     if (f.id >= TP_DBOX_CID_MIN && (f.type == TP_MSG_OK || f.type == TP_MSG_ERR)) {
       /* a C relay's reply (a late one for a relay that is gone is dropped) */
       if (b->c_frame != NULL &&

@@ -101,10 +101,20 @@ struct tp_dbox_s {
   int (*n_frame)(tp_dbox_t *b, unsigned type, const tp_field_t *fields, int n);
   void (*n_down)(tp_dbox_t *b, const char *reason);
   void *n_data;
+  /* The process relays (stream_proc.c): every OUTPUT, EXIT and STDIN_ACK
+   * event, and the replies to ids from TP_DBOX_PID_MIN, go to p_frame
+   * first; it returns 1 when it took the frame (the owner never sees it),
+   * 0 to hand it on, -1 for a protocol error.  p_down as c_down. */
+  tp_dbox_frame_cb p_frame;
+  void (*p_down)(tp_dbox_t *b, const char *reason);
+  void *p_data;
+  uint32_t p_next;
 };
 
-/* Request ids from here are made in C (the Lua owner's stay below). */
+/* Request ids from here are made in C (the Lua owner's stay below): file
+ * relays' below TP_DBOX_PID_MIN, process relays' from it. */
 #define TP_DBOX_CID_MIN 0x80000000u
+#define TP_DBOX_PID_MIN 0xC0000000u
 
 /* A start, as the owner describes it; strings and lists are borrowed until
  * tp_dbox_start returns. */

@@ -517,6 +517,21 @@ int tp_sconn_fail(tp_sconn_t *c, uint32_t sid, int errnum, const char *msg) {
   return 0;
 }
 
+int tp_sconn_finish(tp_sconn_t *c, uint32_t sid, int has_size, uint64_t size, tp_error_t *err) {
+  tp__sstream_t *s;
+  if (tp_sconn_end(c, sid, has_size, size, err) < 0)
+    return -1;
+  if ((s = tp__sconn_find(c, sid)) != NULL)
+    tp__sconn_forget(c, s);
+  return 0;
+}
+
+void tp_sconn_drop(tp_sconn_t *c, uint32_t sid) {
+  tp__sstream_t *s = tp__sconn_find(c, sid);
+  if (s != NULL)
+    tp__sconn_forget(c, s);
+}
+
 void tp_sconn_close(tp_sconn_t *c) {
   c->released = 1;
   c->down = 1;

@@ -83,6 +83,13 @@ int tp_sconn_end(tp_sconn_t *c, uint32_t sid, int has_size, uint64_t size, tp_er
 int tp_sconn_credit(tp_sconn_t *c, uint32_t sid, uint32_t n, tp_error_t *err);
 /* Ends sid with an ERROR to the peer; no callback for it. */
 int tp_sconn_fail(tp_sconn_t *c, uint32_t sid, int errnum, const char *msg);
+/* END on sid (with a size when has_size), and sid is over in both
+ * directions: what the peer still sends on it is dropped (a process's
+ * stdin or terminal once it exited).  No callback for it. */
+int tp_sconn_finish(tp_sconn_t *c, uint32_t sid, int has_size, uint64_t size, tp_error_t *err);
+/* Forgets sid without a frame and without a callback (works while the
+ * connection goes down: its on_stream_error for sid will not come). */
+void tp_sconn_drop(tp_sconn_t *c, uint32_t sid);
 /* Live streams, and bytes queued for the peer. */
 size_t tp_sconn_streams(const tp_sconn_t *c);
 size_t tp_sconn_queued(const tp_sconn_t *c);

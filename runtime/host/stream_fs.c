@@ -1,5 +1,6 @@
 /* File relays between a data connection and a box's agent (stream_fs.h). */
 #include "stream_fs.h"
+#include "stream_int.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #define TP__SFS_INFLIGHT ((int) (TP_SCONN_WINDOW_MAX / TP_CHUNK_MAX) + 2)
 
 typedef struct tp__srelay_s {
+  tp__sdc_stream_t hdr;               /* the connection's callbacks reach it through this */
   struct tp__srelay_s *bnext, *dnext; /* the box's relays, the connection's */
   tp_sdc_t *d;
   tp_dbox_t *b;
@@ -34,17 +36,9 @@ typedef struct tp__srelay_s {
   size_t wlen;
 } tp__srelay_t;
 
-struct tp_sdc_s {
-  void *data;
-  tp_sconn_t *c;        /* NULL once it went down */
-  tp__srelay_t *relays;
-  size_t nrelays;
-  tp_sdc_close_cb on_close;
-};
-
 void *tp_sdc_data(const tp_sdc_t *d) { return d->data; }
 int tp_sdc_alive(const tp_sdc_t *d) { return d->c != NULL; }
-size_t tp_sdc_streams(const tp_sdc_t *d) { return d->nrelays; }
+size_t tp_sdc_streams(const tp_sdc_t *d) { return d->nrelays + d->nprocs; }
 
 /* Unlinks r from its box and connection and frees it. */
 static void tp__srelay_free(tp__srelay_t *r) {
@@ -76,10 +70,11 @@ static int tp__srelay_request(tp__srelay_t *r, uint64_t off, const uint8_t *p, u
                               uint32_t flags) {
   tp_buf_t buf;
   tp_error_t err = { 0 };
-  uint32_t id = r->b->c_next < TP_DBOX_CID_MIN ? TP_DBOX_CID_MIN : r->b->c_next;
+  uint32_t id = r->b->c_next < TP_DBOX_CID_MIN || r->b->c_next >= TP_DBOX_PID_MIN ? TP_DBOX_CID_MIN
+                                                                                : r->b->c_next;
   if (r->inflight >= TP__SFS_INFLIGHT)
     return -EAGAIN; /* the windows keep it below: a bug if reached */
-  r->b->c_next = id == UINT32_MAX ? TP_DBOX_CID_MIN : id + 1;
+  r->b->c_next = id + 1; /* TP_DBOX_PID_MIN and up are the process relays' */
   tp_buf_init(&buf);
   tp_frame_begin(&buf, r->write ? TP_MSG_FS_WRITE : TP_MSG_FS_READ, id);
   tp_frame_add_str(&buf, TP_TAG_PATH, r->path);
@@ -225,10 +220,10 @@ static void tp__sfs_down(tp_dbox_t *b, const char *reason) {
     tp__srelay_fail(b->c_data, EIO, msg);
 }
 
-/* The data connection's callbacks, for the relay in sdata. */
-static void tp__sdc_on_data(tp_sconn_t *c, uint32_t sid, void *sdata, const uint8_t *p, size_t n) {
+/* A file relay's stream callbacks. */
+static void tp__sfs_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t n) {
   tp__srelay_t *r = sdata;
-  (void) c, (void) sid;
+  (void) sid;
   while (n > 0) {
     size_t k = TP_CHUNK_MAX - r->wlen;
     if (k > n)
@@ -242,22 +237,47 @@ static void tp__sdc_on_data(tp_sconn_t *c, uint32_t sid, void *sdata, const uint
   }
 }
 
-static void tp__sdc_on_end(tp_sconn_t *c, uint32_t sid, void *sdata) {
-  (void) c, (void) sid;
+static void tp__sfs_on_end(void *sdata, uint32_t sid) {
+  (void) sid;
   tp__srelay_t *r = sdata;
   r->peer_end = 1;
   tp__srelay_maybe_done(r);
 }
 
-static void tp__sdc_on_writable(tp_sconn_t *c, uint32_t sid, void *sdata) {
-  (void) c, (void) sid;
+static void tp__sfs_on_writable(void *sdata, uint32_t sid) {
+  (void) sid;
   tp__srelay_pump_read(sdata);
+}
+
+static void tp__sfs_on_error(void *sdata, uint32_t sid, int err, const char *msg) {
+  (void) sid, (void) err, (void) msg;
+  tp__srelay_free(sdata); /* the stream is gone: nothing to tell the client */
+}
+
+static const tp__sdc_ops_t tp__sfs_ops = {
+  tp__sfs_on_data, tp__sfs_on_end, tp__sfs_on_writable, tp__sfs_on_error,
+};
+
+/* The data connection's callbacks: to the relay in sdata. */
+static void tp__sdc_on_data(tp_sconn_t *c, uint32_t sid, void *sdata, const uint8_t *p, size_t n) {
+  (void) c;
+  ((tp__sdc_stream_t *) sdata)->ops->on_data(sdata, sid, p, n);
+}
+
+static void tp__sdc_on_end(tp_sconn_t *c, uint32_t sid, void *sdata) {
+  (void) c;
+  ((tp__sdc_stream_t *) sdata)->ops->on_end(sdata, sid);
+}
+
+static void tp__sdc_on_writable(tp_sconn_t *c, uint32_t sid, void *sdata) {
+  (void) c;
+  ((tp__sdc_stream_t *) sdata)->ops->on_writable(sdata, sid);
 }
 
 static void tp__sdc_on_stream_error(tp_sconn_t *c, uint32_t sid, void *sdata, int err,
                                     const char *msg) {
-  (void) c, (void) sid, (void) err, (void) msg;
-  tp__srelay_free(sdata); /* the stream is gone: nothing to tell the client */
+  (void) c;
+  ((tp__sdc_stream_t *) sdata)->ops->on_error(sdata, sid, err, msg);
 }
 
 static void tp__sdc_on_close(tp_sconn_t *c, int err, const char *reason) {
@@ -311,6 +331,7 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
     free(r);
     return tp_error_set(err, ENOMEM, "out of memory");
   }
+  r->hdr.ops = &tp__sfs_ops;
   r->spec = *spec;
   r->spec.path = r->path;
   if (spec->glen)
@@ -344,6 +365,7 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
 void tp_sdc_close(tp_sdc_t *d) {
   while (d->relays != NULL)
     tp__srelay_fail(d->relays, ECONNRESET, "the data connection's client is gone");
+  tp__sdc_procs_close(d);
   if (d->c != NULL)
     tp_sconn_close(d->c);
   free(d);

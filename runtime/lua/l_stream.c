@@ -5,6 +5,10 @@
  *   core.stream_attach(fd, window, idle_ms, reply, on_close) -> dc | nil, msg
  *   dc:file(box, sid, write, {path=, offset=, length=, flags=, mode=,
  *           uid=, gid=, groups=}) -> true | nil, msg, code
+ *   dc:process(box, pid, {stdout=, stderr=, stdin=, pty=}) -> true | nil, msg, code
+ *   core.stream_proc_known(box, pid) -> bool
+ *   core.stream_proc_ring(box, pid, take) -> {{stream=, data=}...}, dropped | nil
+ *   core.stream_proc_mirror(box, pid) -> bool
  *   dc:streams() -> n      dc:alive() -> bool      dc:close() */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +20,7 @@
 
 #include "l_core.h"
 #include "stream_fs.h"
+#include "stream_proc.h"
 #include "tupper.h"
 
 #define TP_L_SDC_MT "tupper.sdc"
@@ -136,6 +141,77 @@ static int tp_lsdc_file(lua_State *L) {
   return 1;
 }
 
+static uint32_t tp__opt_sid(lua_State *L, const char *k) {
+  lua_Integer v = tp__opt_int(L, 4, k, 0, NULL);
+  if (v < 0 || v >= (lua_Integer) TP_SF_CLIENT_SID)
+    luaL_error(L, "process streams: bad stream id '%s'", k);
+  return (uint32_t) v;
+}
+
+/* dc:process(box, pid, sids): binds a credit process's streams to dc. */
+static int tp_lsdc_process(lua_State *L) {
+  tp_lsdc_t *u = tp__check_lsdc(L);
+  tp_dbox_t *b = tp_l_box_check(L, 2);
+  lua_Integer pid = luaL_checkinteger(L, 3);
+  tp_sproc_sids_t sids;
+  tp_error_t err = { 0 };
+  luaL_checktype(L, 4, LUA_TTABLE);
+  luaL_argcheck(L, pid > 0 && pid <= 0x7fffffff, 3, "bad pid");
+  memset(&sids, 0, sizeof(sids));
+  sids.out = tp__opt_sid(L, "stdout");
+  sids.err = tp__opt_sid(L, "stderr");
+  sids.in = tp__opt_sid(L, "stdin");
+  lua_getfield(L, 4, "pty");
+  sids.pty = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (tp_sdc_proc(u->d, b, pid, &sids, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.stream_proc_known(box, pid): a credit process that has not exited. */
+static int tp_lcore_stream_proc_known(lua_State *L) {
+  tp_dbox_t *b = tp_l_box_check(L, 1);
+  lua_Integer pid = luaL_checkinteger(L, 2);
+  lua_pushboolean(L, tp_sproc_known(b, pid));
+  return 1;
+}
+
+static void tp__lring_cb(void *data, int stream, const uint8_t *p, size_t n) {
+  lua_State *L = data;
+  lua_createtable(L, 0, 2);
+  lua_pushstring(L, stream == 0 ? "stdout" : "stderr");
+  lua_setfield(L, -2, "stream");
+  lua_pushlstring(L, (const char *) p, n);
+  lua_setfield(L, -2, "data");
+  lua_rawseti(L, -2, (lua_Integer) lua_rawlen(L, -2) + 1);
+}
+
+/* core.stream_proc_ring(box, pid, take): the output a registered process
+ * kept (its owner's ring is not fed), and what came before it. */
+static int tp_lcore_stream_proc_ring(lua_State *L) {
+  tp_dbox_t *b = tp_l_box_check(L, 1);
+  lua_Integer pid = luaL_checkinteger(L, 2);
+  int take = lua_toboolean(L, 3);
+  uint64_t dropped = 0;
+  lua_createtable(L, 8, 0); /* at most TP_SPROC_RING bytes: the pushes cannot fail for long */
+  if (tp_sproc_ring(b, pid, take, tp__lring_cb, L, &dropped) < 0) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushinteger(L, (lua_Integer) dropped);
+  return 2;
+}
+
+/* core.stream_proc_mirror(box, pid): its output reaches Lua too (listeners). */
+static int tp_lcore_stream_proc_mirror(lua_State *L) {
+  tp_dbox_t *b = tp_l_box_check(L, 1);
+  lua_Integer pid = luaL_checkinteger(L, 2);
+  lua_pushboolean(L, tp_sproc_mirror(b, pid) == 0);
+  return 1;
+}
+
 static int tp_lsdc_streams(lua_State *L) {
   lua_pushinteger(L, (lua_Integer) tp_sdc_streams(tp__check_lsdc(L)->d));
   return 1;
@@ -160,10 +236,15 @@ static int tp_lsdc_close(lua_State *L) {
 }
 
 void tp_l_stream_register(lua_State *L) {
-  static const luaL_Reg methods[] = {{"file", tp_lsdc_file},   {"streams", tp_lsdc_streams},
+  static const luaL_Reg methods[] = {{"file", tp_lsdc_file},   {"process", tp_lsdc_process},
+                                     {"streams", tp_lsdc_streams},
                                      {"alive", tp_lsdc_alive}, {"close", tp_lsdc_close},
                                      {NULL, NULL}};
-  static const luaL_Reg funcs[] = {{"stream_attach", tp_lcore_stream_attach}, {NULL, NULL}};
+  static const luaL_Reg funcs[] = {{"stream_attach", tp_lcore_stream_attach},
+                                   {"stream_proc_known", tp_lcore_stream_proc_known},
+                                   {"stream_proc_ring", tp_lcore_stream_proc_ring},
+                                   {"stream_proc_mirror", tp_lcore_stream_proc_mirror},
+                                   {NULL, NULL}};
   luaL_newmetatable(L, TP_L_SDC_MT);
   lua_newtable(L);
   luaL_setfuncs(L, methods, 0);

@@ -287,4 +287,208 @@ describe("the data plane", function()
     raw_close(r)
     c2:close()
   end)
+
+  -- ---- process streams (docs/protocol.md, "Process streams") ------------------
+
+  -- Reads frames of r until cond(frames) holds or 5 s pass; returns the frames.
+  local function frames_until(r, cond)
+    local got = {}
+    wait_for(r, function(x)
+      while #x.buf >= 12 do
+        local len, _, type_, _, sid = string.unpack("<I4BBI2I4", x.buf)
+        if #x.buf < 12 + len then break end
+        got[#got + 1] = { type = type_, sid = sid, payload = x.buf:sub(13, 12 + len) }
+        x.buf = x.buf:sub(13 + len)
+      end
+      return cond(got) or x.eof
+    end)
+    return got
+  end
+  local function data_of(frames, sid)
+    local n, parts = 0, {}
+    for _, f in ipairs(frames) do
+      if f.sid == sid and f.type == T.DATA then n = n + #f.payload; parts[#parts + 1] = f.payload end
+    end
+    return n, table.concat(parts)
+  end
+  local function has(frames, sid, type_)
+    for _, f in ipairs(frames) do if f.sid == sid and f.type == type_ then return f end end
+  end
+
+  it("hello says the daemon binds process streams", function()
+    assert.are.equal(1, c.server.process_streams)
+  end)
+
+  it("carries 80 MiB of `tupper exec` stdout byte for byte count", function()
+    local cmd = ("%s --socket %s exec %s -- head -c 83886080 /dev/zero | wc -c"):format(helper.BIN, d.socket, box)
+    local t0 = helper.now()
+    local p = io.popen(cmd)
+    local out = p:read("a")
+    local ok = p:close()
+    print(("\n# 80 MiB through tupper exec: %d ms"):format(helper.now() - t0))
+    assert.is_true(ok)
+    assert.are.equal("83886080", out:match("%d+"))
+    -- and the old JSON path still serves a client that asks for no streams
+    local res = helper.sync(function() return helper.run(c, box, { "sh", "-c", "printf abc; printf err >&2" }) end)
+    assert.are.equal("abc", res.stdout)
+    assert.are.equal("err", res.stderr)
+  end)
+
+  it("blocks a writer whose reader gives no credit, then delivers every byte", function()
+    local c2 = d.connect()
+    local r = raw_attach(d, c2, 65536)
+    local exit
+    c2:on("process.exit", function(p) exit = p end)
+    local st = assert(helper.call(c2, "process.start", { sandbox = box, streams = true,
+      argv = { "sh", "-c", "head -c 4194304 /dev/urandom | tee /tmp/sent >/dev/null; cat /tmp/sent; echo done >/tmp/finished" } }))
+    local sids = st.streams
+    assert.truthy(sids.stdout and sids.stderr and sids.stdout ~= sids.stderr)
+    local frames = frames_until(r, function(fs) return data_of(fs, sids.stdout) >= 65536 end)
+    helper.sync(function() async.sleep(400) end)
+    frames_until(r, function() return false end) -- nothing more may come
+    assert.are.equal(65536, data_of(frames, sids.stdout), "no more than the window came")
+    -- the writer is blocked: cat has not finished
+    local fin = helper.call(c2, "fs.stat", { sandbox = box, path = "/tmp/finished" })
+    assert.is_nil(fin, "the process was not held back")
+    assert.is_nil(exit)
+    -- credit as the bytes come: all of them, then END with the size
+    local total, parts, ended = 0, {}, nil
+    helper.sync(function()
+      local deadline = helper.now() + 20000
+      local pending = frames
+      while not ended and helper.now() < deadline do
+        for _, f in ipairs(pending) do
+          if f.sid == sids.stdout and f.type == T.DATA then
+            total = total + #f.payload
+            parts[#parts + 1] = f.payload
+            r.pipe:write(stream.frame(T.CREDIT, f.sid, string.pack("<I4", #f.payload)))
+          elseif f.sid == sids.stdout and f.type == T.END then
+            ended = string.unpack("<I8", f.payload)
+          end
+        end
+        pending = {}
+        while #r.buf >= 12 do
+          local len, _, type_, _, sid = string.unpack("<I4BBI2I4", r.buf)
+          if #r.buf < 12 + len then break end
+          pending[#pending + 1] = { type = type_, sid = sid, payload = r.buf:sub(13, 12 + len) }
+          r.buf = r.buf:sub(13 + len)
+        end
+        if #pending == 0 then async.sleep(2) end
+      end
+    end)
+    assert.are.equal(4194304, ended)
+    assert.are.equal(4194304, total)
+    local sent = {}
+    for i = 0, 3 do
+      local rd = assert(helper.call(c2, "fs.read", { sandbox = box, path = "/tmp/sent", offset = i * 1048576,
+        length = 1048576 }))
+      sent[#sent + 1] = helper.b64decode(rd.data)
+    end
+    assert.is_true(table.concat(sent) == table.concat(parts), "the bytes differ")
+    helper.sync(function()
+      local deadline = helper.now() + 5000
+      while not exit and helper.now() < deadline do async.sleep(5) end
+    end)
+    assert.are.equal(0, exit and exit.exit_code)
+    raw_close(r)
+    c2:close()
+  end)
+
+  it("takes stdin on its stream, and refuses another client's stream and process", function()
+    local c2 = d.connect()
+    local ra = raw_attach(d, c2)
+    local st = assert(helper.call(c2, "process.start", { sandbox = box, streams = true, stdin = true,
+      argv = { "cat" } }))
+    local sids = st.streams
+    assert.truthy(sids.stdin)
+    local opens = frames_until(ra, function(fs) return has(fs, sids.stdin, T.OPEN) end)
+    assert.truthy(has(opens, sids.stdin, T.OPEN))
+    -- client B: its data connection knows none of A's ids, and A's process
+    -- cannot be taken over while A reads it
+    local c3 = d.connect()
+    local rb = raw_attach(d, c3)
+    rb.pipe:write(stream.frame(T.DATA, sids.stdin, "intruder"))
+    local f = raw_frame(rb)
+    assert.are.equal(T.ERROR, f.type)
+    assert.are.equal(sids.stdin, f.sid)
+    assert.are.equal(2, string.unpack("<I4", f.payload)) -- ENOENT
+    local taken, terr = helper.call(c3, "process.connect", { sandbox = box, pid = st.pid, streams = true })
+    assert.is_nil(taken)
+    assert.are.equal(-32004, terr.code)
+    assert.are.equal("EBUSY", terr.data.code)
+    -- a process started without streams cannot be bound
+    local plain = assert(helper.call(c3, "process.start", { sandbox = box, argv = { "sleep", "5" } }))
+    local pb, perr = helper.call(c3, "process.connect", { sandbox = box, pid = plain.pid, streams = true })
+    assert.is_nil(pb)
+    assert.are.equal(-32003, perr.code)
+    assert(helper.call(c3, "process.signal", { sandbox = box, pid = plain.pid, signal = "KILL" }))
+    -- A's stdin goes on: "ping" comes back on stdout, END ends it
+    ra.pipe:write(stream.frame(T.DATA, sids.stdin, "ping\n") .. stream.frame(T.END, sids.stdin))
+    local got = frames_until(ra, function(fs) return has(fs, sids.stdout, T.END) end)
+    assert.are.equal("ping\n", select(2, data_of(got, sids.stdout)))
+    assert.are.equal(5, string.unpack("<I8", has(got, sids.stdout, T.END).payload))
+    raw_close(ra)
+    raw_close(rb)
+    c2:close()
+    c3:close()
+  end)
+
+  it("drops a half frame and a reader that left; the process goes on and can be read again", function()
+    local c2 = d.connect()
+    local r = raw_attach(d, c2)
+    local st = assert(helper.call(c2, "process.start", { sandbox = box, streams = true, stdin = true,
+      argv = { "sh", "-c", "cat; echo tail" } }))
+    frames_until(r, function(fs) return has(fs, st.streams.stdin, T.OPEN) end)
+    r.pipe:write(string.pack("<I4BBI2I4", 1000, 1, T.DATA, 0, st.streams.stdin) .. string.rep("z", 10))
+    helper.sync(function() async.sleep(50) end)
+    raw_close(r)
+    helper.sync(function() async.sleep(100) end)
+    -- the process still runs; a new data connection of another client takes it over
+    local list = assert(helper.call(c, "process.list", { sandbox = box }))
+    local alive = false
+    for _, p in ipairs(list.processes) do if p.pid == st.pid then alive = true end end
+    assert.is_true(alive, "the process went with its reader")
+    local c3 = d.connect()
+    local r3 = raw_attach(d, c3)
+    local exit
+    c3:on("process.exit", function(p) if p.pid == st.pid then exit = p end end)
+    local cn = assert(helper.call(c3, "process.connect", { sandbox = box, pid = st.pid, streams = true }))
+    r3.pipe:write(stream.frame(T.DATA, cn.streams.stdin, "ok\n") .. stream.frame(T.END, cn.streams.stdin))
+    local got = frames_until(r3, function(fs) return has(fs, cn.streams.stdout, T.END) end)
+    assert.are.equal("ok\ntail\n", select(2, data_of(got, cn.streams.stdout)), "nothing of the half frame")
+    helper.sync(function()
+      local deadline = helper.now() + 5000
+      while not exit and helper.now() < deadline do async.sleep(5) end
+    end)
+    assert.are.equal(0, exit and exit.exit_code)
+    raw_close(r3)
+    c2:close()
+    c3:close()
+  end)
+
+  it("holds a reader that never reads to its window; others are not slowed; closing it frees the process", function()
+    local c2 = d.connect()
+    local r = raw_attach(d, c2, 65536)
+    local exit
+    c2:on("process.exit", function(p) exit = p end)
+    local st = assert(helper.call(c2, "process.start", { sandbox = box, streams = true,
+      argv = { "sh", "-c", "head -c 8388608 /dev/zero; echo gone >/tmp/nr" } }))
+    frames_until(r, function(fs) return data_of(fs, st.streams.stdout) >= 65536 end)
+    -- another client's process runs meanwhile, through its own streams
+    local dc = assert(helper.sync(stream.open, c))
+    local other = assert(helper.call(c, "process.start", { sandbox = box, streams = true,
+      argv = { "sh", "-c", "head -c 3145728 /dev/zero" } }))
+    local n = helper.sync(function() return dc:drain(other.streams.stdout, function() return true end) end)
+    assert.are.equal(3145728, n)
+    dc:close()
+    assert.is_nil(exit, "the unread process is held")
+    -- its reader goes: nobody reads, so its output is dropped and it ends
+    raw_close(r)
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while not exit and helper.now() < deadline do async.sleep(10) end
+    end)
+    assert.are.equal(0, exit and exit.exit_code)
+    c2:close()
+  end)
 end)

@@ -46,6 +46,7 @@ typedef struct tproc_s {
   int exited;
   int64_t code, sig;
   int64_t flags;        /* EXIT's FLAGS (TP_F_EXIT_*), 0 when absent */
+  int64_t stdin_acked;  /* STDIN_ACK sizes (a TP_F_EXEC_CREDIT process) */
 } tproc_t;
 
 typedef struct host_s {
@@ -144,6 +145,12 @@ static void on_event(host_t *h, const msg_t *m) {
       h->stray_events++;
     else
       tp_buf_append(&p->out[stream], d->val, d->len);
+  } else if (m->type == TP_MSG_STDIN_ACK) {
+    int64_t n = msg_int(m, TP_TAG_SIZE, -1);
+    if (n < 1)
+      h->stray_events++;
+    else
+      p->stdin_acked += n;
   } else if (m->type == TP_MSG_EXIT) {
     p->exited = 1;
     p->code = msg_int(m, TP_TAG_CODE, -100);

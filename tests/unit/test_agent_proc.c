@@ -224,6 +224,86 @@ static void test_background(host_t *h) {
   }
 }
 
+/* ---- flow-controlled output (TP_F_EXEC_CREDIT) ------------------------------------------ */
+
+static msg_t *ack_req(host_t *h, int64_t pid, int64_t stream, int64_t size) {
+  tp_buf_t *b = req_begin(h, TP_MSG_OUTPUT_ACK);
+  tp_frame_add_int(b, TP_TAG_PID, pid);
+  tp_frame_add_int(b, TP_TAG_STREAM, stream);
+  tp_frame_add_int(b, TP_TAG_SIZE, size);
+  return req_call(h);
+}
+
+/* Pumps for ms (no deadline error: it is the quiet that is measured). */
+static void pump_for(host_t *h, int ms) {
+  long long end = now_ms() + ms;
+  while (now_ms() < end)
+    pump(h, end);
+}
+
+static void test_credit(host_t *h) {
+  const char *big[] = {"/bin/sh", "-c", "head -c 8000000 /dev/zero; echo fin >&2", NULL};
+  const char *cat[] = {"/bin/cat", NULL};
+  const char *plain[] = {"/bin/sleep", "100", NULL};
+  uint8_t *in = calloc(1, 300 * 1024);
+  size_t acked = 0;
+  int bad_acks = 0;
+  long long deadline;
+  int64_t pid = run(h, big, NULL, NULL, TP_F_EXEC_CREDIT), other;
+  tproc_t *p = tproc_get(h, pid);
+
+  check(pid > 0 && p != NULL, "exec with FLAGS CREDIT");
+  if (p == NULL)
+    return;
+  pump_for(h, 300);
+  check(p->out[1].len == TP_OUT_WINDOW, "no more than the window before an ack (%zu bytes)", p->out[1].len);
+  check(!p->exited, "the writer waits for credit");
+  expect_err(ack_req(h, pid, 1, TP_OUT_WINDOW + 1), EINVAL, "OUTPUT_ACK beyond the window");
+  expect_err(ack_req(h, pid, 3, 1), EINVAL, "OUTPUT_ACK of an unknown stream");
+  expect_err(ack_req(h, pid, 1, 0), EINVAL, "OUTPUT_ACK of 0 bytes");
+  deadline = now_ms() + TIMEOUT_MS;
+  while (!p->exited && now_ms() < deadline) {
+    if (p->out[1].len > acked) {
+      size_t n = p->out[1].len - acked; /* more may come while the reply is awaited */
+      msg_t *m = ack_req(h, pid, 1, (int64_t) n);
+      /* the last one may cross the exit (ESRCH) */
+      bad_acks += !msg_is_ok(m) && !(p->exited && msg_errno(m) == ESRCH);
+      msg_free(m);
+      acked += n;
+    } else {
+      pump(h, now_ms() + 50);
+    }
+  }
+  check(bad_acks == 0, "every OUTPUT_ACK within the window -> OK");
+  check(p->exited && p->code == 0, "it ends once acked");
+  check(p->out[1].len == 8000000 && out_is(p, 2, "fin\n"), "every byte came (%zu), stderr too", p->out[1].len);
+  expect_err(ack_req(h, pid, 1, 1), ESRCH, "OUTPUT_ACK to a reaped pid");
+
+  other = run(h, plain, NULL, NULL, 0);
+  expect_err(ack_req(h, other, 1, 1), EINVAL, "OUTPUT_ACK to a process without CREDIT");
+  expect_ok(pid_req(h, TP_MSG_SIGNAL, other, TP_TAG_SIGNAL, SIGKILL), "SIGNAL 9");
+  wait_exit(h, other);
+
+  /* stdin: STDIN_ACK counts what the pipe took */
+  pid = run(h, cat, NULL, NULL, TP_F_EXEC_CREDIT | TP_F_EXEC_STDIN);
+  p = tproc_get(h, pid);
+  for (int i = 0; i < 3 && p != NULL; i++) {
+    msg_t *m = stdin_req(h, pid, in + i * 102400, 102400);
+    msg_free(m);
+    /* cat's output comes within the credit: ack it as it comes */
+    deadline = now_ms() + TIMEOUT_MS;
+    while (p->out[1].len < (size_t) (i + 1) * 102400 && pump(h, deadline) == 0)
+      ;
+    expect_ok(ack_req(h, pid, 1, 102400), "OUTPUT_ACK of cat's echo");
+  }
+  expect_ok(pid_req(h, TP_MSG_STDIN_CLOSE, pid, 0, 0), "STDIN_CLOSE");
+  p = p ? wait_exit(h, pid) : NULL;
+  check(p != NULL && p->code == 0 && p->out[1].len == 3 * 102400, "cat echoed its stdin");
+  check(p != NULL && p->stdin_acked == 3 * 102400, "STDIN_ACK told every byte the pipe took (%lld)",
+        p ? (long long) p->stdin_acked : -1);
+  free(in);
+}
+
 /* ---- terminals ------------------------------------------------------------------------- */
 
 static msg_t *pty_exec(host_t *h, const char *const *argv, int64_t cols, int64_t rows, int flags) {
@@ -642,6 +722,7 @@ int main(void) {
   test_exec(&h, tmp);
   test_exec_errors(&h, tmp);
   test_stdin(&h);
+  test_credit(&h);
   test_signal(&h);
   test_background(&h);
   test_pty(&h);

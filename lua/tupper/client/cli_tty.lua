@@ -19,6 +19,7 @@
 local uv = require("luv")
 local b64 = require("tupper.util.b64")
 local async = require("tupper.util.async")
+local stream = require("tupper.wire.stream")
 
 local M = {}
 
@@ -220,6 +221,10 @@ function M.run_pty(c, id, argv, o)
   if not o.detach then keys = "" end
   local exited, done_cb, pid, detached
   local function wake() if done_cb then local cb = done_cb; done_cb = nil; cb() end end
+  -- the terminal as one stream of the data connection (docs/protocol.md,
+  -- "Process streams"), where the daemon has them; else base64 in JSON
+  local dc = c.server and c.server.process_streams == stream.PROCESS_STREAMS and stream.open(c) or nil
+  local term, term_open, term_err -- its stream id; its output not yet ended; why it failed
   c:on("process.output", function(p)
     if p.sandbox == id and p.pid == pid then
       local data = p.data
@@ -242,7 +247,12 @@ function M.run_pty(c, id, argv, o)
   if o.attach_pid then
     -- an existing process: what its terminal showed lately, then the rest
     pid = o.attach_pid
-    r, err = c:call("process.connect", { sandbox = id, pid = pid })
+    r, err = c:call("process.connect", { sandbox = id, pid = pid, streams = dc and true or nil })
+    if not r and dc and type(err) == "table" and err.data and (err.data.code == "EOPNOTSUPP" or err.data.code == "EBUSY") then
+      -- started without streams, or another client reads them: the JSON path
+      dc:close(); dc = nil
+      r, err = c:call("process.connect", { sandbox = id, pid = pid })
+    end
     if r then
       -- written once our terminal is raw: a key typed on seeing it must go to the box
       backlog = {}
@@ -253,7 +263,24 @@ function M.run_pty(c, id, argv, o)
     end
   else
     r, err = c:call("pty.create", { sandbox = id, argv = argv, env = env, cwd = o.workdir,
-      cols = cols, rows = rows })
+      cols = cols, rows = rows, streams = dc and true or nil })
+  end
+  if r and dc and r.streams and r.streams.pty then
+    term, term_open = r.streams.pty, true
+    async.spawn(function()
+      local n, derr = dc:drain(term, function(data)
+        if not io.stdout:write(data) or not io.stdout:flush() then
+          uv.tty_reset_mode() -- our terminal is not left raw
+          os.exit(141)
+        end
+        return true
+      end)
+      if not n then term_err = derr end
+      term_open = false
+      wake()
+    end)
+  elseif dc then
+    dc:close(); dc = nil
   end
   if not r then
     io.stderr:write("tupper: ", type(err) == "table" and tostring(err.message) or tostring(err), "\n")
@@ -298,6 +325,7 @@ function M.run_pty(c, id, argv, o)
       handles[#handles + 1] = input
     end
     local feed = M.detacher(keys)
+    local keyin = term and dc:input(term)
     local queue, sending = {}, false
     is_sending = function() return sending or #queue > 0 end
     local function pump()
@@ -306,7 +334,11 @@ function M.run_pty(c, id, argv, o)
       async.spawn(function()
         while #queue > 0 and not c.closed do
           local chunk = table.remove(queue, 1)
-          c:call("process.stdin", { sandbox = id, pid = pid, data = b64.encode(chunk) })
+          if keyin then
+            if not keyin:write(chunk) then queue = {} end
+          else
+            c:call("process.stdin", { sandbox = id, pid = pid, data = b64.encode(chunk) })
+          end
         end
         sending = false
       end)
@@ -322,7 +354,10 @@ function M.run_pty(c, id, argv, o)
     io.stdout:write(table.concat(backlog))
     io.stdout:flush()
   end
-  if not exited and not detached and not c.closed then async.wait(function(cb) done_cb = cb end) end
+  -- the end: its exit, and with a stream the terminal's last bytes (END)
+  while (not exited or term_open) and not detached and not c.closed do
+    async.wait(function(cb) done_cb = cb end)
+  end
   -- keys typed before the detach keys still go (for a second at most)
   local drain_until = uv.now() + 1000
   while detached and is_sending and is_sending() and not c.closed and uv.now() < drain_until do async.sleep(5) end
@@ -333,6 +368,10 @@ function M.run_pty(c, id, argv, o)
     tty_in:close()
   end
   for _, h in ipairs(handles) do if not h:is_closing() then h:close() end end
+  if dc then dc:close() end -- detached: the process goes on unread, `tupper attach` takes it again
+  if term_err and exited then
+    io.stderr:write("tupper: the terminal's stream failed: ", tostring(term_err.message), "\n")
+  end
   if detached and not exited then
     io.stderr:write(("\r\ntupper: detached; process %d keeps running in %s (back: tupper attach %s %d)\r\n")
       :format(pid, id, id, pid))

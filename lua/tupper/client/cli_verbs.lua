@@ -13,6 +13,7 @@ local cli_args = require("tupper.client.cli_args")
 local cli_tty = require("tupper.client.cli_tty")
 local cli_cp = require("tupper.client.cli_cp")
 local cli_logs = require("tupper.client.cli_logs")
+local stream = require("tupper.wire.stream")
 
 local M = {}
 
@@ -104,11 +105,8 @@ local function write_out(stream, p)
   end
 end
 
--- Feeds the CLI's stdin to the process, then closes its stdin.
-local function pump_stdin(c, sandbox, pid)
-  local function send(chunk)
-    return c:call("process.stdin", { sandbox = sandbox, pid = pid, data = core.b64encode(chunk) })
-  end
+-- Feeds the CLI's stdin to send(chunk) (false: stop), then calls close().
+local function pump_stdin(send, close)
   local kind = uv.guess_handle(0)
   if kind == "file" or kind == "unknown" then
     while true do
@@ -136,12 +134,113 @@ local function pump_stdin(c, sandbox, pid)
     h:read_stop()
     h:close()
   end
-  c:call("process.close_stdin", { sandbox = sandbox, pid = pid })
+  close()
+end
+
+-- The old way, base64 in JSON (a daemon without process streams).
+local function pump_stdin_json(c, sandbox, pid)
+  pump_stdin(function(chunk)
+    return c:call("process.stdin", { sandbox = sandbox, pid = pid, data = core.b64encode(chunk) })
+  end, function() c:call("process.close_stdin", { sandbox = sandbox, pid = pid }) end)
+end
+
+-- The exit code of a process.start error.
+local function start_failed(err)
+  io.stderr:write("tupper: ", errmsg(err), "\n")
+  local code = type(err) == "table" and err.data and err.data.code
+  return (code == "ENOENT") and 127 or (code == "EACCES" and 126 or 125)
+end
+
+-- Forwards ^C and friends to the process, as docker run does; returns the
+-- signal handles (closed by the caller).
+local function forward_signals(c, id, get_pid)
+  local sigs = {}
+  for _, name in ipairs({ "sigint", "sigterm", "sighup" }) do
+    local s = uv.new_signal()
+    s:start(name, function(signame)
+      async.spawn(function()
+        c:call("process.signal", { sandbox = id, pid = get_pid(), signal = signame:upper():sub(4) })
+      end)
+    end)
+    sigs[#sigs + 1] = s
+  end
+  return sigs
+end
+
+-- The exit code of a process's exit notification.
+local function exit_code(exited)
+  if exited.oom_killed == true then
+    io.stderr:write("tupper: the command was killed: out of memory (the sandbox's memory limit)\n")
+  end
+  local sig = math.tointeger(exited.signal) or 0
+  if sig > 0 then return 128 + sig end
+  return math.tointeger(exited.exit_code) or 125
+end
+
+-- run_in over process streams (docs/protocol.md, "Process streams"): the
+-- output comes as binary frames on the data connection dc and is written
+-- out as it comes; the daemon gets credit only once a chunk is written, so
+-- a slow reader of ours slows the process down and nothing is lost.
+local function run_streamed(c, dc, id, argv, o)
+  -- a MiB a frame goes through here as short-lived strings: the incremental
+  -- collector would mark the CLI's whole heap again and again
+  collectgarbage("generational")
+  local exited, done_cb, pid, failed
+  local pending = 2 -- stdout and stderr, until their END
+  local function wake() if done_cb then local w = done_cb; done_cb = nil; w() end end
+  c:on("process.exit", function(p)
+    if p.sandbox == id and p.pid == pid then exited = p; wake() end
+  end)
+  c.on_close = wake
+  local r, err = c:call("process.start", { sandbox = id, argv = argv, env = o.env,
+    cwd = o.workdir, stdin = o.interactive, streams = true })
+  if not r then dc:close(); return start_failed(err) end
+  pid = r.pid
+  local st = r.streams
+  for _, which in ipairs({ "stdout", "stderr" }) do
+    async.spawn(function()
+      local fd = which == "stderr" and 2 or 1
+      local f = which == "stderr" and io.stderr or io.stdout
+      local filt = cli_tty.filter(fd)
+      local n, derr = dc:drain(st[which], function(data)
+        if not f:write(filt(data)) or not f:flush() then
+          -- our reader went away (`tupper exec ID -- yes | head -1`): end as
+          -- a SIGPIPE would
+          os.exit(141)
+        end
+        return true
+      end)
+      if not n then failed = failed or derr end
+      pending = pending - 1
+      wake()
+    end)
+  end
+  local sigs = forward_signals(c, id, function() return pid end)
+  if o.interactive and st.stdin then
+    local input = dc:input(st.stdin)
+    async.spawn(pump_stdin, function(chunk) return input:write(chunk) end, function() input:close() end)
+  end
+  while (not exited or pending > 0) and not c.closed do async.wait(function(cb) done_cb = cb end) end
+  for _, s in ipairs(sigs) do s:close() end
+  dc:close()
+  if not exited then
+    io.stderr:write("tupper: lost the connection to the daemon\n")
+    return 125
+  end
+  if failed then
+    io.stderr:write("tupper: the process's output stream failed: ", errmsg(failed), "\n")
+    return 125
+  end
+  return exit_code(exited)
 end
 
 -- Runs argv in sandbox id, streaming output; returns the exit code.
 local function run_in(c, id, argv, o)
   if o.tty then return cli_tty.run_pty(c, id, argv, o) end -- cli-b
+  if c.server and c.server.process_streams == stream.PROCESS_STREAMS then
+    local dc = stream.open(c)
+    if dc then return run_streamed(c, dc, id, argv, o) end
+  end
   local exited
   local done_cb
   local pid
@@ -157,36 +256,17 @@ local function run_in(c, id, argv, o)
   c.on_close = function() if done_cb then done_cb() end end
   local r, err = c:call("process.start", { sandbox = id, argv = argv, env = o.env,
     cwd = o.workdir, stdin = o.interactive })
-  if not r then
-    io.stderr:write("tupper: ", errmsg(err), "\n")
-    local code = type(err) == "table" and err.data and err.data.code
-    return (code == "ENOENT") and 127 or (code == "EACCES" and 126 or 125)
-  end
+  if not r then return start_failed(err) end
   pid = r.pid
-  -- forward ^C and friends to the process, as docker run does
-  local sigs = {}
-  for _, name in ipairs({ "sigint", "sigterm", "sighup" }) do
-    local s = uv.new_signal()
-    s:start(name, function(signame)
-      async.spawn(function()
-        c:call("process.signal", { sandbox = id, pid = pid, signal = signame:upper():sub(4) })
-      end)
-    end)
-    sigs[#sigs + 1] = s
-  end
-  if o.interactive then async.spawn(pump_stdin, c, id, pid) end
+  local sigs = forward_signals(c, id, function() return pid end)
+  if o.interactive then async.spawn(pump_stdin_json, c, id, pid) end
   if not exited and not c.closed then async.wait(function(cb) done_cb = cb end) end
   for _, s in ipairs(sigs) do s:close() end
   if not exited then
     io.stderr:write("tupper: lost the connection to the daemon\n")
     return 125
   end
-  if exited.oom_killed == true then
-    io.stderr:write("tupper: the command was killed: out of memory (the sandbox's memory limit)\n")
-  end
-  local sig = math.tointeger(exited.signal) or 0
-  if sig > 0 then return 128 + sig end
-  return math.tointeger(exited.exit_code) or 125
+  return exit_code(exited)
 end
 
 -- The policy file a create sends (docs/policy.md): --policy FILE, none with

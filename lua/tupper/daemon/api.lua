@@ -21,7 +21,8 @@ local ERRNO_NAMES = { [1] = "EPERM", [2] = "ENOENT", [3] = "ESRCH", [5] = "EIO",
   [13] = "EACCES", [16] = "EBUSY", [17] = "EEXIST", [20] = "ENOTDIR", [21] = "EISDIR",
   [22] = "EINVAL", [27] = "EFBIG", [28] = "ENOSPC", [36] = "ENAMETOOLONG", [39] = "ENOTEMPTY",
   [40] = "ELOOP", [12] = "ENOMEM", [7] = "E2BIG", [8] = "ENOEXEC", [24] = "EMFILE",
-  [25] = "ENOTTY", [122] = "EDQUOT", [32] = "EPIPE", [18] = "EXDEV", [30] = "EROFS" }
+  [25] = "ENOTTY", [122] = "EDQUOT", [32] = "EPIPE", [18] = "EXDEV", [30] = "EROFS",
+  [95] = "EOPNOTSUPP" }
 local FILE_TYPES = { "file", "dir", "symlink", "other" }
 
 local function errno_data(errno)
@@ -70,7 +71,7 @@ function h.hello(d, conn, p)
   for name in pairs(schema.methods) do names[#names + 1] = name end
   table.sort(names)
   return { protocol = schema.PROTOCOL, server = "tupper", version = core.version, methods = names,
-           streams = api_stream.VERSION }
+           streams = api_stream.VERSION, process_streams = api_stream.PROCESS_STREAMS }
 end
 
 function h.sandbox_create(d, conn, p)
@@ -192,7 +193,21 @@ local function start(sb, conn, argv, p, x)
   -- a relative cwd is taken from the account's home (else from /)
   local cwd = p.cwd and paths.clean_path(p.cwd, acct and acct.home or "/")
   if not cwd and acct then cwd = acct.home end
+  local streams, bc, bm, bd
+  if p.streams then
+    -- process streams (api_stream.lua): bound right after the agent's
+    -- reply, before it can send a byte of output
+    local _, sc, sm = api_stream.data_conn(conn)
+    if sc then return nil, sc, sm end
+    x.credit = true
+    x.on_pid = function(proc)
+      proc.streamed = true
+      streams, bc, bm, bd = api_stream.bind_process(conn, sb, proc.pid, x.pty ~= nil, p.stdin)
+      return streams ~= nil
+    end
+  end
   local proc, err, errno = sb:exec(argv, p.env, cwd, p.stdin, conn, acct, x)
+  if not proc and bc then return nil, bc, bm, bd end
   if not proc then return nil, rpc.PROCESS_ERROR, err, errno_data(errno) end
   proc.encoding = p.encoding or "base64"
   if p.timeout and p.timeout > 0 then
@@ -205,7 +220,7 @@ local function start(sb, conn, argv, p, x)
       async.spawn(function() sb:signal(proc, 9) end)
     end)
   end
-  return { pid = proc.pid }
+  return { pid = proc.pid, streams = streams }
 end
 
 function h.process_start(d, conn, p)
@@ -279,8 +294,25 @@ function h.process_connect(d, conn, p)
   if not sb then return nil, code, msg end
   local proc = sb.procs[p.pid]
   local enc = p.encoding or proc.encoding or "base64"
+  local streams, listen = nil, enc
+  if p.streams then
+    -- its output from now on comes on this connection's data connection
+    -- (a process started with streams whose reader is gone, or never was)
+    if not core.stream_proc_known(sb.box.core or sb.box, proc.pid) then
+      return nil, rpc.PROCESS_ERROR, ("process %d was not started with streams"):format(proc.pid),
+        errno_data(95)
+    end
+    local bc, bm, bd
+    streams, bc, bm, bd = api_stream.bind_process(conn, sb, proc.pid, proc.pty, proc.stdin)
+    if not streams then return nil, bc, bm, bd end
+    listen = "streams" -- its exit comes here as a notification, its bytes on the streams
+  end
   local out = {}
-  for i, chunk in ipairs(proc.ring or {}) do
+  local ring, dropped = proc.ring, proc.ring_dropped
+  if proc.streamed then -- kept in C with its streams (stream_proc.c)
+    ring, dropped = core.stream_proc_ring(sb.box.core or sb.box, proc.pid, false)
+  end
+  for i, chunk in ipairs(ring or {}) do
     local data, e = M.encode_data(chunk.data, enc)
     out[i] = { stream = chunk.stream, data = data, encoding = e }
   end
@@ -288,9 +320,11 @@ function h.process_connect(d, conn, p)
   -- and the notifications that follow it
   if conn ~= proc.owner then
     proc.listeners = proc.listeners or {}
-    proc.listeners[conn] = enc
+    proc.listeners[conn] = listen
+    -- a JSON follower of a streamed process: its output reaches Lua too
+    if proc.streamed and listen ~= "streams" then core.stream_proc_mirror(sb.box.core or sb.box, proc.pid) end
   end
-  return { pid = proc.pid, output = json.array(out), dropped = proc.ring_dropped or 0 }
+  return { pid = proc.pid, output = json.array(out), dropped = dropped or 0, streams = streams }
 end
 
 function h.fs_watch(d, conn, p)

@@ -12,6 +12,8 @@ local rpc = require("tupper.wire.rpc")
 local M = {}
 
 M.VERSION = 1                 -- the frames' version (hello's `streams`)
+M.PROCESS_STREAMS = 1         -- hello's `process_streams`: process.start, process.connect and
+                              -- pty.create take `streams` (docs/protocol.md, "Process streams")
 M.TOKEN_TTL = 30000           -- ms a stream.channel token stays valid
 M.TOKENS_MAX = 16             -- unused tokens one connection may hold
 M.IDLE_MS = 60000             -- a data connection with no credit for this long is dropped
@@ -85,6 +87,45 @@ function M.register(h, helpers)
     return {} -- not sent: the reply went out as the data connection's first bytes
   end
 
+  -- The next stream id of conn.
+  local function next_sid(conn)
+    local sid = conn.next_sid or 1
+    conn.next_sid = sid < 0x7fffffff and sid + 1 or 1
+    return sid
+  end
+
+  --- The data connection of conn, or nil, code, msg (for a call that asks for streams).
+  function M.data_conn(conn)
+    local dc = conn.data_conn
+    if not dc or not dc:alive() then
+      return nil, rpc.INVALID_REQUEST, "'streams': no data connection: call stream.channel, then stream.attach on a second connection"
+    end
+    return dc
+  end
+
+  --- Binds the streams of process pid of sb (started with credit) to conn's
+  -- data connection; pty: one terminal stream; stdin: a stdin stream.
+  -- Returns the reply's `streams` ({stdout, stderr, stdin} or {pty}), or
+  -- nil, code, msg, data (EBUSY: bound to another live connection).
+  function M.bind_process(conn, sb, pid, pty, stdin)
+    local dc, code, msg = M.data_conn(conn)
+    if not dc then return nil, code, msg end
+    local ids
+    if pty then
+      ids = { stdout = next_sid(conn), pty = true }
+    else
+      ids = { stdout = next_sid(conn), stderr = next_sid(conn), stdin = stdin and next_sid(conn) or nil }
+    end
+    local ok, err, errno = dc:process(sb.box.core or sb.box, pid, ids)
+    if not ok then
+      local names = { [16] = "EBUSY", [22] = "EINVAL", [24] = "EMFILE", [32] = "EPIPE", [12] = "ENOMEM" }
+      local data = { errno = errno, code = names[errno] or ("E" .. tostring(errno)) }
+      return nil, errno == 16 and rpc.BUSY or rpc.PROCESS_ERROR, err, data
+    end
+    if pty then return { pty = ids.stdout } end
+    return { stdout = ids.stdout, stderr = ids.stderr, stdin = ids.stdin }
+  end
+
   local function open(d, conn, p, write, spec)
     local dc = conn.data_conn
     if not dc or not dc:alive() then
@@ -92,8 +133,7 @@ function M.register(h, helpers)
     end
     local sb, code, msg = get_sandbox(d, p.sandbox)
     if not sb then return nil, code, msg end
-    local sid = conn.next_sid or 1
-    conn.next_sid = sid < 0x7fffffff and sid + 1 or 1
+    local sid = next_sid(conn)
     -- a backend that wraps core's box (a microVM's) hands the box itself over as core
     local ok, err, errno = dc:file(sb.box.core or sb.box, sid, write, as(p, spec))
     if not ok then return nil, rpc.FS_ERROR, err, { errno = errno } end

@@ -35,17 +35,20 @@ local function ring_add(proc, stream, data)
 end
 
 function D:_output(sb, proc, stream, data)
-  ring_add(proc, stream, data)
+  -- a process started with streams keeps its ring in C (stream_proc.c)
+  if not proc.streamed then ring_add(proc, stream, data) end
   local conn = proc.owner
   local msg = { sandbox = sb.id, pid = proc.pid, stream = stream }
-  if conn and not conn.closed then
+  -- a process started with streams tells its owner nothing here: this is
+  -- output nobody reads on a stream (its data connection went)
+  if conn and not conn.closed and not proc.streamed then
     msg.data, msg.encoding = api.encode_data(data, proc.encoding)
     conn:notify("process.output", msg)
   end
   for l, enc in pairs(proc.listeners or {}) do
     if l.closed then
       proc.listeners[l] = nil
-    else
+    elseif enc ~= "streams" then -- a listener with streams reads it there
       msg.data, msg.encoding = api.encode_data(data, enc)
       l:notify("process.output", msg)
     end

@@ -228,6 +228,9 @@ function Sandbox:_frame(t, id, f)
     end
     self.procs[f.pid] = nil
     release(proc)
+    if proc.streamed then -- its ring was kept in C, with its streams: it is ours from now on
+      proc.ring, proc.ring_dropped = core.stream_proc_ring(self.box.core or self.box, f.pid, true)
+    end
     proc.exit_code = math.tointeger(f.code) or -1
     proc.signal = math.tointeger(f.signal) or 0
     proc.oom_killed = self:_oom_killed(proc, f) or nil
@@ -529,7 +532,7 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   -- a guest's processes are in its own kernel: no host cgroup per tree
   local hold = self.box:has_cgroup() and not self.impl.guest_kernel
   local tree = hold and self.box:tree_take() or nil
-  local flags = (stdin and 1 or 0) | (x.pty and 4 or 0)
+  local flags = (stdin and 1 or 0) | (x.pty and 4 or 0) | (x.credit and 16 or 0)
   local fields = { args = argv, env = envl, cwd = cwd or self.cwd, flags = flags | (tree and 8 or 0),
                    uid = cred and cred.uid, gid = cred and cred.gid }
   if cred and cred.groups then M.as_fields(fields, cred) end
@@ -559,9 +562,15 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
                  started_at = now_iso(), stdin = stdin or x.pty ~= nil, pty = x.pty ~= nil,
                  user = cred and (cred.name or tostring(cred.uid)) or "root", starting = true }
   self.procs[pid] = proc
-  if tree then
-    proc.tree = tree
-  elseif hold then
+  if tree then proc.tree = tree end -- removed with its tree, whatever comes next
+  -- x.on_pid(proc): process streams bind here, before the channel's next
+  -- frame (its output) is read; false: they could not, the process goes
+  if x.on_pid and not x.on_pid(proc) then
+    proc.owner = nil -- nobody learns of this pid: no notifications
+    self:request(MSG.SIGNAL, { pid = pid, signal = 9 })
+    return nil, "cannot bind the process's streams", 0
+  end
+  if not tree and hold then
     -- unique across daemon restarts: a re-adopted box keeps its old trees
     local tree = "p" .. pid .. "-" .. core.random_hex(4)
     -- in the thread pool: a v1 attach can take the kernel tens of ms

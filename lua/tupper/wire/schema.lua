@@ -75,7 +75,7 @@ M.methods = {
     doc = "Negotiates the protocol version; the first call of a session.",
     params = { protocol = { type = "integer", min = 1, max = 1000 },
                client = { type = "string", max = 256 } },
-    result = { "protocol", "server", "version", "methods", "streams" },
+    result = { "protocol", "server", "version", "methods", "streams", "process_streams" },
   },
   ["sandbox.create"] = {
     doc = "Creates and starts a sandbox.",
@@ -207,6 +207,7 @@ M.methods = {
     params = { sandbox = ID, argv = { type = "array", min = 1, max = 4096, item_max = 32768 },
                cmd = { type = "string", min = 1, max = 32760 }, env = MAP, cwd = PATH,
                stdin = { type = "boolean" }, encoding = ENCODING, timeout = DURATION, user = USER,
+               streams = { type = "boolean" },
                required = { "sandbox" }, one_of = { "argv", "cmd" } },
     result = { "pid" },
   },
@@ -222,7 +223,7 @@ M.methods = {
       .. "(the last 64 KiB the daemon kept), then its output and exit arrive as notifications. "
       .. "exited = true also takes one of the box's last 16 exited processes: the reply then has its exit.",
     params = { sandbox = ID, pid = PID, encoding = ENCODING, exited = { type = "boolean" },
-               required = { "sandbox", "pid" } },
+               streams = { type = "boolean" }, required = { "sandbox", "pid" } },
     result = { "pid", "output", "dropped" },
   },
   ["pty.create"] = {
@@ -230,7 +231,8 @@ M.methods = {
       .. "arrives as process.output (stream stdout), its end as process.exit; input goes by process.stdin.",
     params = { sandbox = ID, cols = PTY_DIM, rows = PTY_DIM, env = MAP, cwd = PATH, user = USER,
                argv = { type = "array", min = 1, max = 4096, item_max = 32768 },
-               timeout = DURATION, required = { "sandbox", "cols", "rows" } },
+               timeout = DURATION, streams = { type = "boolean" },
+               required = { "sandbox", "cols", "rows" } },
     result = { "pid" },
   },
   ["pty.resize"] = {

@@ -1,7 +1,8 @@
 --- The Lua client's data connection (docs/protocol.md, "Stream frames"):
--- file bytes in and out as binary frames beside the JSON connection, with
--- credit, instead of base64 inside JSON.  Used by the CLI's `cp`; calls
--- are asynchronous like the client's (run them in a coroutine).
+-- file bytes and a process's stdout, stderr, stdin and terminal as binary
+-- frames beside the JSON connection, with credit, instead of base64 inside
+-- JSON.  Used by the CLI's `cp`, `exec` and `run`; calls are asynchronous
+-- like the client's (run them in a coroutine).
 local uv = require("luv")
 local async = require("tupper.util.async")
 local json = require("tupper.util.json")
@@ -9,6 +10,7 @@ local json = require("tupper.util.json")
 local M = {}
 
 M.VERSION = 1
+M.PROCESS_STREAMS = 1       -- hello's `process_streams` this client speaks
 M.HDR = 12
 M.WINDOW = 4 * 1024 * 1024  -- what this client lets the daemon send ahead, per stream
 M.CHUNK = 1048576           -- bytes per DATA frame
@@ -49,51 +51,83 @@ local function push(self, sid, ev)
   end
 end
 
+-- Wakes an input writer that waits for credit (or for the stream's end).
+local function wake_input(s)
+  if s.cwake then
+    local w = s.cwake
+    s.cwake = nil
+    w()
+  end
+end
+
 function DC:_frame(type_, sid, payload)
   if type_ == T.OPEN then
     local _, window = string.unpack("<I4I4", payload)
-    stream_of(self, sid).credit = window
+    local s = stream_of(self, sid)
+    s.credit = window
+    if s.input then return wake_input(s) end
     push(self, sid, { "credit" }) -- a writer may be waiting for its first window
   elseif type_ == T.DATA then
     push(self, sid, { "data", payload })
   elseif type_ == T.END then
+    local s = stream_of(self, sid)
+    s.over = s.over or "the process takes no more input"
+    wake_input(s)
     push(self, sid, { "end", #payload == 8 and string.unpack("<I8", payload) or nil })
   elseif type_ == T.ERROR then
     local errno = string.unpack("<I4", payload)
     local msg = payload:sub(5)
     if sid == 0 then return self:_down(msg ~= "" and msg or "the daemon closed the data connection", errno) end
+    local s = stream_of(self, sid)
+    s.over, s.errno = msg, errno
+    wake_input(s)
     push(self, sid, { "error", msg, errno })
   elseif type_ == T.CREDIT then
     local s = stream_of(self, sid)
     s.credit = s.credit + string.unpack("<I4", payload)
+    if s.input then return wake_input(s) end
     push(self, sid, { "credit" })
   end
 end
 
+-- Frames out of the socket's chunks.  A header is read once it is whole;
+-- its payload is gathered as the chunks come and joined once (a 1 MiB DATA
+-- frame crosses 16 reads of 64 KiB: one copy of it, not three).
 function DC:_feed(chunk)
-  local parts = self.parts
-  parts[#parts + 1] = chunk
-  self.have = self.have + #chunk
-  if self.have < self.need then return end
-  local buf = table.concat(parts)
-  local off = 1
-  while #buf - off + 1 >= M.HDR do
-    local len, ver, type_, flags, sid = string.unpack("<I4BBI2I4", buf, off)
-    if ver ~= M.VERSION or flags ~= 0 or len > M.CHUNK + 8192 then
-      return self:_down("the daemon sent a bad frame", 71)
+  local pos = 1
+  while not self.closed do
+    if not self.hdr then
+      local want = M.HDR - self.have
+      local avail = #chunk - pos + 1
+      if avail <= 0 then return end
+      local piece = avail <= want and (pos == 1 and chunk or chunk:sub(pos)) or chunk:sub(pos, pos + want - 1)
+      self.parts[#self.parts + 1] = piece
+      self.have = self.have + #piece
+      pos = pos + #piece
+      if self.have < M.HDR then return end
+      local h = table.concat(self.parts)
+      local len, ver, type_, flags, sid = string.unpack("<I4BBI2I4", h)
+      if ver ~= M.VERSION or flags ~= 0 or len > M.CHUNK + 8192 then
+        return self:_down("the daemon sent a bad frame", 71)
+      end
+      self.hdr = { len = len, type = type_, sid = sid }
+      self.parts, self.have = {}, 0
     end
-    if #buf - off + 1 < M.HDR + len then
-      self.need = M.HDR + len
-      break
+    local hdr = self.hdr
+    local want = hdr.len - self.have
+    local avail = #chunk - pos + 1
+    if want > 0 then
+      if avail <= 0 then return end
+      local piece = avail <= want and (pos == 1 and chunk or chunk:sub(pos)) or chunk:sub(pos, pos + want - 1)
+      self.parts[#self.parts + 1] = piece
+      self.have = self.have + #piece
+      pos = pos + #piece
+      if self.have < hdr.len then return end
     end
-    self:_frame(type_, sid, buf:sub(off + M.HDR, off + M.HDR + len - 1))
-    if self.closed then return end
-    off = off + M.HDR + len
-    self.need = M.HDR
+    local payload = #self.parts == 1 and self.parts[1] or table.concat(self.parts)
+    self.hdr, self.parts, self.have = nil, {}, 0
+    self:_frame(hdr.type, hdr.sid, payload)
   end
-  local rest = off <= #buf and buf:sub(off) or ""
-  self.parts = { rest }
-  self.have = #rest
 end
 
 function DC:_down(msg, errno)
@@ -101,7 +135,11 @@ function DC:_down(msg, errno)
   self.closed = true
   self.reason = msg
   if not self.pipe:is_closing() then self.pipe:close() end
-  for sid in pairs(self.streams) do push(self, sid, { "error", msg, errno or 104 }) end
+  for sid, s in pairs(self.streams) do
+    s.over = s.over or msg
+    wake_input(s)
+    push(self, sid, { "error", msg, errno or 104 })
+  end
 end
 
 -- The next event of stream sid (waits for one).
@@ -213,6 +251,73 @@ function DC:write_file(client, params, source)
   return w:finish()
 end
 
+--- Reads stream sid (a process's stdout or stderr, or its terminal) into
+-- sink(chunk), giving the daemon credit as sink returns: a slow sink slows
+-- the process down.  false from sink stops the stream with an error.
+-- Returns the bytes read (END's size), or nil and an error object.
+function DC:drain(sid, sink)
+  while true do
+    local ev = self:_next(sid)
+    if ev[1] == "data" then
+      local pok, ok, serr = pcall(sink, ev[2])
+      if not pok then serr = ok end
+      if not pok or ok == false then
+        self:_send(M.frame(T.ERROR, sid, string.pack("<I4", 125) .. "the client stopped"))
+        self.streams[sid] = nil
+        return nil, { code = -1, message = tostring(serr or "the client stopped") }
+      end
+      self:_send(M.frame(T.CREDIT, sid, string.pack("<I4", #ev[2])))
+    elseif ev[1] == "end" then
+      if not (self.streams[sid] and self.streams[sid].input) then self.streams[sid] = nil end
+      return ev[2] or 0
+    elseif ev[1] == "error" then
+      self.streams[sid] = nil
+      return fail(ev)
+    end
+  end
+end
+
+local Input = {}
+Input.__index = Input
+
+--- Sends data (a string) on a process's stdin or terminal stream, within
+-- its credit (waits for more).  Returns true, or nil and a message (the
+-- process takes no more input, the stream or the connection is over).
+function Input:write(data)
+  local dc, sid, s = self.dc, self.sid, self.s
+  local off = 1
+  while off <= #data do
+    while s.credit == 0 and not s.over and not dc.closed do
+      async.wait(function(cb) s.cwake = cb end)
+    end
+    if s.over or dc.closed then return nil, s.over or dc.reason or "data connection closed" end
+    local n = math.min(#data - off + 1, s.credit, M.CHUNK)
+    s.credit = s.credit - n
+    local ok, serr = dc:_send(M.frame(T.DATA, sid, off == 1 and n == #data and data or data:sub(off, off + n - 1)))
+    if not ok then return nil, serr end
+    off = off + n
+  end
+  return true
+end
+
+--- The end of the input (the process's stdin is closed once it read what came).
+function Input:close()
+  if self.s.over or self.dc.closed then return end
+  self.dc:_send(M.frame(T.END, self.sid))
+end
+
+--- A writer for stream sid, a process's stdin or terminal (opened by the
+-- daemon: process.start's `streams`).
+function DC:input(sid)
+  local s = stream_of(self, sid)
+  s.input = true
+  -- its OPEN may have come already, as a credit event in the queue
+  for i = #s.queue, 1, -1 do
+    if s.queue[i][1] == "credit" then table.remove(s.queue, i) end
+  end
+  return setmetatable({ dc = self, sid = sid, s = s }, Input)
+end
+
 function DC:close()
   self:_down("closed")
 end
@@ -228,7 +333,7 @@ function M.open(client, window)
   local pipe = uv.new_pipe(false)
   local cerr = async.wait(function(cb) pipe:connect(client.socket, function(e) cb(e) end) end)
   if cerr then pipe:close(); return nil, cerr end
-  local self = setmetatable({ pipe = pipe, streams = {}, parts = {}, have = 0, need = 0, closed = false }, DC)
+  local self = setmetatable({ pipe = pipe, streams = {}, parts = {}, have = 0, closed = false }, DC)
   window = window or M.WINDOW
   -- the attach's reply is the only JSON line; frames follow it
   local line_parts, attached, waiter = {}, nil, nil
@@ -243,7 +348,6 @@ function M.open(client, window)
     local nl = text:find("\n", 1, true)
     if not nl then line_parts = { text }; return end
     attached = json.decode(text:sub(1, nl - 1)) or false
-    self.need = M.HDR
     if nl < #text then self:_feed(text:sub(nl + 1)) end
     if waiter then waiter() end
   end)

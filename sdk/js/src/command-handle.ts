@@ -7,7 +7,14 @@ import { StringDecoder } from 'node:string_decoder';
 import type { CommandRequestOpts, Commands } from './commands';
 import { CommandExitError, type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, TimeoutError } from './errors';
 import type { SandboxLink } from './link';
+import type { DataConn, ProcessInput, ProcessStreamIds } from './stream';
 import { decodeData, exitStatus, outputStream } from './wire';
+
+/** @internal a process's streams on the data connection (docs/protocol.md, "Process streams") */
+export interface HandleStreams {
+  dc: DataConn;
+  ids: ProcessStreamIds;
+}
 
 /** @internal what a handle is made with */
 export interface HandleOpts {
@@ -138,9 +145,14 @@ export class CommandHandle implements Partial<CommandResult> {
   private holding = false;
   private waiters = 0;
   private dropCloseHandler: () => void = () => {};
+  private readonly streams?: HandleStreams;
+  /** all its output streams ended (their END); undefined: its output comes as JSON */
+  private streamsDone?: Promise<void>;
+  /** @internal its stdin (or terminal) stream, when it has one */
+  readonly _input?: ProcessInput;
 
   /** @internal made by Commands */
-  constructor(link: SandboxLink, commands: Commands, pid: number, opts: HandleOpts) {
+  constructor(link: SandboxLink, commands: Commands, pid: number, opts: HandleOpts, streams?: HandleStreams) {
     this.link = link;
     this.commands = commands;
     this.pid = pid;
@@ -161,6 +173,39 @@ export class CommandHandle implements Partial<CommandResult> {
     );
     // streaming to callbacks keeps Node alive until the end, as waiting does
     if (this.onStdout || this.onStderr || this.onData) this.hold();
+    if (streams) {
+      this.streams = streams;
+      const { dc, ids } = streams;
+      const inSid = ids.pty ?? ids.stdin;
+      if (inSid !== undefined) this._input = dc.input(inSid);
+      const drains: Array<Promise<number>> = [];
+      if (ids.pty !== undefined) drains.push(dc.drain(ids.pty, (b) => this.onBytes('stdout', b), 'pty'));
+      if (ids.stdout !== undefined) drains.push(dc.drain(ids.stdout, (b) => this.onBytes('stdout', b), 'commands.run'));
+      if (ids.stderr !== undefined) drains.push(dc.drain(ids.stderr, (b) => this.onBytes('stderr', b), 'commands.run'));
+      this.streamsDone = Promise.all(drains).then(
+        () => undefined,
+        async (e: Error) => {
+          // the sandbox went away under it (TimeoutError, as for JSON output), or
+          // the data connection did (or a stream failed): the command runs on unread
+          const g = await sandboxGone(this.link);
+          this.fail(g ?? new SandboxError(`command ${pid}: its output stream failed: ${e.message}; it keeps running in the sandbox`, { cause: e }));
+        },
+      );
+    }
+  }
+
+  /** A chunk of a stream: to the callback (waited for: credit follows it) and the kept output. */
+  private async onBytes(stream: 'stdout' | 'stderr', b: Buffer): Promise<void> {
+    if (this.finished) return;
+    try {
+      if (this.onData) {
+        await this.onData(new Uint8Array(b.buffer, b.byteOffset, b.byteLength));
+        return;
+      }
+      await this.push(stream, this.decoders[stream].write(b));
+    } catch {
+      // a callback that throws loses its chunk, as with JSON output
+    }
   }
 
   /** Everything the command wrote to stdout so far. */
@@ -252,6 +297,12 @@ export class CommandHandle implements Partial<CommandResult> {
 
   private cleanup(): void {
     this.finished = true;
+    if (this.streams) {
+      // a handle that stops early (disconnect, abort) stops reading: the daemon ends the streams
+      const { dc, ids } = this.streams;
+      for (const sid of [ids.stdout, ids.stderr, ids.pty]) if (sid !== undefined) dc.cancel(sid, 'the client stopped reading');
+      for (const sid of [ids.stdin, ids.pty]) if (sid !== undefined) dc.forget(sid);
+    }
     this.dropAbort();
     this.link.conn.unsubscribe(this.link.sandboxId, this.pid);
     this.dropCloseHandler();
@@ -274,15 +325,13 @@ export class CommandHandle implements Partial<CommandResult> {
     this.settle.reject(e);
   }
 
-  private push(stream: 'stdout' | 'stderr', text: string): void {
-    if (text === '') return;
-    if (stream === 'stdout') {
-      this.out.add(text);
-      if (this.onStdout) void Promise.resolve(this.onStdout(text)).catch(() => {});
-    } else {
-      this.err.add(text);
-      if (this.onStderr) void Promise.resolve(this.onStderr(text)).catch(() => {});
-    }
+  private push(stream: 'stdout' | 'stderr', text: string): Promise<void> | undefined {
+    if (text === '') return undefined;
+    const cb = stream === 'stdout' ? this.onStdout : this.onStderr;
+    (stream === 'stdout' ? this.out : this.err).add(text);
+    if (!cb) return undefined;
+    const p = Promise.resolve(cb(text)).catch(() => {});
+    return p;
   }
 
   private flush(): void {
@@ -309,6 +358,15 @@ export class CommandHandle implements Partial<CommandResult> {
       }
       this.push(stream, this.decoders[stream].write(bytes));
     } else if (method === 'process.exit') {
+      if (this.streamsDone) {
+        // the exit may come before the last bytes: it is reported once they are in
+        void this.streamsDone.then(() => {
+          if (this.finished) return;
+          this.flush();
+          void this.onExit(p);
+        });
+        return;
+      }
       this.flush();
       void this.onExit(p);
     }

@@ -1,13 +1,16 @@
 /**
  * sbx.commands: processes in a sandbox, as E2B's Commands module.  A command
- * is `/bin/sh -c cmd`; its output arrives as process.output notifications
- * and its end as process.exit, on the connection that started it.
+ * is `/bin/sh -c cmd`; its output arrives as binary frames on the data
+ * connection (process streams, docs/protocol.md), or, from a daemon without
+ * them, as process.output notifications; its end as process.exit, on the
+ * connection that started it.
  */
 import { startParams } from './account';
-import { AbortError, CommandHandle, type HandleOpts, checkMaxOutputBytes, sandboxGone } from './command-handle';
+import { AbortError, CommandHandle, type HandleOpts, type HandleStreams, checkMaxOutputBytes, sandboxGone } from './command-handle';
 import { type CommandResult, InvalidArgumentError, NotFoundError, SandboxError, checkTimeoutMs } from './errors';
 import type { SandboxLink } from './link';
 import { checkKeys, checkRequestOpts, type RequestOpts } from './options';
+import { dataConn, type DataConn, PROCESS_STREAMS, type ProcessStreamIds } from './stream';
 
 /** Default timeout of a command, as E2B: 60 s. 0 = none. */
 export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
@@ -110,6 +113,22 @@ export class Commands {
     this.link = link;
   }
 
+  /** The data connection process streams go on, or null (the JSON path). */
+  private async streamConn(): Promise<DataConn | null> {
+    if (this.link.conn.processStreams !== PROCESS_STREAMS) return null;
+    try {
+      return await dataConn(this.link.conn);
+    } catch {
+      return null;
+    }
+  }
+
+  /** The live handle of pid with a stdin stream, if any. */
+  private inputOf(pid: number): CommandHandle | undefined {
+    for (const h of this.live) if (h.pid === pid && h._input) return h;
+    return undefined;
+  }
+
   /**
    * Runs `cmd` with /bin/sh -c, or, given an array, that argv itself with no
    * shell in between (`run(['ls', '-l', dir])`: each argument reaches the
@@ -165,11 +184,14 @@ export class Commands {
     const timeoutMs = checkTimeoutMs(opts.timeoutMs ?? defaultTimeoutMs, method);
     Object.assign(params, startParams(this.link, opts, timeoutMs));
     let handle: CommandHandle | undefined;
+    const dc = await this.streamConn();
+    if (dc) params.streams = true;
     try {
-      await this.link.conn.call<{ pid: number }>(method, params, {
+      await this.link.conn.call<{ pid: number; streams?: ProcessStreamIds }>(method, params, {
         // subscribe before reading the next line: output may follow the reply at once
         onResult: (r) => {
-          handle = new CommandHandle(this.link, this, r.pid, handleOpts);
+          const streams: HandleStreams | undefined = dc && r.streams ? { dc, ids: r.streams } : undefined;
+          handle = new CommandHandle(this.link, this, r.pid, handleOpts, streams);
           this.live.add(handle);
         },
       });
@@ -200,17 +222,33 @@ export class Commands {
   /** @internal commands.connect's work, for pty.connect's handle too (onData) */
   async _connect(pid: number, opts: HandleOpts): Promise<CommandHandle> {
     let handle: CommandHandle | undefined;
-    await this.link.conn.call<{ pid: number; output: Array<Record<string, unknown>> }>(
-      'process.connect',
-      { sandbox: this.link.sandboxId, pid, encoding: 'utf8' },
-      {
-        onResult: (r) => {
-          handle = new CommandHandle(this.link, this, r.pid, opts);
-          this.live.add(handle);
-          handle._replay(Array.isArray(r.output) ? r.output : []);
+    const dc = await this.streamConn();
+    const attach = (streams: boolean): Promise<unknown> =>
+      this.link.conn.call<{ pid: number; output: Array<Record<string, unknown>>; streams?: ProcessStreamIds }>(
+        'process.connect',
+        { sandbox: this.link.sandboxId, pid, encoding: 'utf8', ...(streams ? { streams: true } : {}) },
+        {
+          onResult: (r) => {
+            const s: HandleStreams | undefined = dc && r.streams ? { dc, ids: r.streams } : undefined;
+            handle = new CommandHandle(this.link, this, r.pid, opts, s);
+            this.live.add(handle);
+            handle._replay(Array.isArray(r.output) ? r.output : []);
+          },
         },
-      },
-    );
+      );
+    if (!dc) {
+      await attach(false);
+      return handle!;
+    }
+    try {
+      await attach(true);
+    } catch (e) {
+      // started without streams (EOPNOTSUPP), or another client reads them
+      // (EBUSY): this handle follows it as JSON notifications
+      const code = e instanceof SandboxError ? e.errnoCode : undefined;
+      if (code !== 'EOPNOTSUPP' && code !== 'E95' && code !== 'EBUSY') throw e;
+      await attach(false);
+    }
     return handle!;
   }
 
@@ -250,6 +288,8 @@ export class Commands {
   async sendStdin(pid: number, data: string | Uint8Array, opts?: CommandRequestOpts): Promise<void> {
     checkRequestOpts(opts, [], 'commands.sendStdin');
     const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+    const h = this.inputOf(pid);
+    if (h?._input) return h._input.write(bytes); // its stdin stream, within its credit
     let off = 0;
     do {
       const chunk = bytes.subarray(off, off + STDIN_CHUNK);
@@ -277,6 +317,8 @@ export class Commands {
   /** Closes a command's stdin once what was written is delivered. */
   async closeStdin(pid: number, opts?: CommandRequestOpts): Promise<void> {
     checkRequestOpts(opts, [], 'commands.closeStdin');
+    const h = this.inputOf(pid);
+    if (h?._input) return h._input.end();
     await this.link.conn.call('process.close_stdin', { sandbox: this.link.sandboxId, pid });
   }
 

@@ -53,6 +53,8 @@ interface Pending {
 
 export class Connection {
   readonly socketPath: string;
+  /** hello's `process_streams` (0: the daemon has none; process bytes then come as JSON). */
+  processStreams = 0;
   readonly requestTimeoutMs: number;
   private readonly sock: net.Socket;
   private readonly decoder = new StringDecoder('utf8');
@@ -100,8 +102,9 @@ export class Connection {
     });
     const conn = new Connection(sock, socketPath, timeout);
     try {
-      const hello = await conn.call<{ protocol: number; server: string }>('hello', { protocol: PROTOCOL, client: CLIENT });
+      const hello = await conn.call<{ protocol: number; server: string; process_streams?: number }>('hello', { protocol: PROTOCOL, client: CLIENT });
       if (hello.protocol !== PROTOCOL) throw new SandboxError(`the daemon speaks protocol ${hello.protocol}, not ${PROTOCOL}`);
+      conn.processStreams = hello.process_streams ?? 0;
     } catch (e) {
       conn.close();
       throw e;

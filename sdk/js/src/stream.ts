@@ -1,5 +1,6 @@
 /**
- * The data plane (docs/protocol.md, "Stream frames"): file bytes as binary
+ * The data plane (docs/protocol.md, "Stream frames"): file bytes, and a
+ * process's stdout, stderr, stdin and terminal ("Process streams"), as binary
  * frames on a second connection to the daemon's socket, with credit both
  * ways, instead of base64 inside JSON.  Node cannot pass file descriptors
  * over unix sockets, so the data connection is opened with a token
@@ -18,6 +19,8 @@ import type { Connection } from './connection';
 import { fromRpcError, SandboxError } from './errors';
 
 export const STREAMS_VERSION = 1;
+/** hello's `process_streams` this SDK speaks: process.start/connect and pty.create take `streams`. */
+export const PROCESS_STREAMS = 1;
 export const HDR = 12;
 export const DATA_MAX = 1024 * 1024;
 export const WINDOW = 4 * 1024 * 1024;
@@ -34,6 +37,27 @@ interface StreamState {
   queue: Ev[];
   credit: number;
   wake?: () => void;
+  /** a process's stdin or terminal we write: credit wakes `cwake`, not the queue */
+  input?: boolean;
+  cwake?: () => void;
+  /** why the stream takes no more (its END or ERROR, the connection's end) */
+  over?: string;
+}
+
+/** The stream ids process.start's reply gives (`streams`). */
+export interface ProcessStreamIds {
+  stdout?: number;
+  stderr?: number;
+  stdin?: number;
+  pty?: number;
+}
+
+/** What goes to a process's stdin (or terminal) stream. */
+export interface ProcessInput {
+  /** Sends bytes within the stream's credit (waits for more); rejects once the process takes no more. */
+  write(b: Buffer): Promise<void>;
+  /** The end of the input: the process's stdin closes once it read what came. */
+  end(): void;
 }
 
 /** One frame as bytes. */
@@ -62,6 +86,8 @@ function streamError(ev: { errno: number; msg: string }, method: string): Sandbo
 export class DataConn {
   private readonly sock: net.Socket;
   private readonly streams = new Map<number, StreamState>();
+  /** the last ids forgotten by a handle's end (their late frames are dropped) */
+  private readonly gone = new Set<number>();
   private parts: Buffer[] = [];
   private have = 0;
   private closedWith?: string;
@@ -131,7 +157,8 @@ export class DataConn {
     let s = this.streams.get(sid);
     if (!s) {
       s = { queue: [], credit: 0 };
-      this.streams.set(sid, s);
+      // a late frame of a stream we let go of is not kept
+      if (!this.gone.has(sid)) this.streams.set(sid, s);
     }
     return s;
   }
@@ -169,29 +196,49 @@ export class DataConn {
     this.have = buf.length;
   }
 
+  private wakeInput(s: StreamState): void {
+    const w = s.cwake;
+    s.cwake = undefined;
+    w?.();
+  }
+
   private frame(type: number, sid: number, p: Buffer): void {
     switch (type) {
-      case T.OPEN:
-        this.state(sid).credit = p.readUInt32LE(4);
-        this.push(sid, { kind: 'credit' });
+      case T.OPEN: {
+        const s = this.state(sid);
+        s.credit = p.readUInt32LE(4);
+        if (s.input) this.wakeInput(s);
+        else this.push(sid, { kind: 'credit' });
         break;
+      }
       case T.DATA:
         this.push(sid, { kind: 'data', bytes: p });
         break;
-      case T.END:
+      case T.END: {
+        const s = this.state(sid);
+        s.over ??= 'the process takes no more input';
+        this.wakeInput(s);
         this.push(sid, { kind: 'end', size: p.length === 8 ? Number(p.readBigUInt64LE(0)) : undefined });
         break;
+      }
       case T.ERROR: {
         const errno = p.readUInt32LE(0);
         const msg = p.subarray(4).toString('utf8');
-        if (sid === 0) this.down(msg || 'the daemon closed the data connection', errno);
-        else this.push(sid, { kind: 'error', errno, msg });
+        if (sid === 0) {
+          this.down(msg || 'the daemon closed the data connection', errno);
+        } else {
+          const s = this.state(sid);
+          s.over = msg || 'the stream failed';
+          this.wakeInput(s);
+          this.push(sid, { kind: 'error', errno, msg });
+        }
         break;
       }
       case T.CREDIT: {
         const s = this.state(sid);
         s.credit += p.readUInt32LE(0);
-        this.push(sid, { kind: 'credit' });
+        if (s.input) this.wakeInput(s);
+        else this.push(sid, { kind: 'credit' });
         break;
       }
       default:
@@ -203,7 +250,11 @@ export class DataConn {
     if (this.closedWith) return;
     this.closedWith = why;
     this.sock.destroy();
-    for (const sid of this.streams.keys()) this.push(sid, { kind: 'error', errno, msg: why });
+    for (const [sid, s] of this.streams) {
+      s.over ??= why;
+      this.wakeInput(s);
+      this.push(sid, { kind: 'error', errno, msg: why });
+    }
   }
 
   get closed(): boolean {
@@ -302,6 +353,77 @@ export class DataConn {
     } finally {
       this.finish(sid);
     }
+  }
+
+  /**
+   * Reads a process's stream (stdout, stderr or its terminal) into sink; the
+   * daemon gets credit for a chunk once sink is done with it (a sink that
+   * returns a promise is waited for), so a slow sink slows the process down
+   * and loses nothing.  Resolves with the bytes read (END's size).
+   */
+  async drain(sid: number, sink: (b: Buffer) => void | Promise<void>, method: string): Promise<number> {
+    this.begin();
+    try {
+      for (;;) {
+        const ev = await this.next(sid);
+        if (ev.kind === 'data') {
+          await sink(ev.bytes);
+          if (!this.closedWith) await this.send(frame(T.CREDIT, sid, u32(ev.bytes.length)));
+        } else if (ev.kind === 'end') {
+          return ev.size ?? 0;
+        } else if (ev.kind === 'error') {
+          throw streamError(ev, method);
+        }
+      }
+    } finally {
+      const s = this.streams.get(sid);
+      if (s && !s.input) this.streams.delete(sid);
+      if (--this.active === 0 && !this.closedWith) this.sock.unref();
+    }
+  }
+
+  /** Stops reading a process's stream: the daemon ends it (the process's output then goes unread). */
+  cancel(sid: number, why: string): void {
+    const s = this.streams.get(sid);
+    if (this.closedWith || !s || s.over) return; // over already (its END came): nothing to stop
+    this.sock.write(frame(T.ERROR, sid, Buffer.concat([u32(125), Buffer.from(why)])));
+    s.over = why;
+    this.push(sid, { kind: 'error', errno: 125, msg: why });
+  }
+
+  /** Drops what is kept of stream sid (a handle's end: its stdin's state goes too). */
+  forget(sid: number): void {
+    this.streams.delete(sid);
+    this.gone.add(sid);
+    if (this.gone.size > 64) this.gone.delete(this.gone.values().next().value as number);
+  }
+
+  /** The writer of a process's stdin or terminal stream sid. */
+  input(sid: number): ProcessInput {
+    const s = this.state(sid);
+    s.input = true;
+    s.queue = s.queue.filter((e) => e.kind !== 'credit'); // its OPEN may be in already
+    return {
+      write: async (b: Buffer): Promise<void> => {
+        let off = 0;
+        while (off < b.length) {
+          while (s.credit === 0 && !s.over && !this.closedWith) {
+            await new Promise<void>((r) => {
+              s.cwake = r;
+            });
+          }
+          if (s.over || this.closedWith) throw new SandboxError(`stdin: ${s.over ?? this.closedWith}`);
+          const n = Math.min(b.length - off, s.credit, DATA_MAX);
+          s.credit -= n;
+          await this.send(frame(T.DATA, sid, b.subarray(off, off + n)));
+          off += n;
+        }
+      },
+      end: (): void => {
+        if (s.over || this.closedWith) return;
+        this.sock.write(frame(T.END, sid));
+      },
+    };
   }
 
   close(): void {

@@ -97,3 +97,53 @@ test('a second data connection for one connection is refused', async () => {
   s.destroy();
   assert.equal(JSON.parse(got).error.code, -32600);
 });
+
+test('commands run on process streams: 12 MiB of stdout byte for byte, stderr, stdin and the exit', async () => {
+  assert.equal(sbx.conn.processStreams, 1, 'the daemon binds process streams');
+  let seen = 0;
+  const r = await sbx.commands.run('head -c 12582912 /dev/zero | tr "\\0" x; echo done >&2', {
+    maxOutputBytes: 1024,
+    onStdout: (s) => { seen += Buffer.byteLength(s); },
+  });
+  assert.equal(seen, 12582912, 'every byte reached onStdout');
+  assert.equal(r.stderr, 'done\n');
+  assert.equal(r.stdoutDroppedBytes, 12582912 - 1024);
+  const h = await sbx.commands.run('cat; echo end', { background: true, stdin: true });
+  const big = Buffer.alloc(3 * 1024 * 1024 + 3, 'q'); // more than the stdin window: credit paces it
+  await h.sendStdin(big);
+  await h.closeStdin();
+  const res = await h.wait();
+  assert.equal(res.stdout, big.toString() + 'end\n');
+  const back = await sbx.commands.run(`head -c 3 /dev/null; echo ok`);
+  assert.equal(back.stdout, 'ok\n');
+  await assert.rejects(sbx.commands.run('exit 7'), (e) => e.exitCode === 7);
+});
+
+test('a slow onStdout holds the process back and loses nothing', async () => {
+  let got = 0;
+  let first = true;
+  const t0 = Date.now();
+  await sbx.commands.run('head -c 6291456 /dev/zero; touch /tmp/wrote-all', {
+    maxOutputBytes: 0,
+    onStdout: async (s) => {
+      got += Buffer.byteLength(s);
+      if (first) {
+        first = false;
+        // the daemon waits for this chunk's credit: the writer cannot finish meanwhile
+        await new Promise((r) => setTimeout(r, 600));
+        const ls = await sbx.commands.run('test -e /tmp/wrote-all && echo yes || echo no');
+        assert.equal(ls.stdout, 'no\n', 'the writer was held back');
+      }
+    },
+  });
+  assert.equal(got, 6291456);
+  assert.ok(Date.now() - t0 >= 600);
+});
+
+test('a terminal on its stream: keystrokes in, screen out', async () => {
+  const seen = [];
+  const t = await sbx.pty.create({ cols: 80, rows: 24, cmd: ['/bin/sh'], onData: (d) => { seen.push(Buffer.from(d)); } });
+  await sbx.pty.sendInput(t.pid, 'echo pty-$((6*7))\rexit\r');
+  await t.wait().catch(() => {});
+  assert.match(Buffer.concat(seen).toString('utf8'), /pty-42/);
+});
