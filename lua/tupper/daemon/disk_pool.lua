@@ -72,7 +72,9 @@ function D:_disk_pool_sweep()
       local name = uv.fs_scandir_next(h)
       if not name then break end
       local stale
-      if sub == "boxes" then stale = not self.sandboxes[name]
+      -- a sandbox paused to disk whose box is gone (a reboot) has its
+      -- files in its snapshot: its old box's subvolume is stale too
+      if sub == "boxes" then stale = not self.sandboxes[name] or self.sandboxes[name].dormant == true
       else stale = name:match("^%.tmp%-") ~= nil end
       if stale then
         log("disk pool: removing %s/%s (nothing owns it)", sub, name)
