@@ -2,7 +2,8 @@
 # The slow specs (tests/slow/*_spec.lua) in three lanes side by side: the
 # microVM specs (TCG emulation: CPU) in one, the code interpreter's image
 # and Debian's node 18 in another, the Debian builds with mmdebstrap in the
-# third (those two are mostly downloads and unpacking).  A lane runs its
+# third (those two are mostly downloads and unpacking), with the backend
+# matrix (microVMs again) after them.  A lane runs its
 # files one after another, each in a busted run of its own with the
 # cleanup helper, and prints each file's wall time; the other lanes' output
 # follows the first's.  Exits non-zero when any file fails.  Run from the
@@ -14,9 +15,9 @@ pkg=""
 deb=""
 for f in tests/slow/*_spec.lua; do
   case $f in
-    *microvm*|*backend_matrix*) vm="$vm $f" ;;
+    *microvm*) vm="$vm $f" ;;
     *code_interpreter*|*node18*) pkg="$pkg $f" ;;
-    *) deb="$deb $f" ;;
+    *) deb="$deb $f" ;; # the Debian builds, and backend_matrix (microVMs) in their downloads' idle time
   esac
 done
 lane() {

@@ -398,7 +398,8 @@ end
 -- The C relay of this box, made at its first use; nil if it cannot be.
 function Net:_crelay()
   if self.crelay == nil and self.sb.box then
-    local nr, err = core.netrelay(self.sb.box, function(sid, to_up, to_box, e)
+    -- a microVM's box is a wrapper: its channel's own box is .core
+    local nr, err = core.netrelay(self.sb.box.core or self.sb.box, function(sid, to_up, to_box, e)
       self:_c_ended(sid, to_up, to_box, e)
     end)
     if not nr then
