@@ -405,6 +405,8 @@ function D:snapshot_delete(ref)
       if not ok then log("snapshot %s: %s", rec.id, tostring(derr)) end
     end
   else
+    -- a microVM's memory snapshot holds its image's layers too
+    if rec.vm and rec.image_digest and self.images then self.images:unpin(rec.image_digest, "snapshot " .. rec.id) end
     self.layer_store:discard(self.layer_store.dir .. "/" .. rec.layer)
   end
   log("snapshot %s deleted", rec.id)

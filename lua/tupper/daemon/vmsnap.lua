@@ -93,6 +93,18 @@ function D:_vm_snapshot(sb, name, extra, leave_stopped)
   local key = core.sha256("tupper-snapshot\0" .. id .. "\0" .. core.random_hex(16))
   local layer, cerr = self.layer_store:commit(tmp, key, { kind = "snapshot", snapshot = id, sandbox = sb.id, vm = true })
   if not layer then return nil, "snapshot: " .. tostring(cerr) end
+  -- a create from it runs on the image's layers (rec.layers): they stay in
+  -- the image store while the snapshot lives (an image remove or prune
+  -- leaves them; snapshot_delete and the start's sweep unpin)
+  local pinned = false
+  if sb.image_digest and self.images then
+    local pok, perr = self.images:pin(sb.image_digest, "snapshot " .. id)
+    if not pok then
+      self.layer_store:discard(layer.fs:sub(1, -4))
+      return nil, "snapshot: pin its image: " .. tostring(perr)
+    end
+    pinned = true
+  end
   local rec = {
     id = id, names = name and { name } or {}, layer = key, sandbox = sb.id, vm = true,
     created_at = os.date("!%Y-%m-%dT%H:%M:%SZ"), size = size,
@@ -104,6 +116,7 @@ function D:_vm_snapshot(sb, name, extra, leave_stopped)
   for k, v in pairs(extra or {}) do rec[k] = v end
   local wok, werr = write_atomic(self.snapdir .. "/" .. id .. ".json", json.encode(rec))
   if not wok then
+    if pinned then self.images:unpin(sb.image_digest, "snapshot " .. id) end
     self.layer_store:discard(layer.fs:sub(1, -4))
     return nil, "snapshot: write its record: " .. tostring(werr)
   end
