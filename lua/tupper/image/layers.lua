@@ -50,7 +50,16 @@ function M.open(dir)
   while h do
     local name = uv.fs_scandir_next(h)
     if not name then break end
-    if name:match("^tmp%-") then core.rmtree(dir .. "/" .. name) end
+    if name:match("^tmp%-") then
+      -- a copy the dead daemon had started (snapshots.lua's cp) may still
+      -- write into it for a moment: its removal races with it.  Once the
+      -- dir is gone the copy cannot make it again (its target's parent is
+      -- gone), so a few tries end it
+      for _ = 1, 20 do
+        if core.rmtree(dir .. "/" .. name) or not uv.fs_lstat(dir .. "/" .. name) then break end
+        uv.sleep(50)
+      end
+    end
   end
   return self
 end
