@@ -27,22 +27,20 @@
 #define TP__MKFS "/sbin/mkfs.ext4"
 #define TP__LOOP_TRIES 16 /* LOOP_CTL_GET_FREE races with other attachers */
 
-/* Runs mkfs.ext4 on path; its stderr (first bytes) goes into the error.  A
- * box's throwaway disk has no journal; a volume (journal != 0) keeps one, so
- * that what was written survives a host crash in a consistent state. */
-static int mkfs(const char *path, int journal, tp_error_t *err) {
-  char *const argv[] = {"mkfs.ext4", "-q", "-F", "-O", journal ? "has_journal" : "^has_journal",
-                        "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-m", "0",
-                        "-b", "4096", (char *) path, NULL};
+/* Runs the tool at exe (argv, a fixed PATH, no stdin/stdout, signals reset)
+ * and waits for it; the start of its stderr, newlines folded, goes into msg.
+ * Returns 0 with its wait status in *status, or -1 with err set when it could
+ * not be run (pkg names the Debian package that ships it) or waited for. */
+int tp__run_tool(const char *exe, char *const argv[], const char *pkg, int *status, char *msg,
+                 size_t msg_len, tp_error_t *err) {
   char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", NULL};
   cleanup_close int rd = -1;
   cleanup_pid pid_t pid = -1;
   posix_spawn_file_actions_t fa;
   posix_spawnattr_t attr;
   sigset_t none, all;
-  char msg[200];
   size_t len = 0;
-  int p[2], r, status;
+  int p[2], r;
   ssize_t n;
 
   if (pipe2(p, O_CLOEXEC) < 0)
@@ -59,15 +57,15 @@ static int mkfs(const char *path, int journal, tp_error_t *err) {
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  r = posix_spawn(&pid, TP__MKFS, &fa, &attr, argv, envp);
+  r = posix_spawn(&pid, exe, &fa, &attr, argv, envp);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   close(p[1]);
   if (r != 0) {
     pid = -1;
-    return tp_error_errno(err, r, "run %s (apt install e2fsprogs)", TP__MKFS);
+    return tp_error_errno(err, r, "run %s (apt install %s)", exe, pkg);
   }
-  /* Read to EOF (keeping the start) so mkfs never blocks on a full pipe. */
+  /* Read to EOF (keeping the start) so the tool never blocks on a full pipe. */
   for (;;) {
     char buf[512];
     n = read(rd, buf, sizeof(buf));
@@ -75,15 +73,30 @@ static int mkfs(const char *path, int journal, tp_error_t *err) {
       continue;
     if (n <= 0)
       break;
-    for (ssize_t i = 0; i < n && len + 1 < sizeof(msg); i++)
+    for (ssize_t i = 0; i < n && len + 1 < msg_len; i++)
       msg[len++] = buf[i] == '\n' ? ' ' : buf[i];
   }
   msg[len] = '\0';
-  while ((r = (int) waitpid(pid, &status, 0)) < 0 && errno == EINTR)
+  while ((r = (int) waitpid(pid, status, 0)) < 0 && errno == EINTR)
     ;
   if (r < 0)
-    return tp_error_errno(err, errno, "wait for %s", TP__MKFS);
+    return tp_error_errno(err, errno, "wait for %s", exe);
   pid = -1; /* reaped */
+  return 0;
+}
+
+/* Runs mkfs.ext4 on path; its stderr (first bytes) goes into the error.  A
+ * box's throwaway disk has no journal; a volume (journal != 0) keeps one, so
+ * that what was written survives a host crash in a consistent state. */
+static int mkfs(const char *path, int journal, tp_error_t *err) {
+  char *const argv[] = {"mkfs.ext4", "-q", "-F", "-O", journal ? "has_journal" : "^has_journal",
+                        "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-m", "0",
+                        "-b", "4096", (char *) path, NULL};
+  char msg[200];
+  int status;
+
+  if (tp__run_tool(TP__MKFS, argv, "e2fsprogs", &status, msg, sizeof(msg), err) < 0)
+    return -1;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     return tp_error_set(err, EIO, "%s '%s' failed (%s %d): %s", TP__MKFS, path,
                         WIFEXITED(status) ? "status" : "signal",

@@ -95,6 +95,12 @@ int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid
                       tp_error_t *err);
 #define TP__POOL_LINK "pool" /* in box_dir: -> <pool>/boxes/<id>, for the destroy */
 
+/* Runs the tool at exe with argv (fixed PATH, stdin/stdout /dev/null) and
+ * reaps it: 0 with its wait status in *status and the start of its stderr in
+ * msg, or -1 with err set (pkg: the Debian package to install). */
+int tp__run_tool(const char *exe, char *const argv[], const char *pkg, int *status, char *msg,
+                 size_t msg_len, tp_error_t *err);
+
 /* Attaches the image open at img to a free loop device (LO_FLAGS_AUTOCLEAR);
  * returns the device's fd (CLOEXEC) and its path in dev. */
 int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err);

@@ -87,54 +87,11 @@ int tp_linux_pool_probe(tp_error_t *err) {
 static int mkfs_btrfs(const char *path, tp_error_t *err) {
   char *const argv[] = {"mkfs.btrfs", "-q", "-f", "--nodiscard", "-L", "tupper-pool",
                         (char *) path, NULL};
-  char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", NULL};
-  cleanup_close int rd = -1;
-  cleanup_pid pid_t pid = -1;
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  sigset_t none, all;
   char msg[200];
-  size_t len = 0;
-  int p[2], r, status;
+  int status;
 
-  if (pipe2(p, O_CLOEXEC) < 0)
-    return tp_error_errno(err, errno, "pipe");
-  rd = p[0];
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, p[1], 2);
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  r = posix_spawn(&pid, TP__MKFS_BTRFS, &fa, &attr, argv, envp);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  close(p[1]);
-  if (r != 0) {
-    pid = -1;
-    return tp_error_errno(err, r, "run %s (apt install btrfs-progs)", TP__MKFS_BTRFS);
-  }
-  for (;;) {
-    char buf[512];
-    ssize_t n = read(rd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      break;
-    for (ssize_t i = 0; i < n && len + 1 < sizeof(msg); i++)
-      msg[len++] = buf[i] == '\n' ? ' ' : buf[i];
-  }
-  msg[len] = '\0';
-  while ((r = (int) waitpid(pid, &status, 0)) < 0 && errno == EINTR)
-    ;
-  if (r < 0)
-    return tp_error_errno(err, errno, "wait for %s", TP__MKFS_BTRFS);
-  pid = -1;
+  if (tp__run_tool(TP__MKFS_BTRFS, argv, "btrfs-progs", &status, msg, sizeof(msg), err) < 0)
+    return -1;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     return tp_error_set(err, EIO, "%s '%s' failed: %s", TP__MKFS_BTRFS, path, msg);
   return 0;
