@@ -23,28 +23,13 @@ local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local log = require("tupper.daemon.log").log
+local records = require("tupper.daemon.records") -- temp file, fsync, rename, fsync of the dir
 
 local D = {}
 
 D.PAUSE_LEFT_MAX = 100 * 366 * 86400 -- seconds of lifetime a record may say are left
 
 local function now_iso() return os.date("!%Y-%m-%dT%H:%M:%SZ") end
-
--- Writes text to path durably: temp file, fsync, rename, fsync of the dir
--- (a pause to disk must survive a host crash, not only a daemon's).
-local function write_durable(path, text)
-  local tmp = path .. ".tmp"
-  local fd, err = uv.fs_open(tmp, "w", tonumber("600", 8))
-  if not fd then return nil, err end
-  local ok, werr = uv.fs_write(fd, text)
-  if ok then ok, werr = uv.fs_fsync(fd) end
-  uv.fs_close(fd)
-  if ok then ok, werr = uv.fs_rename(tmp, path) end
-  if not ok then uv.fs_unlink(tmp); return nil, werr end
-  local dfd = uv.fs_open(path:match("^(.*)/[^/]*$"), "r", 0)
-  if dfd then uv.fs_fsync(dfd); uv.fs_close(dfd) end
-  return true
-end
 
 -- A sandbox paused to disk whose box is gone (parked, or lost with a
 -- reboot): listed and described as paused; resume gives it a box again.
@@ -111,7 +96,7 @@ local function record_of(sb)
 end
 
 function D:_save_durable(sb, rec)
-  return write_durable(self.boxes .. "/" .. sb.id .. ".json", json.encode(rec or record_of(sb)))
+  return records.write(self.boxes .. "/" .. sb.id .. ".json", json.encode(rec or record_of(sb)))
 end
 
 --- Pauses sb to disk (sandbox.pause with keep_memory).  keep_memory: keep

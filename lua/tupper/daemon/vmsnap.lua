@@ -13,20 +13,9 @@ local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local log = require("tupper.daemon.log").log
+local records = require("tupper.daemon.records") -- temp file, fsync, rename, fsync of the dir
 
 local D = {}
-
-local function write_atomic(path, text)
-  local tmp = path .. ".tmp"
-  local fd, err = uv.fs_open(tmp, "w", tonumber("600", 8))
-  if not fd then return nil, err end
-  local ok, werr = uv.fs_write(fd, text)
-  if ok then ok, werr = uv.fs_fsync(fd) end
-  uv.fs_close(fd)
-  if ok then ok, werr = uv.fs_rename(tmp, path) end
-  if not ok then uv.fs_unlink(tmp); return nil, werr end
-  return true
-end
 
 local function du(path)
   local total = 0
@@ -114,7 +103,7 @@ function D:_vm_snapshot(sb, name, extra, leave_stopped)
     network = sb.network, policy = sb.policy_source, metadata = sb.metadata,
   }
   for k, v in pairs(extra or {}) do rec[k] = v end
-  local wok, werr = write_atomic(self.snapdir .. "/" .. id .. ".json", json.encode(rec))
+  local wok, werr = records.write(self.snapdir .. "/" .. id .. ".json", json.encode(rec))
   if not wok then
     if pinned then self.images:unpin(sb.image_digest, "snapshot " .. id) end
     self.layer_store:discard(layer.fs:sub(1, -4))
