@@ -99,6 +99,31 @@ function D:_save_durable(sb, rec)
   return records.write(self.boxes .. "/" .. sb.id .. ".json", json.encode(rec or record_of(sb)))
 end
 
+-- The start of a pause to disk, on either backend: refused while a
+-- snapshot or another pause of sb runs; else sb.pausing is set and a
+-- running box is frozen and recorded as paused.  Returns whether it froze
+-- the box, or nil, message.
+function D:_pause_begin(sb)
+  if sb.snapshotting or sb.pausing then
+    return nil, ("sandbox '%s' is being snapshotted or paused: try again after"):format(sb.id)
+  end
+  sb.pausing = true
+  if sb.state ~= "running" then return false end
+  local ok, err = sb:freeze(true)
+  if not ok then sb.pausing = nil; return nil, err end
+  self:pause_timeout(sb)
+  self:save(sb)
+  return true
+end
+
+-- A pause to disk that failed: the box _pause_begin froze (froze) runs again.
+function D:_pause_undo(sb, froze)
+  if froze and sb.state == "paused" and sb:freeze(false) then
+    self:resume_timeout(sb)
+    self:save(sb)
+  end
+end
+
 --- Pauses sb to disk (sandbox.pause with keep_memory).  keep_memory: keep
 -- the frozen box (its processes come back at resume while the host runs);
 -- false: remove it now (its files only).  Returns true or nil, message.
@@ -113,21 +138,11 @@ function D:pause_persist(sb, keep_memory)
     return nil, ("a pause to disk is not available on the %s backend: pause it in place"):format(
       tostring(sb.backend))
   end
-  if sb.snapshotting or sb.pausing then
-    return nil, ("sandbox '%s' is being snapshotted or paused: try again after"):format(sb.id)
-  end
   if sb.volume_mounts and next(sb.volume_mounts) then
     return nil, "a sandbox with volumes cannot be paused to disk (its volumes are not part of its snapshot)"
   end
-  sb.pausing = true
-  local froze = false
-  if sb.state == "running" then
-    local ok, err = sb:freeze(true)
-    if not ok then sb.pausing = nil; return nil, err end
-    froze = true
-    self:pause_timeout(sb)
-    self:save(sb)
-  end
+  local froze, ferr = self:_pause_begin(sb)
+  if froze == nil then return nil, ferr end
   local rec, err = self:snapshot_sandbox(sb, nil, { pause_of = sb.id })
   sb.pausing = nil
   if rec and (self.sandboxes[sb.id] ~= sb or sb.state ~= "paused") then
@@ -136,10 +151,7 @@ function D:pause_persist(sb, keep_memory)
     return nil, ("sandbox '%s' was killed or resumed during its pause"):format(sb.id)
   end
   if not rec then
-    if froze and sb.state == "paused" and sb:freeze(false) then
-      self:resume_timeout(sb)
-      self:save(sb)
-    end
+    self:_pause_undo(sb, froze)
     return nil, "pause to disk: " .. tostring(err)
   end
   sb.persist = { snapshot = rec.id, left = sb.paused_left, at = now_iso() }
@@ -162,24 +174,9 @@ function D:_pause_persist_vm(sb, keep_memory)
   if keep_memory == false then
     return nil, "a microVM's pause to disk keeps its memory (keep_memory: true); its files alone are not kept apart"
   end
-  if sb.snapshotting or sb.pausing then
-    return nil, ("sandbox '%s' is being snapshotted or paused: try again after"):format(sb.id)
-  end
-  sb.pausing = true
-  local froze = false
-  if sb.state == "running" then
-    local ok, err = sb:freeze(true)
-    if not ok then sb.pausing = nil; return nil, err end
-    froze = true
-    self:pause_timeout(sb)
-    self:save(sb)
-  end
-  local function undo()
-    if froze and sb.state == "paused" and sb:freeze(false) then
-      self:resume_timeout(sb)
-      self:save(sb)
-    end
-  end
+  local froze, ferr = self:_pause_begin(sb)
+  if froze == nil then return nil, ferr end
+  local function undo() self:_pause_undo(sb, froze) end
   local rec, err = self:_vm_snapshot(sb, nil, { pause_of = sb.id }, true)
   sb.pausing = nil
   if not rec then undo(); return nil, "pause to disk: " .. tostring(err) end
