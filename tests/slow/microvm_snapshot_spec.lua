@@ -12,17 +12,7 @@ local helper = require("helper")
 local vm = require("microvm_helper")
 
 local sync, call = helper.sync, helper.call
-
-local function read(c, id, path)
-  local r = call(c, "fs.read", { sandbox = id, path = path, encoding = "utf8" })
-  return r and r.data
-end
-
-local function write(c, id, path, data)
-  assert(call(c, "fs.write", { sandbox = id, path = path, data = data, encoding = "utf8" }))
-end
-
-local function run(c, id, cmd) return sync(function() return helper.run(c, id, cmd) end) end
+local run, read, write, entries = helper.run_sync, helper.read_text, helper.write_text, helper.entries
 
 -- the counter's value in box id, once it moved past n (nil if it did not)
 local function counts_past(c, id, n, ms)
@@ -33,17 +23,6 @@ local function counts_past(c, id, n, ms)
       async.sleep(100)
     end
   end)
-end
-
-local function entries(dir)
-  local out = {}
-  local h = uv.fs_scandir(dir)
-  while h do
-    local name = uv.fs_scandir_next(h)
-    if not name then break end
-    out[#out + 1] = name
-  end
-  return out
 end
 
 describe("microVM memory snapshots", function()

@@ -643,4 +643,38 @@ function M.cleanup_all()
   return done
 end
 
+
+--- Shorthands of the snapshot and pause specs: helper.run to its end, a
+-- file of box id read or written as UTF-8 text (read: nil if it fails).
+function M.run_sync(c, id, argv) return M.sync(function() return M.run(c, id, argv) end) end
+
+function M.read_text(c, id, path)
+  local r = M.call(c, "fs.read", { sandbox = id, path = path, encoding = "utf8" })
+  return r and r.data
+end
+
+function M.write_text(c, id, path, data)
+  assert(M.call(c, "fs.write", { sandbox = id, path = path, data = data, encoding = "utf8" }))
+end
+
+--- The error message of a call expected to fail (asserted).
+function M.fails(c, method, params)
+  local r, err = M.call(c, method, params)
+  assert(r == nil, method .. " should have failed")
+  return type(err) == "table" and err.message or tostring(err)
+end
+
+--- The names in dir, sorted ({} if it cannot be read).
+function M.entries(dir)
+  local out = {}
+  local h = uv.fs_scandir(dir)
+  while h do
+    local name = uv.fs_scandir_next(h)
+    if not name then break end
+    out[#out + 1] = name
+  end
+  table.sort(out)
+  return out
+end
+
 return M

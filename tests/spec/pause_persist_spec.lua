@@ -9,35 +9,7 @@ local helper = require("helper")
 local async = require("tupper.util.async")
 
 local sync, call = helper.sync, helper.call
-
-local function run(c, id, argv) return sync(function() return helper.run(c, id, argv) end) end
-
-local function read(c, id, path)
-  local r = call(c, "fs.read", { sandbox = id, path = path, encoding = "utf8" })
-  return r and r.data
-end
-
-local function write(c, id, path, data)
-  assert(call(c, "fs.write", { sandbox = id, path = path, data = data, encoding = "utf8" }))
-end
-
-local function fails(c, method, params)
-  local r, err = call(c, method, params)
-  assert.is_nil(r, method .. " should have failed")
-  return type(err) == "table" and err.message or tostring(err)
-end
-
-local function entries(dir)
-  local out = {}
-  local h = uv.fs_scandir(dir)
-  while h do
-    local name = uv.fs_scandir_next(h)
-    if not name then break end
-    out[#out + 1] = name
-  end
-  table.sort(out)
-  return out
-end
+local run, read, write, fails, entries = helper.run_sync, helper.read_text, helper.write_text, helper.fails, helper.entries
 
 local function record(d, id)
   local text = helper.read_file(d.state .. "/boxes/" .. id .. ".json")
