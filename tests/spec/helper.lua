@@ -677,4 +677,36 @@ function M.entries(dir)
   return out
 end
 
+
+--- A shell command's exit code and its output (stdout and stderr).
+function M.sh_status(cmd)
+  local p = io.popen(cmd .. " 2>&1")
+  local out = p:read("a")
+  local ok, _, code = p:close()
+  return ok and 0 or code, out
+end
+
+--- A loopback TCP port nothing listens on (bound and released).
+function M.free_port()
+  local t = uv.new_tcp()
+  assert(t:bind("127.0.0.1", 0))
+  local port = t:getsockname().port
+  t:close()
+  return port
+end
+
+--- Waits (at most 5 s) until something listens on loopback port; raises if not.
+function M.wait_port(port)
+  M.sync(function()
+    for _ = 1, 200 do
+      local t = uv.new_tcp()
+      local err = async.wait(function(cb) t:connect("127.0.0.1", port, function(e) cb(e) end) end)
+      t:close()
+      if not err then return end
+      async.sleep(25)
+    end
+    error("nothing listens on port " .. port)
+  end)
+end
+
 return M

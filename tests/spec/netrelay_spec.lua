@@ -14,34 +14,7 @@ local json = require("tupper.util.json")
 local PEER = (os.getenv("TUPPER_ROOT") or ".") .. "/tests/spec/netrelay_peer.py"
 local BIG = 32 * 1024 * 1024
 
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("a")
-  local ok, _, code = p:close()
-  return ok and 0 or code, out
-end
-
-local function free_port()
-  local t = uv.new_tcp()
-  assert(t:bind("127.0.0.1", 0))
-  local port = t:getsockname().port
-  t:close()
-  return port
-end
-
-local function wait_port(port)
-  h.sync(function()
-    local async = require("tupper.util.async")
-    for _ = 1, 200 do
-      local t = uv.new_tcp()
-      local err = async.wait(function(cb) t:connect("127.0.0.1", port, function(e) cb(e) end) end)
-      t:close()
-      if not err then return end
-      async.sleep(25)
-    end
-    error("nothing listens on port " .. port)
-  end)
-end
+local sh, free_port, wait_port = h.sh_status, h.free_port, h.wait_port
 
 describe("network relay in C", function()
   local dir, d, c, sb, hp, stall_port, cut_port, servers, big_sha
