@@ -258,11 +258,67 @@ class Context:
         out.send(rid, type="result", data=data, main=main)
 
 
+class Turns:
+    """The cells of one context in the order their requests were read.
+
+    The reader takes a ticket as it reads a request, before the request's
+    thread starts; a thread may go for the context's lock only once every
+    earlier ticket went (got the lock, gave up at its timeout or failed)."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.taken = 0
+        self.serving = 0
+        self.gone = set()  # tickets that went before their turn came
+
+    def take(self):
+        with self.cond:
+            self.taken += 1
+            return Turn(self, self.taken - 1)
+
+
+class Turn:
+    def __init__(self, turns, n):
+        self.turns = turns
+        self.n = n
+        self.over = False
+
+    def wait(self, timeout):
+        t = self.turns
+        with t.cond:
+            return t.cond.wait_for(lambda: t.serving == self.n, timeout)
+
+    def done(self):
+        """Once, whatever happened: the next ticket may go."""
+        t = self.turns
+        with t.cond:
+            if self.over:
+                return
+            self.over = True
+            t.gone.add(self.n)
+            while t.serving in t.gone:
+                t.gone.discard(t.serving)
+                t.serving += 1
+            t.cond.notify_all()
+
+
 class Driver:
     def __init__(self, out):
         self.out = out
         self.contexts = {}
-        self.lock = threading.Lock()  # the contexts table
+        self.turns = {}  # context id -> Turns, for "default" and the contexts that are there
+        self.lock = threading.Lock()  # the contexts table and the turns
+
+    def turn(self, req):
+        """The reader's ticket for an execute request, or None (the thread refuses the request)."""
+        if req.get("op") != "execute":
+            return None
+        cid = req.get("context")
+        cid = "default" if cid is None else cid
+        with self.lock:
+            if not isinstance(cid, str) or (cid != "default" and cid not in self.contexts):
+                return None
+            return self.turns.setdefault(cid, Turns()).take()
 
     def context(self, cid, create_default=True):
         with self.lock:
@@ -282,14 +338,14 @@ class Driver:
         self.contexts[cid] = ctx
         return ctx
 
-    def handle(self, req):
+    def handle(self, req, turn=None):
         rid = req.get("id")
         try:
             if not isinstance(rid, int) or isinstance(rid, bool):
                 raise Refused("invalid", "a request needs an integer id")
             op = req.get("op")
             if op == "execute":
-                self.execute(rid, req)
+                self.execute(rid, req, turn)
             elif op == "create_context":
                 language = check_language(req.get("language"))
                 cwd = req.get("cwd")
@@ -313,6 +369,7 @@ class Driver:
                 cid = check_id(req.get("context"))
                 with self.lock:
                     ctx = self.contexts.pop(cid, None)
+                    self.turns.pop(cid, None)
                 if ctx is None:
                     raise Refused("not_found", "no code context %r (removed, or never made)" % cid)
                 ctx.shutdown()
@@ -323,8 +380,11 @@ class Driver:
             self.out.send(rid, type="fail", kind=e.kind, message=str(e))
         except Exception as e:  # a bug here must not end every context
             self.out.send(rid, type="fail", kind="internal", message="%s: %s" % (type(e).__name__, e))
+        finally:
+            if turn is not None:
+                turn.done()
 
-    def execute(self, rid, req):
+    def execute(self, rid, req, turn):
         code = req.get("code")
         if not isinstance(code, str):
             raise Refused("invalid", "code must be a string")
@@ -343,7 +403,15 @@ class Driver:
         # the timeout counts from here: the wait behind an earlier cell of
         # the context too (the kernel's own start does not)
         start = time.monotonic()
-        if not ctx.lock.acquire(timeout=timeout if timeout else -1):
+        got = False
+        try:
+            if turn is None or turn.wait(timeout if timeout else None):
+                left = -1 if not timeout else max(0.001, timeout - (time.monotonic() - start))
+                got = ctx.lock.acquire(timeout=left)
+        finally:
+            if turn is not None:
+                turn.done()
+        if not got:
             self.out.send(rid, type="timeout", restarted=False, waited=True)
             return
         try:
@@ -411,9 +479,9 @@ def read_requests(fin):
             yield line
 
 
-def run_one(driver, inflight, req):
+def run_one(driver, inflight, req, turn):
     try:
-        driver.handle(req)
+        driver.handle(req, turn)
     finally:
         inflight.release()
 
@@ -445,7 +513,8 @@ def main():
                      message="at most %d requests at once" % REQUESTS_MAX)
             continue
         # each request on its own thread: a cell waits only for its own context
-        threading.Thread(target=run_one, args=(driver, inflight, req), daemon=True).start()
+        # in the order read: a context's cells take turns as they came
+        threading.Thread(target=run_one, args=(driver, inflight, req, driver.turn(req)), daemon=True).start()
     # stdin closed: the SDK let go; stop every kernel
     with driver.lock:
         ctxs = list(driver.contexts.values())

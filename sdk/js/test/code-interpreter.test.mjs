@@ -174,7 +174,7 @@ describe('code interpreter, the recipe', { skip: SHARED ? false : 'needs TUPPER_
     assert.equal((await sbx.runCode('x')).text, '42');
   });
 
-  test('cells of one context run in turn, of two contexts at once; the wait counts against timeoutMs', async () => {
+  test('cells of one context run in turn and in the order sent, of two contexts at once; the wait counts against timeoutMs', async () => {
     const other = await sbx.createCodeContext();
     try {
       await sbx.runCode('import time', { context: other });
@@ -183,6 +183,10 @@ describe('code interpreter, the recipe', { skip: SHARED ? false : 'needs TUPPER_
       await Promise.all([sbx.runCode('time.sleep(1.5)'), sbx.runCode('time.sleep(1.5)', { context: other })]);
       const both = Date.now() - t0;
       assert.ok(both < 2900, `two contexts took ${both} ms`);
+      // cells sent at once run in the order sent, as E2B's do
+      await sbx.runCode('order = []');
+      await Promise.all(Array.from({ length: 30 }, (_, i) => sbx.runCode(`order.append(${i})`)));
+      assert.equal((await sbx.runCode('order == list(range(30))')).text, 'True');
       t0 = Date.now();
       const first = sbx.runCode('time.sleep(2)\n"first"');
       await assert.rejects(sbx.runCode('"second"', { timeoutMs: 500 }), (e) => e instanceof TimeoutError && /did not run/.test(e.message));
