@@ -600,6 +600,7 @@ function Sandbox:signal(proc, sig)
   if proc.tree and self.box:has_cgroup() and not self.impl.guest_kernel then
     local n, err
     if sig == 9 then -- v1 freezes, signals and waits: in the thread pool
+      proc.tree_killed = true
       n, err = async.wait(function(cb)
         local q, qerr = self.box:tree_signal(proc.tree, sig, cb)
         if not q then cb(nil, qerr) end
@@ -644,10 +645,29 @@ end
 
 -- A process ended: its tree's cgroup goes once nothing of the tree is left
 -- (background children keep it until they end or the box is destroyed).
+-- A tree killed whole (SIGKILL to its cgroup, Sandbox:signal) is empty
+-- a moment after its first process's EXIT at the latest: what is left was
+-- killed and is still dying, so it is looked at again, 20 ms apart, up to
+-- M.TREE_DYING_MS.
+M.TREE_DYING_MS = 2000
 function Sandbox:_tree_done(proc)
   if not proc.tree or not self.box:has_cgroup() or self.impl.guest_kernel then return end
   local n = self.box:tree_count(proc.tree)
-  if n ~= 0 then return end
+  if n ~= 0 then
+    if n and proc.tree_killed and not proc.tree_dying then
+      proc.tree_dying = true
+      async.spawn(function()
+        for _ = 1, M.TREE_DYING_MS // 20 do
+          async.sleep(20)
+          -- the box destroyed meanwhile (its destroy removed the tree)
+          local ok, k = pcall(self.box.tree_count, self.box, proc.tree)
+          if not ok or not k then return end
+          if k == 0 then return self.box:tree_remove(proc.tree, true) end
+        end
+      end)
+    end
+    return
+  end
   -- rmdirs in the thread pool, never here: an OOM kill the (empty) tree's
   -- cgroup counted (v1 counts it there only) moves to the box's count in
   -- the step that hides the cgroup from that count, on the loop, as the
