@@ -8,7 +8,6 @@ local core = require("tupper.core")
 local async = require("tupper.util.async")
 local client = require("tupper.wire.client")
 local json = require("tupper.util.json")
-local schema = require("tupper.wire.schema")
 local units = require("tupper.util.units")
 local cli_args = require("tupper.client.cli_args")
 local cli_table = require("tupper.client.cli_table")
@@ -92,7 +91,7 @@ end
 local LOCAL = {}
 function LOCAL.help(p) return help(p) end
 function LOCAL.version() print("tupper " .. core.version); return 0 end
-function LOCAL.schema() print(json.pretty(schema.export())); return 0 end
+function LOCAL.schema() print(json.pretty(require("tupper.wire.schema").export())); return 0 end
 function LOCAL.completion(p)
   local shell = p.args[1]
   local gen = require("tupper.client.cli_complete") -- lazy: start-up cost of the other verbs

@@ -11,8 +11,6 @@ local units = require("tupper.util.units")
 local cli_args = require("tupper.client.cli_args")
 -- cli-b: terminals, cp and logs live in their own files
 local cli_tty = require("tupper.client.cli_tty")
-local cli_cp = require("tupper.client.cli_cp")
-local cli_logs = require("tupper.client.cli_logs")
 local stream = require("tupper.wire.stream")
 
 local M = {}
@@ -457,6 +455,7 @@ end
 -- (client/cli_logs.lua).
 function M.logs(c, p)
   local o = p.opts
+  local cli_logs = require("tupper.client.cli_logs") -- lazy: start-up cost of every other verb
   return cli_logs.logs(c, { network = o.network, json = o.json, follow = o.follow, tail = o.tail }, p.args)
 end
 
@@ -624,6 +623,7 @@ function M.volume_rm(c, p) return each_arg(c, p, "volume rm", "volume.destroy", 
 
 --- tupper cp [-r] [-a] SRC DST (client/cli_cp.lua).
 function M.cp(c, p)
+  local cli_cp = require("tupper.client.cli_cp") -- lazy: start-up cost of every other verb
   return cli_cp.cp(c, { recursive = p.opts.recursive, archive = p.opts.archive }, p.args)
 end
 

@@ -5,15 +5,21 @@ local M = {}
 
 local ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
--- 12-bit lookup tables: two base64 characters per 12 bits, both ways
-local ENC12, DEC = {}, {}
-for i = 0, 63 do DEC[ALPHABET:byte(i + 1)] = i end
-for i = 0, 4095 do
-  ENC12[i] = ALPHABET:sub((i >> 6) + 1, (i >> 6) + 1) .. ALPHABET:sub((i & 63) + 1, (i & 63) + 1)
+-- 12-bit lookup tables: two base64 characters per 12 bits, both ways;
+-- made on the pure-Lua codec's first use only (4,096 strings: the binary,
+-- which has the C codec, would pay for them at every start)
+local ENC12, DEC
+local function tables()
+  ENC12, DEC = {}, {}
+  for i = 0, 63 do DEC[ALPHABET:byte(i + 1)] = i end
+  for i = 0, 4095 do
+    ENC12[i] = ALPHABET:sub((i >> 6) + 1, (i >> 6) + 1) .. ALPHABET:sub((i & 63) + 1, (i & 63) + 1)
+  end
 end
 
 --- Pure-Lua encoder (RFC 4648, with padding).
 function M.lua_encode(s)
+  if not ENC12 then tables() end
   local out, n = {}, #s
   local full = n - n % 3
   for i = 1, full, 3 do
@@ -36,6 +42,7 @@ end
 --- Pure-Lua decoder; nil for input that is not canonical padded base64.
 function M.lua_decode(s)
   if #s % 4 ~= 0 then return nil end
+  if not DEC then tables() end
   local out = {}
   for i = 1, #s, 4 do
     local a, b, c, d = s:byte(i, i + 3)

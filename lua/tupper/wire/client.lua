@@ -3,7 +3,6 @@
 local uv = require("luv")
 local async = require("tupper.util.async")
 local rpc = require("tupper.wire.rpc")
-local schema = require("tupper.wire.schema")
 local paths = require("tupper.util.paths")
 
 local M = {}
@@ -130,7 +129,7 @@ function M.connect(opts)
     message = function(_, msg) self:_message(msg) end,
     close = function() self:_closed() end,
   })
-  local hello, herr = self:call("hello", { protocol = schema.PROTOCOL, client = "tupper-lua" })
+  local hello, herr = self:call("hello", { protocol = rpc.PROTOCOL, client = "tupper-lua" })
   if not hello then
     self:close()
     return nil, "hello: " .. herr.message

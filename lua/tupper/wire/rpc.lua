@@ -8,6 +8,10 @@ local json = require("tupper.util.json")
 
 local M = {}
 
+-- the socket API's version, said in `hello` (wire/schema.lua carries it with
+-- the methods; here for the clients, which need no schema to connect)
+M.PROTOCOL = 1
+
 M.MAX_LINE = 16 * 1024 * 1024
 M.MAX_BACKLOG = 64 * 1024 * 1024
 

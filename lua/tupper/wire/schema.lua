@@ -4,13 +4,14 @@
 -- that docs/protocol.md documents each method and that the daemon answers
 -- each of them.
 local json = require("tupper.util.json")
+local rpc = require("tupper.wire.rpc")
 local rules = require("tupper.net.rules")
 local units = require("tupper.util.units")
 local backends = require("tupper.backend.registry")
 
 local M = {}
 
-M.PROTOCOL = 1
+M.PROTOCOL = rpc.PROTOCOL
 
 local ID = { type = "string", pattern = "^[a-z0-9][a-z0-9-]*$", max = 63 }
 local PATH = { type = "string", min = 1, max = 4096 }
