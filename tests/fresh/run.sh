@@ -100,6 +100,10 @@ step() {
   else
     echo "fresh-check: $what_ran FAILED after $(($(date +%s) - s)) s; the end of its output:"
     tail -40 "$log/$name" | sed 's/^/  /'
+    # the whole output outlives the work dir: a failure far above the tail
+    # (a slow lane's test) is read there
+    cp "$log/$name" "/var/tmp/tupper-fresh-$name.log" &&
+      echo "fresh-check: the whole output: /var/tmp/tupper-fresh-$name.log"
     failed=$((failed + 1))
   fi
 }

@@ -153,7 +153,9 @@ describe('code interpreter, the recipe', { skip: SHARED ? false : 'needs TUPPER_
     const t0 = Date.now();
     await assert.rejects(sbx.runCode('while True:\n    pass', { timeoutMs: 2000 }), (e) => e instanceof TimeoutError && /interrupted/.test(e.message));
     const took = Date.now() - t0;
-    assert.ok(took >= 2000 && took < 4000, `took ${took} ms`);
+    // interrupted near its timeout: the SDK's own guard (a different error)
+    // fires only 150 s later; the upper bound leaves room for a loaded host
+    assert.ok(took >= 2000 && took < 10000, `took ${took} ms`);
     assert.equal((await sbx.runCode('kept')).text, "'still here'");
   });
 
@@ -179,15 +181,17 @@ describe('code interpreter, the recipe', { skip: SHARED ? false : 'needs TUPPER_
     try {
       await sbx.runCode('import time', { context: other });
       await sbx.runCode('import time');
-      let t0 = Date.now();
-      await Promise.all([sbx.runCode('time.sleep(1.5)'), sbx.runCode('time.sleep(1.5)', { context: other })]);
-      const both = Date.now() - t0;
-      assert.ok(both < 2900, `two contexts took ${both} ms`);
+      // each cell says when it ran, by the box's clock: the two overlap
+      // (a wall-time bound would fail on a loaded machine, not on a bug)
+      const span = 't0 = time.time()\ntime.sleep(1.5)\n[t0, time.time()]';
+      const [a, b] = (await Promise.all([sbx.runCode(span), sbx.runCode(span, { context: other })])).map((e) =>
+        JSON.parse(e.text),
+      );
+      assert.ok(a[0] < b[1] && b[0] < a[1], `two contexts ran one after the other: ${a} and ${b}`);
       // cells sent at once run in the order sent, as E2B's do
       await sbx.runCode('order = []');
       await Promise.all(Array.from({ length: 30 }, (_, i) => sbx.runCode(`order.append(${i})`)));
       assert.equal((await sbx.runCode('order == list(range(30))')).text, 'True');
-      t0 = Date.now();
       const first = sbx.runCode('time.sleep(2)\n"first"');
       await assert.rejects(sbx.runCode('"second"', { timeoutMs: 500 }), (e) => e instanceof TimeoutError && /did not run/.test(e.message));
       assert.equal((await first).text, "'first'");

@@ -130,7 +130,7 @@ def test_a_cell_past_its_timeout_is_interrupted_and_the_context_stays(ci):
     with pytest.raises(TimeoutException, match="interrupted"):
         ci.run_code("while True:\n    pass", timeout=2)
     took = time.monotonic() - t0
-    assert 2 <= took < 4, took
+    assert 2 <= took < 10, took  # near its timeout, with room for a loaded host
     assert ci.run_code("kept").text == "'still here'"
 
 
