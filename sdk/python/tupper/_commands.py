@@ -43,6 +43,11 @@ def sandbox_gone(link: Link) -> Proto:
 #: (a handle of ours that disconnected a moment ago: its cancel may not have reached the daemon yet).
 BUSY_RETRY = 1.0
 
+#: Credit owed for a stream that is sent at once (else: when the handle's queue is empty).
+CREDIT_BATCH = 256 << 10
+#: Most bytes of one stream's back-to-back chunks handed to a callback as one.
+MERGE_MAX = 1 << 20
+
 StreamIds = Dict[str, int]
 
 
@@ -278,7 +283,8 @@ class HandleCore:
         self._input: Optional[Tuple[Any, int]] = None  # (data connection, sid) of its stdin or terminal
         self._input_closed = False
         self._exit: Optional[Dict[str, Any]] = None  # its process.exit, held until its streams ended
-        self._owed: Optional[Tuple[int, int]] = None  # (sid, bytes) taken by the consumer, credit not yet given
+        self._owed: Dict[int, int] = {}  # bytes of each stream the consumer took, credit not yet given
+        self._held: Optional[Tuple[str, Any]] = None  # taken off the queue, not yet handled
 
     def _follow(self) -> None:
         self._link.conn.subscribe(self._key, self._on_notification)
@@ -396,22 +402,27 @@ class HandleCore:
         """
         Takes what came off the queue until the end: output as ``(EMIT,
         (kind, value))`` (kind ``stdout``, ``stderr`` or ``pty``), the end
-        judged.  A stream's chunk gets its credit once the consumer asks for
-        the next one; one left before that (a loop that broke) is paid by the
-        next consumer first.
+        judged.  Chunks of a stream queued back to back go out as one.  A
+        chunk's credit is owed once the consumer asks for the next one, and
+        paid when CREDIT_BATCH of a stream is owed or nothing is queued
+        (before the consumer would wait); what a loop that broke owed is paid
+        by the next consumer first.
         """
         while not self._done:
-            if self._owed is not None:
-                sid, n = self._owed
-                self._owed = None
-                yield (self._dc.credit, sid, n)
-            kind, value = yield (self._q.get,)
+            if self._owed and (self._q.empty() or max(self._owed.values()) >= CREDIT_BATCH):
+                for sid, n in list(self._owed.items()):
+                    del self._owed[sid]
+                    yield (self._dc.credit, sid, n)
+            if self._held is not None:
+                (kind, value), self._held = self._held, None
+            else:
+                kind, value = yield (self._q.get,)
             if kind in ("stdout", "stderr", "pty"):
                 yield (EMIT, (kind, value))
             elif kind == "data":
-                stream, v, sid, n = value
+                stream, v, sid, n = self._merged(value)
                 if n:
-                    self._owed = (sid, n)
+                    self._owed[sid] = self._owed.get(sid, 0) + n
                 if v:
                     yield (EMIT, (stream, v))
             elif kind == "end":
@@ -437,6 +448,21 @@ class HandleCore:
                 ends, failure = self._end_of(kind, value)
                 if ends:
                     self._finish(failure)
+
+    def _merged(self, value: Any) -> Any:
+        """A stream's chunk joined with the ones of that stream queued right behind it (up to MERGE_MAX bytes)."""
+        stream, v, sid, n = value
+        parts = [v]
+        while n < MERGE_MAX and not self._q.empty():
+            nxt = self._q.get_nowait()  # the one consumer: not empty stays so
+            if nxt[0] != "data" or nxt[1][2] != sid:
+                self._held = nxt
+                break
+            parts.append(nxt[1][1])
+            n += nxt[1][3]
+        if len(parts) > 1:
+            v = b"".join(parts) if isinstance(v, bytes) else "".join(parts)
+        return stream, v, sid, n
 
     def _judged(self, p: Dict[str, Any]) -> Proto:
         failure, result = yield from self._judge_exit(p)

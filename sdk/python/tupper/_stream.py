@@ -38,6 +38,8 @@ PROCESS_STREAMS = 1
 DATA_MAX = 1 << 20
 #: What the daemon may send ahead on each stream before our CREDIT.
 WINDOW = 4 << 20
+#: Most bytes one recv of the blocking reader asks for.
+RECV = 256 << 10
 #: Longest attach reply line read.
 ATTACH_LINE_MAX = 4096
 #: Streams that ended lately whose late frames are dropped silently (the protocol's 64).
@@ -343,28 +345,44 @@ class DataConn(_Streams):
             raise
         return cls(s, conn.request_timeout)
 
-    def _recv_exact(self, n: int) -> Optional[bytearray]:
-        buf = bytearray(n)
-        view = memoryview(buf)
+    def _recv_into(self, view: memoryview) -> bool:
+        """Fills view; False at the end of the connection."""
         got = 0
-        while got < n:
+        while got < len(view):
             k = self._sock.recv_into(view[got:])
             if k == 0:
-                return None
+                return False
             got += k
-        return buf
+        return True
 
     def _read_loop(self) -> None:
         why = "the daemon closed the data connection"
+        # frames are read RECV bytes at a time, many small ones in one call (each call lets go of
+        # the GIL and takes it back: one or two per frame starve the reader behind the consumer)
+        buf = bytearray()
+        off = 0
         try:
             while True:
-                h = self._recv_exact(HDR.size)
-                if h is None:
-                    break
-                type_, sid, length = self.parse_header(bytes(h))
-                p = self._recv_exact(length) if length else bytearray()
-                if p is None:
-                    break
+                while len(buf) - off < HDR.size:
+                    if off:
+                        del buf[:off]
+                        off = 0
+                    chunk = self._sock.recv(RECV)
+                    if not chunk:
+                        return
+                    buf += chunk
+                type_, sid, length = self.parse_header(bytes(buf[off:off + HDR.size]))
+                start, end = off + HDR.size, off + HDR.size + length
+                if end <= len(buf):
+                    p = buf[start:end]
+                    off = end
+                else:  # the rest of a large payload: straight into it
+                    p = bytearray(length)
+                    have = len(buf) - start
+                    p[:have] = buf[start:]
+                    buf, off = bytearray(), 0
+                    if not self._recv_into(memoryview(p)[have:]):
+                        return
                 with self._cond:
                     if self.deliver(type_, sid, p) is not None:
                         self._cond.notify_all()
