@@ -17,7 +17,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._drive import arun, run
-from ._stream import STREAMS_VERSION, AsyncDataConn, DataConn, end_task
+from ._stream import PROCESS_STREAMS, STREAMS_VERSION, AsyncDataConn, DataConn, end_task
 from .exceptions import SandboxException, TimeoutException, from_rpc_error
 
 #: The protocol version this package speaks.
@@ -178,6 +178,9 @@ class _Dispatch:
         self.closed_with: Optional[BaseException] = None
         #: the frames version of the daemon's data plane (hello's ``streams``); None: it has none
         self.streams: Optional[int] = None
+        #: hello's ``process_streams``: 1 when process.start, process.connect and pty.create take
+        #: ``streams`` (a process's bytes on the data connection); None: process.output only
+        self.process_streams: Optional[int] = None
         self._dc: Any = None
 
     def _took_hello(self, hello: Any) -> None:
@@ -185,6 +188,8 @@ class _Dispatch:
             got = hello.get("protocol") if isinstance(hello, dict) else None
             raise SandboxException(f"the daemon speaks protocol {got}, not {PROTOCOL}")
         self.streams = STREAMS_VERSION if hello.get("streams") == STREAMS_VERSION else None
+        ps = hello.get("process_streams")
+        self.process_streams = PROCESS_STREAMS if self.streams is not None and ps == PROCESS_STREAMS else None
 
     def _live_dc(self) -> Any:
         """The data connection when one is open and up; False when the daemon has no data plane."""

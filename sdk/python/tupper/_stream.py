@@ -11,8 +11,13 @@ only JSON line of the new one); after the attach's reply it carries frames::
 streams by id and their credit.  :class:`DataConn` reads frames on one
 daemon thread, :class:`AsyncDataConn` on one asyncio task; both offer the
 same operations (``next``, ``reserve``, ``send``, ``finish``), which the
-protocol code in ``_files.py`` drives.  One data connection per control
-connection, made on first use and closed with it.
+protocol code in ``_files.py`` drives.  A process's output streams
+(docs/protocol.md, "Process streams") are *routed* instead: each of their
+frames goes to a sink of the command handle that reads them (``route``), on
+the reading thread or task, and the handle gives credit back (``credit``)
+once its consumer took the bytes, so that no more than a window per stream
+is ever held here.  One data connection per control connection, made on
+first use and closed with it.
 """
 import asyncio
 import collections
@@ -21,16 +26,20 @@ import json
 import socket as _socket
 import struct
 import threading
-from typing import Any, Deque, Dict, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 from .exceptions import SandboxException, TimeoutException, from_rpc_error
 
 #: The frame format this package speaks (``streams`` of hello).
 STREAMS_VERSION = 1
+#: hello's ``process_streams`` this package speaks (process.start, process.connect, pty.create take ``streams``).
+PROCESS_STREAMS = 1
 #: Most payload bytes of one DATA frame.
 DATA_MAX = 1 << 20
 #: What the daemon may send ahead on each stream before our CREDIT.
 WINDOW = 4 << 20
+#: Most bytes one recv of the blocking reader asks for.
+RECV = 256 << 10
 #: Longest attach reply line read.
 ATTACH_LINE_MAX = 4096
 #: Streams that ended lately whose late frames are dropped silently (the protocol's 64).
@@ -106,13 +115,19 @@ async def end_task(task: "asyncio.Task[Any]", writer: asyncio.StreamWriter) -> N
         pass
 
 
+Sink = Callable[[Event], None]
+
+
 class _State:
-    __slots__ = ("events", "credit", "queued")
+    __slots__ = ("events", "credit", "queued", "sink", "ended", "error")
 
     def __init__(self) -> None:
         self.events: Deque[Event] = collections.deque()
         self.credit = 0  # what we may still send
         self.queued = 0  # DATA bytes received and not yet taken: never over our window
+        self.sink: Optional[Sink] = None  # a routed stream's frames go here, not to events
+        self.ended = False  # the daemon's END came
+        self.error: Optional[Tuple[int, str]] = None  # the daemon's ERROR came (or the connection's end)
 
 
 class _Streams:
@@ -186,13 +201,65 @@ class _Streams:
             s.queued += len(p)
             if s.queued > self._window:
                 raise ValueError(f"the daemon sent beyond the credit of stream {sid}")
-        if ev[0] != CREDIT:
+        elif ev[0] == END:
+            s.ended = True
+        elif ev[0] == ERROR:
+            s.error = ev[1]
+        if ev[0] == CREDIT:
+            return s
+        if s.sink is None:
             s.events.append(ev)
+        else:
+            s.sink(ev)
+            if ev[0] != DATA:
+                self.forget(sid)  # its last frame: the handle holds what it needs of it
         return s
+
+    def route(self, sid: int, sink: Sink) -> None:
+        """Hands sid's frames to sink from now on, those that came before the reply first (in order)."""
+        if isinstance(sid, bool) or not isinstance(sid, int) or not 1 <= sid < 1 << 31:
+            raise SandboxException(f"the daemon named a bad stream id {sid!r}")
+        s = self._streams.get(sid)
+        if s is None and sid in self._recent:
+            sink((ERROR, (_errno.ECONNRESET, "the stream is over")))
+            return
+        if s is None:
+            s = self._streams[sid] = _State()
+        while s.events:
+            ev = s.events.popleft()
+            sink(ev)
+            if ev[0] != DATA:
+                self.forget(sid)
+                return
+        s.sink = sink
+        if self.closed_with is not None:
+            sink((ERROR, (_errno.ECONNRESET, self.closed_with)))
+            self.forget(sid)
+
+    def _credit_due(self, sid: int, n: int) -> bool:
+        """A routed stream's consumer took n bytes: True when CREDIT for them is to be sent."""
+        s = self._streams.get(sid)
+        if s is None or n <= 0 or s.ended or s.error is not None or self.closed_with is not None:
+            return False
+        s.queued -= n
+        return True
+
+    def live(self, sid: int) -> bool:
+        """True while sid is a stream of this connection that did not end (a routed one: its END or ERROR not in)."""
+        return sid in self._streams
+
+    def input_open(self, sid: int) -> bool:
+        """True while sid (a process's stdin or terminal) takes bytes: no END, no ERROR, the connection up."""
+        s = self._streams.get(sid)
+        return s is not None and not s.ended and s.error is None and self.closed_with is None
 
     def down(self, why: str) -> None:
         if self.closed_with is None:
             self.closed_with = why
+            for sid, s in list(self._streams.items()):
+                if s.sink is not None:  # a routed stream: its handle hears of the end
+                    s.sink((ERROR, (_errno.ECONNRESET, why)))
+                    self.forget(sid)
 
     def pop(self, sid: int, method: str) -> Optional[Event]:
         """The next event of sid (an ERROR raised as its exception), None when there is none yet."""
@@ -211,12 +278,12 @@ class _Streams:
     def take_credit(self, sid: int, want: int, method: str) -> int:
         """Up to want bytes of sid's credit (0: none yet); a stream's ERROR raised."""
         s = self._streams.get(sid)
-        if s is not None:
-            for ev in s.events:
-                if ev[0] == ERROR:
-                    raise stream_error(ev[1][0], ev[1][1], method)
+        if s is not None and s.error is not None:
+            raise stream_error(s.error[0], s.error[1], method)
         if self.closed_with is not None:
             raise SandboxException(f"{method}: the data connection closed ({self.closed_with})")
+        if (s is not None and s.ended) or (s is None and sid in self._recent):
+            raise SandboxException(f"{method}: the stream takes no more bytes (the process ended)")
         if s is None or s.credit == 0:
             return 0
         n = min(want, s.credit, DATA_MAX)
@@ -278,28 +345,44 @@ class DataConn(_Streams):
             raise
         return cls(s, conn.request_timeout)
 
-    def _recv_exact(self, n: int) -> Optional[bytearray]:
-        buf = bytearray(n)
-        view = memoryview(buf)
+    def _recv_into(self, view: memoryview) -> bool:
+        """Fills view; False at the end of the connection."""
         got = 0
-        while got < n:
+        while got < len(view):
             k = self._sock.recv_into(view[got:])
             if k == 0:
-                return None
+                return False
             got += k
-        return buf
+        return True
 
     def _read_loop(self) -> None:
         why = "the daemon closed the data connection"
+        # frames are read RECV bytes at a time, many small ones in one call (each call lets go of
+        # the GIL and takes it back: one or two per frame starve the reader behind the consumer)
+        buf = bytearray()
+        off = 0
         try:
             while True:
-                h = self._recv_exact(HDR.size)
-                if h is None:
-                    break
-                type_, sid, length = self.parse_header(bytes(h))
-                p = self._recv_exact(length) if length else bytearray()
-                if p is None:
-                    break
+                while len(buf) - off < HDR.size:
+                    if off:
+                        del buf[:off]
+                        off = 0
+                    chunk = self._sock.recv(RECV)
+                    if not chunk:
+                        return
+                    buf += chunk
+                type_, sid, length = self.parse_header(bytes(buf[off:off + HDR.size]))
+                start, end = off + HDR.size, off + HDR.size + length
+                if end <= len(buf):
+                    p = buf[start:end]
+                    off = end
+                else:  # the rest of a large payload: straight into it
+                    p = bytearray(length)
+                    have = len(buf) - start
+                    p[:have] = buf[start:]
+                    buf, off = bytearray(), 0
+                    if not self._recv_into(memoryview(p)[have:]):
+                        return
                 with self._cond:
                     if self.deliver(type_, sid, p) is not None:
                         self._cond.notify_all()
@@ -330,6 +413,24 @@ class DataConn(_Streams):
     def reserve(self, sid: int, want: int, method: str) -> int:
         """Waits for credit on sid and takes up to want bytes of it."""
         return self._wait(lambda: self.take_credit(sid, want, method), method)
+
+    def route(self, sid: int, sink: Sink) -> None:
+        with self._cond:
+            super().route(sid, sink)
+
+    def input_open(self, sid: int) -> bool:
+        with self._cond:
+            return super().input_open(sid)
+
+    def credit(self, sid: int, n: int) -> None:
+        """The consumer of routed stream sid took n bytes: the daemon may send n more."""
+        with self._cond:
+            due = self._credit_due(sid, n)
+        if due:
+            try:
+                self.send(CREDIT, sid, U32.pack(n))
+            except (SandboxException, OSError):
+                pass  # the connection went: the stream's sink hears of it
 
     def send(self, type_: int, sid: int, payload: Any = b"") -> None:
         if self.closed_with is not None:
@@ -447,6 +548,14 @@ class AsyncDataConn(_Streams):
 
     async def reserve(self, sid: int, want: int, method: str) -> int:
         return await self._wait(lambda: self.take_credit(sid, want, method), method)
+
+    async def credit(self, sid: int, n: int) -> None:
+        """The consumer of routed stream sid took n bytes: the daemon may send n more."""
+        if self._credit_due(sid, n):
+            try:
+                await self.send(CREDIT, sid, U32.pack(n))
+            except (SandboxException, OSError):
+                pass  # the connection went: the stream's sink hears of it
 
     async def send(self, type_: int, sid: int, payload: Any = b"") -> None:
         if self.closed_with is not None:

@@ -5,9 +5,9 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar, Union
 
 from .._commands import HandleCore
 from .._commands import sandbox_gone as _sandbox_gone_op
-from .._drive import arun
+from .._drive import arun, arun_iter
 from .._link import Link
-from ..exceptions import CommandResult, TimeoutException
+from ..exceptions import CommandResult, SandboxException, TimeoutException
 from ..models import PtyOutput, Stderr, Stdout
 
 T = TypeVar("T")
@@ -51,24 +51,14 @@ class AsyncCommandHandle(HandleCore):
     async def _pump(self) -> None:
         handlers = {"stdout": self._on_stdout, "stderr": self._on_stderr, "pty": self._on_pty}
         try:
-            while True:
-                kind, value = await self._q.get()
-                if kind in handlers:
-                    await call_handler(handlers[kind], value)
-                elif kind == "exit":
-                    self._failure, self._result = await arun(self._judge_exit(value))
-                    return
-                else:
-                    ends, failure = self._end_of(kind, value)
-                    if ends:
-                        self._failure = failure
-                        return
+            # a chunk of a stream gets its credit once its callback returned (or its coroutine ended)
+            async for kind, value in arun_iter(self._events()):
+                await call_handler(handlers[kind], value)
         except Exception as e:  # noqa: BLE001 - a callback's failure is the wait's
-            self._failure = e
+            self._finish(e)
         finally:
-            self._link.conn.unsubscribe(self._key)
-            self._cancel_close()
-            self._commands._forget(self)
+            if not self._done:  # cancelled: its loop is going away
+                self._finish(SandboxException(f"command {self._pid}: no longer followed"))
 
     async def wait(self) -> CommandResult:
         """
@@ -84,7 +74,7 @@ class AsyncCommandHandle(HandleCore):
 
     async def kill(self) -> bool:
         """Kills the command and its whole tree (SIGKILL); False when it no longer ran."""
-        if self._ended or self._task.done():
+        if self._ended or self._done:
             return False
         self._killed_by_us = True
         return await self._commands.kill(self._pid)
@@ -100,5 +90,6 @@ class AsyncCommandHandle(HandleCore):
     async def disconnect(self) -> None:
         """Stops following it; it keeps running (``commands.connect(pid)`` follows it again)."""
         self._link.conn.unsubscribe(self._key)
+        self._let_go()
         self._q.put_nowait(("disconnected", None))
         await asyncio.wait([self._task])

@@ -15,7 +15,7 @@ class Commands:
     def __init__(self, link: Link) -> None:
         self._link = link
         self._live: Set[AsyncCommandHandle] = set()
-        self._ops = CommandsOps(link, asyncio.sleep)
+        self._ops = CommandsOps(link, asyncio.sleep, self._live)
 
     async def run(self, cmd: str, background: Optional[bool] = None, envs: Optional[Dict[str, str]] = None,
                   user: Optional[Username] = None, cwd: Optional[str] = None,

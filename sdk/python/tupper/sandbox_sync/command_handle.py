@@ -4,7 +4,7 @@ from typing import Any, Callable, Generator, Optional, Tuple, Union
 
 from .._commands import HandleCore
 from .._commands import sandbox_gone as _sandbox_gone_op
-from .._drive import run
+from .._drive import run, run_iter
 from .._link import Link
 from ..exceptions import CommandExitException, CommandResult, TimeoutException
 from ..models import PtyOutput, Stderr, Stdout
@@ -23,42 +23,31 @@ class CommandHandle(HandleCore):
     terminal: its pid, its output so far, and the means to wait for it, feed
     it and kill it.  Iterating it yields ``(stdout, stderr, pty)`` tuples with
     one member set, until the command ends.
+
+    Its output is read while it is waited for or iterated: from a daemon with
+    process streams, a command whose output nobody takes stops in its
+    ``write`` once a window (4 MiB per stream) is waiting here, as a process
+    writing to a pipe nobody reads does, and goes on when it is read.
     """
 
     def __init__(self, link: Link, commands: Any, pid: int, pty: bool = False) -> None:
         super().__init__(link, commands, pid, pty)
         self._q: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
-        self._done = False  # the end was read from the queue and judged
         self._follow()
 
     # -- the caller's side
-    def _finish(self, failure: Optional[BaseException], result: Optional[CommandResult] = None) -> None:
-        self._done = True
-        self._failure = failure
-        self._result = result
-        self._link.conn.unsubscribe(self._key)
-        self._cancel_close()
-        self._commands._forget(self)
-
-    def _events(self) -> Generator[Event, None, None]:
-        while not self._done:
-            kind, value = self._q.get()
+    def _output(self) -> Generator[Event, None, None]:
+        for kind, value in run_iter(self._events()):
             if kind == "stdout":
                 yield value, None, None
             elif kind == "stderr":
                 yield None, value, None
-            elif kind == "pty":
-                yield None, None, value
-            elif kind == "exit":
-                self._finish(*run(self._judge_exit(value)))
             else:
-                ends, failure = self._end_of(kind, value)
-                if ends:
-                    self._finish(failure)
+                yield None, None, value
 
     def __iter__(self) -> Generator[Event, None, None]:
         """Yields the output as it comes, until the command ends (a failure to follow it raises)."""
-        for ev in self._events():
+        for ev in self._output():
             yield ev
         if self._failure is not None and not isinstance(self._failure, (CommandExitException, TimeoutException)):
             raise self._failure
@@ -71,11 +60,13 @@ class CommandHandle(HandleCore):
     ) -> CommandResult:
         """
         Waits for the end, calling the callbacks (in this thread) with the
-        output as it comes.  Returns the result on exit code 0; raises
-        CommandExitException on another code or a signal, TimeoutException
-        when its ``timeout`` killed it or its sandbox went away.
+        output as it comes (the next chunk is asked for once a callback
+        returned: a slow one slows the command down, nothing is lost).
+        Returns the result on exit code 0; raises CommandExitException on
+        another code or a signal, TimeoutException when its ``timeout``
+        killed it or its sandbox went away.
         """
-        for out, err, pty in self._events():
+        for out, err, pty in self._output():
             if out is not None and on_stdout:
                 on_stdout(out)
             elif err is not None and on_stderr:
@@ -105,5 +96,5 @@ class CommandHandle(HandleCore):
     def disconnect(self) -> None:
         """Stops following it; it keeps running (``commands.connect(pid)`` follows it again)."""
         self._link.conn.unsubscribe(self._key)
+        self._let_go()
         self._q.put(("disconnected", None))
-

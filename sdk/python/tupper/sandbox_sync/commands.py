@@ -16,7 +16,7 @@ class Commands:
     def __init__(self, link: Link) -> None:
         self._link = link
         self._live: Set[CommandHandle] = set()
-        self._ops = CommandsOps(link, time.sleep)
+        self._ops = CommandsOps(link, time.sleep, self._live)
 
     @overload
     def run(self, cmd: str, background: Union[Literal[False], None] = None, envs: Optional[Dict[str, str]] = None,
