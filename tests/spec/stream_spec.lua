@@ -466,6 +466,30 @@ describe("the data plane", function()
     c3:close()
   end)
 
+  it("lets its owner follow it as JSON once its streams went: the output after, the exit once", function()
+    local c2 = d.connect()
+    local r = raw_attach(d, c2)
+    local st = assert(helper.call(c2, "process.start", { sandbox = box, streams = true,
+      argv = { "sh", "-c", "echo early; sleep 1; echo late" } }))
+    frames_until(r, function(fs) return (select(2, data_of(fs, st.streams.stdout)) or ""):find("early") end)
+    raw_close(r)
+    local out, exits = {}, 0
+    c2:on("process.output", function(p)
+      if p.pid == st.pid then out[#out + 1] = helper.b64decode(p.data) end
+    end)
+    c2:on("process.exit", function(p) if p.pid == st.pid then exits = exits + 1 end end)
+    helper.sync(function() async.sleep(100) end)
+    assert(helper.call(c2, "process.connect", { sandbox = box, pid = st.pid }))
+    helper.sync(function()
+      local deadline = helper.now() + 10000
+      while exits == 0 and helper.now() < deadline do async.sleep(10) end
+      async.sleep(100) -- a second exit would come now
+    end)
+    assert.are.equal("late\n", table.concat(out))
+    assert.are.equal(1, exits)
+    c2:close()
+  end)
+
   it("holds a reader that never reads to its window; others are not slowed; closing it frees the process", function()
     local c2 = d.connect()
     local r = raw_attach(d, c2, 65536)

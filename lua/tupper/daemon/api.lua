@@ -318,7 +318,10 @@ function h.process_connect(d, conn, p)
   end
   -- no yield from here to the reply: nothing can come between the backlog
   -- and the notifications that follow it
-  if conn ~= proc.owner then
+  -- its owner follows as a listener too where it asks for JSON of a
+  -- streamed process: such a process tells its owner nothing of its output
+  -- (events.lua D:_output), and its exit reaches the owner once (D:_exit)
+  if conn ~= proc.owner or (proc.streamed and listen ~= "streams") then
     proc.listeners = proc.listeners or {}
     proc.listeners[conn] = listen
     -- a JSON follower of a streamed process: its output reaches Lua too

@@ -62,7 +62,7 @@ function D:_exit(sb, proc)
   local conn = proc.owner
   if conn and not conn.closed then conn:notify("process.exit", msg) end
   for l in pairs(proc.listeners or {}) do
-    if not l.closed then l:notify("process.exit", msg) end
+    if not l.closed and l ~= conn then l:notify("process.exit", msg) end
   end
 end
 
