@@ -1,4 +1,5 @@
 /* The client's end of a data connection (spump.h). */
+#define _GNU_SOURCE /* splice */
 #include "spump.h"
 
 #include <errno.h>
@@ -26,6 +27,7 @@ typedef struct tp__spump_st_s {
   uint64_t credit; /* source: bytes the daemon lets it send */
   uint64_t owed;   /* sink: credit not given back yet */
   int ended;       /* source: its END is queued */
+  int splice;      /* sink: fd is a blocking pipe, the payload is spliced into it */
 } tp__spump_st_t;
 
 struct tp_spump_s {
@@ -392,6 +394,12 @@ int tp_spump_sink(tp_spump_t *p, uint32_t sid, int fd, uint64_t limit, tp_error_
   s->mode = TP__SP_SINK;
   s->fd = fd;
   s->limit = limit;
+  {
+    struct stat sb;
+    int fl = fcntl(fd, F_GETFL);
+    /* a non-blocking pipe would make splice's EAGAIN ambiguous: written instead */
+    s->splice = fstat(fd, &sb) == 0 && S_ISFIFO(sb.st_mode) && fl >= 0 && !(fl & O_NONBLOCK);
+  }
   return 0;
 }
 
@@ -433,6 +441,55 @@ int tp_spump_send(tp_spump_t *p, const void *bytes, size_t n, tp_error_t *err) {
   return 0;
 }
 
+static int tp__splicing(const tp_spump_t *p) {
+  for (int i = 0; i < TP_SPUMP_STREAMS; i++)
+    if (p->st[i].mode == TP__SP_SINK && p->st[i].splice)
+      return 1;
+  return 0;
+}
+
+/* The payload of the current sink DATA frame from the socket into its pipe
+ * without a copy through here.  1: progress, 2: the socket has no more now,
+ * 0: not a spliced sink (read it), -1: the connection is over. */
+static int tp__splice(tp_spump_t *p, tp_spump_cb cb, void *data) {
+  tp__spump_st_t *s = tp__find(p, p->cur_sid);
+  ssize_t r;
+  if (s == NULL || s->mode != TP__SP_SINK || !s->splice)
+    return 0;
+  if (p->cur_left > s->limit) {
+    tp__local(p, s, cb, data, EFBIG, "more bytes than asked for");
+    return 0; /* the rest is read and dropped */
+  }
+  r = splice(p->fd, NULL, s->fd, NULL, p->cur_left, SPLICE_F_MOVE);
+  if (r < 0) {
+    if (errno == EINTR)
+      return 1;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      return 2;
+    if (errno == EPIPE || errno == EBADF || errno == EINVAL || errno == ENOSPC || errno == EIO) {
+      tp__local(p, s, cb, data, errno, "write");
+      return 0;
+    }
+    {
+      char msg[128];
+      snprintf(msg, sizeof(msg), "data connection: read: %s", strerror(errno));
+      tp__over(p, cb, data, errno, msg);
+      return -1;
+    }
+  }
+  if (r == 0) {
+    tp__over(p, cb, data, ECONNRESET, "the daemon closed the data connection");
+    return -1;
+  }
+  p->cur_left -= (uint32_t) r;
+  s->limit -= (uint64_t) r;
+  s->owed += (uint64_t) r;
+  tp__credits(p, TP__SPUMP_CREDIT_AT);
+  if (p->tail - p->head >= TP_SF_HDR + 4 && tp__flush(p, cb, data) < 0)
+    return -1;
+  return 1;
+}
+
 int tp_spump_read(tp_spump_t *p, tp_spump_cb cb, void *data) {
   if (p->over)
     return -1;
@@ -440,7 +497,21 @@ int tp_spump_read(tp_spump_t *p, tp_spump_cb cb, void *data) {
     return -1;
   for (int i = 0; i < TP__SPUMP_READS; i++) {
     size_t space = TP__SPUMP_BUF - p->have;
-    ssize_t r = read(p->fd, p->in + p->have, space);
+    ssize_t r;
+    if (p->cur_left > 0 && p->have == 0) {
+      int sr = tp__splice(p, cb, data);
+      if (sr < 0)
+        return -1;
+      if (sr == 1)
+        continue;
+      if (sr == 2)
+        break;
+    }
+    /* with a pipe to splice into, a frame's header is read alone, so that
+     * a sink's payload stays in the socket for splice */
+    if (tp__splicing(p) && p->cur_left == 0 && p->have < TP_SF_HDR)
+      space = TP_SF_HDR - p->have;
+    r = read(p->fd, p->in + p->have, space);
     if (r < 0) {
       char msg[128];
       if (errno == EINTR) {

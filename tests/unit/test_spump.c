@@ -154,44 +154,78 @@ static int has_data(const evs_t *e) {
   return e->dlen > 0;
 }
 
-static void test_sink(void) {
-  int sv[2];
+typedef struct reader_s {
+  int fd;
+  uint8_t *buf;
+  size_t got;
+} reader_t;
+
+static void *pipe_reader(void *arg) {
+  reader_t *r = arg;
+  ssize_t n;
+  while ((n = read(r->fd, r->buf + r->got, BIG + 1 - r->got)) > 0 && r->got + (size_t) n <= BIG)
+    r->got += (size_t) n;
+  return NULL;
+}
+
+/* to_pipe: the sink is a pipe (its payload spliced), else a file (written) */
+static void test_sink(int to_pipe) {
+  const char *what = to_pipe ? "sink into a pipe" : "sink into a file";
+  int sv[2], pp[2] = { -1, -1 };
   daemon_t d = { 0 };
-  pthread_t th;
+  reader_t rd = { 0 };
+  pthread_t th, rth;
   evs_t e = { 0 };
   tp_error_t err = { 0 };
   char path[] = "/tmp/tupper-spump.XXXXXX";
-  int out = mkstemp(path);
+  int out = -1;
   tp_spump_t *p;
-  uint8_t *back;
+  uint8_t *back = malloc(BIG + 1);
   int same = 1;
   ssize_t got;
+  if (to_pipe) {
+    if (pipe(pp) == 0)
+      out = pp[1];
+  } else {
+    out = mkstemp(path);
+    unlink(path);
+  }
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 || out < 0) {
-    check(0, "sink: socketpair and a temp file");
+    check(0, "%s: socketpair and an fd", what);
     return;
   }
-  unlink(path);
   p = tp_spump_new(sv[0], NULL, 0, &err);
-  check(p != NULL && tp_spump_sink(p, 5, out, BIG, &err) == 0, "sink: made (%s)", err.msg);
+  check(p != NULL && tp_spump_sink(p, 5, out, BIG, &err) == 0, "%s: made (%s)", what, err.msg);
   d.fd = sv[1];
   pthread_create(&th, NULL, sink_daemon, &d);
+  if (to_pipe) {
+    rd.fd = pp[0];
+    rd.buf = back;
+    pthread_create(&rth, NULL, pipe_reader, &rd);
+  }
   drive(p, &e, has_end);
   pthread_join(th, NULL);
-  check(e.ends == 1 && e.end_size == BIG && e.errors == 0, "sink: one END with the size (%d ends, %d errors)",
-        e.ends, e.errors);
+  check(e.ends == 1 && e.end_size == BIG && e.errors == 0, "%s: one END with the size (%d ends, %d errors)",
+        what, e.ends, e.errors);
   check(d.credited + WINDOW >= BIG && d.credited <= BIG && d.bad == 0,
-        "sink: the bytes came within the credit given back (%llu of %u, %d bad)",
+        "%s: the bytes came within the credit given back (%llu of %u, %d bad)", what,
         (unsigned long long) d.credited, BIG, d.bad);
-  back = malloc(BIG + 1);
-  got = pread(out, back, BIG + 1, 0);
+  if (to_pipe) {
+    close(pp[1]);
+    pthread_join(rth, NULL);
+    got = (ssize_t) rd.got;
+    close(pp[0]);
+  } else {
+    got = pread(out, back, BIG + 1, 0);
+    close(out);
+  }
   for (uint64_t i = 0; got == (ssize_t) BIG && i < BIG; i++)
     if (back[i] != pattern(i)) {
       same = 0;
       break;
     }
-  check(got == (ssize_t) BIG && same, "sink: the fd got the bytes in order (%zd bytes)", got);
+  check(got == (ssize_t) BIG && same, "%s: the fd got the bytes in order (%zd bytes)", what, got);
   free(back);
-  close(out);
   tp_spump_free(p);
   close(sv[1]);
 }
@@ -352,7 +386,8 @@ static void test_source(void) {
 
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
-  test_sink();
+  test_sink(0);
+  test_sink(1);
   test_passthrough_and_bad();
   test_sink_failures();
   test_source();

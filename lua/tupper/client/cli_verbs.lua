@@ -199,6 +199,7 @@ local function run_streamed(c, dc, id, argv, o)
   if not r then dc:close(); return start_failed(err) end
   pid = r.pid
   local st = r.streams
+  io.stdout:flush() -- the pump writes fd 1 itself: nothing of ours may come after its bytes
   for _, which in ipairs({ "stdout", "stderr" }) do
     async.spawn(function()
       local fd = which == "stderr" and 2 or 1
