@@ -227,7 +227,10 @@ local function run_streamed(c, dc, id, argv, o)
   local sigs = forward_signals(c, id, function() return pid end)
   if o.interactive and st.stdin then
     local input = dc:input(st.stdin)
-    async.spawn(pump_stdin, function(chunk) return input:write(chunk) end, function() input:close() end)
+    -- a file on our stdin goes from C; a pipe or a terminal through Lua
+    if not (uv.guess_handle(0) == "file" and input:pump(0)) then
+      async.spawn(pump_stdin, function(chunk) return input:write(chunk) end, function() input:close() end)
+    end
   end
   while (not exited or pending > 0) and not c.closed and not broken do async.wait(function(cb) done_cb = cb end) end
   for _, s in ipairs(sigs) do s:close() end

@@ -399,6 +399,19 @@ function Input:write(data)
   return true
 end
 
+--- Sends the rest of fd (a regular file: the CLI's stdin redirected from
+-- one) from C, within the stream's credit, then its END.  Returns true,
+-- or nil and a message when fd is not a regular file (then write it).
+function Input:pump(fd)
+  local dc, sid, s = self.dc, self.sid, self.s
+  if s.over or dc.closed then return nil, s.over or dc.reason or "data connection closed" end
+  local ok, perr = dc.p:source(sid, fd, s.credit)
+  if not ok then return nil, perr end
+  s.credit, s.pumped = 0, true
+  dc:_io("w")
+  return true
+end
+
 --- The end of the input (the process's stdin is closed once it read what came).
 function Input:close()
   if self.s.over or self.dc.closed then return end
