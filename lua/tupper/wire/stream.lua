@@ -2,7 +2,9 @@
 -- file bytes and a process's stdout, stderr, stdin and terminal as binary
 -- frames beside the JSON connection, with credit, instead of base64 inside
 -- JSON.  Used by the CLI's `cp`, `exec` and `run`; calls are asynchronous
--- like the client's (run them in a coroutine).
+-- like the client's (run them in a coroutine).  Given an fd instead of a
+-- function, a stream's bytes never become Lua strings: the connection's
+-- pump in C (tupper.wire.pump) moves them.
 local uv = require("luv")
 local async = require("tupper.util.async")
 local json = require("tupper.util.json")
