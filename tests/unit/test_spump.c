@@ -21,7 +21,7 @@
 #define BIG (3u * 1024u * 1024u + 4099u)
 
 typedef struct evs_s {
-  int n, ends, errors, locals, over;
+  int n, ends, errors, locals, over, zeros;
   uint32_t last_err, last_sid;
   uint64_t end_size;
   char msg[256];
@@ -41,8 +41,10 @@ static void on_ev(void *data, const tp_sframe_t *f, int local) {
     e->locals += local;
     e->last_err = f->err;
     snprintf(e->msg, sizeof(e->msg), "%.*s", (int) f->msg_len, f->msg);
-    if (f->sid == 0)
+    if (f->sid == 0) {
       e->over = 1;
+      e->zeros++;
+    }
   } else if (f->type == TP_SF_DATA && f->len <= sizeof(e->data)) {
     memcpy(e->data, f->payload, f->len);
     e->dlen = f->len;
@@ -149,6 +151,9 @@ static int has_end(const evs_t *e) {
 }
 static int has_error(const evs_t *e) {
   return e->errors > 0;
+}
+static int has_error_over(const evs_t *e) {
+  return e->over;
 }
 static int has_data(const evs_t *e) {
   return e->dlen > 0;
@@ -384,6 +389,92 @@ static void test_source(void) {
   free(rb);
 }
 
+static void *discard(void *arg) {
+  int fd = *(int *) arg;
+  char b[65536];
+  while (read(fd, b, sizeof(b)) > 0)
+    ;
+  return NULL;
+}
+
+static uint32_t rnd_state = 12345;
+static uint32_t rnd(void) {
+  rnd_state ^= rnd_state << 13;
+  rnd_state ^= rnd_state >> 17;
+  rnd_state ^= rnd_state << 5;
+  return rnd_state;
+}
+
+/* Hostile input: runs of frames (good ones for a file sink, a pipe sink, a
+ * stream without a pump; bad lengths, types, versions; flipped bytes), cut
+ * into random pieces, then the end.  Each connection must end with exactly
+ * one sid 0 event, never a crash or a hang. */
+static void test_hostile(void) {
+  int pp[2], devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  pthread_t th;
+  int bad_ends = 0, rounds = 300;
+  if (devnull < 0 || pipe(pp) < 0) {
+    check(0, "hostile: /dev/null and a pipe");
+    return;
+  }
+  pthread_create(&th, NULL, discard, &pp[0]);
+  for (int round = 0; round < rounds; round++) {
+    int sv[2];
+    evs_t e = { 0 };
+    tp_error_t err = { 0 };
+    uint8_t buf[65536];
+    size_t n = 0;
+    tp_spump_t *p;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+      break;
+    p = tp_spump_new(sv[0], NULL, 0, &err);
+    tp_spump_sink(p, 5, devnull, rnd() % 2 ? UINT64_MAX : 5000, &err);
+    tp_spump_sink(p, 6, pp[1], UINT64_MAX, &err);
+    while (n < sizeof(buf) - 2048) {
+      uint32_t sid = 4 + rnd() % 4, len = rnd() % 1500, k = rnd() % 8;
+      size_t at = n;
+      if (k < 4) {
+        tp_sframe_header(buf + n, TP_SF_DATA, sid, len ? len : 1);
+        n += TP_SF_HDR + (len ? len : 1);
+        memset(buf + at + TP_SF_HDR, 'd', len ? len : 1);
+      } else if (k == 4) {
+        n += tp_sframe_credit(buf + n, sid, 1 + len);
+      } else if (k == 5) {
+        n += tp_sframe_end(buf + n, sid, (int) (len & 1), len);
+      } else if (k == 6) {
+        n += tp_sframe_error(buf + n, rnd() % 3 ? sid : 0, EIO, "gone");
+      } else {
+        for (uint32_t i = 0; i < 16; i++)
+          buf[n++] = (uint8_t) rnd();
+      }
+      if (rnd() % 16 == 0) /* a flipped byte somewhere in that frame */
+        buf[at + rnd() % (n - at)] ^= (uint8_t) (1u << (rnd() % 8));
+    }
+    for (size_t off = 0; off < n;) {
+      size_t piece = 1 + rnd() % 3000;
+      if (piece > n - off)
+        piece = n - off;
+      if (write_all(sv[1], buf + off, piece) < 0)
+        break; /* the pump closed its end after a bad frame */
+      off += piece;
+      if (rnd() % 4 == 0)
+        tp_spump_read(p, on_ev, &e);
+    }
+    shutdown(sv[1], SHUT_WR);
+    drive(p, &e, has_error_over);
+    if (!e.over || tp_spump_read(p, on_ev, &e) != -1 || e.zeros != 1)
+      bad_ends++;
+    tp_spump_free(p);
+    close(sv[1]);
+  }
+  check(bad_ends == 0, "hostile: %d connections of random frames each ended once, cleanly (%d did not)",
+        rounds, bad_ends);
+  close(pp[1]);
+  pthread_join(th, NULL);
+  close(pp[0]);
+  close(devnull);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   test_sink(0);
@@ -391,5 +482,6 @@ int main(void) {
   test_passthrough_and_bad();
   test_sink_failures();
   test_source();
+  test_hostile();
   return tap_done();
 }
