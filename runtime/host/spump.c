@@ -399,6 +399,10 @@ int tp_spump_sink(tp_spump_t *p, uint32_t sid, int fd, uint64_t limit, tp_error_
     int fl = fcntl(fd, F_GETFL);
     /* a non-blocking pipe would make splice's EAGAIN ambiguous: written instead */
     s->splice = fstat(fd, &sb) == 0 && S_ISFIFO(sb.st_mode) && fl >= 0 && !(fl & O_NONBLOCK);
+    /* a pipe that holds a frame: one wakeup of its reader a frame instead
+     * of sixteen (best effort: the kernel's pipe-max-size bounds it) */
+    if (s->splice && fcntl(fd, F_GETPIPE_SZ) < (int) TP_SF_DATA_MAX)
+      (void) fcntl(fd, F_SETPIPE_SZ, (int) TP_SF_DATA_MAX);
   }
   return 0;
 }
