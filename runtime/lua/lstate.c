@@ -104,6 +104,8 @@ lua_State *tp_lua_new(uv_loop_t *loop) {
   lua_setfield(L, -2, "tupper.recipe.jail_core");
   lua_pushcfunction(L, luaopen_tupper_util_digest);
   lua_setfield(L, -2, "tupper.util.digest");
+  lua_pushcfunction(L, luaopen_tupper_wire_pump);
+  lua_setfield(L, -2, "tupper.wire.pump");
   lua_pop(L, 1);
 
   /* embedded modules go right after the preload searcher, unless a

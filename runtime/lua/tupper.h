@@ -64,5 +64,8 @@ int tp_ldigest_sha256(lua_State *L);
 /* luaopen function of `tupper.util.digest` (also built as a loadable module
  * for the Lua specs: build/lua/tupper/util/digest.so). */
 int luaopen_tupper_util_digest(lua_State *L);
+/* luaopen function of `tupper.wire.pump`, the client's data connection in C
+ * (l_pump.c; also built as build/lua/tupper/wire/pump.so for the specs). */
+int luaopen_tupper_wire_pump(lua_State *L);
 
 #endif

@@ -663,6 +663,32 @@ describe("tupper CLI byte paths", function()
       c2.handle:close()
       assert.are.equal("old\n", box("cat /tmp/cp/big2"))
     end)
+
+    it("a copy onto a full disk and output whose reader went each stop at once with why", function()
+      -- the bytes go from the data connection's pump in C: its failures
+      -- still reach the user as the copy's error and exit code
+      box("head -c 3145728 /dev/zero > /tmp/cp/three")
+      local small = tmp .. "/small"
+      assert(uv.fs_mkdir(small, 448))
+      local mounted = sh("mount -t tmpfs -o size=1m tmpfs " .. q(small)) == 0
+      local ok, err = pcall(function()
+        if mounted then
+          local code, _, cerr = cli({ "cp", id .. ":/tmp/cp/three", small .. "/f" })
+          assert.are.equal(125, code)
+          assert.truthy(cerr:find("No space left on device", 1, true), cerr)
+          assert.are.equal("", (select(2, sh("ls -A " .. q(small)))))
+        end
+        -- `| head -c1`: ends as a SIGPIPE would, and the box's writer is not left waiting on us
+        local line = table.concat({ q(helper.BIN), "--socket", q(d.socket), "exec", id, "--", "yes" }, " ")
+          .. ' | head -c1; echo " ${PIPESTATUS[0]}"'
+        local code, out = sh("bash -c " .. q(line))
+        assert.are.equal(0, code)
+        assert.are.equal("y 141\n", out)
+      end)
+      if mounted then sh("umount " .. q(small)) end
+      uv.fs_rmdir(small)
+      assert(ok, err)
+    end)
   end)
 
   describe("logs", function()

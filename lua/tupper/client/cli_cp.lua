@@ -179,12 +179,25 @@ function M.box_source(c, sid, root, recursive)
         end
       end
     end
+    -- a file's bytes straight to a host fd, in C (the data connection's
+    -- pump): the bytes written, or raises a string
+    local function file_copy_fd(path, size)
+      return function(fd)
+        local n, e = c.data_conn:read_file(c, { sandbox = sid, path = path, length = size }, fd, size)
+        if not n then
+          if e.loc then error(errmsg(e), 0) end
+          error(("read %s: %s"):format(shown(path), errmsg(e)), 0)
+        end
+        return n
+      end
+    end
     local function entry(rel, path, e)
       local size = math.tointeger(e.size) or 0
       local ent = { path = rel, type = e.type, mode = math.tointeger(e.mode) or 420,
                     mtime = math.tointeger(e.mtime), size = size }
       if e.type == "file" then
         ent.copy = file_copy(path, size)
+        if c.data_conn then ent.copy_fd = file_copy_fd(path, size) end
       elseif e.type == "symlink" then
         local ls = e.link and e or c:call("fs.stat", { sandbox = sid, path = path })
         ent.link = ls and ls.link
@@ -223,6 +236,7 @@ function M.host_source(root, recursive)
       local ent = { path = rel, type = t, mode = s.mode & 4095, mtime = s.mtime.sec, size = s.size }
       if t == "symlink" then ent.link = uv.fs_readlink(path) end
       if t == "file" then
+        ent.open = function() return uv.fs_open(path, "r", 0) end
         ent.copy = function(write)
           local fd, oerr = uv.fs_open(path, "r", 0)
           if not fd then error(oerr, 0) end
@@ -360,12 +374,17 @@ function M.host_sink(dest, opts)
           local fd, oerr = uv.fs_open(tmp, "wx", 384) -- O_EXCL: never through a link
           if not fd then error(oerr, 0) end
           local offset = 0
-          local wok, werr = pcall(ent.copy or function() end, function(data)
-            if offset + #data > size then error(("%s grew past its listed size"):format(shown(ent.path)), 0) end
-            local n, e = uv.fs_write(fd, data, offset)
-            if not n then error(e, 0) end
-            offset = offset + #data
-          end)
+          local wok, werr
+          if ent.copy_fd then -- the bytes go to fd in C, no more than size of them
+            wok, werr = pcall(function() offset = ent.copy_fd(fd) end)
+          else
+            wok, werr = pcall(ent.copy or function() end, function(data)
+              if offset + #data > size then error(("%s grew past its listed size"):format(shown(ent.path)), 0) end
+              local n, e = uv.fs_write(fd, data, offset)
+              if not n then error(e, 0) end
+              offset = offset + #data
+            end)
+          end
           if wok then
             uv.fs_fchmod(fd, mode)
             if ent.mtime then uv.fs_futime(fd, ent.mtime, ent.mtime) end
@@ -374,7 +393,7 @@ function M.host_sink(dest, opts)
           if not wok then error(werr, 0) end
           total = total + offset
         end)
-        if not pok then error(("%s: %s"):format(shown(ent.path), tostring(perr2)), 0) end
+        if not pok then error(("%s: %s"):format(shown(ent.path ~= "" and ent.path or basename(dest)), tostring(perr2)), 0) end
         files[rel] = true
       elseif ent.type == "symlink" then
         if not M.link_inside(parts, ent.link) then
@@ -459,7 +478,19 @@ function M.box_sink(c, sid, dest, archive)
     elseif ent.type == "file" then
       place(target, function(tmp)
         local offset, wrote = 0, false
-        if c.data_conn then
+        if c.data_conn and ent.open then -- a host file: its bytes go from C
+          local fd, oerr = ent.open()
+          if not fd then error(oerr, 0) end
+          local w, e = c.data_conn:writer(c, { sandbox = sid, path = tmp, mode = 384 })
+          if not w then uv.fs_close(fd); error(("fs.write_stream: %s"):format(errmsg(e)), 0) end
+          local n, fe = w:pump(fd)
+          uv.fs_close(fd)
+          if not n then
+            if fe.loc then error(("read %s: %s"):format(ent.path, errmsg(fe)), 0) end
+            error(("write %s: %s"):format(shown(target), errmsg(fe)), 0)
+          end
+          wrote = true
+        elseif c.data_conn then
           local w, e = c.data_conn:writer(c, { sandbox = sid, path = tmp, mode = 384 })
           if not w then error(("fs.write_stream: %s"):format(errmsg(e)), 0) end
           ent.copy(function(data)

@@ -177,13 +177,15 @@ end
 
 -- run_in over process streams (docs/protocol.md, "Process streams"): the
 -- output comes as binary frames on the data connection dc and is written
--- out as it comes; the daemon gets credit only once a chunk is written, so
--- a slow reader of ours slows the process down and nothing is lost.
+-- out as it comes, by the connection's pump in C where our stdout or
+-- stderr is not a terminal (a terminal gets the escaping filter in Lua);
+-- the daemon gets credit only once a chunk is written, so a slow reader of
+-- ours slows the process down and nothing is lost.
 local function run_streamed(c, dc, id, argv, o)
-  -- a MiB a frame goes through here as short-lived strings: the incremental
-  -- collector would mark the CLI's whole heap again and again
+  -- on a terminal a MiB a frame goes through here as short-lived strings:
+  -- the incremental collector would mark the CLI's whole heap again and again
   collectgarbage("generational")
-  local exited, done_cb, pid, failed
+  local exited, done_cb, pid, failed, broken
   local pending = 2 -- stdout and stderr, until their END
   local function wake() if done_cb then local w = done_cb; done_cb = nil; w() end end
   c:on("process.exit", function(p)
@@ -195,20 +197,27 @@ local function run_streamed(c, dc, id, argv, o)
   if not r then dc:close(); return start_failed(err) end
   pid = r.pid
   local st = r.streams
+  io.stdout:flush() -- the pump writes fd 1 itself: nothing of ours may come after its bytes
   for _, which in ipairs({ "stdout", "stderr" }) do
     async.spawn(function()
       local fd = which == "stderr" and 2 or 1
-      local f = which == "stderr" and io.stderr or io.stdout
-      local filt = cli_tty.filter(fd)
-      local n, derr = dc:drain(st[which], function(data)
-        if not f:write(filt(data)) or not f:flush() then
-          -- our reader went away (`tupper exec ID -- yes | head -1`): end as
-          -- a SIGPIPE would
-          os.exit(141)
+      local sink = fd
+      if uv.guess_handle(fd) == "tty" then
+        local f = which == "stderr" and io.stderr or io.stdout
+        local filt = cli_tty.filter(fd)
+        sink = function(data)
+          -- our reader went away: end as a SIGPIPE would
+          if not f:write(filt(data)) or not f:flush() then os.exit(141) end
+          return true
         end
-        return true
-      end)
-      if not n then failed = failed or derr end
+      end
+      local n, derr = dc:drain(st[which], sink)
+      if not n then
+        failed = failed or derr
+        -- writing our output failed here (the daemon was told): stop now,
+        -- as a SIGPIPE would for `tupper exec ID -- yes | head -1`
+        if derr.loc then broken = broken or derr end
+      end
       pending = pending - 1
       wake()
     end)
@@ -216,11 +225,19 @@ local function run_streamed(c, dc, id, argv, o)
   local sigs = forward_signals(c, id, function() return pid end)
   if o.interactive and st.stdin then
     local input = dc:input(st.stdin)
-    async.spawn(pump_stdin, function(chunk) return input:write(chunk) end, function() input:close() end)
+    -- a file on our stdin goes from C; a pipe or a terminal through Lua
+    if not (uv.guess_handle(0) == "file" and input:pump(0)) then
+      async.spawn(pump_stdin, function(chunk) return input:write(chunk) end, function() input:close() end)
+    end
   end
-  while (not exited or pending > 0) and not c.closed do async.wait(function(cb) done_cb = cb end) end
+  while (not exited or pending > 0) and not c.closed and not broken do async.wait(function(cb) done_cb = cb end) end
   for _, s in ipairs(sigs) do s:close() end
   dc:close()
+  if broken then
+    if broken.data and broken.data.code == "EPIPE" then return 141 end
+    io.stderr:write("tupper: writing the process's output failed: ", errmsg(broken), "\n")
+    return 125
+  end
   if not exited then
     io.stderr:write("tupper: lost the connection to the daemon\n")
     return 125
