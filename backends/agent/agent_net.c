@@ -10,9 +10,12 @@
  * speaks this protocol.
  *
  * Flow control: per stream, at most TP_NET_WINDOW bytes travel
- * unacknowledged in each direction.  The agent stops reading a box socket
- * while the host holds that much, and buffers at most that much from the
- * host; a host that overruns the window gets the stream closed.
+ * unacknowledged towards the host and TP_NET_WINDOW_DOWN towards the box.
+ * The agent stops reading a box socket while the host holds a window, and
+ * buffers at most TP_NET_WINDOW_DOWN from the host (only what the box's
+ * socket did not take at once; the buffer exists only while bytes wait);
+ * a host that overruns the window gets the stream closed.  What the box's
+ * socket took is acknowledged once per round of the loop.
  *
  * NET_CONNECT (inbound ports, `tupper port`) is the reverse: the host
  * names a port, the agent connects to 127.0.0.1:PORT and the resulting
@@ -51,8 +54,10 @@ typedef struct net_stream_s {
   int eof_in;                 /* the host sent NET_EOF */
   int wr_shut;                /* our write side is shut down */
   size_t unacked;             /* bytes sent to the host, not yet acknowledged */
+  size_t ack_owed;            /* bytes written to the box's socket, not yet acknowledged to
+                                 the host: one NET_ACK per stream per round of the loop */
   size_t out_off, out_len;    /* out[out_off..out_len): from the host, not yet written */
-  uint8_t *out;               /* TP_NET_WINDOW bytes */
+  uint8_t *out;               /* TP_NET_WINDOW_DOWN bytes while bytes wait; NULL when none do */
 } net_stream_t;
 
 typedef struct net_query_s {
@@ -136,12 +141,7 @@ static net_stream_t *stream_new(struct agent_net_s *net, int fd, uint32_t sid) {
     close(fd);
     return NULL;
   }
-  *s = (net_stream_t){.sid = sid, .fd = fd, .out = malloc(TP_NET_WINDOW)};
-  if (s->out == NULL) {
-    close(fd);
-    *s = (net_stream_t){.fd = -1};
-    return NULL;
-  }
+  *s = (net_stream_t){.sid = sid, .fd = fd};
   net->nstreams++;
   return s;
 }
@@ -195,9 +195,12 @@ static void stream_write(agent_t *a, net_stream_t *s) {
       return;
     }
     s->out_off += (size_t) w;
-    if (s->out_off == s->out_len)
+    if (s->out_off == s->out_len) { /* drained: the buffer goes until bytes wait again */
+      free(s->out);
+      s->out = NULL;
       s->out_off = s->out_len = 0;
-    send_sid(a, TP_MSG_NET_ACK, s->sid, TP_TAG_SIZE, w);
+    }
+    s->ack_owed += (size_t) w;
   }
   if (s->eof_in && s->out_len == 0 && !s->wr_shut) {
     shutdown(s->fd, SHUT_WR);
@@ -317,11 +320,26 @@ static void dns_read(agent_t *a) {
 
 /* ---- poll ------------------------------------------------------------------- */
 
+/* The acknowledgements a round of the loop owes, one frame per stream:
+ * the frames of one channel read (a batch of a window's NET_DATA) cost
+ * the host one wake-up, not one per frame. */
+static void acks_flush(agent_t *a) {
+  struct agent_net_s *net = a->net;
+  for (int i = 0; i < TP_NET_STREAMS_MAX && a->chan >= 0 && !a->dead; i++) {
+    net_stream_t *s = &net->streams[i];
+    if (s->fd < 0 || s->ack_owed == 0)
+      continue;
+    send_sid(a, TP_MSG_NET_ACK, s->sid, TP_TAG_SIZE, (int64_t) s->ack_owed);
+    s->ack_owed = 0;
+  }
+}
+
 int agent_net_poll_fill(agent_t *a, int first) {
   struct agent_net_s *net = a->net;
   int n = first;
   if (net == NULL)
     return n;
+  acks_flush(a);
   for (int l = 0; l < L_N; l++) {
     a->pfds[n] = (struct pollfd){.fd = net->lfd[l], .events = POLLIN};
     a->prefs[n++] = (agent_pollref_t){.slot = (int16_t) (-1 - l)};
@@ -448,7 +466,10 @@ void agent_net_frame(agent_t *a, const tp_frame_t *f) {
     return;
   switch (f->type) {
   case TP_MSG_NET_DATA:
-    if (data == NULL || s->eof_in || data->len > TP_NET_WINDOW - (s->out_len - s->out_off)) {
+    /* what the host may still have unacknowledged: at least what waits here
+     * and what the box's socket took that is not acknowledged yet */
+    if (data == NULL || s->eof_in ||
+        data->len > TP_NET_WINDOW_DOWN - (s->out_len - s->out_off) - s->ack_owed) {
       stream_close(a, s, EPROTO); /* the host overran the window */
       return;
     }
@@ -456,9 +477,15 @@ void agent_net_frame(agent_t *a, const tp_frame_t *f) {
       /* nothing queued: straight to the box's socket, what it takes acknowledged now */
       ssize_t w = write(s->fd, data->val, data->len);
       if (w > 0) {
-        send_sid(a, TP_MSG_NET_ACK, s->sid, TP_TAG_SIZE, w);
+        s->ack_owed += (size_t) w;
         data_off = (size_t) w;
       }
+    }
+    if (data_off == data->len)
+      break; /* all of it is in the box's socket */
+    if (s->out == NULL && (s->out = malloc(TP_NET_WINDOW_DOWN)) == NULL) {
+      stream_close(a, s, ENOMEM);
+      return;
     }
     if (s->out_off > 0) {
       memmove(s->out, s->out + s->out_off, s->out_len - s->out_off);

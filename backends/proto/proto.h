@@ -143,10 +143,15 @@ enum tp_tag {
   TP_TAG_MAX_ = 47
 };
 
-/* network relay: per-stream flow control.  A sender has at most
- * TP_NET_WINDOW bytes of a stream unacknowledged; a receiver buffers no
- * more, and closes a stream whose sender overruns it. */
+/* network relay: per-stream flow control.  A sender has at most a window
+ * of a stream unacknowledged; a receiver buffers no more, and closes a
+ * stream whose sender overruns it.  TP_NET_WINDOW is the box's (agent ->
+ * host), TP_NET_WINDOW_DOWN the host's (host -> agent): downloads get the
+ * larger one, since a stream moves at most a window per round trip through
+ * the daemon and the agent, and the agent's buffer for it is the box's
+ * own memory. */
 #define TP_NET_WINDOW (256u * 1024u)
+#define TP_NET_WINDOW_DOWN (768u * 1024u)
 #define TP_NET_CHUNK (64u * 1024u)
 #define TP_NET_STREAMS_MAX 64                        /* live streams per box */
 #define TP_NET_DNS_MAX 4096                          /* bytes of one DNS message over UDP */

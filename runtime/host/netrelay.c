@@ -144,7 +144,7 @@ static tp__nrs_t *tp__nr_find(const tp_netrelay_t *nr, uint32_t sid) {
 /* A NET_DATA frame's head: the frame header, SID, and DATA's tag and
  * length (frame.c's encoding, little-endian), for n bytes of data. */
 #define TP__NR_HEAD (TP_FRAME_HDR + 6 + 8 + 6)
-#define TP__NR_BATCH (2 * (TP__NR_HEAD + TP_NET_CHUNK)) /* half a window */
+#define TP__NR_BATCH (2 * (TP__NR_HEAD + TP_NET_CHUNK)) /* two chunks per channel write */
 
 static void tp__put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++)
@@ -183,7 +183,7 @@ static void tp__nrs_flush(tp__nrs_t *s) {
  * the channel).  Reading is on only while the window has room. */
 static void tp__nrs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   tp__nrs_t *s = h->data;
-  size_t room = TP_NET_WINDOW - s->out_unacked;
+  size_t room = TP_NET_WINDOW_DOWN - s->out_unacked;
   (void) suggested;
   if (s->batch != NULL && s->bcap - s->blen < TP__NR_HEAD + TP_NET_CHUNK)
     tp__nrs_flush(s);
@@ -212,10 +212,10 @@ static void tp__nrs_pump_box(tp__nrs_t *s) {
   int want;
   if (s->gone)
     return;
-  while (s->doff < s->dlen && s->out_unacked < TP_NET_WINDOW) {
+  while (s->doff < s->dlen && s->out_unacked < TP_NET_WINDOW_DOWN) {
     size_t k = s->dlen - s->doff;
-    if (k > TP_NET_WINDOW - s->out_unacked)
-      k = TP_NET_WINDOW - s->out_unacked;
+    if (k > TP_NET_WINDOW_DOWN - s->out_unacked)
+      k = TP_NET_WINDOW_DOWN - s->out_unacked;
     tp__nrs_send_data(s, s->down + s->doff, k);
     s->doff += k;
   }
@@ -228,7 +228,7 @@ static void tp__nrs_pump_box(tp__nrs_t *s) {
     s->eof_sent = 1;
     tp__nr_send_sid(s->nr, TP_MSG_NET_EOF, s->sid, 0, 0);
   }
-  want = !s->up_eof && s->dlen == 0 && s->out_unacked < TP_NET_WINDOW;
+  want = !s->up_eof && s->dlen == 0 && s->out_unacked < TP_NET_WINDOW_DOWN;
   if (want && !s->reading) {
     if (uv_read_start((uv_stream_t *) &s->tcp, tp__nrs_alloc_cb, tp__nrs_read_cb) == 0)
       s->reading = 1;
@@ -264,9 +264,9 @@ static void tp__nrs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
   s->out_unacked += (uint32_t) nread;
   s->to_box += (uint64_t) nread;
   /* on once the socket is drained (a short read: libuv reads no more this
-   * round), the window is full, or half a window is read: the agent
-   * delivers and acknowledges one half while the other is read */
-  if ((size_t) nread < s->asked || s->out_unacked >= TP_NET_WINDOW ||
+   * round), the window is full, or two chunks are read: the agent
+   * delivers and acknowledges a batch while the next is read */
+  if ((size_t) nread < s->asked || s->out_unacked >= TP_NET_WINDOW_DOWN ||
       s->bcap - s->blen < TP__NR_HEAD + TP_NET_CHUNK)
     tp__nrs_flush(s);
   tp__nrs_pump_box(s); /* stops reading at a full window */
@@ -446,7 +446,7 @@ int tp_netrelay_take(tp_netrelay_t *nr, const tp_netrelay_take_t *t, tp_error_t 
   }
   if (t->sid == 0 || t->sid >= 0x80000000u || t->up_head > t->up_len ||
       t->up_len - t->up_head > TP_NET_WINDOW || t->up_head > TP_NET_WINDOW ||
-      t->out_unacked > TP_NET_WINDOW || t->down_len > TP_NET_WINDOW + TP_NET_CHUNK ||
+      t->out_unacked > TP_NET_WINDOW_DOWN || t->down_len > TP_NET_WINDOW_DOWN + TP_NET_CHUNK ||
       (t->eof_sent && (!t->up_eof || t->down_len > 0))) {
     close(t->fd);
     return tp_error_set(err, EINVAL, "network relay: bad hand-over of stream %u", t->sid);

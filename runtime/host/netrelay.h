@@ -6,7 +6,8 @@
  * established it hands the stream here: from then on the bytes move
  * between the agent's NET_* stream frames and the upstream TCP socket
  * without Lua, with the same per-stream flow control the agent speaks
- * (proto.h: at most TP_NET_WINDOW bytes unacknowledged each way).
+ * (proto.h: at most TP_NET_WINDOW bytes of the box unacknowledged, and
+ * TP_NET_WINDOW_DOWN bytes for the box).
  *
  * Threat model: the box's agent and the upstream server are both hostile.
  * A frame that breaks the protocol (a window overrun, an acknowledgement
@@ -17,11 +18,15 @@
  * Memory per relayed stream: box -> upstream, one buffer of TP_NET_WINDOW
  * plus the rewritten request head (the box cannot send more unacknowledged,
  * and bytes are acknowledged only once written upstream); upstream -> box,
- * nothing is read while TP_NET_WINDOW bytes wait for the agent's
+ * nothing is read while TP_NET_WINDOW_DOWN bytes wait for the agent's
  * acknowledgement, and reads (up to TP_NET_CHUNK each) land in place in
- * NET_DATA frames that go onto the channel in one write per half window,
+ * NET_DATA frames that go onto the channel in one write per two chunks,
  * or sooner once the socket is drained (no copy; the channel's write queue
- * holds at most the window).  So an upstream that stops
+ * holds at most that window).  In all, per stream: TP_NET_WINDOW plus a
+ * head of at most as much (box -> upstream), a batch of two chunks, and
+ * TP_NET_WINDOW_DOWN queued on the channel, with the handed-over bytes
+ * (at most TP_NET_WINDOW_DOWN + TP_NET_CHUNK) until they are sent: under
+ * 3 MiB, for at most TP_NET_STREAMS_MAX streams a box.  So an upstream that stops
  * reading blocks the box's writer, and one that floods waits on the box.
  *
  * Lifetime (libuv's rules): tp_netrelay_release is the owner's last call;
@@ -55,7 +60,7 @@ typedef struct tp_netrelay_take_s {
                               request head): never acknowledged to the box; the rest are
                               the box's unacknowledged bytes (in_unacked) */
   const uint8_t *down;     /* bytes read upstream, not yet sent to the box */
-  size_t down_len;         /* at most TP_NET_WINDOW + TP_NET_CHUNK */
+  size_t down_len;         /* at most TP_NET_WINDOW_DOWN + TP_NET_CHUNK */
   uint32_t out_unacked;    /* bytes sent to the box, not yet acknowledged */
   int box_eof;             /* the box sent NET_EOF */
   int up_eof;              /* the upstream ended */

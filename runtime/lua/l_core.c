@@ -97,7 +97,7 @@ int luaopen_tupper_core(lua_State *L) {
   lua_setfield(L, -2, "CHUNK_MAX");
   {
     static const struct { const char *name; lua_Integer v; } net[] = {
-        {"WINDOW", TP_NET_WINDOW},     {"CHUNK", TP_NET_CHUNK},
+        {"WINDOW", TP_NET_WINDOW},     {"WINDOW_DOWN", TP_NET_WINDOW_DOWN}, {"CHUNK", TP_NET_CHUNK},
         {"STREAMS_MAX", TP_NET_STREAMS_MAX}, {"DNS_MAX", TP_NET_DNS_MAX},
         {"HTTP_PORT", TP_NET_HTTP_PORT}, {"SOCKS_PORT", TP_NET_SOCKS_PORT},
         {"DNS_PORT", TP_NET_DNS_PORT}, {"HTTP", TP_NET_HTTP},

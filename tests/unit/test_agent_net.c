@@ -200,7 +200,7 @@ static void test_stream(void) {
 
 static void test_flow_control(void) {
   frame_t fr;
-  static uint8_t big[1024 * 1024];
+  static uint8_t big[1024 * 1024]; /* more than TP_NET_WINDOW_DOWN */
   size_t got = 0;
   int c = tcp_connect(TP_NET_SOCKS_PORT);
   check(wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS) && fr.kind == TP_NET_SOCKS, "SOCKS port: KIND SOCKS");
@@ -232,11 +232,11 @@ static void test_flow_control(void) {
         "an ACK beyond what was sent closes the stream (EPROTO)");
   close(c);
 
-  /* hostile: more than a window at once */
+  /* hostile: more than the host's window at once */
   c = tcp_connect(TP_NET_HTTP_PORT);
   check(wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS), "another stream");
   sid = fr.sid;
-  send_net(TP_MSG_NET_DATA, 0, sid, 0, 0, big, TP_NET_WINDOW + 1);
+  send_net(TP_MSG_NET_DATA, 0, sid, 0, 0, big, TP_NET_WINDOW_DOWN + 1);
   check(wait_type(&fr, TP_MSG_NET_CLOSE, TIMEOUT_MS) && fr.sid == sid && fr.err == EPROTO,
         "NET_DATA beyond the window closes the stream (EPROTO)");
   char b;

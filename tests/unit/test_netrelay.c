@@ -3,7 +3,7 @@
  * agent's side of the NET_* frames), and a real loopback TCP connection as
  * the upstream.  Checked: a hand-over writes the daemon's head and the box's
  * bytes upstream and acknowledges only the box's; upstream bytes reach the
- * agent in frames of at most TP_NET_CHUNK, never more than TP_NET_WINDOW
+ * agent in frames of at most TP_NET_CHUNK, never more than TP_NET_WINDOW_DOWN
  * unacknowledged, byte-exact; frames of streams it does not own go to the
  * owner; a broken acknowledgement ends the stream (NET_CLOSE, EPROTO,
  * upstream closed); the agent's NET_CLOSE ends it with the end callback;
@@ -253,7 +253,7 @@ int main(void) {
     }
   }
   check(ag.ndata == 2 + BIG && memcmp(ag.data + 2, big, BIG) == 0, "1 MiB reaches the box byte-exact");
-  check(ag.max_unacked <= TP_NET_WINDOW && ag.max_frame <= TP_NET_CHUNK,
+  check(ag.max_unacked <= TP_NET_WINDOW_DOWN && ag.max_frame <= TP_NET_CHUNK,
         "never more than the window unacknowledged (%zu), frames of at most a chunk (%zu)",
         ag.max_unacked, ag.max_frame);
 
@@ -266,7 +266,7 @@ int main(void) {
   }
   want_data = SIZE_MAX;
   spin(&loop, 300, got_data);
-  check(ag.ndata - before <= TP_NET_WINDOW, "without acknowledgements at most the window comes (%zu)",
+  check(ag.ndata - before <= TP_NET_WINDOW_DOWN, "without acknowledgements at most the window comes (%zu)",
         ag.ndata - before);
 
   /* frames of a stream it does not own are the owner's */

@@ -214,13 +214,14 @@ function Net:_stream_close(s, notify)
   if s.on_close then s.on_close() end
 end
 
--- Data for the box: sent as the window allows, the rest queued (at most
--- one upstream read beyond the window, since reading stops at the window).
+-- Data for the box: sent as the host's window (NET.WINDOW_DOWN) allows,
+-- the rest queued (at most one upstream read beyond the window, since
+-- reading stops at the window).
 function Net:_to_box(s, data)
   if data and #data > 0 then s.outq[#s.outq + 1] = data end
-  while #s.outq > 0 and s.out_unacked < NET.WINDOW and not s.closed do
+  while #s.outq > 0 and s.out_unacked < NET.WINDOW_DOWN and not s.closed do
     local d = table.remove(s.outq, 1)
-    local room = math.min(NET.WINDOW - s.out_unacked, NET.CHUNK)
+    local room = math.min(NET.WINDOW_DOWN - s.out_unacked, NET.CHUNK)
     if #d > room then
       table.insert(s.outq, 1, d:sub(room + 1))
       d = d:sub(1, room)
@@ -232,7 +233,7 @@ function Net:_to_box(s, data)
     s.eof_sent = true
     self:_send(MSG.NET_EOF, { sid = s.sid })
   end
-  if s.tcp and not s.reading and not s.up_eof and s.out_unacked < NET.WINDOW and #s.outq == 0
+  if s.tcp and not s.reading and not s.up_eof and s.out_unacked < NET.WINDOW_DOWN and #s.outq == 0
      and not s.closed then
     s.reading = true
     s.tcp:read_start(function(err, chunk) self:_upstream_read(s, err, chunk) end)
@@ -249,7 +250,7 @@ function Net:_upstream_read(s, err, chunk)
     return self:_to_box(s)
   end
   self:_to_box(s, chunk)
-  if s.out_unacked >= NET.WINDOW or #s.outq > 0 then
+  if s.out_unacked >= NET.WINDOW_DOWN or #s.outq > 0 then
     s.reading = false
     s.tcp:read_stop()
   end
