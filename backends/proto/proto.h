@@ -39,7 +39,7 @@
 
 enum tp_msg_type {
   /* agent -> host events (id 0) */
-  TP_MSG_READY = 1,        /* VERSION, PID (agent's own pid in the box) */
+  TP_MSG_READY = 1,        /* VERSION, PID (agent's own pid in the box), FLAGS? (TP_F_READY_*) */
   TP_MSG_OUTPUT = 2,       /* PID, STREAM, DATA */
   TP_MSG_EXIT = 3,         /* PID, CODE (exit status or -1), SIGNAL (0 or signo), FLAGS? (TP_F_EXIT_*) */
   TP_MSG_STDIN_ACK = 4,    /* PID SIZE: a TP_F_EXEC_CREDIT process's pipe took SIZE more bytes of
@@ -176,6 +176,9 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
 #define TP_F_EXEC_PTY 0x4u        /* EXEC: stdin/stdout/stderr are a new terminal (its controlling
                                      one); COLS and ROWS give its size; output is STREAM 1 */
 #define TP_F_WATCH_RECURSIVE 0x1u /* WATCH_ADD: subdirectories too, new ones as they appear */
+#define TP_F_READY_NET_DOWN 0x1u  /* READY (FLAGS): this agent takes TP_NET_WINDOW_DOWN unacknowledged
+                                      bytes of a download; without it (an agent of an older build,
+                                      re-adopted) the host keeps to TP_NET_WINDOW */
 #define TP_F_EXIT_OOM 0x1u        /* EXIT (FLAGS, microVM guest agents): the guest kernel's OOM killer
                                      killed it (died of SIGKILL, or exited 137, and /proc/vmstat's
                                      oom_kill rose since the last process found so) */

@@ -44,6 +44,7 @@ struct tp_netrelay_s {
   int nstreams;
   int closing;          /* streams whose handle's close callback is pending */
   int released;
+  uint32_t wdown;       /* bytes for the box unacknowledged: what its agent takes (tp_netrelay_new) */
 };
 
 static void tp__nr_maybe_free(tp_netrelay_t *nr) {
@@ -183,7 +184,7 @@ static void tp__nrs_flush(tp__nrs_t *s) {
  * the channel).  Reading is on only while the window has room. */
 static void tp__nrs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   tp__nrs_t *s = h->data;
-  size_t room = TP_NET_WINDOW_DOWN - s->out_unacked;
+  size_t room = s->nr->wdown - s->out_unacked;
   (void) suggested;
   if (s->batch != NULL && s->bcap - s->blen < TP__NR_HEAD + TP_NET_CHUNK)
     tp__nrs_flush(s);
@@ -212,10 +213,10 @@ static void tp__nrs_pump_box(tp__nrs_t *s) {
   int want;
   if (s->gone)
     return;
-  while (s->doff < s->dlen && s->out_unacked < TP_NET_WINDOW_DOWN) {
+  while (s->doff < s->dlen && s->out_unacked < s->nr->wdown) {
     size_t k = s->dlen - s->doff;
-    if (k > TP_NET_WINDOW_DOWN - s->out_unacked)
-      k = TP_NET_WINDOW_DOWN - s->out_unacked;
+    if (k > s->nr->wdown - s->out_unacked)
+      k = s->nr->wdown - s->out_unacked;
     tp__nrs_send_data(s, s->down + s->doff, k);
     s->doff += k;
   }
@@ -228,7 +229,7 @@ static void tp__nrs_pump_box(tp__nrs_t *s) {
     s->eof_sent = 1;
     tp__nr_send_sid(s->nr, TP_MSG_NET_EOF, s->sid, 0, 0);
   }
-  want = !s->up_eof && s->dlen == 0 && s->out_unacked < TP_NET_WINDOW_DOWN;
+  want = !s->up_eof && s->dlen == 0 && s->out_unacked < s->nr->wdown;
   if (want && !s->reading) {
     if (uv_read_start((uv_stream_t *) &s->tcp, tp__nrs_alloc_cb, tp__nrs_read_cb) == 0)
       s->reading = 1;
@@ -266,7 +267,7 @@ static void tp__nrs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
   /* on once the socket is drained (a short read: libuv reads no more this
    * round), the window is full, or two chunks are read: the agent
    * delivers and acknowledges a batch while the next is read */
-  if ((size_t) nread < s->asked || s->out_unacked >= TP_NET_WINDOW_DOWN ||
+  if ((size_t) nread < s->asked || s->out_unacked >= s->nr->wdown ||
       s->bcap - s->blen < TP__NR_HEAD + TP_NET_CHUNK)
     tp__nrs_flush(s);
   tp__nrs_pump_box(s); /* stops reading at a full window */
@@ -412,9 +413,13 @@ static void tp__nr_down(tp_dbox_t *b, const char *reason) {
 
 /* ---- the owner's calls ------------------------------------------------------- */
 
-tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, tp_netrelay_end_cb on_end, void *data,
-                               tp_error_t *err) {
+tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, uint32_t window_down, tp_netrelay_end_cb on_end,
+                               void *data, tp_error_t *err) {
   tp_netrelay_t *nr;
+  if (window_down < TP_NET_CHUNK || window_down > TP_NET_WINDOW_DOWN) {
+    tp_error_set(err, EINVAL, "network relay: a window of %u bytes", window_down);
+    return NULL;
+  }
   if (b->n_data != NULL) {
     tp_error_set(err, EBUSY, "network relay: the box has one");
     return NULL;
@@ -429,6 +434,7 @@ tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, tp_netrelay_end_cb on_end, void *da
     return NULL;
   }
   nr->b = b;
+  nr->wdown = window_down;
   nr->on_end = on_end;
   nr->data = data;
   b->n_frame = tp__nr_frame;
@@ -446,7 +452,7 @@ int tp_netrelay_take(tp_netrelay_t *nr, const tp_netrelay_take_t *t, tp_error_t 
   }
   if (t->sid == 0 || t->sid >= 0x80000000u || t->up_head > t->up_len ||
       t->up_len - t->up_head > TP_NET_WINDOW || t->up_head > TP_NET_WINDOW ||
-      t->out_unacked > TP_NET_WINDOW_DOWN || t->down_len > TP_NET_WINDOW_DOWN + TP_NET_CHUNK ||
+      t->out_unacked > nr->wdown || t->down_len > nr->wdown + TP_NET_CHUNK ||
       (t->eof_sent && (!t->up_eof || t->down_len > 0))) {
     close(t->fd);
     return tp_error_set(err, EINVAL, "network relay: bad hand-over of stream %u", t->sid);

@@ -67,9 +67,12 @@ typedef struct tp_netrelay_take_s {
   int eof_sent;            /* NET_EOF went to the box */
 } tp_netrelay_take_t;
 
-/* A relay on box b (one per box: EBUSY for a second). */
-tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, tp_netrelay_end_cb on_end, void *data,
-                               tp_error_t *err);
+/* A relay on box b (one per box: EBUSY for a second).  window_down: the
+ * bytes a stream may have unacknowledged towards the box, what its agent
+ * takes (TP_NET_WINDOW_DOWN where its READY says TP_F_READY_NET_DOWN, else
+ * TP_NET_WINDOW); EINVAL outside TP_NET_CHUNK..TP_NET_WINDOW_DOWN. */
+tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, uint32_t window_down, tp_netrelay_end_cb on_end,
+                               void *data, tp_error_t *err);
 /* Takes over a stream.  EINVAL for a bad sid or inconsistent counts,
  * EEXIST for a sid it has, EPIPE once the box is gone; t->fd is closed on
  * any failure. */

@@ -41,12 +41,15 @@ static void tp__lnr_end_cb(tp_netrelay_t *nr, uint32_t sid, uint64_t to_up, uint
   tp_lua_pcall(L, 4, 0, 0);
 }
 
-/* core.netrelay(box, on_end) */
+/* core.netrelay(box, on_end [, window_down]): window_down, the bytes a
+ * stream may have unacknowledged towards the box (default NET.WINDOW) */
 static int tp_lcore_netrelay(lua_State *L) {
   tp_dbox_t *b = tp_l_box_check(L, 1);
   tp_error_t err = {0};
   tp_lnetrelay_t *u;
+  lua_Integer wdown = luaL_optinteger(L, 3, TP_NET_WINDOW);
   luaL_checktype(L, 2, LUA_TFUNCTION);
+  luaL_argcheck(L, wdown >= TP_NET_CHUNK && wdown <= TP_NET_WINDOW_DOWN, 3, "window out of range");
   u = lua_newuserdatauv(L, sizeof(*u), 1);
   u->nr = NULL;
   u->ref_end = LUA_NOREF;
@@ -56,7 +59,7 @@ static int tp_lcore_netrelay(lua_State *L) {
   luaL_setmetatable(L, TP_L_NETRELAY_MT);
   lua_pushvalue(L, 1); /* the box outlives its relay */
   lua_setiuservalue(L, -2, 1);
-  u->nr = tp_netrelay_new(b, tp__lnr_end_cb, u, &err);
+  u->nr = tp_netrelay_new(b, (uint32_t) wdown, tp__lnr_end_cb, u, &err);
   if (u->nr == NULL)
     return tp_l_push_err(L, &err);
   lua_pushvalue(L, 2);

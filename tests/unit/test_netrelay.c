@@ -3,7 +3,7 @@
  * agent's side of the NET_* frames), and a real loopback TCP connection as
  * the upstream.  Checked: a hand-over writes the daemon's head and the box's
  * bytes upstream and acknowledges only the box's; upstream bytes reach the
- * agent in frames of at most TP_NET_CHUNK, never more than TP_NET_WINDOW_DOWN
+ * agent in frames of at most TP_NET_CHUNK, never more than the relay's window
  * unacknowledged, byte-exact; frames of streams it does not own go to the
  * owner; a broken acknowledgement ends the stream (NET_CLOSE, EPROTO,
  * upstream closed); the agent's NET_CLOSE ends it with the end callback;
@@ -208,9 +208,13 @@ int main(void) {
   b->box.chan_fd = sv[0];
   b->box.pidfd = eventfd(0, EFD_CLOEXEC); /* never readable: PID 1 never exits */
   check(tp_dbox_on(b, on_frame, on_down, &err) == 0, "the box's channel is on the loop");
-  nr = tp_netrelay_new(b, on_end, NULL, &err);
+  check(tp_netrelay_new(b, TP_NET_WINDOW_DOWN + 1, on_end, NULL, &err) == NULL && err.code == EINVAL,
+        "a window past the agent's refused");
+  /* the window of an agent that does not say TP_F_READY_NET_DOWN (an older
+   * build's, re-adopted): the relay keeps to the window it was given */
+  nr = tp_netrelay_new(b, TP_NET_WINDOW, on_end, NULL, &err);
   check(nr != NULL, "a relay on the box");
-  check(tp_netrelay_new(b, on_end, NULL, &err) == NULL && err.code == EBUSY, "one relay a box");
+  check(tp_netrelay_new(b, TP_NET_WINDOW_DOWN, on_end, NULL, &err) == NULL && err.code == EBUSY, "one relay a box");
 
   /* a hand-over: the head is the daemon's, the rest the box's */
   r = tcp_pair(&mine, &up_fd);
@@ -253,7 +257,7 @@ int main(void) {
     }
   }
   check(ag.ndata == 2 + BIG && memcmp(ag.data + 2, big, BIG) == 0, "1 MiB reaches the box byte-exact");
-  check(ag.max_unacked <= TP_NET_WINDOW_DOWN && ag.max_frame <= TP_NET_CHUNK,
+  check(ag.max_unacked <= TP_NET_WINDOW && ag.max_frame <= TP_NET_CHUNK,
         "never more than the window unacknowledged (%zu), frames of at most a chunk (%zu)",
         ag.max_unacked, ag.max_frame);
 
@@ -266,7 +270,7 @@ int main(void) {
   }
   want_data = SIZE_MAX;
   spin(&loop, 300, got_data);
-  check(ag.ndata - before <= TP_NET_WINDOW_DOWN, "without acknowledgements at most the window comes (%zu)",
+  check(ag.ndata - before <= TP_NET_WINDOW, "without acknowledgements at most the window comes (%zu)",
         ag.ndata - before);
 
   /* frames of a stream it does not own are the owner's */

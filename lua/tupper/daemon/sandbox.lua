@@ -183,6 +183,8 @@ function Sandbox:_frame(t, id, f)
     if id ~= 0 or not self.net then return self:_hostile("unexpected network frame") end
     return self.net:frame(t, f)
   elseif t == MSG.READY then
+    -- what its agent takes of a download unacknowledged (net/relay.lua)
+    self.net_window_down = (math.tointeger(f.flags) or 0) & core.NET.READY_DOWN ~= 0
     if self._ready then
       if f.version ~= core.AGENT_PROTO then
         self._ready(false, "agent speaks protocol " .. tostring(f.version))

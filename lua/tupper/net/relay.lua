@@ -214,14 +214,15 @@ function Net:_stream_close(s, notify)
   if s.on_close then s.on_close() end
 end
 
--- Data for the box: sent as the host's window (NET.WINDOW_DOWN) allows,
+-- Data for the box: sent as the host's window (Net:_wdown) allows,
 -- the rest queued (at most one upstream read beyond the window, since
 -- reading stops at the window).
 function Net:_to_box(s, data)
+  local wdown = self:_wdown()
   if data and #data > 0 then s.outq[#s.outq + 1] = data end
-  while #s.outq > 0 and s.out_unacked < NET.WINDOW_DOWN and not s.closed do
+  while #s.outq > 0 and s.out_unacked < wdown and not s.closed do
     local d = table.remove(s.outq, 1)
-    local room = math.min(NET.WINDOW_DOWN - s.out_unacked, NET.CHUNK)
+    local room = math.min(wdown - s.out_unacked, NET.CHUNK)
     if #d > room then
       table.insert(s.outq, 1, d:sub(room + 1))
       d = d:sub(1, room)
@@ -233,7 +234,7 @@ function Net:_to_box(s, data)
     s.eof_sent = true
     self:_send(MSG.NET_EOF, { sid = s.sid })
   end
-  if s.tcp and not s.reading and not s.up_eof and s.out_unacked < NET.WINDOW_DOWN and #s.outq == 0
+  if s.tcp and not s.reading and not s.up_eof and s.out_unacked < wdown and #s.outq == 0
      and not s.closed then
     s.reading = true
     s.tcp:read_start(function(err, chunk) self:_upstream_read(s, err, chunk) end)
@@ -250,7 +251,7 @@ function Net:_upstream_read(s, err, chunk)
     return self:_to_box(s)
   end
   self:_to_box(s, chunk)
-  if s.out_unacked >= NET.WINDOW_DOWN or #s.outq > 0 then
+  if s.out_unacked >= self:_wdown() or #s.outq > 0 then
     s.reading = false
     s.tcp:read_stop()
   end
@@ -396,13 +397,20 @@ function Net:_maybe_shut(s)
   end
 end
 
+-- What a stream may have unacknowledged towards the box: the download
+-- window where the box's agent said it takes it (READY's FLAGS), else the
+-- window of older agents (a box re-adopted across an upgrade).
+function Net:_wdown()
+  return self.sb.net_window_down and NET.WINDOW_DOWN or NET.WINDOW
+end
+
 -- The C relay of this box, made at its first use; nil if it cannot be.
 function Net:_crelay()
   if self.crelay == nil and self.sb.box then
     -- a microVM's box is a wrapper: its channel's own box is .core
     local nr, err = core.netrelay(self.sb.box.core or self.sb.box, function(sid, to_up, to_box, e)
       self:_c_ended(sid, to_up, to_box, e)
-    end)
+    end, self:_wdown())
     if not nr then
       io.stderr:write("tupper: network relay in C unavailable, relaying in Lua: " .. tostring(err) .. "\n")
       self.crelay = false
