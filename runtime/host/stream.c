@@ -373,11 +373,12 @@ tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle
     tp_error_set(err, ENOMEM, "data connection: out of memory");
     return NULL;
   }
-  /* room in the kernel for what the daemon may send ahead (the window), so
-   * that DATA goes out whole from the source's buffer instead of copied
-   * into the write queue; as root past net.core.wmem_max, else up to it */
+  /* room in the kernel for what the daemon may send ahead (the window, at
+   * most the default's: kernel memory is not swapped), so that DATA goes out
+   * whole from the source's buffer instead of copied into the write queue;
+   * as root past net.core.wmem_max, else up to it */
   {
-    int want = (int) window;
+    int want = (int) (window < TP_SCONN_WINDOW_DEFAULT ? window : TP_SCONN_WINDOW_DEFAULT);
     if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof(want)) < 0)
       setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
   }
