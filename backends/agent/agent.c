@@ -331,6 +331,18 @@ static int channel_read(agent_t *a) {
 
 /* ---- set-up --------------------------------------------------------------- */
 
+/* A channel that is a socket: room for a few whole 1 MiB replies in the
+ * kernel, so that an FS_READ's reply or a burst of output is written in one
+ * call instead of one wake-up of each side per ~200 KiB.  The kernel caps
+ * it at net.core.wmem_max (the daemon may have raised this socket's before
+ * the box started: never lowered here); a port is not a socket. */
+static void channel_tune(int fd) {
+  int want = (int) AGENT_CHAN_SNDBUF, have = 0;
+  socklen_t len = sizeof(have);
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &have, &len) == 0 && have < want)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
+}
+
 static void close_fds(unsigned lo, unsigned hi) {
   long max;
   if (lo > hi || close_range(lo, hi, 0) == 0)
@@ -425,6 +437,8 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
   } else if (fl >= 0 && (fl & O_NONBLOCK)) {
     fcntl(chan, F_SETFL, fl & ~O_NONBLOCK);
   }
+  if (!agent_vm_guest)
+    channel_tune(chan);
   /* Non-blocking: a connection that goes away between poll and accept must
    * not hang the loop. */
   if (a->listen_fd >= 0 && (fcntl(a->listen_fd, F_SETFD, FD_CLOEXEC) < 0 ||
@@ -461,8 +475,7 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
     return tp_error_errno(err, errno, "signalfd");
 
   a->rbuf = malloc(TP_FRAME_HDR + TP_FRAME_MAX);
-  a->fsbuf = malloc(TP_CHUNK_MAX);
-  if (a->rbuf == NULL || a->fsbuf == NULL)
+  if (a->rbuf == NULL)
     return tp_error_set(err, ENOMEM, "out of memory");
   return 0;
 }
@@ -520,6 +533,7 @@ static void listener_accept(agent_t *a) {
     return;
   }
   a->chan = fd;
+  channel_tune(fd);
   agent_log("re-attached");
   send_ready(a);
   agent_proc_flush_exits(a);

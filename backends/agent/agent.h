@@ -44,6 +44,7 @@
 #define AGENT_EXITQ_MAX 1024                /* EXIT events kept while detached */
 #define AGENT_GRACE_DEFAULT_S 60            /* detached: wait this long for a daemon */
 #define AGENT_GRACE_MAX_S 86400
+#define AGENT_CHAN_SNDBUF (4u * 1024u * 1024u) /* the channel socket's send buffer (agent.c) */
 #define AGENT_DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 /* The account a request acts as (UID GID GROUPS?, see proto.h). */
@@ -156,7 +157,6 @@ typedef struct agent_s {
   int nfdsets;
   agent_fdset_t fdsets[AGENT_FDSETS_MAX];
   tp_buf_t out;               /* the frame being built and sent */
-  uint8_t *fsbuf;             /* TP_CHUNK_MAX bytes, for FS_READ */
   struct rlimit nofile;       /* RLIMIT_NOFILE as inherited, restored in children */
   mode_t umask;               /* umask as inherited, restored in children */
   int nprocs;

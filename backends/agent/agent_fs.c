@@ -139,6 +139,7 @@ int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   cleanup_close int fd = -1;
   struct stat st;
   size_t got = 0;
+  uint8_t *room;
 
   if (agent_req_check(r, allowed, 0, "fs_read", err) < 0 ||
       agent_req_path(r, TP_TAG_PATH, "fs_read", path, err) < 0)
@@ -158,8 +159,12 @@ int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return tp_error_errno(err, EISDIR, "read '%s'", path);
   if (!S_ISREG(st.st_mode))
     return tp_error_set(err, EINVAL, "read '%s': not a regular file", path);
+  /* SIZE first: DATA is read straight into the reply, as its last field */
+  tp_frame_add_int(&a->out, TP_TAG_SIZE, st.st_size);
+  if ((room = tp_frame_add_room(&a->out, TP_TAG_DATA, (uint32_t) len)) == NULL)
+    return tp_error_set(err, ENOMEM, "read '%s': out of memory", path);
   while (got < (size_t) len) {
-    ssize_t n = pread(fd, a->fsbuf + got, (size_t) len - got, (off_t) (off + (int64_t) got));
+    ssize_t n = pread(fd, room + got, (size_t) len - got, (off_t) (off + (int64_t) got));
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0)
@@ -168,8 +173,7 @@ int agent_fs_read(agent_t *a, const agent_req_t *r, tp_error_t *err) {
       break;
     got += (size_t) n;
   }
-  tp_frame_add(&a->out, TP_TAG_DATA, a->fsbuf, (uint32_t) got);
-  tp_frame_add_int(&a->out, TP_TAG_SIZE, st.st_size);
+  tp_frame_fit(&a->out, room, (uint32_t) len, (uint32_t) got);
   return 0;
 }
 

@@ -26,7 +26,7 @@ void tp_buf_reset(tp_buf_t *b) {
   b->oom = 0;
 }
 
-int tp_buf_append(tp_buf_t *b, const void *p, size_t n) {
+int tp_buf_reserve(tp_buf_t *b, size_t n) {
   if (b->oom)
     return -1;
   if (b->len + n > b->cap) {
@@ -41,6 +41,12 @@ int tp_buf_append(tp_buf_t *b, const void *p, size_t n) {
     b->data = d;
     b->cap = cap;
   }
+  return 0;
+}
+
+int tp_buf_append(tp_buf_t *b, const void *p, size_t n) {
+  if (tp_buf_reserve(b, n) < 0)
+    return -1;
   if (n)
     memcpy(b->data + b->len, p, n);
   b->len += n;
@@ -91,11 +97,37 @@ void tp_frame_group_end(tp_buf_t *b, size_t off) {
   put_u32(b->data + off - 4, (uint32_t) (b->len - off));
 }
 
-int tp_frame_end(tp_buf_t *b) {
+uint8_t *tp_frame_add_room(tp_buf_t *b, uint16_t tag, uint32_t len) {
+  uint8_t *room;
+  tp_frame_add_head(b, tag, len);
+  if (tp_buf_reserve(b, len) < 0)
+    return NULL;
+  room = b->data + b->len;
+  b->len += len;
+  return room;
+}
+
+void tp_frame_fit(tp_buf_t *b, uint8_t *room, uint32_t len, uint32_t got) {
+  if (b->oom || got > len || room < b->data + 4 || room + len != b->data + b->len)
+    return; /* not the last field: left as it is */
+  put_u32(room - 4, got);
+  b->len -= len - got;
+}
+
+void tp_frame_add_head(tp_buf_t *b, uint16_t tag, uint32_t len) {
+  uint8_t h[6];
+  put_u16(h, tag);
+  put_u32(h + 2, len);
+  tp_buf_append(b, h, sizeof(h));
+}
+
+int tp_frame_end(tp_buf_t *b) { return tp_frame_end_tail(b, 0); }
+
+int tp_frame_end_tail(tp_buf_t *b, uint32_t tail) {
   size_t plen;
   if (b->oom || b->frame_start + TP_FRAME_HDR > b->len)
     return -1;
-  plen = b->len - b->frame_start - TP_FRAME_HDR;
+  plen = b->len - b->frame_start - TP_FRAME_HDR + tail;
   if (plen > TP_FRAME_MAX) {
     b->len = b->frame_start; /* drop the oversized frame */
     return -1;

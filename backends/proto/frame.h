@@ -37,6 +37,8 @@ void tp_buf_init(tp_buf_t *b);
 void tp_buf_free(tp_buf_t *b);
 void tp_buf_reset(tp_buf_t *b);
 int tp_buf_append(tp_buf_t *b, const void *p, size_t n);
+/* Room for n more bytes without a later realloc; -1 (oom set) without it. */
+int tp_buf_reserve(tp_buf_t *b, size_t n);
 
 /* Encoding: begin a frame, add fields, end it.  tp_frame_end patches the
  * length and returns 0, or -1 when the buffer ran out of memory or the
@@ -49,6 +51,19 @@ void tp_frame_add_int(tp_buf_t *b, uint16_t tag, int64_t v);
 size_t tp_frame_group_begin(tp_buf_t *b, uint16_t tag);
 void tp_frame_group_end(tp_buf_t *b, size_t off);
 int tp_frame_end(tp_buf_t *b);
+/* Bulk bytes without a copy through the encoder.
+ * tp_frame_add_room adds field tag with room for len bytes that the caller
+ * fills in place (a read straight into the frame): it returns where they go,
+ * valid until the next append, or NULL when out of memory; tp_frame_fit then
+ * cuts that field, the last one added, to got <= len bytes.
+ * tp_frame_add_head adds only the header of a field of len bytes that will
+ * follow the buffer on the wire (it must be the frame's last field), and
+ * tp_frame_end_tail ends the frame counting those len bytes: the caller
+ * writes b's bytes, then the field's, as one frame (writev). */
+uint8_t *tp_frame_add_room(tp_buf_t *b, uint16_t tag, uint32_t len);
+void tp_frame_fit(tp_buf_t *b, uint8_t *room, uint32_t len, uint32_t got);
+void tp_frame_add_head(tp_buf_t *b, uint16_t tag, uint32_t len);
+int tp_frame_end_tail(tp_buf_t *b, uint32_t tail);
 
 /* Decoding.  tp_frame_parse_header looks at a buffer of n bytes:
  * returns 0 when more bytes are needed, the total frame size (header +

@@ -212,6 +212,16 @@ int tp_dbox_on(tp_dbox_t *b, tp_dbox_frame_cb on_frame, tp_dbox_down_cb on_down,
   b->exitp.data = b;
   b->open_handles++;
   b->started = 1;
+  {
+    /* the daemon's end of the channel: a few whole FS_WRITE frames fit in
+     * the kernel, so that they go from the relay's buffer uncopied (as
+     * root past net.core.wmem_max, else up to it; a port is no socket) */
+    int want = (int) TP_DBOX_CHAN_SNDBUF;
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *) &b->chan, &fd) == 0 &&
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof(want)) < 0)
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
+  }
   b->on_frame = on_frame;
   b->on_down = on_down;
   uv_read_start((uv_stream_t *) &b->chan, tp__dbox_alloc_cb, tp__dbox_read_cb);
@@ -256,6 +266,44 @@ int tp_dbox_send(tp_dbox_t *b, tp_buf_t *buf, tp_error_t *err) {
     return tp_error_set(err, -r, "box channel: %s", uv_strerror(r));
   }
   return 0;
+}
+
+int tp_dbox_send_tail(tp_dbox_t *b, tp_buf_t *buf, const void *tail, size_t tlen, tp_error_t *err) {
+  uv_buf_t ub[2];
+  size_t done = 0;
+  int r;
+  if (!tp_dbox_running(b)) {
+    tp_buf_free(buf);
+    return tp_error_set(err, EPIPE, "box is not running");
+  }
+  /* the room for the copy first: a frame is never cut by a failed realloc */
+  if (tp_buf_reserve(buf, tlen) < 0) {
+    tp_buf_free(buf);
+    return tp_error_set(err, ENOMEM, "out of memory");
+  }
+  if (tp_dbox_queued(b) == 0) {
+    ub[0] = uv_buf_init((char *) buf->data, (unsigned) buf->len);
+    ub[1] = uv_buf_init((char *) tail, (unsigned) tlen);
+    r = uv_try_write((uv_stream_t *) &b->chan, ub, tlen ? 2 : 1);
+    if (r > 0)
+      done = (size_t) r; /* an error other than EAGAIN: tp_dbox_send reports it */
+  }
+  if (done >= buf->len + tlen) {
+    tp_buf_free(buf);
+    return 0;
+  }
+  if (done < buf->len) {
+    memmove(buf->data, buf->data + done, buf->len - done);
+    buf->len -= done;
+    if (tlen)
+      memcpy(buf->data + buf->len, tail, tlen);
+    buf->len += tlen;
+  } else {
+    done -= buf->len;
+    memcpy(buf->data, (const uint8_t *) tail + done, tlen - done);
+    buf->len = tlen - done;
+  }
+  return tp_dbox_send(b, buf, err);
 }
 
 int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_error_t *err) {

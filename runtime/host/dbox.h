@@ -115,6 +115,8 @@ struct tp_dbox_s {
  * relays' below TP_DBOX_PID_MIN, process relays' from it. */
 #define TP_DBOX_CID_MIN 0x80000000u
 #define TP_DBOX_PID_MIN 0xC0000000u
+/* The send buffer of the daemon's end of a box's channel (dbox.c). */
+#define TP_DBOX_CHAN_SNDBUF (4u * 1024u * 1024u)
 
 /* A start, as the owner describes it; strings and lists are borrowed until
  * tp_dbox_start returns. */
@@ -150,6 +152,11 @@ int tp_dbox_on(tp_dbox_t *b, tp_dbox_frame_cb on_frame, tp_dbox_down_cb on_down,
 int tp_dbox_running(const tp_dbox_t *b);
 /* Writes an encoded frame; takes buf (freed when written, or on failure). */
 int tp_dbox_send(tp_dbox_t *b, tp_buf_t *buf, tp_error_t *err);
+/* tp_dbox_send of the frame in buf followed by tail[0..tlen), the bytes of
+ * its last field (tp_frame_end_tail): what the channel takes at once goes
+ * from tail itself (one writev, when nothing is queued); only the rest is
+ * copied.  Takes buf; tail is the caller's again when this returns. */
+int tp_dbox_send_tail(tp_dbox_t *b, tp_buf_t *buf, const void *tail, size_t tlen, tp_error_t *err);
 /* Bytes queued on the channel. */
 size_t tp_dbox_queued(const tp_dbox_t *b);
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 typedef struct tp__sstream_s {
@@ -112,25 +113,45 @@ static void tp__sconn_write_cb(uv_write_t *req, int status) {
   free(w);
 }
 
-/* Queues one frame: header for a payload of len bytes, then p. */
+/* Sends one frame: header for a payload of len bytes, then p.  What the
+ * socket takes at once goes from p itself (one writev, when nothing is
+ * queued before it); only the rest is copied and queued.  The copy's room
+ * is taken first, so that a frame is never cut in two by a failed malloc
+ * (untouched, it costs no page of memory). */
 static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void *p, size_t len) {
+  uint8_t hdr[TP_SF_HDR];
   tp__swrite_t *w;
-  uv_buf_t b;
+  uv_buf_t b[2];
+  size_t total = TP_SF_HDR + len, done = 0;
   int r;
   if (c->closing)
     return -EPIPE;
-  w = malloc(sizeof(*w) + TP_SF_HDR + len);
-  if (w == NULL)
+  if ((w = malloc(sizeof(*w) + total)) == NULL)
     return -ENOMEM;
-  tp_sframe_header(w->bytes, type, sid, (uint32_t) len);
-  if (len)
-    memcpy(w->bytes + TP_SF_HDR, p, len);
+  tp_sframe_header(hdr, type, sid, (uint32_t) len);
+  if (c->queued == 0) {
+    b[0] = uv_buf_init((char *) hdr, TP_SF_HDR);
+    b[1] = uv_buf_init((char *) p, (unsigned) len);
+    r = uv_try_write((uv_stream_t *) &c->pipe, b, len ? 2 : 1);
+    if (r > 0)
+      done = (size_t) r; /* an error other than EAGAIN: uv_write below reports it */
+    c->last_progress = uv_now(c->loop); /* the wait for what is left starts now */
+    if (done == total) {
+      free(w);
+      return 0;
+    }
+  }
+  if (done < TP_SF_HDR) {
+    memcpy(w->bytes, hdr + done, TP_SF_HDR - done);
+    if (len)
+      memcpy(w->bytes + TP_SF_HDR - done, p, len);
+  } else {
+    memcpy(w->bytes, (const uint8_t *) p + (done - TP_SF_HDR), total - done);
+  }
   w->c = c;
-  w->len = TP_SF_HDR + len;
-  b = uv_buf_init((char *) w->bytes, (unsigned) w->len);
-  if (c->queued == 0)
-    c->last_progress = uv_now(c->loop); /* the wait for this write starts now */
-  r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &b, 1, tp__sconn_write_cb);
+  w->len = total - done;
+  b[0] = uv_buf_init((char *) w->bytes, (unsigned) w->len);
+  r = uv_write(&w->req, (uv_stream_t *) &c->pipe, b, 1, tp__sconn_write_cb);
   if (r < 0) {
     free(w);
     return r;
@@ -351,6 +372,15 @@ tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle
     close(fd);
     tp_error_set(err, ENOMEM, "data connection: out of memory");
     return NULL;
+  }
+  /* room in the kernel for what the daemon may send ahead (the window, at
+   * most the default's: kernel memory is not swapped), so that DATA goes out
+   * whole from the source's buffer instead of copied into the write queue;
+   * as root past net.core.wmem_max, else up to it */
+  {
+    int want = (int) (window < TP_SCONN_WINDOW_DEFAULT ? window : TP_SCONN_WINDOW_DEFAULT);
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof(want)) < 0)
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
   }
   c->data = data;
   c->loop = loop;

@@ -8,9 +8,22 @@
 #include <string.h>
 #include <unistd.h>
 
-/* agent requests in flight per relay: a write stream has at most its window
- * in whole chunks plus the last piece in flight */
+/* A write stream's DATA frame of at least this many bytes goes to the agent
+ * as one FS_WRITE straight from the connection's read buffer; smaller ones
+ * are gathered into whole chunks first. */
+#define TP__SFS_DIRECT_MIN (256u * 1024u)
+/* What a client may send ahead on a write stream before its CREDIT: what
+ * the kernel holds of the daemon's end of the channel (it doubles the
+ * SO_SNDBUF asked for), so that a stream whose agent keeps up is never
+ * copied into the daemon, and one whose agent lags holds at most this. */
+#define TP__SFS_WRITE_WINDOW (2u * TP_DBOX_CHAN_SNDBUF)
+/* agent requests in flight per relay: a read stream asks for at most the
+ * client's window (TP_SCONN_WINDOW_MAX) in chunks; a write stream has at
+ * most its window in flight, in pieces of TP__SFS_DIRECT_MIN or more, plus
+ * the last piece */
 #define TP__SFS_INFLIGHT ((int) (TP_SCONN_WINDOW_MAX / TP_CHUNK_MAX) + 2)
+_Static_assert(TP__SFS_WRITE_WINDOW / TP__SFS_DIRECT_MIN + 2 <= TP__SFS_INFLIGHT,
+               "a write stream's requests in flight must fit TP__SFS_INFLIGHT");
 
 typedef struct tp__srelay_s {
   tp__sdc_stream_t hdr;               /* the connection's callbacks reach it through this */
@@ -32,7 +45,8 @@ typedef struct tp__srelay_s {
   uint32_t lens[TP__SFS_INFLIGHT]; /* bytes each asked for (read) or carried (write) */
   int inflight;
   uint64_t inflight_bytes;
-  uint8_t *wbuf;        /* write: DATA gathered for the next FS_WRITE */
+  uint8_t *wbuf;        /* write: DATA gathered for the next FS_WRITE (TP_CHUNK_MAX, made
+                           when first needed) */
   size_t wlen;
 } tp__srelay_t;
 
@@ -65,11 +79,13 @@ static void tp__srelay_fail(tp__srelay_t *r, int errnum, const char *msg) {
   tp__srelay_free(r);
 }
 
-/* Queues one agent request of r: FS_READ of len bytes at off, or FS_WRITE of p[0..len). */
+/* Queues one agent request of r: FS_READ of len bytes at off, or FS_WRITE
+ * of p[0..len) (written from p itself as far as the channel takes it). */
 static int tp__srelay_request(tp__srelay_t *r, uint64_t off, const uint8_t *p, uint32_t len,
                               uint32_t flags) {
   tp_buf_t buf;
   tp_error_t err = { 0 };
+  int rc;
   uint32_t id = r->b->c_next < TP_DBOX_CID_MIN || r->b->c_next >= TP_DBOX_PID_MIN ? TP_DBOX_CID_MIN
                                                                                 : r->b->c_next;
   if (r->inflight >= TP__SFS_INFLIGHT)
@@ -80,7 +96,6 @@ static int tp__srelay_request(tp__srelay_t *r, uint64_t off, const uint8_t *p, u
   tp_frame_add_str(&buf, TP_TAG_PATH, r->path);
   tp_frame_add_int(&buf, TP_TAG_OFFSET, (int64_t) off);
   if (r->write) {
-    tp_frame_add(&buf, TP_TAG_DATA, p, len);
     tp_frame_add_int(&buf, TP_TAG_FLAGS, flags);
     tp_frame_add_int(&buf, TP_TAG_MODE, r->spec.mode);
   } else {
@@ -92,11 +107,15 @@ static int tp__srelay_request(tp__srelay_t *r, uint64_t off, const uint8_t *p, u
     if (r->spec.glen > 0)
       tp_frame_add(&buf, TP_TAG_GROUPS, r->groups, r->spec.glen);
   }
-  if (tp_frame_end(&buf) < 0) {
+  if (r->write)
+    tp_frame_add_head(&buf, TP_TAG_DATA, len); /* the last field: its bytes follow buf */
+  if (tp_frame_end_tail(&buf, r->write ? len : 0) < 0) {
     tp_buf_free(&buf);
     return -ENOMEM;
   }
-  if (tp_dbox_send(r->b, &buf, &err) < 0) /* buf is freed */
+  rc = r->write ? tp_dbox_send_tail(r->b, &buf, p, len, &err) /* buf is freed */
+                : tp_dbox_send(r->b, &buf, &err);
+  if (rc < 0)
     return -(err.code ? err.code : EPIPE);
   r->ids[r->inflight] = id;
   r->lens[r->inflight] = len;
@@ -128,20 +147,26 @@ static void tp__srelay_pump_read(tp__srelay_t *r) {
   }
 }
 
-/* Write: send what is gathered (flush: even less than a chunk). */
-static int tp__srelay_flush(tp__srelay_t *r) {
+/* Write: one FS_WRITE of p[0..len) at the next offset. */
+static int tp__srelay_write(tp__srelay_t *r, const uint8_t *p, size_t len) {
   uint32_t flags = r->spec.flags & (TP_F_WRITE_APPEND | TP_F_WRITE_PARENTS);
   int e;
   if (r->first)
     flags = r->spec.flags;
-  if ((e = tp__srelay_request(r, r->next_off, r->wbuf, (uint32_t) r->wlen, flags)) < 0) {
+  if ((e = tp__srelay_request(r, r->next_off, p, (uint32_t) len, flags)) < 0) {
     tp__srelay_fail(r, -e, "sandbox channel: cannot send the write");
     return -1;
   }
   r->first = 0;
-  r->next_off += r->wlen;
-  r->wlen = 0;
+  r->next_off += len;
   return 0;
+}
+
+/* Write: send what is gathered (flush: even less than a chunk). */
+static int tp__srelay_flush(tp__srelay_t *r) {
+  size_t n = r->wlen;
+  r->wlen = 0;
+  return tp__srelay_write(r, r->wbuf, n);
 }
 
 static void tp__srelay_maybe_done(tp__srelay_t *r) {
@@ -225,15 +250,24 @@ static void tp__sfs_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t 
   tp__srelay_t *r = sdata;
   (void) sid;
   while (n > 0) {
-    size_t k = TP_CHUNK_MAX - r->wlen;
-    if (k > n)
-      k = n;
-    memcpy(r->wbuf + r->wlen, p, k);
-    r->wlen += k;
+    size_t k = n < TP_CHUNK_MAX ? n : TP_CHUNK_MAX;
+    if (r->wlen == 0 && k >= TP__SFS_DIRECT_MIN) { /* a large frame: as it is, no copy here */
+      if (tp__srelay_write(r, p, k) < 0)
+        return;
+    } else {
+      if (r->wbuf == NULL && (r->wbuf = malloc(TP_CHUNK_MAX)) == NULL) {
+        tp__srelay_fail(r, ENOMEM, "out of memory");
+        return;
+      }
+      if (k > TP_CHUNK_MAX - r->wlen)
+        k = TP_CHUNK_MAX - r->wlen;
+      memcpy(r->wbuf + r->wlen, p, k);
+      r->wlen += k;
+      if (r->wlen == TP_CHUNK_MAX && tp__srelay_flush(r) < 0)
+        return;
+    }
     p += k;
     n -= k;
-    if (r->wlen == TP_CHUNK_MAX && tp__srelay_flush(r) < 0)
-      return;
   }
 }
 
@@ -324,8 +358,7 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
     return tp_error_set(err, EPIPE, "sandbox is not running");
   if (spec->glen > sizeof(r->groups) || spec->glen % 4 != 0)
     return tp_error_set(err, EINVAL, "stream %u: bad groups", sid);
-  if ((r = calloc(1, sizeof(*r))) == NULL || (r->path = strdup(spec->path)) == NULL ||
-      (write && (r->wbuf = malloc(TP_CHUNK_MAX)) == NULL)) {
+  if ((r = calloc(1, sizeof(*r))) == NULL || (r->path = strdup(spec->path)) == NULL) {
     if (r != NULL)
       free(r->path);
     free(r);
@@ -344,8 +377,7 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
   r->end = write || spec->length > UINT64_MAX - spec->offset ? UINT64_MAX : spec->offset + spec->length;
   r->first = 1;
   if (tp_sconn_open(d->c, sid, write ? TP_SK_FILE_WRITE : TP_SK_FILE_READ,
-                    write ? TP_SCONN_WINDOW_DEFAULT : 0, 1, r, err) < 0) {
-    free(r->wbuf);
+                    write ? TP__SFS_WRITE_WINDOW : 0, 1, r, err) < 0) {
     free(r->path);
     free(r);
     return -1;

@@ -4,9 +4,11 @@
  * A tp_sdc_t wraps a tp_sconn_t and relays file bytes between it and a
  * box's agent channel in C: a read stream keeps a few FS_READ requests of
  * TP_CHUNK_MAX in flight, never more than the client's credit allows, and
- * writes each reply's bytes as DATA; a write stream gathers the client's
- * DATA into FS_WRITE requests and gives the credit back as the agent
- * confirms them.  Lua decides which sandbox, path and account, and opens
+ * writes each reply's bytes as DATA; a write stream sends each large DATA
+ * frame of the client on as one FS_WRITE (smaller ones gathered into
+ * chunks first) and gives the credit back as the agent confirms them.
+ * Bytes go from the read buffer they arrived in to the next socket (one
+ * writev); only what that socket does not take at once is copied.  Lua decides which sandbox, path and account, and opens
  * the stream; no byte of the file goes through it.
  *
  * A relay ends with END (a write's END carries the bytes written), or

@@ -126,6 +126,28 @@ describe("the data plane", function()
     dc:close()
   end)
 
+  it("writes frames of every size in order: small ones gathered, large ones as they come", function()
+    -- sizes around the daemon's 256 KiB cut (tp__sfs_on_data) and its 1 MiB piece
+    local sizes = { 1, 262143, 262144, 5, 1048576, 100000, 300000, 1048575, 2, 700000 }
+    local parts = {}
+    for i, n in ipairs(sizes) do parts[i] = string.rep(string.char(i, 255 - i, i * 3 % 256), n // 3 + 1):sub(1, n) end
+    local want = table.concat(parts)
+    local dc = assert(helper.sync(stream.open, c))
+    local n, err = helper.sync(function()
+      local w = assert(dc:writer(c, { sandbox = box, path = "/tmp/mixed" }))
+      for _, part in ipairs(parts) do assert(w:write(part)) end
+      return w:finish()
+    end)
+    assert.is_nil(err)
+    assert.are.equal(#want, n)
+    local got = {}
+    helper.sync(function()
+      return dc:read_file(c, { sandbox = box, path = "/tmp/mixed" }, function(chunk) got[#got + 1] = chunk; return true end)
+    end)
+    assert.is_true(table.concat(got) == want, "the bytes read back differ")
+    dc:close()
+  end)
+
   it("answers a missing file and a refused write with the file's errno", function()
     local dc = assert(helper.sync(stream.open, c))
     local n, err = helper.sync(function()

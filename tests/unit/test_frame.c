@@ -232,8 +232,60 @@ static void test_hostile(void) {
   tp_buf_free(&b);
 }
 
+/* Bulk fields without the encoder's copy: a field filled in place and cut
+ * to what was read, and a last field whose bytes follow the buffer. */
+static void test_bulk(void) {
+  tp_buf_t b, w;
+  tp_frame_t f;
+  tp_field_t fs[8];
+  uint8_t *room;
+  static const uint8_t tail[] = {9, 8, 7, 0, 6};
+  long total;
+  int n;
+
+  tp_buf_init(&b);
+  tp_frame_begin(&b, TP_MSG_OK, 7);
+  tp_frame_add_int(&b, TP_TAG_SIZE, 3);
+  room = tp_frame_add_room(&b, TP_TAG_DATA, 100);
+  check(room != NULL, "room: 100 bytes");
+  memcpy(room, "abc", 3);
+  tp_frame_fit(&b, room, 100, 3);
+  check(tp_frame_end(&b) == 0, "room: frame ends");
+  total = tp_frame_parse_header(b.data, b.len, &f);
+  n = total > 0 ? tp_fields_parse(f.payload, f.len, fs, 8) : -1;
+  check(total == (long) b.len && n == 2 && fs[1].tag == TP_TAG_DATA && fs[1].len == 3 &&
+            memcmp(fs[1].val, "abc", 3) == 0,
+        "room: the field holds the 3 bytes read, the frame nothing more");
+  tp_frame_fit(&b, b.data + TP_FRAME_HDR + 6, 8, 1);
+  check(b.len == (size_t) total, "fit: a field that is not the last is left as it is");
+  tp_buf_free(&b);
+
+  tp_buf_init(&b);
+  tp_frame_begin(&b, TP_MSG_FS_WRITE, 8);
+  tp_frame_add_str(&b, TP_TAG_PATH, "/f");
+  tp_frame_add_head(&b, TP_TAG_DATA, sizeof(tail));
+  check(tp_frame_end_tail(&b, sizeof(tail)) == 0, "tail: frame ends");
+  tp_buf_init(&w);
+  tp_buf_append(&w, b.data, b.len);
+  check(tp_frame_parse_header(w.data, w.len, &f) == 0, "tail: without its bytes the frame is not whole");
+  tp_buf_append(&w, tail, sizeof(tail));
+  total = tp_frame_parse_header(w.data, w.len, &f);
+  n = total > 0 ? tp_fields_parse(f.payload, f.len, fs, 8) : -1;
+  check(total == (long) w.len && n == 2 && fs[1].len == sizeof(tail) &&
+            memcmp(fs[1].val, tail, sizeof(tail)) == 0,
+        "tail: buffer and bytes make one frame, the bytes its last field");
+  tp_frame_begin(&b, TP_MSG_FS_WRITE, 9);
+  tp_frame_add_head(&b, TP_TAG_DATA, TP_CHUNK_MAX);
+  n = (int) b.frame_start;
+  check(tp_frame_end_tail(&b, TP_FRAME_MAX) < 0 && b.len == (size_t) n,
+        "tail: a frame past TP_FRAME_MAX with its bytes is dropped");
+  tp_buf_free(&w);
+  tp_buf_free(&b);
+}
+
 int main(void) {
   test_round_trip();
+  test_bulk();
   test_nested();
   test_multiple_frames();
   test_hostile();
