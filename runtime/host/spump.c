@@ -455,6 +455,20 @@ static int tp__splicing(const tp_spump_t *p) {
 /* The payload of the current sink DATA frame from the socket into its pipe
  * without a copy through here.  1: progress, 2: the socket has no more now,
  * 0: not a spliced sink (read it), -1: the connection is over. */
+/* A read of the connection that failed (r < 0, errno) or found its end
+ * (r == 0): the connection is over.  Returns -1. */
+static int tp__lost(tp_spump_t *p, tp_spump_cb cb, void *data, ssize_t r) {
+  char msg[128];
+  int e = errno;
+  if (r == 0) {
+    tp__over(p, cb, data, ECONNRESET, "the daemon closed the data connection");
+    return -1;
+  }
+  snprintf(msg, sizeof(msg), "data connection: read: %s", strerror(e));
+  tp__over(p, cb, data, e, msg);
+  return -1;
+}
+
 static int tp__splice(tp_spump_t *p, tp_spump_cb cb, void *data) {
   tp__spump_st_t *s = tp__find(p, p->cur_sid);
   ssize_t r;
@@ -474,17 +488,10 @@ static int tp__splice(tp_spump_t *p, tp_spump_cb cb, void *data) {
       tp__local(p, s, cb, data, errno, "write");
       return 0;
     }
-    {
-      char msg[128];
-      snprintf(msg, sizeof(msg), "data connection: read: %s", strerror(errno));
-      tp__over(p, cb, data, errno, msg);
-      return -1;
-    }
+    return tp__lost(p, cb, data, r);
   }
-  if (r == 0) {
-    tp__over(p, cb, data, ECONNRESET, "the daemon closed the data connection");
-    return -1;
-  }
+  if (r == 0)
+    return tp__lost(p, cb, data, r);
   p->cur_left -= (uint32_t) r;
   s->limit -= (uint64_t) r;
   s->owed += (uint64_t) r;
@@ -517,21 +524,15 @@ int tp_spump_read(tp_spump_t *p, tp_spump_cb cb, void *data) {
       space = TP_SF_HDR - p->have;
     r = read(p->fd, p->in + p->have, space);
     if (r < 0) {
-      char msg[128];
       if (errno == EINTR) {
         i--;
         continue;
       }
       if (errno == EAGAIN || errno == EWOULDBLOCK)
         break;
-      snprintf(msg, sizeof(msg), "data connection: read: %s", strerror(errno));
-      tp__over(p, cb, data, errno, msg);
-      return -1;
     }
-    if (r == 0) {
-      tp__over(p, cb, data, ECONNRESET, "the daemon closed the data connection");
-      return -1;
-    }
+    if (r <= 0)
+      return tp__lost(p, cb, data, r);
     p->have += (size_t) r;
     if (tp__parse(p, cb, data) < 0)
       return -1;
