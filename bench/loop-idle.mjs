@@ -157,6 +157,9 @@ console.log(stop ? `stopped: ${stop}` : `all ${want} created`);
   console.log(`- daemon fds a box by kind: ${parts.join(', ')}`);
 }
 
+// IDLE_HOLD=S keeps the boxes S seconds more before removing them (to
+// look at them by hand)
+await new Promise((r) => setTimeout(r, Number(process.env.IDLE_HOLD ?? 0) * 1000));
 const t1 = now();
 let k = 0;
 await Promise.all(conns.map(async (c) => {
