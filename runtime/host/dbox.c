@@ -29,6 +29,7 @@ void tp__dbox_free(tp_dbox_t *b) {
   free(b->fields);
   free(b->dir);
   free(b->keep_upper);
+  free(b->werr);
   free(b);
 }
 
