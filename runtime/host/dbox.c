@@ -13,9 +13,7 @@ tp_dbox_t *tp__dbox_new(const tp_backend_t *be, uv_loop_t *loop, const char *dir
   tp_dbox_t *b = calloc(1, sizeof(*b));
   if (b == NULL)
     return NULL;
-  if ((b->dir = strdup(dir)) == NULL ||
-      (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
-    free(b->dir);
+  if ((b->dir = strdup(dir)) == NULL) {
     free(b);
     return NULL;
   }
@@ -31,6 +29,7 @@ void tp__dbox_free(tp_dbox_t *b) {
   free(b->fields);
   free(b->dir);
   free(b->keep_upper);
+  free(b->werr);
   free(b);
 }
 
@@ -87,12 +86,29 @@ static void tp__dbox_down(tp_dbox_t *b, const char *reason) {
   b->on_down(b, reason);
 }
 
+/* The read buffer (128 KiB, doubled up to a whole frame) and the parsed
+ * fields (TP_FIELDS_MAX * 2, 130 KiB) are working memory of a burst: made
+ * on the first read of one, dropped by the read that leaves no byte behind
+ * and took fewer than TP__DBOX_QUIET (the burst is over: a reply, an
+ * event), so that an idle box holds neither, a box that moved a large file
+ * does not keep its 1 MiB buffer, and a stream of full reads keeps them. */
+#define TP__DBOX_RBUF_MIN 131072
+#define TP__DBOX_QUIET 16384
+
+static void tp__dbox_buffers_drop(tp_dbox_t *b) {
+  free(b->rbuf);
+  b->rbuf = NULL;
+  b->rcap = b->rlen = 0;
+  free(b->fields);
+  b->fields = NULL;
+}
+
 static void tp__dbox_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   tp_dbox_t *b = h->data;
   size_t max = TP_FRAME_HDR + TP_FRAME_MAX;
   (void) suggested;
   if (b->rcap - b->rlen < 65536 && b->rcap < max) {
-    size_t cap = b->rcap ? b->rcap * 2 : 131072;
+    size_t cap = b->rcap ? b->rcap * 2 : TP__DBOX_RBUF_MIN;
     if (cap > max)
       cap = max;
     uint8_t *p = realloc(b->rbuf, cap);
@@ -105,15 +121,21 @@ static void tp__dbox_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   buf->len = b->rcap - b->rlen;
 }
 
-/* Delivers every complete frame in rbuf; returns -1 on a protocol error. */
+/* Delivers every complete frame in rbuf; returns -1 on a protocol error,
+ * -2 when no memory was left for the fields. */
 static int tp__dbox_dispatch(tp_dbox_t *b) {
   size_t off = 0;
   int ret = 0;
-  while (!b->down && !b->destroyed) {
+  while (!b->down && !b->destroyed && b->rlen > off) {
     tp_frame_t f;
     long n = tp_frame_parse_header(b->rbuf + off, b->rlen - off, &f);
     if (n == 0)
       break;
+    if (b->fields == NULL && n > 0 &&
+        (b->fields = malloc(sizeof(tp_field_t) * TP_FIELDS_MAX * 2)) == NULL) {
+      ret = -2;
+      break;
+    }
     /* from the agent: events, replies and network stream frames only */
     if (n < 0 || (f.type >= TP_MSG_EXEC && !tp_msg_net_stream(f.type) && f.type != TP_MSG_WATCH_EVENT)) {
       ret = -1;
@@ -179,8 +201,17 @@ static void tp__dbox_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     return;
   }
   b->rlen += (size_t) nread;
-  if (tp__dbox_dispatch(b) < 0)
+  switch (tp__dbox_dispatch(b)) {
+  case -1:
     tp__dbox_down(b, "agent protocol error: malformed frame");
+    break;
+  case -2:
+    tp__dbox_down(b, "out of memory for the agent's frames");
+    break;
+  default:
+    if (b->rlen == 0 && (size_t) nread < TP__DBOX_QUIET)
+      tp__dbox_buffers_drop(b);
+  }
 }
 
 static void tp__dbox_exit_cb(uv_poll_t *p, int status, int events) {

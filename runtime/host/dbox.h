@@ -76,10 +76,11 @@ struct tp_dbox_s {
   tp_dbox_frame_cb on_frame;
   tp_dbox_down_cb on_down;
   tp_dbox_done_cb on_done;
-  uint8_t *rbuf;
+  uint8_t *rbuf; /* rbuf and fields: made for a burst of reads, dropped
+                    after it (dbox.c tp__dbox_buffers_drop): NULL when idle */
   size_t rlen, rcap;
   tp_field_t *fields; /* TP_FIELDS_MAX, then as many for nested groups */
-  tp_error_t werr;    /* the destroy job's */
+  tp_error_t *werr;   /* the destroy job's (512 bytes: made by tp_dbox_destroy) */
   int wret;
   int has_cg; /* cg is a live box cgroup */
   tp_cgroup_t cg;

@@ -273,10 +273,10 @@ static int tp__dbox_destroy_dir(tp_dbox_t *b, tp_error_t *err) {
 static void tp__destroy_work(void *data) {
   tp_dbox_t *b = data;
   tp_error_t cgerr = {0};
-  b->wret = tp__dbox_destroy_dir(b, &b->werr);
+  b->wret = tp__dbox_destroy_dir(b, b->werr);
   tp__dbox_drop_cgroups(b, &cgerr);
   if (b->wret == 0 && cgerr.code != 0) {
-    b->werr = cgerr;
+    *b->werr = cgerr;
     b->wret = -1;
   }
 }
@@ -287,7 +287,7 @@ static void tp__destroy_after(void *data, int status) {
   /* the callback may run code that releases b: work_pending, still set,
    * keeps b alive through it */
   if (!b->released && b->on_done != NULL)
-    b->on_done(b, b->wret, &b->werr);
+    b->on_done(b, b->wret, b->werr);
   b->on_done = NULL;
   b->work_pending = 0;
   tp__dbox_maybe_free(b);
@@ -301,6 +301,8 @@ int tp_dbox_destroy(tp_dbox_t *b, const char *keep_upper, tp_dbox_done_cb done, 
     return tp_error_set(err, EBUSY, "box already destroyed");
   if (keep_upper != NULL && (keep_upper[0] != '/' || strlen(keep_upper) >= TP__DBOX_PATH_MAX))
     return tp_error_set(err, EINVAL, "keep_upper must be an absolute path");
+  if (b->werr == NULL && (b->werr = calloc(1, sizeof(*b->werr))) == NULL)
+    return tp_error_set(err, ENOMEM, "out of memory");
   if (keep_upper != NULL && (b->keep_upper = strdup(keep_upper)) == NULL)
     return tp_error_set(err, ENOMEM, "out of memory");
   b->destroyed = 1;

@@ -7,7 +7,9 @@
  * unacknowledged, byte-exact; frames of streams it does not own go to the
  * owner; a broken acknowledgement ends the stream (NET_CLOSE, EPROTO,
  * upstream closed); the agent's NET_CLOSE ends it with the end callback;
- * the box going down ends every stream quietly.  No PID 1: a fake backend
+ * the box going down ends every stream quietly; the box's read buffer and
+ * fields are gone once a small read leaves nothing behind, after a frame
+ * that grew them too (dbox.c, what an idle box holds).  No PID 1: a fake backend
  * whose destroy only closes. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -127,6 +129,9 @@ static int spin(uv_loop_t *loop, int ms, int (*done)(void)) {
   }
   return 0;
 }
+
+static int want_owner;
+static int owner_got(void) { return owner_frames >= want_owner; }
 
 static int on_frame(tp_dbox_t *b, unsigned type, uint32_t id, const tp_field_t *fs, int n,
                     tp_field_t *scratch, int smax) {
@@ -278,6 +283,30 @@ int main(void) {
   agent_send(TP_MSG_NET_EOF, 7, 0, 0, NULL, 0);
   spin(&loop, 100, got_end);
   check(owner_frames == 1 && downs == 0, "a frame of another stream goes to the owner");
+  check(b->rbuf == NULL && b->fields == NULL,
+        "a small read that leaves no byte behind drops the read buffer and the fields (idle)");
+  /* a frame larger than the first buffer: grown for it, dropped after */
+  {
+    tp_buf_t f;
+    tp_buf_init(&f);
+    tp_frame_begin(&f, TP_MSG_NET_DATA, 0);
+    tp_frame_add_int(&f, TP_TAG_SID, 7);
+    tp_frame_add(&f, TP_TAG_DATA, big, 300 * 1024);
+    tp_frame_end(&f);
+    for (size_t off = 0; off < f.len;) { /* more than the socket holds: the loop reads meanwhile */
+      ssize_t w = write(ag.fd, f.data + off, f.len - off);
+      if (w > 0)
+        off += (size_t) w;
+      uv_run(&loop, UV_RUN_NOWAIT);
+    }
+    tp_buf_free(&f);
+  }
+  want_owner = 2;
+  check(spin(&loop, 2000, owner_got) && downs == 0, "a 300 KiB frame is read whole (grown buffer)");
+  agent_send(TP_MSG_NET_EOF, 7, 0, 0, NULL, 0);
+  want_owner = 3;
+  check(spin(&loop, 2000, owner_got) && b->rbuf == NULL && b->rcap == 0 && b->fields == NULL,
+        "the next small read drops the grown buffer");
 
   /* an acknowledgement of more than was sent: the stream ends */
   agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, 10 * TP_NET_WINDOW, NULL, 0);
