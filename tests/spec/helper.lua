@@ -439,9 +439,14 @@ function M.restarts(opts)
     M.rmrf(r.dir)
     M.drain()
   end
-  function r.start()
+  --- A daemon on the dir, released after each test.  Returns d.
+  function r.daemon()
     r.d = M.start_daemon(r.dir, r.opts)
-    return r.d, assert(r.d.connect())
+    return r.d
+  end
+  function r.start()
+    local d = r.daemon()
+    return d, assert(d.connect())
   end
   function r.restart(c)
     if c then c:close() end

@@ -431,17 +431,14 @@ describe("snapshots on the btrfs pool", function()
 end)
 
 describe("the btrfs pool after a daemon killed during a snapshot", function()
-  local dir, d
+  local daemons, d = helper.restarts(), nil
 
-  setup(function() dir = helper.tmpdir() end)
-  after_each(function() helper.release(d) end)
-  teardown(function()
-    helper.rmrf(dir)
-    helper.drain()
-  end)
+  setup(daemons.setup)
+  after_each(daemons.after_each)
+  teardown(daemons.teardown)
 
   it("is re-adopted; what a snapshot cut short left is removed, the box re-adopted", function()
-    d = helper.start_daemon(dir, { pool = 0 })
+    d = daemons.daemon()
     local pool, why = pool_of(d)
     if not pool then d.stop(); return pending("no btrfs pool: " .. why) end
     local c = assert(d.connect())
@@ -464,7 +461,7 @@ describe("the btrfs pool after a daemon killed during a snapshot", function()
     c:close()
     d.crash()
     -- the pool stays mounted (the box holds it too) and is adopted
-    d = helper.start_daemon(dir, { pool = 0 })
+    d = daemons.daemon()
     assert.truthy((helper.read_file(d.log) or ""):find("re-adopted)", 1, true), helper.read_file(d.log))
     c = assert(d.connect())
     local info = call(c, "sandbox.get", { id = id })
@@ -490,7 +487,7 @@ describe("the btrfs pool after a daemon killed during a snapshot", function()
     c:close()
     d.stop()
     -- the stop unmounted it
-    assert.is_nil((helper.read_file("/proc/self/mountinfo") or ""):find(dir, 1, true))
+    assert.is_nil((helper.read_file("/proc/self/mountinfo") or ""):find(daemons.dir, 1, true))
   end)
 end)
 
