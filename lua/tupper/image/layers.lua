@@ -52,11 +52,15 @@ function M.open(dir)
     if not name then break end
     if name:match("^tmp%-") then
       -- a copy the dead daemon had started (snapshots.lua's cp) may still
-      -- write into it for a moment: its removal races with it.  Once the
-      -- dir is gone the copy cannot make it again (its target's parent is
-      -- gone), so a few tries end it
+      -- write into it for a moment: its removal races with it.  Moved
+      -- aside first, the copy finds none of its paths (they name the old
+      -- dir) and can make nothing more in it; a few tries end the rest
+      local path = dir .. "/" .. name
+      if not name:match("^tmp%-gone%-") and uv.fs_rename(path, dir .. "/tmp-gone-" .. name:sub(5)) then
+        path = dir .. "/tmp-gone-" .. name:sub(5)
+      end
       for _ = 1, 20 do
-        if core.rmtree(dir .. "/" .. name) or not uv.fs_lstat(dir .. "/" .. name) then break end
+        if core.rmtree(path) or not uv.fs_lstat(path) then break end
         uv.sleep(50)
       end
     end
