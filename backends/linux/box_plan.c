@@ -383,13 +383,14 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
       str(&b, "lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off,volatile", lowerdir(&b, s),
           s->disk_bytes > 0 ? "disk/upper" : "upper", s->disk_bytes > 0 ? "disk/work" : "work"));
 
+  /* /dev before /proc's masks: the first mount of the tmpfs is the one
+   * df and the like name it by. */
   plan_tmpfs(&b, s, stage);
+  plan_dev(&b, s, rootfs, stage);
 
   op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 0, NULL, 0555);
   mnt(&b, "mount /proc", "proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
   plan_proc(&b, proc, str(&b, "%s/empty", stage));
-
-  plan_dev(&b, s, rootfs, stage);
 
   /* A fresh sysfs in the new netns shows only the box's interfaces. */
   op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 0, NULL, 0555);
