@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #define LISTEN_PAUSE_MS 1000 /* after an accept that failed for want of fds or memory */
-#define TRIM_QUIET_MS 2000   /* the heap is trimmed once the agent was this long without work */
+#define TRIM_QUIET_MS 2000 /* the heap is trimmed once the agent was this long without work */
 
 void agent_log(const char *fmt, ...) {
   va_list ap;
@@ -553,18 +553,7 @@ static void vm_reattach(agent_t *a) {
 
 #define VM_RECHECK_MS 1000 /* detached guest: the port's state is checked at least this often */
 
-/* When the heap is to be trimmed (CLOCK_MONOTONIC ms), 0 when it was
- * since the last work.  A box's agent spends most of its life idle: what
- * its requests left free in the heap (buffers of a file transfer, a
- * command's argv) is given back then, not kept resident in each of
- * thousands of boxes (malloc keeps up to its trim threshold, which grows
- * to twice the largest block it has freed). */
-static long long trim_at;
-
-/* Gives the kernel back the pages of a quiet agent's buffers: the free
- * heap, the read buffer past what it holds, the output buffer (both made
- * resident by a transfer of 1 MiB frames).  Their next use faults zeroed
- * pages in again. */
+/* The whole pages of [from, to) given back: they read as zeros next. */
 static void drop_pages(void *from, void *to) {
   const uintptr_t pg = (uintptr_t) sysconf(_SC_PAGESIZE);
   uintptr_t lo = ((uintptr_t) from + pg - 1) & ~(pg - 1), hi = (uintptr_t) to & ~(pg - 1);
@@ -572,6 +561,14 @@ static void drop_pages(void *from, void *to) {
     madvise((void *) lo, hi - lo, MADV_DONTNEED);
 }
 
+/* Gives the kernel back the pages of a quiet agent's buffers: the free
+ * heap, the channel's read buffer past what it holds and the buffer frames
+ * are built in (both made resident by 1 MiB frames), and the one processes'
+ * output is read into.  Their next use faults zeroed pages in again.  A box's agent spends most of its
+ * life idle: what its requests left (buffers of a file transfer, a
+ * command's argv) is given back then, not kept resident in each of
+ * thousands of boxes (malloc keeps up to its trim threshold, which grows
+ * to twice the largest block it has freed). */
 static void trim(agent_t *a) {
   malloc_trim(0);
   if (a->rbuf != NULL)
@@ -582,8 +579,9 @@ static void trim(agent_t *a) {
 }
 
 /* The poll timeout: until the grace period or a listener pause ends, or
- * the heap is to be trimmed. */
-static int poll_timeout(const agent_t *a, long long now, int listen_paused) {
+ * trim_at (when the buffers are to be trimmed; 0: they were since the
+ * last work). */
+static int poll_timeout(const agent_t *a, long long now, int listen_paused, long long trim_at) {
   long long t = -1;
   if (trim_at > 0)
     t = trim_at > now ? trim_at - now : 0;
@@ -601,6 +599,7 @@ static int poll_timeout(const agent_t *a, long long now, int listen_paused) {
 }
 
 static int agent_run(agent_t *a) {
+  long long trim_at = 0;
   send_ready(a);
 
   for (;;) {
@@ -627,7 +626,7 @@ static int agent_run(agent_t *a) {
     nproc = agent_proc_poll_fill(a, AGENT_POLL_FIRST);
     nw = agent_watch_poll_fill(a, nproc);
     n = agent_net_poll_fill(a, nw);
-    ready = poll(a->pfds, (nfds_t) n, poll_timeout(a, now, paused));
+    ready = poll(a->pfds, (nfds_t) n, poll_timeout(a, now, paused, trim_at));
     if (ready < 0) {
       if (errno == EINTR)
         continue;
