@@ -17,6 +17,11 @@
  * a host that overruns the window gets the stream closed.  What the box's
  * socket took is acknowledged once per round of the loop.
  *
+ * Downloads: while large NET_DATA frames come one after another, their
+ * payloads are spliced from the channel through a pipe to the box's socket
+ * (agent_net_splice): the agent copies none of those bytes, and a frame
+ * that is not such a NET_DATA is read as any other.
+ *
  * NET_CONNECT (inbound ports, `tupper port`) is the reverse: the host
  * names a port, the agent connects to 127.0.0.1:PORT and the resulting
  * stream works the same way. */

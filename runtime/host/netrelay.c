@@ -381,8 +381,8 @@ static size_t tp__nrs_read(tp__nrs_t *s) {
       break;
     if (room > TP_NET_CHUNK)
       room = TP_NET_CHUNK;
-    tp__nrs_flush(s); /* frames read before go first (and may fill the queue) */
-    if (tp__nr_can_splice(s->nr))
+    /* a batch being read is finished first: it goes on before any splice */
+    if (s->blen == 0 && tp__nr_can_splice(s->nr))
       n = tp__nrs_splice(s, room);
     if (n == -2)
       n = tp__nrs_read_one(s, room);
