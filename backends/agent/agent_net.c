@@ -468,7 +468,7 @@ static int splice_head(agent_t *a) {
     return 0;
   s = stream_find(net, (uint32_t) sid);
   if (s == NULL || s->connecting || s->eof_in || s->out_len > s->out_off ||
-      dlen > TP_NET_WINDOW_DOWN - s->ack_owed || splice_pipe(net) < 0)
+      (uint64_t) dlen + s->ack_owed > TP_NET_WINDOW_DOWN || splice_pipe(net) < 0)
     return 0; /* the ordinary path (which closes a stream that overran its window) */
   n = recv(a->chan, h, NET_HEAD, MSG_DONTWAIT);
   if (n != (ssize_t) NET_HEAD) { /* the bytes just seen are gone: the channel cannot be trusted */
