@@ -419,6 +419,14 @@ static uint32_t get_u32(const uint8_t *p) {
   return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
 }
 
+static void splice_pipe_close(struct agent_net_s *net) {
+  if (net->pipe[0] < 0)
+    return;
+  close(net->pipe[0]);
+  close(net->pipe[1]);
+  net->pipe[0] = net->pipe[1] = -1;
+}
+
 /* The pipe, made on first use: room for a chunk in pages of any alignment. */
 static int splice_pipe(struct agent_net_s *net) {
   if (net->pipe[0] >= 0)
@@ -429,9 +437,7 @@ static int splice_pipe(struct agent_net_s *net) {
   }
   fcntl(net->pipe[1], F_SETPIPE_SZ, (int) NET_PIPE);
   if (fcntl(net->pipe[1], F_GETPIPE_SZ) < (int) TP_NET_CHUNK) { /* the user's pipe limits */
-    close(net->pipe[0]);
-    close(net->pipe[1]);
-    net->pipe[0] = net->pipe[1] = -1;
+    splice_pipe_close(net);
     net->nosplice = 1;
     return -1;
   }
@@ -482,9 +488,6 @@ static int splice_head(agent_t *a) {
   return 1;
 }
 
-/* Of the frame being moved, k bytes that are in the pipe or (pipe 0) on
- * the channel go to s's queue, written when its socket takes more; -1 if
- * they could not be read (the channel is lost then). */
 static int splice_drop(agent_t *a, int from, size_t k);
 
 /* A read from the pipe, or from the channel (a blocking socket) without waiting. */
@@ -492,6 +495,9 @@ static ssize_t splice_read(agent_t *a, int from, void *p, size_t k) {
   return from == a->chan ? recv(from, p, k, MSG_DONTWAIT) : read(from, p, k);
 }
 
+/* Of the frame being moved, k bytes that are in the pipe (from: its read
+ * end), or at most k on the channel (from: a->chan), go to s's queue,
+ * written when its socket takes more; -1 if they could not be read. */
 static int splice_queue(agent_t *a, net_stream_t *s, int from, size_t k) {
   if (s->out == NULL && (s->out = malloc(TP_NET_WINDOW_DOWN)) == NULL) {
     stream_close(a, s, ENOMEM);
@@ -593,6 +599,7 @@ static void splice_payload(agent_t *a) {
   }
   if (r < 0) { /* the pipe kept bytes, or the channel failed: nothing can be trusted */
     agent_log("network: a spliced frame could not be moved");
+    splice_pipe_close(net); /* a next channel gets a new, empty one */
     a->dead = 1;
   }
 }
@@ -751,6 +758,7 @@ void agent_net_detach(agent_t *a) {
     return;
   a->net->sp_left = 0; /* the rest of a frame went with the channel */
   a->net->hint = 0;
+  splice_pipe_close(a->net);
   for (int i = 0; i < TP_NET_STREAMS_MAX; i++)
     stream_free(a->net, &a->net->streams[i]);
   memset(a->net->queries, 0, sizeof(a->net->queries));
