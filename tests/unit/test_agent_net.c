@@ -3,7 +3,9 @@
  * (root only): the listeners, streams both ways, flow control, EOF,
  * DNS datagrams, NET_CONNECT, the stream limit, and hostile host frames
  * (window overruns, acknowledgements of bytes never sent, malformed and
- * unknown-stream frames).  Every wait is a poll with a deadline. */
+ * unknown-stream frames); downloads whose payloads the agent splices to
+ * the box's socket (frames cut anywhere, a box that reads late, a box gone
+ * mid-splice).  Every wait is a poll with a deadline. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>

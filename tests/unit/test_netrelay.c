@@ -7,10 +7,12 @@
  * unacknowledged, byte-exact; frames of streams it does not own go to the
  * owner; a broken acknowledgement ends the stream (NET_CLOSE, EPROTO,
  * upstream closed); the agent's NET_CLOSE ends it with the end callback;
- * the box going down ends every stream quietly; the box's read buffer and
- * fields are gone once a small read leaves nothing behind, after a frame
- * that grew them too (dbox.c, what an idle box holds).  No PID 1: a fake backend
- * whose destroy only closes. */
+ * a channel that takes 4 KiB at a time (the splice meets partial writes)
+ * and an upstream that resets mid-download keep the frames whole; the box
+ * going down, also while the relay splices, ends every stream quietly; the
+ * box's read buffer and fields are gone once a small read leaves nothing
+ * behind, after a frame that grew them too (dbox.c, what an idle box
+ * holds).  No PID 1: a fake backend whose destroy only closes. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
