@@ -402,6 +402,8 @@ static size_t tp__nrs_read(tp__nrs_t *s) {
     if ((size_t) n < room)
       break; /* drained for now */
   }
+  if (s->gone)
+    return got; /* its NET_CLOSE is sent: nothing of it goes after */
   tp__nrs_flush(s);
   tp__nrs_pump_box(s); /* the end, if it came; watches for what the window allows */
   return got;
