@@ -299,7 +299,10 @@ static int channel_read(agent_t *a) {
   const size_t cap = TP_FRAME_HDR + TP_FRAME_MAX;
   size_t off = 0;
   int fds[AGENT_FDSET_FDS * 2], nfds;
-  ssize_t n = channel_recv(a, cap, fds, &nfds);
+  ssize_t n;
+  if (agent_net_splice(a) > 0) /* downloads' payloads, spliced to the box (agent_net.c) */
+    return 0;
+  n = channel_recv(a, cap, fds, &nfds);
   if (n < 0 && (errno == EINTR || errno == EAGAIN))
     return 0;
   if (n <= 0) {
