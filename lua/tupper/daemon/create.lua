@@ -337,6 +337,12 @@ function D:create_sandbox(p)
   -- the daemon's defaults for what the create leaves out (docs/limits.md)
   local lim = limits.effective(asked, self.defaults, self.enforces, b)
   local ok, cerr, cdata = self:_check_caps(lim, p._id)
+  -- a cap that killed boxes still fill: their removal ends in a moment
+  -- (bounded: life.lua), and a create right after a kill must fit
+  while not ok and next(self.dying) do
+    self:wait_one_dying()
+    ok, cerr, cdata = self:_check_caps(lim, p._id)
+  end
   if not ok then return nil, cerr, cdata end
   -- counted against the caps until it is a sandbox, or failed
   -- the volumes it mounts: claimed (one sandbox at a time) until it is a sandbox

@@ -66,13 +66,19 @@ function D:kill_sandbox(id)
   local sb = self.sandboxes[id]
   if not sb or not sb.destroy then return false end
   self.sandboxes[id] = nil
-  self.dying[id] = sb.limits and sb.limits.memory or 0
+  self.dying[id] = not sb.dormant and sb.limits and sb.limits.memory or 0
   stop_life_timer(sb)
   self:unsave(id)
   async.wait(function(dead)
     async.spawn(function()
-      local ok, err = sb:destroy(nil, dead)
+      -- an error must not leave the box counted (and creates at the cap
+      -- waiting) for ever
+      local pok, ok, err = pcall(sb.destroy, sb, nil, dead)
+      if not pok then ok, err = false, ok end
       self.dying[id] = nil
+      local waiters = self.dying_waiters
+      self.dying_waiters = {}
+      for _, w in ipairs(waiters) do w() end
       if not ok then log("sandbox %s: cleanup: %s", id, tostring(err)) end
       self:_pause_release(sb)
       log("sandbox %s killed", id)
@@ -82,9 +88,17 @@ function D:kill_sandbox(id)
   return true
 end
 
+--- Waits until the removal of one killed box ends; false at once when
+-- none is under way.
+function D:wait_one_dying()
+  if not next(self.dying) then return false end
+  async.wait(function(cb) self.dying_waiters[#self.dying_waiters + 1] = cb end)
+  return true
+end
+
 --- Waits until every killed box's removal has ended (a shutdown's last step).
 function D:wait_dying()
-  while next(self.dying) do async.sleep(5) end
+  while self:wait_one_dying() do end
 end
 
 -- A box died on its own (its agent exited or misbehaved): remove it.

@@ -341,7 +341,7 @@ function M.run(opts)
   -- every luv handle made from here on is known to the shutdown
   handles.track()
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
-    reserved = {}, pulls = {}, setups = {}, pools = {}, creating = {}, dying = {}, pool_limits = {},
+    reserved = {}, pulls = {}, setups = {}, pools = {}, creating = {}, dying = {}, dying_waiters = {}, pool_limits = {},
     accounts = {}, -- image digest -> its default account { name, home }
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
