@@ -73,7 +73,10 @@ function D:kill_sandbox(id)
     async.spawn(function()
       -- an error must not leave the box counted (and creates at the cap
       -- waiting) for ever
-      local pok, ok, err = pcall(sb.destroy, sb, nil, dead)
+      -- a box that holds a pause snapshot (daemon/pause.lua) is answered
+      -- once that is gone too, after the removal
+      local early = not (sb.persist and sb.persist.snapshot) and not sb.pause_snapshot
+      local pok, ok, err = pcall(sb.destroy, sb, nil, early and dead or nil)
       if not pok then ok, err = false, ok end
       self.dying[id] = nil
       local waiters = self.dying_waiters
