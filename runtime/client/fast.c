@@ -804,23 +804,30 @@ fail:
   return 1;
 }
 
-int tp_fast_main(int argc, char **argv, int *code) {
-  tp_fargv_t a;
-  tp__fast_t c;
+int tp_fast_mine(int argc, char **argv, tp_fargv_t *a) {
+  const char *client = getenv("TUPPER_CLIENT");
   struct stat st;
-  int ret;
-  if (!tp_fargv_parse(argc, argv, &a))
-    return 0;
-  if (getenv("TUPPER_NO_FAST") != NULL)
+  if (client != NULL && strcmp(client, "lua") == 0)
+    return 0; /* the Lua CLI asked for by name (tests, A/B measurements) */
+  if (!tp_fargv_parse(argc, argv, a))
     return 0;
   /* a terminal gets the escaping filter; -it and the terminal keys are Lua's */
   if (isatty(1) || isatty(2))
     return 0;
-  if (a.interactive && (fstat(0, &st) < 0 || !S_ISREG(st.st_mode)))
+  if (a->interactive && (fstat(0, &st) < 0 || !S_ISREG(st.st_mode)))
     return 0; /* a pipe or a terminal on stdin goes through the Lua CLI's loop */
-  if (a.verb == TP_FV_RUN && !a.no_policy && tp__fast_policy_near())
+  if (a->verb == TP_FV_RUN && !a->no_policy && tp__fast_policy_near())
     return 0;
-  if (a.verb == TP_FV_EXEC && strlen(a.id) >= TP_FAST_ID_MAX)
+  if (a->verb == TP_FV_EXEC && strlen(a->id) >= TP_FAST_ID_MAX)
+    return 0;
+  return 1;
+}
+
+int tp_fast_main(int argc, char **argv, int *code) {
+  tp_fargv_t a;
+  tp__fast_t c;
+  int ret;
+  if (!tp_fast_mine(argc, argv, &a))
     return 0;
   memset(&c, 0, sizeof(c));
   c.a = &a;

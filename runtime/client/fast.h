@@ -16,9 +16,18 @@
 #ifndef TP_FAST_H
 #define TP_FAST_H
 
+#include "fargv.h"
+
 #define TP_FAST_LINE_MAX (1024 * 1024) /* bytes of one message of the daemon */
 #define TP_FAST_TOKENS 16384           /* JSON values in one message */
 #define TP_FAST_ID_MAX 256             /* bytes of a sandbox id */
+
+/* Whether the C client takes argv, judged before any connection: the
+ * words (fargv.h), no terminal on fd 1 or 2, -i only from a regular file,
+ * no tupper.lua from here up for run (unless --no-policy), and
+ * TUPPER_CLIENT not "lua" (which asks for the Lua CLI).  1 and a filled
+ * in, or 0. */
+int tp_fast_mine(int argc, char **argv, tp_fargv_t *a);
 
 /* 1: the command ran here, *code is the process's exit code; 0: the Lua
  * CLI takes argv (nothing was printed, no process started, no box kept). */

@@ -262,7 +262,7 @@ int tp_fjson_int(const tp_fjson_t *j, int t, int64_t *out) {
   buf[j->tok[t].len] = '\0';
   errno = 0;
   d = strtod(buf, &end);
-  if (*end != '\0' || !isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0)
+  if (*end != '\0' || !isfinite(d) || d != floor(d) || fabs(d) >= 9007199254740992.0)
     return -1;
   *out = (int64_t) d;
   return 0;

@@ -57,7 +57,7 @@ int tp_fjson_get(const tp_fjson_t *j, int obj, const char *key);
 int tp_fjson_is(const tp_fjson_t *j, int t, int type);
 
 /* The number at t as an integer: 0, or -1 when t is no number, not whole,
- * or beyond +-2^53. */
+ * or not below 2^53 in magnitude. */
 int tp_fjson_int(const tp_fjson_t *j, int t, int64_t *out);
 
 /* The string at t unescaped into buf (cap bytes with the NUL): its length,
