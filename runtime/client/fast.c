@@ -823,22 +823,30 @@ int tp_fast_mine(int argc, char **argv, tp_fargv_t *a) {
   return 1;
 }
 
+/* TUPPER_CLIENT=c: the C client or nothing (what the tests prove with). */
+static int tp__fast_refuse(int *code) {
+  fputs("tupper: TUPPER_CLIENT=c: the C client does not take this command line (docs/cli.md)\n", stderr);
+  *code = 125;
+  return 1;
+}
+
 int tp_fast_main(int argc, char **argv, int *code) {
+  const char *want = getenv("TUPPER_CLIENT");
+  int only_c = want != NULL && strcmp(want, "c") == 0;
   tp_fargv_t a;
   tp__fast_t c;
   int ret;
   if (!tp_fast_mine(argc, argv, &a))
-    return 0;
+    return only_c ? tp__fast_refuse(code) : 0;
   memset(&c, 0, sizeof(c));
   c.a = &a;
   c.next_id = 1;
   c.ctl.fd = tp__fast_ctl(&c);
-  if (c.ctl.fd < 0)
-    return 0;
-  c.tok = malloc(sizeof(*c.tok) * TP_FAST_TOKENS);
+  c.tok = c.ctl.fd >= 0 ? malloc(sizeof(*c.tok) * TP_FAST_TOKENS) : NULL;
   if (c.tok == NULL) {
-    close(c.ctl.fd);
-    return 0;
+    if (c.ctl.fd >= 0)
+      close(c.ctl.fd);
+    return only_c ? tp__fast_refuse(code) : 0;
   }
   ret = tp__fast_talk(&c, code);
   tp__fast_settle(&c);
@@ -848,5 +856,5 @@ int tp_fast_main(int argc, char **argv, int *code) {
   close(c.ctl.fd);
   free(c.ctl.buf);
   free(c.tok);
-  return ret;
+  return ret == 0 && only_c ? tp__fast_refuse(code) : ret;
 }

@@ -30,7 +30,9 @@
 int tp_fast_mine(int argc, char **argv, tp_fargv_t *a);
 
 /* 1: the command ran here, *code is the process's exit code; 0: the Lua
- * CLI takes argv (nothing was printed, no process started, no box kept). */
+ * CLI takes argv (nothing was printed, no process started, no box kept).
+ * TUPPER_CLIENT=c makes a command line the C client does not take an
+ * error (125) instead: the tests prove which path ran with it. */
 int tp_fast_main(int argc, char **argv, int *code);
 
 #endif
