@@ -54,6 +54,11 @@ typedef struct tp__fast_s {
   uint32_t sid_out, sid_err, sid_in;
   tp_spump_t *dc;
   int dc_over;
+  /* -i from a pipe (or anything but a regular file, which the pump sends
+   * itself): read here within the stream's credit */
+  int in_here, in_over;
+  uint64_t in_credit;
+  uint8_t *in_buf;
   /* the loop's state, as run_streamed keeps it */
   int pending, exited, closed, out_done, err_done;
   int exit_code; /* once exited */
@@ -525,6 +530,15 @@ static void tp__fast_frame(void *data, const tp_sframe_t *f, int local) {
     }
     return;
   }
+  if (f->sid == c->sid_in && c->in_here) {
+    if (f->type == TP_SF_OPEN)
+      c->in_credit += f->window;
+    else if (f->type == TP_SF_CREDIT)
+      c->in_credit += f->credit;
+    else if (f->type == TP_SF_END || f->type == TP_SF_ERROR)
+      c->in_over = 1; /* the process takes no more (its stdin closed, or it exited) */
+    return;
+  }
   if (f->sid == c->sid_out)
     done = &c->out_done;
   else if (f->sid == c->sid_err)
@@ -568,6 +582,29 @@ static void tp__fast_signal(tp__fast_t *c, int signo) {
   tp_fjson_buf_free(&w);
 }
 
+/* Reads what stdin has (at most the stream's credit) and queues it as
+ * DATA; its end (or a failed read, as the Lua CLI's loop takes it) as END. */
+static void tp__fast_stdin(tp__fast_t *c) {
+  size_t n = c->in_credit < TP_SF_DATA_MAX ? (size_t) c->in_credit : TP_SF_DATA_MAX;
+  ssize_t r;
+  do
+    r = read(0, c->in_buf + TP_SF_HDR, n);
+  while (r < 0 && errno == EINTR);
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    return;
+  if (r > 0) {
+    tp_sframe_header(c->in_buf, TP_SF_DATA, c->sid_in, (uint32_t) r);
+    c->in_credit -= (uint64_t) r;
+  } else {
+    r = 0;
+    (void) tp_sframe_end(c->in_buf, c->sid_in, 0, 0);
+    c->in_over = 1;
+  }
+  if (tp_spump_send(c->dc, c->in_buf, TP_SF_HDR + (size_t) r, NULL) < 0 ||
+      tp_spump_write(c->dc, tp__fast_frame, c) < 0)
+    c->dc_over = 1;
+}
+
 /* Handles the whole lines the control connection has: 0, or -1 on a bad
  * message (err). */
 static int tp__fast_lines(tp__fast_t *c, tp_error_t *err) {
@@ -603,14 +640,18 @@ static int tp__fast_loop(tp__fast_t *c, tp_error_t *err) {
                       tp_spump_write(c->dc, tp__fast_frame, c) < 0))
     c->dc_over = 1;
   while ((!c->exited || c->pending > 0) && !c->closed && !c->has_broken) {
-    struct pollfd pf[3] = {
+    struct pollfd pf[4] = {
       { .fd = c->ctl.fd, .events = POLLIN },
       { .fd = c->dc_over ? -1 : tp_spump_fd(c->dc), .events = POLLIN },
       { .fd = sfd, .events = POLLIN },
+      { .fd = -1, .events = POLLIN },
     };
     if (!c->dc_over && tp_spump_queued(c->dc) > 0)
       pf[1].events |= POLLOUT;
-    if (poll(pf, 3, -1) < 0) {
+    if (c->in_here && !c->in_over && !c->dc_over && c->in_credit > 0 &&
+        tp_spump_queued(c->dc) < TP_SPUMP_QUEUE)
+      pf[3].fd = 0;
+    if (poll(pf, 4, -1) < 0) {
       if (errno == EINTR)
         continue;
       return tp_error_errno(err, errno, "poll");
@@ -639,6 +680,8 @@ static int tp__fast_loop(tp__fast_t *c, tp_error_t *err) {
       if (!c->dc_over && tp_spump_write(c->dc, tp__fast_frame, c) < 0)
         c->dc_over = 1;
     }
+    if (pf[3].fd == 0 && pf[3].revents && !c->in_over && !c->dc_over)
+      tp__fast_stdin(c);
   }
   return 0;
 }
@@ -698,9 +741,21 @@ static int tp__fast_run_in(tp__fast_t *c, int *code, tp_error_t *err) {
   if (c->sid_out == c->sid_err || (c->sid_in && (c->sid_in == c->sid_out || c->sid_in == c->sid_err)))
     return tp_error_set(err, EPROTO, "the daemon's reply to process.start names one stream twice");
   if (tp_spump_sink(c->dc, c->sid_out, 1, UINT64_MAX, err) < 0 ||
-      tp_spump_sink(c->dc, c->sid_err, 2, UINT64_MAX, err) < 0 ||
-      (c->sid_in && tp_spump_source(c->dc, c->sid_in, 0, 0, UINT64_MAX, err) < 0))
+      tp_spump_sink(c->dc, c->sid_err, 2, UINT64_MAX, err) < 0)
     return -1;
+  if (c->sid_in) {
+    struct stat sb;
+    /* a file on our stdin goes from the pump; a pipe is read here */
+    if (fstat(0, &sb) == 0 && S_ISREG(sb.st_mode)) {
+      if (tp_spump_source(c->dc, c->sid_in, 0, 0, UINT64_MAX, err) < 0)
+        return -1;
+    } else {
+      c->in_buf = malloc(TP_SF_HDR + TP_SF_DATA_MAX);
+      if (c->in_buf == NULL)
+        return tp_error_set(err, ENOMEM, "out of memory");
+      c->in_here = 1;
+    }
+  }
   c->pending = 2;
   if (tp__fast_loop(c, err) < 0) {
     fprintf(stderr, "tupper: %s\n", err->msg);
@@ -814,8 +869,8 @@ int tp_fast_mine(int argc, char **argv, tp_fargv_t *a) {
   /* a terminal gets the escaping filter; -it and the terminal keys are Lua's */
   if (isatty(1) || isatty(2))
     return 0;
-  if (a->interactive && (fstat(0, &st) < 0 || !S_ISREG(st.st_mode)))
-    return 0; /* a pipe or a terminal on stdin goes through the Lua CLI's loop */
+  if (a->interactive && (fstat(0, &st) < 0 || isatty(0)))
+    return 0; /* a terminal on stdin is the Lua CLI's (and no stdin at all) */
   if (a->verb == TP_FV_RUN && !a->no_policy && tp__fast_policy_near())
     return 0;
   if (a->verb == TP_FV_EXEC && strlen(a->id) >= TP_FAST_ID_MAX)
@@ -853,6 +908,7 @@ int tp_fast_main(int argc, char **argv, int *code) {
   for (int k = 0; k < c.nstash; k++)
     free(c.stash[k].line);
   tp_spump_free(c.dc);
+  free(c.in_buf);
   close(c.ctl.fd);
   free(c.ctl.buf);
   free(c.tok);

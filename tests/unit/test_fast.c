@@ -277,6 +277,10 @@ static void test_mine(const char *dir) {
     dup2(slave, 2);
     r_tty += 2 * tp_fast_mine(4, exec_argv, &a);
     dup2(saved_out, 2); /* stderr back where the test runner had it */
+    dup2(slave, 0);
+    r_tty += 4 * tp_fast_mine(5, exec_i, &a);
+    r_tty += 8 * !tp_fast_mine(4, exec_argv, &a); /* without -i stdin is not read */
+    dup2(saved_in, 0);
   }
   pipe(p);
   dup2(p[0], 0);
@@ -317,11 +321,11 @@ static void test_mine(const char *dir) {
   check(r_plain == 1, "mine: exec with no terminal is the C client's");
   check(r_lua == 0, "mine: TUPPER_CLIENT=lua asks for the Lua CLI");
   if (master >= 0) {
-    check(r_tty == 0, "mine: a terminal on stdout or on stderr is the Lua CLI's (its filter)");
+    check(r_tty == 0, "mine: a terminal on stdout or on stderr is the Lua CLI's (its filter), on stdin with -i too (%d)", r_tty);
     close(master);
     close(slave);
   }
-  check(r_pipe == 0, "mine: -i with a pipe on stdin is the Lua CLI's");
+  check(r_pipe == 1, "mine: -i with a pipe on stdin is the C client's");
   check(r_file == 1, "mine: -i with a regular file on stdin is the C client's");
   check(r_run == 1, "mine: run with no tupper.lua from here up is the C client's");
   check(r_run_pol == 0, "mine: run with a tupper.lua in a parent directory is the Lua CLI's");
