@@ -3,7 +3,90 @@
  * take differently, or refuse, makes the line the Lua CLI's. */
 #include "fargv.h"
 
+#include <ctype.h>
+#include <stdlib.h>
 #include <string.h>
+
+#define TP__FARGV_SIZE_MAX (1ull << 46)        /* units.SIZE_MAX */
+#define TP__FARGV_DURATION_MAX (30ull * 86400) /* units.DURATION_MAX, seconds */
+
+/* n decimal digits at s (1..max of them, no more): their value, or -1. */
+static long long tp__fargv_digits(const char *s, int max, int *n) {
+  long long v = 0;
+  int k = 0;
+  while (isdigit((unsigned char) s[k]) && k < max)
+    v = v * 10 + (s[k++] - '0');
+  if (k == 0 || isdigit((unsigned char) s[k]))
+    return -1;
+  *n = k;
+  return v;
+}
+
+/* A size units.size takes: digits and one of its units, at most 2^46. */
+static int tp__fargv_size(const char *v) {
+  static const struct { const char *u; unsigned shift; } U[] = {
+    { "", 0 }, { "b", 0 }, { "k", 10 }, { "kb", 10 }, { "kib", 10 }, { "m", 20 }, { "mb", 20 },
+    { "mib", 20 }, { "g", 30 }, { "gb", 30 }, { "gib", 30 }, { "t", 40 }, { "tb", 40 }, { "tib", 40 },
+  };
+  int n;
+  long long num = tp__fargv_digits(v, 12, &n);
+  char unit[4];
+  size_t ul = strlen(v + n);
+  if (num < 0 || ul >= sizeof(unit))
+    return -1;
+  for (size_t k = 0; k <= ul; k++)
+    unit[k] = (char) tolower((unsigned char) v[n + k]);
+  for (size_t k = 0; k < sizeof(U) / sizeof(U[0]); k++)
+    if (strcmp(unit, U[k].u) == 0)
+      return (unsigned long long) num <= (TP__FARGV_SIZE_MAX >> U[k].shift) ? 0 : -1;
+  return -1;
+}
+
+/* --pids: a whole number of at least 1. */
+static int tp__fargv_pids(const char *v) {
+  int n;
+  return v[0] != '0' && tp__fargv_digits(v, 9, &n) > 0 && v[n] == '\0' ? 0 : -1;
+}
+
+/* --cpus: digits, a fraction of at most 6. */
+static int tp__fargv_cpus(const char *v) {
+  int n, m;
+  if (tp__fargv_digits(v, 4, &n) < 0)
+    return -1;
+  if (v[n] == '\0')
+    return 0;
+  return v[n] == '.' && tp__fargv_digits(v + n + 1, 6, &m) >= 0 && v[n + 1 + m] == '\0' ? 0 : -1;
+}
+
+/* --timeout: seconds, or parts like 1h30m (units.duration, lower case). */
+static int tp__fargv_duration(const char *v) {
+  unsigned long long total = 0;
+  int n;
+  long long num = tp__fargv_digits(v, 7, &n);
+  if (num >= 0 && v[n] == '\0')
+    return (unsigned long long) num <= TP__FARGV_DURATION_MAX ? 0 : -1;
+  while (*v) {
+    static const struct { const char *u; unsigned long long ms; } U[] = {
+      { "ms", 1 }, { "s", 1000 }, { "m", 60000 }, { "h", 3600000 }, { "d", 86400000 },
+    };
+    size_t k;
+    num = tp__fargv_digits(v, 7, &n);
+    if (num < 0)
+      return -1;
+    v += n;
+    for (k = 0; k < sizeof(U) / sizeof(U[0]); k++) {
+      size_t l = strlen(U[k].u);
+      if (strncmp(v, U[k].u, l) == 0 && !isalpha((unsigned char) v[l])) {
+        total += (unsigned long long) num * U[k].ms;
+        v += l;
+        break;
+      }
+    }
+    if (k == sizeof(U) / sizeof(U[0]) || total > TP__FARGV_DURATION_MAX * 1000)
+      return -1;
+  }
+  return 0;
+}
 
 size_t tp_fargv_key_len(const char *kv) {
   const char *eq = strchr(kv, '=');
@@ -28,6 +111,11 @@ static int tp__fargv_opt(tp_fargv_t *a, char o, const char *val) {
   case 'i': a->interactive = 1; return 0;
   case 'r': return 0; /* run --rm: the default */
   case 'P': a->no_policy = 1; return 0;
+  case 'M': a->memory = val; return tp__fargv_size(val);
+  case 'D': a->disk = val; return tp__fargv_size(val);
+  case 'C': a->cpus = val; return tp__fargv_cpus(val);
+  case 'N': a->pids = val; return tp__fargv_pids(val);
+  case 'T': a->timeout = val; return tp__fargv_duration(val);
   default: return -1;
   }
 }
@@ -38,6 +126,8 @@ static char tp__fargv_long(tp_fargv_verb_t verb, const char *name, size_t len, i
   static const struct { const char *name; char o; int valued, run_only; } L[] = {
     { "env", 'e', 1, 0 }, { "workdir", 'w', 1, 0 }, { "interactive", 'i', 0, 0 },
     { "image", 'I', 1, 1 }, { "rm", 'r', 0, 1 }, { "no-policy", 'P', 0, 1 },
+    { "memory", 'M', 1, 1 }, { "disk", 'D', 1, 1 }, { "cpus", 'C', 1, 1 }, { "pids", 'N', 1, 1 },
+    { "timeout", 'T', 1, 1 },
   };
   for (size_t k = 0; k < sizeof(L) / sizeof(L[0]); k++) {
     if (strlen(L[k].name) == len && memcmp(L[k].name, name, len) == 0) {

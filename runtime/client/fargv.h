@@ -2,7 +2,7 @@
  * and `tupper run` with the options it fully understands, parsed exactly
  * as the Lua CLI parses them (lua/tupper/client/cli.lua, cli_args.lua).
  * Anything else (another verb, an option it does not know, --help, a
- * missing command, -t, a recipe, limits, a policy file) is "not mine":
+ * missing command, -t, a recipe, a policy file) is "not mine":
  * the Lua CLI runs it unchanged, with its own messages.
  *
  * The words stay the caller's (argv): nothing is copied or allocated. */
@@ -25,6 +25,9 @@ typedef struct tp_fargv_s {
   int nenv;
   const char *workdir;       /* -w, or NULL */
   const char *image;         /* run --image, or NULL */
+  /* run's limits as given (each checked here as the Lua parser would take
+   * it; a spelling it is not sure of is the Lua CLI's), or NULL */
+  const char *memory, *disk, *cpus, *pids, *timeout;
   int interactive;           /* -i */
   int no_policy;             /* run --no-policy */
 } tp_fargv_t;

@@ -305,7 +305,37 @@ static void tp__fast_create(tp__fast_t *c, tp_fjson_buf_t *w) {
     tp__fast_env_obj(c->a, w);
     tp_fjson_raw(w, ",");
   }
-  tp_fjson_raw(w, "\"limits\":{\"timeout\":0},\"kill_on_disconnect\":true}}\n");
+  /* the limits as given; no --timeout: 0, a run box lives as long as its
+   * command (no policy here to cap it) */
+  tp_fjson_raw(w, "\"limits\":{");
+  if (c->a->memory) {
+    tp_fjson_raw(w, "\"memory\":");
+    tp_fjson_string(w, c->a->memory);
+    tp_fjson_raw(w, ",");
+  }
+  if (c->a->disk) {
+    tp_fjson_raw(w, "\"disk\":");
+    tp_fjson_string(w, c->a->disk);
+    tp_fjson_raw(w, ",");
+  }
+  if (c->a->cpus) {
+    char num[40];
+    snprintf(num, sizeof(num), "\"cpus\":%.14g,", strtod(c->a->cpus, NULL));
+    tp_fjson_raw(w, num);
+  }
+  if (c->a->pids) {
+    tp_fjson_raw(w, "\"pids\":");
+    tp_fjson_int_out(w, strtoll(c->a->pids, NULL, 10));
+    tp_fjson_raw(w, ",");
+  }
+  tp_fjson_raw(w, "\"timeout\":");
+  if (c->a->timeout && strspn(c->a->timeout, "0123456789") == strlen(c->a->timeout))
+    tp_fjson_int_out(w, strtoll(c->a->timeout, NULL, 10)); /* tonumber(v): seconds */
+  else if (c->a->timeout)
+    tp_fjson_string(w, c->a->timeout);
+  else
+    tp_fjson_raw(w, "0");
+  tp_fjson_raw(w, "},\"kill_on_disconnect\":true}}\n");
 }
 
 static void tp__fast_start(tp__fast_t *c, tp_fjson_buf_t *w) {

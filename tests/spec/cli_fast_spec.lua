@@ -177,6 +177,15 @@ describe("the C client of exec and run", function()
     assert.are.equal("\n13\n", out)
     code, out = same({ "run", "--rm", "--image", "default", "-e", "X=y", "-w", "/tmp", "sh", "-c", "echo $X; pwd" })
     assert.are.equal("y\n/tmp\n", out)
+    -- the limits: a timeout ends the box; a memory limit is the box's
+    code = same({ "run", "--timeout", "1", "--", "sleep", "10" })
+    assert.are.equal(125, code)
+    local err
+    code, _, err = same({ "run", "--memory", "32M", "--", "tail", "/dev/zero" })
+    assert.are.equal(137, code)
+    assert.truthy(err:find("out of memory", 1, true), err)
+    code, out = same({ "run", "--memory", "64M", "--cpus", "0.5", "--disk", "1G", "--timeout", "1m", "--", "echo", "ok" })
+    assert.are.equal("ok\n", out)
     code = same({ "run", "--no-policy", "nosuchcommand" })
     assert.are.equal(127, code)
     code = same({ "run", "--image", "NOT A REFERENCE", "--", "true" })
@@ -200,8 +209,9 @@ describe("the C client of exec and run", function()
       { args = { "exec", "-x", id, "true" } },                            -- an unknown option
       { args = { "exec", "-e", "NOEQUALS", id, "true" } },
       { args = { "--socket", d.socket, "exec", "-t", id, "true" } },       -- a terminal asked for
-      { args = { "run", "--memory", "64M", "--", "true" } },               -- limits
-      { args = { "run", "--timeout", "1m", "--", "echo", "x" } },
+      { args = { "run", "--cpus", "1e0", "--", "echo", "x" } },            -- a spelling of its own
+      { args = { "run", "--memory", "99999T", "--", "true" } },            -- refused by the parser
+      { args = { "run", "--timeout", "1y", "--", "echo", "x" } },
       { args = { "run", "--", "echo", "policy" }, policy = true },         -- a tupper.lua here
       { args = { "--state-dir", dir .. "/s", "exec", id, "true" } },
       { args = { "ls" } },

@@ -186,8 +186,21 @@ static void test_argv(void) {
     LUA("tupper exec -w"),
     LUA("tupper exec --image x b true"),     /* run's option, not exec's */
     LUA("tupper exec --rm b true"),
-    LUA("tupper run --memory 1G true"),      /* limits: the Lua CLI's */
-    LUA("tupper run --timeout 5 true"),
+    { "tupper run --memory 1G --disk=512mib --cpus 0.5 --pids 10 --timeout 1h30m true", 1, NULL, "true", NULL,
+      NULL, NULL, 1, 0, 0 },
+    { "tupper run --timeout 5 --memory 64M --memory 7 true", 1, NULL, "true", NULL, NULL, NULL, 1, 0, 0 },
+    LUA("tupper run --memory 1.5G true"),     /* a spelling the Lua parser takes: its own */
+    LUA("tupper run --memory 1X true"),
+    LUA("tupper run --memory 99999T true"),   /* past 2^46 */
+    LUA("tupper run --disk '' true"),
+    LUA("tupper run --pids 0 true"),
+    LUA("tupper run --pids 0x10 true"),
+    LUA("tupper run --cpus abc true"),
+    LUA("tupper run --cpus 1e3 true"),
+    LUA("tupper run --timeout 1y true"),
+    LUA("tupper run --timeout 31d true"),
+    LUA("tupper run --timeout 1H true"),
+    LUA("tupper exec --memory 1G b true"),    /* run's, not exec's */
     LUA("tupper run --policy p.lua true"),
     LUA("tupper run --recipe python true"),
     LUA("tupper run -v v:/d true"),
