@@ -28,11 +28,11 @@ static int tp__fargv_size(const char *v) {
     { "", 0 }, { "b", 0 }, { "k", 10 }, { "kb", 10 }, { "kib", 10 }, { "m", 20 }, { "mb", 20 },
     { "mib", 20 }, { "g", 30 }, { "gb", 30 }, { "gib", 30 }, { "t", 40 }, { "tb", 40 }, { "tib", 40 },
   };
-  int n;
+  int n = 0;
   long long num = tp__fargv_digits(v, 12, &n);
   char unit[4];
-  size_t ul = strlen(v + n);
-  if (num < 0 || ul >= sizeof(unit))
+  size_t ul;
+  if (num < 0 || (ul = strlen(v + n)) >= sizeof(unit))
     return -1;
   for (size_t k = 0; k <= ul; k++)
     unit[k] = (char) tolower((unsigned char) v[n + k]);
