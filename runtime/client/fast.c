@@ -8,6 +8,7 @@
 #include "fast.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -787,7 +788,12 @@ static int tp__fast_run_in(tp__fast_t *c, int *code, tp_error_t *err) {
     }
   }
   c->pending = 2;
-  if (tp__fast_loop(c, err) < 0) {
+  r = tp__fast_loop(c, err);
+  /* what is queued (an ERROR telling the daemon our reader went, a last
+   * CREDIT) goes if the socket takes it now; the close says the rest */
+  if (!c->dc_over)
+    (void) tp_spump_write(c->dc, tp__fast_frame, c);
+  if (r < 0) {
     fprintf(stderr, "tupper: %s\n", err->msg);
     *code = 125;
     return 0;
@@ -896,6 +902,11 @@ int tp_fast_mine(int argc, char **argv, tp_fargv_t *a) {
     return 0; /* the Lua CLI asked for by name (tests, A/B measurements) */
   if (!tp_fargv_parse(argc, argv, a))
     return 0;
+  /* a closed 0, 1 or 2 would be our sockets' number: the output would go
+   * into the connection */
+  for (int fd = 0; fd <= 2; fd++)
+    if (fcntl(fd, F_GETFD) < 0)
+      return 0;
   /* a terminal gets the escaping filter; -it and the terminal keys are Lua's */
   if (isatty(1) || isatty(2))
     return 0;
