@@ -295,6 +295,9 @@ static void test_mine(const char *dir) {
     r_tty += 8 * !tp_fast_mine(4, exec_argv, &a); /* without -i stdin is not read */
     dup2(saved_in, 0);
   }
+  close(0);
+  int r_closed = tp_fast_mine(4, exec_argv, &a);
+  dup2(saved_in, 0);
   pipe(p);
   dup2(p[0], 0);
   int r_pipe = tp_fast_mine(5, exec_i, &a);
@@ -339,6 +342,7 @@ static void test_mine(const char *dir) {
     close(slave);
   }
   check(r_pipe == 1, "mine: -i with a pipe on stdin is the C client's");
+  check(r_closed == 0, "mine: a closed stdin is the Lua CLI's (a socket would take its number)");
   check(r_file == 1, "mine: -i with a regular file on stdin is the C client's");
   check(r_run == 1, "mine: run with no tupper.lua from here up is the C client's");
   check(r_run_pol == 0, "mine: run with a tupper.lua in a parent directory is the Lua CLI's");
