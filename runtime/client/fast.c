@@ -492,7 +492,9 @@ static int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
   tp_fjson_buf_init(&w, 4096);
   tp_fjson_raw(&w, "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"stream.attach\",\"params\":{\"token\":");
   tp_fjson_string(&w, token);
-  tp_fjson_raw(&w, ",\"window\":4194304}}\n");
+  tp_fjson_raw(&w, ",\"window\":");
+  tp_fjson_int_out(&w, TP__FAST_WINDOW);
+  tp_fjson_raw(&w, "}}\n");
   if (w.failed) {
     tp_error_set(err, E2BIG, "stream.attach: the token is too long");
     goto out;
