@@ -6,9 +6,9 @@
  * process.start with streams, process.exit, process.signal), with the
  * same output and exit codes.  Everything else is the Lua CLI's: another
  * verb or option (fargv.h), a terminal on stdout or stderr (the escaping
- * filter is Lua's) or on stdin with -i, -i from anything but a regular
- * file, a policy file for run, no daemon answering (the Lua CLI says so,
- * or starts one), a daemon without process streams.
+ * filter is Lua's) or on stdin with -i, a closed fd 0, 1 or 2, a policy
+ * file for run, no daemon answering (the Lua CLI says so, or starts one),
+ * a daemon without process streams.
  *
  * The daemon's replies are checked (fjson.h) and bounded: a line over
  * TP_FAST_LINE_MAX bytes, a malformed or lying reply is a clear error and
@@ -23,8 +23,9 @@
 #define TP_FAST_ID_MAX 256             /* bytes of a sandbox id */
 
 /* Whether the C client takes argv, judged before any connection: the
- * words (fargv.h), no terminal on fd 1 or 2, -i only from a regular file,
- * no tupper.lua from here up for run (unless --no-policy), and
+ * words (fargv.h), fds 0, 1 and 2 open, no terminal on 1 or 2 (nor on 0
+ * with -i), an exec's id under TP_FAST_ID_MAX bytes, no tupper.lua from
+ * here up for run (unless --no-policy), and
  * TUPPER_CLIENT not "lua" (which asks for the Lua CLI).  1 and a filled
  * in, or 0. */
 int tp_fast_mine(int argc, char **argv, tp_fargv_t *a);
