@@ -155,6 +155,7 @@ int tp_fast_main(int argc, char **argv, int *code) {
   int ret;
   if (!tp_fast_mine(argc, argv, &a))
     return only_c ? tp__fast_refuse(code) : 0;
+  tp_freply_init();
   memset(&c, 0, sizeof(c));
   c.a = &a;
   c.next_id = 1;

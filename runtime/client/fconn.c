@@ -210,10 +210,11 @@ void tp__fout_free(tp__fout_t *o) {
   memset(o, 0, sizeof(*o));
 }
 
-/* A call of method with params (taken): its id. */
+/* A call of method with params (taken; NULL, a params object that could
+ * not be made, fails the request): its id. */
 int64_t tp__fast_call(tp__fast_t *c, tp__fout_t *o, const char *method, json_t *params) {
   int64_t id = c->next_id++;
-  tp__fout_add(o, json_pack("{s:s, s:I, s:s, s:o?}", "jsonrpc", "2.0", "id", (json_int_t) id, "method", method,
+  tp__fout_add(o, json_pack("{s:s, s:I, s:s, s:o}", "jsonrpc", "2.0", "id", (json_int_t) id, "method", method,
                             "params", params));
   return id;
 }

@@ -1,8 +1,10 @@
 /* The daemon's replies through jansson, within the client's bounds
  * (freply.h). */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "freply.h"
 
@@ -45,6 +47,14 @@ static int tp__freply_walk(json_t *v, int depth, long *count, tp_error_t *err) {
     }
   }
   return 0;
+}
+
+void tp_freply_init(void) {
+  uint32_t seed = 0;
+  json_set_alloc_funcs(tp__freply_malloc, free);
+  /* 0 (or no getrandom) leaves it to jansson */
+  if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) == (ssize_t) sizeof(seed))
+    json_object_seed(seed);
 }
 
 json_t *tp_freply_parse(const char *s, size_t n, tp_error_t *err) {

@@ -25,6 +25,11 @@
 #define TP_FREPLY_VALUES 16384           /* JSON values in one message */
 #define TP_FREPLY_ALLOC (32u << 20)      /* bytes jansson allocates for one */
 
+/* Before the first JSON object is made: the client's allocator, and the
+ * seed of jansson's hash tables from getrandom (jansson's own reads
+ * /dev/urandom: three system calls where this is one). */
+void tp_freply_init(void);
+
 /* The n bytes of s as one JSON text: its value (the caller's to
  * json_decref), or NULL with err saying what is wrong. */
 json_t *tp_freply_parse(const char *s, size_t n, tp_error_t *err);

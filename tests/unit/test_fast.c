@@ -153,6 +153,19 @@ static void test_json(void) {
     tp__fout_add(&w, json_pack("{s:s}", "k", "a\xff"));
     check(w.failed, "json: a string that is not UTF-8 fails the request, and it stays failed");
     tp__fout_free(&w);
+    {
+      tp__fast_t c;
+      memset(&c, 0, sizeof(c));
+      c.next_id = 5;
+      const char *want = "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"m\",\"params\":{}}\n";
+      check(tp__fast_call(&c, &w, "m", json_object()) == 5 && !w.failed && w.len == strlen(want) &&
+                memcmp(w.b, want, w.len) == 0,
+            "json: a call is written with its id, method and params");
+      tp__fout_free(&w);
+      tp__fast_call(&c, &w, "m", NULL);
+      check(w.failed, "json: a call whose params could not be made is not written (no \"params\":null)");
+      tp__fout_free(&w);
+    }
   }
 }
 
