@@ -128,12 +128,14 @@ async function* chunksOf(data: WriteEntry['data']): AsyncGenerator<Uint8Array> {
   }
 }
 
+/** gather() allocates at most this up front; a larger file's rest is joined at the end. */
+const PREALLOC_MAX = 1024 * 1024 * 1024;
+
 /**
  * The chunks of a read as one Buffer: copied once into a buffer of the size
  * the daemon saw at the open (a file that grew meanwhile gets the rest
  * joined at the end; one that shrank, the part that came).
  */
-const PREALLOC_MAX = 1024 * 1024 * 1024;
 async function gather(chunks: AsyncIterable<Buffer>, size: number): Promise<Buffer> {
   const out = Buffer.allocUnsafe(Number.isSafeInteger(size) && size > 0 ? Math.min(size, PREALLOC_MAX) : 0);
   const more: Buffer[] = [];
