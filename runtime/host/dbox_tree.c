@@ -194,6 +194,29 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
   return tp_error_set(err, ENOENT, "no such tree");
 }
 
+/* ---- reuse ------------------------------------------------------------------------ */
+
+int tp_dbox_tree_recycle(tp_dbox_t *b, tp_dbox_tree_t *t) {
+  int64_t oom;
+  if (b->destroyed || b->released || t->busy || t->rm_pending || t->spare ||
+      b->spares >= TP_DBOX_SPARES)
+    return 0;
+  /* v1 counts an OOM kill in the tree's memory cgroup only: such a count
+   * goes to the box's as the tree is removed, and a spare starts at none */
+  if (t->cg.version == 1) {
+    oom = tp_cgroup_oom_kills(&t->cg);
+    if (oom > 0 || (oom < 0 && t->cg.path_v1[TP_CG_MEMORY] != NULL))
+      return 0;
+  }
+  for (tp_dbox_tree_t *x = b->trees; x != NULL; x = x->next)
+    if (x == t) {
+      t->spare = 1;
+      b->spares++;
+      return 1;
+    }
+  return 0;
+}
+
 /* ---- removal in the pool ---------------------------------------------------------- */
 
 typedef struct rm_job_s {
@@ -477,6 +500,9 @@ tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b) {
     got->spare = 0;
     b->spares--;
   }
-  tp_dbox_tree_refill(b);
+  /* made up when none is left: a process that ends gives its tree back
+   * (tp_dbox_tree_recycle), so one start after another makes none */
+  if (b->spares == 0)
+    tp_dbox_tree_refill(b);
   return got;
 }

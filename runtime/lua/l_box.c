@@ -306,8 +306,8 @@ static void tp__lkill_done(void *data, size_t n, const tp_error_t *err) {
 
 /* box:tree_take() -> name | nil: a spare tree (a cgroup made ahead) for the
  * next process, to send its EXEC with (box:send's tree); nil when none is
- * spare (then box:tree after a held EXEC).  Either way the spares are made
- * up again in the thread pool. */
+ * spare (then box:tree after a held EXEC).  A take that leaves none has
+ * them made up again in the thread pool. */
 static int tp_lbox_tree_take(lua_State *L) {
   tp_dbox_t *b = tp__check_box(L);
   tp_dbox_tree_t *t = tp_dbox_tree_take(b);
@@ -382,13 +382,19 @@ static int tp_lbox_tree_oom(lua_State *L) {
   return 1;
 }
 
-/* box:tree_remove(name [, in_pool]): kills what is left of the tree, removes
- * its cgroup; in_pool: the tree is gone at once, its cgroup removed in the
- * thread pool (left to the box's destroy if that fails). */
+/* box:tree_remove(name [, in_pool [, reuse]]): kills what is left of the
+ * tree, removes its cgroup; in_pool: the tree is gone at once, its cgroup
+ * removed in the thread pool (left to the box's destroy if that fails);
+ * reuse (the caller counted no process left, and no kill touched it): it
+ * may become a spare instead (tp_dbox_tree_recycle). */
 static int tp_lbox_tree_remove(lua_State *L) {
   tp_dbox_t *b = tp__check_cg(L);
   tp_dbox_tree_t *t = tp__check_tree(L, b);
   tp_error_t err = {0};
+  if (lua_toboolean(L, 3) && lua_toboolean(L, 4) && tp_dbox_tree_recycle(b, t)) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
   if ((lua_toboolean(L, 3) ? tp_dbox_tree_remove_start : tp_dbox_tree_remove)(b, t, &err) < 0)
     return tp_l_push_err(L, &err);
   lua_pushboolean(L, 1);

@@ -236,9 +236,10 @@ function Sandbox:_frame(t, id, f)
     proc.exit_code = math.tointeger(f.code) or -1
     proc.signal = math.tointeger(f.signal) or 0
     proc.oom_killed = self:_oom_killed(proc, f) or nil
-    self:_tree_done(proc)
     proc.ended_at = now_iso()
     if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
+    -- its tree once its exit is told: the client waits for no cgroup file
+    self:_tree_done(proc)
     self:_keep_exited(proc)
   end
 end
@@ -674,8 +675,11 @@ function Sandbox:_tree_done(proc)
   -- cgroup counted (v1 counts it there only) moves to the box's count in
   -- the step that hides the cgroup from that count, on the loop, as the
   -- removal starts (dbox_tree.c hide_oom), so sandbox.metrics sees it
-  -- exactly once before, during and after the removal
-  self.box:tree_remove(proc.tree, true)
+  -- exactly once before, during and after the removal.  An empty tree no
+  -- kill touched (and without an OOM kill) becomes one of the box's spares
+  -- again instead, while it is short of them (dbox_tree.c
+  -- tp_dbox_tree_recycle): no rmdir, and no mkdir for the next start
+  self.box:tree_remove(proc.tree, true, not proc.tree_killed)
 end
 
 --- Watches a directory for owner (a connection), as acct (an account, or
