@@ -396,7 +396,13 @@ function Sandbox:account(user)
   local by_id = math.type(user) == "integer"
   local label = by_id and ("uid %d"):format(user) or ("user '%s'"):format(tostring(user))
   local max = (self.id_count or 65536) - 1
-  local passwd, err, errno = self:_read_small("/etc/passwd")
+  -- both files side by side: one agent round trip's wait, not two (the
+  -- group file is read even where the answer does not need it)
+  local passwd, err, errno, group, gerr, gerrno
+  async.all({
+    function() passwd, err, errno = self:_read_small("/etc/passwd") end,
+    function() group, gerr, gerrno = self:_read_small("/etc/group") end,
+  })
   -- root is uid 0 whatever the file says, so that a box whose /etc/passwd
   -- is missing or broken can still be repaired as root
   local root = { uid = 0, gid = 0, groups = { 0 }, home = "/root", name = "root" }
@@ -431,7 +437,6 @@ function Sandbox:account(user)
     return nil, ("%s: its home in the box's /etc/passwd is not a clean absolute path"):format(label), 22
   end
   local acct = { uid = uid, gid = gid, groups = { gid }, home = clean, name = e[1] }
-  local group, gerr, gerrno = self:_read_small("/etc/group")
   if group == nil then
     -- no /etc/group: the primary group only; one too big is an error, not
     -- a silent cut
