@@ -200,7 +200,8 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 /* A tree whose processes are all gone (the caller counted none, on the loop
  * since) becomes a spare again, its cgroup kept as it is, while the box has
- * fewer than TP_DBOX_SPARES: no rmdir now, no mkdir for a later start.  Not
+ * fewer than TP_DBOX_SPARES and no refill is under way: no rmdir now, no
+ * mkdir for a later start.  Not
  * a tree a kill touches or touched (the caller's to say: a v1 kill freezes
  * it), nor one whose v1 memory cgroup counted an OOM kill (removed, that
  * count goes to the box's).  Returns 1 when it was kept (no longer found by
@@ -225,6 +226,9 @@ tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b);
 /* Queues the job that makes up TP_DBOX_SPARES (none while one runs, or
  * where the box has no trees). */
 void tp_dbox_tree_refill(tp_dbox_t *b);
+/* The same up to n spares (at most TP_DBOX_SPARES): a pooled box gets one
+ * ahead of its first process. */
+void tp_dbox_tree_refill_to(tp_dbox_t *b, int n);
 /* n spares made here, at once (tests). */
 int tp__dbox_spares_make(tp_dbox_t *b, int n, tp_error_t *err);
 

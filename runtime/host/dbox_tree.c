@@ -198,7 +198,8 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
 
 int tp_dbox_tree_recycle(tp_dbox_t *b, tp_dbox_tree_t *t) {
   int64_t oom;
-  if (b->destroyed || b->released || t->busy || t->rm_pending || t->spare ||
+  /* (a refill under way makes up the count itself) */
+  if (b->destroyed || b->released || t->busy || t->rm_pending || t->spare || b->refilling ||
       b->spares >= TP_DBOX_SPARES)
     return 0;
   /* v1 counts an OOM kill in the tree's memory cgroup only: such a count
@@ -462,25 +463,29 @@ static void spare_after(void *data, int status) {
    * until now) removes them with the others */
   spares_link(b, j->list, j->made);
   b->refilling = 0;
-  /* takes meanwhile: make up the count (not after a failure: the next take
-   * tries again) */
-  if (j->made == j->want)
+  /* takes meanwhile left none: make them up (not after a failure: the next
+   * take tries again) */
+  if (j->made == j->want && b->spares == 0)
     tp_dbox_tree_refill(b);
   free(j);
   b->tree_jobs--;
   tp__dbox_jobs_done(b);
 }
 
-void tp_dbox_tree_refill(tp_dbox_t *b) {
+void tp_dbox_tree_refill(tp_dbox_t *b) { tp_dbox_tree_refill_to(b, TP_DBOX_SPARES); }
+
+void tp_dbox_tree_refill_to(tp_dbox_t *b, int n) {
   spare_job_t *j;
+  if (n > TP_DBOX_SPARES)
+    n = TP_DBOX_SPARES;
   if (b->refilling || b->destroyed || b->released || !tp_dbox_has_cgroup(b) ||
-      !(b->be->flags & TP_BACKEND_CG_BOX) || b->spares >= TP_DBOX_SPARES)
+      !(b->be->flags & TP_BACKEND_CG_BOX) || b->spares >= n)
     return;
   j = calloc(1, sizeof(*j));
   if (j == NULL)
     return; /* the next take tries again */
   j->b = b;
-  j->want = TP_DBOX_SPARES - b->spares;
+  j->want = n - b->spares;
   if (tp_job_queue(b->loop, spare_work, spare_after, j) < 0) {
     free(j);
     return;

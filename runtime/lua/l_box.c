@@ -318,6 +318,17 @@ static int tp_lbox_tree_take(lua_State *L) {
   return 1;
 }
 
+/* box:tree_refill([n]): has the spare trees made up to n (default and at
+ * most TP_DBOX_SPARES) in the thread pool; none where the box keeps none
+ * (no cgroup, or its processes not in it). */
+static int tp_lbox_tree_refill(lua_State *L) {
+  tp_dbox_t *b = tp__check_box(L);
+  lua_Integer n = luaL_optinteger(L, 2, TP_DBOX_SPARES);
+  luaL_argcheck(L, n >= 1 && n <= TP_DBOX_SPARES, 2, "out of range");
+  tp_dbox_tree_refill_to(b, (int) n);
+  return 0;
+}
+
 /* box:tree_signal(name, sig [, cb]): sig to every process of the tree;
  * SIGKILL kills it whole and waits until it is gone.  -> number signalled |
  * nil, msg.  With cb (SIGKILL only) the kill runs in the thread pool and
@@ -485,6 +496,7 @@ void tp_l_box_register(lua_State *L) {
       {"stats", tp_lbox_stats}, {"tree", tp_lbox_tree}, {"tree_signal", tp_lbox_tree_signal},
       {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
       {"tree_oom", tp_lbox_tree_oom}, {"tree_take", tp_lbox_tree_take},
+      {"tree_refill", tp_lbox_tree_refill},
       {"has_cgroup", tp_lbox_has_cgroup}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
   if (luaL_newmetatable(L, TP_L_BOX_MT)) {
     luaL_newlib(L, box_methods);

@@ -93,8 +93,15 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
   tp_dbox_tree_t *s1, *s2, *s3;
   int fds[TP_CG_NCTRL], n, ok = 1;
   pid_t c;
-  r = tp__dbox_spares_make(b, TP_DBOX_SPARES, &err);
-  check(r == 0 && b->spares == TP_DBOX_SPARES, "%s: the box's start makes %d spare trees", v, TP_DBOX_SPARES);
+  /* a pooled box: one made ahead of its first process */
+  tp_dbox_tree_refill_to(b, 1);
+  check(b->refilling == 1 && b->tree_jobs == 1, "%s: a refill up to one queues a job", v);
+  uv_run(loop, UV_RUN_DEFAULT);
+  check(b->spares == 1 && !b->refilling && b->tree_jobs == 0, "it made one spare, no more");
+  tp_dbox_tree_refill_to(b, 1);
+  check(!b->refilling && b->tree_jobs == 0, "with one there, a refill up to one queues nothing");
+  r = tp__dbox_spares_make(b, TP_DBOX_SPARES - 1, &err);
+  check(r == 0 && b->spares == TP_DBOX_SPARES, "%s: the box has %d spare trees", v, TP_DBOX_SPARES);
   s1 = tp_dbox_tree_take(b);
   check(s1 != NULL && !s1->spare && tp_dbox_tree_find(b, s1->name) == s1 && b->spares == 1 &&
             !b->refilling && b->tree_jobs == 0,

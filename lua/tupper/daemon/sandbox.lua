@@ -602,6 +602,17 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   return proc
 end
 
+--- Has one spare process cgroup made in the thread pool now, ahead of the
+-- box's first process (a box makes its spares after its first process
+-- otherwise): a pooled box's first start takes it, not the held way (one
+-- agent round trip, not two and a cgroup made meanwhile).
+function Sandbox:make_spares()
+  if self.state == "running" and self.box:has_cgroup() and not self.impl.guest_kernel
+     and self.box.tree_refill then
+    self.box:tree_refill(1)
+  end
+end
+
 --- Signals a process: its whole tree where it has a cgroup, else its
 -- process group.  Returns true or nil, msg, errno.
 function Sandbox:signal(proc, sig)
