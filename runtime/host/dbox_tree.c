@@ -168,11 +168,20 @@ int tp_dbox_tree_signal(tp_dbox_t *b, tp_dbox_tree_t *t, int sig, size_t *n, tp_
   return 0;
 }
 
+/* One cgroup.procs read, on the loop at each exit: a tree has no sub of its
+ * own (only the daemon makes cgroups, and the box sees its hierarchies read
+ * only), and on v1 each of its processes is in every hierarchy's sub (the
+ * child joins them all before it runs anything, or dies), so one
+ * hierarchy's list is the whole tree's.  A sub already gone has none. */
 int tp_dbox_tree_count(tp_dbox_t *b, tp_dbox_tree_t *t, size_t *n, tp_error_t *err) {
   cleanup_free pid_t *pids = NULL;
+  tp_error_t e = {0};
   (void) b;
   *n = 0;
-  return tp_cgroup_pids(&t->cg, &pids, n, err);
+  if (tp_cgroup_own_pids(&t->cg, &pids, n, &e) == 0 || e.code == ENOENT)
+    return 0;
+  *err = e;
+  return -1;
 }
 
 int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {

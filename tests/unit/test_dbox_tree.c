@@ -149,10 +149,12 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
   ok = c > 0 && in_cgroup(c, &s1->cg) == n;
   check(ok, "a process that writes itself to a taken tree's fds is in it in every hierarchy (%d)", n);
   if (c > 0) {
-    size_t cnt = 0;
+    size_t cnt = 0, k = 9;
+    check(tp_dbox_tree_count(b, s1, &k, &err) == 0 && k == 1, "the tree counts it");
     check(tp_dbox_tree_signal(b, s1, SIGKILL, &cnt, &err) == 0 && cnt == 1 &&
               wait_pid(c, WAIT_MS, &status) == 0 && killed(status),
           "the tree's kill kills it");
+    check(tp_dbox_tree_count(b, s1, &k, &err) == 0 && k == 0, "then the tree counts none");
   }
   check(s1 != NULL && tp_dbox_tree_remove(b, s1, &err) == 0, "the tree is removed");
 }
