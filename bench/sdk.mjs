@@ -12,11 +12,19 @@ const CHUNK = 1024 * 1024;
 
 const sbx = await Sandbox.create({ timeoutMs: 0 });
 const bare = await Bare.open(process.env.TUPPER_SOCKET);
+// BASE (bench/sdk): the other build's daemon, its bare round trip in the same alternation
+const base = process.env.TUPPER_SOCKET_BASE ? await Bare.open(process.env.TUPPER_SOCKET_BASE) : null;
+const baseBox = base ? (await base.call('sandbox.create', { limits: { timeout: 0 } })).id : null;
 try {
   // warm both paths
-  for (let i = 0; i < 10; i++) { await sbx.commands.run('true'); await bare.run(sbx.sandboxId, { cmd: 'true', timeout: 60 }); }
+  for (let i = 0; i < 10; i++) {
+    await sbx.commands.run('true');
+    await bare.run(sbx.sandboxId, { cmd: 'true', timeout: 60 });
+    if (base) await base.run(baseBox, { cmd: 'true', timeout: 60 });
+  }
   const sdkMs = [];
   const bareMs = [];
+  const baseMs = [];
   for (let i = 0; i < runs; i++) {
     let t = process.hrtime.bigint();
     await sbx.commands.run('true');
@@ -24,15 +32,25 @@ try {
     t = process.hrtime.bigint();
     await bare.run(sbx.sandboxId, { cmd: 'true', timeout: 60 });
     bareMs.push(Number(process.hrtime.bigint() - t) / 1e6);
+    if (base) {
+      t = process.hrtime.bigint();
+      await base.run(baseBox, { cmd: 'true', timeout: 60 });
+      baseMs.push(Number(process.hrtime.bigint() - t) / 1e6);
+    }
   }
   const a = stats(sdkMs);
   const b = stats(bareMs);
   console.log(`\ncommands.run('true'), ${runs} runs each, alternated (load ${loadavg()})`);
   console.log('| client | p50 ms | p99 ms | mean ms | p50 ratio to bare |');
   console.log('|---|---:|---:|---:|---:|');
+  if (base) {
+    const c = stats(baseMs);
+    console.log(`| bare JSON-RPC, BASE build | ${c.median.toFixed(2)} | ${c.p99.toFixed(2)} | ${c.mean.toFixed(2)} | ${(c.median / b.median).toFixed(2)}x |`);
+  }
   console.log(`| bare JSON-RPC | ${b.median.toFixed(2)} | ${b.p99.toFixed(2)} | ${b.mean.toFixed(2)} | 1.00x |`);
   console.log(`| @tupper/sdk | ${a.median.toFixed(2)} | ${a.p99.toFixed(2)} | ${a.mean.toFixed(2)} | ${(a.median / b.median).toFixed(2)}x |`);
   if (rounds === 0) { // the round trip only (bench/sdk RUNS 0)
+    if (base) { await base.call('sandbox.kill', { id: baseBox }); base.close(); }
     bare.close();
     await sbx.kill();
     process.exit(0);
