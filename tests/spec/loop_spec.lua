@@ -206,6 +206,24 @@ describe("a process's own cgroup", function()
     end
     assert.are.equal(2, n, "2 new spares, nothing else")
   end)
+
+  it("gives an ended process's tree back as a spare: one start after another makes no cgroup", function()
+    local before = subs()
+    local n = 0
+    for name, k in pairs(before) do
+      assert.matches("^s%x+$", name)
+      assert.are.equal(0, k)
+      n = n + 1
+    end
+    assert.are.equal(2, n, "the box's 2 spares")
+    for _ = 1, 5 do
+      local r = helper.sync(function() return helper.run(c, id, { "/bin/true" }) end)
+      assert.are.equal(0, r.exit_code)
+    end
+    -- a tree is given back after its exit is told: a moment later
+    helper.sync(function() async.sleep(200) end)
+    assert.are.same(before, subs(), "the same 2 spares, empty, and nothing else")
+  end)
 end)
 
 describe("a pooled box", function()
