@@ -61,7 +61,7 @@ function boxHoldings(ids) {
   try { names = readdirSync(base); } catch { /* v2 or no memory hierarchy */ }
   const set = new Set(ids);
   const mine = names.filter((n) => set.has(n.slice(n.lastIndexOf('-') + 1)));
-  let charged = 0, kmem = 0, procs = 0, prss = 0, ppss = 0;
+  let charged = 0, kmem = 0, procs = 0, prss = 0, ppss = 0, panon = 0, first = null;
   for (const n of mine) {
     charged += readNum(`${base}/${n}/memory.usage_in_bytes`) || 0;
     kmem += readNum(`${base}/${n}/memory.kmem.usage_in_bytes`) || 0;
@@ -75,13 +75,35 @@ function boxHoldings(ids) {
     } catch { /* gone */ }
     for (const p of list) {
       procs++;
+      first = first ?? p;
       prss += status(p, 'VmRSS');
+      panon += status(p, 'RssAnon');
       try {
         ppss += Number((readFileSync(`/proc/${p}/smaps_rollup`, 'utf8').match(/^Pss:\s+(\d+)/m) ?? [0, 0])[1]) * 1024;
       } catch { /* gone */ }
     }
   }
-  return { boxes: mine.length, charged, kmem, procs, prss, ppss };
+  return { boxes: mine.length, charged, kmem, procs, prss, ppss, panon, first };
+}
+
+// The superblocks a box made (each one a shrinker that every memory cgroup
+// keeps room for): the devices of the mounts its process `p` sees that the
+// daemon's mount namespace does not have, by file system type.  Not
+// counted: the kernel's internal mount of each IPC namespace's mqueue.
+function ownSuperblocks(p) {
+  const devs = (f) => {
+    const m = new Map();
+    for (const l of readFileSync(f, 'utf8').split('\n')) {
+      const x = l.split(' - ');
+      if (x.length === 2) m.set(x[0].split(' ')[2], x[1].split(' ')[0]);
+    }
+    return m;
+  };
+  try {
+    const host = devs(`/proc/${pid}/mountinfo`);
+    const types = [...devs(`/proc/${p}/mountinfo`)].filter(([d]) => !host.has(d)).map(([, t]) => t);
+    return types.sort();
+  } catch { return null; }
 }
 
 const conns = await Promise.all(Array.from({ length: PAR }, () => Bare.open(process.env.TUPPER_SOCKET)));
@@ -144,7 +166,10 @@ console.log(stop ? `stopped: ${stop}` : `all ${want} created`);
   if (h.boxes > 0) {
     console.log(`- box cgroups: ${h.boxes} found, charged ${(h.charged / h.boxes / KiB).toFixed(1)} KiB a box ` +
       `(kmem ${(h.kmem / h.boxes / KiB).toFixed(1)}); ${(h.procs / h.boxes).toFixed(2)} processes a box, ` +
-      `RSS ${(h.prss / h.boxes / KiB).toFixed(1)} KiB, PSS ${(h.ppss / h.boxes / KiB).toFixed(1)} KiB a box`);
+      `RSS ${(h.prss / h.boxes / KiB).toFixed(1)} KiB (anonymous ${(h.panon / h.boxes / KiB).toFixed(1)}), ` +
+      `PSS ${(h.ppss / h.boxes / KiB).toFixed(1)} KiB a box`);
+    const sb = h.first ? ownSuperblocks(h.first) : null;
+    if (sb) console.log(`- superblocks a box mounts: ${sb.length} (${sb.join(', ')}), and its IPC namespace's mqueue`);
   }
   const r = rss();
   console.log(`- daemon: RSS ${((r - rss0) / n / KiB).toFixed(1)} KiB a box (${(r / MiB).toFixed(1)} MiB in all), ` +

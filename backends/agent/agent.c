@@ -25,11 +25,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -38,6 +40,7 @@
 #include <unistd.h>
 
 #define LISTEN_PAUSE_MS 1000 /* after an accept that failed for want of fds or memory */
+#define TRIM_QUIET_MS 2000 /* the heap is trimmed once the agent was this long without work */
 
 void agent_log(const char *fmt, ...) {
   va_list ap;
@@ -296,7 +299,10 @@ static int channel_read(agent_t *a) {
   const size_t cap = TP_FRAME_HDR + TP_FRAME_MAX;
   size_t off = 0;
   int fds[AGENT_FDSET_FDS * 2], nfds;
-  ssize_t n = channel_recv(a, cap, fds, &nfds);
+  ssize_t n;
+  if (agent_net_splice(a) > 0) /* downloads' payloads, spliced to the box (agent_net.c) */
+    return 0;
+  n = channel_recv(a, cap, fds, &nfds);
   if (n < 0 && (errno == EINTR || errno == EAGAIN))
     return 0;
   if (n <= 0) {
@@ -415,9 +421,10 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
   a->sigfd = -1;
   a->vm_port = -1;
   a->grace_ms = grace_s * 1000;
-  for (int i = 0; i < AGENT_PROC_MAX; i++)
-    a->procs[i] = (agent_proc_t){.out_fd = -1, .err_fd = -1, .in_fd = -1, .hold_fd = -1,
-                                 .status_fd = -1};
+  /* procs[] is left as the zeroed bss: a free slot (pid 0) is never read
+   * past its pid, and exec fills a slot whole.  Writing -1s into all
+   * AGENT_PROC_MAX slots here would make ~100 KiB of every idle box's
+   * agent resident (docs/benchmarks.md, "Loop"). */
   tp_buf_init(&a->out);
 
   if (fcntl(chan, F_GETFD) < 0)
@@ -549,10 +556,39 @@ static void vm_reattach(agent_t *a) {
 
 #define VM_RECHECK_MS 1000 /* detached guest: the port's state is checked at least this often */
 
-/* The poll timeout: until the grace period or a listener pause ends. */
-static int poll_timeout(const agent_t *a, long long now, int listen_paused) {
+/* The whole pages of [from, to) given back: they read as zeros next. */
+static void drop_pages(void *from, void *to) {
+  const uintptr_t pg = (uintptr_t) sysconf(_SC_PAGESIZE);
+  uintptr_t lo = ((uintptr_t) from + pg - 1) & ~(pg - 1), hi = (uintptr_t) to & ~(pg - 1);
+  if (from != NULL && hi > lo)
+    madvise((void *) lo, hi - lo, MADV_DONTNEED);
+}
+
+/* Gives the kernel back the pages of a quiet agent's buffers: the free
+ * heap, the channel's read buffer past what it holds and the buffer frames
+ * are built in (both made resident by 1 MiB frames), and the one processes'
+ * output is read into.  Their next use faults zeroed pages in again.  A box's agent spends most of its
+ * life idle: what its requests left (buffers of a file transfer, a
+ * command's argv) is given back then, not kept resident in each of
+ * thousands of boxes (malloc keeps up to its trim threshold, which grows
+ * to twice the largest block it has freed). */
+static void trim(agent_t *a) {
+  malloc_trim(0);
+  if (a->rbuf != NULL)
+    drop_pages(a->rbuf + a->rlen, a->rbuf + TP_FRAME_HDR + TP_FRAME_MAX);
+  if (a->out.data != NULL)
+    drop_pages(a->out.data + a->out.len, a->out.data + a->out.cap);
+  drop_pages(a->iobuf, a->iobuf + sizeof(a->iobuf));
+}
+
+/* The poll timeout: until the grace period or a listener pause ends, or
+ * trim_at (when the buffers are to be trimmed; 0: they were since the
+ * last work). */
+static int poll_timeout(const agent_t *a, long long now, int listen_paused, long long trim_at) {
   long long t = -1;
-  if (a->chan < 0)
+  if (trim_at > 0)
+    t = trim_at > now ? trim_at - now : 0;
+  if (a->chan < 0 && (t < 0 || a->deadline - now < t))
     t = a->deadline - now;
   /* SIGIO wakes a detached guest when the host reopens its port; this bounds
    * the wait should a signal be merged with an earlier one */
@@ -566,11 +602,12 @@ static int poll_timeout(const agent_t *a, long long now, int listen_paused) {
 }
 
 static int agent_run(agent_t *a) {
+  long long trim_at = 0;
   send_ready(a);
 
   for (;;) {
     long long now;
-    int n, nproc, nw, paused;
+    int n, nproc, nw, paused, ready;
     if (a->broken)
       return -1;
     if (a->dead) {
@@ -592,11 +629,18 @@ static int agent_run(agent_t *a) {
     nproc = agent_proc_poll_fill(a, AGENT_POLL_FIRST);
     nw = agent_watch_poll_fill(a, nproc);
     n = agent_net_poll_fill(a, nw);
-    if (poll(a->pfds, (nfds_t) n, poll_timeout(a, now, paused)) < 0) {
+    ready = poll(a->pfds, (nfds_t) n, poll_timeout(a, now, paused, trim_at));
+    if (ready < 0) {
       if (errno == EINTR)
         continue;
       agent_log("poll: %s", strerror(errno));
       return -1;
+    }
+    if (ready > 0) {
+      trim_at = agent_now_ms() + TRIM_QUIET_MS;
+    } else if (trim_at > 0 && agent_now_ms() >= trim_at) {
+      trim(a);
+      trim_at = 0;
     }
     /* Output first, then reaping (which drains and sends EXIT), then new
      * requests, which may reuse the slots freed by reaping, then a new
@@ -659,6 +703,12 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  /* What the C library's start-up left free at the top of the heap (128
+   * KiB) is given back, so that the first large zeroed block (the network
+   * relay's table, 70 KiB, at every box's start) is fresh memory from the
+   * kernel, which calloc does not write through: only the pages it uses
+   * become resident. */
+  malloc_trim(0);
   tp_error_clear(&err);
   if (agent_init(&agent, (int) chan, grace, &err) < 0) {
     agent_log("%s", err.msg);

@@ -258,6 +258,11 @@ int agent_as_leave(const agent_as_t *as);
 int agent_net_listen(agent_t *a, const agent_req_t *r, tp_error_t *err);
 /* A stream frame from the host (NET_DATA, NET_ACK, ...: id 0, no reply). */
 void agent_net_frame(agent_t *a, const tp_frame_t *f);
+/* Moves the payloads of relayed downloads' NET_DATA frames from the channel
+ * to the box's sockets by splice while such frames come one after another
+ * (rbuf empty): 1 when the channel needs no ordinary read this round, 0
+ * when it does (another frame is next). */
+int agent_net_splice(agent_t *a);
 int agent_net_poll_fill(agent_t *a, int first);
 void agent_net_poll_handle(agent_t *a, int first, int n);
 /* The channel is gone: every stream ends (the listeners stay). */

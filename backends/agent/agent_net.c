@@ -17,6 +17,11 @@
  * a host that overruns the window gets the stream closed.  What the box's
  * socket took is acknowledged once per round of the loop.
  *
+ * Downloads: while large NET_DATA frames come one after another, their
+ * payloads are spliced from the channel through a pipe to the box's socket
+ * (agent_net_splice): the agent copies none of those bytes, and a frame
+ * that is not such a NET_DATA is read as any other.
+ *
  * NET_CONNECT (inbound ports, `tupper port`) is the reverse: the host
  * names a port, the agent connects to 127.0.0.1:PORT and the resulting
  * stream works the same way. */
@@ -43,6 +48,14 @@
  * box's network log and enforces its bound whatever the agent does. */
 #define NET_DNS_RATE 400
 #define NET_DNS_BURST 800
+/* A NET_DATA frame's head as the host's C relay writes it: the frame
+ * header, SID (an 8-byte int) and DATA's tag and length, the payload
+ * after it (frame.c's encoding).  Payloads from NET_SPLICE_MIN bytes are
+ * spliced, at most NET_SPLICE_FRAMES frames a round of the loop. */
+#define NET_HEAD (TP_FRAME_HDR + 6 + 8 + 6)
+#define NET_SPLICE_MIN 4096
+#define NET_SPLICE_FRAMES 16
+#define NET_PIPE (256u * 1024u)
 
 enum { L_HTTP, L_SOCKS, L_DNS_TCP, L_DNS_UDP, L_N };
 
@@ -75,6 +88,14 @@ struct agent_net_s {
   net_query_t queries[NET_QUERIES_MAX];
   double dns_tokens;          /* the bucket of DNS queries (NET_DNS_RATE) */
   long long dns_at_ms;        /* when it was last filled; 0: never */
+  /* Splicing downloads (agent_net_splice): a NET_DATA frame's payload
+   * moves from the channel through the pipe to the box's socket as page
+   * references.  The pipe is empty between calls. */
+  int pipe[2];                /* -1 until first used */
+  int nosplice;               /* the kernel refused a splice: frames are read from now on */
+  int hint;                   /* the last NET_DATA was large: look at the next frame's head */
+  uint32_t sp_sid;            /* the frame whose payload is being moved: its stream, */
+  size_t sp_left;             /* and the bytes of it still on the channel */
   uint8_t buf[TP_NET_DNS_MAX > TP_NET_CHUNK ? TP_NET_DNS_MAX : TP_NET_CHUNK];
 };
 
@@ -241,6 +262,7 @@ int agent_net_listen(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     net->streams[i].fd = -1;
   for (int i = 0; i < L_N; i++)
     net->lfd[i] = -1;
+  net->pipe[0] = net->pipe[1] = -1;
   for (int i = 0; i < L_N; i++) {
     net->lfd[i] = listen_one(net_listeners[i].port, net_listeners[i].type, err);
     if (net->lfd[i] < 0) {
@@ -391,6 +413,221 @@ void agent_net_poll_handle(agent_t *a, int first, int n) {
   }
 }
 
+/* ---- splicing a download ---------------------------------------------------- */
+
+static uint32_t get_u32(const uint8_t *p) {
+  return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
+}
+
+static void splice_pipe_close(struct agent_net_s *net) {
+  if (net->pipe[0] < 0)
+    return;
+  close(net->pipe[0]);
+  close(net->pipe[1]);
+  net->pipe[0] = net->pipe[1] = -1;
+}
+
+/* The pipe, made on first use: room for a chunk in pages of any alignment. */
+static int splice_pipe(struct agent_net_s *net) {
+  if (net->pipe[0] >= 0)
+    return 0;
+  if (pipe2(net->pipe, O_NONBLOCK | O_CLOEXEC) < 0) {
+    net->pipe[0] = net->pipe[1] = -1;
+    return -1;
+  }
+  fcntl(net->pipe[1], F_SETPIPE_SZ, (int) NET_PIPE);
+  if (fcntl(net->pipe[1], F_GETPIPE_SZ) < (int) TP_NET_CHUNK) { /* the user's pipe limits */
+    splice_pipe_close(net);
+    net->nosplice = 1;
+    return -1;
+  }
+  return 0;
+}
+
+/* The next frame on the channel, if it is a NET_DATA in the C relay's
+ * encoding of NET_SPLICE_MIN..TP_NET_CHUNK bytes for a stream that takes
+ * it now (connected, not ended, nothing queued for its socket, within the
+ * window): its head is consumed and its payload becomes sp_*.  1 then; 0
+ * for any other frame, or bytes that are not a whole head yet (the
+ * ordinary read takes them); -1 when the channel has nothing. */
+static int splice_head(agent_t *a) {
+  struct agent_net_s *net = a->net;
+  uint8_t h[NET_HEAD];
+  net_stream_t *s;
+  uint64_t sid = 0;
+  uint32_t dlen;
+  ssize_t n = recv(a->chan, h, NET_HEAD, MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    return -1;
+  if (n < 0 && errno == ENOTSOCK)
+    net->nosplice = 1; /* a channel that is no socket: frames are read */
+  if (n < (ssize_t) NET_HEAD)
+    return 0; /* an error or the end: the ordinary read says it */
+  for (int i = 0; i < 8; i++)
+    sid |= (uint64_t) h[TP_FRAME_HDR + 6 + i] << (8 * i);
+  dlen = get_u32(h + NET_HEAD - 4);
+  if (h[4] != TP_PROTO_VERSION || h[5] != TP_MSG_NET_DATA ||
+      get_u32(h) != NET_HEAD - TP_FRAME_HDR + (uint64_t) dlen ||
+      (h[TP_FRAME_HDR] | h[TP_FRAME_HDR + 1] << 8) != TP_TAG_SID || get_u32(h + TP_FRAME_HDR + 2) != 8 ||
+      (h[NET_HEAD - 6] | h[NET_HEAD - 5] << 8) != TP_TAG_DATA || sid == 0 || sid > UINT32_MAX ||
+      dlen < NET_SPLICE_MIN || dlen > TP_NET_CHUNK)
+    return 0;
+  s = stream_find(net, (uint32_t) sid);
+  if (s == NULL || s->connecting || s->eof_in || s->out_len > s->out_off ||
+      (uint64_t) dlen + s->ack_owed > TP_NET_WINDOW_DOWN || splice_pipe(net) < 0)
+    return 0; /* the ordinary path (which closes a stream that overran its window) */
+  n = recv(a->chan, h, NET_HEAD, MSG_DONTWAIT);
+  if (n != (ssize_t) NET_HEAD) { /* the bytes just seen are gone: the channel cannot be trusted */
+    agent_log("channel read: a frame head vanished");
+    a->dead = 1;
+    return -1;
+  }
+  a->rpos += NET_HEAD;
+  net->sp_sid = (uint32_t) sid;
+  net->sp_left = dlen;
+  return 1;
+}
+
+static int splice_drop(agent_t *a, int from, size_t k);
+
+/* A read from the pipe, or from the channel (a blocking socket) without waiting. */
+static ssize_t splice_read(agent_t *a, int from, void *p, size_t k) {
+  return from == a->chan ? recv(from, p, k, MSG_DONTWAIT) : read(from, p, k);
+}
+
+/* Of the frame being moved, k bytes that are in the pipe (from: its read
+ * end), or at most k on the channel (from: a->chan), go to s's queue,
+ * written when its socket takes more; -1 if they could not be read. */
+static int splice_queue(agent_t *a, net_stream_t *s, int from, size_t k) {
+  if (s->out == NULL && (s->out = malloc(TP_NET_WINDOW_DOWN)) == NULL) {
+    stream_close(a, s, ENOMEM);
+    return splice_drop(a, from, k); /* and the rest of the frame after it */
+  }
+  if (s->out_off > 0) {
+    memmove(s->out, s->out + s->out_off, s->out_len - s->out_off);
+    s->out_len -= s->out_off;
+    s->out_off = 0;
+  }
+  while (k > 0) { /* within the window checked at the head: it fits */
+    ssize_t r = splice_read(a, from, s->out + s->out_len, k);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && from == a->chan)
+      return 0; /* the rest of the frame is not here yet */
+    if (r <= 0)
+      return -1;
+    s->out_len += (size_t) r;
+    k -= (size_t) r;
+    if (from == a->chan) {
+      a->rpos += (size_t) r;
+      a->net->sp_left -= (size_t) r;
+    }
+  }
+  return 0;
+}
+
+/* Drops k bytes from the pipe, or (pipe 0) at most k from the channel; -1
+ * if they could not be read. */
+static int splice_drop(agent_t *a, int from, size_t k) {
+  while (k > 0) {
+    ssize_t r = splice_read(a, from, a->net->buf, k < sizeof(a->net->buf) ? k : sizeof(a->net->buf));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && from == a->chan)
+      return 0;
+    if (r <= 0)
+      return -1;
+    k -= (size_t) r;
+    if (from == a->chan) {
+      a->rpos += (size_t) r;
+      a->net->sp_left -= (size_t) r;
+    }
+  }
+  return 0;
+}
+
+/* Moves what the channel has of the frame's payload on: spliced into the
+ * pipe and from there to the box's socket while nothing is queued for it;
+ * what the socket does not take goes to its queue (a copy, as an ordinary
+ * frame's would); the bytes of a stream closed meanwhile are dropped. */
+static void splice_payload(agent_t *a) {
+  struct agent_net_s *net = a->net;
+  net_stream_t *s = stream_find(net, net->sp_sid);
+  ssize_t n, k = 0;
+  size_t put = 0;
+  int r = 0;
+  if (s == NULL) {
+    r = splice_drop(a, a->chan, net->sp_left);
+  } else if (s->out_len > s->out_off || net->nosplice) {
+    r = splice_queue(a, s, a->chan, net->sp_left);
+  } else {
+    n = splice(a->chan, NULL, net->pipe[1], NULL, net->sp_left, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+      return;
+    if (n < 0 && (errno == EINVAL || errno == ENOSYS)) {
+      net->nosplice = 1;
+      r = splice_queue(a, s, a->chan, net->sp_left);
+    } else if (n <= 0) {
+      if (n < 0)
+        agent_log("channel read: %s", strerror(errno));
+      a->dead = 1;
+      return;
+    } else {
+      a->rpos += (size_t) n;
+      net->sp_left -= (size_t) n;
+      while (put < (size_t) n) {
+        k = splice(net->pipe[0], NULL, s->fd, NULL, (size_t) n - put, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        if (k < 0 && errno == EINTR)
+          continue;
+        if (k <= 0)
+          break;
+        put += (size_t) k;
+      }
+      s->ack_owed += put;
+      if (put < (size_t) n && k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        if (errno == EINVAL || errno == ENOSYS) {
+          net->nosplice = 1;
+          r = splice_queue(a, s, net->pipe[0], (size_t) n - put);
+        } else {
+          stream_close(a, s, errno); /* the box's end is gone */
+          r = splice_drop(a, net->pipe[0], (size_t) n - put);
+        }
+      } else if (put < (size_t) n) {
+        r = splice_queue(a, s, net->pipe[0], (size_t) n - put); /* the socket is full */
+      }
+    }
+  }
+  if (r < 0) { /* the pipe kept bytes, or the channel failed: nothing can be trusted */
+    agent_log("network: a spliced frame could not be moved");
+    splice_pipe_close(net); /* a next channel gets a new, empty one */
+    a->dead = 1;
+  }
+}
+
+int agent_net_splice(agent_t *a) {
+  struct agent_net_s *net = a->net;
+  if (net == NULL || a->chan < 0 || a->dead)
+    return 0;
+  if (net->sp_left == 0 &&
+      (net->nosplice || !net->hint || net->nstreams == 0 || a->rlen > 0 || a->chan == a->vm_port))
+    return 0;
+  for (int i = 0; i < NET_SPLICE_FRAMES && !a->dead; i++) {
+    if (net->sp_left == 0) {
+      int h = splice_head(a);
+      if (h < 0)
+        return 1; /* nothing on the channel */
+      if (h == 0) {
+        net->hint = 0;
+        return 0; /* another frame: the ordinary read */
+      }
+    }
+    splice_payload(a);
+    if (net->sp_left > 0)
+      return 1; /* the rest is not here yet */
+  }
+  return 1;
+}
+
 /* ---- frames from the host ---------------------------------------------------- */
 
 static void net_connect(agent_t *a, uint32_t sid, int64_t port) {
@@ -473,6 +710,7 @@ void agent_net_frame(agent_t *a, const tp_frame_t *f) {
       stream_close(a, s, EPROTO); /* the host overran the window */
       return;
     }
+    a->net->hint = data->len >= NET_SPLICE_MIN;
     if (s->out_len == s->out_off && !s->connecting && data->len > 0) {
       /* nothing queued: straight to the box's socket, what it takes acknowledged now */
       ssize_t w = write(s->fd, data->val, data->len);
@@ -518,6 +756,9 @@ void agent_net_frame(agent_t *a, const tp_frame_t *f) {
 void agent_net_detach(agent_t *a) {
   if (a->net == NULL)
     return;
+  a->net->sp_left = 0; /* the rest of a frame went with the channel */
+  a->net->hint = 0;
+  splice_pipe_close(a->net);
   for (int i = 0; i < TP_NET_STREAMS_MAX; i++)
     stream_free(a->net, &a->net->streams[i]);
   memset(a->net->queries, 0, sizeof(a->net->queries));

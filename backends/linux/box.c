@@ -64,7 +64,8 @@ static void cleanup_pool_boxp(const tp_box_spec_t **s) {
  * work/ (overlay's, used with the mounter's credentials), rootfs/ and l/
  * (links to the layers).  With
  * a disk cap, upper/ and work/ are made by the child on the disk image,
- * mounted at disk/.  The child adds agent.sock. */
+ * mounted at disk/.  The child adds agent.sock and tmpfs/ (where the
+ * box's tmpfs is mounted, in its mount namespace only: box_plan.c). */
 static int make_box_subdirs(int dfd, const tp_box_spec_t *s, tp_error_t *err) {
   if (s->disk_bytes > 0 || s->pool != NULL) {
     if (mkdirat(dfd, "disk", 0700) < 0)

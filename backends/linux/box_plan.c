@@ -198,7 +198,7 @@ static int host_proc_has(const char *name, int dir) {
   return stat(path, &st) == 0 && (S_ISDIR(st.st_mode) != 0) == (dir != 0);
 }
 
-static void plan_proc(builder_t *b, const char *proc) {
+static void plan_proc(builder_t *b, const char *proc, const char *empty) {
   /* Files: /dev/null over them, read-only and nodev, so opening fails. */
   for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_masked); i++) {
     if (!host_proc_has(tp_box_proc_masked[i], 0))
@@ -207,11 +207,14 @@ static void plan_proc(builder_t *b, const char *proc) {
     mnt(b, "mask /proc file", "/dev/null", dst, NULL, MS_BIND, NULL);
     mnt(b, "make /proc mask read-only", NULL, dst, NULL, TP__RO_REMOUNT, NULL);
   }
-  /* Hardware dirs: an empty read-only tmpfs over them. */
-  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_emptied); i++)
-    if (host_proc_has(tp_box_proc_emptied[i], 1))
-      mnt(b, "hide /proc dir", "tmpfs", str(b, "%s/%s", proc, tp_box_proc_emptied[i]), "tmpfs",
-          MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k,nr_inodes=1");
+  /* Hardware dirs: the box's empty dir (plan_tmpfs) over them, read-only. */
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_emptied); i++) {
+    if (!host_proc_has(tp_box_proc_emptied[i], 1))
+      continue;
+    const char *dst = str(b, "%s/%s", proc, tp_box_proc_emptied[i]);
+    mnt(b, "hide /proc dir", empty, dst, NULL, MS_BIND, NULL);
+    mnt(b, "make /proc dir hidden read-only", NULL, dst, NULL, TP__RO_REMOUNT, NULL);
+  }
   /* Kernel knobs: readable, never writable (a self-bind made read-only). */
   for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_readonly); i++) {
     if (!host_proc_has(tp_box_proc_readonly[i], 1))
@@ -222,17 +225,41 @@ static void plan_proc(builder_t *b, const char *proc) {
   }
 }
 
-static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
+/* The box's one tmpfs (64 MiB, nosuid,nodev,noexec), mounted at stage
+ * (in box_dir, dropped with the old root at pivot_root) and holding three
+ * dirs: dev/ (the box's /dev, owned by its root), shm/ (its /dev/shm, 1777)
+ * and empty/ (the read-only empty dir over /proc's hardware dirs).  Each is
+ * bound where the box sees it.  One tmpfs instead of one each, because
+ * every superblock is a shrinker that every memory cgroup on the host keeps
+ * room for (docs/benchmarks.md, "Loop"): /dev and /dev/shm share the 64 MiB,
+ * and a bind of a subdir shows nothing of its siblings. */
+static void plan_tmpfs(builder_t *b, const tp_box_spec_t *s, const char *stage) {
+  const char *dev = str(b, "%s/dev", stage);
+  const char *shm = str(b, "%s/shm", stage);
+  const char *empty = str(b, "%s/empty", stage);
+
+  op(b, TP__OP_DIR, "mkdir tmpfs stage", NULL, stage, NULL, 0, NULL, 0700);
+  mnt(b, "mount tmpfs", "tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+      "mode=0700,size=64m");
+  op(b, TP__OP_DIR, "mkdir tmpfs dev", NULL, dev, NULL, 0, NULL, 0755);
+  own(b, "own tmpfs dev", dev, s->uid_base, s->gid_base, 0755);
+  op(b, TP__OP_DIR, "mkdir tmpfs shm", NULL, shm, NULL, 0, NULL, 01777);
+  own(b, "own tmpfs shm", shm, s->uid_base, s->gid_base, 01777);
+  op(b, TP__OP_DIR, "mkdir tmpfs empty", NULL, empty, NULL, 0, NULL, 0555);
+  own(b, "own tmpfs empty", empty, 0, 0, 0555);
+}
+
+static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs,
+                     const char *stage) {
   const char *dev = str(b, "%s/dev", rootfs);
   const char *pts = str(b, "%s/dev/pts", rootfs);
   const char *shm = str(b, "%s/dev/shm", rootfs);
   const char *pts_opts;
 
   op(b, TP__OP_DIR, "mkdir /dev", NULL, dev, NULL, 0, NULL, 0755);
-  /* Only the mounts below hold device nodes, so the tmpfs itself is nodev. */
-  mnt(b, "mount /dev", "tmpfs", dev, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-      str(b, "mode=0755,size=64k,nr_inodes=64,uid=%u,gid=%u", (unsigned) s->uid_base,
-          (unsigned) s->gid_base));
+  /* A bind keeps the tmpfs's nosuid,nodev,noexec: only the mounts below
+   * hold device nodes. */
+  mnt(b, "bind /dev", str(b, "%s/dev", stage), dev, NULL, MS_BIND, NULL);
   for (size_t i = 0; i < TP_BOX_DEV_NODES; i++) {
     const char *dst = str(b, "%s/dev/%s", rootfs, tp_box_dev_nodes[i].name);
     op(b, TP__OP_FILE, "create dev node", NULL, dst, NULL, 0, NULL, 0666);
@@ -250,9 +277,7 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
   mnt(b, "mount /dev/pts", "devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, pts_opts);
 
   op(b, TP__OP_DIR, "mkdir /dev/shm", NULL, shm, NULL, 0, NULL, 01777);
-  mnt(b, "mount /dev/shm", "tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-      str(b, "mode=1777,size=64m,uid=%u,gid=%u", (unsigned) s->uid_base,
-          (unsigned) s->gid_base));
+  mnt(b, "bind /dev/shm", str(b, "%s/shm", stage), shm, NULL, MS_BIND, NULL);
 
   for (size_t i = 0; i < TP_BOX_DEV_LINKS; i++)
     op(b, TP__OP_SYMLINK, "symlink in /dev", tp_box_dev_links[i].target,
@@ -321,7 +346,7 @@ static const char *lowerdir(builder_t *b, const tp_box_spec_t *s) {
 
 int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   builder_t b = {p, 0};
-  const char *rootfs, *proc, *sys;
+  const char *rootfs, *proc, *sys, *stage;
 
   memset(p, 0, sizeof(*p));
   if (check_spec(s, err) < 0)
@@ -331,6 +356,7 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   rootfs = str(&b, "%s/rootfs", s->box_dir);
   proc = str(&b, "%s/proc", rootfs);
   sys = str(&b, "%s/sys", rootfs);
+  stage = str(&b, "%s/tmpfs", s->box_dir);
 
   /* Into the box's cgroups first, before anything of the box runs (the
    * mounts below are charged there already), then a cgroup namespace rooted
@@ -357,11 +383,14 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
       str(&b, "lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off,volatile", lowerdir(&b, s),
           s->disk_bytes > 0 ? "disk/upper" : "upper", s->disk_bytes > 0 ? "disk/work" : "work"));
 
+  /* /dev before /proc's masks: the first mount of the tmpfs is the one
+   * df and the like name it by. */
+  plan_tmpfs(&b, s, stage);
+  plan_dev(&b, s, rootfs, stage);
+
   op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 0, NULL, 0555);
   mnt(&b, "mount /proc", "proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-  plan_proc(&b, proc);
-
-  plan_dev(&b, s, rootfs);
+  plan_proc(&b, proc, str(&b, "%s/empty", stage));
 
   /* A fresh sysfs in the new netns shows only the box's interfaces. */
   op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 0, NULL, 0555);

@@ -4,11 +4,12 @@
 #
 # Depends: the shared libraries tupper links (dpkg-shlibdeps), plus the
 # ones it opens with dlopen at first use, which no tool can see: libcurl
-# (image pulls), libcrypto (SHA-256), libarchive (layer tars).
+# (image pulls), libcrypto (SHA-256), libarchive (layer tars), libedit
+# (`tupper repl`'s line editing).
 set -eu
 build=$(cd "${1:-build}" && pwd)
 dist=$(cd "$(dirname "$0")" && pwd)
-DLOPENED="libcurl4, libssl3, libarchive13"
+DLOPENED="libcurl4, libssl3, libarchive13, libedit2"
 TOOLS="passwd" # groupadd, in the postinst
 
 version=$("$build/tupper" version | sed 's/^tupper //')

@@ -681,7 +681,10 @@ int64_t tp_cgroup_oom_kills(const tp_cgroup_t *cg) {
 /* ---- destroy ---------------------------------------------------------------------- */
 
 /* rmdir dir after the cgroups below it; ENOENT is success.  The kernel may
- * still be tearing down the last exited task: EBUSY is retried briefly. */
+ * still be tearing down the last exited task: EBUSY is retried briefly.
+ * The rmdir is tried first: a cgroup with no sub left (a box's, once its
+ * trees are removed) needs no listing of its dir (about 60 files on v1's
+ * memory hierarchy), and one with subs or tasks answers EBUSY. */
 static int rmdir_tree(const char *dir, int depth, tp_error_t *err) {
   DIR *d;
   struct dirent *e;
@@ -689,6 +692,10 @@ static int rmdir_tree(const char *dir, int depth, tp_error_t *err) {
 
   if (depth > CG_MAX_DEPTH)
     return tp_error_set(err, ELOOP, "cgroup tree too deep at '%s'", dir);
+  if (rmdir(dir) == 0 || errno == ENOENT)
+    return 0;
+  if (errno != EBUSY && errno != ENOTEMPTY)
+    return tp_error_errno(err, errno, "rmdir '%s'", dir);
   d = opendir(dir);
   if (d == NULL)
     return errno == ENOENT ? 0 : tp_error_errno(err, errno, "opendir '%s'", dir);

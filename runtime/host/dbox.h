@@ -76,6 +76,8 @@ struct tp_dbox_s {
   tp_dbox_frame_cb on_frame;
   tp_dbox_down_cb on_down;
   tp_dbox_done_cb on_done;
+  tp_dbox_done_cb on_dead; /* destroy: the box's processes are all dead (before on_done) */
+  uv_poll_t deadp;         /* destroy: waits on the pidfd for that, on the loop */
   uint8_t *rbuf; /* rbuf and fields: made for a burst of reads, dropped
                     after it (dbox.c tp__dbox_buffers_drop): NULL when idle */
   size_t rlen, rcap;
@@ -248,6 +250,14 @@ int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_e
  * if already destroyed. */
 int tp_dbox_destroy(tp_dbox_t *b, const char *keep_upper, tp_dbox_done_cb done, int *queued,
                     tp_error_t *err);
+
+/* Before tp_dbox_destroy (without keep_upper): the destroy waits for the
+ * box's PID 1 to exit on the loop (its pidfd turns readable once every
+ * process of the box is dead), runs dead(b, 0, NULL) there, and only then
+ * queues the removal of its dir and cgroups, whose end is done's.  A box
+ * without a pidfd, or a wait that cannot be set up, gets no dead call: done
+ * is the first word. */
+void tp_dbox_on_dead(tp_dbox_t *b, tp_dbox_done_cb dead);
 
 /* The owner lets go: no callback runs from now on; a box not destroyed yet
  * is destroyed here, on the loop.  b is freed when its handles and job are

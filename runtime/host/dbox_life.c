@@ -3,6 +3,7 @@
  * the box cgroup first (its PID 1 joins it before anything of the box runs),
  * then the backend, then what the backend's flags ask for. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -293,6 +294,47 @@ static void tp__destroy_after(void *data, int status) {
   tp__dbox_maybe_free(b);
 }
 
+/* Queues the removal (tp__destroy_work), after the tree jobs that read the
+ * box's cgroup; done here if it cannot be queued. */
+static void tp__destroy_queue(tp_dbox_t *b) {
+  b->work_pending = 1;
+  if (b->tree_jobs > 0) { /* they read the cgroup this removes: after them */
+    b->held_destroy = 1;
+    return;
+  }
+  if (tp_job_queue(b->loop, tp__destroy_work, tp__destroy_after, b) < 0) {
+    tp__destroy_work(b);
+    tp__destroy_after(b, 0);
+  }
+}
+
+static void tp__dbox_deadp_closed(uv_handle_t *h) {
+  tp_dbox_t *b = h->data;
+  b->open_handles--;
+  tp__dbox_maybe_free(b);
+}
+
+/* PID 1 of the box has exited: every other process of the box was reaped
+ * before it (its PID namespace's end), and its mount namespace is gone. */
+static void tp__dbox_dead_cb(uv_poll_t *p, int status, int events) {
+  tp_dbox_t *b = p->data;
+  tp_dbox_done_cb dead = b->on_dead;
+  (void) events;
+  uv_close((uv_handle_t *) &b->deadp, tp__dbox_deadp_closed);
+  b->on_dead = NULL;
+  /* uv_poll made the pidfd non-blocking: the reap in the pool waits on it */
+  int fl = fcntl(b->box.pidfd, F_GETFL);
+  if (fl >= 0)
+    fcntl(b->box.pidfd, F_SETFL, fl & ~O_NONBLOCK);
+  /* a failed poll: the removal's reap waits, and done is the first word */
+  if (status == 0 && !b->released && dead != NULL)
+    dead(b, 0, NULL);
+  b->work_pending = 0; /* the queue below sets it again */
+  tp__destroy_queue(b);
+}
+
+void tp_dbox_on_dead(tp_dbox_t *b, tp_dbox_done_cb dead) { b->on_dead = dead; }
+
 int tp_dbox_destroy(tp_dbox_t *b, const char *keep_upper, tp_dbox_done_cb done, int *queued,
                     tp_error_t *err) {
   int r;
@@ -307,10 +349,22 @@ int tp_dbox_destroy(tp_dbox_t *b, const char *keep_upper, tp_dbox_done_cb done, 
     return tp_error_set(err, ENOMEM, "out of memory");
   b->destroyed = 1;
   b->down = 1;
-  tp__dbox_stop(b);
+  tp__dbox_stop(b); /* closes the exit poll: the pidfd is free for deadp */
   if (b->box.pid > 0)
     kill(b->box.pid, SIGKILL); /* at once; reaping and rm happen in the pool */
   b->on_done = done;
+  if (b->on_dead != NULL && keep_upper == NULL && b->box.pidfd >= 0 &&
+      uv_poll_init(b->loop, &b->deadp, b->box.pidfd) == 0) {
+    /* the wait for the box's end on the loop; the removal after it */
+    b->deadp.data = b;
+    b->open_handles++;
+    b->work_pending = 1;
+    *queued = 1;
+    if ((r = uv_poll_start(&b->deadp, UV_READABLE, tp__dbox_dead_cb)) < 0)
+      tp__dbox_dead_cb(&b->deadp, r, 0);
+    return 0;
+  }
+  b->on_dead = NULL;
   if (b->tree_jobs > 0) { /* they read the cgroup this removes: after them */
     b->held_destroy = 1;
     b->work_pending = 1;

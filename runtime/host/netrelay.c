@@ -1,10 +1,13 @@
 /* tp_netrelay_t: relayed network streams between the agent's NET_* frames
  * and upstream TCP sockets (netrelay.h). */
+#define _GNU_SOURCE /* splice, pipe2, F_SETPIPE_SZ */
 #include "netrelay.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -12,23 +15,21 @@
 typedef struct tp__nrs_s {
   struct tp__nrs_s *next;
   tp_netrelay_t *nr;
-  uv_tcp_t tcp;
-  uv_write_t wreq;
-  uv_shutdown_t sreq;
+  uv_poll_t poll;       /* on fd: readable while the window has room, writable while
+                           the box's bytes wait for the upstream's buffer */
+  int fd;               /* the upstream socket (non-blocking), -1 once closed */
+  int events;           /* what poll watches */
   uint32_t sid;
   int gone;             /* ended: waits for its handle's close callback */
-  int reading;          /* uv_read_start is on */
   int box_eof;          /* the box sent NET_EOF */
   int up_eof;           /* the upstream ended */
   int eof_sent;         /* NET_EOF went to the box */
   int shut;             /* the upstream's write side is shut down */
-  uint8_t *pend;        /* box -> upstream: pend[0..plen), of which the first inflight are */
-  size_t plen, pcap;    /* being written; pcap never changes once allocated */
-  size_t inflight;
+  uint8_t *pend;        /* box -> upstream: pend[0..plen) not yet taken by the socket; */
+  size_t plen, pcap;    /* pcap never changes once allocated */
   size_t head;          /* the first head bytes of pend are the daemon's: not acknowledged */
   uint8_t *batch;       /* upstream -> box: NET_DATA frames read in place, not yet on */
   size_t blen, bcap;    /* the channel; blen bytes of whole frames */
-  size_t asked;         /* the data room the last alloc_cb gave */
   uint8_t *down;        /* handed-over bytes owed to the box: down[doff..dlen) */
   size_t doff, dlen;
   uint32_t in_unacked;  /* the box's bytes received, not acknowledged */
@@ -45,11 +46,17 @@ struct tp_netrelay_s {
   int closing;          /* streams whose handle's close callback is pending */
   int released;
   uint32_t wdown;       /* bytes for the box unacknowledged: what its agent takes (tp_netrelay_new) */
+  int pipe[2];          /* splice: upstream bytes pass through it onto the channel as page
+                           references; empty between calls; -1 until first used */
+  int nosplice;         /* the kernel or the channel refused a splice: reads from now on */
+  uint8_t *spare;       /* TP__NR_HEAD + TP_NET_CHUNK bytes: what a splice could not put on
+                           the channel goes there, then onto the channel's queue */
 };
 
 static void tp__nr_maybe_free(tp_netrelay_t *nr) {
   if (!nr->released || nr->closing > 0 || nr->streams != NULL)
     return;
+  free(nr->spare);
   free(nr);
 }
 
@@ -128,7 +135,9 @@ static void tp__nrs_end(tp__nrs_t *s, int err, int notify, int report) {
   *pp = s->next;
   nr->nstreams--;
   nr->closing++;
-  uv_close((uv_handle_t *) &s->tcp, tp__nrs_close_cb); /* cancels its write and shutdown */
+  uv_close((uv_handle_t *) &s->poll, tp__nrs_close_cb); /* stops watching fd at once */
+  close(s->fd);
+  s->fd = -1;
   if (notify)
     tp__nr_send_sid(nr, TP_MSG_NET_CLOSE, sid, 0, 0);
   if (report && !nr->released && nr->on_end != NULL)
@@ -146,6 +155,8 @@ static tp__nrs_t *tp__nr_find(const tp_netrelay_t *nr, uint32_t sid) {
  * length (frame.c's encoding, little-endian), for n bytes of data. */
 #define TP__NR_HEAD (TP_FRAME_HDR + 6 + 8 + 6)
 #define TP__NR_BATCH (2 * (TP__NR_HEAD + TP_NET_CHUNK)) /* two chunks per channel write */
+#define TP__NR_PIPE (256u * 1024u) /* the splice pipe: a chunk in pages of any alignment */
+#define TP__NR_READS 16            /* reads per wake-up at most (a window is 12 chunks) */
 
 static void tp__put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++)
@@ -180,37 +191,31 @@ static void tp__nrs_flush(tp__nrs_t *s) {
   tp__nr_send(s->nr, &buf);
 }
 
-/* Upstream reads land in place, after a frame head (no copy on the way to
- * the channel).  Reading is on only while the window has room. */
-static void tp__nrs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  tp__nrs_t *s = h->data;
-  size_t room = s->nr->wdown - s->out_unacked;
-  (void) suggested;
-  if (s->batch != NULL && s->bcap - s->blen < TP__NR_HEAD + TP_NET_CHUNK)
-    tp__nrs_flush(s);
-  if (s->batch == NULL) {
-    s->batch = malloc(TP__NR_BATCH);
-    s->bcap = s->batch ? TP__NR_BATCH : 0;
-    s->blen = 0;
-  }
-  if (s->batch == NULL) { /* read_cb gets UV_ENOBUFS: the stream ends */
-    buf->base = NULL;
-    buf->len = 0;
-    return;
-  }
-  if (room > TP_NET_CHUNK)
-    room = TP_NET_CHUNK;
-  s->asked = room;
-  buf->base = (char *) s->batch + s->blen + TP__NR_HEAD;
-  buf->len = room;
-}
+static void tp__nrs_poll_cb(uv_poll_t *h, int status, int events);
 
-static void tp__nrs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+/* Watches the upstream socket for what the stream wants: readable while
+ * the window towards the box has room (and no handed-over bytes wait),
+ * writable while the box's bytes wait for the socket's buffer. */
+static void tp__nrs_watch(tp__nrs_t *s) {
+  int ev = 0, r;
+  if (s->gone)
+    return;
+  if (!s->up_eof && s->dlen == 0 && s->out_unacked < s->nr->wdown)
+    ev |= UV_READABLE;
+  if (s->plen > 0)
+    ev |= UV_WRITABLE;
+  if (ev == s->events)
+    return;
+  s->events = ev;
+  if (ev == 0)
+    uv_poll_stop(&s->poll);
+  else if ((r = uv_poll_start(&s->poll, ev, tp__nrs_poll_cb)) < 0)
+    tp__nrs_end(s, -r, 1, 1);
+}
 
 /* Sends what the window allows of the handed-over bytes, the end once all
  * is sent, and reads upstream exactly while the window has room. */
 static void tp__nrs_pump_box(tp__nrs_t *s) {
-  int want;
   if (s->gone)
     return;
   while (s->doff < s->dlen && s->out_unacked < s->nr->wdown) {
@@ -229,53 +234,182 @@ static void tp__nrs_pump_box(tp__nrs_t *s) {
     s->eof_sent = 1;
     tp__nr_send_sid(s->nr, TP_MSG_NET_EOF, s->sid, 0, 0);
   }
-  want = !s->up_eof && s->dlen == 0 && s->out_unacked < s->nr->wdown;
-  if (want && !s->reading) {
-    if (uv_read_start((uv_stream_t *) &s->tcp, tp__nrs_alloc_cb, tp__nrs_read_cb) == 0)
-      s->reading = 1;
-  } else if (!want && s->reading) {
-    uv_read_stop((uv_stream_t *) &s->tcp);
-    s->reading = 0;
-  }
+  tp__nrs_watch(s);
 }
 
-static void tp__nrs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
-  tp__nrs_t *s = st->data;
-  (void) buf;
-  if (nread == 0) { /* drained for now */
-    tp__nrs_flush(s);
-    return;
+/* Whether the next read may be spliced onto the channel: the relay has
+ * its pipe and a spare buffer, the channel is up and nothing waits in its
+ * write queue (the frame head, written now, must come next on it). */
+static int tp__nr_can_splice(tp_netrelay_t *nr) {
+  if (nr->nosplice || nr->b == NULL || !tp_dbox_running(nr->b) || tp_dbox_queued(nr->b) > 0)
+    return 0;
+  if (nr->pipe[0] < 0) {
+    if (pipe2(nr->pipe, O_NONBLOCK | O_CLOEXEC) < 0) {
+      nr->pipe[0] = nr->pipe[1] = -1;
+      return 0; /* out of fds: read, and try again for the next read */
+    }
+    /* room for a chunk whatever its pages (at least 16 of them, the
+     * default); a pipe the user's pipe limits left smaller is not used */
+    fcntl(nr->pipe[1], F_SETPIPE_SZ, (int) TP__NR_PIPE);
+    if (fcntl(nr->pipe[1], F_GETPIPE_SZ) < (int) TP_NET_CHUNK) {
+      close(nr->pipe[0]);
+      close(nr->pipe[1]);
+      nr->pipe[0] = nr->pipe[1] = -1;
+      return 0;
+    }
   }
-  if (nread == UV_ENOBUFS) { /* no memory for a frame (reading is on only with room) */
-    tp__nrs_end(s, ENOMEM, 1, 1);
-    return;
-  }
-  if (nread == UV_EOF) {
-    tp__nrs_flush(s); /* the data before the end */
-    s->up_eof = 1;
-    tp__nrs_pump_box(s);
-    return;
-  }
-  if (nread < 0) {
-    tp__nrs_end(s, (int) -nread, 1, 1);
-    return;
-  }
-  tp__nrs_head(s, s->batch + s->blen, (size_t) nread);
-  s->blen += TP__NR_HEAD + (size_t) nread;
-  s->out_unacked += (uint32_t) nread;
-  s->to_box += (uint64_t) nread;
-  /* on once the socket is drained (a short read: libuv reads no more this
-   * round), the window is full, or two chunks are read: the agent
-   * delivers and acknowledges a batch while the next is read */
-  if ((size_t) nread < s->asked || s->out_unacked >= s->nr->wdown ||
-      s->bcap - s->blen < TP__NR_HEAD + TP_NET_CHUNK)
-    tp__nrs_flush(s);
-  tp__nrs_pump_box(s); /* stops reading at a full window */
+  if (nr->spare == NULL && (nr->spare = malloc(TP__NR_HEAD + TP_NET_CHUNK)) == NULL)
+    return 0;
+  return 1;
 }
 
-static void tp__nrs_shut_cb(uv_shutdown_t *req, int status) {
-  (void) req, (void) status; /* a failed shutdown shows up as a read error, or not at all */
+/* Moves what the pipe holds of a frame (n bytes, of which the channel took
+ * `put`) and what the channel did not take of its head (head[hput..)) into
+ * the spare buffer, which goes onto the channel's write queue: the frame
+ * stays whole and first in line.  A pipe that does not give back what it
+ * holds cannot happen; if it did, the channel's frames would be cut, so
+ * the channel is shut: the box goes down. */
+static void tp__nrs_unsplice(tp__nrs_t *s, const uint8_t *head, size_t hput, size_t n,
+                             size_t put) {
+  tp_netrelay_t *nr = s->nr;
+  tp_buf_t buf;
+  size_t len = TP__NR_HEAD - hput;
+  memcpy(nr->spare, head + hput, len);
+  while (put < n) {
+    ssize_t r = read(nr->pipe[0], nr->spare + len, n - put);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0) {
+      uv_os_fd_t cfd;
+      if (uv_fileno((uv_handle_t *) &nr->b->chan, &cfd) == 0)
+        shutdown(cfd, SHUT_RDWR);
+      close(nr->pipe[0]);
+      close(nr->pipe[1]);
+      nr->pipe[0] = nr->pipe[1] = -1;
+      nr->nosplice = 1;
+      return;
+    }
+    len += (size_t) r;
+    put += (size_t) r;
+  }
+  tp_buf_init(&buf);
+  buf.data = nr->spare;
+  buf.len = len;
+  buf.cap = TP__NR_HEAD + TP_NET_CHUNK;
+  nr->spare = NULL;
+  tp__nr_send(nr, &buf);
 }
+
+/* One read of at most room bytes, spliced: from the upstream socket into
+ * the pipe, the frame head written to the channel, the bytes from the pipe
+ * after it (page references: the daemon copies none of them).  What the
+ * channel does not take at once goes through its queue (tp__nrs_unsplice).
+ * Returns the bytes read, 0 at the upstream's end, -1 and errno, or -2
+ * when splicing is not possible (then the caller reads). */
+static ssize_t tp__nrs_splice(tp__nrs_t *s, size_t room) {
+  tp_netrelay_t *nr = s->nr;
+  uint8_t head[TP__NR_HEAD];
+  uv_os_fd_t cfd;
+  ssize_t n, w, k = 0;
+  size_t put = 0;
+  if (uv_fileno((uv_handle_t *) &nr->b->chan, &cfd) < 0)
+    return -2;
+  n = splice(s->fd, NULL, nr->pipe[1], NULL, room, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+  if (n < 0 && (errno == EINVAL || errno == ENOSYS)) {
+    nr->nosplice = 1; /* not a socket splice takes from: read from now on */
+    return -2;
+  }
+  if (n <= 0)
+    return n;
+  tp__nrs_head(s, head, (size_t) n);
+  do
+    w = send(cfd, head, TP__NR_HEAD, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (w < 0 && errno == EINTR);
+  if (w == TP__NR_HEAD) {
+    while (put < (size_t) n) {
+      k = splice(nr->pipe[0], NULL, cfd, NULL, (size_t) n - put, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (k < 0 && errno == EINTR)
+        continue;
+      if (k <= 0)
+        break;
+      put += (size_t) k;
+    }
+    if (k < 0 && (errno == EINVAL || errno == ENOSYS))
+      nr->nosplice = 1; /* a channel splice cannot write to: the rest goes by the queue */
+  }
+  if (w < 0)
+    w = 0; /* full (or broken: the channel's reader says so) */
+  if ((size_t) w < TP__NR_HEAD || put < (size_t) n)
+    tp__nrs_unsplice(s, head, (size_t) w, (size_t) n, put);
+  return n;
+}
+
+/* One read of at most room bytes into the batch, after a frame head. */
+static ssize_t tp__nrs_read_one(tp__nrs_t *s, size_t room) {
+  ssize_t n;
+  if (s->batch != NULL && s->bcap - s->blen < TP__NR_HEAD + TP_NET_CHUNK)
+    tp__nrs_flush(s);
+  if (s->batch == NULL) {
+    if ((s->batch = malloc(TP__NR_BATCH)) == NULL) {
+      errno = ENOMEM;
+      return -1;
+    }
+    s->bcap = TP__NR_BATCH;
+    s->blen = 0;
+  }
+  do
+    n = read(s->fd, s->batch + s->blen + TP__NR_HEAD, room);
+  while (n < 0 && errno == EINTR);
+  if (n > 0) {
+    tp__nrs_head(s, s->batch + s->blen, (size_t) n);
+    s->blen += TP__NR_HEAD + (size_t) n;
+  }
+  return n;
+}
+
+/* Reads upstream while the window towards the box has room, until the
+ * socket is drained (a short read) or TP__NR_READS reads: spliced onto the
+ * channel while it is free, else framed in place in a batch that goes on
+ * in one write per two chunks, or once the socket is drained.  Returns the
+ * bytes read (the stream may have ended). */
+static size_t tp__nrs_read(tp__nrs_t *s) {
+  size_t got = 0;
+  for (int i = 0; i < TP__NR_READS && !s->gone; i++) {
+    size_t room = s->nr->wdown - s->out_unacked;
+    ssize_t n = -2;
+    if (s->up_eof || s->dlen > 0 || room == 0)
+      break;
+    if (room > TP_NET_CHUNK)
+      room = TP_NET_CHUNK;
+    /* a batch being read is finished first: it goes on before any splice */
+    if (s->blen == 0 && tp__nr_can_splice(s->nr))
+      n = tp__nrs_splice(s, room);
+    if (n == -2)
+      n = tp__nrs_read_one(s, room);
+    if (n < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        tp__nrs_end(s, errno, 1, 1);
+      break;
+    }
+    if (n == 0) {
+      tp__nrs_flush(s); /* the data before the end */
+      s->up_eof = 1;
+      break;
+    }
+    s->out_unacked += (uint32_t) n;
+    s->to_box += (uint64_t) n;
+    got += (size_t) n;
+    if ((size_t) n < room)
+      break; /* drained for now */
+  }
+  if (s->gone)
+    return got; /* its NET_CLOSE is sent: nothing of it goes after */
+  tp__nrs_flush(s);
+  tp__nrs_pump_box(s); /* the end, if it came; watches for what the window allows */
+  return got;
+}
+
+static void tp__nrs_pump_up(tp__nrs_t *s);
 
 /* The box ended its side and everything it sent is written: so does the
  * upstream connection. */
@@ -283,50 +417,64 @@ static void tp__nrs_maybe_shut(tp__nrs_t *s) {
   if (s->gone || !s->box_eof || s->plen > 0 || s->shut)
     return;
   s->shut = 1;
-  if (uv_shutdown(&s->sreq, (uv_stream_t *) &s->tcp, tp__nrs_shut_cb) < 0)
-    tp__nrs_end(s, EPIPE, 1, 1);
+  if (shutdown(s->fd, SHUT_WR) < 0)
+    tp__nrs_end(s, errno, 1, 1);
 }
 
-static void tp__nrs_pump_up(tp__nrs_t *s);
-
-static void tp__nrs_write_cb(uv_write_t *req, int status) {
-  tp__nrs_t *s = req->data;
-  size_t k, head;
-  if (s->gone || status == UV_ECANCELED)
-    return; /* the stream is closing */
-  if (status < 0) {
-    tp__nrs_end(s, -status, 1, 1);
+static void tp__nrs_poll_cb(uv_poll_t *h, int status, int events) {
+  tp__nrs_t *s = h->data;
+  size_t got = 0;
+  if (s->gone)
+    return;
+  if (status < 0) { /* an error on the socket: libuv stopped watching it */
+    s->events = 0;
+    events = s->plen > 0 ? UV_WRITABLE : UV_READABLE; /* the call that reports it */
+  }
+  if (events & UV_WRITABLE)
+    tp__nrs_pump_up(s);
+  if (!s->gone && (events & UV_READABLE))
+    got = tp__nrs_read(s);
+  if (!s->gone && status < 0 && got == 0) { /* nothing said it: the error ends the stream */
+    int e = 0;
+    socklen_t len = sizeof(e);
+    if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0 || e == 0)
+      e = EIO;
+    tp__nrs_end(s, e, 1, 1);
     return;
   }
-  k = s->inflight;
+  tp__nrs_watch(s);
+}
+
+/* Writes what is pending upstream, as much as the socket takes now; the
+ * box's bytes are acknowledged once the socket took them. */
+static void tp__nrs_pump_up(tp__nrs_t *s) {
+  ssize_t w;
+  size_t k, head;
+  if (s->gone || s->plen == 0)
+    return;
+  do
+    w = send(s->fd, s->pend, s->plen, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (w < 0 && errno == EINTR);
+  if (w < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      tp__nrs_end(s, errno, 1, 1);
+    else
+      tp__nrs_watch(s);
+    return;
+  }
+  k = (size_t) w;
   head = k < s->head ? k : s->head;
   s->head -= head;
   memmove(s->pend, s->pend + k, s->plen - k);
   s->plen -= k;
-  s->inflight = 0;
   k -= head; /* the box's bytes: acknowledged now they are gone on */
   if (k > 0) {
     s->in_unacked -= (uint32_t) k;
     s->to_up += k;
     tp__nr_send_sid(s->nr, TP_MSG_NET_ACK, s->sid, TP_TAG_SIZE, (int64_t) k);
   }
-  tp__nrs_pump_up(s);
   tp__nrs_maybe_shut(s);
-}
-
-/* Writes everything pending upstream, one write at a time. */
-static void tp__nrs_pump_up(tp__nrs_t *s) {
-  uv_buf_t ub;
-  int r;
-  if (s->gone || s->inflight > 0 || s->plen == 0)
-    return;
-  ub = uv_buf_init((char *) s->pend, (unsigned) s->plen);
-  s->wreq.data = s;
-  if ((r = uv_write(&s->wreq, (uv_stream_t *) &s->tcp, &ub, 1, tp__nrs_write_cb)) < 0) {
-    tp__nrs_end(s, -r, 1, 1);
-    return;
-  }
-  s->inflight = s->plen;
+  tp__nrs_watch(s);
 }
 
 /* Bytes of the box for the upstream: the window bounds them. */
@@ -398,6 +546,11 @@ static void tp__nr_detach(tp_netrelay_t *nr) {
   tp_dbox_t *b = nr->b;
   while (nr->streams != NULL)
     tp__nrs_end(nr->streams, 0, 0, 0);
+  if (nr->pipe[0] >= 0) {
+    close(nr->pipe[0]);
+    close(nr->pipe[1]);
+    nr->pipe[0] = nr->pipe[1] = -1;
+  }
   if (b != NULL && b->n_data == nr) {
     b->n_frame = NULL;
     b->n_down = NULL;
@@ -434,6 +587,7 @@ tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, uint32_t window_down, tp_netrelay_e
     return NULL;
   }
   nr->b = b;
+  nr->pipe[0] = nr->pipe[1] = -1;
   nr->wdown = window_down;
   nr->on_end = on_end;
   nr->data = data;
@@ -467,24 +621,21 @@ int tp_netrelay_take(tp_netrelay_t *nr, const tp_netrelay_take_t *t, tp_error_t 
     close(t->fd);
     return tp_error_set(err, ENOMEM, "network relay: out of memory");
   }
-  if ((r = uv_tcp_init(nr->b->loop, &s->tcp)) < 0) {
+  /* the poll handle is in the loop only once its init succeeded (it makes fd non-blocking) */
+  if ((r = uv_poll_init(nr->b->loop, &s->poll, t->fd)) < 0) {
     free(s->down);
     free(s);
     close(t->fd);
     return tp_error_set(err, -r, "network relay: %s", uv_strerror(r));
   }
-  s->tcp.data = s;
+  s->poll.data = s;
+  s->fd = t->fd;
   s->nr = nr;
   s->sid = t->sid;
   s->next = nr->streams;
   nr->streams = s;
   nr->nstreams++;
   /* from here s is in the list: tp__nrs_end undoes everything */
-  if ((r = uv_tcp_open(&s->tcp, t->fd)) < 0) {
-    close(t->fd);
-    tp__nrs_end(s, -r, 0, 0);
-    return tp_error_set(err, -r, "network relay: %s", uv_strerror(r));
-  }
   s->head = t->up_head;
   s->in_unacked = (uint32_t) (t->up_len - t->up_head);
   s->out_unacked = t->out_unacked;

@@ -19,15 +19,28 @@
  * plus the rewritten request head (the box cannot send more unacknowledged,
  * and bytes are acknowledged only once written upstream); upstream -> box,
  * nothing is read while TP_NET_WINDOW_DOWN bytes wait for the agent's
- * acknowledgement, and reads (up to TP_NET_CHUNK each) land in place in
- * NET_DATA frames that go onto the channel in one write per two chunks,
- * or sooner once the socket is drained (no copy; the channel's write queue
- * holds at most that window).  In all, per stream: TP_NET_WINDOW plus a
- * head of at most as much (box -> upstream), a batch of two chunks, and
- * TP_NET_WINDOW_DOWN queued on the channel, with the handed-over bytes
- * (at most TP_NET_WINDOW_DOWN + TP_NET_CHUNK) until they are sent: under
- * 3 MiB, for at most TP_NET_STREAMS_MAX streams a box.  So an upstream that stops
- * reading blocks the box's writer, and one that floods waits on the box.
+ * acknowledgement.  While the channel's write queue is empty a read is a
+ * splice: from the upstream socket into the relay's pipe, the NET_DATA
+ * head written to the channel, the bytes spliced after it (page
+ * references: no copy in the daemon; the pipe is empty between calls).
+ * What the channel does not take at once is read out of the pipe into the
+ * relay's spare buffer (TP_NET_CHUNK) and queued, so the frame stays whole.
+ * Otherwise reads (up to TP_NET_CHUNK each) land in place in NET_DATA
+ * frames that go onto the channel in one write per two chunks, or sooner
+ * once the socket is drained.  Either way what is unacknowledged, in the
+ * channel's kernel buffer or its write queue, is at most the window.  In
+ * all, per stream: TP_NET_WINDOW plus a head of at most as much (box ->
+ * upstream), a batch of two chunks, and TP_NET_WINDOW_DOWN on the channel,
+ * with the handed-over bytes (at most TP_NET_WINDOW_DOWN + TP_NET_CHUNK)
+ * until they are sent: under 3 MiB, for at most TP_NET_STREAMS_MAX streams
+ * a box; per box one pipe (two fds) and one spare chunk.  So an upstream
+ * that stops reading blocks the box's writer, and one that floods waits on
+ * the box.
+ *
+ * Each stream watches its socket with a uv_poll (readable while the window
+ * has room, writable while the box's bytes wait) and does its own reads,
+ * splices, sends and shutdown.  The daemon ignores SIGPIPE (a splice onto
+ * a closed channel would raise it).
  *
  * Lifetime (libuv's rules): tp_netrelay_release is the owner's last call;
  * the relay is freed once its streams' handles are closed.  When the box

@@ -16,13 +16,13 @@
 typedef struct tp_lbox_s {
   tp_dbox_t *b;
   lua_State *L; /* main thread */
-  int ref_frame, ref_down, ref_destroy;
+  int ref_frame, ref_down, ref_destroy, ref_dead;
 } tp_lbox_t;
 
 void tp_l_box_push(lua_State *L, tp_dbox_t *b) {
   tp_lbox_t *u = lua_newuserdatauv(L, sizeof(*u), 0);
   u->b = NULL;
-  u->ref_frame = u->ref_down = u->ref_destroy = LUA_NOREF;
+  u->ref_frame = u->ref_down = u->ref_destroy = u->ref_dead = LUA_NOREF;
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   u->L = lua_tothread(L, -1);
   lua_pop(L, 1);
@@ -432,6 +432,8 @@ static void tp__lbox_done_cb(tp_dbox_t *b, int ret, const tp_error_t *err) {
   lua_State *L = u->L;
   int ref = u->ref_destroy;
   u->ref_destroy = LUA_NOREF;
+  luaL_unref(L, LUA_REGISTRYINDEX, u->ref_dead); /* dead never ran: done says it */
+  u->ref_dead = LUA_NOREF;
   if (ref == LUA_NOREF)
     return;
   lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
@@ -446,9 +448,25 @@ static void tp__lbox_done_cb(tp_dbox_t *b, int ret, const tp_error_t *err) {
   tp_lua_pcall(L, 2, 0, 0);
 }
 
-/* box:destroy(cb(ok, err)[, keep_upper]): kills every process of the box
- * and removes its directory in the thread pool; cb runs on the loop when
- * done.  keep_upper (an absolute path on the box dir's filesystem that does
+static void tp__lbox_dead_cb(tp_dbox_t *b, int ret, const tp_error_t *err) {
+  tp_lbox_t *u = b->data;
+  lua_State *L = u->L;
+  int ref = u->ref_dead;
+  (void) ret;
+  (void) err;
+  u->ref_dead = LUA_NOREF;
+  if (ref == LUA_NOREF)
+    return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  tp_lua_pcall(L, 0, 0, 0);
+}
+
+/* box:destroy(cb(ok, err)[, keep_upper[, dead()]]): kills every process of
+ * the box and removes its directory in the thread pool; cb runs on the loop
+ * when done.  dead (not with keep_upper): runs on the loop once every
+ * process of the box is dead, before the removal (it may not run: a box
+ * without a pidfd; cb still does).  keep_upper (an absolute path on the box dir's filesystem that does
  * not exist): the box's writable layer is moved there first (recipe setup
  * layers; a box with a disk cap has none to keep). */
 static int tp_lbox_destroy(lua_State *L) {
@@ -457,6 +475,8 @@ static int tp_lbox_destroy(lua_State *L) {
   tp_error_t err = {0};
   int queued;
   luaL_checktype(L, 2, LUA_TFUNCTION);
+  if (!lua_isnoneornil(L, 4))
+    luaL_checktype(L, 4, LUA_TFUNCTION);
   if (u->b->destroyed)
     return luaL_error(L, "box already destroyed");
   luaL_argcheck(L, keep == NULL || (keep[0] == '/' && strlen(keep) < 4096), 3,
@@ -464,10 +484,17 @@ static int tp_lbox_destroy(lua_State *L) {
   tp__lbox_unref(u);
   lua_pushvalue(L, 2);
   u->ref_destroy = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (!lua_isnoneornil(L, 4) && keep == NULL) {
+    lua_pushvalue(L, 4);
+    u->ref_dead = luaL_ref(L, LUA_REGISTRYINDEX);
+    tp_dbox_on_dead(u->b, tp__lbox_dead_cb);
+  }
   int r = tp_dbox_destroy(u->b, keep, tp__lbox_done_cb, &queued, &err);
   if (r < 0 || !queued) { /* not queued: done here, cb never runs */
     luaL_unref(L, LUA_REGISTRYINDEX, u->ref_destroy);
     u->ref_destroy = LUA_NOREF;
+    luaL_unref(L, LUA_REGISTRYINDEX, u->ref_dead);
+    u->ref_dead = LUA_NOREF;
     if (r < 0)
       return tp_l_push_err(L, &err);
   }
@@ -484,6 +511,8 @@ static int tp_lbox_gc(lua_State *L) {
   tp__lbox_unref(u);
   luaL_unref(L, LUA_REGISTRYINDEX, u->ref_destroy);
   u->ref_destroy = LUA_NOREF;
+  luaL_unref(L, LUA_REGISTRYINDEX, u->ref_dead);
+  u->ref_dead = LUA_NOREF;
   b->data = NULL;
   tp_dbox_release(b); /* destroys it here if destroy() never ran */
   return 0;

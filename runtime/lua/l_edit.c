@@ -5,7 +5,14 @@
  * libedit reads what it needs and, once a line is complete, hands it over.
  * Tab completion calls back into a Lua function.  readline's interface is
  * process-wide (one terminal), so this file keeps the little state it needs
- * in statics; the lua_State is only borrowed during a feed. */
+ * in statics; the lua_State is only borrowed during a feed.
+ *
+ * libedit is opened with dlopen at the REPL's first prompt, not linked:
+ * linked, it and the libraries it pulls in (libtinfo, libbsd, libmd) cost
+ * every tupper process about 0.6 ms of CPU at start-up, `tupper exec`'s
+ * C client included (docs/benchmarks.md, "Startup").  The header gives the
+ * types; every symbol is reached through the table below. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <lauxlib.h>
 #include <stdio.h>
@@ -23,6 +30,47 @@
 
 enum { TP_LEDIT_NONE, TP_LEDIT_LINE, TP_LEDIT_EOF };
 
+/* libedit's soname: the package's Depends names it (runtime/dist/mkdeb.sh) */
+#define TP_LEDIT_LIB "libedit.so.2"
+
+/* What this file uses of libedit, by name, as the header declares it. */
+#define TP__LEDIT_SYMS(X)                                                                    \
+  X(rl_readline_name) X(rl_line_buffer) X(rl_basic_word_break_characters)                   \
+  X(rl_attempted_completion_function) X(rl_attempted_completion_over)                       \
+  X(rl_completion_append_character) X(rl_catch_signals) X(rl_catch_sigwinch)                \
+  X(rl_callback_handler_install) X(rl_callback_handler_remove) X(rl_callback_read_char)     \
+  X(rl_replace_line) X(using_history) X(stifle_history) X(read_history) X(add_history)      \
+  X(write_history)
+
+static struct {
+  void *lib;
+#define TP__LEDIT_FIELD(name) __typeof__(&name) name;
+  TP__LEDIT_SYMS(TP__LEDIT_FIELD)
+#undef TP__LEDIT_FIELD
+} tp__el;
+
+/* Opens libedit once: 0, or -1 with *why set. */
+static int tp__ledit_load(const char **why) {
+  void *lib;
+  if (tp__el.lib != NULL)
+    return 0;
+  lib = dlopen(TP_LEDIT_LIB, RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    *why = dlerror();
+    return -1;
+  }
+#define TP__LEDIT_SYM(name)                                                                  \
+  if ((tp__el.name = (__typeof__(tp__el.name)) dlsym(lib, #name)) == NULL) {                  \
+    *why = "libedit lacks " #name;                                                           \
+    dlclose(lib);                                                                            \
+    return -1;                                                                               \
+  }
+  TP__LEDIT_SYMS(TP__LEDIT_SYM)
+#undef TP__LEDIT_SYM
+  tp__el.lib = lib;
+  return 0;
+}
+
 static struct {
   lua_State *L; /* set only while rl_callback_read_char runs */
   int got;      /* TP_LEDIT_*: what the line handler received */
@@ -35,7 +83,7 @@ static void tp__ledit_on_line(char *line) {
   tp__ledit.line = line;
   tp__ledit.got = line ? TP_LEDIT_LINE : TP_LEDIT_EOF;
   /* the prompt is done: hand the terminal back in its normal mode */
-  rl_callback_handler_remove();
+  tp__el.rl_callback_handler_remove();
   tp__ledit.installed = 0;
 }
 
@@ -44,7 +92,7 @@ static int tp__ledit_complete_protected(lua_State *L) {
   const char *text = lua_touserdata(L, 1);
   lua_getfield(L, LUA_REGISTRYINDEX, TP_LEDIT_COMPLETER);
   lua_pushstring(L, text);
-  lua_pushstring(L, rl_line_buffer ? rl_line_buffer : "");
+  lua_pushstring(L, *tp__el.rl_line_buffer ? *tp__el.rl_line_buffer : "");
   lua_call(L, 2, 1);
   if (!lua_istable(L, -1))
     return 0;
@@ -72,7 +120,7 @@ static char **tp__ledit_complete(const char *text, int start, int end) {
   size_t n, lcp;
   (void) start;
   (void) end;
-  rl_attempted_completion_over = 1; /* no fallback to file names */
+  *tp__el.rl_attempted_completion_over = 1; /* no fallback to file names */
   if (L == NULL)
     return NULL;
   lua_pushcfunction(L, tp__ledit_complete_protected);
@@ -121,20 +169,23 @@ static char **tp__ledit_complete(const char *text, int start, int end) {
  * candidates that replace text, the word before the cursor. */
 static int tp_lcore_ledit_open(lua_State *L) {
   const char *hist = luaL_optstring(L, 1, NULL);
+  const char *why = NULL;
   luaL_checktype(L, 2, LUA_TFUNCTION);
+  if (tp__ledit_load(&why) < 0)
+    return luaL_error(L, "line editing needs libedit (%s): %s", TP_LEDIT_LIB, why ? why : "?");
   lua_pushvalue(L, 2);
   lua_setfield(L, LUA_REGISTRYINDEX, TP_LEDIT_COMPLETER);
-  rl_readline_name = "tupper";
-  rl_catch_signals = 0; /* ^C belongs to the loop's signal handler */
-  rl_catch_sigwinch = 0;
-  rl_attempted_completion_function = tp__ledit_complete;
-  rl_completion_append_character = '\0';
+  *tp__el.rl_readline_name = "tupper";
+  *tp__el.rl_catch_signals = 0; /* ^C belongs to the loop's signal handler */
+  *tp__el.rl_catch_sigwinch = 0;
+  *tp__el.rl_attempted_completion_function = tp__ledit_complete;
+  *tp__el.rl_completion_append_character = '\0';
   /* '.' and ':' are not breaks: `box.files:re` completes as a whole */
-  rl_basic_word_break_characters = " \t\n\"\\'`@$><=;|&{(,+-*/%^~#[]";
-  using_history();
-  stifle_history(TP_LEDIT_HISTORY_MAX);
+  *tp__el.rl_basic_word_break_characters = " \t\n\"\\'`@$><=;|&{(,+-*/%^~#[]";
+  tp__el.using_history();
+  tp__el.stifle_history(TP_LEDIT_HISTORY_MAX);
   if (hist != NULL)
-    read_history(hist); /* a missing file is no error */
+    tp__el.read_history(hist); /* a missing file is no error */
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -142,10 +193,12 @@ static int tp_lcore_ledit_open(lua_State *L) {
 /* core.ledit_prompt(prompt): shows prompt and starts reading a line. */
 static int tp_lcore_ledit_prompt(lua_State *L) {
   const char *prompt = luaL_checkstring(L, 1);
+  if (tp__el.lib == NULL)
+    return luaL_error(L, "ledit_open first");
   free(tp__ledit.line);
   tp__ledit.line = NULL;
   tp__ledit.got = TP_LEDIT_NONE;
-  rl_callback_handler_install(prompt, tp__ledit_on_line);
+  tp__el.rl_callback_handler_install(prompt, tp__ledit_on_line);
   tp__ledit.installed = 1;
   return 0;
 }
@@ -153,10 +206,12 @@ static int tp_lcore_ledit_prompt(lua_State *L) {
 /* core.ledit_feed(): reads what stdin has.  Returns the line once complete,
  * false at end of input (^D), nil while the line is being edited. */
 static int tp_lcore_ledit_feed(lua_State *L) {
+  if (tp__el.lib == NULL)
+    return luaL_error(L, "ledit_open first");
   if (!tp__ledit.installed)
     return luaL_error(L, "ledit_feed: no prompt");
   tp__ledit.L = L;
-  rl_callback_read_char();
+  tp__el.rl_callback_read_char();
   tp__ledit.L = NULL;
   switch (tp__ledit.got) {
   case TP_LEDIT_LINE:
@@ -178,9 +233,9 @@ static int tp_lcore_ledit_feed(lua_State *L) {
  * ends the prompt; call ledit_prompt for a fresh one. */
 static int tp_lcore_ledit_clear(lua_State *L) {
   (void) L;
-  if (tp__ledit.installed) {
-    rl_replace_line("", 0);
-    rl_callback_handler_remove();
+  if (tp__ledit.installed && tp__el.lib != NULL) {
+    tp__el.rl_replace_line("", 0);
+    tp__el.rl_callback_handler_remove();
     tp__ledit.installed = 0;
   }
   return 0;
@@ -192,10 +247,12 @@ static int tp_lcore_ledit_add_history(lua_State *L) {
   const char *line = luaL_checkstring(L, 1);
   const char *path = luaL_optstring(L, 2, NULL);
   int ret;
-  add_history(line);
+  if (tp__el.lib == NULL)
+    return luaL_error(L, "ledit_open first");
+  tp__el.add_history(line);
   if (path == NULL)
     return lua_pushboolean(L, 1), 1;
-  ret = write_history(path);
+  ret = tp__el.write_history(path);
   if (ret != 0) {
     lua_pushnil(L);
     lua_pushfstring(L, "write history '%s': %s", path, strerror(ret > 0 ? ret : errno));

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "embed.h"
+#include "fast.h"
 
 int tp_lua_pcall(lua_State *L, int nargs, int nresults, int flags) {
   int base = lua_gettop(L) - nargs; /* index of the function */
@@ -150,6 +151,10 @@ int tp_main(int argc, char **argv) {
    * whole daemon a SIGPIPE (libuv writes with plain write()).  Children get
    * the default back: the agent resets every signal before it execs. */
   signal(SIGPIPE, SIG_IGN);
+  /* exec and run in C, before any Lua state is made, when the command line
+   * is one the C client fully understands (runtime/client/fast.h) */
+  if (tp_fast_main(argc, argv, &code))
+    return code;
   if (uv_loop_init(&loop) != 0) {
     fprintf(stderr, "tupper: cannot initialise the event loop\n");
     return 1;

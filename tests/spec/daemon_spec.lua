@@ -156,8 +156,14 @@ describe("the daemon", function()
       assert.truthy(box_pids() >= 3)
     end
     assert.truthy(call("sandbox.kill", { id = id }).killed)
+    -- the reply comes once the box's processes are dead
     local n, text = box_pids()
     assert.are.equal(0, n, text)
+    -- its files and cgroups are removed right after, in the thread pool
+    sync(function()
+      local deadline = helper.now() + 5000
+      while uv.fs_stat(box_dir) and helper.now() < deadline do async.sleep(10) end
+    end)
     assert.is_nil(uv.fs_stat(box_dir))
     local mounts = helper.read_file("/proc/self/mountinfo")
     assert.is_nil(mounts:find(box_dir, 1, true))

@@ -3,7 +3,9 @@
  * (root only): the listeners, streams both ways, flow control, EOF,
  * DNS datagrams, NET_CONNECT, the stream limit, and hostile host frames
  * (window overruns, acknowledgements of bytes never sent, malformed and
- * unknown-stream frames).  Every wait is a poll with a deadline. */
+ * unknown-stream frames); downloads whose payloads the agent splices to
+ * the box's socket (frames cut anywhere, a box that reads late, a box gone
+ * mid-splice).  Every wait is a poll with a deadline. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -244,6 +246,190 @@ static void test_flow_control(void) {
   close(c);
 }
 
+/* Sends a NET_DATA frame's bytes [from, to) only: a frame cut anywhere. */
+static void send_part(const tp_buf_t *b, size_t from, size_t to) {
+  while (from < to) {
+    ssize_t w = write(chan, b->data + from, to - from);
+    if (w <= 0)
+      break;
+    from += (size_t) w;
+  }
+}
+
+static void data_frame(tp_buf_t *b, int64_t sid, const uint8_t *p, size_t n) {
+  tp_buf_init(b);
+  tp_frame_begin(b, TP_MSG_NET_DATA, 0);
+  tp_frame_add_int(b, TP_TAG_SID, sid);
+  tp_frame_add(b, TP_TAG_DATA, p, (uint32_t) n);
+  tp_frame_end(b);
+}
+
+/* Reads c until n bytes came or ms passed, acknowledging what the agent
+ * acknowledges on the way; the bytes go to out. */
+static size_t drain_box(int c, uint8_t *out, size_t n, int ms, int64_t *acked) {
+  long long deadline = now_ms() + ms;
+  size_t got = 0;
+  frame_t fr;
+  while (got < n && now_ms() < deadline) {
+    ssize_t r = read_within(c, out + got, n - got, 50);
+    if (r > 0)
+      got += (size_t) r;
+    if (r == 0)
+      break;
+    while (next_frame(&fr, 0))
+      if (fr.type == TP_MSG_NET_ACK && acked != NULL)
+        *acked += fr.size;
+  }
+  return got;
+}
+
+static char wmem[64]; /* the namespace's tcp_wmem as it was */
+
+static int sysctl_set(const char *path, const char *v) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC), r = -1;
+  if (fd >= 0) {
+    r = write(fd, v, strlen(v)) == (ssize_t) strlen(v) ? 0 : -1;
+    close(fd);
+  }
+  return r;
+}
+
+/* Downloads in large NET_DATA frames, whose payloads the agent splices from
+ * the channel to the box's socket: byte-exact whatever the channel's reads
+ * cut (a frame sent in pieces), with what the box's socket did not take
+ * queued (a box that reads late), and a box that closes mid-download loses
+ * its stream only: the channel's frames stay whole. */
+static void test_splice(void) {
+  enum { CH = 48 * 1024, TOTAL = 24 * CH }; /* more than the window: acknowledged as it goes */
+  static uint8_t src[TOTAL], dst[TOTAL];
+  int wfd = open("/proc/sys/net/ipv4/tcp_wmem", O_RDONLY | O_CLOEXEC);
+  ssize_t wn = wfd >= 0 ? read(wfd, wmem, sizeof(wmem) - 1) : -1;
+  if (wfd >= 0)
+    close(wfd);
+  wmem[wn > 0 ? wn : 0] = 0;
+  frame_t fr;
+  tp_buf_t b;
+  int64_t acked = 0, sent = 0;
+  size_t got = 0;
+  int c = tcp_connect(TP_NET_HTTP_PORT);
+  for (size_t i = 0; i < TOTAL; i++)
+    src[i] = (uint8_t) (i * 13 + (i >> 11));
+  check(wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS), "a download stream");
+  int64_t sid = fr.sid;
+  fcntl(c, F_SETFL, O_NONBLOCK);
+  /* frames whole and in pieces: head alone, head and part of the payload,
+   * the payload's rest; the box reads as they come */
+  for (size_t off = 0; off < TOTAL; off += CH) {
+    long long until = now_ms() + TIMEOUT_MS;
+    while (sent - acked + CH > (int64_t) TP_NET_WINDOW_DOWN && now_ms() < until) {
+      got += drain_box(c, dst + got, TOTAL - got, 50, &acked);
+      while (next_frame(&fr, 10))
+        if (fr.type == TP_MSG_NET_ACK)
+          acked += fr.size;
+    }
+    data_frame(&b, sid, src + off, CH);
+    switch ((off / CH) % 3) {
+    case 0:
+      send_part(&b, 0, b.len);
+      break;
+    case 1:
+      send_part(&b, 0, TP_FRAME_HDR + 20);
+      usleep(20000);
+      send_part(&b, TP_FRAME_HDR + 20, b.len);
+      break;
+    default:
+      send_part(&b, 0, TP_FRAME_HDR + 20 + CH / 3);
+      usleep(20000);
+      send_part(&b, TP_FRAME_HDR + 20 + CH / 3, b.len);
+    }
+    tp_buf_free(&b);
+    sent += CH;
+    got += drain_box(c, dst + got, TOTAL - got, 0, &acked);
+  }
+  got += drain_box(c, dst + got, TOTAL - got, TIMEOUT_MS, &acked);
+  check(got == TOTAL && memcmp(src, dst, TOTAL) == 0, "%d KiB in frames cut anywhere reach the box byte-exact (%zu)",
+        TOTAL / 1024, got);
+  while (acked < TOTAL && next_frame(&fr, 300))
+    if (fr.type == TP_MSG_NET_ACK)
+      acked += fr.size;
+  check(acked == TOTAL, "and are acknowledged, all of them (%lld)", (long long) acked);
+  close(c);
+  send_net(TP_MSG_NET_CLOSE, 0, sid, 0, 0, NULL, 0); /* the host ends it: the slot is free */
+
+  /* a box that does not read, with small socket buffers (the test's own
+   * network namespace's TCP send buffers, and its receive buffer): of a
+   * window's frames its socket takes part, the rest waits in the agent, and
+   * all of it comes once the box reads */
+  {
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(TP_NET_HTTP_PORT),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int small = 4096;
+    check(sysctl_set("/proc/sys/net/ipv4/tcp_wmem", "4096 16384 65536") == 0,
+          "TCP send buffers of at most 64 KiB in the test's namespace");
+    c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    setsockopt(c, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    check(connect(c, (struct sockaddr *) &sa, sizeof(sa)) == 0 && wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS),
+          "a stream whose box reads late");
+  }
+  sid = fr.sid;
+  fcntl(c, F_SETFL, O_NONBLOCK);
+  acked = 0;
+  data_frame(&b, sid, src, CH); /* one frame read whole: the next ones are spliced */
+  send_part(&b, 0, b.len);
+  tp_buf_free(&b);
+  usleep(20000);
+  for (size_t off = CH; off + CH <= TP_NET_WINDOW_DOWN; off += CH) {
+    data_frame(&b, sid, src + off, CH);
+    send_part(&b, 0, b.len);
+    tp_buf_free(&b);
+  }
+  while (next_frame(&fr, 300))
+    if (fr.type == TP_MSG_NET_ACK)
+      acked += fr.size;
+  check(acked < (int64_t) (TP_NET_WINDOW_DOWN / CH * CH),
+        "its socket did not take the window (%lld acknowledged)", (long long) acked);
+  got = drain_box(c, dst, TOTAL, TIMEOUT_MS, &acked);
+  check(got == TP_NET_WINDOW_DOWN / CH * CH && memcmp(src, dst, got) == 0,
+        "a box that reads late gets the window's frames byte-exact (%zu)", got);
+  while (acked < (int64_t) got && next_frame(&fr, 300))
+    if (fr.type == TP_MSG_NET_ACK)
+      acked += fr.size;
+  check(acked == (int64_t) got, "and they are acknowledged once its socket took them");
+  sysctl_set("/proc/sys/net/ipv4/tcp_wmem", wmem);
+
+  /* the box closes (a reset) while the agent does not watch its socket (a
+   * window of its bytes unacknowledged), and a frame comes for it in two
+   * pieces: the splice to its socket fails, the stream ends, the rest of
+   * the frame and the next ones are dropped, the channel's frames stay whole */
+  {
+    static uint8_t up[TP_NET_WINDOW];
+    size_t upgot = 0;
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    memset(up, 'u', sizeof(up));
+    for (long long until = now_ms() + TIMEOUT_MS; upgot < TP_NET_WINDOW && now_ms() < until;) {
+      ssize_t w = write(c, up, sizeof(up) - upgot);
+      (void) w;
+      if (next_frame(&fr, 10) && fr.type == TP_MSG_NET_DATA && fr.sid == sid)
+        upgot += fr.dlen;
+    }
+    check(upgot == TP_NET_WINDOW, "the box sent a window up (%zu): its socket is not watched", upgot);
+    setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    close(c);
+    usleep(50000);
+  }
+  data_frame(&b, sid, src, CH);
+  send_part(&b, 0, TP_FRAME_HDR + 20 + 100);
+  usleep(50000);
+  send_part(&b, TP_FRAME_HDR + 20 + 100, b.len);
+  tp_buf_free(&b);
+  data_frame(&b, sid, src, CH);
+  send_part(&b, 0, b.len);
+  tp_buf_free(&b);
+  check(wait_type(&fr, TP_MSG_NET_CLOSE, TIMEOUT_MS) && fr.sid == sid && fr.err != 0,
+        "the box gone mid-splice: NET_CLOSE for its stream with an error (%lld)", (long long) fr.err);
+  check(listen_req(78), "the frames after it are whole: the agent answers the next request");
+}
+
 static void test_dns(void) {
   frame_t fr;
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(TP_NET_DNS_PORT),
@@ -399,6 +585,7 @@ int main(void) {
   check(listen_req(2), "NET_LISTEN again (a re-attached daemon) is fine");
   test_stream();
   test_flow_control();
+  test_splice();
   test_dns();
   test_dns_rate();
   test_connect();

@@ -7,16 +7,19 @@
  * unacknowledged, byte-exact; frames of streams it does not own go to the
  * owner; a broken acknowledgement ends the stream (NET_CLOSE, EPROTO,
  * upstream closed); the agent's NET_CLOSE ends it with the end callback;
- * the box going down ends every stream quietly; the box's read buffer and
- * fields are gone once a small read leaves nothing behind, after a frame
- * that grew them too (dbox.c, what an idle box holds).  No PID 1: a fake backend
- * whose destroy only closes. */
+ * a channel that takes 4 KiB at a time (the splice meets partial writes)
+ * and an upstream that resets mid-download keep the frames whole; the box
+ * going down, also while the relay splices, ends every stream quietly; the
+ * box's read buffer and fields are gone once a small read leaves nothing
+ * behind, after a frame that grew them too (dbox.c, what an idle box
+ * holds).  No PID 1: a fake backend whose destroy only closes. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -56,6 +59,8 @@ static uint64_t end_up, end_down;
 
 static void agent_read(void) {
   ssize_t n;
+  if (ag.fd < 0)
+    return;
   while ((n = read(ag.fd, ag.buf + ag.len, sizeof(ag.buf) - ag.len)) > 0) {
     size_t off = 0;
     ag.len += (size_t) n;
@@ -199,7 +204,8 @@ int main(void) {
   tp_netrelay_t *nr;
   uint8_t *big = malloc(BIG);
 
-  ag.data = malloc(2 * BIG);
+  ag.data = malloc(6 * BIG); /* every stream's bytes: at most 5 MiB */
+  signal(SIGPIPE, SIG_IGN); /* as the daemon (lstate.c): a splice onto a closed channel */
   if (mkdtemp(dir) == NULL || uv_loop_init(&loop) != 0 || big == NULL || ag.data == NULL ||
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
     printf("1..0 # SKIP no temp dir, loop or socketpair\n");
@@ -277,6 +283,47 @@ int main(void) {
   spin(&loop, 300, got_data);
   check(ag.ndata - before <= TP_NET_WINDOW, "without acknowledgements at most the window comes (%zu)",
         ag.ndata - before);
+  if (ag.unacked > 0) { /* the rest of what the upstream was offered: read out and dropped */
+    agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, (int64_t) ag.unacked, NULL, 0);
+    ag.unacked = 0;
+  }
+  for (size_t last = SIZE_MAX; last != ag.ndata;) { /* until 100 ms bring nothing */
+    last = ag.ndata;
+    for (int i = 0; i < 20; i++) {
+      spin(&loop, 5, got_end);
+      if (ag.unacked > 0) {
+        agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, (int64_t) ag.unacked, NULL, 0);
+        ag.unacked = 0;
+      }
+    }
+  }
+
+  /* a channel that takes little at a time (its send buffer shrunk): the
+   * splice meets partial writes, the rest goes through the queue, reads
+   * framed in place go on while bytes are queued; the frames stay whole */
+  {
+    int small = 4096;
+    size_t start = ag.ndata, at = 0;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+    for (size_t k = 0; k < BIG; k++)
+      big[k] = (uint8_t) (k * 11 + (k >> 10));
+    for (long long until = now_ms() + 10000; ag.ndata < start + BIG && now_ms() < until;) {
+      if (at < BIG) {
+        ssize_t w = write(up_fd, big + at, BIG - at);
+        if (w > 0)
+          at += (size_t) w;
+      }
+      spin(&loop, 2, got_end);
+      if (ag.unacked > 0) {
+        agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, (int64_t) ag.unacked, NULL, 0);
+        ag.unacked = 0;
+      }
+    }
+    check(ag.ndata == start + BIG && memcmp(ag.data + start, big, BIG) == 0 && downs == 0,
+          "through a channel that takes 4 KiB at a time 1 MiB reaches the box byte-exact");
+    small = (int) TP_DBOX_CHAN_SNDBUF;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+  }
 
   /* frames of a stream it does not own are the owner's */
   owner_frames = 0;
@@ -327,16 +374,50 @@ int main(void) {
   check(spin(&loop, 2000, up_eof), "and closes its upstream");
   close(up_fd);
 
-  /* the box goes down: every stream ends quietly, the relay lets go */
+  /* the upstream resets mid-download: what came before it reaches the box,
+   * then NET_CLOSE; the channel's frames stay whole */
   tcp_pair(&mine, &up_fd);
-  t = (tp_netrelay_take_t){.sid = 3, .fd = mine};
+  t = (tp_netrelay_take_t){.sid = 5, .fd = mine};
   ends = 0;
-  check(tp_netrelay_take(nr, &t, &err) == 0, "the relay takes stream 3");
-  close(ag.fd);
+  ag.closes = 0;
+  check(tp_netrelay_take(nr, &t, &err) == 0, "the relay takes stream 5");
+  {
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    ssize_t w = write(up_fd, big, 100000);
+    (void) w;
+    usleep(20000);
+    setsockopt(up_fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    close(up_fd);
+  }
+  check(spin(&loop, 2000, got_close) && ends == 1 && tp_netrelay_count(nr) == 0,
+        "the upstream's reset ends the stream: NET_CLOSE to the box (%s)", strerror(end_err));
+  owner_frames = 0;
+  want_owner = 1;
+  agent_send(TP_MSG_NET_EOF, 7, 0, 0, NULL, 0);
+  check(spin(&loop, 2000, owner_got) && downs == 0, "the frames after it are whole");
+
+  /* the box goes down while the relay splices: its upstream floods, the
+   * channel closes under it */
+  tcp_pair(&mine, &up_fd);
+  t = (tp_netrelay_take_t){.sid = 6, .fd = mine};
+  ends = 0;
+  check(tp_netrelay_take(nr, &t, &err) == 0, "the relay takes stream 6");
+  fcntl(up_fd, F_SETFL, O_NONBLOCK);
+  for (int i = 0; i < 20; i++) {
+    ssize_t w = write(up_fd, big, BIG);
+    (void) w;
+    uv_run(&loop, UV_RUN_NOWAIT);
+    if (i == 10) {
+      close(ag.fd);
+      ag.fd = -1;
+    }
+  }
   check(spin(&loop, 2000, up_eof) && downs == 1 && ends == 0 && tp_netrelay_count(nr) == 0 &&
             b->n_data == NULL,
-        "the box down: the stream's upstream closed, no end callback, the box let go");
+        "the channel closed mid-splice: the box down, the stream's upstream closed, no end "
+        "callback, the box let go");
   close(up_fd);
+
   tcp_pair(&mine, &up_fd);
   t = (tp_netrelay_take_t){.sid = 4, .fd = mine};
   check(tp_netrelay_take(nr, &t, &err) < 0 && err.code == EPIPE, "no hand-over after the box is gone");

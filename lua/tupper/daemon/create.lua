@@ -22,7 +22,7 @@ local D = {}
 
 function D:_new_id()
   local id
-  repeat id = core.random_hex(6) until not self.sandboxes[id] and not self.reserved[id]
+  repeat id = core.random_hex(6) until not self.sandboxes[id] and not self.reserved[id] and not self.dying[id]
   return id
 end
 
@@ -221,7 +221,7 @@ local function default_account(sb)
 end
 
 -- Whether one more sandbox with limits lim fits the daemon's caps (live
--- sandboxes and those being made; their committed memory: an unlimited
+-- sandboxes, those being made and those being removed; their committed memory: an unlimited
 -- box commits none).  replaces: the id of a sandbox the create takes the
 -- place of.  Returns true or nil, message, data.
 function D:_check_caps(lim, replaces)
@@ -235,6 +235,8 @@ function D:_check_caps(lim, replaces)
     end
   end
   for _, m in pairs(self.creating) do count, mem = count + 1, mem + m end
+  -- killed, their removal still in the pool (life.lua): they count until gone
+  for _, m in pairs(self.dying) do count, mem = count + 1, mem + m end
   local caps = self.caps
   if caps.sandboxes > 0 and count >= caps.sandboxes then
     return nil, limits.cap_error("sandboxes", caps.sandboxes, ("too many sandboxes (%d live)"):format(count))
@@ -335,6 +337,12 @@ function D:create_sandbox(p)
   -- the daemon's defaults for what the create leaves out (docs/limits.md)
   local lim = limits.effective(asked, self.defaults, self.enforces, b)
   local ok, cerr, cdata = self:_check_caps(lim, p._id)
+  -- a cap that killed boxes still fill: their removal ends in a moment
+  -- (bounded: life.lua), and a create right after a kill must fit
+  while not ok and next(self.dying) do
+    self:wait_one_dying()
+    ok, cerr, cdata = self:_check_caps(lim, p._id)
+  end
   if not ok then return nil, cerr, cdata end
   -- counted against the caps until it is a sandbox, or failed
   -- the volumes it mounts: claimed (one sandbox at a time) until it is a sandbox

@@ -55,17 +55,53 @@ function D:set_timeout(sb, seconds)
   self:save(sb)
 end
 
+--- Kills sandbox id; returns once every process of its box is dead (false:
+-- no such sandbox).  The removal of its files and cgroups goes on after,
+-- in the thread pool: until it ends the box is in self.dying, which counts
+-- against the daemon's caps (create.lua) and keeps its id from being
+-- reused.  Its record is gone first: a daemon that dies mid-removal leaves
+-- a dir without a record and cgroups that no record names, and the next
+-- one removes both (recover.lua).
 function D:kill_sandbox(id)
   local sb = self.sandboxes[id]
   if not sb or not sb.destroy then return false end
   self.sandboxes[id] = nil
+  self.dying[id] = not sb.dormant and sb.limits and sb.limits.memory or 0
   stop_life_timer(sb)
   self:unsave(id)
-  local ok, err = sb:destroy()
-  if not ok then log("sandbox %s: cleanup: %s", id, tostring(err)) end
-  self:_pause_release(sb)
-  log("sandbox %s killed", id)
+  async.wait(function(dead)
+    async.spawn(function()
+      -- an error must not leave the box counted (and creates at the cap
+      -- waiting) for ever
+      -- a box that holds a pause snapshot (daemon/pause.lua) is answered
+      -- once that is gone too, after the removal
+      local early = not (sb.persist and sb.persist.snapshot) and not sb.pause_snapshot
+      local pok, ok, err = pcall(sb.destroy, sb, nil, early and dead or nil)
+      if not pok then ok, err = false, ok end
+      self.dying[id] = nil
+      local waiters = self.dying_waiters
+      self.dying_waiters = {}
+      for _, w in ipairs(waiters) do w() end
+      if not ok then log("sandbox %s: cleanup: %s", id, tostring(err)) end
+      self:_pause_release(sb)
+      log("sandbox %s killed", id)
+      dead()
+    end)
+  end)
   return true
+end
+
+--- Waits until the removal of one killed box ends; false at once when
+-- none is under way.
+function D:wait_one_dying()
+  if not next(self.dying) then return false end
+  async.wait(function(cb) self.dying_waiters[#self.dying_waiters + 1] = cb end)
+  return true
+end
+
+--- Waits until every killed box's removal has ended (a shutdown's last step).
+function D:wait_dying()
+  while self:wait_one_dying() do end
 end
 
 -- A box died on its own (its agent exited or misbehaved): remove it.

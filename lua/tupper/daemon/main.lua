@@ -299,6 +299,7 @@ function Daemon:shutdown()
     for sb in pairs(self.setups) do sb:destroy() end -- their builds fail and clean up
     debian.cancel_all() -- Debian image builds too
     while self.filling do async.sleep(5) end
+    self:wait_dying() -- the removals that kills left in the pool
     for conn in pairs(self.clients) do conn:close() end
     core.cgroup_prune()
     self:_disk_pool_close() -- its boxes are gone
@@ -340,7 +341,7 @@ function M.run(opts)
   -- every luv handle made from here on is known to the shutdown
   handles.track()
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
-    reserved = {}, pulls = {}, setups = {}, pools = {}, creating = {}, pool_limits = {},
+    reserved = {}, pulls = {}, setups = {}, pools = {}, creating = {}, dying = {}, dying_waiters = {}, pool_limits = {},
     accounts = {}, -- image digest -> its default account { name, home }
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)

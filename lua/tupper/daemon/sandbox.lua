@@ -769,7 +769,10 @@ end
 
 --- Kills everything in the box and removes it; waits until done.
 -- keep_upper: move the box's writable layer there first (recipe layers).
-function Sandbox:destroy(keep_upper)
+-- on_dead (not with keep_upper): called once every process of the box is
+-- dead, before its files and cgroups are removed (it may not be called:
+-- the end of the wait says it then).
+function Sandbox:destroy(keep_upper, on_dead)
   if self.state == "killing" or self.state == "gone" then return true end
   local reason = "killed"
   -- a frozen task cannot die (snapshot_frozen: frozen by a snapshot's copy)
@@ -777,7 +780,7 @@ function Sandbox:destroy(keep_upper)
   self.state = "killing"
   if self.net then self.net:close_all() end
   self:_fail_all(reason)
-  local ok, err = async.wait(function(cb) self.box:destroy(cb, keep_upper) end)
+  local ok, err = async.wait(function(cb) self.box:destroy(cb, keep_upper, on_dead) end)
   self.state = "gone"
   return ok, err
 end
