@@ -133,7 +133,7 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
     check(s4 != NULL && tp_dbox_tree_remove(b, s4, &err) == 0, "the other taken tree is removed");
   }
   /* the agent's child: writes itself to the fds the EXEC brings */
-  n = s1 != NULL ? tp_cgroup_enter_fds(&s1->cg, fds, &err) : -1;
+  n = s1 != NULL ? tp_cgroup_enter_fds_self(&s1->cg, fds, &err) : -1;
   c = n > 0 ? fork() : -1;
   if (c == 0) {
     for (int i = 0; i < n; i++)
