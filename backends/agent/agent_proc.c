@@ -5,7 +5,7 @@
  * OK.  With TP_F_EXEC_HOLD the child stops right before execve, all its
  * set-up done, until RELEASE: the host meanwhile moves it into a cgroup of
  * its own, so nothing it will ever run starts outside.  With TP_F_EXEC_TREE
- * the host made that cgroup ahead and sent its cgroup.procs fds with the
+ * the host made that cgroup ahead and sent its cgroup.procs (v1: tasks) fds with the
  * EXEC frame (opened by the host: the kernel judges a write by the opener's
  * credentials, so the box needs no right to any cgroup file): the child
  * writes itself there first thing after fork, and EXEC alone starts it in
