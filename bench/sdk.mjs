@@ -12,27 +12,52 @@ const CHUNK = 1024 * 1024;
 
 const sbx = await Sandbox.create({ timeoutMs: 0 });
 const bare = await Bare.open(process.env.TUPPER_SOCKET);
+// BASE (bench/sdk): the other build's daemon, its bare round trip in the same
+// alternation, on a box made as the bare client's here (one each, made the
+// same way), the two in turn first (the one timed after the SDK call pays more)
+const base = process.env.TUPPER_SOCKET_BASE ? await Bare.open(process.env.TUPPER_SOCKET_BASE) : null;
+const baseBox = base ? (await base.call('sandbox.create', { limits: { timeout: 0 } })).id : null;
+const bareBox = base ? (await bare.call('sandbox.create', { limits: { timeout: 0 } })).id : sbx.sandboxId;
 try {
   // warm both paths
-  for (let i = 0; i < 10; i++) { await sbx.commands.run('true'); await bare.run(sbx.sandboxId, { cmd: 'true', timeout: 60 }); }
+  for (let i = 0; i < 10; i++) {
+    await sbx.commands.run('true');
+    await bare.run(bareBox, { cmd: 'true', timeout: 60 });
+    if (base) await base.run(baseBox, { cmd: 'true', timeout: 60 });
+  }
   const sdkMs = [];
   const bareMs = [];
+  const baseMs = [];
+  const timed = async (c, box, into) => {
+    const t = process.hrtime.bigint();
+    await c.run(box, { cmd: 'true', timeout: 60 });
+    into.push(Number(process.hrtime.bigint() - t) / 1e6);
+  };
   for (let i = 0; i < runs; i++) {
-    let t = process.hrtime.bigint();
+    const t = process.hrtime.bigint();
     await sbx.commands.run('true');
     sdkMs.push(Number(process.hrtime.bigint() - t) / 1e6);
-    t = process.hrtime.bigint();
-    await bare.run(sbx.sandboxId, { cmd: 'true', timeout: 60 });
-    bareMs.push(Number(process.hrtime.bigint() - t) / 1e6);
+    if (base && i % 2 === 1) await timed(base, baseBox, baseMs);
+    await timed(bare, bareBox, bareMs);
+    if (base && i % 2 === 0) await timed(base, baseBox, baseMs);
   }
   const a = stats(sdkMs);
   const b = stats(bareMs);
   console.log(`\ncommands.run('true'), ${runs} runs each, alternated (load ${loadavg()})`);
   console.log('| client | p50 ms | p99 ms | mean ms | p50 ratio to bare |');
   console.log('|---|---:|---:|---:|---:|');
+  if (base) {
+    const c = stats(baseMs);
+    console.log(`| bare JSON-RPC, BASE build | ${c.median.toFixed(2)} | ${c.p99.toFixed(2)} | ${c.mean.toFixed(2)} | ${(c.median / b.median).toFixed(2)}x |`);
+  }
   console.log(`| bare JSON-RPC | ${b.median.toFixed(2)} | ${b.p99.toFixed(2)} | ${b.mean.toFixed(2)} | 1.00x |`);
   console.log(`| @tupper/sdk | ${a.median.toFixed(2)} | ${a.p99.toFixed(2)} | ${a.mean.toFixed(2)} | ${(a.median / b.median).toFixed(2)}x |`);
   if (rounds === 0) { // the round trip only (bench/sdk RUNS 0)
+    if (base) {
+      await base.call('sandbox.kill', { id: baseBox });
+      await bare.call('sandbox.kill', { id: bareBox });
+      base.close();
+    }
     bare.close();
     await sbx.kill();
     process.exit(0);

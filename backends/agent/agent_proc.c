@@ -5,7 +5,7 @@
  * OK.  With TP_F_EXEC_HOLD the child stops right before execve, all its
  * set-up done, until RELEASE: the host meanwhile moves it into a cgroup of
  * its own, so nothing it will ever run starts outside.  With TP_F_EXEC_TREE
- * the host made that cgroup ahead and sent its cgroup.procs fds with the
+ * the host made that cgroup ahead and sent its cgroup.procs (v1: tasks) fds with the
  * EXEC frame (opened by the host: the kernel judges a write by the opener's
  * credentials, so the box needs no right to any cgroup file): the child
  * writes itself there first thing after fork, and EXEC alone starts it in
@@ -554,6 +554,13 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
                        .cg_fd = cg_fd, .tree = with_tree ? &tree_set : NULL, .uid = (uid_t) uid, .gid = (gid_t) gid,
                        .ngroups = ngroups, .groups = groups, .nofile = &a->nofile,
                        .umask = a->umask, .pty = pty};
+  /* fork, not vfork nor clone(CLONE_VM), though those would spare the copy
+   * and teardown of the page tables (about 0.3 ms of a start here): a
+   * vfork parent waits in the kernel until the child execs, and anything
+   * in the box running as root can SIGSTOP the child before that (status_wait
+   * kills a stopped child; a vforked one would hold the agent); a CLONE_VM
+   * child shares oom_score_adj with every process of the memory (the kernel
+   * marks it multi-process), so its reset to 0 would reset the agent's. */
   pid = fork();
   if (pid < 0) {
     int e = errno;

@@ -104,7 +104,16 @@ static int mkfs(const char *path, int journal, tp_error_t *err) {
   return 0;
 }
 
-/* Binds the image to a free loop device; returns the device's fd. */
+/* Binds the image to a free loop device; returns the device's fd.
+ *
+ * Direct I/O (LO_FLAGS_DIRECT_IO): the loop device reads and writes the
+ * image with O_DIRECT, so what a box writes is cached once, in the page
+ * cache of the filesystem on the device, and not a second time in the
+ * host's cache of the image file; its writeback goes to the host's disk in
+ * one step (docs/limits.md).  A backing file that cannot do direct I/O (a
+ * filesystem without O_DIRECT, a block size the device cannot match) makes
+ * newer kernels refuse the flag with EINVAL and older ones drop it: the
+ * device is then configured without it, as before. */
 int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err) {
   cleanup_close int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
   struct loop_config cfg;
@@ -113,7 +122,7 @@ int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err) {
     return tp_error_errno(err, errno, "open /dev/loop-control");
   memset(&cfg, 0, sizeof(cfg));
   cfg.fd = (uint32_t) img;
-  cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+  cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
   for (int i = 0; i < TP__LOOP_TRIES; i++) {
     int fd, n = ioctl(ctl, LOOP_CTL_GET_FREE);
     if (n < 0)
@@ -124,6 +133,11 @@ int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err) {
       return tp_error_errno(err, errno, "open '%s'", dev);
     if (ioctl(fd, LOOP_CONFIGURE, &cfg) == 0)
       return fd;
+    if (errno == EINVAL && (cfg.info.lo_flags & LO_FLAGS_DIRECT_IO)) {
+      cfg.info.lo_flags &= ~(uint32_t) LO_FLAGS_DIRECT_IO; /* no direct I/O there: buffered */
+      if (ioctl(fd, LOOP_CONFIGURE, &cfg) == 0)
+        return fd;
+    }
     int e = errno;
     close(fd);
     if (e != EBUSY) /* EBUSY: another attacher took it first */

@@ -101,7 +101,8 @@ int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid
 int tp__run_tool(const char *exe, char *const argv[], const char *pkg, int *status, char *msg,
                  size_t msg_len, tp_error_t *err);
 
-/* Attaches the image open at img to a free loop device (LO_FLAGS_AUTOCLEAR);
+/* Attaches the image open at img to a free loop device (LO_FLAGS_AUTOCLEAR,
+ * direct I/O where the backing file allows it);
  * returns the device's fd (CLOEXEC) and its path in dev. */
 int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err);
 

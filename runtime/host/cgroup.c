@@ -399,21 +399,21 @@ int tp_cgroup_attach(const tp_cgroup_t *cg, pid_t pid, tp_error_t *err) {
   return 0;
 }
 
-int tp_cgroup_enter_fds(const tp_cgroup_t *cg, int fds[TP_CG_NCTRL], tp_error_t *err) {
+static int enter_fds(const tp_cgroup_t *cg, int fds[TP_CG_NCTRL], const char *file, tp_error_t *err) {
   cg_dirs_t ds;
   cg_dirs(cg, &ds);
   for (int i = 0; i < TP_CG_NCTRL; i++)
     fds[i] = -1;
   for (int i = 0; i < ds.n; i++) {
     cleanup_free char *p = NULL;
-    if (asprintf(&p, "%s/cgroup.procs", ds.d[i]) < 0) {
+    if (asprintf(&p, "%s/%s", ds.d[i], file) < 0) {
       p = NULL;
       errno = ENOMEM;
     } else {
       fds[i] = open(p, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
     }
     if (fds[i] < 0) {
-      tp_error_errno(err, errno, "open '%s/cgroup.procs'", ds.d[i]);
+      tp_error_errno(err, errno, "open '%s/%s'", ds.d[i], file);
       for (int j = 0; j < i; j++) {
         close(fds[j]);
         fds[j] = -1;
@@ -422,6 +422,14 @@ int tp_cgroup_enter_fds(const tp_cgroup_t *cg, int fds[TP_CG_NCTRL], tp_error_t 
     }
   }
   return ds.n;
+}
+
+int tp_cgroup_enter_fds(const tp_cgroup_t *cg, int fds[TP_CG_NCTRL], tp_error_t *err) {
+  return enter_fds(cg, fds, "cgroup.procs", err);
+}
+
+int tp_cgroup_enter_fds_self(const tp_cgroup_t *cg, int fds[TP_CG_NCTRL], tp_error_t *err) {
+  return enter_fds(cg, fds, cg->version == 1 ? "tasks" : "cgroup.procs", err);
 }
 
 typedef struct pidset_s {

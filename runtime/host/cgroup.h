@@ -167,6 +167,13 @@ int tp_cgroup_attach(const tp_cgroup_t *cg, pid_t pid, tp_error_t *err);
  * rest -1; returns how many.  The child writes "0" to each (async-signal-safe:
  * a plain write), the parent closes them all. */
 int tp_cgroup_enter_fds(const tp_cgroup_t *cg, int fds[TP_CG_NCTRL], tp_error_t *err);
+/* The same for a single-threaded child that writes "0" (itself): on v1 each
+ * hierarchy's `tasks`, which moves the writing thread alone, so the kernel
+ * takes no lock over every thread group of the host (a write of cgroup.procs
+ * takes it, and waits for an RCU grace period when no move came shortly
+ * before: 10-20 ms on a loaded machine, against 0.06 ms for `tasks`).  v2's
+ * domain cgroups have no such file: cgroup.procs there. */
+int tp_cgroup_enter_fds_self(const tp_cgroup_t *cg, int fds[TP_CG_NCTRL], tp_error_t *err);
 
 /* Freezes (frozen != 0) or thaws cg and its subs, waiting until the kernel
  * reports it done (v2: cgroup.events "frozen"; v1: freezer.state), at most

@@ -357,7 +357,8 @@ int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_e
     tp_buf_free(buf);
     return tp_error_set(err, EAGAIN, "box channel: busy, no fds can go with this frame");
   }
-  if ((n = tp_cgroup_enter_fds(&t->cg, fds, err)) <= 0) {
+  /* the agent's child, single-threaded, writes itself to each: tasks on v1 */
+  if ((n = tp_cgroup_enter_fds_self(&t->cg, fds, err)) <= 0) {
     tp_buf_free(buf);
     return n < 0 ? -1 : tp_error_set(err, ENOENT, "tree '%s' has no cgroup", t->name);
   }

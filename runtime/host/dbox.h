@@ -200,12 +200,22 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
  * hide_oom), so the box's count never misses nor doubles them.  ENOENT if t
  * is not b's. */
 int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
+/* A tree whose processes are all gone (the caller counted none, on the loop
+ * since) becomes a spare again, its cgroup kept as it is, while the box has
+ * fewer than TP_DBOX_SPARES and no refill is under way: no rmdir now, no
+ * mkdir for a later start.  Not
+ * a tree a kill touches or touched (the caller's to say: a v1 kill freezes
+ * it), nor one whose v1 memory cgroup counted an OOM kill (removed, that
+ * count goes to the box's).  Returns 1 when it was kept (no longer found by
+ * name), 0 when the caller is to remove it. */
+int tp_dbox_tree_recycle(tp_dbox_t *b, tp_dbox_tree_t *t);
 
 /* Spare trees (per-process cgroups made ahead, so that a process.start
  * makes none: one EXEC, no HOLD and RELEASE).  A box has none until its
  * first take (which gets none: its owner takes the held way with
- * tp_dbox_tree_start); each take queues a job in the pool that makes up
- * TP_DBOX_SPARES.  So a box that never starts a second process (`tupper
+ * tp_dbox_tree_start); a take that leaves none queues a job in the pool
+ * that makes up TP_DBOX_SPARES, and a tree whose process ended comes back
+ * as a spare (tp_dbox_tree_recycle).  So a box that never starts a second process (`tupper
  * run`, an idle box) costs no cgroup more than before (on v1 a mkdir or an
  * rmdir takes the kernel 2-3 ms here, in each of three hierarchies), and a
  * box that starts processes faster than the pool refills runs out and takes
@@ -218,6 +228,9 @@ tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b);
 /* Queues the job that makes up TP_DBOX_SPARES (none while one runs, or
  * where the box has no trees). */
 void tp_dbox_tree_refill(tp_dbox_t *b);
+/* The same up to n spares (at most TP_DBOX_SPARES): a pooled box gets one
+ * ahead of its first process. */
+void tp_dbox_tree_refill_to(tp_dbox_t *b, int n);
 /* n spares made here, at once (tests). */
 int tp__dbox_spares_make(tp_dbox_t *b, int n, tp_error_t *err);
 

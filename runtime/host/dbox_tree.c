@@ -168,11 +168,20 @@ int tp_dbox_tree_signal(tp_dbox_t *b, tp_dbox_tree_t *t, int sig, size_t *n, tp_
   return 0;
 }
 
+/* One cgroup.procs read, on the loop at each exit: a tree has no sub of its
+ * own (only the daemon makes cgroups, and the box sees its hierarchies read
+ * only), and on v1 each of its processes is in every hierarchy's sub (the
+ * child joins them all before it runs anything, or dies), so one
+ * hierarchy's list is the whole tree's.  A sub already gone has none. */
 int tp_dbox_tree_count(tp_dbox_t *b, tp_dbox_tree_t *t, size_t *n, tp_error_t *err) {
   cleanup_free pid_t *pids = NULL;
+  tp_error_t e = {0};
   (void) b;
   *n = 0;
-  return tp_cgroup_pids(&t->cg, &pids, n, err);
+  if (tp_cgroup_own_pids(&t->cg, &pids, n, &e) == 0 || e.code == ENOENT)
+    return 0;
+  *err = e;
+  return -1;
 }
 
 int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
@@ -192,6 +201,30 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
     }
   }
   return tp_error_set(err, ENOENT, "no such tree");
+}
+
+/* ---- reuse ------------------------------------------------------------------------ */
+
+int tp_dbox_tree_recycle(tp_dbox_t *b, tp_dbox_tree_t *t) {
+  int64_t oom;
+  /* (a refill under way makes up the count itself) */
+  if (b->destroyed || b->released || t->busy || t->rm_pending || t->spare || b->refilling ||
+      b->spares >= TP_DBOX_SPARES)
+    return 0;
+  /* v1 counts an OOM kill in the tree's memory cgroup only: such a count
+   * goes to the box's as the tree is removed, and a spare starts at none */
+  if (t->cg.version == 1) {
+    oom = tp_cgroup_oom_kills(&t->cg);
+    if (oom > 0 || (oom < 0 && t->cg.path_v1[TP_CG_MEMORY] != NULL))
+      return 0;
+  }
+  for (tp_dbox_tree_t *x = b->trees; x != NULL; x = x->next)
+    if (x == t) {
+      t->spare = 1;
+      b->spares++;
+      return 1;
+    }
+  return 0;
 }
 
 /* ---- removal in the pool ---------------------------------------------------------- */
@@ -439,25 +472,29 @@ static void spare_after(void *data, int status) {
    * until now) removes them with the others */
   spares_link(b, j->list, j->made);
   b->refilling = 0;
-  /* takes meanwhile: make up the count (not after a failure: the next take
-   * tries again) */
-  if (j->made == j->want)
+  /* takes meanwhile left none: make them up (not after a failure: the next
+   * take tries again) */
+  if (j->made == j->want && b->spares == 0)
     tp_dbox_tree_refill(b);
   free(j);
   b->tree_jobs--;
   tp__dbox_jobs_done(b);
 }
 
-void tp_dbox_tree_refill(tp_dbox_t *b) {
+void tp_dbox_tree_refill(tp_dbox_t *b) { tp_dbox_tree_refill_to(b, TP_DBOX_SPARES); }
+
+void tp_dbox_tree_refill_to(tp_dbox_t *b, int n) {
   spare_job_t *j;
+  if (n > TP_DBOX_SPARES)
+    n = TP_DBOX_SPARES;
   if (b->refilling || b->destroyed || b->released || !tp_dbox_has_cgroup(b) ||
-      !(b->be->flags & TP_BACKEND_CG_BOX) || b->spares >= TP_DBOX_SPARES)
+      !(b->be->flags & TP_BACKEND_CG_BOX) || b->spares >= n)
     return;
   j = calloc(1, sizeof(*j));
   if (j == NULL)
     return; /* the next take tries again */
   j->b = b;
-  j->want = TP_DBOX_SPARES - b->spares;
+  j->want = n - b->spares;
   if (tp_job_queue(b->loop, spare_work, spare_after, j) < 0) {
     free(j);
     return;
@@ -477,6 +514,9 @@ tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b) {
     got->spare = 0;
     b->spares--;
   }
-  tp_dbox_tree_refill(b);
+  /* made up when none is left: a process that ends gives its tree back
+   * (tp_dbox_tree_recycle), so one start after another makes none */
+  if (b->spares == 0)
+    tp_dbox_tree_refill(b);
   return got;
 }

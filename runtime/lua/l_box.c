@@ -306,8 +306,8 @@ static void tp__lkill_done(void *data, size_t n, const tp_error_t *err) {
 
 /* box:tree_take() -> name | nil: a spare tree (a cgroup made ahead) for the
  * next process, to send its EXEC with (box:send's tree); nil when none is
- * spare (then box:tree after a held EXEC).  Either way the spares are made
- * up again in the thread pool. */
+ * spare (then box:tree after a held EXEC).  A take that leaves none has
+ * them made up again in the thread pool. */
 static int tp_lbox_tree_take(lua_State *L) {
   tp_dbox_t *b = tp__check_box(L);
   tp_dbox_tree_t *t = tp_dbox_tree_take(b);
@@ -316,6 +316,17 @@ static int tp_lbox_tree_take(lua_State *L) {
   else
     lua_pushstring(L, t->name);
   return 1;
+}
+
+/* box:tree_refill([n]): has the spare trees made up to n (default and at
+ * most TP_DBOX_SPARES) in the thread pool; none where the box keeps none
+ * (no cgroup, or its processes not in it). */
+static int tp_lbox_tree_refill(lua_State *L) {
+  tp_dbox_t *b = tp__check_box(L);
+  lua_Integer n = luaL_optinteger(L, 2, TP_DBOX_SPARES);
+  luaL_argcheck(L, n >= 1 && n <= TP_DBOX_SPARES, 2, "out of range");
+  tp_dbox_tree_refill_to(b, (int) n);
+  return 0;
 }
 
 /* box:tree_signal(name, sig [, cb]): sig to every process of the tree;
@@ -382,13 +393,19 @@ static int tp_lbox_tree_oom(lua_State *L) {
   return 1;
 }
 
-/* box:tree_remove(name [, in_pool]): kills what is left of the tree, removes
- * its cgroup; in_pool: the tree is gone at once, its cgroup removed in the
- * thread pool (left to the box's destroy if that fails). */
+/* box:tree_remove(name [, in_pool [, reuse]]): kills what is left of the
+ * tree, removes its cgroup; in_pool: the tree is gone at once, its cgroup
+ * removed in the thread pool (left to the box's destroy if that fails);
+ * reuse (the caller counted no process left, and no kill touched it): it
+ * may become a spare instead (tp_dbox_tree_recycle). */
 static int tp_lbox_tree_remove(lua_State *L) {
   tp_dbox_t *b = tp__check_cg(L);
   tp_dbox_tree_t *t = tp__check_tree(L, b);
   tp_error_t err = {0};
+  if (lua_toboolean(L, 3) && lua_toboolean(L, 4) && tp_dbox_tree_recycle(b, t)) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
   if ((lua_toboolean(L, 3) ? tp_dbox_tree_remove_start : tp_dbox_tree_remove)(b, t, &err) < 0)
     return tp_l_push_err(L, &err);
   lua_pushboolean(L, 1);
@@ -508,6 +525,7 @@ void tp_l_box_register(lua_State *L) {
       {"stats", tp_lbox_stats}, {"tree", tp_lbox_tree}, {"tree_signal", tp_lbox_tree_signal},
       {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
       {"tree_oom", tp_lbox_tree_oom}, {"tree_take", tp_lbox_tree_take},
+      {"tree_refill", tp_lbox_tree_refill},
       {"has_cgroup", tp_lbox_has_cgroup}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
   if (luaL_newmetatable(L, TP_L_BOX_MT)) {
     luaL_newlib(L, box_methods);

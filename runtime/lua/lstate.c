@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* O_PATH, dup3 */
 /* The Lua state shared with the libuv loop (luv), and the process entry. */
 #include "tupper.h"
 
@@ -5,6 +6,8 @@
 #include <lua-cjson.h>
 #include <lualib.h>
 #include <luv/luv.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,6 +145,29 @@ static void tp__close_walk_cb(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
+/* A closed 0, 1 or 2 would be taken by the next fd we open (the daemon's
+ * socket, say): the command's output would go into our own connection, and
+ * libuv asserts when it closes a handle at those numbers.  Each closed one
+ * gets an O_PATH fd of /dev/null: it holds the number, and a read or a write
+ * on it still fails with EBADF, as on the closed fd, so a verb that uses it
+ * says so.  Close-on-exec: a child sees it closed, as we were given it. */
+static void tp__hold_std_fds(void) {
+  for (int fd = 0; fd <= 2; fd++) {
+    if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+      continue;
+    int nfd = open("/dev/null", O_PATH | O_CLOEXEC);
+    if (nfd < 0)
+      continue;
+    if (nfd != fd) { /* a lower number was closed too: it is held next */
+      if (dup3(nfd, fd, O_CLOEXEC) < 0) {
+        close(nfd);
+        continue;
+      }
+      close(nfd);
+    }
+  }
+}
+
 int tp_main(int argc, char **argv) {
   uv_loop_t loop;
   lua_State *L;
@@ -155,6 +181,7 @@ int tp_main(int argc, char **argv) {
    * is one the C client fully understands (runtime/client/fast.h) */
   if (tp_fast_main(argc, argv, &code))
     return code;
+  tp__hold_std_fds();
   if (uv_loop_init(&loop) != 0) {
     fprintf(stderr, "tupper: cannot initialise the event loop\n");
     return 1;

@@ -249,4 +249,27 @@ describe("the C client of exec and run", function()
     assert.are.equal(125, code)
     assert.truthy(err:find("no tupper daemon answers at " .. dir .. "/nobody.sock", 1, true), err)
   end)
+  -- a closed stdout or stderr is a clear error, never an abort: the next fd
+  -- opened must not take its number (libuv asserts when it closes one there)
+  it("says when its stdout or stderr is closed, with either client", function()
+    for _, which in ipairs({ "lua", "" }) do
+      for _, redir in ipairs({ ">&-", "2>&-" }) do
+        local line = ("TUPPER_SOCKET='%s' TUPPER_CLIENT=%s '%s' exec %s -- echo hi %s 2>/dev/null; echo \"rc=$?\""):format(
+          d.socket, which, helper.BIN, id, redir)
+        if redir == "2>&-" then
+          line = ("TUPPER_SOCKET='%s' TUPPER_CLIENT=%s '%s' exec %s -- sh -c 'echo hi >&2' 2>&-; echo \"rc=$?\""):format(
+            d.socket, which, helper.BIN, id)
+        end
+        local p = assert(io.popen(line))
+        local out = p:read("a")
+        p:close()
+        assert.truthy(out:find("rc=125", 1, true), which .. " " .. redir .. ": " .. out)
+      end
+      local p = assert(io.popen(("TUPPER_SOCKET='%s' TUPPER_CLIENT=%s '%s' ls >&- 2>/dev/null; echo \"rc=$?\""):format(
+        d.socket, which, helper.BIN)))
+      local out = p:read("a")
+      p:close()
+      assert.is_nil(out:find("rc=134", 1, true), which .. " ls: " .. out)
+    end
+  end)
 end)

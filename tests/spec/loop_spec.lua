@@ -88,10 +88,11 @@ end)
 describe("a process's own cgroup", function()
   -- made ahead (a spare: one EXEC), or, once the box's spares are taken,
   -- while the child is held (EXEC, RELEASE); either way its whole tree is
-  -- in it, and the spares come back
+  -- in it, and the spares come back.  No pool: a pooled box has a spare
+  -- before its first process (below)
   local d, c, id, dir
   setup(function()
-    d = helper.start_daemon()
+    d = helper.start_daemon(nil, { pool = 0 })
     c = d.connect()
     id = assert(helper.call(c, "sandbox.create", {})).id
     -- one hierarchy that lists a tree's processes: v1's pids, or v2's
@@ -204,6 +205,73 @@ describe("a process's own cgroup", function()
       assert.is_nil(before[name], "a spare of the first two is still there")
     end
     assert.are.equal(2, n, "2 new spares, nothing else")
+  end)
+
+  it("gives an ended process's tree back as a spare: one start after another makes no cgroup", function()
+    local before = subs()
+    local n = 0
+    for name, k in pairs(before) do
+      assert.matches("^s%x+$", name)
+      assert.are.equal(0, k)
+      n = n + 1
+    end
+    assert.are.equal(2, n, "the box's 2 spares")
+    for _ = 1, 5 do
+      local r = helper.sync(function() return helper.run(c, id, { "/bin/true" }) end)
+      assert.are.equal(0, r.exit_code)
+    end
+    -- a tree is given back after its exit is told: a moment later
+    helper.sync(function() async.sleep(200) end)
+    assert.are.same(before, subs(), "the same 2 spares, empty, and nothing else")
+  end)
+end)
+
+describe("a pooled box", function()
+  local d, c, id
+  setup(function()
+    d = helper.start_daemon(nil, { pool = 1 })
+    c = d.connect()
+  end)
+  teardown(function()
+    if id then helper.call(c, "sandbox.kill", { id = id }) end
+    if c then c:close() end
+    if d then d.stop() end
+  end)
+
+  it("has one spare tree before its first process, which takes it (no held child)", function()
+    -- one hierarchy that lists a tree's processes: v1's pids, or v2's
+    local root
+    for _, r in ipairs({ "/sys/fs/cgroup/pids", "/sys/fs/cgroup" }) do
+      if os.rename(r .. "/tupper", r .. "/tupper") then root = r .. "/tupper"; break end
+    end
+    assert.is_not_nil(root, "the daemon's cgroups")
+    local function ls(cmd)
+      local p = io.popen(cmd .. " 2>/dev/null")
+      local out = {}
+      for line in p:read("a"):gmatch("[^\n]+") do out[#out + 1] = line end
+      p:close()
+      return out
+    end
+    -- the pool's box, once its spare is made (in the thread pool, after its start)
+    local spares = {}
+    helper.sync(function()
+      local deadline = helper.now() + 20000
+      repeat
+        spares = ls(("cd %s && ls -d %s-*/s*"):format(root, d.tag))
+        if #spares > 0 then break end
+        async.sleep(50)
+      until helper.now() > deadline
+    end)
+    assert.are.equal(1, #spares, "one spare tree in the pooled box")
+    local box, spare = spares[1]:match("^[^-]+%-([^/]+)/(s%x+)$")
+    id = assert(helper.call(c, "sandbox.create", {})).id
+    assert.are.equal(box, id, "the create took the pooled box")
+    local r = assert(helper.call(c, "process.start", { sandbox = id, argv = { "/bin/sleep", "300" } }))
+    local dir = ("%s/%s-%s"):format(root, d.tag, id)
+    local procs = ls(("cat %s/%s/cgroup.procs"):format(dir, spare))
+    assert.are.equal(1, #procs, "the first process is in the spare tree")
+    assert.are.same({}, ls(("cd %s && ls -d p[0-9]*/"):format(dir)), "no tree made while held")
+    assert(helper.call(c, "process.signal", { sandbox = id, pid = r.pid, signal = 9 }))
   end)
 end)
 

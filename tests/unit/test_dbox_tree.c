@@ -93,21 +93,47 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
   tp_dbox_tree_t *s1, *s2, *s3;
   int fds[TP_CG_NCTRL], n, ok = 1;
   pid_t c;
-  r = tp__dbox_spares_make(b, TP_DBOX_SPARES, &err);
-  check(r == 0 && b->spares == TP_DBOX_SPARES, "%s: the box's start makes %d spare trees", v, TP_DBOX_SPARES);
+  /* a pooled box: one made ahead of its first process */
+  tp_dbox_tree_refill_to(b, 1);
+  check(b->refilling == 1 && b->tree_jobs == 1, "%s: a refill up to one queues a job", v);
+  uv_run(loop, UV_RUN_DEFAULT);
+  check(b->spares == 1 && !b->refilling && b->tree_jobs == 0, "it made one spare, no more");
+  tp_dbox_tree_refill_to(b, 1);
+  check(!b->refilling && b->tree_jobs == 0, "with one there, a refill up to one queues nothing");
+  r = tp__dbox_spares_make(b, TP_DBOX_SPARES - 1, &err);
+  check(r == 0 && b->spares == TP_DBOX_SPARES, "%s: the box has %d spare trees", v, TP_DBOX_SPARES);
   s1 = tp_dbox_tree_take(b);
   check(s1 != NULL && !s1->spare && tp_dbox_tree_find(b, s1->name) == s1 && b->spares == 1 &&
-            b->refilling == 1 && b->tree_jobs == 1,
-        "a take hands one over (found by name from now on) and queues a refill");
+            !b->refilling && b->tree_jobs == 0,
+        "a take hands one over (found by name from now on); one is left: no refill");
   s2 = tp_dbox_tree_take(b);
+  check(s2 != NULL && b->spares == 0 && b->refilling == 1 && b->tree_jobs == 1,
+        "the take that leaves none queues a refill");
   s3 = tp_dbox_tree_take(b);
-  check(s2 != NULL && s3 == NULL && b->spares == 0 && b->tree_jobs == 1,
+  check(s3 == NULL && b->spares == 0 && b->tree_jobs == 1,
         "once none is left a take gets none (the owner takes the held way); one refill at a time");
   uv_run(loop, UV_RUN_DEFAULT);
   check(b->spares == TP_DBOX_SPARES && !b->refilling && b->tree_jobs == 0,
         "the refill made up the count (%d spare)", b->spares);
+  /* an ended process's tree comes back as a spare while the box is short */
+  if (s2 != NULL) {
+    const char *d[TP_CG_NCTRL];
+    tp_dbox_tree_t *s4;
+    check(tp_dbox_tree_recycle(b, s2) == 0 && !s2->spare && tp_dbox_tree_find(b, s2->name) == s2,
+          "a box with its spares keeps no more: the tree is the caller's to remove");
+    s4 = tp_dbox_tree_take(b);
+    s2->busy = 1;
+    check(tp_dbox_tree_recycle(b, s2) == 0 && !s2->spare, "a tree a kill job reads is not reused");
+    s2->busy = 0;
+    check(s4 != NULL && tp_dbox_tree_recycle(b, s2) == 1 && s2->spare &&
+              tp_dbox_tree_find(b, s2->name) == NULL && b->spares == TP_DBOX_SPARES && b->tree_jobs == 0,
+          "one short: the tree becomes a spare, no longer found by name, no job queued");
+    int nd = cg_ndirs(&s2->cg, d);
+    check(all_exist(nd, d), "its cgroup is kept as it is (%d dirs)", nd);
+    check(s4 != NULL && tp_dbox_tree_remove(b, s4, &err) == 0, "the other taken tree is removed");
+  }
   /* the agent's child: writes itself to the fds the EXEC brings */
-  n = s1 != NULL ? tp_cgroup_enter_fds(&s1->cg, fds, &err) : -1;
+  n = s1 != NULL ? tp_cgroup_enter_fds_self(&s1->cg, fds, &err) : -1;
   c = n > 0 ? fork() : -1;
   if (c == 0) {
     for (int i = 0; i < n; i++)
@@ -123,10 +149,12 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
   ok = c > 0 && in_cgroup(c, &s1->cg) == n;
   check(ok, "a process that writes itself to a taken tree's fds is in it in every hierarchy (%d)", n);
   if (c > 0) {
-    size_t cnt = 0;
+    size_t cnt = 0, k = 9;
+    check(tp_dbox_tree_count(b, s1, &k, &err) == 0 && k == 1, "the tree counts it");
     check(tp_dbox_tree_signal(b, s1, SIGKILL, &cnt, &err) == 0 && cnt == 1 &&
               wait_pid(c, WAIT_MS, &status) == 0 && killed(status),
           "the tree's kill kills it");
+    check(tp_dbox_tree_count(b, s1, &k, &err) == 0 && k == 0, "then the tree counts none");
   }
   check(s1 != NULL && tp_dbox_tree_remove(b, s1, &err) == 0, "the tree is removed");
 }

@@ -50,6 +50,7 @@ function D:_refill()
           break
         end
         pool.boxes[#pool.boxes + 1] = sb
+        sb:make_spares() -- its first process takes one (sandbox.lua)
         if b.pool_park then log("%s: sandbox %s ready", b.pool.label, sb.id) end
       end
     end

@@ -236,9 +236,10 @@ function Sandbox:_frame(t, id, f)
     proc.exit_code = math.tointeger(f.code) or -1
     proc.signal = math.tointeger(f.signal) or 0
     proc.oom_killed = self:_oom_killed(proc, f) or nil
-    self:_tree_done(proc)
     proc.ended_at = now_iso()
     if self.hooks.on_exit then self.hooks.on_exit(self, proc) end
+    -- its tree once its exit is told: the client waits for no cgroup file
+    self:_tree_done(proc)
     self:_keep_exited(proc)
   end
 end
@@ -395,7 +396,13 @@ function Sandbox:account(user)
   local by_id = math.type(user) == "integer"
   local label = by_id and ("uid %d"):format(user) or ("user '%s'"):format(tostring(user))
   local max = (self.id_count or 65536) - 1
-  local passwd, err, errno = self:_read_small("/etc/passwd")
+  -- both files side by side: one agent round trip's wait, not two (the
+  -- group file is read even where the answer does not need it)
+  local passwd, err, errno, group, gerr, gerrno
+  async.all({
+    function() passwd, err, errno = self:_read_small("/etc/passwd") end,
+    function() group, gerr, gerrno = self:_read_small("/etc/group") end,
+  })
   -- root is uid 0 whatever the file says, so that a box whose /etc/passwd
   -- is missing or broken can still be repaired as root
   local root = { uid = 0, gid = 0, groups = { 0 }, home = "/root", name = "root" }
@@ -430,7 +437,6 @@ function Sandbox:account(user)
     return nil, ("%s: its home in the box's /etc/passwd is not a clean absolute path"):format(label), 22
   end
   local acct = { uid = uid, gid = gid, groups = { gid }, home = clean, name = e[1] }
-  local group, gerr, gerrno = self:_read_small("/etc/group")
   if group == nil then
     -- no /etc/group: the primary group only; one too big is an error, not
     -- a silent cut
@@ -596,6 +602,17 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   return proc
 end
 
+--- Has one spare process cgroup made in the thread pool now, ahead of the
+-- box's first process (a box makes its spares after its first process
+-- otherwise): a pooled box's first start takes it, not the held way (one
+-- agent round trip, not two and a cgroup made meanwhile).
+function Sandbox:make_spares()
+  if self.state == "running" and self.box:has_cgroup() and not self.impl.guest_kernel
+     and self.box.tree_refill then
+    self.box:tree_refill(1)
+  end
+end
+
 --- Signals a process: its whole tree where it has a cgroup, else its
 -- process group.  Returns true or nil, msg, errno.
 function Sandbox:signal(proc, sig)
@@ -674,8 +691,11 @@ function Sandbox:_tree_done(proc)
   -- cgroup counted (v1 counts it there only) moves to the box's count in
   -- the step that hides the cgroup from that count, on the loop, as the
   -- removal starts (dbox_tree.c hide_oom), so sandbox.metrics sees it
-  -- exactly once before, during and after the removal
-  self.box:tree_remove(proc.tree, true)
+  -- exactly once before, during and after the removal.  An empty tree no
+  -- kill touched (and without an OOM kill) becomes one of the box's spares
+  -- again instead, while it is short of them (dbox_tree.c
+  -- tp_dbox_tree_recycle): no rmdir, and no mkdir for the next start
+  self.box:tree_remove(proc.tree, true, not proc.tree_killed)
 end
 
 --- Watches a directory for owner (a connection), as acct (an account, or

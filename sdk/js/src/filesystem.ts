@@ -128,6 +128,28 @@ async function* chunksOf(data: WriteEntry['data']): AsyncGenerator<Uint8Array> {
   }
 }
 
+/** gather() allocates at most this up front; a larger file's rest is joined at the end. */
+const PREALLOC_MAX = 1024 * 1024 * 1024;
+
+/**
+ * The chunks of a read as one Buffer: copied once into a buffer of the size
+ * the daemon saw at the open (a file that grew meanwhile gets the rest
+ * joined at the end; one that shrank, the part that came).
+ */
+async function gather(chunks: AsyncIterable<Buffer>, size: number): Promise<Buffer> {
+  const out = Buffer.allocUnsafe(Number.isSafeInteger(size) && size > 0 ? Math.min(size, PREALLOC_MAX) : 0);
+  const more: Buffer[] = [];
+  let n = 0;
+  for await (const c of chunks) {
+    const k = Math.min(c.length, out.length - n);
+    c.copy(out, n, 0, k);
+    n += k;
+    if (k < c.length) more.push(c.subarray(k));
+  }
+  if (more.length === 0) return out.subarray(0, n);
+  return Buffer.concat([out.subarray(0, n), ...more]);
+}
+
 /** E2B file options with no local counterpart: refused with a reason rather than dropped. */
 const FS_UNSUPPORTED: Record<string, string> = {
   metadata: "tupper does not keep E2B's per-file metadata (user.e2b.* extended attributes)",
@@ -217,7 +239,7 @@ export class Filesystem {
 
   /** read() on the data plane (stream.ts): binary frames, no base64. */
   private async readFramed(dc: DataConn, path: string, format: ReadFormat, user: string | undefined): Promise<string | Uint8Array | Blob | ReadableStream<Uint8Array>> {
-    const { chunks } = await dc.readFile(this.link.conn, asAccount(this.link, user, { sandbox: this.link.sandboxId, path }));
+    const { size, chunks } = await dc.readFile(this.link.conn, asAccount(this.link, user, { sandbox: this.link.sandboxId, path }));
     if (format === 'stream') {
       const it = chunks[Symbol.asyncIterator]();
       return new ReadableStream<Uint8Array>(
@@ -234,9 +256,7 @@ export class Filesystem {
         { highWaterMark: 1 },
       );
     }
-    const parts: Buffer[] = [];
-    for await (const c of chunks) parts.push(c);
-    const all = Buffer.concat(parts);
+    const all = await gather(chunks, size);
     if (format === 'text') return all.toString('utf8');
     if (format === 'blob') return new Blob([all]);
     return new Uint8Array(all.buffer, all.byteOffset, all.byteLength);

@@ -60,15 +60,21 @@ export interface ProcessInput {
   end(): void;
 }
 
-/** One frame as bytes. */
-export function frame(type: number, sid: number, payload?: Buffer): Buffer {
+/** A frame's header, for a payload of len bytes. */
+function header(type: number, sid: number, len: number): Buffer {
   const h = Buffer.alloc(HDR);
-  const len = payload ? payload.length : 0;
   h.writeUInt32LE(len, 0);
   h.writeUInt8(STREAMS_VERSION, 4);
   h.writeUInt8(type, 5);
   h.writeUInt16LE(0, 6);
   h.writeUInt32LE(sid, 8);
+  return h;
+}
+
+/** One frame as bytes. */
+export function frame(type: number, sid: number, payload?: Buffer): Buffer {
+  const len = payload ? payload.length : 0;
+  const h = header(type, sid, len);
   return payload && len > 0 ? Buffer.concat([h, payload]) : h;
 }
 
@@ -90,6 +96,8 @@ export class DataConn {
   private readonly gone = new Set<number>();
   private parts: Buffer[] = [];
   private have = 0;
+  /** what `have` must reach before a whole frame is there: its header, then header and payload */
+  private need = HDR;
   private closedWith?: string;
   private active = 0;
 
@@ -174,8 +182,10 @@ export class DataConn {
   private feed(chunk: Buffer): void {
     this.parts.push(chunk);
     this.have += chunk.length;
-    if (this.have < HDR) return;
-    let buf = this.parts.length === 1 ? this.parts[0] : Buffer.concat(this.parts);
+    // a frame arrives in many socket reads: they are joined once it is
+    // whole, not at every read (which copied a 1 MiB frame about 8 times)
+    if (this.have < this.need) return;
+    let buf = this.parts.length === 1 ? this.parts[0] : Buffer.concat(this.parts, this.have);
     let off = 0;
     while (buf.length - off >= HDR) {
       const len = buf.readUInt32LE(off);
@@ -194,6 +204,7 @@ export class DataConn {
     buf = buf.subarray(off);
     this.parts = buf.length ? [buf] : [];
     this.have = buf.length;
+    this.need = buf.length >= HDR ? HDR + buf.readUInt32LE(0) : HDR;
   }
 
   private wakeInput(s: StreamState): void {
@@ -277,6 +288,20 @@ export class DataConn {
     if (!this.sock.write(b)) await new Promise<void>((r) => this.sock.once('drain', () => r()));
   }
 
+  /**
+   * Sends a DATA frame of b with its header as one writev, b not copied:
+   * the caller keeps b unchanged until the write resolves (writeFile's
+   * caller awaits the whole file).
+   */
+  private async sendData(sid: number, b: Buffer): Promise<void> {
+    if (this.closedWith) throw new SandboxError(this.closedWith);
+    this.sock.cork();
+    this.sock.write(header(T.DATA, sid, b.length));
+    const ok = this.sock.write(b);
+    this.sock.uncork();
+    if (!ok) await new Promise<void>((r) => this.sock.once('drain', () => r()));
+  }
+
   private begin(): void {
     if (this.active++ === 0) this.sock.ref();
   }
@@ -340,7 +365,7 @@ export class DataConn {
           }
           const n = Math.min(b.length, s.credit, DATA_MAX);
           s.credit -= n;
-          await this.send(frame(T.DATA, sid, b.subarray(0, n)));
+          await this.sendData(sid, b.subarray(0, n));
           b = b.subarray(n);
         }
       }

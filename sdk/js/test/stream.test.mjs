@@ -27,6 +27,17 @@ test('files go over the data connection: 16 MiB byte for byte both ways', async 
   assert.equal(await dataConn(sbx.conn), dc, 'one data connection per connection, reused');
 });
 
+test('bytes, text and a Blob are filled from the stream whole; an empty file reads empty', async () => {
+  const text = 'ä'.repeat(3 * 1024 * 1024 + 7); // 2 bytes a character: frames end mid-character
+  await sbx.files.write('/tmp/text', text);
+  assert.equal(await sbx.files.read('/tmp/text'), text);
+  const blob = await sbx.files.read('/tmp/text', { format: 'blob' });
+  assert.ok(Buffer.from(await blob.arrayBuffer()).equals(Buffer.from(text, 'utf8')));
+  await sbx.files.write('/tmp/empty', '');
+  assert.equal((await sbx.files.read('/tmp/empty', { format: 'bytes' })).length, 0);
+  assert.equal(await sbx.files.read('/tmp/empty'), '');
+});
+
 test('a slow reader gets every byte; the stream format pulls as it is read', async () => {
   const data = randomBytes(9 * 1024 * 1024);
   await sbx.files.write('/tmp/slow', data);
