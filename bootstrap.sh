@@ -13,6 +13,7 @@ pkgs="$pkgs btrfs-progs"
 # the registry client (tupper pull): libcurl, and libcrypto for SHA-256
 pkgs="$pkgs libcurl4-openssl-dev libssl-dev"
 pkgs="$pkgs libarchive-dev" # the image store: layer tars (gzip, zstd)
+pkgs="$pkgs libjansson-dev" # the C client of exec and run: its JSON (linked statically)
 # microvm backend: QEMU's microvm machine runs the VMs; the guest kernel is
 # fetched with apt-get download and unpacked with dpkg-deb (docs/microvm.md)
 pkgs="$pkgs qemu-system-x86"

@@ -16,22 +16,22 @@
 
 #include "fast_int.h"
 
-static int tp__fast_hello_ok(tp__fast_t *c, int res) {
+static int tp__fast_hello_ok(json_t *res) {
   int64_t s, ps;
-  return tp_fjson_int(&c->msg, tp_fjson_get(&c->msg, res, "streams"), &s) == 0 && s == 1 &&
-         tp_fjson_int(&c->msg, tp_fjson_get(&c->msg, res, "process_streams"), &ps) == 0 && ps == 1;
+  return tp_freply_int(json_object_get(res, "streams"), &s) == 0 && s == 1 &&
+         tp_freply_int(json_object_get(res, "process_streams"), &ps) == 0 && ps == 1;
 }
 
 /* The conversation; 1 handled (*code), 0 fall back. */
 static int tp__fast_talk(tp__fast_t *c, int *code) {
   const tp_fargv_t *a = c->a;
-  tp_fjson_buf_t w;
+  tp__fout_t w = { 0 };
   tp_error_t err;
   int64_t hello_id, channel_id, create_id = 0;
-  int res, eobj, r;
+  json_t *res, *eobj;
+  int r;
   char msg[4096];
   tp_error_clear(&err);
-  tp_fjson_buf_init(&w, TP__FAST_REQ_MAX);
   hello_id = c->next_id;
   tp__fast_hello(c, &w);
   if (a->verb == TP_FV_RUN) {
@@ -40,17 +40,17 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
   }
   channel_id = c->next_id;
   tp__fast_channel(c, &w);
-  r = tp__fast_write(c, &w, &err);
-  tp_fjson_buf_free(&w);
+  r = tp__fast_write(c->ctl.fd, &w, &err);
+  tp__fout_free(&w);
   if (r < 0 || tp__fast_reply(c, hello_id, &res, &eobj, &err) < 0)
     goto fail;
-  if (res < 0) {
-    tp__fast_errmsg(c, eobj, msg, sizeof(msg));
+  if (res == NULL) {
+    tp__fast_errmsg(eobj, msg, sizeof(msg));
     fprintf(stderr, "tupper: hello: %s\n", msg);
     *code = 125;
     return 1;
   }
-  if (!tp__fast_hello_ok(c, res))
+  if (!tp__fast_hello_ok(res))
     return 0; /* an older daemon: the Lua CLI's JSON path (a run's box goes with us) */
   /* the data connection is made while a run's create goes on */
   r = tp__fast_open(c, channel_id, &err);
@@ -61,13 +61,13 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
   if (a->verb == TP_FV_RUN) {
     if (tp__fast_reply(c, create_id, &res, &eobj, &err) < 0)
       goto fail;
-    if (res < 0) {
-      tp__fast_errmsg(c, eobj, msg, sizeof(msg));
+    if (res == NULL) {
+      tp__fast_errmsg(eobj, msg, sizeof(msg));
       fprintf(stderr, "tupper: %s\n", msg);
       *code = 125;
       return 1;
     }
-    if (tp_fjson_str(&c->msg, tp_fjson_get(&c->msg, res, "id"), c->id, sizeof(c->id)) <= 0) {
+    if (tp_freply_str(json_object_get(res, "id"), c->id, sizeof(c->id)) <= 0) {
       tp_error_set(&err, EPROTO, "the daemon's reply to sandbox.create has no id");
       goto fail;
     }
@@ -79,17 +79,40 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
   if (a->verb == TP_FV_RUN && !c->closed) {
     /* --rm: a notification, not a call (M.run): the daemon removes the box
      * on its own */
-    tp_fjson_buf_init(&w, 4096);
-    tp_fjson_raw(&w, "{\"jsonrpc\":\"2.0\",\"method\":\"sandbox.kill\",\"params\":{\"id\":");
-    tp_fjson_string(&w, c->id);
-    tp_fjson_raw(&w, "}}\n");
-    (void) tp__fast_write(c, &w, &err);
-    tp_fjson_buf_free(&w);
+    tp__fout_add(&w, json_pack("{s:s, s:s, s:{s:s}}", "jsonrpc", "2.0", "method", "sandbox.kill", "params", "id",
+                               c->id));
+    (void) tp__fast_write(c->ctl.fd, &w, &err);
+    tp__fout_free(&w);
   }
   return 1;
 fail:
   fprintf(stderr, "tupper: %s\n", err.msg);
   *code = 125;
+  return 1;
+}
+
+/* Whether s is UTF-8 as jansson takes it in a string. */
+static int tp__fast_utf8(const char *s) {
+  json_t *j = s ? json_string(s) : NULL;
+  int ok = s == NULL || j != NULL;
+  json_decref(j);
+  return ok;
+}
+
+/* Whether every word sent as a JSON string is UTF-8: the Lua CLI sends
+ * other bytes as they are (lua-cjson does not check), which jansson
+ * refuses to write, so such a command line is the Lua CLI's. */
+static int tp__fast_words_utf8(const tp_fargv_t *a) {
+  const char *one[] = { a->id, a->workdir, a->image, a->memory, a->disk, a->cpus, a->pids, a->timeout };
+  for (size_t k = 0; k < sizeof(one) / sizeof(one[0]); k++)
+    if (!tp__fast_utf8(one[k]))
+      return 0;
+  for (int i = 0; i < a->ncmd; i++)
+    if (!tp__fast_utf8(a->cmd[i]))
+      return 0;
+  for (int i = 0; i < a->nenv; i++)
+    if (!tp__fast_utf8(a->env[i]))
+      return 0;
   return 1;
 }
 
@@ -114,7 +137,7 @@ int tp_fast_mine(int argc, char **argv, tp_fargv_t *a) {
     return 0;
   if (a->verb == TP_FV_EXEC && strlen(a->id) >= TP_FAST_ID_MAX)
     return 0;
-  return 1;
+  return tp__fast_words_utf8(a);
 }
 
 /* TUPPER_CLIENT=c: the C client or nothing (what the tests prove with). */
@@ -132,24 +155,20 @@ int tp_fast_main(int argc, char **argv, int *code) {
   int ret;
   if (!tp_fast_mine(argc, argv, &a))
     return only_c ? tp__fast_refuse(code) : 0;
+  tp_freply_init();
   memset(&c, 0, sizeof(c));
   c.a = &a;
   c.next_id = 1;
   c.ctl.fd = tp__fast_ctl(&c);
-  c.tok = c.ctl.fd >= 0 ? malloc(sizeof(*c.tok) * TP_FAST_TOKENS) : NULL;
-  if (c.tok == NULL) {
-    if (c.ctl.fd >= 0)
-      close(c.ctl.fd);
+  if (c.ctl.fd < 0)
     return only_c ? tp__fast_refuse(code) : 0;
-  }
   ret = tp__fast_talk(&c, code);
   tp__fast_settle(&c);
   for (int k = 0; k < c.nstash; k++)
-    free(c.stash[k].line);
+    json_decref(c.stash[k].msg);
   tp_spump_free(c.dc);
   free(c.in_buf);
   close(c.ctl.fd);
   free(c.ctl.buf);
-  free(c.tok);
   return ret == 0 && only_c ? tp__fast_refuse(code) : ret;
 }

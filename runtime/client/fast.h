@@ -7,11 +7,11 @@
  * same output and exit codes.  Everything else is the Lua CLI's: another
  * verb or option (fargv.h), a terminal on stdout or stderr (the escaping
  * filter is Lua's) or on stdin with -i, a closed fd 0, 1 or 2, a policy
- * file for run, no daemon answering (the Lua CLI says so, or starts one),
- * a daemon without process streams.
+ * file for run, a word that is not UTF-8, no daemon answering (the Lua CLI
+ * says so, or starts one), a daemon without process streams.
  *
- * The daemon's replies are checked (fjson.h) and bounded: a line over
- * TP_FAST_LINE_MAX bytes, a malformed or lying reply is a clear error and
+ * The daemon's replies are checked (freply.h: jansson within the client's
+ * bounds): a line over TP_FAST_LINE_MAX bytes, a malformed or lying reply is a clear error and
  * exit 125, never a crash or a hang of its own. */
 #ifndef TP_FAST_H
 #define TP_FAST_H
@@ -19,13 +19,12 @@
 #include "fargv.h"
 
 #define TP_FAST_LINE_MAX (1024 * 1024) /* bytes of one message of the daemon */
-#define TP_FAST_TOKENS 16384           /* JSON values in one message */
 #define TP_FAST_ID_MAX 256             /* bytes of a sandbox id */
 
 /* Whether the C client takes argv, judged before any connection: the
  * words (fargv.h), fds 0, 1 and 2 open, no terminal on 1 or 2 (nor on 0
  * with -i), an exec's id under TP_FAST_ID_MAX bytes, no tupper.lua from
- * here up for run (unless --no-policy), and
+ * here up for run (unless --no-policy), every word sent valid UTF-8, and
  * TUPPER_CLIENT not "lua" (which asks for the Lua CLI).  1 and a filled
  * in, or 0. */
 int tp_fast_mine(int argc, char **argv, tp_fargv_t *a);

@@ -12,7 +12,7 @@
 #include "error.h"
 #include "fargv.h"
 #include "fast.h"
-#include "fjson.h"
+#include "freply.h"
 #include "spump.h"
 
 #define TP__FAST_WINDOW (4u * 1024u * 1024u) /* stream.attach's window, the Lua client's */
@@ -29,14 +29,11 @@ typedef struct tp__fast_s {
   const tp_fargv_t *a;
   char socket[sizeof(((struct sockaddr_un *) 0)->sun_path)];
   tp__fline_t ctl;
-  size_t used;    /* bytes of ctl's buffer c->msg still points into */
-  tp_fjson_t msg; /* the last message read */
-  tp_fjson_tok_t *tok;
+  json_t *msg; /* the last message read (ours until the next) */
   /* replies that came before the one waited for (run's create and channel
    * may answer in either order) */
-  struct { int64_t id; char *line; size_t len; } stash[4];
+  struct { int64_t id; json_t *msg; } stash[4];
   int nstash;
-  char *held; /* the stashed line c->msg points into */
   int64_t next_id;
   char id[TP_FAST_ID_MAX]; /* the sandbox */
   /* the process */
@@ -66,15 +63,23 @@ char *tp__fline_take(tp__fline_t *l, size_t *len, size_t *used);
 void tp__fline_drop(tp__fline_t *l, size_t used);
 int tp__fline_fill(tp__fline_t *l, tp_error_t *err);
 int tp__fast_parse(tp__fast_t *c, const char *line, size_t len, tp_error_t *err);
-int64_t tp__fast_begin(tp__fast_t *c, tp_fjson_buf_t *w, const char *method);
-void tp__fast_hello(tp__fast_t *c, tp_fjson_buf_t *w);
-void tp__fast_channel(tp__fast_t *c, tp_fjson_buf_t *w);
-void tp__fast_create(tp__fast_t *c, tp_fjson_buf_t *w);
-void tp__fast_start(tp__fast_t *c, tp_fjson_buf_t *w);
-int tp__fast_write(tp__fast_t *c, tp_fjson_buf_t *w, tp_error_t *err);
+/* Requests, one compact JSON line each, gathered to be written at once. */
+typedef struct tp__fout_s {
+  char *b;
+  size_t len;
+  int failed; /* latched: out of memory, a string jansson refused, past TP__FAST_REQ_MAX */
+} tp__fout_t;
+void tp__fout_add(tp__fout_t *o, json_t *msg);
+void tp__fout_free(tp__fout_t *o);
+int64_t tp__fast_call(tp__fast_t *c, tp__fout_t *o, const char *method, json_t *params);
+void tp__fast_hello(tp__fast_t *c, tp__fout_t *o);
+void tp__fast_channel(tp__fast_t *c, tp__fout_t *o);
+void tp__fast_create(tp__fast_t *c, tp__fout_t *o);
+void tp__fast_start(tp__fast_t *c, tp__fout_t *o);
+int tp__fast_write(int fd, tp__fout_t *o, tp_error_t *err);
 void tp__fast_settle(tp__fast_t *c);
-int tp__fast_reply(tp__fast_t *c, int64_t id, int *res, int *eobj, tp_error_t *err);
-void tp__fast_errmsg(tp__fast_t *c, int eobj, char *buf, size_t cap);
+int tp__fast_reply(tp__fast_t *c, int64_t id, json_t **res, json_t **eobj, tp_error_t *err);
+void tp__fast_errmsg(json_t *eobj, char *buf, size_t cap);
 void tp__fast_note(tp__fast_t *c);
 
 /* fstream.c: the data connection and the loop */

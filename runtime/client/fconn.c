@@ -175,245 +175,218 @@ int tp__fline_fill(tp__fline_t *l, tp_error_t *err) {
   return r > 0;
 }
 
-/* Parses a line into c->msg; it must be a JSON object. */
+/* Parses a line into c->msg (the last one let go); it must be a JSON
+ * object. */
 int tp__fast_parse(tp__fast_t *c, const char *line, size_t len, tp_error_t *err) {
-  if (tp_fjson_parse(&c->msg, line, len, c->tok, TP_FAST_TOKENS, err) < 0)
+  json_decref(c->msg);
+  c->msg = tp_freply_parse(line, len, err);
+  if (c->msg == NULL)
     return tp_error_prefix(err, "the daemon sent a malformed message");
-  if (!tp_fjson_is(&c->msg, 0, TP_FJ_OBJECT))
+  if (!json_is_object(c->msg))
     return tp_error_set(err, EPROTO, "the daemon sent a message that is not an object");
   return 0;
 }
 
 /* ------------------------------------------------------------- requests */
 
-int64_t tp__fast_begin(tp__fast_t *c, tp_fjson_buf_t *w, const char *method) {
+/* Appends msg (taken; NULL: a pack that failed) as one line. */
+void tp__fout_add(tp__fout_t *o, json_t *msg) {
+  size_t n = msg ? json_dumpb(msg, NULL, 0, JSON_COMPACT | JSON_REAL_PRECISION(14)) : 0;
+  char *nb;
+  if (o->failed || n == 0 || n > TP__FAST_REQ_MAX - o->len - 1 ||
+      (nb = realloc(o->b, o->len + n + 1)) == NULL) {
+    o->failed = 1;
+    json_decref(msg);
+    return;
+  }
+  o->b = nb;
+  o->len += json_dumpb(msg, o->b + o->len, n, JSON_COMPACT | JSON_REAL_PRECISION(14));
+  o->b[o->len++] = '\n';
+  json_decref(msg);
+}
+
+void tp__fout_free(tp__fout_t *o) {
+  free(o->b);
+  memset(o, 0, sizeof(*o));
+}
+
+/* A call of method with params (taken; NULL, a params object that could
+ * not be made, fails the request): its id. */
+int64_t tp__fast_call(tp__fast_t *c, tp__fout_t *o, const char *method, json_t *params) {
   int64_t id = c->next_id++;
-  tp_fjson_raw(w, "{\"jsonrpc\":\"2.0\",\"id\":");
-  tp_fjson_int_out(w, id);
-  tp_fjson_raw(w, ",\"method\":\"");
-  tp_fjson_raw(w, method);
-  tp_fjson_raw(w, "\",\"params\":");
+  tp__fout_add(o, json_pack("{s:s, s:I, s:s, s:o}", "jsonrpc", "2.0", "id", (json_int_t) id, "method", method,
+                            "params", params));
   return id;
 }
 
-/* The env object of -e K=V (a key's last value; in the order first given). */
-static void tp__fast_env_obj(const tp_fargv_t *a, tp_fjson_buf_t *w) {
-  int first = 1;
-  tp_fjson_raw(w, "{");
-  for (int i = 0; i < a->nenv; i++) {
+/* The env object of -e K=V (a key's last value; in the order first given:
+ * jansson keeps a key where it was first set).  NULL when jansson refuses
+ * a string (tp_fast_mine leaves invalid UTF-8 to the Lua CLI). */
+static json_t *tp__fast_env_obj(const tp_fargv_t *a) {
+  json_t *o = json_object();
+  for (int i = 0; o != NULL && i < a->nenv; i++) {
     size_t kl = tp_fargv_key_len(a->env[i]);
-    int last = i, seen = 0;
-    char key[4096];
-    for (int k = 0; k < i; k++)
-      seen |= tp_fargv_key_len(a->env[k]) == kl && memcmp(a->env[k], a->env[i], kl) == 0;
-    if (seen)
-      continue;
-    for (int k = i + 1; k < a->nenv; k++)
-      if (tp_fargv_key_len(a->env[k]) == kl && memcmp(a->env[k], a->env[i], kl) == 0)
-        last = k;
-    if (kl >= sizeof(key)) {
-      w->failed = 1;
-      return;
+    if (json_object_setn_new(o, a->env[i], kl, json_string(a->env[i] + kl + 1)) < 0) {
+      json_decref(o);
+      o = NULL;
     }
-    memcpy(key, a->env[i], kl);
-    key[kl] = '\0';
-    if (!first)
-      tp_fjson_raw(w, ",");
-    first = 0;
-    tp_fjson_string(w, key);
-    tp_fjson_raw(w, ":");
-    tp_fjson_string(w, a->env[last] + kl + 1);
   }
-  tp_fjson_raw(w, "}");
+  return o;
 }
 
-void tp__fast_hello(tp__fast_t *c, tp_fjson_buf_t *w) {
-  tp__fast_begin(c, w, "hello");
-  tp_fjson_raw(w, "{\"protocol\":1,\"client\":\"tupper-lua\"}}\n");
+void tp__fast_hello(tp__fast_t *c, tp__fout_t *o) {
+  tp__fast_call(c, o, "hello", json_pack("{s:i, s:s}", "protocol", 1, "client", "tupper-c"));
 }
 
-void tp__fast_channel(tp__fast_t *c, tp_fjson_buf_t *w) {
-  tp__fast_begin(c, w, "stream.channel");
-  tp_fjson_raw(w, "{}}\n");
+void tp__fast_channel(tp__fast_t *c, tp__fout_t *o) {
+  tp__fast_call(c, o, "stream.channel", json_object());
 }
 
 /* run's sandbox.create: what M.run sends with no limits, policy or recipe. */
-void tp__fast_create(tp__fast_t *c, tp_fjson_buf_t *w) {
-  tp__fast_begin(c, w, "sandbox.create");
-  tp_fjson_raw(w, "{");
-  if (c->a->image) {
-    tp_fjson_raw(w, "\"image\":");
-    tp_fjson_string(w, c->a->image);
-    tp_fjson_raw(w, ",");
-  }
-  if (c->a->nenv > 0) {
-    tp_fjson_raw(w, "\"env\":");
-    tp__fast_env_obj(c->a, w);
-    tp_fjson_raw(w, ",");
-  }
-  /* the limits as given; no --timeout: 0, a run box lives as long as its
-   * command (no policy here to cap it) */
-  tp_fjson_raw(w, "\"limits\":{");
-  if (c->a->memory) {
-    tp_fjson_raw(w, "\"memory\":");
-    tp_fjson_string(w, c->a->memory);
-    tp_fjson_raw(w, ",");
-  }
-  if (c->a->disk) {
-    tp_fjson_raw(w, "\"disk\":");
-    tp_fjson_string(w, c->a->disk);
-    tp_fjson_raw(w, ",");
-  }
-  if (c->a->cpus) {
-    char num[40];
-    snprintf(num, sizeof(num), "\"cpus\":%.14g,", strtod(c->a->cpus, NULL));
-    tp_fjson_raw(w, num);
-  }
-  if (c->a->pids) {
-    tp_fjson_raw(w, "\"pids\":");
-    tp_fjson_int_out(w, strtoll(c->a->pids, NULL, 10));
-    tp_fjson_raw(w, ",");
-  }
-  tp_fjson_raw(w, "\"timeout\":");
-  if (c->a->timeout && strspn(c->a->timeout, "0123456789") == strlen(c->a->timeout))
-    tp_fjson_int_out(w, strtoll(c->a->timeout, NULL, 10)); /* tonumber(v): seconds */
-  else if (c->a->timeout)
-    tp_fjson_string(w, c->a->timeout);
-  else
-    tp_fjson_raw(w, "0");
-  tp_fjson_raw(w, "},\"kill_on_disconnect\":true}}\n");
-}
-
-void tp__fast_start(tp__fast_t *c, tp_fjson_buf_t *w) {
+void tp__fast_create(tp__fast_t *c, tp__fout_t *o) {
   const tp_fargv_t *a = c->a;
-  tp__fast_begin(c, w, "process.start");
-  tp_fjson_raw(w, "{\"sandbox\":");
-  tp_fjson_string(w, c->id);
-  tp_fjson_raw(w, ",\"argv\":[");
-  for (int i = 0; i < a->ncmd; i++) {
-    if (i > 0)
-      tp_fjson_raw(w, ",");
-    tp_fjson_string(w, a->cmd[i]);
+  json_t *p = json_pack("{s:b}", "kill_on_disconnect", 1);
+  json_t *lim = json_object();
+  int bad = p == NULL || lim == NULL;
+  if (a->image)
+    bad |= json_object_set_new(p, "image", json_string(a->image)) < 0;
+  if (a->nenv > 0)
+    bad |= json_object_set_new(p, "env", tp__fast_env_obj(a)) < 0;
+  /* the limits as given (cli_args.lua: tonumber for cpus and pids); no
+   * --timeout: 0, a run box lives as long as its command (no policy here
+   * to cap it) */
+  if (a->memory)
+    bad |= json_object_set_new(lim, "memory", json_string(a->memory)) < 0;
+  if (a->disk)
+    bad |= json_object_set_new(lim, "disk", json_string(a->disk)) < 0;
+  if (a->cpus) {
+    double v = strtod(a->cpus, NULL); /* fargv: at most 4 digits, a fraction of 6 */
+    bad |= json_object_set_new(lim, "cpus", v == (double) (json_int_t) v ? json_integer((json_int_t) v)
+                                                                         : json_real(v)) < 0;
   }
-  tp_fjson_raw(w, "],\"env\":");
-  tp__fast_env_obj(a, w);
-  if (a->workdir) {
-    tp_fjson_raw(w, ",\"cwd\":");
-    tp_fjson_string(w, a->workdir);
+  if (a->pids)
+    bad |= json_object_set_new(lim, "pids", json_integer(strtoll(a->pids, NULL, 10))) < 0;
+  if (a->timeout && strspn(a->timeout, "0123456789") == strlen(a->timeout))
+    bad |= json_object_set_new(lim, "timeout", json_integer(strtoll(a->timeout, NULL, 10))) < 0; /* seconds */
+  else
+    bad |= json_object_set_new(lim, "timeout", a->timeout ? json_string(a->timeout) : json_integer(0)) < 0;
+  bad |= json_object_set_new(p, "limits", lim) < 0;
+  if (bad) {
+    json_decref(p);
+    p = NULL;
   }
-  tp_fjson_raw(w, a->interactive ? ",\"stdin\":true" : ",\"stdin\":false");
-  tp_fjson_raw(w, ",\"streams\":true}}\n");
+  tp__fast_call(c, o, "sandbox.create", p);
 }
 
-int tp__fast_write(tp__fast_t *c, tp_fjson_buf_t *w, tp_error_t *err) {
-  if (w->failed)
-    return tp_error_set(err, E2BIG, "the request is too big");
-  return tp__fast_send(c->ctl.fd, w->b, w->len, err);
+void tp__fast_start(tp__fast_t *c, tp__fout_t *o) {
+  const tp_fargv_t *a = c->a;
+  json_t *argv = json_array();
+  for (int i = 0; argv != NULL && i < a->ncmd; i++)
+    if (json_array_append_new(argv, json_string(a->cmd[i])) < 0) {
+      json_decref(argv);
+      argv = NULL;
+    }
+  tp__fast_call(c, o, "process.start",
+                json_pack("{s:s, s:o, s:o, s:s*, s:b, s:b}", "sandbox", c->id, "argv", argv, "env", tp__fast_env_obj(a),
+                          "cwd", a->workdir, "stdin", a->interactive, "streams", 1));
+}
+
+int tp__fast_write(int fd, tp__fout_t *o, tp_error_t *err) {
+  if (o->failed)
+    return tp_error_set(err, E2BIG, "the request is too big, or not UTF-8");
+  return tp__fast_send(fd, o->b, o->len, err);
 }
 
 /* ---------------------------------------------------------------- replies */
 
-/* Reads messages until the reply to id (in c->msg: its result token in
- * *res, or its error token in *eobj).  A process.exit seen meanwhile is
- * kept.  0, or -1 (err: the connection ended, or a bad message). */
-
-/* Lets go of the line c->msg points into. */
+/* Lets go of the last message. */
 void tp__fast_settle(tp__fast_t *c) {
-  if (c->used > 0)
-    tp__fline_drop(&c->ctl, c->used);
-  c->used = 0;
-  free(c->held);
-  c->held = NULL;
+  json_decref(c->msg);
+  c->msg = NULL;
 }
 
-/* A reply in c->msg: its result token in *res, or its error in *eobj. */
-static int tp__fast_answer(tp__fast_t *c, int *res, int *eobj, tp_error_t *err) {
-  *res = tp_fjson_get(&c->msg, 0, "result");
-  *eobj = tp_fjson_get(&c->msg, 0, "error");
-  if (*res < 0 && !tp_fjson_is(&c->msg, *eobj, TP_FJ_OBJECT))
+/* A reply in c->msg: its result in *res, or its error in *eobj. */
+static int tp__fast_answer(tp__fast_t *c, json_t **res, json_t **eobj, tp_error_t *err) {
+  *res = json_object_get(c->msg, "result");
+  *eobj = json_object_get(c->msg, "error");
+  if (*res == NULL && !json_is_object(*eobj))
     return tp_error_set(err, EPROTO, "the daemon's reply has neither a result nor an error");
   return 0;
 }
 
-int tp__fast_reply(tp__fast_t *c, int64_t id, int *res, int *eobj, tp_error_t *err) {
+/* Reads messages until the reply to id (in c->msg, valid until the next
+ * call: its result in *res, or its error in *eobj).  A process.exit seen
+ * meanwhile is kept.  0, or -1 (err: the connection ended, or a bad
+ * message). */
+int tp__fast_reply(tp__fast_t *c, int64_t id, json_t **res, json_t **eobj, tp_error_t *err) {
   tp__fast_settle(c);
   for (int k = 0; k < c->nstash; k++) {
     if (c->stash[k].id != id)
       continue;
-    size_t len = c->stash[k].len;
-    c->held = c->stash[k].line;
+    c->msg = c->stash[k].msg;
     c->stash[k] = c->stash[--c->nstash];
-    if (tp__fast_parse(c, c->held, len, err) < 0)
-      return -1;
     return tp__fast_answer(c, res, eobj, err);
   }
   for (;;) {
     size_t len, used;
     char *line;
-    int t;
+    json_t *t;
     int64_t got;
+    int r;
     while ((line = tp__fline_take(&c->ctl, &len, &used)) == NULL) {
-      int r = tp__fline_fill(&c->ctl, err);
+      r = tp__fline_fill(&c->ctl, err);
       if (r < 0)
         return -1;
       if (r == 0)
         return tp_error_set(err, ECONNRESET, "connection to the daemon lost");
     }
-    if (len == 0) {
-      tp__fline_drop(&c->ctl, used);
-      continue;
-    }
-    if (tp__fast_parse(c, line, len, err) < 0)
+    r = len == 0 ? 1 : tp__fast_parse(c, line, len, err);
+    tp__fline_drop(&c->ctl, used); /* jansson holds its own copy */
+    if (r < 0)
       return -1;
-    t = tp_fjson_get(&c->msg, 0, "id");
-    if (t < 0 || tp_fjson_is(&c->msg, t, TP_FJ_NULL)) {
+    if (r == 1)
+      continue;
+    t = json_object_get(c->msg, "id");
+    if (t == NULL || json_is_null(t)) {
       tp__fast_note(c);
-    } else if (tp_fjson_int(&c->msg, t, &got) == 0 && got == id) {
-      c->used = used; /* the caller reads c->msg before the next line replaces it */
+    } else if (tp_freply_int(t, &got) == 0 && got == id) {
       return tp__fast_answer(c, res, eobj, err);
-    } else if (tp_fjson_int(&c->msg, t, &got) == 0 && got > 0 && got < c->next_id &&
+    } else if (tp_freply_int(t, &got) == 0 && got > 0 && got < c->next_id &&
                c->nstash < (int) (sizeof(c->stash) / sizeof(c->stash[0]))) {
-      char *copy = strndup(line, len);
-      if (copy == NULL)
-        return tp_error_set(err, ENOMEM, "out of memory");
       c->stash[c->nstash].id = got;
-      c->stash[c->nstash].line = copy;
-      c->stash[c->nstash++].len = len;
+      c->stash[c->nstash++].msg = c->msg;
+      c->msg = NULL;
     }
-    tp__fline_drop(&c->ctl, used);
   }
 }
 
 /* An error object's message ("tostring(e.message)" of the Lua CLI). */
-void tp__fast_errmsg(tp__fast_t *c, int eobj, char *buf, size_t cap) {
-  int m = tp_fjson_get(&c->msg, eobj, "message");
-  if (tp_fjson_str(&c->msg, m, buf, cap) < 0)
-    snprintf(buf, cap, "%s", tp_fjson_is(&c->msg, m, TP_FJ_STRING) ? "(a message too long)" : "nil");
+void tp__fast_errmsg(json_t *eobj, char *buf, size_t cap) {
+  json_t *m = json_object_get(eobj, "message");
+  if (tp_freply_str(m, buf, cap) < 0)
+    snprintf(buf, cap, "%s", json_is_string(m) ? "(a message too long)" : "nil");
 }
 
 /* A notification of the control connection: the process's exit is ours
  * when it names our sandbox and pid (run_streamed's process.exit). */
 void tp__fast_note(tp__fast_t *c) {
-  int m = tp_fjson_get(&c->msg, 0, "method");
-  int p = tp_fjson_get(&c->msg, 0, "params");
+  json_t *p = json_object_get(c->msg, "params");
   char name[32], sb[TP_FAST_ID_MAX];
   int64_t pid, v;
-  int t;
-  if (c->pid <= 0 || tp_fjson_str(&c->msg, m, name, sizeof(name)) < 0 || strcmp(name, "process.exit") != 0)
+  if (c->pid <= 0 || tp_freply_str(json_object_get(c->msg, "method"), name, sizeof(name)) < 0 ||
+      strcmp(name, "process.exit") != 0)
     return;
-  if (tp_fjson_str(&c->msg, tp_fjson_get(&c->msg, p, "sandbox"), sb, sizeof(sb)) < 0 ||
-      strcmp(sb, c->id) != 0 || tp_fjson_int(&c->msg, tp_fjson_get(&c->msg, p, "pid"), &pid) < 0 ||
-      pid != c->pid)
+  if (tp_freply_str(json_object_get(p, "sandbox"), sb, sizeof(sb)) < 0 || strcmp(sb, c->id) != 0 ||
+      tp_freply_int(json_object_get(p, "pid"), &pid) < 0 || pid != c->pid)
     return;
   c->exited = 1;
   /* exit_code (cli_verbs.lua): an OOM kill is said; a signal is 128+N;
    * else the exit code, or 125 when there is none */
-  if (tp_fjson_is(&c->msg, tp_fjson_get(&c->msg, p, "oom_killed"), TP_FJ_TRUE))
+  if (json_is_true(json_object_get(p, "oom_killed")))
     fputs("tupper: the command was killed: out of memory (the sandbox's memory limit)\n", stderr);
-  t = tp_fjson_get(&c->msg, p, "signal");
-  if (tp_fjson_int(&c->msg, t, &v) == 0 && v > 0)
+  if (tp_freply_int(json_object_get(p, "signal"), &v) == 0 && v > 0)
     c->exit_code = (int) ((128 + v) & 0xff);
-  else if (tp_fjson_int(&c->msg, tp_fjson_get(&c->msg, p, "exit_code"), &v) == 0)
+  else if (tp_freply_int(json_object_get(p, "exit_code"), &v) == 0)
     c->exit_code = (int) (v & 0xff);
   else
     c->exit_code = 125;

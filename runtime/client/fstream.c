@@ -21,25 +21,17 @@
  * pump.  0; 1 when the daemon refused the attach (the Lua CLI then uses
  * the old path); -1 on an error. */
 static int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
-  tp_fjson_buf_t w;
+  tp__fout_t w = { 0 };
   tp__fline_t l = { .fd = -1 };
-  int e = 0, ret = -1, res = -1;
+  int e = 0, ret = -1;
   size_t len, used;
   char *line;
   l.fd = tp__fast_connect(c->socket, &e);
   if (l.fd < 0)
     return tp_error_errno(err, e, "connect %s", c->socket);
-  tp_fjson_buf_init(&w, 4096);
-  tp_fjson_raw(&w, "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"stream.attach\",\"params\":{\"token\":");
-  tp_fjson_string(&w, token);
-  tp_fjson_raw(&w, ",\"window\":");
-  tp_fjson_int_out(&w, TP__FAST_WINDOW);
-  tp_fjson_raw(&w, "}}\n");
-  if (w.failed) {
-    tp_error_set(err, E2BIG, "stream.attach: the token is too long");
-    goto out;
-  }
-  if (tp__fast_send(l.fd, w.b, w.len, err) < 0)
+  tp__fout_add(&w, json_pack("{s:s, s:i, s:s, s:{s:s, s:I}}", "jsonrpc", "2.0", "id", 1, "method",
+                             "stream.attach", "params", "token", token, "window", (json_int_t) TP__FAST_WINDOW));
+  if (tp__fast_write(l.fd, &w, err) < 0)
     goto out;
   /* the reply is the only JSON line: what follows its newline is frames */
   while ((line = tp__fline_take(&l, &len, &used)) == NULL) {
@@ -57,8 +49,7 @@ static int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
   }
   if (tp__fast_parse(c, line, len, err) < 0)
     goto out;
-  res = tp_fjson_get(&c->msg, 0, "result");
-  if (!tp_fjson_is(&c->msg, res, TP_FJ_OBJECT)) {
+  if (!json_is_object(json_object_get(c->msg, "result"))) {
     ret = 1;
     goto out;
   }
@@ -71,7 +62,7 @@ out:
   if (l.fd >= 0)
     close(l.fd);
   free(l.buf);
-  tp_fjson_buf_free(&w);
+  tp__fout_free(&w);
   return ret;
 }
 
@@ -139,20 +130,13 @@ static void tp__fast_frame(void *data, const tp_sframe_t *f, int local) {
 
 static void tp__fast_signal(tp__fast_t *c, int signo) {
   const char *name = signo == SIGINT ? "INT" : signo == SIGTERM ? "TERM" : "HUP";
-  tp_fjson_buf_t w;
+  tp__fout_t w = { 0 };
   tp_error_t err;
-  tp_fjson_buf_init(&w, 4096);
-  tp__fast_begin(c, &w, "process.signal");
-  tp_fjson_raw(&w, "{\"sandbox\":");
-  tp_fjson_string(&w, c->id);
-  tp_fjson_raw(&w, ",\"pid\":");
-  tp_fjson_int_out(&w, c->pid);
-  tp_fjson_raw(&w, ",\"signal\":\"");
-  tp_fjson_raw(&w, name);
-  tp_fjson_raw(&w, "\"}}\n");
-  if (tp__fast_write(c, &w, &err) < 0)
+  tp__fast_call(c, &w, "process.signal",
+                json_pack("{s:s, s:I, s:s}", "sandbox", c->id, "pid", (json_int_t) c->pid, "signal", name));
+  if (tp__fast_write(c->ctl.fd, &w, &err) < 0)
     c->closed = 1;
-  tp_fjson_buf_free(&w);
+  tp__fout_free(&w);
 }
 
 /* Reads what stdin has (at most the stream's credit) and queues it as
@@ -264,10 +248,10 @@ static int tp__fast_loop(tp__fast_t *c, tp_error_t *err) {
  * old path); -1: err. */
 int tp__fast_open(tp__fast_t *c, int64_t channel_id, tp_error_t *err) {
   char token[128];
-  int res, eobj;
+  json_t *res, *eobj;
   if (tp__fast_reply(c, channel_id, &res, &eobj, err) < 0)
     return -1;
-  if (res < 0 || tp_fjson_str(&c->msg, tp_fjson_get(&c->msg, res, "token"), token, sizeof(token)) < 0)
+  if (res == NULL || tp_freply_str(json_object_get(res, "token"), token, sizeof(token)) < 0)
     return 1;
   return tp__fast_attach(c, token, err);
 }
@@ -276,28 +260,27 @@ int tp__fast_open(tp__fast_t *c, int64_t channel_id, tp_error_t *err) {
  * loop: the exit code in *code (run_streamed).  0, or -1: err, before
  * the process ran. */
 int tp__fast_run_in(tp__fast_t *c, int *code, tp_error_t *err) {
-  tp_fjson_buf_t w;
-  int res, eobj, r, st;
+  tp__fout_t w = { 0 };
+  json_t *res, *eobj, *st;
+  int r;
   int64_t v, start_id;
-  tp_fjson_buf_init(&w, TP__FAST_REQ_MAX);
   start_id = c->next_id;
   tp__fast_start(c, &w);
-  r = tp__fast_write(c, &w, err);
-  tp_fjson_buf_free(&w);
+  r = tp__fast_write(c->ctl.fd, &w, err);
+  tp__fout_free(&w);
   if (r < 0 || tp__fast_reply(c, start_id, &res, &eobj, err) < 0)
     return -1;
-  if (res < 0) {
+  if (res == NULL) {
     /* start_failed: ENOENT 127, EACCES 126, else 125 */
     char msg[4096], ecode[16] = "";
-    tp__fast_errmsg(c, eobj, msg, sizeof(msg));
+    tp__fast_errmsg(eobj, msg, sizeof(msg));
     fprintf(stderr, "tupper: %s\n", msg);
-    (void) tp_fjson_str(&c->msg, tp_fjson_get(&c->msg, tp_fjson_get(&c->msg, eobj, "data"), "code"),
-                        ecode, sizeof(ecode));
+    (void) tp_freply_str(json_object_get(json_object_get(eobj, "data"), "code"), ecode, sizeof(ecode));
     *code = strcmp(ecode, "ENOENT") == 0 ? 127 : strcmp(ecode, "EACCES") == 0 ? 126 : 125;
     return 0;
   }
-  st = tp_fjson_get(&c->msg, res, "streams");
-  if (tp_fjson_int(&c->msg, tp_fjson_get(&c->msg, res, "pid"), &v) < 0 || v <= 0)
+  st = json_object_get(res, "streams");
+  if (tp_freply_int(json_object_get(res, "pid"), &v) < 0 || v <= 0)
     return tp_error_set(err, EPROTO, "the daemon's reply to process.start has no pid");
   c->pid = v;
   for (int k = 0; k < 3; k++) {
@@ -305,7 +288,7 @@ int tp__fast_run_in(tp__fast_t *c, int *code, tp_error_t *err) {
     uint32_t *sid = k == 0 ? &c->sid_out : k == 1 ? &c->sid_err : &c->sid_in;
     if (k == 2 && !c->a->interactive)
       break;
-    if (tp_fjson_int(&c->msg, tp_fjson_get(&c->msg, st, names[k]), &v) < 0 || v <= 0 ||
+    if (tp_freply_int(json_object_get(st, names[k]), &v) < 0 || v <= 0 ||
         v >= (int64_t) TP_SF_CLIENT_SID)
       return tp_error_set(err, EPROTO, "the daemon's reply to process.start has no %s stream",
                           names[k]);

@@ -76,6 +76,12 @@ describe("the C client of exec and run", function()
     assert.are.equal("out\n", out)
     same({ "exec", id, "true" })
     same({ "exec", "--", id, "echo", "--", "-x", "a\"b\\c", "é\t" })
+    -- what JSON must escape, in argv and in env, arrives as it was given
+    local odd = "q\"b\\s/\1\31\127\n\r\té\u{10FFFF}"
+    code, out = same({ "exec", "-e", "V=" .. odd, "-e", odd:gsub("[^%w]", "") .. "=k", id, "--",
+      "sh", "-c", "printf '%s|' \"$@\" \"$V\"; env | grep '=k$'", "sh", odd, "" })
+    assert.are.equal(0, code)
+    assert.are.equal(odd .. "||" .. odd .. "|qbs=k\n", out)
     code, out = same({ "exec", "-e", "A=1", "-eB=2", "--env", "A=3", "--env=C=", "-w", "/tmp", id, "--",
       "sh", "-c", "echo $A$B$C; pwd" })
     assert.are.equal("32\n/tmp\n", out)
@@ -208,6 +214,8 @@ describe("the C client of exec and run", function()
       { args = { "exec", "--help" } },
       { args = { "exec", "-x", id, "true" } },                            -- an unknown option
       { args = { "exec", "-e", "NOEQUALS", id, "true" } },
+      { args = { "exec", id, "echo", "a\255b" } },                          -- not UTF-8: lua-cjson
+      { args = { "exec", "-e", "A=\195", id, "true" } },                  -- sends it as it is
       { args = { "--socket", d.socket, "exec", "-t", id, "true" } },       -- a terminal asked for
       { args = { "run", "--cpus", "1e0", "--", "echo", "x" } },            -- a spelling of its own
       { args = { "run", "--memory", "99999T", "--", "true" } },            -- refused by the parser

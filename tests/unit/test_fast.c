@@ -1,5 +1,5 @@
 /* Unit tests for the C client of exec and run (runtime/client): its JSON
- * reader with hostile text, its argv classifier against the Lua CLI's
+ * replies' reader (jansson within the client's bounds) with hostile text, its argv classifier against the Lua CLI's
  * parse, the conditions it leaves to the Lua CLI, and the whole client
  * (tp_fast_main, in a child) against a daemon played here that answers
  * well, lies, sends too much or breaks the grammar: a clear error and 125,
@@ -21,44 +21,58 @@
 
 #include "fargv.h"
 #include "fast.h"
-#include "fjson.h"
+#include "fast_int.h"
+#include "freply.h"
 #include "sframe.h"
 #include "tap.h"
-
-#define NTOK 256
 
 /* ------------------------------------------------------------------ JSON */
 
 static int parses(const char *s) {
-  tp_fjson_tok_t tok[NTOK];
-  tp_fjson_t j;
-  return tp_fjson_parse(&j, s, strlen(s), tok, NTOK, NULL) == 0;
+  json_t *v = tp_freply_parse(s, strlen(s), NULL);
+  json_decref(v);
+  return v != NULL;
+}
+
+/* A text of n bytes: open, then fill up to n - strlen(close), then close. */
+static char *text_of(const char *open, const char *fill, const char *close, size_t n) {
+  char *s = malloc(n + 1);
+  size_t have = strlen(open), fl = strlen(fill);
+  memcpy(s, open, have);
+  while (have + fl + strlen(close) <= n) {
+    memcpy(s + have, fill, fl);
+    have += fl;
+  }
+  strcpy(s + have, close);
+  return s;
 }
 
 static void test_json(void) {
   static const char *const bad[] = {
-    "", "{", "}", "{\"a\":1,}", "[1,]", "{\"a\" 1}", "{a:1}", "{\"a\":1} x", "01", "-", "1.",
-    ".5", "1e", "tru", "nul", "NaN", "\"a", "\"\\x\"", "\"\\u12\"", "\"a\tb\"", "{\"a\":1 \"b\":2}",
-    "[1 2]", "{\"a\":}", "'a'", "\"\\u12g4\"",
+    "", "{", "}", "{\"a\":1,}", "[1,]", "{\"a\" 1}", "{a:1}", "{\"a\":1} x", "[01]", "[-]", "[1.]",
+    "[.5]", "[1e]", "[tru]", "[nul]", "[NaN]", "[\"a]", "[\"\\x\"]", "[\"\\u12\"]", "[\"a\tb\"]",
+    "{\"a\":1 \"b\":2}", "[1 2]", "{\"a\":}", "['a']", "[\"\\u12g4\"]", "[\"\\u0000\"]", "[\"\\ud800x\"]",
+    "[\"\xff\"]", "[\"\xc3\"]", "[1e400]",
   };
   static const char *const good[] = {
-    "{}", "[]", "0", "-0", "1.5e-3", "\"\"", "true", "false", "null", " { \"a\" : [ 1 , { } ] } ",
-    "\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\"",
+    "{}", "[]", "[0]", "[-0]", "[1.5e-3]", "[\"\"]", "[true,false,null]", " { \"a\" : [ 1 , { } ] } ",
+    "[\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\"]",
   };
-  tp_fjson_tok_t tok[NTOK];
-  tp_fjson_t j;
   tp_error_t err;
   char buf[64], deep[80];
   int64_t v = 0;
-  int ok = 1, t;
+  int ok = 1;
+  json_t *j, *t;
   const char *s;
+  char *big;
 
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
     if (parses(bad[i])) {
       diag("taken: %s", bad[i]);
       ok = 0;
     }
-  check(ok, "json: %zu texts that break the grammar are refused", sizeof(bad) / sizeof(bad[0]));
+  check(ok, "json: %zu texts that break the grammar (or UTF-8, or hold a NUL) are refused",
+        sizeof(bad) / sizeof(bad[0]));
   ok = 1;
   for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
     if (!parses(good[i])) {
@@ -67,7 +81,7 @@ static void test_json(void) {
     }
   check(ok, "json: %zu valid texts are taken", sizeof(good) / sizeof(good[0]));
 
-  /* nesting: 32 levels are taken, 33 are not */
+  /* nesting: 32 levels are taken, 33 are not (jansson alone takes 2048) */
   memset(deep, '[', 32);
   memset(deep + 32, ']', 32);
   deep[64] = '\0';
@@ -75,58 +89,83 @@ static void test_json(void) {
   memset(deep, '[', 33);
   memset(deep + 33, ']', 33);
   deep[66] = '\0';
-  check(!parses(deep) && tp_fjson_parse(&j, deep, 66, tok, NTOK, &err) < 0 &&
-            strstr(err.msg, "deep") != NULL,
+  check(tp_freply_parse(deep, 66, &err) == NULL && strstr(err.msg, "deep") != NULL,
         "json: 33 levels are refused (%s)", err.msg);
-  /* more values than tokens */
-  s = "[1,2,3,4,5,6,7,8]";
-  check(tp_fjson_parse(&j, s, strlen(s), tok, 4, &err) < 0 && strstr(err.msg, "too many") != NULL,
-        "json: more values than the token array holds are refused (%s)", err.msg);
+  /* values: the array and 16383 in it are taken, one more is not */
+  big = text_of("[0", ",0", "]", 2 + 2 * (TP_FREPLY_VALUES - 2) + 1);
+  check(parses(big), "json: %d values are taken", TP_FREPLY_VALUES);
+  free(big);
+  big = text_of("[0", ",0", "]", 2 + 2 * (TP_FREPLY_VALUES - 1) + 1);
+  check(tp_freply_parse(big, strlen(big), &err) == NULL && strstr(err.msg, "too many") != NULL,
+        "json: %d values are refused (%s)", TP_FREPLY_VALUES + 1, err.msg);
+  free(big);
+  /* 1 MiB of empty objects: jansson's allocations pass the budget */
+  big = text_of("[{}", ",{}", "]", TP_FAST_LINE_MAX);
+  check(tp_freply_parse(big, strlen(big), &err) == NULL && strstr(err.msg, "MiB") != NULL,
+        "json: a line that takes more than %u MiB to hold is refused (%s)", TP_FREPLY_ALLOC >> 20, err.msg);
+  free(big);
+  /* and a 1 MiB string is within it */
+  big = text_of("[\"", "x", "\"]", TP_FAST_LINE_MAX);
+  check(parses(big), "json: a string of 1 MiB is taken");
+  free(big);
   /* a NUL inside the text is a byte the grammar has no place for */
-  check(tp_fjson_parse(&j, "{\"a\":1}\0", 8, tok, NTOK, &err) < 0, "json: a NUL after the value is refused");
+  j = tp_freply_parse("{\"a\":1}\0", 8, &err);
+  check(j == NULL, "json: a NUL after the value is refused (%s)", err.msg);
 
   s = "{\"id\":3,\"a\":{\"b\":\"x\"},\"id\":4,\"n\":-1,\"f\":1.5,\"big\":9007199254740993,"
-      "\"e\":1e3,\"s\":\"a\\\"\\u00e9\\ud83d\\ude00\\n\",\"z\":\"a\\u0000b\",\"lone\":\"\\ud800x\"}";
-  check(tp_fjson_parse(&j, s, strlen(s), tok, NTOK, &err) == 0, "json: an object is parsed (%s)", err.msg);
-  check(tp_fjson_int(&j, tp_fjson_get(&j, 0, "id"), &v) == 0 && v == 4,
+      "\"huge\":99999999999999999999999,\"e\":1e3,\"s\":\"a\\\"\\u00e9\\ud83d\\ude00\\n\"}";
+  j = tp_freply_parse(s, strlen(s), &err);
+  check(j != NULL, "json: an object is parsed (%s)", j ? "" : err.msg);
+  check(tp_freply_int(json_object_get(j, "id"), &v) == 0 && v == 4,
         "json: a repeated key gives its last value, as lua-cjson does");
-  t = tp_fjson_get(&j, 0, "a");
-  check(tp_fjson_is(&j, t, TP_FJ_OBJECT) && tp_fjson_str(&j, tp_fjson_get(&j, t, "b"), buf, sizeof(buf)) == 1 &&
-            strcmp(buf, "x") == 0,
+  t = json_object_get(j, "a");
+  check(json_is_object(t) && tp_freply_str(json_object_get(t, "b"), buf, sizeof(buf)) == 1 && strcmp(buf, "x") == 0,
         "json: a nested member is found");
-  check(tp_fjson_get(&j, 0, "b") < 0 && tp_fjson_get(&j, 0, "nope") < 0,
+  check(json_object_get(j, "b") == NULL && json_object_get(j, "nope") == NULL,
         "json: members are looked up at their own level only");
-  check(tp_fjson_int(&j, tp_fjson_get(&j, 0, "n"), &v) == 0 && v == -1, "json: -1 is an integer");
-  check(tp_fjson_int(&j, tp_fjson_get(&j, 0, "f"), &v) < 0, "json: 1.5 is no integer");
-  check(tp_fjson_int(&j, tp_fjson_get(&j, 0, "big"), &v) < 0, "json: past 2^53 is no integer");
-  check(tp_fjson_int(&j, tp_fjson_get(&j, 0, "e"), &v) == 0 && v == 1000, "json: 1e3 is 1000");
-  check(tp_fjson_int(&j, tp_fjson_get(&j, 0, "s"), &v) < 0 && tp_fjson_str(&j, tp_fjson_get(&j, 0, "n"), buf, sizeof(buf)) < 0,
+  check(tp_freply_int(json_object_get(j, "n"), &v) == 0 && v == -1, "json: -1 is an integer");
+  check(tp_freply_int(json_object_get(j, "f"), &v) < 0, "json: 1.5 is no integer");
+  check(tp_freply_int(json_object_get(j, "big"), &v) < 0 && tp_freply_int(json_object_get(j, "huge"), &v) < 0,
+        "json: past 2^53 is no integer (and past 2^63 no error)");
+  check(tp_freply_int(json_object_get(j, "e"), &v) == 0 && v == 1000, "json: 1e3 is 1000");
+  check(tp_freply_int(json_object_get(j, "s"), &v) < 0 && tp_freply_str(json_object_get(j, "n"), buf, sizeof(buf)) < 0,
         "json: a string is no number, a number no string");
-  check(tp_fjson_str(&j, tp_fjson_get(&j, 0, "s"), buf, sizeof(buf)) == 9 &&
+  check(tp_freply_int(NULL, &v) < 0 && tp_freply_str(NULL, buf, sizeof(buf)) < 0 &&
+            json_object_get(json_object_get(j, "n"), "x") == NULL,
+        "json: a member that is not there, or of no object, is nothing");
+  check(tp_freply_str(json_object_get(j, "s"), buf, sizeof(buf)) == 9 &&
             memcmp(buf, "a\"\xc3\xa9\xf0\x9f\x98\x80\n", 10) == 0,
         "json: escapes, \\u and a surrogate pair are unescaped to UTF-8");
-  check(tp_fjson_str(&j, tp_fjson_get(&j, 0, "s"), buf, 9) < 0, "json: a string that does not fit is refused");
-  check(tp_fjson_str(&j, tp_fjson_get(&j, 0, "z"), buf, sizeof(buf)) < 0, "json: a string with \\u0000 is refused");
-  check(tp_fjson_str(&j, tp_fjson_get(&j, 0, "lone"), buf, sizeof(buf)) == 4 &&
-            strcmp(buf, "\xef\xbf\xbdx") == 0,
-        "json: a lone surrogate becomes U+FFFD");
-  check(tp_fjson_get(&j, 5000, "id") < 0 && tp_fjson_get(&j, -1, "id") < 0 && !tp_fjson_is(&j, 9999, TP_FJ_OBJECT),
-        "json: a token out of range is nothing");
+  check(tp_freply_str(json_object_get(j, "s"), buf, 9) < 0, "json: a string that does not fit is refused");
+  json_decref(j);
 
   {
-    tp_fjson_buf_t w;
-    tp_fjson_buf_init(&w, 0);
-    tp_fjson_string(&w, "a\"b\\c\n\t\x01\x7f\xc3\xa9");
-    check(!w.failed && strcmp(w.b, "\"a\\\"b\\\\c\\n\\t\\u0001\\u007f\xc3\xa9\"") == 0,
-          "json: a string is written escaped (%s)", w.b);
-    check(tp_fjson_parse(&j, w.b, w.len, tok, NTOK, NULL) == 0 &&
-              tp_fjson_str(&j, 0, buf, sizeof(buf)) == 11 && strcmp(buf, "a\"b\\c\n\t\x01\x7f\xc3\xa9") == 0,
+    tp__fout_t w = { 0 };
+    tp__fout_add(&w, json_pack("{s:s}", "k", "a\"b\\c\n\t\x01\x7f\xc3\xa9"));
+    tp__fout_add(&w, json_pack("[i]", 2));
+    check(!w.failed && w.len == 33 && memcmp(w.b, "{\"k\":\"a\\\"b\\\\c\\n\\t\\u0001\x7f\xc3\xa9\"}\n[2]\n", 33) == 0,
+          "json: requests are written compact and escaped, one a line (%.*s)", (int) w.len, w.b);
+    j = tp_freply_parse(w.b, 29, &err);
+    check(j != NULL && tp_freply_str(json_object_get(j, "k"), buf, sizeof(buf)) == 11 &&
+              strcmp(buf, "a\"b\\c\n\t\x01\x7f\xc3\xa9") == 0,
           "json: what is written reads back the same");
-    tp_fjson_buf_free(&w);
-    tp_fjson_buf_init(&w, 8);
-    tp_fjson_string(&w, "0123456789");
-    check(w.failed, "json: a writer stops at its bound");
-    tp_fjson_buf_free(&w);
+    json_decref(j);
+    tp__fout_add(&w, json_pack("{s:s}", "k", "a\xff"));
+    check(w.failed, "json: a string that is not UTF-8 fails the request, and it stays failed");
+    tp__fout_free(&w);
+    {
+      tp__fast_t c;
+      memset(&c, 0, sizeof(c));
+      c.next_id = 5;
+      const char *want = "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"m\",\"params\":{}}\n";
+      check(tp__fast_call(&c, &w, "m", json_object()) == 5 && !w.failed && w.len == strlen(want) &&
+                memcmp(w.b, want, w.len) == 0,
+            "json: a call is written with its id, method and params");
+      tp__fout_free(&w);
+      tp__fast_call(&c, &w, "m", NULL);
+      check(w.failed, "json: a call whose params could not be made is not written (no \"params\":null)");
+      tp__fout_free(&w);
+    }
   }
 }
 
@@ -279,6 +318,15 @@ static void test_mine(const char *dir) {
   fflush(stdout);
   dup2(devnull, 1);
   int r_plain = tp_fast_mine(4, exec_argv, &a);
+  int r_utf8 = 0;
+  {
+    char *bad_cmd[] = { "tupper", "exec", "box1", "echo", "\xff", NULL };
+    char *bad_env[] = { "tupper", "exec", "-e", "A=\xc3", "box1", "true", NULL };
+    char *bad_id[] = { "tupper", "exec", "b\xffx", "true", NULL };
+    char *good[] = { "tupper", "exec", "-e", "A=\xc3\xa9", "box1", "echo", "\xf0\x9f\x98\x80", NULL };
+    r_utf8 = tp_fast_mine(5, bad_cmd, &a) + 2 * tp_fast_mine(6, bad_env, &a) + 4 * tp_fast_mine(4, bad_id, &a) +
+             8 * tp_fast_mine(7, good, &a);
+  }
   setenv("TUPPER_CLIENT", "lua", 1);
   int r_lua = tp_fast_mine(4, exec_argv, &a);
   unsetenv("TUPPER_CLIENT");
@@ -341,6 +389,7 @@ static void test_mine(const char *dir) {
     close(master);
     close(slave);
   }
+  check(r_utf8 == 8, "mine: a word that is not UTF-8 is the Lua CLI's, UTF-8 is taken (%d)", r_utf8);
   check(r_pipe == 1, "mine: -i with a pipe on stdin is the C client's");
   check(r_closed == 0, "mine: a closed stdin is the Lua CLI's (a socket would take its number)");
   check(r_file == 1, "mine: -i with a regular file on stdin is the C client's");
@@ -547,7 +596,7 @@ static void test_daemon(const char *dir) {
     { "hello too long", NULL, NULL, 0, NULL, 125, "longer than", NULL },
     { "hello malformed", "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{", NULL, 0, NULL, 125, "malformed", NULL },
     { "hello nested too deep",
-      "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}",
+      "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}",
       NULL, 0, NULL, 125, "deep", NULL },
     { "hello not an object", "[1]", NULL, 0, NULL, 125, "not an object", NULL },
     { "hello neither result nor error", "{\"jsonrpc\":\"2.0\",\"id\":1}", NULL, 0, NULL, 125, "neither", NULL },

@@ -18,12 +18,25 @@ local M = {}
 
 M.NOFILE_WANT = 4096 -- open files a daemon with a few dozen boxes wants
 
+-- The file at path, up to max bytes (64 KiB unless given), or nil.  Read
+-- to its end: a /proc file of many records (mountinfo, mounts) gives about
+-- a page per read, and a host with many mounts has its pool's line past it.
 local function read(path, max)
+  max = max or 65536
   local fd = uv.fs_open(path, "r", 0)
   if not fd then return nil end
-  local s = uv.fs_read(fd, max or 65536, 0)
+  local parts, have = {}, 0
+  while have < max do
+    local s = uv.fs_read(fd, math.min(max - have, 65536), have)
+    if not s or s == "" then
+      if not s and have == 0 then parts = nil end
+      break
+    end
+    parts[#parts + 1] = s
+    have = have + #s
+  end
   uv.fs_close(fd)
-  return s
+  return parts and table.concat(parts)
 end
 
 -- Runs argv (no shell) and waits (from a coroutine); returns its exit
