@@ -469,6 +469,17 @@ describe("tupper CLI byte paths", function()
       assert.are.equal(125, code)
       assert.truthy(err:find("no process", 1, true), err)
     end)
+    it("attach with stdin on /dev/null follows the program to its end", function()
+      -- /dev/null (or a regular file) is no stream epoll takes: it is read
+      -- with file reads, its end is the end of input, the program goes on
+      local r = on_pty({ "exec", "-it", id, "sh", "-c", "sleep 1.5; echo fin-$((3+4)); exit 5" },
+        { { "sleep", 0.3 }, { "send", "\29" }, { "expect", "detached; process " } })
+      assert.is_true(r.ok, json.encode(r.failed) .. r.out)
+      local pid = r.out:match("detached; process (%d+)")
+      local code, out, err = cli({ "attach", id, pid })
+      assert.are.equal(5, code, out .. err)
+      assert.truthy(out:find("fin-7", 1, true), out)
+    end)
     it("exec -it --detach-keys and a program that ends: its exit code", function()
       -- ^] is a key like any other now; a held ^P goes on when x follows
       local r = on_pty({ "exec", "-it", "--detach-keys", "ctrl-p,ctrl-q", id, "sh", "-c",

@@ -163,6 +163,31 @@ end
 
 M.DEFAULT_DETACH = "\29" -- ctrl-]
 
+-- read_start/read_stop over fd with the loop's file reads, for an fd that
+-- epoll refuses (a regular file, /dev/null): the callback gets each chunk,
+-- then (nil, nil) at the end, as a stream handle's does.
+function M.file_reader(fd)
+  local r = { stopped = true }
+  function r.read_start(self, cb)
+    self.stopped = false
+    local function step()
+      uv.fs_read(fd, 65536, -1, function(err, data)
+        if self.stopped then return end
+        if err or data == nil or #data == 0 then
+          self.stopped = true
+          cb(err, nil)
+          return
+        end
+        cb(nil, data)
+        if not self.stopped then step() end
+      end)
+    end
+    step()
+  end
+  function r.read_stop(self) self.stopped = true end
+  return r
+end
+
 --- A matcher for the detach sequence keys: feed(chunk) returns the bytes
 -- to forward and true once the whole sequence was typed.  A partial match
 -- is held back until the next byte tells; bytes typed after the sequence in
@@ -319,6 +344,10 @@ function M.run_pty(c, id, argv, o)
       -- (libuv made fd 0 close-on-exec: stty reads the controlling terminal)
       os.execute("stty -opost </dev/tty 2>/dev/null")
       input = tty_in
+    elseif kind == "file" or kind == "unknown" then
+      -- a file or /dev/null: epoll takes neither (libuv aborts on a pipe
+      -- handle over one), so the loop's file reads feed the same callback
+      input = M.file_reader(0)
     else
       input = uv.new_pipe(false)
       input:open(0)
