@@ -22,9 +22,11 @@ end
 -- pids each time) is kept as one entry, its first and last times and its
 -- count n, and given back as n samples evenly between them: 5,000 idle boxes
 -- keep 5,000 entries, not up to KEEP each (about 200 bytes a sample: an
--- hour's worth was 150 KiB a box).  ring.total counts the samples.
+-- hour's worth was 150 KiB a box).  ring.total counts the samples.  An
+-- entry is a list (half the size of a record of named fields):
+local TIME, LAST, N, CPU, MEM, PIDS = 1, 2, 3, 4, 5, 6
 local function same(e, cpu, mem, pids)
-  return e.cpu_usage_usec == cpu and e.memory_bytes == mem and e.pids == pids
+  return e[CPU] == cpu and e[MEM] == mem and e[PIDS] == pids
 end
 
 --- Adds one sample of sb (a running box with cgroups) to its series.
@@ -44,18 +46,18 @@ function M.add(sb, t, cpu, mem, pids)
   end
   local last = ring[#ring]
   if last and same(last, cpu, mem, pids) then
-    last.n, last.last = last.n + 1, t
+    last[N], last[LAST] = last[N] + 1, t
   else
-    ring[#ring + 1] = { time = t, last = t, n = 1, cpu_usage_usec = cpu, memory_bytes = mem, pids = pids }
+    ring[#ring + 1] = { t, t, 1, cpu, mem, pids }
   end
   ring.total = ring.total + 1
   while ring.total > M.KEEP do
     local first = ring[1]
-    if first.n == 1 then
+    if first[N] == 1 then
       table.remove(ring, 1)
     else -- its oldest sample goes: the run starts one step later
-      first.time = first.time + (first.last - first.time) / (first.n - 1)
-      first.n = first.n - 1
+      first[TIME] = first[TIME] + (first[LAST] - first[TIME]) / (first[N] - 1)
+      first[N] = first[N] - 1
     end
     ring.total = ring.total - 1
   end
@@ -84,10 +86,10 @@ end
 function M.series(sb)
   local out = {}
   for _, e in ipairs(sb.metrics_series or {}) do
-    local step = e.n > 1 and (e.last - e.time) / (e.n - 1) or 0
-    for i = 0, e.n - 1 do
-      out[#out + 1] = { time = e.time + step * i, cpu_usage_usec = e.cpu_usage_usec,
-                        memory_bytes = e.memory_bytes, pids = e.pids }
+    local n = e[N]
+    local step = n > 1 and (e[LAST] - e[TIME]) / (n - 1) or 0
+    for i = 0, n - 1 do
+      out[#out + 1] = { time = e[TIME] + step * i, cpu_usage_usec = e[CPU], memory_bytes = e[MEM], pids = e[PIDS] }
     end
   end
   return out

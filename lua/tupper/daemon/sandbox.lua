@@ -18,7 +18,18 @@ M.ID_COUNT = 65536 -- uids and gids mapped into each box
 M.WATCH_EVENTS = { "create", "write", "remove", "rename", "chmod", "overflow", "end" }
 
 local Sandbox = {}
-Sandbox.__index = Sandbox
+-- A box's requests in flight, processes, exited processes and watches:
+-- each table is made on its first use (an idle box holds none of them:
+-- docs/benchmarks.md, "Loop"); the requests' is dropped again once empty.
+local LAZY = { pending = true, procs = true, exited = true, watches = true }
+Sandbox.__index = function(t, k)
+  local v = Sandbox[k]
+  if v == nil and LAZY[k] then
+    v = {}
+    rawset(t, k, v)
+  end
+  return v
+end
 
 local function release(proc)
   if proc.timer then
@@ -38,7 +49,11 @@ local function attach(box, opts, adopting)
     id = opts.id, image = opts.image, layers = opts.layers, image_digest = opts.image_digest,
     user = opts.user, id_count = opts.id_count, box = box, state = "starting", cgroup = opts.cgroup,
     created_at = opts.created_at or now_iso(), metadata = opts.metadata or {}, env = opts.env or {},
-    cwd = opts.cwd or "/", next_id = 1, pending = {}, procs = {}, exited = {}, watches = {}, hooks = opts,
+    cwd = opts.cwd or "/", next_id = 1,
+    -- the callbacks only, not the whole start options (kept by every idle
+    -- box: docs/benchmarks.md, "Loop")
+    hooks = { on_output = opts.on_output, on_exit = opts.on_exit, on_down = opts.on_down,
+              on_watch = opts.on_watch },
     -- a microVM from another VM's memory: its agent may still send frames
     -- of that VM's session until the handshake (backend/microvm.lua)
     limits = opts.limits_info, pid = box:pid(), adopting = adopting or (box.from_memory and true) or nil,
@@ -198,6 +213,7 @@ function Sandbox:_frame(t, id, f)
     if not p and self.adopting and self.impl.guest_kernel then return end
     if not p then return self:_hostile("reply to an unknown request " .. id) end
     self.pending[id] = nil
+    if next(self.pending) == nil then self.pending = nil end
     p.timer:stop(); p.timer:close()
     if t == MSG.OK then p.cb(f) else p.cb(nil, f.msg or "agent error", f.errno or 0) end
   elseif t == MSG.OUTPUT then
@@ -285,18 +301,18 @@ end
 
 function Sandbox:_fail_all(reason)
   local pending = self.pending
-  self.pending = {}
+  self.pending = nil
   for _, p in pairs(pending) do
     p.timer:stop(); p.timer:close()
     p.cb(nil, "sandbox stopped: " .. reason, 0)
   end
   local watches = self.watches
-  self.watches = {}
+  self.watches = nil
   for _, w in pairs(watches) do
     if self.hooks.on_watch then self.hooks.on_watch(self, w, "end", "", "sandbox stopped: " .. reason) end
   end
   local procs = self.procs
-  self.procs = {}
+  self.procs = nil
   for _, proc in pairs(procs) do
     release(proc)
     proc.exit_code, proc.signal = -1, 9
@@ -320,6 +336,7 @@ function Sandbox:request(type_, fields, tree)
     timer:start(M.REQUEST_TIMEOUT_MS, 0, function()
       if self.pending[id] then
         self.pending[id] = nil
+        if next(self.pending) == nil then self.pending = nil end
         timer:close()
         cb(nil, "the agent did not answer in time", 0)
       end

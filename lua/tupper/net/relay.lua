@@ -129,8 +129,21 @@ end
 
 -- ------------------------------------------------------------------ relay
 
-local Net = {}
-Net.__index = Net
+-- A relay's tables are made on their first use and its counters start
+-- from these defaults, so that the relay of a box that never used the
+-- network is one small table (every idle box has one: docs/benchmarks.md,
+-- "Loop").  A box without rules shares the one compiled "none".
+local Net = { nstreams = 0, log_next = 1, synth_next = 1, next_host_sid = 0x80000000,
+              rules = rules.compile("none") }
+local LAZY = { streams = true, log = true, synth_by_name = true, synth_by_ip = true, exposed = true }
+Net.__index = function(t, k)
+  local v = Net[k]
+  if v == nil and LAZY[k] then
+    v = {}
+    rawset(t, k, v)
+  end
+  return v
+end
 
 local function now_iso()
   return os.date("!%Y-%m-%dT%H:%M:%SZ")
@@ -138,9 +151,7 @@ end
 
 --- A relay for sandbox sb (sb.box:send carries its frames).
 function M.new(sb)
-  return setmetatable({ sb = sb, streams = {}, nstreams = 0, rules = rules.compile("none"),
-                        log = {}, log_next = 1, synth_by_name = {}, synth_by_ip = {},
-                        synth_next = 1, exposed = {}, next_host_sid = 0x80000000 }, Net)
+  return setmetatable({ sb = sb }, Net)
 end
 
 --- Replaces the rules (a compiled set): new connections and DNS queries
