@@ -8,6 +8,7 @@ local netrelay = require("tupper.net.relay")
 local netrules = require("tupper.net.rules")
 local backends = require("tupper.backend.registry")
 local paths = require("tupper.util.paths")
+local lazy = require("tupper.util.lazy")
 
 local MSG = core.MSG
 local M = {}
@@ -21,15 +22,7 @@ local Sandbox = {}
 -- A box's requests in flight, processes, exited processes and watches:
 -- each table is made on its first use (an idle box holds none of them:
 -- docs/benchmarks.md, "Loop"); the requests' is dropped again once empty.
-local LAZY = { pending = true, procs = true, exited = true, watches = true }
-Sandbox.__index = function(t, k)
-  local v = Sandbox[k]
-  if v == nil and LAZY[k] then
-    v = {}
-    rawset(t, k, v)
-  end
-  return v
-end
+Sandbox.__index = lazy.index(Sandbox, { "pending", "procs", "exited", "watches" })
 
 local function release(proc)
   if proc.timer then

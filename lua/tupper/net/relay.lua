@@ -11,6 +11,7 @@ local uv = require("luv")
 local core = require("tupper.core")
 local rules = require("tupper.net.rules")
 local parse = require("tupper.net.parse")
+local lazy = require("tupper.util.lazy")
 
 local MSG, NET = core.MSG, core.NET
 local M = {}
@@ -135,15 +136,7 @@ end
 -- "Loop").  A box without rules shares the one compiled "none".
 local Net = { nstreams = 0, log_next = 1, synth_next = 1, next_host_sid = 0x80000000,
               rules = rules.compile("none") }
-local LAZY = { streams = true, log = true, synth_by_name = true, synth_by_ip = true, exposed = true }
-Net.__index = function(t, k)
-  local v = Net[k]
-  if v == nil and LAZY[k] then
-    v = {}
-    rawset(t, k, v)
-  end
-  return v
-end
+Net.__index = lazy.index(Net, { "streams", "log", "synth_by_name", "synth_by_ip", "exposed" })
 
 local function now_iso()
   return os.date("!%Y-%m-%dT%H:%M:%SZ")
