@@ -54,11 +54,13 @@ typedef struct tp__op_s {
   gid_t gid;
 } tp__op_t;
 
-#define TP__OPS_MAX 192
-#define TP__STRS_MAX 96
+/* each layer adds a link op and its name (plan_layer_links) */
+#define TP__OPS_MAX (192 + TP_LAYERS_MAX)
+#define TP__STRS_MAX (96 + TP_LAYERS_MAX)
 #define TP__CGROUPS_MAX 16    /* entries of spec.cgroup_procs */
 #define TP__PATH_MAX_LEN 1024 /* box_dir, layers, cgroup files */
-#define TP__LAYER_LINKS "l" /* in box_dir: l/<i> -> layers[i], the overlay's short lower names */
+#define TP__LAYER_LINKS "l" /* in the stage: l/<i> -> layers[i], the overlay's short lower names */
+#define TP__STAGE "tmpfs" /* in box_dir, the stage's mount point when box_dir holds upper/ */
 #define TP__DISK_MIN (1 << 20)
 #define TP__AGENT_SOCK "agent.sock" /* in box_dir: the agent's listening socket */
 
