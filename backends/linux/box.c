@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -189,10 +190,13 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
   if (spec->pool != NULL) {
     char sub[TP__PATH_MAX_LEN + 80];
     snprintf(sub, sizeof(sub), "%s/boxes/%s", spec->pool, spec->id);
-    /* the link first: a failed start's rmtree of box_dir and the destroy
-     * both find the subvolume through it */
-    if (symlinkat(sub, dfd, TP__POOL_LINK) < 0)
-      return tp_error_errno(err, errno, "link '%s/" TP__POOL_LINK "'", spec->box_dir);
+    /* the name first: a failed start's rmtree of box_dir and the destroy
+     * both find the subvolume through it.  An xattr, where the filesystem
+     * has them: each inode a box makes on the state dir costs every later
+     * create (docs/benchmarks.md, "Churn") */
+    if (fsetxattr(dfd, TP__POOL_XATTR, sub, strlen(sub), XATTR_CREATE) < 0 &&
+        (errno != EOPNOTSUPP || symlinkat(sub, dfd, TP__POOL_LINK) < 0))
+      return tp_error_errno(err, errno, "name the pool subvolume in '%s'", spec->box_dir);
     if (tp__pool_box_make(spec->pool, spec->id, spec->disk_bytes, spec->uid_base,
                           spec->gid_base, err) < 0)
       return tp_error_prefix(err, "disk cap on the pool");

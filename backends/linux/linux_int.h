@@ -95,7 +95,11 @@ int tp__disk_make(int box_dfd, const char *box_dir, int64_t bytes, char *dev, si
  * 0755) and work/ (0700) in it.  On failure nothing is left. */
 int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid, gid_t gid,
                       tp_error_t *err);
-#define TP__POOL_LINK "pool" /* in box_dir: -> <pool>/boxes/<id>, for the destroy */
+/* <pool>/boxes/<id>, for the destroy: an xattr of box_dir (no inode of
+ * its own), or a link in box_dir where the state dir's filesystem has no
+ * trusted xattrs */
+#define TP__POOL_XATTR "trusted.tupper.pool"
+#define TP__POOL_LINK "pool"
 
 /* Runs the tool at exe with argv (fixed PATH, stdin/stdout /dev/null) and
  * reaps it: 0 with its wait status in *status and the start of its stderr in
