@@ -63,7 +63,7 @@ static void cleanup_pool_boxp(const tp_box_spec_t **s) {
 
 /* box_dir (root, 0700) holds, without a disk cap, upper/ (the box's /, so
  * owned by its root) and work/ (overlay's, used with the mounter's
- * credentials); with one, nothing (disk.img, or the pool link, are added
+ * credentials); with one, nothing (disk.img, or the pool xattr, are added
  * below).  The child adds agent.sock, then mounts its tmpfs over box_dir
  * (or on box_dir/tmpfs without a disk cap) in its own mount namespace and
  * makes its mount points and the layer links there (box_plan.c): the
