@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "linux_int.h"
@@ -108,8 +109,14 @@ int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err) {
   char *name = NULL;
 
   if (box_dir != NULL) {
-    snprintf(path, sizeof(path), "%s/" TP__POOL_LINK, box_dir);
-    n = readlink(path, link, sizeof(link) - 1);
+    /* box.c's xattr, else its link (a filesystem without trusted xattrs,
+     * or a box of an older daemon) */
+    snprintf(path, sizeof(path), "%s", box_dir);
+    n = lgetxattr(box_dir, TP__POOL_XATTR, link, sizeof(link) - 1);
+    if (n < 0) {
+      snprintf(path, sizeof(path), "%s/" TP__POOL_LINK, box_dir);
+      n = readlink(path, link, sizeof(link) - 1);
+    }
   }
   if (n > 0) {
     /* <pool>/boxes/<id>, as box.c wrote it */

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,35 +61,22 @@ static void cleanup_pool_boxp(const tp_box_spec_t **s) {
 }
 #define cleanup_pool_box __attribute__((cleanup(cleanup_pool_boxp)))
 
-/* box_dir (root, 0700) holds upper/ (the box's /, so owned by its root),
- * work/ (overlay's, used with the mounter's credentials), rootfs/ and l/
- * (links to the layers).  With
- * a disk cap, upper/ and work/ are made by the child on the disk image,
- * mounted at disk/.  The child adds agent.sock and tmpfs/ (where the
- * box's tmpfs is mounted, in its mount namespace only: box_plan.c). */
+/* box_dir (root, 0700) holds, without a disk cap, upper/ (the box's /, so
+ * owned by its root) and work/ (overlay's, used with the mounter's
+ * credentials); with one, nothing (disk.img, or the pool xattr, are added
+ * below).  The child adds agent.sock, then mounts its tmpfs over box_dir
+ * (or on box_dir/tmpfs without a disk cap) in its own mount namespace and
+ * makes its mount points and the layer links there (box_plan.c): the
+ * state dir's filesystem makes and removes as few inodes a box as it can
+ * (docs/benchmarks.md, "Churn"). */
 static int make_box_subdirs(int dfd, const tp_box_spec_t *s, tp_error_t *err) {
-  if (s->disk_bytes > 0 || s->pool != NULL) {
-    if (mkdirat(dfd, "disk", 0700) < 0)
-      return tp_error_errno(err, errno, "mkdir '%s/disk'", s->box_dir);
-  } else {
-    if (mkdirat(dfd, "upper", 0755) < 0 || fchmodat(dfd, "upper", 0755, 0) < 0 ||
-        fchownat(dfd, "upper", s->uid_base, s->gid_base, AT_SYMLINK_NOFOLLOW) < 0)
-      return tp_error_errno(err, errno, "make '%s/upper'", s->box_dir);
-    if (mkdirat(dfd, "work", 0700) < 0)
-      return tp_error_errno(err, errno, "mkdir '%s/work'", s->box_dir);
-  }
-  if (mkdirat(dfd, "rootfs", 0755) < 0)
-    return tp_error_errno(err, errno, "mkdir '%s/rootfs'", s->box_dir);
-  /* l/<i> -> layers[i]: the short names the overlay mount uses (the
-   * kernel follows them when it looks the lower dirs up). */
-  if (mkdirat(dfd, TP__LAYER_LINKS, 0700) < 0)
-    return tp_error_errno(err, errno, "mkdir '%s/" TP__LAYER_LINKS "'", s->box_dir);
-  for (int i = 0; s->layers[i] != NULL; i++) {
-    char name[16];
-    snprintf(name, sizeof(name), TP__LAYER_LINKS "/%d", i);
-    if (symlinkat(s->layers[i], dfd, name) < 0)
-      return tp_error_errno(err, errno, "link layer %d", i);
-  }
+  if (s->disk_bytes > 0 || s->pool != NULL)
+    return 0;
+  if (mkdirat(dfd, "upper", 0755) < 0 || fchmodat(dfd, "upper", 0755, 0) < 0 ||
+      fchownat(dfd, "upper", s->uid_base, s->gid_base, AT_SYMLINK_NOFOLLOW) < 0)
+    return tp_error_errno(err, errno, "make '%s/upper'", s->box_dir);
+  if (mkdirat(dfd, "work", 0700) < 0)
+    return tp_error_errno(err, errno, "mkdir '%s/work'", s->box_dir);
   return 0;
 }
 
@@ -202,10 +190,13 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
   if (spec->pool != NULL) {
     char sub[TP__PATH_MAX_LEN + 80];
     snprintf(sub, sizeof(sub), "%s/boxes/%s", spec->pool, spec->id);
-    /* the link first: a failed start's rmtree of box_dir and the destroy
-     * both find the subvolume through it */
-    if (symlinkat(sub, dfd, TP__POOL_LINK) < 0)
-      return tp_error_errno(err, errno, "link '%s/" TP__POOL_LINK "'", spec->box_dir);
+    /* the name first: a failed start's rmtree of box_dir and the destroy
+     * both find the subvolume through it.  An xattr, where the filesystem
+     * has them: each inode a box makes on the state dir costs every later
+     * create (docs/benchmarks.md, "Churn") */
+    if (fsetxattr(dfd, TP__POOL_XATTR, sub, strlen(sub), XATTR_CREATE) < 0 &&
+        (errno != EOPNOTSUPP || symlinkat(sub, dfd, TP__POOL_LINK) < 0))
+      return tp_error_errno(err, errno, "name the pool subvolume in '%s'", spec->box_dir);
     if (tp__pool_box_make(spec->pool, spec->id, spec->disk_bytes, spec->uid_base,
                           spec->gid_base, err) < 0)
       return tp_error_prefix(err, "disk cap on the pool");

@@ -226,10 +226,15 @@ static void plan_proc(builder_t *b, const char *proc, const char *empty) {
 }
 
 /* The box's one tmpfs (64 MiB, nosuid,nodev,noexec), mounted at stage
- * (in box_dir, dropped with the old root at pivot_root) and holding three
- * dirs: dev/ (the box's /dev, owned by its root), shm/ (its /dev/shm, 1777)
- * and empty/ (the read-only empty dir over /proc's hardware dirs).  Each is
- * bound where the box sees it.  One tmpfs instead of one each, because
+ * (box_dir or box_dir/tmpfs: tp__plan_build; dropped with the old root at
+ * pivot_root) and holding three dirs the box sees: dev/ (the box's /dev,
+ * owned by its root), shm/ (its /dev/shm, 1777) and empty/ (the read-only
+ * empty dir over /proc's hardware dirs), each bound where the box sees it;
+ * and the mount points and links of the setup, which it never sees:
+ * rootfs/ (the overlay), l/ (the layer links), disk/ (the disk cap) and
+ * v<i>/ (the volumes).  They cost the state dir's filesystem nothing: it
+ * had made and removed them per box, about half of the inodes a box made
+ * there (docs/benchmarks.md, "Churn").  One tmpfs instead of one each, because
  * every superblock is a shrinker that every memory cgroup on the host keeps
  * room for (docs/benchmarks.md, "Loop"): /dev and /dev/shm share the 64 MiB,
  * and a bind of a subdir shows nothing of its siblings. */
@@ -247,6 +252,17 @@ static void plan_tmpfs(builder_t *b, const tp_box_spec_t *s, const char *stage) 
   own(b, "own tmpfs shm", shm, s->uid_base, s->gid_base, 01777);
   op(b, TP__OP_DIR, "mkdir tmpfs empty", NULL, empty, NULL, 0, NULL, 0555);
   own(b, "own tmpfs empty", empty, 0, 0, 0555);
+  op(b, TP__OP_DIR, "mkdir rootfs", NULL, str(b, "%s/rootfs", stage), NULL, 0, NULL, 0755);
+}
+
+/* l/<i> -> layers[i] in the stage (the child's cwd by then): the short
+ * names the overlay mount uses (the kernel follows them when it looks the
+ * lower dirs up). */
+static void plan_layer_links(builder_t *b, const tp_box_spec_t *s) {
+  op(b, TP__OP_DIR, "mkdir layer links", NULL, TP__LAYER_LINKS, NULL, 0, NULL, 0700);
+  for (int i = 0; s->layers[i] != NULL; i++)
+    op(b, TP__OP_SYMLINK, "link layer", s->layers[i], str(b, TP__LAYER_LINKS "/%d", i), NULL, 0,
+       NULL, 0);
 }
 
 static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs,
@@ -285,40 +301,43 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs,
 }
 
 /* The disk cap: the ext4 image (attached by the parent, which fills in
- * disk_dev) mounted at <box_dir>/disk, holding upper/ and work/; or, on the
+ * disk_dev) mounted at <stage>/disk, holding upper/ and work/; or, on the
  * btrfs pool, the box's subvolume bound there. */
-static void plan_disk(builder_t *b, const tp_box_spec_t *s) {
-  const char *upper = str(b, "%s/disk/upper", s->box_dir);
-  const char *work = str(b, "%s/disk/work", s->box_dir);
+static void plan_disk(builder_t *b, const tp_box_spec_t *s, const char *stage) {
+  const char *disk = str(b, "%s/disk", stage);
+  const char *upper = str(b, "%s/disk/upper", stage);
+  const char *work = str(b, "%s/disk/work", stage);
   /* noinit_itable: the image is a fresh sparse file whose inode tables read
    * as zeros already; no kernel thread needs to write them out. */
+  op(b, TP__OP_DIR, "mkdir disk", NULL, disk, NULL, 0, NULL, 0700);
   if (s->pool != NULL)
     /* the box's subvolume on the btrfs pool (made by the parent): a bind
      * keeps the pool mount's nosuid,nodev and the overlay's short names */
-    mnt(b, "bind pool subvolume", str(b, "%s/boxes/%s", s->pool, s->id),
-        str(b, "%s/disk", s->box_dir), NULL, MS_BIND, NULL);
+    mnt(b, "bind pool subvolume", str(b, "%s/boxes/%s", s->pool, s->id), disk, NULL, MS_BIND,
+        NULL);
   else
-    mnt(b, "mount disk", b->p->disk_dev, str(b, "%s/disk", s->box_dir), "ext4",
-        MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable");
+    mnt(b, "mount disk", b->p->disk_dev, disk, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME,
+        "noinit_itable");
   op(b, TP__OP_DIR, "mkdir disk upper", NULL, upper, NULL, 0, NULL, 0755);
   own(b, "own disk upper", upper, s->uid_base, s->gid_base, 0755);
   op(b, TP__OP_DIR, "mkdir disk work", NULL, work, NULL, 0, NULL, 0700);
 }
 
 /* The volumes: each image's loop device (attached by the parent, which
- * fills in vol_dev[i]) mounted at <box_dir>/v<i>, its root given to root in
+ * fills in vol_dev[i]) mounted at <stage>/v<i>, its root given to root in
  * the box (mode 1777: every account of the box may write there), then
  * bound at its mount point in the rootfs, which the child walks without
  * following a symlink (the image owns those dirs).  The staging mount is
  * dropped with the old root at pivot_root. */
-static void plan_volumes(builder_t *b, const tp_box_spec_t *s, const char *rootfs) {
+static void plan_volumes(builder_t *b, const tp_box_spec_t *s, const char *rootfs,
+                         const char *stage) {
   for (int i = 0; i < s->n_volumes; i++) {
-    const char *stage = str(b, "%s/v%d", s->box_dir, i);
-    op(b, TP__OP_DIR, "mkdir volume stage", NULL, stage, NULL, 0, NULL, 0700);
-    mnt(b, "mount volume", b->p->vol_dev[i], stage, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME,
+    const char *vol = str(b, "%s/v%d", stage, i);
+    op(b, TP__OP_DIR, "mkdir volume stage", NULL, vol, NULL, 0, NULL, 0700);
+    mnt(b, "mount volume", b->p->vol_dev[i], vol, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME,
         NULL);
-    own(b, "own volume root", stage, s->uid_base, s->gid_base, 01777);
-    op(b, TP__OP_VOLUME, "bind volume", stage, s->volumes[i].target + 1, NULL, 0, rootfs, 0755);
+    own(b, "own volume root", vol, s->uid_base, s->gid_base, 01777);
+    op(b, TP__OP_VOLUME, "bind volume", vol, s->volumes[i].target + 1, NULL, 0, rootfs, 0755);
     if (!b->failed) {
       b->p->ops[b->p->n_ops - 1].uid = s->uid_base;
       b->p->ops[b->p->n_ops - 1].gid = s->gid_base;
@@ -326,8 +345,9 @@ static void plan_volumes(builder_t *b, const tp_box_spec_t *s, const char *rootf
   }
 }
 
-/* overlay's lowerdir: the links box.c makes in box_dir, top layer first
- * ("l/2:l/1:l/0"), read relative to box_dir (the child's cwd by then).  At
+/* overlay's lowerdir: the links plan_layer_links makes in the stage, top
+ * layer first ("l/2:l/1:l/0"), read relative to the stage (the child's cwd
+ * by then).  At
  * most TP_LAYERS_MAX * 6 bytes whatever the layers' paths, so the option
  * string stays well inside the page the kernel copies (4.x-6.x alike: no
  * need for fsconfig's lowerdir+, which 6.1 lacks). */
@@ -353,10 +373,15 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
     return -1;
   p->seccomp = s->seccomp;
 
-  rootfs = str(&b, "%s/rootfs", s->box_dir);
+  /* The stage, where the box's tmpfs goes (plan_tmpfs), in the child's
+   * mount namespace only.  With a disk cap nothing in box_dir is needed
+   * after the agent socket's bind, so the tmpfs covers box_dir itself and
+   * the state dir gets no dir for it; without one box_dir holds upper/ and
+   * work/, and the tmpfs goes on box_dir/tmpfs. */
+  stage = s->disk_bytes > 0 ? s->box_dir : str(&b, "%s/" TP__STAGE, s->box_dir);
+  rootfs = str(&b, "%s/rootfs", stage);
   proc = str(&b, "%s/proc", rootfs);
   sys = str(&b, "%s/sys", rootfs);
-  stage = str(&b, "%s/tmpfs", s->box_dir);
 
   /* Into the box's cgroups first, before anything of the box runs (the
    * mounts below are charged there already), then a cgroup namespace rooted
@@ -371,21 +396,27 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
 
   /* Nothing we mount may propagate back to the host. */
   mnt(&b, "make / private", "", "/", NULL, MS_REC | MS_PRIVATE, NULL);
+  plan_tmpfs(&b, s, stage);
   if (s->disk_bytes > 0)
-    plan_disk(&b, s);
+    plan_disk(&b, s, stage);
   /* The upper dir is thrown away with the box: no need for overlay to sync
    * it (volatile).  Mounted by real root, so no userxattr.  nodev and
    * nosuid, as every writable mount: a device node or a setuid file
    * smuggled into an image must not open a host device or raise anything.
-   * Every dir is named relative to box_dir, short whatever its path. */
-  op(&b, TP__OP_CHDIR, "chdir box dir", NULL, s->box_dir, NULL, 0, NULL, 0);
+   * Every dir is named relative to the stage, short whatever its path
+   * (without a disk cap upper/ and work/ are the stage's siblings in
+   * box_dir: "../upper" from the tmpfs's root is box_dir/upper). */
+  op(&b, TP__OP_CHDIR, "chdir stage", NULL, stage, NULL, 0, NULL, 0);
+  plan_layer_links(&b, s);
   mnt(&b, "mount overlay", "overlay", rootfs, "overlay", MS_NODEV | MS_NOSUID,
-      str(&b, "lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off,volatile", lowerdir(&b, s),
-          s->disk_bytes > 0 ? "disk/upper" : "upper", s->disk_bytes > 0 ? "disk/work" : "work"));
+      s->disk_bytes > 0
+          ? str(&b, "lowerdir=%s,upperdir=disk/upper,workdir=disk/work,index=off,xino=off,volatile",
+                lowerdir(&b, s))
+          : str(&b, "lowerdir=%s,upperdir=../upper,workdir=../work,index=off,xino=off,volatile",
+                lowerdir(&b, s)));
 
   /* /dev before /proc's masks: the first mount of the tmpfs is the one
    * df and the like name it by. */
-  plan_tmpfs(&b, s, stage);
   plan_dev(&b, s, rootfs, stage);
 
   op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 0, NULL, 0555);
@@ -396,7 +427,7 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 0, NULL, 0555);
   mnt(&b, "mount /sys", "sysfs", sys, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 
-  plan_volumes(&b, s, rootfs);
+  plan_volumes(&b, s, rootfs, stage);
 
   op(&b, TP__OP_HOSTNAME, "sethostname", s->id, NULL, NULL, 0, NULL, 0);
   op(&b, TP__OP_LO_UP, "bring lo up", NULL, NULL, NULL, 0, NULL, 0);

@@ -54,11 +54,13 @@ typedef struct tp__op_s {
   gid_t gid;
 } tp__op_t;
 
-#define TP__OPS_MAX 192
-#define TP__STRS_MAX 96
+/* each layer adds a link op and its name (plan_layer_links) */
+#define TP__OPS_MAX (192 + TP_LAYERS_MAX)
+#define TP__STRS_MAX (96 + TP_LAYERS_MAX)
 #define TP__CGROUPS_MAX 16    /* entries of spec.cgroup_procs */
 #define TP__PATH_MAX_LEN 1024 /* box_dir, layers, cgroup files */
-#define TP__LAYER_LINKS "l" /* in box_dir: l/<i> -> layers[i], the overlay's short lower names */
+#define TP__LAYER_LINKS "l" /* in the stage: l/<i> -> layers[i], the overlay's short lower names */
+#define TP__STAGE "tmpfs" /* in box_dir, the stage's mount point when box_dir holds upper/ */
 #define TP__DISK_MIN (1 << 20)
 #define TP__AGENT_SOCK "agent.sock" /* in box_dir: the agent's listening socket */
 
@@ -93,7 +95,11 @@ int tp__disk_make(int box_dfd, const char *box_dir, int64_t bytes, char *dev, si
  * 0755) and work/ (0700) in it.  On failure nothing is left. */
 int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid, gid_t gid,
                       tp_error_t *err);
-#define TP__POOL_LINK "pool" /* in box_dir: -> <pool>/boxes/<id>, for the destroy */
+/* <pool>/boxes/<id>, for the destroy: an xattr of box_dir (no inode of
+ * its own), or a link in box_dir where the state dir's filesystem has no
+ * trusted xattrs */
+#define TP__POOL_XATTR "trusted.tupper.pool"
+#define TP__POOL_LINK "pool"
 
 /* Runs the tool at exe with argv (fixed PATH, stdin/stdout /dev/null) and
  * reaps it: 0 with its wait status in *status and the start of its stderr in

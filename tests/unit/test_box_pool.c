@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +38,22 @@ static int64_t used(const char *path) {
   if (statfs(path, &st) < 0)
     return -1;
   return (int64_t) (st.f_blocks - st.f_bfree) * st.f_bsize;
+}
+
+/* Entries of dir other than the agent's socket and the pool link: the
+ * setup's mount points and links are on the box's tmpfs, not here. */
+static int other_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *de;
+  int n = 0;
+  if (d == NULL)
+    return -1;
+  while ((de = readdir(d)) != NULL)
+    if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
+        strcmp(de->d_name, "agent.sock") != 0 && strcmp(de->d_name, "pool") != 0)
+      n++;
+  closedir(d);
+  return n;
 }
 
 static void test_pool(const env_t *e) {
@@ -64,6 +81,21 @@ static void test_pool(const env_t *e) {
   c.fd = box.chan_fd;
   snprintf(path, sizeof(path), "%s/boxes/pooled", pool);
   check(tp_linux_pool_is_subvol(path) == 1, "box: its upper dir is a writable subvolume");
+  {
+    char name[400], link[400];
+    ssize_t n = lgetxattr(box_dir, "trusted.tupper.pool", name, sizeof(name) - 1);
+    snprintf(link, sizeof(link), "%s/pool", box_dir);
+    if (n < 0 && errno == EOPNOTSUPP)
+      n = readlink(link, name, sizeof(name) - 1);
+    else
+      check(!exists(link), "box: no pool link where the xattr names the subvolume");
+    if (n >= 0)
+      name[n] = '\0';
+    check(n > 0 && strcmp(name, path) == 0, "box: its dir names the subvolume ('%s')",
+          n > 0 ? name : strerror(errno));
+    n = other_entries(box_dir);
+    check(n == 0, "box: its dir holds the agent's socket and nothing else (%d more)", (int) n);
+  }
   o = box_out(&c, "dd if=/dev/zero of=/big bs=1M count=64 2>&1 | grep -o 'Disk quota exceeded'"
                   " | head -1; rm /big; sync; head -c 4000000 /dev/urandom > /ok && echo ok-after");
   check(strcmp(o, "Disk quota exceeded\nok-after") == 0,
