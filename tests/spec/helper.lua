@@ -23,6 +23,18 @@ function M.now()
   return uv.now()
 end
 
+--- Waits (driving the loop) up to ms for path to be gone; true once it
+-- is.  A killed box's files and cgroups are removed just after
+-- sandbox.kill answers (docs/protocol.md), so a test that checks them
+-- waits for them, boundedly.
+function M.path_gone(path, ms)
+  return M.sync(function()
+    local deadline = M.now() + (ms or 5000)
+    while uv.fs_stat(path) and M.now() < deadline do async.sleep(10) end
+    return uv.fs_stat(path) == nil
+  end)
+end
+
 --- Runs fn(...) in a coroutine and drives the loop until it returns.
 function M.sync(fn, ...)
   return M.sync_for(M.TIMEOUT_MS, fn, ...)
