@@ -119,8 +119,9 @@ describe("the microvm backend", function()
     assert.is_true(quid >= 100065536, st)
     assert.truthy(call("sandbox.kill", { id = id }).killed)
     assert.is_false(qemu_alive(pid))
-    assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. id))
-    assert.is_nil(uv.fs_stat(d.state .. "/boxes/" .. id .. ".json"))
+    -- removed just after the kill's answer
+    assert.is_true(helper.path_gone(d.state .. "/boxes/" .. id))
+    assert.is_true(helper.path_gone(d.state .. "/boxes/" .. id .. ".json"))
   end)
 
   it("turns a guest kernel panic into a clear error and cleans up", function()
