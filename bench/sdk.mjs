@@ -28,18 +28,30 @@ try {
   const sdkMs = [];
   const bareMs = [];
   const baseMs = [];
-  const timed = async (c, box, into) => {
+  // with BASE, the bare call as the SDK's account (`user`) too, both builds:
+  // what the account lookup costs each
+  const bareUserMs = [];
+  const baseUserMs = [];
+  const timed = async (c, box, into, extra) => {
     const t = process.hrtime.bigint();
-    await c.run(box, { cmd: 'true', timeout: 60 });
+    await c.run(box, { cmd: 'true', timeout: 60, ...extra });
     into.push(Number(process.hrtime.bigint() - t) / 1e6);
   };
+  const user = { user: 'user' };
   for (let i = 0; i < runs; i++) {
     const t = process.hrtime.bigint();
     await sbx.commands.run('true');
     sdkMs.push(Number(process.hrtime.bigint() - t) / 1e6);
-    if (base && i % 2 === 1) await timed(base, baseBox, baseMs);
+    if (base && i % 2 === 1) {
+      await timed(base, baseBox, baseMs);
+      await timed(base, baseBox, baseUserMs, user);
+    }
     await timed(bare, bareBox, bareMs);
-    if (base && i % 2 === 0) await timed(base, baseBox, baseMs);
+    if (base) await timed(bare, bareBox, bareUserMs, user);
+    if (base && i % 2 === 0) {
+      await timed(base, baseBox, baseMs);
+      await timed(base, baseBox, baseUserMs, user);
+    }
   }
   const a = stats(sdkMs);
   const b = stats(bareMs);
@@ -51,6 +63,12 @@ try {
     console.log(`| bare JSON-RPC, BASE build | ${c.median.toFixed(2)} | ${c.p99.toFixed(2)} | ${c.mean.toFixed(2)} | ${(c.median / b.median).toFixed(2)}x |`);
   }
   console.log(`| bare JSON-RPC | ${b.median.toFixed(2)} | ${b.p99.toFixed(2)} | ${b.mean.toFixed(2)} | 1.00x |`);
+  if (base) {
+    const bu = stats(baseUserMs);
+    const u = stats(bareUserMs);
+    console.log(`| bare JSON-RPC as user, BASE build | ${bu.median.toFixed(2)} | ${bu.p99.toFixed(2)} | ${bu.mean.toFixed(2)} | ${(bu.median / b.median).toFixed(2)}x |`);
+    console.log(`| bare JSON-RPC as user | ${u.median.toFixed(2)} | ${u.p99.toFixed(2)} | ${u.mean.toFixed(2)} | ${(u.median / b.median).toFixed(2)}x |`);
+  }
   console.log(`| @tupper/sdk | ${a.median.toFixed(2)} | ${a.p99.toFixed(2)} | ${a.mean.toFixed(2)} | ${(a.median / b.median).toFixed(2)}x |`);
   if (rounds === 0) { // the round trip only (bench/sdk RUNS 0)
     if (base) {

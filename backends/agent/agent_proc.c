@@ -31,6 +31,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "agent_acct.h"
 #include "utils.h"
 
 #define EXEC_ID_MAX TP_ID_MAX
@@ -140,9 +141,9 @@ static void strv_freep(char ***v) { strv_free(*v); }
 #define cleanup_strv __attribute__((cleanup(strv_freep)))
 
 /* The string fields `tag` of r as a NULL-terminated vector. */
-static char **strv_from(const agent_req_t *r, uint16_t tag, tp_error_t *err) {
+static char **strv_from(const agent_req_t *r, uint16_t tag, int extra, tp_error_t *err) {
   int n = tp_fields_count(r->fields, r->n, tag), k = 0;
-  char **v = calloc((size_t) n + 1, sizeof(*v));
+  char **v = calloc((size_t) n + (size_t) extra + 1, sizeof(*v));
   if (v == NULL)
     goto oom;
   for (int i = 0; i < r->n; i++) {
@@ -458,11 +459,54 @@ static int tree_fds(const agent_fdset_t *set, tp_error_t *err) {
   return 0;
 }
 
+/* HOME, USER and LOGNAME of acct appended to envp (room for 3 made by
+ * strv_from) where ENV did not set them: the defaults the daemon gives an
+ * account it resolved itself (Sandbox:exec). */
+static int env_defaults(char **envp, const agent_acct_t *acct, tp_error_t *err) {
+  static const char *const keys[] = {"HOME=", "USER=", "LOGNAME="};
+  int n = 0;
+  while (envp[n] != NULL)
+    n++;
+  for (int k = 0; k < 3; k++) {
+    size_t kl = strlen(keys[k]);
+    const char *v = k == 0 ? acct->home : acct->name;
+    int set = 0;
+    for (int i = 0; envp[i] != NULL && !set; i++)
+      set = strncmp(envp[i], keys[k], kl) == 0;
+    if (set)
+      continue;
+    if ((envp[n] = malloc(kl + strlen(v) + 1)) == NULL)
+      return tp_error_set(err, ENOMEM, "exec: out of memory");
+    memcpy(envp[n], keys[k], kl);
+    strcpy(envp[n] + kl, v);
+    envp[++n] = NULL;
+  }
+  return 0;
+}
+
+/* USER: the account named so in the box's own files (agent_acct.c), read
+ * inside the box's root as it is now. */
+static int exec_account(const agent_req_t *r, agent_acct_t *acct, tp_error_t *err) {
+  const tp_field_t *f = agent_req_get(r, TP_TAG_USER);
+  int rootfd, rc;
+  if (agent_req_get(r, TP_TAG_UID) != NULL || agent_req_get(r, TP_TAG_GID) != NULL ||
+      agent_req_get(r, TP_TAG_GROUPS) != NULL)
+    return tp_error_set(err, EINVAL, "exec: USER goes with neither UID, GID nor GROUPS");
+  if ((rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+    return tp_error_errno(err, errno, "exec: open /");
+  rc = agent_acct_resolve(rootfd, (const char *) f->val, f->len, TP_ID_MAX, acct, err);
+  close(rootfd);
+  return rc;
+}
+
 int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   const uint64_t allowed = AGENT_TAG(TP_TAG_ARG) | AGENT_TAG(TP_TAG_ENV) | AGENT_TAG(TP_TAG_CWD) |
                            AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_UID) | AGENT_TAG(TP_TAG_GID) |
-                           AGENT_TAG(TP_TAG_COLS) | AGENT_TAG(TP_TAG_ROWS) | AGENT_TAG(TP_TAG_GROUPS);
+                           AGENT_TAG(TP_TAG_COLS) | AGENT_TAG(TP_TAG_ROWS) | AGENT_TAG(TP_TAG_GROUPS) |
+                           AGENT_TAG(TP_TAG_USER);
   gid_t groups[TP_GROUPS_MAX];
+  agent_acct_t acct;
+  int acct_by_name = agent_req_get(r, TP_TAG_USER) != NULL;
   int ngroups = 0;
   cleanup_strv char **argv = NULL;
   cleanup_strv char **envp = NULL;
@@ -505,9 +549,19 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return tp_error_set(err, EINVAL, "exec: COLS and ROWS need FLAGS PTY");
   if (pty && pty_size(r, "exec", &ws, err) < 0)
     return -1;
-  if (exec_id(r, TP_TAG_UID, "UID", &uid, err) < 0 || exec_id(r, TP_TAG_GID, "GID", &gid, err) < 0 ||
-      (ngroups = agent_groups_parse(r, "exec", (gid_t) gid, groups, err)) < 0)
+  if (acct_by_name) {
+    if (exec_account(r, &acct, err) < 0)
+      return -1;
+    uid = acct.uid;
+    gid = acct.gid;
+    ngroups = acct.ngroups;
+    memcpy(groups, acct.groups, sizeof(gid_t) * (size_t) ngroups);
+    /* without CWD, the account's home (the daemon's rule) */
+    strcpy(cwd, acct.home);
+  } else if (exec_id(r, TP_TAG_UID, "UID", &uid, err) < 0 || exec_id(r, TP_TAG_GID, "GID", &gid, err) < 0 ||
+             (ngroups = agent_groups_parse(r, "exec", (gid_t) gid, groups, err)) < 0) {
     return -1;
+  }
   if (agent_req_get(r, TP_TAG_CWD) != NULL && agent_req_path(r, TP_TAG_CWD, "exec", cwd, err) < 0)
     return -1;
   for (int i = 0; i < AGENT_PROC_MAX && p == NULL; i++)
@@ -516,9 +570,9 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   if (p == NULL)
     return tp_error_set(err, EAGAIN, "exec: too many processes (%d)", AGENT_PROC_MAX);
 
-  argv = strv_from(r, TP_TAG_ARG, err);
-  envp = argv ? strv_from(r, TP_TAG_ENV, err) : NULL;
-  if (envp == NULL)
+  argv = strv_from(r, TP_TAG_ARG, 0, err);
+  envp = argv ? strv_from(r, TP_TAG_ENV, acct_by_name ? 3 : 0, err) : NULL;
+  if (envp == NULL || (acct_by_name && env_defaults(envp, &acct, err) < 0))
     return -1;
   if (argv[0][0] == '\0')
     return tp_error_set(err, EINVAL, "exec: empty program name");
@@ -610,6 +664,11 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     set_nonblock(p->in_fd);
   a->nprocs++;
   tp_frame_add_int(&a->out, TP_TAG_PID, pid);
+  if (acct_by_name) {
+    /* what it runs as, and where: the host records them */
+    tp_frame_add_int(&a->out, TP_TAG_UID, uid);
+    tp_frame_add_str(&a->out, TP_TAG_CWD, cwd);
+  }
   return 0;
 }
 

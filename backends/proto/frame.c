@@ -182,7 +182,7 @@ int tp_tag_kind(unsigned tag) {
   case TP_TAG_GRACE:
     return TP_KIND_INT;
   case TP_TAG_MSG: case TP_TAG_ARG: case TP_TAG_ENV: case TP_TAG_CWD: case TP_TAG_PATH:
-  case TP_TAG_PATH2: case TP_TAG_NAME: case TP_TAG_LINK:
+  case TP_TAG_PATH2: case TP_TAG_NAME: case TP_TAG_LINK: case TP_TAG_USER:
     return TP_KIND_STR;
   case TP_TAG_DATA: case TP_TAG_GROUPS:
     return TP_KIND_BYTES;

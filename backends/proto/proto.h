@@ -48,7 +48,8 @@ enum tp_msg_type {
   TP_MSG_OK = 10,          /* fields depend on the request */
   TP_MSG_ERR = 11,         /* ERRNO, MSG */
   /* host -> agent requests */
-  TP_MSG_EXEC = 20,        /* ARG+ ENV* CWD? FLAGS? UID? GID? GROUPS? -> OK(PID) */
+  TP_MSG_EXEC = 20,        /* ARG+ ENV* CWD? FLAGS? (UID GID GROUPS? | USER)? -> OK(PID, and with USER:
+                              UID CWD) */
   TP_MSG_STDIN = 21,       /* PID DATA -> OK */
   TP_MSG_STDIN_CLOSE = 22, /* PID -> OK */
   TP_MSG_SIGNAL = 23,      /* PID SIGNAL -> OK (signals the process group) */
@@ -135,6 +136,8 @@ enum tp_tag {
   TP_TAG_EVENT = 30,   /* int: TP_WE_* */
   /* 31-34: accounts */
   TP_TAG_GROUPS = 31,  /* bytes: supplementary group ids, u32 each, 1..TP_GROUPS_MAX of them */
+  TP_TAG_USER = 32,    /* string: an account name, looked up in the box's /etc/passwd and
+                          /etc/group by the agent (EXEC; agents with TP_F_READY_EXEC_USER) */
   TP_TAG_SID = 40,     /* int: stream id (agent-made < 2^31, host-made >= 2^31) */
   TP_TAG_KIND = 41,    /* int: TP_NET_* */
   TP_TAG_PORT = 42,    /* int */
@@ -179,6 +182,9 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
 #define TP_F_READY_NET_DOWN 0x1u  /* READY (FLAGS): this agent takes TP_NET_WINDOW_DOWN unacknowledged
                                       bytes of a download; without it (an agent of an older build,
                                       re-adopted) the host keeps to TP_NET_WINDOW */
+#define TP_F_READY_EXEC_USER 0x2u /* READY (FLAGS): this agent takes USER in EXEC (it reads the box's
+                                      /etc/passwd and /etc/group itself); without it the host
+                                      looks the account up and sends UID GID GROUPS */
 #define TP_F_EXIT_OOM 0x1u        /* EXIT (FLAGS, microVM guest agents): the guest kernel's OOM killer
                                      killed it (died of SIGKILL, or exited 137, and /proc/vmstat's
                                      oom_kill rose since the last process found so) */

@@ -21,7 +21,7 @@ static const char *const tp__tag_names[TP_TAG_MAX_] = {
     [TP_TAG_ROWS] = "rows",       [TP_TAG_WATCH] = "watch",   [TP_TAG_EVENT] = "event",
     [TP_TAG_SID] = "sid",         [TP_TAG_KIND] = "kind",     [TP_TAG_PORT] = "port",
     [TP_TAG_GRACE] = "grace",
-    [TP_TAG_GROUPS] = "groups",
+    [TP_TAG_GROUPS] = "groups",   [TP_TAG_USER] = "user",
     [TP_TAG_PIDS] = "pids",
 };
 

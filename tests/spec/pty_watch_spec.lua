@@ -311,6 +311,16 @@ describe("terminals, watches and reattaching", function()
   it("runs a command as an account of the box, in its home", function()
     local r = sync(function() return helper.run(c, id, "id -u; id -g; pwd; echo $HOME $USER", { user = "user" }) end)
     assert.are.equal("1000\n1000\n/home/user\n/home/user user\n", r.stdout)
+    -- process.list has the account and where it started (the home, from
+    -- the agent's reply when the agent looked the account up)
+    local p1 = assert(call("process.start", { sandbox = id, cmd = "sleep 30", user = "user" })).pid
+    local p2 = assert(call("process.start", { sandbox = id, cmd = "sleep 30", user = "user", cwd = "/tmp" })).pid
+    local seen = {}
+    for _, e in ipairs(assert(call("process.list", { sandbox = id })).processes) do seen[e.pid] = e end
+    assert.are.same({ "user", "/home/user" }, { seen[p1].user, seen[p1].cwd })
+    assert.are.same({ "user", "/tmp" }, { seen[p2].user, seen[p2].cwd })
+    assert(call("process.signal", { sandbox = id, pid = p1, signal = 9 }))
+    assert(call("process.signal", { sandbox = id, pid = p2, signal = 9 }))
     local _, err = call("process.start", { sandbox = id, cmd = "true", user = "nosuch" })
     assert.are.equal(-32003, err.code)
     assert.are.equal("ENOENT", err.data.code)

@@ -56,7 +56,7 @@ typedef struct host_s {
   int bad_frames;       /* frames from the agent that did not parse */
   int stray_events;     /* events for pids without an OK, or after EXIT */
   int ready_count;
-  int64_t ready_version, ready_pid;
+  int64_t ready_version, ready_pid, ready_flags;
   int first_event;      /* type of the first event received, 0 before */
   uint8_t *rbuf;
   size_t rlen;
@@ -118,6 +118,7 @@ static void on_event(host_t *h, const msg_t *m) {
     h->ready_count++;
     h->ready_version = msg_int(m, TP_TAG_VERSION, -1);
     h->ready_pid = msg_int(m, TP_TAG_PID, -1);
+    h->ready_flags = msg_int(m, TP_TAG_FLAGS, 0);
     return;
   }
   if (m->type == TP_MSG_WATCH_EVENT) {

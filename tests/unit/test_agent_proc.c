@@ -13,6 +13,7 @@
 #include <ftw.h>
 #include <limits.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -44,6 +45,7 @@ static void test_ready(host_t *h, int stray_rd) {
   check(h->ready_count == 1, "READY arrives first");
   check(h->ready_version == TP_PROTO_VERSION, "READY carries VERSION 1");
   check(h->ready_pid == h->agent, "READY carries the agent's pid");
+  check((h->ready_flags & TP_F_READY_EXEC_USER) != 0, "READY says the agent takes USER in EXEC");
   check(poll(&pfd, 1, TIMEOUT_MS) == 1 && read(stray_rd, &c, 1) == 0,
         "the agent closed an inherited fd other than the channel");
   close(stray_rd);
@@ -96,6 +98,70 @@ static void test_exec(host_t *h, const char *tmp) {
   pid = run(h, um, NULL, NULL, 0);
   p = pid > 0 ? wait_exit(h, pid) : NULL;
   check(p != NULL && out_is(p, 1, "0027\n"), "the child gets the agent's inherited umask");
+}
+
+/* EXEC with USER: the agent looks the name up in the files of its root (here
+ * the host's; agent_acct.c and test_agent_acct.c for hostile ones). */
+static msg_t *exec_user(host_t *h, const char *const *argv, const char *const *env, const char *cwd,
+                        const char *user, int64_t uid) {
+  tp_buf_t *b = req_begin(h, TP_MSG_EXEC);
+  for (; argv && *argv; argv++)
+    tp_frame_add_str(b, TP_TAG_ARG, *argv);
+  for (; env && *env; env++)
+    tp_frame_add_str(b, TP_TAG_ENV, *env);
+  if (cwd)
+    tp_frame_add_str(b, TP_TAG_CWD, cwd);
+  tp_frame_add_str(b, TP_TAG_USER, user);
+  if (uid != NO_ID)
+    tp_frame_add_int(b, TP_TAG_UID, uid);
+  return req_call(h);
+}
+
+static void test_exec_user(host_t *h, const char *tmp) {
+  const char *ids[] = {"/bin/sh", "-c", "echo $(id -u) $(id -g) $HOME $USER $LOGNAME $(pwd)", NULL};
+  const char *env[] = {"HOME=/given", NULL};
+  struct passwd *pw = getpwnam("daemon");
+  char want[PATH_MAX + 64];
+  const tp_field_t *cwd;
+  msg_t *m;
+  tproc_t *p;
+  int64_t pid;
+
+  m = exec_user(h, ids, NULL, NULL, "root", NO_ID);
+  pid = msg_is_ok(m) ? msg_int(m, TP_TAG_PID, -1) : -1;
+  cwd = msg_is_ok(m) ? msg_get(m, TP_TAG_CWD) : NULL;
+  check(pid > 0 && msg_int(m, TP_TAG_UID, -1) == 0 && cwd != NULL && cwd->len == 5 && memcmp(cwd->val, "/root", 5) == 0,
+        "USER root -> OK with PID, UID 0 and CWD /root");
+  msg_free(m);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  check(p != NULL && out_is(p, 1, "0 0 /root root root /root\n"), "root runs in /root with HOME, USER and LOGNAME");
+
+  m = exec_user(h, ids, env, tmp, "root", NO_ID);
+  pid = msg_is_ok(m) ? msg_int(m, TP_TAG_PID, -1) : -1;
+  msg_free(m);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  snprintf(want, sizeof(want), "0 0 /given root root %s\n", tmp);
+  check(p != NULL && out_is(p, 1, want), "ENV's HOME and CWD win over the account's");
+
+  if (pw != NULL && pw->pw_uid > 0 && pw->pw_uid <= TP_ID_MAX && pw->pw_gid <= TP_ID_MAX) {
+    m = exec_user(h, ids, NULL, "/", "daemon", NO_ID);
+    pid = msg_is_ok(m) ? msg_int(m, TP_TAG_PID, -1) : -1;
+    msg_free(m);
+    p = pid > 0 ? wait_exit(h, pid) : NULL;
+    snprintf(want, sizeof(want), "%u %u %s daemon daemon /\n", (unsigned) pw->pw_uid, (unsigned) pw->pw_gid,
+             pw->pw_dir);
+    check(p != NULL && out_is(p, 1, want), "USER daemon runs as its uid and gid (%s)", want);
+  } else {
+    check(1, "# SKIP no account daemon here");
+  }
+
+  m = exec_user(h, ids, NULL, NULL, "no-such-user-here", NO_ID);
+  check(msg_errno(m) == ENOENT && msg_has_text(m, "user 'no-such-user-here' is not in the box's /etc/passwd"),
+        "an unknown USER -> ERR ENOENT, the daemon's message");
+  msg_free(m);
+  m = exec_user(h, ids, NULL, NULL, "root", 0);
+  check(msg_errno(m) == EINVAL, "USER with UID -> ERR EINVAL");
+  msg_free(m);
 }
 
 static void test_exec_errors(host_t *h, const char *tmp) {
@@ -721,6 +787,7 @@ int main(void) {
   test_ready(&h, stray_rd);
   test_exec(&h, tmp);
   test_exec_errors(&h, tmp);
+  test_exec_user(&h, tmp);
   test_stdin(&h);
   test_credit(&h);
   test_signal(&h);

@@ -177,9 +177,16 @@ function h.sandbox_kill(d, conn, p)
 end
 
 -- The account a process runs as: p.user looked up in the box's
--- /etc/passwd; nil (the sandbox's user, else root) without one.
+-- /etc/passwd; nil (the sandbox's user, else root) without one.  A name
+-- goes to an agent that looks it up itself as part of the EXEC (no round
+-- trip first) when the cwd does not need the home here.
 local function account_for(sb, p)
   if not p.user then return nil end
+  if sb.exec_user and type(p.user) == "string" and #p.user >= 1 and #p.user <= 256
+    and not p.user:find("\0", 1, true) and (sb.id_count or 65536) == 65536
+    and (p.cwd == nil or p.cwd:sub(1, 1) == "/") then
+    return { name = p.user, by_agent = true }
+  end
   local acct, err, errno = sb:account(p.user)
   if not acct then return nil, rpc.PROCESS_ERROR, err, errno_data(errno or 5) end
   return acct
@@ -192,7 +199,7 @@ local function start(sb, conn, argv, p, x)
   if c then return nil, c, m, dt end
   -- a relative cwd is taken from the account's home (else from /)
   local cwd = p.cwd and paths.clean_path(p.cwd, acct and acct.home or "/")
-  if not cwd and acct then cwd = acct.home end
+  if not cwd and acct then cwd = acct.home end -- nil when the agent resolves it
   local streams, bc, bm, bd
   if p.streams then
     -- process streams (api_stream.lua): bound right after the agent's

@@ -193,6 +193,8 @@ function Sandbox:_frame(t, id, f)
   elseif t == MSG.READY then
     -- what its agent takes of a download unacknowledged (net/relay.lua)
     self.net_window_down = (math.tointeger(f.flags) or 0) & core.NET.READY_DOWN ~= 0
+    -- whether it looks an EXEC's USER up itself (agent_acct.c)
+    self.exec_user = (math.tointeger(f.flags) or 0) & core.NET.READY_EXEC_USER ~= 0
     if self._ready then
       if f.version ~= core.AGENT_PROTO then
         self._ready(false, "agent speaks protocol " .. tostring(f.version))
@@ -529,7 +531,9 @@ end
 -- one and moved it there (EXEC, then RELEASE).
 -- cred = { uid, gid, home, name } runs it as that user (default: the
 -- sandbox's user, self.cred, from a recipe; else the image's User; else
--- root of the box).  x (optional): pty = { cols, rows } for a terminal.
+-- root of the box); cred = { name, by_agent = true } has the agent look
+-- the name up (Sandbox:account's rules) and start it in its home unless
+-- cwd is given.  x (optional): pty = { cols, rows } for a terminal.
 function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   if not cred and not self.cred and self.user then
     -- the image's User, looked up in the box's files at each start
@@ -540,8 +544,11 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   cred = cred or self.cred
   x = x or {}
   local envl = {}
-  local merged = { PATH = paths.DEFAULT_PATH, HOME = cred and cred.home or "/root", HOSTNAME = self.id,
-                   TERM = "xterm", USER = cred and cred.name or nil, LOGNAME = cred and cred.name or nil }
+  local by_agent = cred and cred.by_agent
+  -- by_agent: the agent adds HOME, USER and LOGNAME where env has none
+  local merged = { PATH = paths.DEFAULT_PATH, HOME = not by_agent and (cred and cred.home or "/root") or nil,
+                   HOSTNAME = self.id, TERM = "xterm", USER = not by_agent and cred and cred.name or nil,
+                   LOGNAME = not by_agent and cred and cred.name or nil }
   for k, v in pairs(self:proxy_env()) do merged[k] = v end
   for k, v in pairs(self.env) do merged[k] = v end
   for k, v in pairs(env or {}) do merged[k] = v end
@@ -551,8 +558,9 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   local hold = self.box:has_cgroup() and not self.impl.guest_kernel
   local tree = hold and self.box:tree_take() or nil
   local flags = (stdin and 1 or 0) | (x.pty and 4 or 0) | (x.credit and 16 or 0)
-  local fields = { args = argv, env = envl, cwd = cwd or self.cwd, flags = flags | (tree and 8 or 0),
-                   uid = cred and cred.uid, gid = cred and cred.gid }
+  local fields = { args = argv, env = envl, cwd = cwd or (not by_agent and self.cwd or nil),
+                   flags = flags | (tree and 8 or 0), uid = cred and cred.uid, gid = cred and cred.gid,
+                   user = by_agent and cred.name or nil }
   if cred and cred.groups then M.as_fields(fields, cred) end
   if x.pty then fields.cols, fields.rows = x.pty.cols, x.pty.rows end
   local r, err, errno, unsent
@@ -576,7 +584,11 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
     self:_hostile("bad pid in exec reply")
     return nil, "agent sent a bad pid", 0
   end
-  local proc = { pid = pid, argv = argv, cwd = cwd or self.cwd, owner = owner,
+  if by_agent and (math.type(r.uid) ~= "integer" or type(r.cwd) ~= "string") then
+    self:_hostile("exec reply without the account's uid and cwd")
+    return nil, "agent sent a bad exec reply", 0
+  end
+  local proc = { pid = pid, argv = argv, cwd = by_agent and r.cwd or cwd or self.cwd, owner = owner,
                  started_at = now_iso(), stdin = stdin or x.pty ~= nil, pty = x.pty ~= nil,
                  user = cred and (cred.name or tostring(cred.uid)) or "root", starting = true }
   self.procs[pid] = proc
