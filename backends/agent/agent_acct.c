@@ -35,11 +35,14 @@ static int read_file(int rootfd, const char *path, char **buf, size_t *len, cons
   struct stat st;
   size_t cap, n = 0;
   char *b;
-  int fd, e;
+  int fd, e, tries = 0;
   *what = "open";
-  do /* openat2 may ask for a retry (a rename raced the lookup) */
+  /* openat2 may ask for a retry (a rename or mount raced a lookup through
+   * ".."): a few, not for ever, since the box's own processes can keep
+   * renaming; then EAGAIN is the answer */
+  do
     fd = (int) syscall(SYS_openat2, rootfd, path, &how, sizeof(how));
-  while (fd < 0 && errno == EAGAIN);
+  while (fd < 0 && errno == EAGAIN && ++tries < 16);
   if (fd < 0)
     return -1;
   *what = "stat";
