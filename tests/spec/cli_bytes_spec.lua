@@ -472,8 +472,8 @@ describe("tupper CLI byte paths", function()
     it("attach with stdin on /dev/null follows the program to its end", function()
       -- /dev/null (or a regular file) is no stream epoll takes: it is read
       -- with file reads, its end is the end of input, the program goes on
-      local r = on_pty({ "exec", "-it", id, "sh", "-c", "sleep 1.5; echo fin-$((3+4)); exit 5" },
-        { { "sleep", 0.3 }, { "send", "\29" }, { "expect", "detached; process " } })
+      local r = on_pty({ "exec", "-it", id, "sh", "-c", "echo start-$((1+1)); sleep 1.5; echo fin-$((3+4)); exit 5" },
+        { { "expect", "start-2" }, { "send", "\29" }, { "expect", "detached; process " } })
       assert.is_true(r.ok, json.encode(r.failed) .. r.out)
       local pid = r.out:match("detached; process (%d+)")
       local code, out, err = cli({ "attach", id, pid })

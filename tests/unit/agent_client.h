@@ -440,14 +440,24 @@ static int wait_gone(pid_t target) {
 
 #define NO_ID INT64_MIN /* leave UID/GID out */
 
-/* EXEC with UID and GID fields unless NO_ID. */
-static msg_t *exec_as(host_t *h, const char *const *argv, const char *cwd, int flags, int64_t uid,
-                      int64_t gid) {
+/* An EXEC's frame with its argv, env and cwd (each may be NULL), for the
+ * caller to add its own fields to and send with req_call. */
+static tp_buf_t *exec_begin(host_t *h, const char *const *argv, const char *const *env,
+                            const char *cwd) {
   tp_buf_t *b = req_begin(h, TP_MSG_EXEC);
   for (; argv && *argv; argv++)
     tp_frame_add_str(b, TP_TAG_ARG, *argv);
+  for (; env && *env; env++)
+    tp_frame_add_str(b, TP_TAG_ENV, *env);
   if (cwd)
     tp_frame_add_str(b, TP_TAG_CWD, cwd);
+  return b;
+}
+
+/* EXEC with UID and GID fields unless NO_ID. */
+static msg_t *exec_as(host_t *h, const char *const *argv, const char *cwd, int flags, int64_t uid,
+                      int64_t gid) {
+  tp_buf_t *b = exec_begin(h, argv, NULL, cwd);
   if (flags)
     tp_frame_add_int(b, TP_TAG_FLAGS, flags);
   if (uid != NO_ID)
@@ -466,13 +476,7 @@ static int64_t run_as(host_t *h, const char *const *argv, int flags, int64_t uid
 
 static msg_t *exec_req(host_t *h, const char *const *argv, const char *const *env, const char *cwd,
                        int flags) {
-  tp_buf_t *b = req_begin(h, TP_MSG_EXEC);
-  for (; argv && *argv; argv++)
-    tp_frame_add_str(b, TP_TAG_ARG, *argv);
-  for (; env && *env; env++)
-    tp_frame_add_str(b, TP_TAG_ENV, *env);
-  if (cwd)
-    tp_frame_add_str(b, TP_TAG_CWD, cwd);
+  tp_buf_t *b = exec_begin(h, argv, env, cwd);
   if (flags)
     tp_frame_add_int(b, TP_TAG_FLAGS, flags);
   return req_call(h);

@@ -104,13 +104,7 @@ static void test_exec(host_t *h, const char *tmp) {
  * the host's; agent_acct.c and test_agent_acct.c for hostile ones). */
 static msg_t *exec_user(host_t *h, const char *const *argv, const char *const *env, const char *cwd,
                         const char *user, int64_t uid) {
-  tp_buf_t *b = req_begin(h, TP_MSG_EXEC);
-  for (; argv && *argv; argv++)
-    tp_frame_add_str(b, TP_TAG_ARG, *argv);
-  for (; env && *env; env++)
-    tp_frame_add_str(b, TP_TAG_ENV, *env);
-  if (cwd)
-    tp_frame_add_str(b, TP_TAG_CWD, cwd);
+  tp_buf_t *b = exec_begin(h, argv, env, cwd);
   tp_frame_add_str(b, TP_TAG_USER, user);
   if (uid != NO_ID)
     tp_frame_add_int(b, TP_TAG_UID, uid);
