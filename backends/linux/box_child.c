@@ -205,9 +205,10 @@ fail:
 }
 
 /* TP__OP_SYSFS: the mount made while in the plan's sysfs namespace, then
- * back to the box's own (named by an fd taken first).  Should the way back
- * fail, the child fails the step and exits: the box never runs in the
- * shared namespace. */
+ * back to the box's own (named by an fd taken first); where that namespace
+ * cannot be entered, a sysfs of the box's own, as before.  Should the way
+ * back fail, the child fails the step and exits: the box never runs in
+ * the shared namespace. */
 static int sysfs_mount(const tp__plan_t *plan, const tp__op_t *op) {
   int own, r, e;
   if (plan->sysfs_netns < 0)
@@ -215,11 +216,9 @@ static int sysfs_mount(const tp__plan_t *plan, const tp__op_t *op) {
   own = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC); /* one process: self is the thread */
   if (own < 0)
     return -1;
-  if (setns(plan->sysfs_netns, CLONE_NEWNET) < 0) {
-    e = errno;
+  if (setns(plan->sysfs_netns, CLONE_NEWNET) < 0) { /* still in its own: a sysfs of its own */
     close(own);
-    errno = e;
-    return -1;
+    return mount(op->src, op->dst, op->fstype, op->flags, op->data);
   }
   r = mount(op->src, op->dst, op->fstype, op->flags, op->data);
   e = errno;
