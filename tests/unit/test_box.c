@@ -316,7 +316,7 @@ static void test_box(const env_t *e) {
   check(strcmp(o, "1\nlo:") == 0, "inside: only lo in the netns ('%s')", o);
   free(o);
   o = box_out(&c, "cat /sys/class/net/lo/operstate /sys/class/net/lo/flags; ls /sys/class/net");
-  check(strcmp(o, "unknown\n0x9\nlo") == 0, "inside: lo is up, fresh sysfs shows only lo ('%s')",
+  check(strcmp(o, "unknown\n0x9\nlo") == 0, "inside: lo is up, /sys shows only lo ('%s')",
         o);
   free(o);
   test_box_shared_sysfs(e, &box);
