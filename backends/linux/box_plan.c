@@ -372,6 +372,7 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   if (check_spec(s, err) < 0)
     return -1;
   p->seccomp = s->seccomp;
+  p->sysfs_netns = tp__sysfs_netns();
 
   /* The stage, where the box's tmpfs goes (plan_tmpfs), in the child's
    * mount namespace only.  With a disk cap nothing in box_dir is needed
@@ -423,9 +424,11 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   mnt(&b, "mount /proc", "proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
   plan_proc(&b, proc, str(&b, "%s/empty", stage));
 
-  /* A fresh sysfs in the new netns shows only the box's interfaces. */
+  /* A sysfs that shows only a lo: mounted from a namespace that holds
+   * nothing else, one superblock for every box (sysfs_net.c). */
   op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 0, NULL, 0555);
-  mnt(&b, "mount /sys", "sysfs", sys, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+  op(&b, TP__OP_SYSFS, "mount /sys", "sysfs", sys, "sysfs",
+     MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, 0);
 
   plan_volumes(&b, s, rootfs, stage);
 
