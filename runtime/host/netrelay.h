@@ -86,6 +86,15 @@ typedef struct tp_netrelay_take_s {
  * TP_NET_WINDOW); EINVAL outside TP_NET_CHUNK..TP_NET_WINDOW_DOWN. */
 tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, uint32_t window_down, tp_netrelay_end_cb on_end,
                                void *data, tp_error_t *err);
+/* on: the box's agent answers NET_GIVE (its READY said TP_F_READY_NET_FD).
+ * Then, on a linux box (whose PID 1 is the agent), each stream taken over
+ * is asked for its box socket first: once the agent names it, the relay
+ * takes it from the agent (pidfd_getfd), checks it is a TCP socket of the
+ * box's network namespace on the proxy or SOCKS5 port, and moves the bytes
+ * between that socket and the upstream itself, with no frames and no
+ * agent in between.  Off (the default) on any other backend: a microVM's
+ * pidfd is QEMU's. */
+void tp_netrelay_give(tp_netrelay_t *nr, int on);
 /* Takes over a stream.  EINVAL for a bad sid or inconsistent counts,
  * EEXIST for a sid it has, EPIPE once the box is gone; t->fd is closed on
  * any failure. */

@@ -6,7 +6,8 @@
 -- through the HTTP proxy and SOCKS5, a stalled upstream that blocks the
 -- box's writer while the daemon's memory stays put, an upstream and a box
 -- that end mid-stream, with the daemon's descriptors back where they were
--- and the other connections unharmed.
+-- and the other connections unharmed; the box's socket itself taken from
+-- the agent by the daemon.
 local uv = require("luv")
 local h = require("helper")
 local json = require("tupper.util.json")
@@ -104,6 +105,30 @@ describe("network relay in C", function()
     assert.equal(big_sha .. " " .. BIG .. "\n", out)
     -- and the bytes went through C, not the Lua fallback (which says so)
     assert.is_nil(h.read_file(d.log):find("relaying in Lua", 1, true))
+  end)
+
+  it("takes the box's socket from the agent: the daemon holds it, the agent no longer", function()
+    -- a download whose reader waits: meanwhile the box's end of it (found
+    -- by its inode in the box's namespace) is one of the daemon's
+    -- descriptors and none of the agent's (NET_GIVE, docs/network.md)
+    local rec = json.decode(assert(h.read_file(d.state .. "/boxes/" .. sb .. ".json")))
+    local script = ([[
+curl -s -x http://127.0.0.1:3128 http://bulk.test:%d/big | (sleep 3; wc -c) &
+i=0; ino=; dn=0
+while [ $i -lt 50 ]; do
+  ino=$(ss -tnHe state established '( sport = :3128 )' | grep -o 'ino:[0-9]*' | head -n 1 | cut -d: -f2)
+  if [ -n "$ino" ]; then dn=$(ls -l /proc/%d/fd | grep -c "socket:\[$ino\]"); fi
+  if [ "$dn" = 1 ]; then break; fi
+  sleep 0.05; i=$((i + 1))
+done
+echo "daemon $dn agent $(ls -l /proc/%d/fd | grep -c "socket:\[$ino\]")"
+wait]]):format(hp, d.pid, math.tointeger(rec.pid))
+    local f = assert(io.open(dir .. "/give.sh", "w"))
+    f:write(script)
+    f:close()
+    local code, out = in_netns("sh " .. dir .. "/give.sh")
+    assert.equal(0, code, out)
+    assert.matches("daemon 1 agent 0\n%s*" .. BIG .. "\n", out)
   end)
 
   it("blocks the box's writer when the upstream stops reading, the daemon's memory bounded", function()
