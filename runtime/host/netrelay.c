@@ -799,8 +799,11 @@ static void tp__nrs_adopt(tp__nrs_t *s, int64_t fdnum) {
     tp__nrs_watch(s);
     return;
   }
-  if (fdnum <= INT32_MAX && nr->b->box.pidfd >= 0)
+  if (fdnum <= INT32_MAX && nr->b->box.pidfd >= 0) {
     fd = (int) syscall(SYS_pidfd_getfd, nr->b->box.pidfd, (int) fdnum, 0);
+    if (fd < 0 && (errno == EPERM || errno == ENOSYS))
+      nr->give = 0; /* a daemon without CAP_SYS_PTRACE, an old kernel: not asked again */
+  }
   if (fd >= 0 && !tp__nr_box_sock_ok(nr, fd)) {
     close(fd);
     fd = -1;
