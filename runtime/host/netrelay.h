@@ -35,7 +35,11 @@
  * until they are sent: under 3 MiB, for at most TP_NET_STREAMS_MAX streams
  * a box; per box one pipe (two fds) and one spare chunk.  So an upstream
  * that stops reading blocks the box's writer, and one that floods waits on
- * the box.
+ * the box.  A stream whose box socket the relay took (tp_netrelay_give)
+ * holds that socket too (two fds a stream), reads nothing upstream while
+ * what the pipe held (TP__NR_PIPE) waits for the box's socket, and
+ * nothing from the box's socket while TP_NET_WINDOW plus the head wait
+ * for the upstream: less than a framed stream.
  *
  * Each stream watches its socket with a uv_poll (readable while the window
  * has room, writable while the box's bytes wait) and does its own reads,
