@@ -262,7 +262,9 @@ static void tp__nrs_watch(tp__nrs_t *s) {
 static void tp__nrs_pump_box(tp__nrs_t *s) {
   if (s->gone || s->direct)
     return;
-  while (s->doff < s->dlen && s->out_unacked < s->nr->wdown) {
+  /* while NET_GIVE waits for its answer nothing more goes to the agent:
+   * what is owed then goes straight to the box's socket, or on in frames */
+  while (!s->giving && s->doff < s->dlen && s->out_unacked < s->nr->wdown) {
     size_t k = s->dlen - s->doff;
     if (k > s->nr->wdown - s->out_unacked)
       k = s->nr->wdown - s->out_unacked;
@@ -622,6 +624,7 @@ static void tp__nrs_dwrite(tp__nrs_t *s) {
       return;
     }
     s->doff += (size_t) w;
+    s->to_box += (uint64_t) w;
   }
   free(s->down);
   s->down = NULL;
@@ -664,7 +667,6 @@ static size_t tp__nrs_dread(tp__nrs_t *s) {
       s->up_eof = 1;
       break;
     }
-    s->to_box += (uint64_t) n;
     got += (size_t) n;
     while (put < (size_t) n) {
       if (viapipe)
@@ -678,6 +680,7 @@ static size_t tp__nrs_dread(tp__nrs_t *s) {
         break;
       put += (size_t) k;
     }
+    s->to_box += put; /* what waits in down counts once written */
     if (put < (size_t) n && k < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
         errno != EINVAL && errno != ENOSYS) {
       if (viapipe)
@@ -796,7 +799,7 @@ static void tp__nrs_adopt(tp__nrs_t *s, int64_t fdnum) {
   int fd = -1, r;
   s->giving = 0;
   if (fdnum < 0) {
-    tp__nrs_watch(s);
+    tp__nrs_pump_box(s); /* frames again, from what is owed */
     return;
   }
   if (fdnum <= INT32_MAX && nr->b->box.pidfd >= 0) {
@@ -814,7 +817,7 @@ static void tp__nrs_adopt(tp__nrs_t *s, int64_t fdnum) {
   }
   tp__nr_send_sid(nr, TP_MSG_NET_TAKEN, s->sid, TP_TAG_SIZE, fd >= 0);
   if (fd < 0) {
-    tp__nrs_watch(s);
+    tp__nrs_pump_box(s);
     return;
   }
   s->bpoll.data = s;
@@ -1008,12 +1011,14 @@ int tp_netrelay_take(tp_netrelay_t *nr, const tp_netrelay_take_t *t, tp_error_t 
   /* the box's socket itself where the agent can give it (tp__nrs_adopt):
    * nothing is read upstream until it answered */
   s->bfd = -1;
-  s->giving = nr->give && !s->box_eof && !s->up_eof && !s->eof_sent;
   tp__nrs_pump_up(s);
   tp__nrs_maybe_shut(s);
-  tp__nrs_pump_box(s);
-  if (s->giving && !s->gone)
+  tp__nrs_pump_box(s); /* what is owed, as far as the window goes, in frames before NET_GIVE */
+  if (!s->gone && nr->give && !s->box_eof && !s->up_eof && !s->eof_sent) {
+    s->giving = 1;
+    tp__nrs_watch(s); /* reads nothing upstream until the answer */
     tp__nr_send_sid(nr, TP_MSG_NET_GIVE, s->sid, 0, 0);
+  }
   return 0;
 }
 

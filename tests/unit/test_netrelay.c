@@ -287,25 +287,41 @@ static void test_give(void) {
             (box = accept4(l, NULL, NULL, SOCK_CLOEXEC)) >= 0,
         "a box client on the proxy port");
   tcp_pair(&mine, &up_fd);
-  t = (tp_netrelay_take_t){.sid = 2, .fd = mine, .up = (const uint8_t *) "HEAD", .up_len = 4, .up_head = 4};
+  /* owed to the box at the hand-over: more than the window, so part waits */
+  t = (tp_netrelay_take_t){.sid = 2, .fd = mine, .up = (const uint8_t *) "HEAD", .up_len = 4, .up_head = 4,
+                           .down = big, .down_len = TP_NET_WINDOW_DOWN + 1000};
   ag.gives = ag.takens = 0;
-  ag.ndata = 0;
+  ag.ndata = ag.unacked = 0;
   check(tp_netrelay_take(nr, &t, &err) == 0 && spin(&loop, 2000, got_give), "stream 2: asked again");
+  want_data = TP_NET_WINDOW_DOWN;
+  spin(&loop, 2000, got_data);
+  check(ag.ndata == TP_NET_WINDOW_DOWN, "a window of what is owed in frames (%zu)", ag.ndata);
+  agent_send(TP_MSG_NET_ACK, 2, TP_TAG_SIZE, TP_NET_WINDOW_DOWN, NULL, 0);
+  want_data = TP_NET_WINDOW_DOWN + 1;
+  check(!spin(&loop, 200, got_data), "the rest not in frames while the answer is awaited");
   agent_send(TP_MSG_NET_GIVE, 2, TP_TAG_FD, box, NULL, 0);
   check(spin(&loop, 2000, got_taken) && ag.taken_v == 1, "the box's socket: NET_TAKEN 1");
   close(box); /* as the agent does on NET_TAKEN */
   fcntl(up_fd, F_SETFL, O_NONBLOCK);
   fcntl(client, F_SETFL, O_NONBLOCK);
   {
-    size_t sent = 0, recvd = 0, usent = 0, urecvd = 0;
-    uint8_t *ubuf = malloc(MIB + 4);
+    size_t sent = 0, recvd = 0, usent = 0, urecvd = 0, tail = 0;
+    uint8_t *ubuf = malloc(MIB + 4), owed[1000];
+    for (long long until = now_ms() + 5000; tail < 1000 && now_ms() < until;) {
+      ssize_t k = read(client, owed + tail, 1000 - tail);
+      if (k > 0)
+        tail += (size_t) k;
+      uv_run(&loop, UV_RUN_NOWAIT);
+    }
+    check(tail == 1000 && memcmp(owed, big + TP_NET_WINDOW_DOWN, 1000) == 0,
+          "the rest of what was owed reaches the box's socket first");
     for (long long until = now_ms() + 10000; (recvd < MIB || urecvd < MIB + 4) && now_ms() < until;) {
       ssize_t k;
       if (sent < MIB && (k = write(up_fd, big + sent, MIB - sent)) > 0)
         sent += (size_t) k;
       if (usent < MIB && (k = write(client, big + usent, MIB - usent)) > 0)
         usent += (size_t) k;
-      if ((k = read(client, got + recvd, MIB - recvd)) > 0)
+      if (recvd < MIB && (k = read(client, got + recvd, MIB - recvd)) > 0)
         recvd += (size_t) k;
       if (urecvd < MIB + 4 && (k = read(up_fd, ubuf + urecvd, MIB + 4 - urecvd)) > 0)
         urecvd += (size_t) k;
@@ -315,13 +331,14 @@ static void test_give(void) {
     check(recvd == MIB && memcmp(got, big, MIB) == 0, "1 MiB from the upstream reaches the box's socket");
     check(urecvd == MIB + 4 && memcmp(ubuf, "HEAD", 4) == 0 && memcmp(ubuf + 4, big, MIB) == 0,
           "the head, then 1 MiB from the box's socket reach the upstream");
-    check(ag.ndata == 0 && ag.acked == 0, "and no frame carried them");
+    check(ag.ndata == TP_NET_WINDOW_DOWN && ag.acked == 0, "and no frame carried them");
     free(ubuf);
   }
   ends = 0;
   shutdown(client, SHUT_WR);
   shutdown(up_fd, SHUT_WR);
-  check(spin(&loop, 2000, got_end) && end_err == 0 && end_up == MIB && end_down == MIB &&
+  check(spin(&loop, 2000, got_end) && end_err == 0 && end_up == MIB &&
+            end_down == TP_NET_WINDOW_DOWN + 1000 + MIB &&
             tp_netrelay_count(nr) == 0,
         "both ends passed on: the stream ends with its byte counts");
   {
