@@ -143,8 +143,9 @@ wait]]):format(hp, d.pid, math.tointeger(rec.pid))
     assert.is_true(sent < 64 * 1024 * 1024, out)
     assert.is_true(daemon_rss_kib() - rss < 16 * 1024, "daemon RSS grew by "
       .. (daemon_rss_kib() - rss) .. " KiB")
-    -- the box's writer is gone, but the agent holds a full window it cannot
-    -- hand on, so the stream waits for the upstream: when that goes away
+    -- the box's writer is gone, but a full window of its bytes waits (in
+    -- the daemon, which took the box's socket; in the agent, where it
+    -- could not), so the stream waits for the upstream: when that goes away
     -- (closing with unread bytes: a reset), the stream ends and its socket
     -- with it
     uv.process_kill(servers[2], "sigterm")
