@@ -217,11 +217,14 @@ static void tp__nrs_flush(tp__nrs_t *s) {
 
 static void tp__nrs_poll_cb(uv_poll_t *h, int status, int events);
 
-/* Watches the upstream socket for what the stream wants: readable while
- * the window towards the box has room (and no handed-over bytes wait),
- * writable while the box's bytes wait for the socket's buffer. */
 static void tp__nrs_bpoll_cb(uv_poll_t *h, int status, int events);
 
+/* Watches the upstream socket for what the stream wants: readable while
+ * the window towards the box has room (and no handed-over bytes wait, and
+ * no NET_GIVE its answer), writable while the box's bytes wait for the
+ * socket's buffer.  A stream with the box's socket: the upstream readable
+ * while nothing waits for the box's socket, which is watched readable
+ * while pend has room and writable while bytes wait for it. */
 static void tp__nrs_watch(tp__nrs_t *s) {
   int ev = 0, r;
   if (s->gone)
@@ -283,9 +286,6 @@ static void tp__nrs_pump_box(tp__nrs_t *s) {
   tp__nrs_watch(s);
 }
 
-/* Whether the next read may be spliced onto the channel: the relay has
- * its pipe and a spare buffer, the channel is up and nothing waits in its
- * write queue (the frame head, written now, must come next on it). */
 /* The relay's pipe, made on first use: 0, or -1 (then the caller reads). */
 static int tp__nr_pipe(tp_netrelay_t *nr) {
   if (nr->pipe[0] >= 0)
@@ -306,6 +306,9 @@ static int tp__nr_pipe(tp_netrelay_t *nr) {
   return 0;
 }
 
+/* Whether the next read may be spliced onto the channel: the relay has
+ * its pipe and a spare buffer, the channel is up and nothing waits in its
+ * write queue (the frame head, written now, must come next on it). */
 static int tp__nr_can_splice(tp_netrelay_t *nr) {
   if (nr->nosplice || nr->b == NULL || !tp_dbox_running(nr->b) || tp_dbox_queued(nr->b) > 0)
     return 0;
@@ -589,11 +592,15 @@ static void tp__nrs_dmaybe_done(tp__nrs_t *s) {
 static void tp__nrs_dkeep(tp__nrs_t *s, size_t n) {
   tp_netrelay_t *nr = s->nr;
   size_t got = 0;
-  if ((s->down = malloc(n)) == NULL) {
+  if ((s->down = malloc(n)) == NULL) { /* the bytes go with the pipe; the next use makes one */
+    close(nr->pipe[0]);
+    close(nr->pipe[1]);
+    nr->pipe[0] = nr->pipe[1] = -1;
     tp__nrs_end(s, ENOMEM, 0, 1);
+    return;
   }
   while (got < n) {
-    ssize_t r = s->down != NULL ? read(nr->pipe[0], s->down + got, n - got) : -1;
+    ssize_t r = read(nr->pipe[0], s->down + got, n - got);
     if (r < 0 && errno == EINTR)
       continue;
     if (r <= 0) {
@@ -659,7 +666,7 @@ static size_t tp__nrs_dread(tp__nrs_t *s) {
       while (n < 0 && errno == EINTR);
     }
     if (n < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         tp__nrs_end(s, errno, 0, 1);
       break;
     }
