@@ -113,16 +113,18 @@ describe("network relay in C", function()
     -- descriptors and none of the agent's (NET_GIVE, docs/network.md)
     local rec = json.decode(assert(h.read_file(d.state .. "/boxes/" .. sb .. ".json")))
     local script = ([[
-curl -s -x http://127.0.0.1:3128 http://bulk.test:%d/big | (sleep 3; wc -c) &
+go=%s/give.go
+curl -s -x http://127.0.0.1:3128 http://bulk.test:%d/big | (while [ ! -e $go ]; do sleep 0.05; done; wc -c) &
 i=0; ino=; dn=0
-while [ $i -lt 50 ]; do
+while [ $i -lt 200 ]; do
   ino=$(ss -tnHe state established '( sport = :3128 )' | grep -o 'ino:[0-9]*' | head -n 1 | cut -d: -f2)
   if [ -n "$ino" ]; then dn=$(ls -l /proc/%d/fd | grep -c "socket:\[$ino\]"); fi
   if [ "$dn" = 1 ]; then break; fi
   sleep 0.05; i=$((i + 1))
 done
 echo "daemon $dn agent $(ls -l /proc/%d/fd | grep -c "socket:\[$ino\]")"
-wait]]):format(hp, d.pid, math.tointeger(rec.pid))
+touch $go
+wait]]):format(dir, hp, d.pid, math.tointeger(rec.pid))
     local f = assert(io.open(dir .. "/give.sh", "w"))
     f:write(script)
     f:close()
