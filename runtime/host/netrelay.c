@@ -42,6 +42,7 @@ typedef struct tp__nrs_s {
   uint32_t out_unacked; /* bytes sent to the box, not acknowledged */
   uint64_t to_up, to_box;
   /* The box's socket itself (NET_GIVE, tp__nrs_adopt): */
+  int asked;            /* NET_GIVE was sent (once a stream) */
   int giving;           /* NET_GIVE sent, no answer yet: nothing read upstream */
   int direct;           /* bfd is the box's socket: no frames, no windows from here on */
   int bfd;              /* -1 unless direct */
@@ -278,6 +279,15 @@ static void tp__nrs_pump_box(tp__nrs_t *s) {
     free(s->down);
     s->down = NULL;
     s->doff = s->dlen = 0;
+  }
+  /* a download that filled its window: the box's socket itself is asked
+   * for (tp__nrs_adopt), once; nothing is read upstream until the answer.
+   * A stream that never fills it (a small or slow one) is never asked, so
+   * it pays no round trip for it. */
+  if (s->nr->give && !s->asked && s->out_unacked >= s->nr->wdown && !s->box_eof && !s->up_eof &&
+      !s->eof_sent) {
+    s->asked = s->giving = 1;
+    tp__nr_send_sid(s->nr, TP_MSG_NET_GIVE, s->sid, 0, 0);
   }
   if (s->dlen == 0 && s->up_eof && !s->eof_sent) {
     s->eof_sent = 1;
@@ -1015,17 +1025,10 @@ int tp_netrelay_take(tp_netrelay_t *nr, const tp_netrelay_take_t *t, tp_error_t 
     tp__nrs_end(s, ENOMEM, 0, 0);
     return tp_error_set(err, ENOMEM, "network relay: out of memory");
   }
-  /* the box's socket itself where the agent can give it (tp__nrs_adopt):
-   * nothing is read upstream until it answered */
   s->bfd = -1;
   tp__nrs_pump_up(s);
   tp__nrs_maybe_shut(s);
-  tp__nrs_pump_box(s); /* what is owed, as far as the window goes, in frames before NET_GIVE */
-  if (!s->gone && nr->give && !s->box_eof && !s->up_eof && !s->eof_sent) {
-    s->giving = 1;
-    tp__nrs_watch(s); /* reads nothing upstream until the answer */
-    tp__nr_send_sid(nr, TP_MSG_NET_GIVE, s->sid, 0, 0);
-  }
+  tp__nrs_pump_box(s);
   return 0;
 }
 

@@ -211,7 +211,8 @@ static int got_taken(void) { return ag.takens > 0; }
 /* The box's socket itself (NET_GIVE): a box object of a backend named
  * linux whose "agent" is this process (its pidfd), in a network namespace
  * of its own where it listens on the proxy port.  Checked: the relay asks
- * for the socket and reads nothing upstream until answered; a named
+ * for the socket once a download fills its window, not before, and reads
+ * nothing upstream until answered; a named
  * descriptor that is not such a socket (the channel) is refused with
  * NET_TAKEN 0 and the stream goes on in frames; a stream whose socket is
  * taken moves 1 MiB each way byte-exact with no frame, passes each end on
@@ -261,21 +262,35 @@ static void test_give(void) {
   nr = tp_netrelay_new(b, TP_NET_WINDOW_DOWN, on_end, NULL, &err);
   tp_netrelay_give(nr, 1);
 
-  /* the agent names its channel: refused, the stream goes on in frames */
+  /* a stream that never fills its window is not asked */
   tcp_pair(&mine, &up_fd);
   tp_netrelay_take_t t = {.sid = 1, .fd = mine};
   check(tp_netrelay_take(nr, &t, &err) == 0, "the relay takes stream 1");
-  check(spin(&loop, 2000, got_give), "it asks for the box's socket");
   {
     ssize_t w = write(up_fd, big, 1000);
     (void) w;
   }
-  want_data = 1;
-  check(!spin(&loop, 200, got_data), "and reads nothing upstream until answered");
+  want_data = 1000;
+  check(spin(&loop, 2000, got_data) && !spin(&loop, 100, got_give), "a small download is not asked for the socket");
+  agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, 1000, NULL, 0);
+  /* a full window: asked, nothing read upstream until the answer; the
+   * agent names its channel: refused, the stream goes on in frames */
+  for (size_t at = 0; at < TP_NET_WINDOW_DOWN + 1000;) {
+    ssize_t w = write(up_fd, big + at, TP_NET_WINDOW_DOWN + 1000 - at);
+    if (w > 0)
+      at += (size_t) w;
+    spin(&loop, 2, got_give);
+  }
+  check(spin(&loop, 2000, got_give), "a download that fills its window: the box's socket is asked for");
+  agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, TP_NET_WINDOW_DOWN, NULL, 0);
+  want_data = 1000 + TP_NET_WINDOW_DOWN + 1;
+  check(!spin(&loop, 200, got_data) && ag.ndata == 1000 + TP_NET_WINDOW_DOWN,
+        "nothing more is read upstream until the answer");
   agent_send(TP_MSG_NET_GIVE, 1, TP_TAG_FD, ag.fd, NULL, 0);
   check(spin(&loop, 2000, got_taken) && ag.taken_v == 0, "a descriptor that is no box socket: NET_TAKEN 0");
-  want_data = 1000;
-  check(spin(&loop, 2000, got_data) && memcmp(ag.data, big, 1000) == 0 && downs == 0,
+  want_data = 2000 + TP_NET_WINDOW_DOWN;
+  check(spin(&loop, 2000, got_data) && memcmp(ag.data + 1000, big, TP_NET_WINDOW_DOWN + 1000) == 0 &&
+            downs == 0,
         "the stream goes on in frames");
   ends = 0;
   tp_netrelay_drop(nr, 1, 1);
@@ -350,7 +365,7 @@ static void test_give(void) {
 
   /* an answer nobody asked for ends the stream */
   tcp_pair(&mine, &up_fd);
-  t = (tp_netrelay_take_t){.sid = 3, .fd = mine, .box_eof = 1};
+  t = (tp_netrelay_take_t){.sid = 3, .fd = mine, .box_eof = 1, .down = big, .down_len = TP_NET_WINDOW_DOWN};
   ends = 0;
   ag.gives = 0;
   check(tp_netrelay_take(nr, &t, &err) == 0 && !spin(&loop, 100, got_give),
