@@ -91,8 +91,9 @@ typedef struct tp_netrelay_take_s {
 tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, uint32_t window_down, tp_netrelay_end_cb on_end,
                                void *data, tp_error_t *err);
 /* on: the box's agent answers NET_GIVE (its READY said TP_F_READY_NET_FD).
- * Then, on a linux box (whose PID 1 is the agent), each stream taken over
- * is asked for its box socket first: once the agent names it, the relay
+ * Then, on a linux box (whose PID 1 is the agent), a stream taken over is
+ * asked for its box socket once a download fills its window (a small or
+ * slow one never is, and pays no round trip): once the agent names it, the relay
  * takes it from the agent (pidfd_getfd), checks it is a TCP socket of the
  * box's network namespace on the proxy or SOCKS5 port, and moves the bytes
  * between that socket and the upstream itself, with no frames and no
