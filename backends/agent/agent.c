@@ -497,7 +497,7 @@ static void send_ready(agent_t *a) {
   agent_event_begin(a, TP_MSG_READY);
   tp_frame_add_int(&a->out, TP_TAG_VERSION, TP_PROTO_VERSION);
   tp_frame_add_int(&a->out, TP_TAG_PID, getpid());
-  tp_frame_add_int(&a->out, TP_TAG_FLAGS, TP_F_READY_NET_DOWN | TP_F_READY_EXEC_USER);
+  tp_frame_add_int(&a->out, TP_TAG_FLAGS, TP_F_READY_NET_DOWN | TP_F_READY_EXEC_USER | TP_F_READY_NET_FD);
   agent_send(a);
 }
 
