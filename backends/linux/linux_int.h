@@ -101,6 +101,16 @@ int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid
 #define TP__POOL_XATTR "trusted.tupper.pool"
 #define TP__POOL_LINK "pool"
 
+/* Spare box dirs (box_spare.c): where <parent of box_dir>/.spare exists, a
+ * removed box's emptied dir is moved there (keep: 0, or -1 and the caller
+ * removes it) and a start renames one to its box_dir (take: 0, or -1 and
+ * the caller makes it), so that no inode is made or freed on the state
+ * dir's filesystem for it.  At most TP__SPARE_DIRS_MAX are kept. */
+#define TP__SPARE_DIR ".spare"
+#define TP__SPARE_DIRS_MAX 64
+int tp__spare_dir_take(const char *box_dir);
+int tp__spare_dir_keep(const char *box_dir);
+
 /* Runs the tool at exe with argv (fixed PATH, stdin/stdout /dev/null) and
  * reaps it: 0 with its wait status in *status and the start of its stderr in
  * msg, or -1 with err set (pkg: the Debian package to install). */
