@@ -21,13 +21,19 @@ function D:save(sb)
   -- a pause to disk and the snapshot it holds (daemon/pause.lua)
   rec.persist, rec.pause_snapshot = sb.persist, sb.pause_snapshot
   local text = json.encode(rec)
-  -- a removed box's record file where one is spare (D:unsave), truncated:
-  -- no inode made (daemon/recover.lua)
+  -- a removed box's record file where one is spare (D:unsave): no inode
+  -- made (daemon/recover.lua); written over and cut to length after, not
+  -- truncated first (which frees its block for the write to take again)
   local spare = self.spare_records and table.remove(self.spare_records)
-  if spare then uv.fs_rename(spare, path .. ".tmp") end
-  local fd = uv.fs_open(path .. ".tmp", "w", tonumber("600", 8))
-  if not fd then return end
-  uv.fs_write(fd, text)
+  local fd = spare and uv.fs_rename(spare, path .. ".tmp") and uv.fs_open(path .. ".tmp", "r+", 0)
+  if fd then
+    uv.fs_write(fd, text, 0)
+    uv.fs_ftruncate(fd, #text)
+  else
+    fd = uv.fs_open(path .. ".tmp", "w", tonumber("600", 8))
+    if not fd then return end
+    uv.fs_write(fd, text)
+  end
   uv.fs_close(fd)
   uv.fs_rename(path .. ".tmp", path)
 end
