@@ -100,6 +100,9 @@ int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid
  * trusted xattrs */
 #define TP__POOL_XATTR "trusted.tupper.pool"
 #define TP__POOL_LINK "pool"
+/* That name of box_dir's subvolume, NUL-terminated in buf: its length, or
+ * -1 (errno) when box_dir has none (no disk cap on the pool). */
+ssize_t tp__pool_name(const char *box_dir, char *buf, size_t len);
 
 /* Spare box dirs (box_spare.c): where <parent of box_dir>/.spare exists, a
  * removed box's emptied dir is moved there (keep: 0, or -1 and the caller

@@ -141,7 +141,17 @@ static void test_pool(const env_t *e) {
     check(n > 0 && strcmp(name, path) == 0, "box: its dir names the subvolume ('%s')",
           n > 0 ? name : strerror(errno));
     n = other_entries(box_dir);
-    check(n == 0, "box: its dir holds the agent's socket and nothing else (%d more)", (int) n);
+    check(n == 0, "box: its dir holds nothing: the socket is in the subvolume (%d entries)", (int) n);
+    {
+      struct stat st;
+      char sock[440];
+      snprintf(sock, sizeof(sock), "%s/agent.sock", path);
+      check(lstat(sock, &st) == 0 && S_ISSOCK(st.st_mode) && (st.st_mode & 0777) == 0600 &&
+                st.st_uid == 0,
+            "box: the agent's socket is in its subvolume's root, root's, 0600");
+      snprintf(sock, sizeof(sock), "%s/agent.sock", box_dir);
+      check(!exists(sock), "box: and not in its dir");
+    }
   }
   o = box_out(&c, "dd if=/dev/zero of=/big bs=1M count=64 2>&1 | grep -o 'Disk quota exceeded'"
                   " | head -1; rm /big; sync; head -c 4000000 /dev/urandom > /ok && echo ok-after");
