@@ -392,8 +392,13 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   op(&b, TP__OP_UNSHARE, "unshare cgroup namespace", NULL, NULL, NULL, CLONE_NEWCGROUP, NULL,
      0);
   /* Bound as host root while box_dir is still visible: a restarted daemon
-   * connects there (tp_linux_box_adopt); the box never sees it. */
-  op(&b, TP__OP_LISTEN, "bind agent socket", TP__AGENT_SOCK, s->box_dir, NULL, 0, NULL, 0600);
+   * connects there (tp_linux_box_adopt); the box never sees it.  On the
+   * btrfs pool, in the root of the box's subvolume (which the box sees
+   * only its upper/ of), not in box_dir: an inode made there costs the
+   * state dir's filesystem nothing, and goes with the subvolume
+   * (docs/benchmarks.md, "Churn"). */
+  op(&b, TP__OP_LISTEN, "bind agent socket", TP__AGENT_SOCK,
+     s->pool != NULL ? str(&b, "%s/boxes/%s", s->pool, s->id) : s->box_dir, NULL, 0, NULL, 0600);
 
   /* Nothing we mount may propagate back to the host. */
   mnt(&b, "make / private", "", "/", NULL, MS_REC | MS_PRIVATE, NULL);

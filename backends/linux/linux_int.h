@@ -109,6 +109,19 @@ int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid
  * trusted xattrs */
 #define TP__POOL_XATTR "trusted.tupper.pool"
 #define TP__POOL_LINK "pool"
+/* That name of box_dir's subvolume, NUL-terminated in buf: its length, or
+ * -1 (errno) when box_dir has none (no disk cap on the pool). */
+ssize_t tp__pool_name(const char *box_dir, char *buf, size_t len);
+
+/* Spare box dirs (box_spare.c): where <parent of box_dir>/.spare exists, a
+ * removed box's emptied dir is moved there (keep: 0, or -1 and the caller
+ * removes it) and a start renames one to its box_dir (take: 0, or -1 and
+ * the caller makes it), so that no inode is made or freed on the state
+ * dir's filesystem for it.  At most TP__SPARE_DIRS_MAX are kept. */
+#define TP__SPARE_DIR ".spare"
+#define TP__SPARE_DIRS_MAX 64
+int tp__spare_dir_take(const char *box_dir);
+int tp__spare_dir_keep(const char *box_dir);
 
 /* Runs the tool at exe with argv (fixed PATH, stdin/stdout /dev/null) and
  * reaps it: 0 with its wait status in *status and the start of its stderr in

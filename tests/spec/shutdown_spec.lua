@@ -150,6 +150,9 @@ describe("a daemon stopped with long-lived things open", function()
     assert.is_nil(d.signal, "killed by signal " .. tostring(d.signal) .. ": " .. log:sub(-2000))
     assert.are.equal(0, d.exit_code, log:sub(-2000))
     assert.is_nil(log:find("event loop still busy", 1, true), log:sub(-2000))
+    -- its boxes' dirs and records are gone, the spare ones (.spare) too
+    local scan = uv.fs_scandir(d.state .. "/boxes")
+    assert.is_nil(scan and uv.fs_scandir_next(scan), "boxes/ is empty")
     if not tcp:is_closing() then tcp:close() end
   end)
 
