@@ -377,9 +377,10 @@ static void t_limits(const tp_cgroup_root_t *root, const char *id) {
   }
 
   /* freeze */
-  if (cg.version == 2 || cg.path_v1[TP_CG_FREEZER] != NULL)
+  if (cg.version == 2 || cg.path_v1[TP_CG_FREEZER] != NULL) {
     t_freeze(&cg);
-  else
+    t_freeze_vfork(&cg);
+  } else
     skip("no freezer hierarchy");
 
   /* oom_score_adj */
