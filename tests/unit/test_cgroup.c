@@ -162,7 +162,8 @@ static int64_t cpu_stat(const tp_cgroup_t *cg, const char *key) {
  * plus one period's (the runtime at hand when the period timer started)
  * and a scheduler tick on each cpu (a task runs to the next tick past the
  * quota; the debt is paid from the next periods).  Without the quota the
- * box is never throttled and the wait fails.  The box gets its 50% back. */
+ * box is never throttled and the wait fails.  The box gets its 50% back
+ * before the spinners are killed. */
 #define THROTTLE_PERIODS 5
 #define THROTTLE_QUOTA_US 1000
 #define TICK_MAX_US 10000 /* HZ=100 */
@@ -191,16 +192,24 @@ static void t_throttle(const tp_cgroup_t *cg) {
   end = now_ms() + WAIT_MS;
   while (ok && now_ms() < end && (t1 = cpu_stat(cg, "nr_throttled")) >= 0 && t1 - t0 < THROTTLE_PERIODS)
     nap_ms(20);
+  /* the counters while they still spin; then the quota goes back first, so
+   * that the throttled spinners get the cpu to die at once */
+  p1 = cpu_stat(cg, "nr_periods");
+  r = tp_cgroup_stats(cg, &st, &err);
+  lim.cpu_quota = 50000;
+  if (tp_cgroup_set_limits(cg, &lim, &err) < 0) {
+    diag("set_limits", &err);
+    ok = 0;
+  }
+  check(ok, "the cpu quota is back at 50000 us");
   for (int i = 0; i < k; i++)
     if (burners[i] > 0) {
       kill(burners[i], SIGKILL);
       ok &= wait_pid(burners[i], WAIT_MS, &status) == 0 && killed(status);
     }
   check(ok, "the spinners are killed");
-  p1 = cpu_stat(cg, "nr_periods");
-  r = tp_cgroup_stats(cg, &st, &err);
   show("before the spin", &st0);
-  show("after the spin", &st);
+  show("while they spun", &st);
   check(t0 >= 0 && t1 - t0 >= THROTTLE_PERIODS && st.throttled_usec > st0.throttled_usec,
         "the kernel throttled the box in %" PRId64 " periods (>= %d), for %" PRId64 " us", t1 - t0,
         THROTTLE_PERIODS, st.throttled_usec - st0.throttled_usec);
@@ -211,11 +220,6 @@ static void t_throttle(const tp_cgroup_t *cg) {
           "they used %" PRId64 " us of cpu in %" PRId64 " periods (at most %" PRId64 ")", used, p1 - p0,
           budget);
   }
-  lim.cpu_quota = 50000;
-  r = tp_cgroup_set_limits(cg, &lim, &err);
-  if (r < 0)
-    diag("set_limits", &err);
-  check(r == 0, "the cpu quota is back at 50000 us");
 }
 
 static void t_limits(const tp_cgroup_root_t *root, const char *id) {
