@@ -449,5 +449,25 @@ describe("a box", function()
       end)
       assert(ran, "the box did not run again after resume")
     end)
+
+    -- dash runs each command through vfork(): a freeze on a v1 freezer
+    -- that catches a process inside the call leaves it unfrozen until
+    -- FROZEN is written again (tp_cgroup_freeze does, while it waits)
+    it("pauses a box whose processes vfork in a loop, every time", function()
+      id = create()
+      local pids = {}
+      for i = 1, 2 do
+        pids[i] = assert(call("process.start", { sandbox = id, argv = { PROBE_IN_BOX, "vforkloop", "600000" } })).pid
+      end
+      for i = 1, 40 do
+        local r, err = call("sandbox.pause", { id = id })
+        assert(r, ("pause %d: %s"):format(i, tostring(err and err.message)))
+        assert(call("sandbox.resume", { id = id }))
+      end
+      -- and they were vforking all along
+      local running = {}
+      for _, p in ipairs(assert(call("process.list", { sandbox = id })).processes) do running[p.pid] = true end
+      assert(running[pids[1]] and running[pids[2]], "the vforking probes ended early")
+    end)
   end)
 end)
