@@ -58,7 +58,7 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(10)
+                self.proc.wait(30)  # it destroys its boxes first; a loaded machine is slow
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
