@@ -484,12 +484,7 @@ describe("the daemon", function()
       local id = json.decode(got[1]).result.id
       assert.truthy(id)
       local gone = sync(function()
-        for _ = 1, 200 do
-          local _, err = c:call("sandbox.get", { id = id })
-          if err then return true end
-          async.sleep(10)
-        end
-        return false
+        return helper.poll(function() return select(2, c:call("sandbox.get", { id = id })) ~= nil end)
       end)
       assert.is_true(gone)
     end)

@@ -39,11 +39,7 @@ describe("network relay in C", function()
   -- upstream socket is closed (the box's side ends in the agent first)
   local function fds_back_to(n)
     return h.sync(function()
-      local async = require("tupper.util.async")
-      for _ = 1, 100 do
-        if daemon_fds() <= n then return true end
-        async.sleep(20)
-      end
+      if h.poll(function() return daemon_fds() <= n end, nil, 20) then return true end
       return false, daemon_fds()
     end)
   end

@@ -131,8 +131,7 @@ describe("a daemon stopped with long-lived things open", function()
       assert(not err, err)
       data:read_start(function(_, chunk) if chunk then buf = buf .. chunk end end)
       data:write(json.encode({ jsonrpc = "2.0", id = 1, method = "stream.attach", params = { token = tok } }) .. "\n")
-      local deadline = helper.now() + 5000
-      while not buf:find("\n", 1, true) and helper.now() < deadline do async.sleep(5) end
+      helper.poll(function() return buf:find("\n", 1, true) end, nil, 5)
     end)
     local reply = json.decode(buf:match("^([^\n]*)\n") or "")
     assert(reply and reply.result, "stream.attach: " .. buf)

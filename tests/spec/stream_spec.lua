@@ -407,10 +407,7 @@ describe("the data plane", function()
       sent[#sent + 1] = helper.b64decode(rd.data)
     end
     assert.is_true(table.concat(sent) == table.concat(parts), "the bytes differ")
-    helper.sync(function()
-      local deadline = helper.now() + 5000
-      while not exit and helper.now() < deadline do async.sleep(5) end
-    end)
+    helper.sync(function() helper.poll(function() return exit end, nil, 5) end)
     assert.are.equal(0, exit and exit.exit_code)
     raw_close(r)
     c2:close()
@@ -478,10 +475,7 @@ describe("the data plane", function()
     r3.pipe:write(stream.frame(T.DATA, cn.streams.stdin, "ok\n") .. stream.frame(T.END, cn.streams.stdin))
     local got = frames_until(r3, function(fs) return has(fs, cn.streams.stdout, T.END) end)
     assert.are.equal("ok\ntail\n", select(2, data_of(got, cn.streams.stdout)), "nothing of the half frame")
-    helper.sync(function()
-      local deadline = helper.now() + 5000
-      while not exit and helper.now() < deadline do async.sleep(5) end
-    end)
+    helper.sync(function() helper.poll(function() return exit end, nil, 5) end)
     assert.are.equal(0, exit and exit.exit_code)
     raw_close(r3)
     c2:close()
