@@ -22,6 +22,13 @@ static int tp__fast_hello_ok(json_t *res) {
          tp_freply_int(json_object_get(res, "process_streams"), &ps) == 0 && ps == 1;
 }
 
+/* hello's attach_wait: a process.start may go out before the attach's
+ * reply came (the daemon waits for the attach). */
+static int tp__fast_attach_wait(json_t *res) {
+  int64_t ms;
+  return tp_freply_int(json_object_get(res, "attach_wait"), &ms) == 0 && ms > 0;
+}
+
 /* The conversation; 1 handled (*code), 0 fall back. */
 static int tp__fast_talk(tp__fast_t *c, int *code) {
   const tp_fargv_t *a = c->a;
@@ -29,7 +36,7 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
   tp_error_t err;
   int64_t hello_id, channel_id, create_id = 0;
   json_t *res, *eobj;
-  int r;
+  int r, pipelined;
   char msg[4096];
   tp_error_clear(&err);
   hello_id = c->next_id;
@@ -52,6 +59,7 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
   }
   if (!tp__fast_hello_ok(res))
     return 0; /* an older daemon: the Lua CLI's JSON path (a run's box goes with us) */
+  pipelined = tp__fast_attach_wait(res);
   /* the data connection is made while a run's create goes on */
   r = tp__fast_open(c, channel_id, &err);
   if (r < 0)
@@ -74,6 +82,26 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
   } else {
     snprintf(c->id, sizeof(c->id), "%s", a->id);
   }
+  if (pipelined) {
+    /* the start right behind the attach, not after its reply: the daemon
+     * waits for the attach (one round trip less) */
+    c->start_id = c->next_id;
+    tp__fast_start(c, &w);
+    r = tp__fast_write(c->ctl.fd, &w, &err);
+    tp__fout_free(&w);
+    if (r < 0)
+      goto fail;
+  }
+  r = tp__fast_attached(c, &err);
+  if (r < 0)
+    goto fail;
+  if (r == 1 && c->start_id != 0) {
+    /* the start is out: no fall back that would start it again */
+    tp_error_set(&err, EPROTO, "the daemon refused the data connection");
+    goto fail;
+  }
+  if (r == 1)
+    return 0;
   if (tp__fast_run_in(c, code, &err) < 0)
     goto fail;
   if (a->verb == TP_FV_RUN && !c->closed) {
@@ -159,6 +187,7 @@ int tp_fast_main(int argc, char **argv, int *code) {
   memset(&c, 0, sizeof(c));
   c.a = &a;
   c.next_id = 1;
+  c.att.fd = -1;
   c.ctl.fd = tp__fast_ctl(&c);
   if (c.ctl.fd < 0)
     return only_c ? tp__fast_refuse(code) : 0;
@@ -166,6 +195,7 @@ int tp_fast_main(int argc, char **argv, int *code) {
   tp__fast_settle(&c);
   for (int k = 0; k < c.nstash; k++)
     json_decref(c.stash[k].msg);
+  tp__fast_att_free(&c);
   tp_spump_free(c.dc);
   free(c.in_buf);
   close(c.ctl.fd);

@@ -41,6 +41,11 @@ typedef struct tp__fast_s {
   uint32_t sid_out, sid_err, sid_in;
   tp_spump_t *dc;
   int dc_over;
+  /* the data connection from its attach's request to its reply (then the
+   * pump's); the process.start written before that reply came (a daemon
+   * whose hello has attach_wait), else 0 */
+  tp__fline_t att;
+  int64_t start_id;
   /* -i from a pipe (or anything but a regular file, which the pump sends
    * itself): read here within the stream's credit */
   int in_here, in_over;
@@ -84,6 +89,8 @@ void tp__fast_note(tp__fast_t *c);
 
 /* fstream.c: the data connection and the loop */
 int tp__fast_open(tp__fast_t *c, int64_t channel_id, tp_error_t *err);
+int tp__fast_attached(tp__fast_t *c, tp_error_t *err);
+void tp__fast_att_free(tp__fast_t *c);
 int tp__fast_run_in(tp__fast_t *c, int *code, tp_error_t *err);
 
 #endif

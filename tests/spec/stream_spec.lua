@@ -341,6 +341,43 @@ describe("the data plane", function()
     assert.are.equal(1, c.server.process_streams)
   end)
 
+  it("takes a process.start sent before its attach: it waits for the attach, and at most attach_wait", function()
+    assert.are.equal(5000, c.server.attach_wait)
+    local c2 = d.connect()
+    local tok = assert(helper.call(c2, "stream.channel", {}))
+    local st, serr
+    async.spawn(function()
+      st, serr = c2:call("process.start", { sandbox = box, streams = true, argv = { "echo", "early" } })
+    end)
+    helper.sync(function() async.sleep(300) end)
+    assert.is_nil(st, "answered before the attach")
+    assert.is_nil(serr)
+    local r = raw_connect(d.socket)
+    r.pipe:write(json.encode({ jsonrpc = "2.0", id = 7, method = "stream.attach",
+      params = { token = tok.token } }) .. "\n")
+    assert.truthy(raw_line(r).result)
+    helper.sync(function()
+      local deadline = helper.now() + 5000
+      while not st and not serr and helper.now() < deadline do async.sleep(5) end
+    end)
+    assert.is_nil(serr)
+    local sid = st.streams.stdout
+    local frames = frames_until(r, function(fs) return has(fs, sid, T.END) end)
+    assert.are.equal("early\n", select(2, data_of(frames, sid)))
+    raw_close(r)
+    c2:close()
+    -- a token that is never attached: the start fails once attach_wait is up
+    local c3 = d.connect()
+    assert(helper.call(c3, "stream.channel", {}))
+    local t0 = helper.now()
+    local res, err = helper.call(c3, "process.start", { sandbox = box, streams = true, argv = { "true" } })
+    local took = helper.now() - t0
+    assert.is_nil(res)
+    assert.matches("no data connection", tostring(err and err.message or err))
+    assert.is_true(took >= 4900 and took < 8000, ("waited %d ms"):format(took))
+    c3:close()
+  end)
+
   it("carries 80 MiB of `tupper exec` stdout byte for byte count", function()
     local cmd = ("%s --socket %s exec %s -- head -c 83886080 /dev/zero | wc -c"):format(helper.BIN, d.socket, box)
     local t0 = helper.now()

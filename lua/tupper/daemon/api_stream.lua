@@ -8,6 +8,7 @@ local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local rpc = require("tupper.wire.rpc")
+local async = require("tupper.util.async")
 
 local M = {}
 
@@ -17,6 +18,8 @@ M.PROCESS_STREAMS = 1         -- hello's `process_streams`: process.start, proce
 M.TOKEN_TTL = 30000           -- ms a stream.channel token stays valid
 M.TOKENS_MAX = 16             -- unused tokens one connection may hold
 M.IDLE_MS = 60000             -- a data connection with no credit for this long is dropped
+M.ATTACH_WAIT_MS = 5000       -- hello's `attach_wait`: how long a call that asks for streams waits
+                              -- for the attach of a token its connection holds
 M.WINDOW = 4 * 1024 * 1024    -- the default window of a data connection
 M.FRAME_MAX = 1048576
 
@@ -25,7 +28,15 @@ local function hex_token()
   return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
 end
 
--- The control connection's data connection goes with it.
+-- Wakes the calls of conn that wait for its attach (M.await_data_conn).
+local function wake_waiters(conn)
+  local w = conn._attach_waiters
+  conn._attach_waiters = nil
+  for done in pairs(w or {}) do done() end
+end
+
+-- The control connection's data connection goes with it, and a call that
+-- waits for an attach stops waiting.
 local function on_control_close(conn)
   if conn._stream_hooked then return end
   conn._stream_hooked = true
@@ -33,6 +44,7 @@ local function on_control_close(conn)
   local prev = handlers.close
   conn.handlers = setmetatable({ close = function(c)
     if c.data_conn then c.data_conn:close(); c.data_conn = nil end
+    wake_waiters(c)
     if prev then return prev(c) end
   end }, { __index = handlers })
 end
@@ -56,12 +68,18 @@ function M.register(h, helpers)
     end
     local token = hex_token()
     d.stream_tokens[token] = { conn = conn, expires = now + M.TOKEN_TTL }
+    -- what a call of this connection that asks for streams may wait for
+    conn.tokens_out = conn.tokens_out or {}
+    conn.tokens_out[token] = now + M.TOKEN_TTL
     return { token = token }
   end
 
   function h.stream_attach(d, conn, p)
     local e = d.stream_tokens and d.stream_tokens[p.token]
-    if e then d.stream_tokens[p.token] = nil end
+    if e then
+      d.stream_tokens[p.token] = nil
+      if e.conn.tokens_out then e.conn.tokens_out[p.token] = nil end
+    end
     if not e or e.expires < uv.now() or e.conn.closed then
       return nil, rpc.INVALID_PARAMS, "stream.attach: unknown or expired token"
     end
@@ -84,6 +102,7 @@ function M.register(h, helpers)
     if not dc then return nil, rpc.INTERNAL_ERROR, "stream.attach: " .. tostring(err) end
     control.data_conn = dc
     on_control_close(control)
+    wake_waiters(control)
     return {} -- not sent: the reply went out as the data connection's first bytes
   end
 
@@ -101,6 +120,40 @@ function M.register(h, helpers)
       return nil, rpc.INVALID_REQUEST, "'streams': no data connection: call stream.channel, then stream.attach on a second connection"
     end
     return dc
+  end
+
+  --- The data connection of conn as M.data_conn; where none is attached
+  -- yet but conn holds an unused token, first waits (in the caller's
+  -- coroutine) for its attach, at most ATTACH_WAIT_MS and never past the
+  -- token's expiry: a client may send its process.start right behind its
+  -- stream.attach, on the other connection, without waiting for the
+  -- attach's reply (one round trip less a start).
+  function M.await_data_conn(conn)
+    local dc = conn.data_conn
+    if dc and dc:alive() then return dc end
+    local now, last = uv.now(), nil
+    for token, expires in pairs(conn.tokens_out or {}) do
+      if expires <= now then
+        conn.tokens_out[token] = nil
+      elseif not last or expires > last then
+        last = expires
+      end
+    end
+    if last and not conn.closed then
+      on_control_close(conn) -- its close ends the wait
+      async.wait(function(cb)
+        local t = uv.new_timer()
+        local function done()
+          if conn._attach_waiters then conn._attach_waiters[done] = nil end
+          if not t:is_closing() then t:close() end
+          cb()
+        end
+        conn._attach_waiters = conn._attach_waiters or {}
+        conn._attach_waiters[done] = true
+        t:start(math.min(last - now, M.ATTACH_WAIT_MS), 0, done)
+      end)
+    end
+    return M.data_conn(conn)
   end
 
   --- Binds the streams of process pid of sb (started with credit) to conn's
