@@ -19,7 +19,7 @@
 
 /* Connects the data connection and sends stream.attach with token; its
  * reply is tp__fast_attached's to read.  0, or -1 on an error. */
-static int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
+int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
   tp__fout_t w = { 0 };
   int e = 0, r;
   c->att.fd = tp__fast_connect(c->socket, &e);
@@ -253,19 +253,6 @@ static int tp__fast_loop(tp__fast_t *c, tp_error_t *err) {
       tp__fast_stdin(c);
   }
   return 0;
-}
-
-/* The data connection: stream.channel's token (the reply to channel_id)
- * and the attach's request (tp__fast_attached reads its reply).  0; 1:
- * fall back (stream.channel failed: the Lua CLI's old path); -1: err. */
-int tp__fast_open(tp__fast_t *c, int64_t channel_id, tp_error_t *err) {
-  char token[128];
-  json_t *res, *eobj;
-  if (tp__fast_reply(c, channel_id, &res, &eobj, err) < 0)
-    return -1;
-  if (res == NULL || tp_freply_str(json_object_get(res, "token"), token, sizeof(token)) < 0)
-    return 1;
-  return tp__fast_attach(c, token, err);
 }
 
 /* process.start with streams, its streams to fd 1, 2 (and from 0), the

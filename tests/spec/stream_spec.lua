@@ -341,6 +341,47 @@ describe("the data plane", function()
     assert.are.equal(1, c.server.process_streams)
   end)
 
+  it("takes a token the client chose, and an attach that comes before its stream.channel", function()
+    local c2 = d.connect()
+    local hex = {}
+    for i = 1, 16 do hex[i] = ("%02x"):format(math.random(0, 255)) end
+    local tok = table.concat(hex)
+    -- the attach first: it waits for the channel that names its token
+    local r = raw_connect(d.socket)
+    r.pipe:write(json.encode({ jsonrpc = "2.0", id = 7, method = "stream.attach", params = { token = tok } }) .. "\n")
+    helper.sync(function() async.sleep(200) end)
+    assert.are.equal("", r.buf, "answered before the channel")
+    local ch = assert(helper.call(c2, "stream.channel", { token = tok }))
+    assert.are.equal(tok, ch.token)
+    assert.truthy(raw_line(r).result)
+    local st = assert(helper.call(c2, "process.start", { sandbox = box, streams = true, argv = { "echo", "own" } }))
+    local frames = frames_until(r, function(fs) return has(fs, st.streams.stdout, T.END) end)
+    assert.are.equal("own\n", select(2, data_of(frames, st.streams.stdout)))
+    -- a token in use, or not lowercase hex, is refused
+    local c3 = d.connect()
+    local tok2 = tok:sub(1, 31) .. (tok:sub(32) == "a" and "b" or "a")
+    assert(helper.call(c3, "stream.channel", { token = tok2 }))
+    local res, err = helper.call(c2, "stream.channel", { token = tok2 })
+    assert.is_nil(res)
+    assert.truthy(tostring(err.message):find("in use", 1, true))
+    res, err = helper.call(c2, "stream.channel", { token = tok:upper() })
+    assert.is_nil(res)
+    assert.truthy(tostring(err.message):find("hex", 1, true))
+    -- an attach whose channel never comes is refused after a second
+    local r2 = raw_connect(d.socket)
+    local t0 = helper.now()
+    r2.pipe:write(json.encode({ jsonrpc = "2.0", id = 7, method = "stream.attach",
+      params = { token = ("f"):rep(32) } }) .. "\n")
+    local reply = raw_line(r2)
+    local took = helper.now() - t0
+    assert.truthy(reply and reply.error)
+    assert.is_true(took >= 900 and took < 4000, ("waited %d ms"):format(took))
+    raw_close(r2)
+    raw_close(r)
+    c3:close()
+    c2:close()
+  end)
+
   it("takes a process.start sent before its attach: it waits for the attach, and at most attach_wait", function()
     assert.are.equal(5000, c.server.attach_wait)
     local c2 = d.connect()

@@ -419,7 +419,7 @@ typedef struct scen_s {
   int code;            /* the exit code expected */
   const char *err;     /* in stderr */
   const char *want;    /* in the process.start request */
-  int pipelined;       /* hello has attach_wait: process.start comes before the attach's reply */
+  int old_channel;     /* stream.channel refuses the client's token (a daemon before them) */
   int attach_refused;  /* the attach is answered with an error */
 } scen_t;
 
@@ -519,7 +519,18 @@ static void run_scen(const char *dir, const scen_t *s) {
   }
   cfd = accept_one(lfd);
   if (cfd >= 0) {
-    read_lines(cfd, req, sizeof(req), 2); /* hello and stream.channel, in one write */
+    char token[64] = "", *t;
+    /* hello, stream.channel with the client's token and process.start, in one write */
+    read_lines(cfd, req, sizeof(req), 3);
+    check(strstr(req, "\"hello\"") != NULL && strstr(req, "\"stream.channel\"") != NULL &&
+              strstr(req, "\"process.start\"") != NULL,
+          "%s: hello, stream.channel and process.start come at once", s->name);
+    if (s->want)
+      check(strstr(req, s->want) != NULL, "%s: process.start says %s (%s)", s->name, s->want, req);
+    if ((t = strstr(req, "\"token\":\"")) != NULL)
+      sscanf(t + 9, "%63[^\"]", token);
+    check(strlen(token) == 32 && strspn(token, "0123456789abcdef") == 32, "%s: the channel's token is %s",
+          s->name, token);
     if (s->hello == NULL) {
       static char big[2 * 1024 * 1024];
       memset(big, 'x', sizeof(big));
@@ -527,49 +538,43 @@ static void run_scen(const char *dir, const scen_t *s) {
     } else {
       puts_line(cfd, s->hello);
     }
-    if (s->start != NULL) {
-      puts_line(cfd, "{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"token\":\"t0\"}}");
-      dfd = accept_one(lfd);
-      if (dfd >= 0) {
-        const char *att = s->attach_refused
-                              ? "{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32602,\"message\":\"no\"}}"
-                              : "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocol\":1,\"window\":4194304,\"frame_max\":1048576}}";
-        read_lines(dfd, req, sizeof(req), 1);
-        check(strstr(req, "\"stream.attach\"") != NULL && strstr(req, "\"t0\"") != NULL,
-              "%s: the attach names the token (%s)", s->name, req);
-        if (s->pipelined) {
-          /* the start comes before the attach is answered */
-          read_lines(cfd, req, sizeof(req), 1);
-          check(strstr(req, "\"process.start\"") != NULL, "%s: process.start before the attach's reply",
-                s->name);
-          puts_line(dfd, att);
+    /* the attach comes without waiting for any reply */
+    dfd = accept_one(lfd);
+    if (dfd >= 0)
+      read_lines(dfd, req, sizeof(req), 1);
+    check(dfd >= 0 && strstr(req, "\"stream.attach\"") != NULL && strstr(req, token) != NULL,
+          "%s: the attach names the token (%s)", s->name, req);
+    if (s->start != NULL && s->old_channel) {
+      puts_line(cfd, "{\"jsonrpc\":\"2.0\",\"id\":2,\"error\":{\"code\":-32602,\"message\":\"unknown parameter 'token'\"}}");
+      puts_line(cfd, s->start);
+    } else if (s->start != NULL && dfd >= 0) {
+      const char *att = s->attach_refused
+                            ? "{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32602,\"message\":\"no\"}}"
+                            : "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocol\":1,\"window\":4194304,\"frame_max\":1048576}}";
+      char ch[128];
+      snprintf(ch, sizeof(ch), "{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"token\":\"%s\"}}", token);
+      puts_line(cfd, ch);
+      puts_line(dfd, att);
+      puts_line(cfd, s->start);
+      if (s->frames) {
+        uint8_t f[256];
+        size_t n = 0;
+        n += tp_sframe_open(f + n, 1, TP_SK_STDOUT, 0);
+        n += tp_sframe_open(f + n, 2, TP_SK_STDERR, 0);
+        if (s->frames == 2) {
+          memcpy(f + n, "\x05\x00\x00\x00\x09\x02\x00\x00\x01\x00\x00\x00hi\n!!", 17); /* version 9 */
+          n += 17;
         } else {
-          puts_line(dfd, att);
-          read_lines(cfd, req, sizeof(req), 1);
+          tp_sframe_header(f + n, TP_SF_DATA, 1, 3);
+          memcpy(f + n + TP_SF_HDR, "hi\n", 3);
+          n += TP_SF_HDR + 3;
+          n += tp_sframe_end(f + n, 1, 1, 3);
+          n += tp_sframe_end(f + n, 2, 1, 0);
         }
-        if (s->want)
-          check(strstr(req, s->want) != NULL, "%s: process.start says %s (%s)", s->name, s->want, req);
-        puts_line(cfd, s->start);
-        if (s->frames) {
-          uint8_t f[256];
-          size_t n = 0;
-          n += tp_sframe_open(f + n, 1, TP_SK_STDOUT, 0);
-          n += tp_sframe_open(f + n, 2, TP_SK_STDERR, 0);
-          if (s->frames == 2) {
-            memcpy(f + n, "\x05\x00\x00\x00\x09\x02\x00\x00\x01\x00\x00\x00hi\n!!", 17); /* version 9 */
-            n += 17;
-          } else {
-            tp_sframe_header(f + n, TP_SF_DATA, 1, 3);
-            memcpy(f + n + TP_SF_HDR, "hi\n", 3);
-            n += TP_SF_HDR + 3;
-            n += tp_sframe_end(f + n, 1, 1, 3);
-            n += tp_sframe_end(f + n, 2, 1, 0);
-          }
-          put(dfd, f, n);
-        }
-        if (s->after)
-          put(cfd, s->after, strlen(s->after));
+        put(dfd, f, n);
       }
+      if (s->after)
+        put(cfd, s->after, strlen(s->after));
     }
   }
   /* the client decides when it is done: the connections stay open until
@@ -642,12 +647,14 @@ static void test_daemon(const char *dir) {
       "no pid", NULL, 0, 0 },
     { "the daemon goes before the exit", HELLO_OK, START_OK, 1, NULL, 125, "lost the connection", NULL, 0, 0 },
     { "a bad frame", HELLO_OK, START_OK, 2, EXIT("\"exit_code\":0"), 125, "output stream failed", NULL, 0, 0 },
-    { "pipelined: exit code", HELLO_WAIT, START_OK, 1, EXIT("\"exit_code\":5"), 5, NULL,
-      "{\"sandbox\":\"box1\",\"argv\":[\"echo\",\"a\\\"b\"],\"env\":{\"A\":\"2\"},\"cwd\":\"/tmp\",\"stdin\":false,\"streams\":true}", 1, 0 },
-    { "pipelined: the attach refused", HELLO_WAIT, START_OK, 0, EXIT("\"exit_code\":0"), 125,
-      "refused the data connection", NULL, 1, 1 },
-    { "the attach refused: the Lua CLI's", HELLO_OK, START_OK, 0, EXIT("\"exit_code\":0"), FELL_BACK, NULL, NULL,
-      0, 1 },
+    { "with attach_wait", HELLO_WAIT, START_OK, 1, EXIT("\"exit_code\":5"), 5, NULL, NULL, 0, 0 },
+    { "the attach refused: no fall back once the start is out", HELLO_OK, START_OK, 0, EXIT("\"exit_code\":0"),
+      125, "refused the data connection", NULL, 0, 1 },
+    { "a daemon that takes no token of the client's: the start failed, the Lua CLI's", HELLO_OK,
+      "{\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{\"code\":-32600,\"message\":\"'streams': no data connection\"}}", 0,
+      NULL, FELL_BACK, NULL, NULL, 1, 0 },
+    { "a daemon that takes no token of the client's yet started it", HELLO_OK, START_OK, 0, NULL, 125,
+      "without its data connection", NULL, 1, 0 },
   };
   for (size_t i = 0; i < sizeof(scens) / sizeof(scens[0]); i++)
     run_scen(dir, &scens[i]);

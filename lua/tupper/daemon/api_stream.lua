@@ -20,6 +20,9 @@ M.TOKENS_MAX = 16             -- unused tokens one connection may hold
 M.IDLE_MS = 60000             -- a data connection with no credit for this long is dropped
 M.ATTACH_WAIT_MS = 5000       -- hello's `attach_wait`: how long a call that asks for streams waits
                               -- for the attach of a token its connection holds
+M.EARLY_ATTACH_MS = 1000      -- how long an attach with an unknown token waits for the
+                              -- stream.channel that names it (a token the client chose)
+M.EARLY_ATTACH_MAX = 64       -- attaches that may wait so at once (more: refused at once)
 M.WINDOW = 4 * 1024 * 1024    -- the default window of a data connection
 M.FRAME_MAX = 1048576
 
@@ -66,8 +69,24 @@ function M.register(h, helpers)
       return nil, rpc.BUSY, ("stream.channel: %d unused tokens on this connection already"):format(mine),
         { cap = "stream_tokens", value = M.TOKENS_MAX }
     end
-    local token = hex_token()
+    local token = p.token
+    if token then
+      -- the client's own (the attach may already be under way, M.EARLY_ATTACH_MS)
+      if not token:match("^[0-9a-f]+$") then
+        return nil, rpc.INVALID_PARAMS, "stream.channel: 'token' must be 32 lowercase hex digits"
+      end
+      if d.stream_tokens[token] then
+        return nil, rpc.INVALID_PARAMS, "stream.channel: that token is in use"
+      end
+    else
+      token = hex_token()
+    end
     d.stream_tokens[token] = { conn = conn, expires = now + M.TOKEN_TTL }
+    local early = d.early_attach and d.early_attach[token]
+    if early then
+      d.early_attach[token] = nil
+      for done in pairs(early) do done() end
+    end
     -- what a call of this connection that asks for streams may wait for
     conn.tokens_out = conn.tokens_out or {}
     conn.tokens_out[token] = now + M.TOKEN_TTL
@@ -76,6 +95,27 @@ function M.register(h, helpers)
 
   function h.stream_attach(d, conn, p)
     local e = d.stream_tokens and d.stream_tokens[p.token]
+    if not e and (d.early_attaches or 0) < M.EARLY_ATTACH_MAX then
+      -- a client that chose its token sends its stream.channel and this
+      -- attach at once, on two connections: the channel may come second
+      d.early_attaches = (d.early_attaches or 0) + 1
+      async.wait(function(cb)
+        local t = uv.new_timer()
+        d.early_attach = d.early_attach or {}
+        local waiting = d.early_attach[p.token] or {}
+        d.early_attach[p.token] = waiting
+        local function done()
+          waiting[done] = nil
+          if next(waiting) == nil and d.early_attach[p.token] == waiting then d.early_attach[p.token] = nil end
+          if not t:is_closing() then t:close() end
+          cb()
+        end
+        waiting[done] = true
+        t:start(M.EARLY_ATTACH_MS, 0, done)
+      end)
+      d.early_attaches = d.early_attaches - 1
+      e = d.stream_tokens and d.stream_tokens[p.token]
+    end
     if e then
       d.stream_tokens[p.token] = nil
       if e.conn.tokens_out then e.conn.tokens_out[p.token] = nil end

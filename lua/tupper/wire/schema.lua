@@ -305,7 +305,7 @@ M.methods = {
   },
   ["stream.channel"] = {
     doc = "Gives a single-use token for opening this connection's data connection.",
-    params = {},
+    params = { token = { type = "string", min = 32, max = 32 } },
     result = { "token" },
   },
   ["stream.attach"] = {
