@@ -61,7 +61,10 @@ function M.register(h, helpers)
     d.stream_tokens = d.stream_tokens or {}
     local now = uv.now()
     for t, e in pairs(d.stream_tokens) do
-      if e.expires < now or e.conn.closed then d.stream_tokens[t] = nil end
+      if e.expires < now or e.conn.closed then
+        d.stream_tokens[t] = nil
+        if e.conn.tokens_out then e.conn.tokens_out[t] = nil end
+      end
     end
     local mine = 0
     for _, e in pairs(d.stream_tokens) do if e.conn == conn then mine = mine + 1 end end
@@ -82,14 +85,15 @@ function M.register(h, helpers)
       token = hex_token()
     end
     d.stream_tokens[token] = { conn = conn, expires = now + M.TOKEN_TTL }
+    -- what a call of this connection that asks for streams may wait for
+    conn.tokens_out = conn.tokens_out or {}
+    conn.tokens_out[token] = now + M.TOKEN_TTL
+    -- an attach that came first goes on now (and may take the token at once)
     local early = d.early_attach and d.early_attach[token]
     if early then
       d.early_attach[token] = nil
       for done in pairs(early) do done() end
     end
-    -- what a call of this connection that asks for streams may wait for
-    conn.tokens_out = conn.tokens_out or {}
-    conn.tokens_out[token] = now + M.TOKEN_TTL
     return { token = token }
   end
 
