@@ -123,6 +123,12 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
       goto fail;
   }
   r = tp__fast_attached(c, &err);
+  if (r == 1) {
+    /* refused: the attach may have been read before the channel, by a
+     * daemon with too many such attaches waiting already; the channel is
+     * answered now and a refused token is still unused: once more */
+    r = tp__fast_attach(c, token, &err) < 0 ? -1 : tp__fast_attached(c, &err);
+  }
   if (r < 0)
     goto fail;
   if (r == 1) {

@@ -420,7 +420,7 @@ typedef struct scen_s {
   const char *err;     /* in stderr */
   const char *want;    /* in the process.start request */
   int old_channel;     /* stream.channel refuses the client's token (a daemon before them) */
-  int attach_refused;  /* the attach is answered with an error */
+  int attach_refused;  /* the attach is answered with an error: 1 each time, 2 the first time only */
 } scen_t;
 
 #define HELLO_OK "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocol\":1,\"streams\":1,\"process_streams\":1}}"
@@ -555,6 +555,20 @@ static void run_scen(const char *dir, const scen_t *s) {
       snprintf(ch, sizeof(ch), "{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"token\":\"%s\"}}", token);
       puts_line(cfd, ch);
       puts_line(dfd, att);
+      if (s->attach_refused) {
+        /* refused (as if read before its channel): the client attaches
+         * once more, and takes a second refusal as the end */
+        int d2 = accept_one(lfd);
+        if (d2 >= 0)
+          read_lines(d2, req, sizeof(req), 1);
+        check(d2 >= 0 && strstr(req, token) != NULL, "%s: a second attach with the token (%s)", s->name, req);
+        close(dfd);
+        dfd = d2;
+        if (dfd >= 0)
+          puts_line(dfd, s->attach_refused == 2
+                             ? "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocol\":1,\"window\":4194304,\"frame_max\":1048576}}"
+                             : att);
+      }
       puts_line(cfd, s->start);
       if (s->frames) {
         uint8_t f[256];
@@ -648,6 +662,7 @@ static void test_daemon(const char *dir) {
     { "the daemon goes before the exit", HELLO_OK, START_OK, 1, NULL, 125, "lost the connection", NULL, 0, 0 },
     { "a bad frame", HELLO_OK, START_OK, 2, EXIT("\"exit_code\":0"), 125, "output stream failed", NULL, 0, 0 },
     { "with attach_wait", HELLO_WAIT, START_OK, 1, EXIT("\"exit_code\":5"), 5, NULL, NULL, 0, 0 },
+    { "the attach refused once, then taken", HELLO_WAIT, START_OK, 1, EXIT("\"exit_code\":6"), 6, NULL, NULL, 0, 2 },
     { "the attach refused: no fall back once the start is out", HELLO_OK, START_OK, 0, EXIT("\"exit_code\":0"),
       125, "refused the data connection", NULL, 0, 1 },
     { "a daemon that takes no token of the client's: the start failed, the Lua CLI's", HELLO_OK,
