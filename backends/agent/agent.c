@@ -453,6 +453,10 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
     return tp_error_errno(err, errno, "listening socket");
 
   signal(SIGPIPE, SIG_IGN);
+  /* what a child undoes before it execs, found out once here and not in
+   * each child (agent_cred.c) */
+  agent_sig_init(&a->sig_reset);
+  a->bset_empty = agent_cred_init();
   /* Nothing in the box may read our memory, environment or fds (the
    * listener) through /proc/1, nor ptrace us. */
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
