@@ -75,7 +75,7 @@ function M.register(h, helpers)
     local token = p.token
     if token then
       -- the client's own (the attach may already be under way, M.EARLY_ATTACH_MS)
-      if not token:match("^[0-9a-f]+$") then
+      if type(token) ~= "string" or #token ~= 32 or not token:match("^[0-9a-f]+$") then
         return nil, rpc.INVALID_PARAMS, "stream.channel: 'token' must be 32 lowercase hex digits"
       end
       if d.stream_tokens[token] then
