@@ -40,7 +40,9 @@
  * AGENT_REST_BELOW bytes is not read again before that time is up: a
  * writer of small pieces makes one frame a millisecond, not one a write
  * (each frame wakes the agent, the daemon and the client).  The first
- * output after a quiet moment goes at once. */
+ * output after a quiet moment goes at once.  64 KiB is what a pipe of the
+ * default size holds when full, so a full pipe never rests (a box whose
+ * pipe-max-size kept it there is not slowed to 64 KiB a millisecond). */
 #define AGENT_REST_US 1000
 #define AGENT_REST_BELOW (64u * 1024u)
 #define AGENT_SPLICE_MIN (64u * 1024u)      /* a smaller frame is read and written in one piece */
