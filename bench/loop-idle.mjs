@@ -61,7 +61,7 @@ function boxHoldings(ids) {
   try { names = readdirSync(base); } catch { /* v2 or no memory hierarchy */ }
   const set = new Set(ids);
   const mine = names.filter((n) => set.has(n.slice(n.lastIndexOf('-') + 1)));
-  let charged = 0, kmem = 0, procs = 0, prss = 0, ppss = 0, panon = 0, first = null;
+  let charged = 0, kmem = 0, procs = 0, prss = 0, ppss = 0, panon = 0, first = null, second = null, firstBox = null;
   for (const n of mine) {
     charged += readNum(`${base}/${n}/memory.usage_in_bytes`) || 0;
     kmem += readNum(`${base}/${n}/memory.kmem.usage_in_bytes`) || 0;
@@ -75,7 +75,9 @@ function boxHoldings(ids) {
     } catch { /* gone */ }
     for (const p of list) {
       procs++;
-      first = first ?? p;
+      if (first === null) [first, firstBox] = [p, n];
+      else if (second === null && n !== firstBox) second = p; // another box's
+
       prss += status(p, 'VmRSS');
       panon += status(p, 'RssAnon');
       try {
@@ -83,14 +85,16 @@ function boxHoldings(ids) {
       } catch { /* gone */ }
     }
   }
-  return { boxes: mine.length, charged, kmem, procs, prss, ppss, panon, first };
+  return { boxes: mine.length, charged, kmem, procs, prss, ppss, panon, first, second };
 }
 
 // The superblocks a box made (each one a shrinker that every memory cgroup
-// keeps room for): the devices of the mounts its process `p` sees that the
-// daemon's mount namespace does not have, by file system type.  Not
-// counted: the kernel's internal mount of each IPC namespace's mqueue.
-function ownSuperblocks(p) {
+// keeps room for): the devices of the mounts its process `p` sees that
+// neither the daemon's mount namespace nor another box's process `q` has,
+// by file system type (one the boxes share, such as their /sys, is not a
+// box's own).  Not counted: the kernel's internal mount of each IPC
+// namespace's mqueue.
+function ownSuperblocks(p, q) {
   const devs = (f) => {
     const m = new Map();
     for (const l of readFileSync(f, 'utf8').split('\n')) {
@@ -101,6 +105,7 @@ function ownSuperblocks(p) {
   };
   try {
     const host = devs(`/proc/${pid}/mountinfo`);
+    if (q) for (const d of devs(`/proc/${q}/mountinfo`).keys()) host.set(d, '');
     const types = [...devs(`/proc/${p}/mountinfo`)].filter(([d]) => !host.has(d)).map(([, t]) => t);
     return types.sort();
   } catch { return null; }
@@ -168,14 +173,14 @@ console.log(stop ? `stopped: ${stop}` : `all ${want} created`);
       `(kmem ${(h.kmem / h.boxes / KiB).toFixed(1)}); ${(h.procs / h.boxes).toFixed(2)} processes a box, ` +
       `RSS ${(h.prss / h.boxes / KiB).toFixed(1)} KiB (anonymous ${(h.panon / h.boxes / KiB).toFixed(1)}), ` +
       `PSS ${(h.ppss / h.boxes / KiB).toFixed(1)} KiB a box`);
-    const sb = h.first ? ownSuperblocks(h.first) : null;
+    const sb = h.first ? ownSuperblocks(h.first, h.second) : null;
     if (sb) console.log(`- superblocks a box mounts: ${sb.length} (${sb.join(', ')}), and its IPC namespace's mqueue`);
   }
   const r = rss();
   console.log(`- daemon: RSS ${((r - rss0) / n / KiB).toFixed(1)} KiB a box (${(r / MiB).toFixed(1)} MiB in all), ` +
     `${((fds() - fds0) / n).toFixed(2)} fds a box`);
   const s1 = slabs();
-  const grown = Object.keys(s1).map((k) => [k, (s1[k] - (slab0[k] ?? 0)) / n]).sort((a, b) => b[1] - a[1]).slice(0, 10);
+  const grown = Object.keys(s1).map((k) => [k, (s1[k] - (slab0[k] ?? 0)) / n]).sort((a, b) => b[1] - a[1]).slice(0, Number(process.env.IDLE_SLABS ?? 10));
   if (grown.length) console.log(`- kernel slab caches that grew most, KiB a box: ${grown.map(([k, v]) => `${k} ${(v / KiB).toFixed(1)}`).join(', ')}`);
   const k1 = fdKinds();
   const parts = Object.keys(k1).sort().map((k) => `${k} ${(((k1[k] ?? 0) - (kinds0[k] ?? 0)) / n).toFixed(2)}`);

@@ -35,12 +35,36 @@ passed=0
 failed=0
 # each suite's wall time is printed after it: the budget of make test is
 # CI's (docs/testing.md), and this says where it goes
+# Each suite's output also goes to a log, so that the last lines of the run
+# name the suites that failed and their failing lines: a CI log that keeps
+# only the tail still says what broke.  tail --pid follows the log until
+# the suite ends, and does not wait for a process the suite left behind
+# holding its output open (the leak check reports that one).
+failures=""
+exec 3<&0 # an asynchronous list's stdin is /dev/null unless given
 suite() {
   name=$1
   shift
   echo "=== $name"
   t0=$(date +%s)
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "=== $name FAILED"; fi
+  log="$TMPDIR/suite.log"
+  : >"$log"
+  "$@" <&3 >"$log" 2>&1 3<&- &
+  spid=$!
+  tail -n +1 -f --pid="$spid" "$log" &
+  tpid=$!
+  rc=0
+  wait "$spid" || rc=$?
+  wait "$tpid" 2>/dev/null || true
+  if [ "$rc" -eq 0 ]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "=== $name FAILED"
+    failures="$failures
+--- $name (exit $rc):
+$(grep -E 'not ok|FAIL|[Ff]ail(ed|ure)|[Ee]rror|✗' "$log" | grep -v '^=== ' | tail -n 8 | cut -c1-300)"
+  fi
   echo "=== $name: $(($(date +%s) - t0)) s"
 }
 
@@ -98,9 +122,15 @@ if [ -n "$leaks" ]; then
   echo "the suite left traces behind:"
   printf '%s\n' "$leaks"
   failed=$((failed + 1))
+  failures="$failures
+--- leak check:
+$(printf '%s\n' "$leaks" | head -n 8)"
 else
   echo "nothing left behind"
   passed=$((passed + 1))
+fi
+if [ -n "$failures" ]; then
+  echo "=== what failed$failures"
 fi
 echo "suites: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -470,6 +470,10 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
     return tp_error_errno(err, errno, "listening socket");
 
   signal(SIGPIPE, SIG_IGN);
+  /* what a child undoes before it execs, found out once here and not in
+   * each child (agent_cred.c) */
+  agent_sig_init(&a->sig_reset);
+  a->bset_empty = agent_cred_init();
   /* Nothing in the box may read our memory, environment or fds (the
    * listener) through /proc/1, nor ptrace us. */
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
@@ -514,7 +518,7 @@ static void send_ready(agent_t *a) {
   agent_event_begin(a, TP_MSG_READY);
   tp_frame_add_int(&a->out, TP_TAG_VERSION, TP_PROTO_VERSION);
   tp_frame_add_int(&a->out, TP_TAG_PID, getpid());
-  tp_frame_add_int(&a->out, TP_TAG_FLAGS, TP_F_READY_NET_DOWN | TP_F_READY_EXEC_USER);
+  tp_frame_add_int(&a->out, TP_TAG_FLAGS, TP_F_READY_NET_DOWN | TP_F_READY_EXEC_USER | TP_F_READY_NET_FD);
   agent_send(a);
 }
 

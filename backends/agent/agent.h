@@ -170,6 +170,8 @@ typedef struct agent_s {
   tp_buf_t out;               /* the frame being built and sent */
   struct rlimit nofile;       /* RLIMIT_NOFILE as inherited, restored in children */
   mode_t umask;               /* umask as inherited, restored in children */
+  int bset_empty;             /* agent_cred_init: our bounding set is empty, so a child's is */
+  sigset_t sig_reset;         /* agent_sig_init: signals not at SIG_DFL, reset in children */
   int nprocs;
   agent_proc_t procs[AGENT_PROC_MAX];
   int exitq_head;             /* oldest queued EXIT */
@@ -257,7 +259,20 @@ enum agent_stage {
  * ngroups supplementary groups, empties every capability set (bounding and
  * ambient too) and sets no_new_privs.  Returns 0, or -1 with errno set and
  * *stage naming the step that failed. */
-int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int *stage);
+int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int bset_empty,
+                    int *stage);
+/* Empties the agent's own capability bounding set, once at its start: it
+ * execs nothing but its children, and they inherit the empty set (nothing
+ * can raise a bounding set again), so each child skips the forty-odd drops
+ * (bset_empty of agent_cred_drop).  The agent's effective and permitted
+ * sets are untouched.  1 when the set is empty; 0 when it could not be
+ * emptied (no CAP_SETPCAP): each child then drops, or fails, as before. */
+int agent_cred_init(void);
+/* The signals whose disposition is not SIG_DFL now (SIG_IGN, inherited or
+ * ours, or a handler) into set: what a child resets before it execs.
+ * Taken once, after the agent set its own signals up: any later change of
+ * a disposition must add its signal to the set. */
+void agent_sig_init(sigset_t *set);
 /* The GROUPS field of r into groups (TP_GROUPS_MAX entries); {gid} when
  * absent.  Returns the count, or -1 with err. */
 int agent_groups_parse(const agent_req_t *r, const char *what, gid_t gid, gid_t *groups,

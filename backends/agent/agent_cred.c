@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/securebits.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/fsuid.h>
 #include <sys/prctl.h>
@@ -55,12 +56,9 @@ static int ids_switch(uid_t uid, gid_t gid, int ngroups, const gid_t *groups) {
   return 0;
 }
 
-static int caps_clear(void) {
-  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-  struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {{0, 0, 0}};
+/* The bounding set: the kernel answers EINVAL past its last capability. */
+static int bset_clear(void) {
   int cap;
-
-  /* The bounding set: the kernel answers EINVAL past its last capability. */
   for (cap = 0; cap < AGENT_CAP_GUARD; cap++)
     if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
       if (errno == EINVAL && cap > 0)
@@ -71,12 +69,37 @@ static int caps_clear(void) {
     errno = E2BIG;
     return -1;
   }
+  return 0;
+}
+
+static int caps_clear(int bset_empty) {
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {{0, 0, 0}};
+
+  /* bset_empty: the agent emptied its own at its start (agent_cred_init)
+   * and a fork inherits it */
+  if (!bset_empty && bset_clear() < 0)
+    return -1;
   if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
     return -1;
   return (int) syscall(SYS_capset, &hdr, data);
 }
 
-int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int *stage) {
+int agent_cred_init(void) { return bset_clear() == 0; }
+
+void agent_sig_init(sigset_t *set) {
+  sigemptyset(set);
+  for (int sig = 1; sig < NSIG; sig++) {
+    struct sigaction old;
+    /* glibc's own (SIGCANCEL, SIGSETXID) answer EINVAL: a child leaves
+     * them as the exec finds them, as before */
+    if (sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_DFL)
+      sigaddset(set, sig);
+  }
+}
+
+int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int bset_empty,
+                    int *stage) {
   *stage = AGENT_STAGE_OOM;
   if (oom_reset() < 0)
     return -1;
@@ -93,7 +116,7 @@ int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int 
   if (ids_switch(uid, gid, ngroups, groups) < 0 || prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
     return -1;
   *stage = AGENT_STAGE_CAPS;
-  if (caps_clear() < 0)
+  if (caps_clear(bset_empty) < 0)
     return -1;
   *stage = AGENT_STAGE_NNP;
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)

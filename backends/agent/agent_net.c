@@ -22,6 +22,13 @@
  * (agent_net_splice): the agent copies none of those bytes, and a frame
  * that is not such a NET_DATA is read as any other.
  *
+ * Handing a stream over (NET_GIVE, linux boxes): the host may ask for an
+ * accepted stream's box socket once it relays the stream in C; the agent
+ * writes what waits for the socket, stops reading it, and names its
+ * descriptor, which the host takes with pidfd_getfd and then moves the
+ * bytes between the box's socket and the upstream itself.  NET_TAKEN says
+ * whether it did: the agent then forgets the stream, or relays it again.
+ *
  * NET_CONNECT (inbound ports, `tupper port`) is the reverse: the host
  * names a port, the agent connects to 127.0.0.1:PORT and the resulting
  * stream works the same way. */
@@ -71,6 +78,8 @@ typedef struct net_stream_s {
                                  the host: one NET_ACK per stream per round of the loop */
   size_t out_off, out_len;    /* out[out_off..out_len): from the host, not yet written */
   uint8_t *out;               /* TP_NET_WINDOW_DOWN bytes while bytes wait; NULL when none do */
+  int give;                   /* NET_GIVE: 1, asked (answered once out is written), 2: answered
+                                 with fd, which waits for NET_TAKEN untouched */
 } net_stream_t;
 
 typedef struct net_query_s {
@@ -194,6 +203,24 @@ static void stream_read(agent_t *a, net_stream_t *s) {
   send_data(a, TP_MSG_NET_DATA, s->sid, a->net->buf, (size_t) n);
 }
 
+/* The answer to NET_GIVE, once nothing waits for s's socket: what the
+ * socket took is acknowledged first, then its descriptor is named (kept,
+ * not polled, until NET_TAKEN); a stream that has ended a side, or a
+ * guest's (whose host cannot take a descriptor), is declined. */
+static void give_answer(agent_t *a, net_stream_t *s) {
+  if (s->rd_eof || s->eof_in || s->connecting || (s->sid & NET_HOST_SID) || a->chan == a->vm_port) {
+    s->give = 0;
+    send_sid(a, TP_MSG_NET_GIVE, s->sid, 0, 0);
+    return;
+  }
+  if (s->ack_owed > 0) {
+    send_sid(a, TP_MSG_NET_ACK, s->sid, TP_TAG_SIZE, (int64_t) s->ack_owed);
+    s->ack_owed = 0;
+  }
+  s->give = 2;
+  send_sid(a, TP_MSG_NET_GIVE, s->sid, TP_TAG_FD, s->fd);
+}
+
 static void stream_write(agent_t *a, net_stream_t *s) {
   if (s->connecting) {
     int e = 0;
@@ -222,6 +249,10 @@ static void stream_write(agent_t *a, net_stream_t *s) {
       s->out_off = s->out_len = 0;
     }
     s->ack_owed += (size_t) w;
+  }
+  if (s->give == 1 && s->out_len == 0) {
+    give_answer(a, s);
+    return;
   }
   if (s->eof_in && s->out_len == 0 && !s->wr_shut) {
     shutdown(s->fd, SHUT_WR);
@@ -373,8 +404,10 @@ int agent_net_poll_fill(agent_t *a, int first) {
       continue;
     if (s->connecting || s->out_len > s->out_off || (s->eof_in && !s->wr_shut))
       ev |= POLLOUT;
-    if (!s->connecting && !s->rd_eof && s->unacked < TP_NET_WINDOW)
+    if (!s->connecting && !s->rd_eof && s->unacked < TP_NET_WINDOW && s->give == 0)
       ev |= POLLIN;
+    if (s->give == 2)
+      ev = 0; /* the host's to take: untouched */
     /* nothing wanted: left out, so a hung-up socket cannot spin the loop */
     a->pfds[n] = (struct pollfd){.fd = ev ? s->fd : -1, .events = ev};
     a->prefs[n++] = (agent_pollref_t){.slot = (int16_t) i};
@@ -406,7 +439,7 @@ void agent_net_poll_handle(agent_t *a, int first, int n) {
     if (rev & (POLLOUT | POLLERR | POLLHUP))
       stream_write(a, s);
     if (s->fd >= 0 && s->fd == a->pfds[i].fd && (rev & (POLLIN | POLLERR | POLLHUP)) &&
-        !s->rd_eof && !s->connecting && s->unacked < TP_NET_WINDOW)
+        !s->rd_eof && !s->connecting && s->unacked < TP_NET_WINDOW && s->give == 0)
       stream_read(a, s);
     if (s->fd >= 0 && (rev & POLLNVAL))
       stream_close(a, s, EBADF);
@@ -473,7 +506,7 @@ static int splice_head(agent_t *a) {
       dlen < NET_SPLICE_MIN || dlen > TP_NET_CHUNK)
     return 0;
   s = stream_find(net, (uint32_t) sid);
-  if (s == NULL || s->connecting || s->eof_in || s->out_len > s->out_off ||
+  if (s == NULL || s->connecting || s->eof_in || s->give != 0 || s->out_len > s->out_off ||
       (uint64_t) dlen + s->ack_owed > TP_NET_WINDOW_DOWN || splice_pipe(net) < 0)
     return 0; /* the ordinary path (which closes a stream that overran its window) */
   n = recv(a->chan, h, NET_HEAD, MSG_DONTWAIT);
@@ -702,10 +735,29 @@ void agent_net_frame(agent_t *a, const tp_frame_t *f) {
   if (s == NULL) /* closed here meanwhile: its late frames are dropped */
     return;
   switch (f->type) {
+  case TP_MSG_NET_GIVE:
+    if (s->give != 0) {
+      stream_close(a, s, EPROTO); /* asked twice */
+      return;
+    }
+    s->give = 1;
+    if (s->out_len == s->out_off)
+      give_answer(a, s); /* else once the socket took what waits (stream_write) */
+    break;
+  case TP_MSG_NET_TAKEN:
+    if (s->give != 2 || tp_field_int(tp_fields_get(a->fields, n, TP_TAG_SIZE), &v) < 0) {
+      stream_close(a, s, EPROTO);
+      return;
+    }
+    if (v == 1)
+      stream_free(a->net, s); /* the host's now: no NET_CLOSE */
+    else
+      s->give = 0;
+    break;
   case TP_MSG_NET_DATA:
     /* what the host may still have unacknowledged: at least what waits here
      * and what the box's socket took that is not acknowledged yet */
-    if (data == NULL || s->eof_in ||
+    if (data == NULL || s->eof_in || s->give != 0 ||
         data->len > TP_NET_WINDOW_DOWN - (s->out_len - s->out_off) - s->ack_owed) {
       stream_close(a, s, EPROTO); /* the host overran the window */
       return;

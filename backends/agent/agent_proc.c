@@ -71,6 +71,8 @@ typedef struct exec_spec_s {
   const gid_t *groups;
   const struct rlimit *nofile;
   mode_t umask;
+  int bset_empty;     /* the agent's bounding set is empty: the child's is too */
+  const sigset_t *sig_reset; /* the signals not at SIG_DFL in the agent */
 } exec_spec_t;
 
 /* ---- process table --------------------------------------------------------- */
@@ -253,7 +255,7 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
    * not keep the channel, the listener or other processes' pipes open. */
   if (close_fds_except(s->status_fd, s->hold_fd) < 0)
     goto fail;
-  if (agent_cred_drop(s->uid, s->gid, s->ngroups, s->groups, &st.stage) < 0)
+  if (agent_cred_drop(s->uid, s->gid, s->ngroups, s->groups, s->bset_empty, &st.stage) < 0)
     goto fail;
   st.stage = AGENT_STAGE_CHDIR;
   if (chdir(s->cwd) < 0)
@@ -263,10 +265,14 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
   st.stage = AGENT_STAGE_EXEC;
   if (access(s->path, X_OK) < 0)
     goto fail;
+  /* exec resets a handler, not SIG_IGN; both go now (one system call for
+   * each signal not at SIG_DFL in the agent, not one for every signal), so
+   * that nothing of the agent's runs once the mask is lifted */
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; sig++)
-    sigaction(sig, &sa, NULL); /* fails harmlessly for SIGKILL, SIGSTOP, glibc's own */
+    if (sigismember(s->sig_reset, sig) == 1)
+      sigaction(sig, &sa, NULL);
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
   umask(s->umask);
@@ -607,7 +613,8 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
                        .out_fd = out_w, .err_fd = err_w, .status_fd = st_w, .hold_fd = hold_r,
                        .cg_fd = cg_fd, .tree = with_tree ? &tree_set : NULL, .uid = (uid_t) uid, .gid = (gid_t) gid,
                        .ngroups = ngroups, .groups = groups, .nofile = &a->nofile,
-                       .umask = a->umask, .pty = pty};
+                       .umask = a->umask, .pty = pty, .bset_empty = a->bset_empty,
+                       .sig_reset = &a->sig_reset};
   /* fork, not vfork nor clone(CLONE_VM), though those would spare the copy
    * and teardown of the page tables (about 0.3 ms of a start here): a
    * vfork parent waits in the kernel until the child execs, and anything

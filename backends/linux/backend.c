@@ -103,24 +103,32 @@ static int linux_adopt(void *state, const tp_adopt_spec_t *spec, tp_box_t *box, 
   return tp_linux_box_adopt(spec->dir, (pid_t) spec->pid, box, err);
 }
 
+ssize_t tp__pool_name(const char *box_dir, char *buf, size_t len) {
+  char path[TP__PATH_MAX_LEN + 96];
+  ssize_t n;
+  /* box.c's xattr, else its link (a filesystem without trusted xattrs,
+   * or a box of an older daemon) */
+  n = lgetxattr(box_dir, TP__POOL_XATTR, buf, len - 1);
+  if (n < 0) {
+    snprintf(path, sizeof(path), "%s/" TP__POOL_LINK, box_dir);
+    n = readlink(path, buf, len - 1);
+  }
+  if (n > 0)
+    buf[n] = '\0';
+  return n;
+}
+
 int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err) {
   char link[TP__PATH_MAX_LEN + 80], path[TP__PATH_MAX_LEN + 96];
   ssize_t n = -1;
   char *name = NULL;
 
   if (box_dir != NULL) {
-    /* box.c's xattr, else its link (a filesystem without trusted xattrs,
-     * or a box of an older daemon) */
     snprintf(path, sizeof(path), "%s", box_dir);
-    n = lgetxattr(box_dir, TP__POOL_XATTR, link, sizeof(link) - 1);
-    if (n < 0) {
-      snprintf(path, sizeof(path), "%s/" TP__POOL_LINK, box_dir);
-      n = readlink(path, link, sizeof(link) - 1);
-    }
+    n = tp__pool_name(box_dir, link, sizeof(link));
   }
   if (n > 0) {
     /* <pool>/boxes/<id>, as box.c wrote it */
-    link[n] = '\0';
     name = strrchr(link, '/');
     if (name == NULL || name - link < 7 || strncmp(name - 6, "/boxes", 6) != 0)
       return tp_error_set(err, EINVAL, "destroy box: bad pool link '%s'", path);
@@ -132,7 +140,8 @@ int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err) {
   /* every process of the box is gone: nothing writes to its subvolume */
   if (name != NULL && tp_linux_pool_drop(link, "boxes", name, err) < 0 && err->code != ENOENT)
     return tp_error_prefix(err, "destroy box");
-  if (box_dir != NULL && tp_rmtree(box_dir, err) < 0)
+  /* emptied and kept for the next start where it can be, else removed */
+  if (box_dir != NULL && tp__spare_dir_keep(box_dir) < 0 && tp_rmtree(box_dir, err) < 0)
     return tp_error_prefix(err, "destroy box");
   return 0;
 }

@@ -179,7 +179,8 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
 
   if (tp__plan_build(&plan, spec, err) < 0)
     return -1;
-  if (mkdir(spec->box_dir, 0700) < 0)
+  /* a removed box's dir where one is spare, else a new one */
+  if (tp__spare_dir_take(spec->box_dir) < 0 && mkdir(spec->box_dir, 0700) < 0)
     return tp_error_errno(err, errno, "mkdir '%s'", spec->box_dir);
   dir_guard = spec->box_dir;
   dfd = open(spec->box_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

@@ -204,6 +204,33 @@ fail:
   return -1;
 }
 
+/* TP__OP_SYSFS: the mount made while in the plan's sysfs namespace, then
+ * back to the box's own (named by an fd taken first); where that namespace
+ * cannot be entered, a sysfs of the box's own, as before.  Should the way
+ * back fail, the child fails the step and exits: the box never runs in
+ * the shared namespace. */
+static int sysfs_mount(const tp__plan_t *plan, const tp__op_t *op) {
+  int own, r, e;
+  if (plan->sysfs_netns < 0)
+    return mount(op->src, op->dst, op->fstype, op->flags, op->data);
+  own = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC); /* one process: self is the thread */
+  if (own < 0)
+    return -1;
+  if (setns(plan->sysfs_netns, CLONE_NEWNET) < 0) { /* still in its own: a sysfs of its own */
+    close(own);
+    return mount(op->src, op->dst, op->fstype, op->flags, op->data);
+  }
+  r = mount(op->src, op->dst, op->fstype, op->flags, op->data);
+  e = errno;
+  if (setns(own, CLONE_NEWNET) < 0) {
+    r = -1;
+    e = errno;
+  }
+  close(own);
+  errno = e;
+  return r;
+}
+
 static int run_op(tp__child_t *c, const tp__op_t *op) {
   int fd;
   switch (op->kind) {
@@ -215,6 +242,8 @@ static int run_op(tp__child_t *c, const tp__op_t *op) {
     return agent_listen(c, op);
   case TP__OP_MOUNT:
     return mount(op->src, op->dst, op->fstype, op->flags, op->data);
+  case TP__OP_SYSFS:
+    return sysfs_mount(c->plan, op);
   case TP__OP_DIR:
     return real_dir(op->dst, op->mode);
   case TP__OP_OWN:

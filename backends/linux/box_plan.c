@@ -372,6 +372,7 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   if (check_spec(s, err) < 0)
     return -1;
   p->seccomp = s->seccomp;
+  p->sysfs_netns = tp__sysfs_netns();
 
   /* The stage, where the box's tmpfs goes (plan_tmpfs), in the child's
    * mount namespace only.  With a disk cap nothing in box_dir is needed
@@ -391,8 +392,13 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   op(&b, TP__OP_UNSHARE, "unshare cgroup namespace", NULL, NULL, NULL, CLONE_NEWCGROUP, NULL,
      0);
   /* Bound as host root while box_dir is still visible: a restarted daemon
-   * connects there (tp_linux_box_adopt); the box never sees it. */
-  op(&b, TP__OP_LISTEN, "bind agent socket", TP__AGENT_SOCK, s->box_dir, NULL, 0, NULL, 0600);
+   * connects there (tp_linux_box_adopt); the box never sees it.  On the
+   * btrfs pool, in the root of the box's subvolume (which the box sees
+   * only its upper/ of), not in box_dir: an inode made there costs the
+   * state dir's filesystem nothing, and goes with the subvolume
+   * (docs/benchmarks.md, "Churn"). */
+  op(&b, TP__OP_LISTEN, "bind agent socket", TP__AGENT_SOCK,
+     s->pool != NULL ? str(&b, "%s/boxes/%s", s->pool, s->id) : s->box_dir, NULL, 0, NULL, 0600);
 
   /* Nothing we mount may propagate back to the host. */
   mnt(&b, "make / private", "", "/", NULL, MS_REC | MS_PRIVATE, NULL);
@@ -423,9 +429,11 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   mnt(&b, "mount /proc", "proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
   plan_proc(&b, proc, str(&b, "%s/empty", stage));
 
-  /* A fresh sysfs in the new netns shows only the box's interfaces. */
+  /* A sysfs that shows only a lo: mounted from a namespace that holds
+   * nothing else, one superblock for every box (sysfs_net.c). */
   op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 0, NULL, 0555);
-  mnt(&b, "mount /sys", "sysfs", sys, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+  op(&b, TP__OP_SYSFS, "mount /sys", "sysfs", sys, "sysfs",
+     MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, 0);
 
   plan_volumes(&b, s, rootfs, stage);
 

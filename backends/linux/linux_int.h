@@ -28,6 +28,9 @@ enum tp__op_kind {
   TP__OP_LISTEN,   /* unix stream socket bound at dst/src (0600), listening: the
                       agent's TP_AGENT_LISTEN_FD */
   TP__OP_MOUNT,    /* mount(src, dst, fstype, flags, data) */
+  TP__OP_SYSFS,    /* mount sysfs at dst with flags from the plan's sysfs_netns (the
+                      namespace's, one superblock for all boxes), or from the box's
+                      own namespace if that is -1 */
   TP__OP_DIR,      /* mkdir dst (EEXIST is fine), then insist it is a real dir */
   TP__OP_OWN,      /* chown dst to uid:gid, then chmod it to mode */
   TP__OP_FILE,     /* create an empty file dst (a bind mount target) */
@@ -75,7 +78,13 @@ typedef struct tp__plan_s {
                         tp__disk_make; the "mount disk" op's source */
   char vol_dev[TP_VOLUMES_MAX][32]; /* the volumes' loop devices, likewise */
   const struct sock_fprog *seccomp; /* spec's filter, or NULL */
+  int sysfs_netns; /* tp__sysfs_netns(), for TP__OP_SYSFS */
 } tp__plan_t;
+
+/* The network namespace the boxes mount /sys from (sysfs_net.c): made on
+ * first use, only lo in it (up); the fd (CLOEXEC) is kept for the daemon's
+ * life.  -1 if it could not be made (each box then mounts its own). */
+int tp__sysfs_netns(void);
 
 /* Validates the parts of spec the plan depends on and fills plan; on failure
  * the plan is freed.  tp__plan_free is idempotent. */
@@ -100,6 +109,19 @@ int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid
  * trusted xattrs */
 #define TP__POOL_XATTR "trusted.tupper.pool"
 #define TP__POOL_LINK "pool"
+/* That name of box_dir's subvolume, NUL-terminated in buf: its length, or
+ * -1 (errno) when box_dir has none (no disk cap on the pool). */
+ssize_t tp__pool_name(const char *box_dir, char *buf, size_t len);
+
+/* Spare box dirs (box_spare.c): where <parent of box_dir>/.spare exists, a
+ * removed box's emptied dir is moved there (keep: 0, or -1 and the caller
+ * removes it) and a start renames one to its box_dir (take: 0, or -1 and
+ * the caller makes it), so that no inode is made or freed on the state
+ * dir's filesystem for it.  At most TP__SPARE_DIRS_MAX are kept. */
+#define TP__SPARE_DIR ".spare"
+#define TP__SPARE_DIRS_MAX 64
+int tp__spare_dir_take(const char *box_dir);
+int tp__spare_dir_keep(const char *box_dir);
 
 /* Runs the tool at exe with argv (fixed PATH, stdin/stdout /dev/null) and
  * reaps it: 0 with its wait status in *status and the start of its stderr in

@@ -147,6 +147,7 @@ int tp_msg_type_valid(unsigned type) {
   case TP_MSG_FS_SETATTR: case TP_MSG_FS_SYMLINK:
   case TP_MSG_NET_LISTEN: case TP_MSG_NET_OPEN: case TP_MSG_NET_DATA: case TP_MSG_NET_ACK:
   case TP_MSG_NET_EOF: case TP_MSG_NET_CLOSE: case TP_MSG_NET_DNS: case TP_MSG_NET_CONNECT:
+  case TP_MSG_NET_GIVE: case TP_MSG_NET_TAKEN:
   case TP_MSG_PTY_RESIZE: case TP_MSG_WATCH_ADD: case TP_MSG_WATCH_REMOVE: case TP_MSG_WATCH_EVENT:
   case TP_MSG_VM_INIT: case TP_MSG_VM_ATTACH: case TP_MSG_VM_LIMITS:
     return 1;
@@ -179,7 +180,7 @@ int tp_tag_kind(unsigned tag) {
   case TP_TAG_UID: case TP_TAG_GID: case TP_TAG_TYPE: case TP_TAG_CREATED:
   case TP_TAG_SID: case TP_TAG_KIND: case TP_TAG_PORT: case TP_TAG_PIDS:
   case TP_TAG_COLS: case TP_TAG_ROWS: case TP_TAG_WATCH: case TP_TAG_EVENT:
-  case TP_TAG_GRACE:
+  case TP_TAG_GRACE: case TP_TAG_FD:
     return TP_KIND_INT;
   case TP_TAG_MSG: case TP_TAG_ARG: case TP_TAG_ENV: case TP_TAG_CWD: case TP_TAG_PATH:
   case TP_TAG_PATH2: case TP_TAG_NAME: case TP_TAG_LINK: case TP_TAG_USER:

@@ -71,9 +71,9 @@ int tp_frame_end_tail(tp_buf_t *b, uint32_t tail);
  * (version, length cap, unknown type). */
 long tp_frame_parse_header(const uint8_t *buf, size_t n, tp_frame_t *f);
 int tp_msg_type_valid(unsigned type);
-/* Network stream frames (NET_OPEN..NET_CONNECT): id 0, both directions, no reply. */
+/* Network stream frames (NET_OPEN..NET_TAKEN): id 0, both directions, no reply. */
 static inline int tp_msg_net_stream(unsigned type) {
-  return type >= TP_MSG_NET_OPEN && type <= TP_MSG_NET_CONNECT;
+  return type >= TP_MSG_NET_OPEN && type <= TP_MSG_NET_TAKEN;
 }
 
 /* Split a payload into fields.  Returns the number of fields, or -1 when a

@@ -87,6 +87,14 @@ enum tp_msg_type {
   TP_MSG_NET_CLOSE = 65,   /* SID ERRNO?: the stream is gone (either side; no reply) */
   TP_MSG_NET_DNS = 66,     /* SID DATA: a DNS query (agent -> host) or its answer */
   TP_MSG_NET_CONNECT = 67, /* host -> agent: SID PORT: connect to 127.0.0.1:PORT in the box */
+  TP_MSG_NET_GIVE = 68,    /* host -> agent: SID: hand the stream's box socket to the host (a
+                              linux box's agent with TP_F_READY_NET_FD; docs/network.md).
+                              agent -> host: SID FD?: FD, the socket's number in the agent,
+                              which keeps it until NET_TAKEN; no FD: declined, the stream
+                              goes on in frames */
+  TP_MSG_NET_TAKEN = 69,   /* host -> agent: SID SIZE: 1, the host took the socket of a
+                              NET_GIVE (the agent closes its own and forgets the stream, no
+                              NET_CLOSE); 0, it did not (the agent relays it again) */
   /* microvm (types 70-79): the guest of a microVM (backend "microvm") */
   TP_MSG_VM_INIT = 70,     /* NAME (hostname) MTIME (host clock, ns since the epoch) DATA? (up to
                               256 bytes of entropy) -> OK; sent after READY, on a cold boot and
@@ -143,7 +151,8 @@ enum tp_tag {
   TP_TAG_PORT = 42,    /* int */
   TP_TAG_PIDS = 43,    /* int: most processes at once (VM_LIMITS) */
   TP_TAG_GRACE = 46,   /* int: seconds (VM_INIT) */
-  TP_TAG_MAX_ = 47
+  TP_TAG_FD = 47,      /* int: a descriptor's number in the agent (NET_GIVE) */
+  TP_TAG_MAX_ = 48
 };
 
 /* network relay: per-stream flow control.  A sender has at most a window
@@ -185,6 +194,8 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
 #define TP_F_READY_EXEC_USER 0x2u /* READY (FLAGS): this agent takes USER in EXEC (it reads the box's
                                       /etc/passwd and /etc/group itself); without it the host
                                       looks the account up and sends UID GID GROUPS */
+#define TP_F_READY_NET_FD 0x4u    /* READY (FLAGS): this agent answers NET_GIVE (hands a relayed
+                                      stream's box socket to the host) */
 #define TP_F_EXIT_OOM 0x1u        /* EXIT (FLAGS, microVM guest agents): the guest kernel's OOM killer
                                      killed it (died of SIGKILL, or exited 137, and /proc/vmstat's
                                      oom_kill rose since the last process found so) */

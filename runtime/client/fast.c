@@ -2,15 +2,17 @@
  * and environments it takes, and the conversation.  Its wire is the Lua
  * CLI's (lua/tupper/client/cli_verbs.lua run_streamed, run_in, M.run,
  * M.exec; lua/tupper/wire/client.lua and stream.lua), with the requests
- * that do not wait on each other written together: hello and
- * stream.channel (and run's sandbox.create) in one write, the data
- * connection's attach while a create is still running. */
+ * that do not wait on each other written together: hello, stream.channel
+ * with a token of its own and exec's process.start (or run's
+ * sandbox.create) in one write, the data connection's attach with that
+ * token at once, before any reply. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,7 +24,29 @@ static int tp__fast_hello_ok(json_t *res) {
          tp_freply_int(json_object_get(res, "process_streams"), &ps) == 0 && ps == 1;
 }
 
-/* The conversation; 1 handled (*code), 0 fall back. */
+/* A token of our own for stream.channel: 32 lowercase hex digits. */
+static int tp__fast_token(char *out, tp_error_t *err) {
+  uint8_t b[16];
+  size_t got = 0;
+  while (got < sizeof(b)) {
+    ssize_t n = getrandom(b + got, sizeof(b) - got, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return tp_error_errno(err, errno, "getrandom");
+    got += (size_t) n;
+  }
+  for (size_t i = 0; i < sizeof(b); i++)
+    snprintf(out + 2 * i, 3, "%02x", b[i]);
+  return 0;
+}
+
+/* The conversation; 1 handled (*code), 0 fall back.  Everything that does
+ * not wait on an answer goes at once: hello, stream.channel with a token
+ * of our own, exec's process.start (or run's sandbox.create) on the
+ * control connection, and the data connection's attach with that token
+ * (the daemon matches the two whichever it reads first, and a start that
+ * asks for streams waits for the attach: docs/protocol.md). */
 static int tp__fast_talk(tp__fast_t *c, int *code) {
   const tp_fargv_t *a = c->a;
   tp__fout_t w = { 0 };
@@ -30,8 +54,10 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
   int64_t hello_id, channel_id, create_id = 0;
   json_t *res, *eobj;
   int r;
-  char msg[4096];
+  char msg[4096], token[33], got[64];
   tp_error_clear(&err);
+  if (tp__fast_token(token, &err) < 0)
+    goto fail;
   hello_id = c->next_id;
   tp__fast_hello(c, &w);
   if (a->verb == TP_FV_RUN) {
@@ -39,10 +65,15 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
     tp__fast_create(c, &w);
   }
   channel_id = c->next_id;
-  tp__fast_channel(c, &w);
+  tp__fast_channel(c, &w, token);
+  if (a->verb == TP_FV_EXEC) {
+    snprintf(c->id, sizeof(c->id), "%s", a->id);
+    c->start_id = c->next_id;
+    tp__fast_start(c, &w);
+  }
   r = tp__fast_write(c->ctl.fd, &w, &err);
   tp__fout_free(&w);
-  if (r < 0 || tp__fast_reply(c, hello_id, &res, &eobj, &err) < 0)
+  if (r < 0 || tp__fast_attach(c, token, &err) < 0 || tp__fast_reply(c, hello_id, &res, &eobj, &err) < 0)
     goto fail;
   if (res == NULL) {
     tp__fast_errmsg(eobj, msg, sizeof(msg));
@@ -50,14 +81,26 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
     *code = 125;
     return 1;
   }
+  /* an older daemon: the Lua CLI's JSON path (a run's box goes with us);
+   * our start asked for streams, which such a daemon refuses */
   if (!tp__fast_hello_ok(res))
-    return 0; /* an older daemon: the Lua CLI's JSON path (a run's box goes with us) */
-  /* the data connection is made while a run's create goes on */
-  r = tp__fast_open(c, channel_id, &err);
-  if (r < 0)
-    goto fail;
-  if (r == 1)
     return 0;
+  if (tp__fast_reply(c, channel_id, &res, &eobj, &err) < 0)
+    goto fail;
+  if (res == NULL || tp_freply_str(json_object_get(res, "token"), got, sizeof(got)) < 0 ||
+      strcmp(got, token) != 0) {
+    /* a daemon that takes no token of ours: its attach is refused, so a
+     * start gets no data connection and fails; once it did, the Lua CLI's
+     * old path (never a second start of a process that runs) */
+    if (c->start_id == 0)
+      return 0;
+    if (tp__fast_reply(c, c->start_id, &res, &eobj, &err) < 0)
+      goto fail;
+    if (res == NULL)
+      return 0;
+    tp_error_set(&err, EPROTO, "the daemon started the process without its data connection");
+    goto fail;
+  }
   if (a->verb == TP_FV_RUN) {
     if (tp__fast_reply(c, create_id, &res, &eobj, &err) < 0)
       goto fail;
@@ -71,8 +114,27 @@ static int tp__fast_talk(tp__fast_t *c, int *code) {
       tp_error_set(&err, EPROTO, "the daemon's reply to sandbox.create has no id");
       goto fail;
     }
-  } else {
-    snprintf(c->id, sizeof(c->id), "%s", a->id);
+    /* the start right away, whether the attach was answered or not */
+    c->start_id = c->next_id;
+    tp__fast_start(c, &w);
+    r = tp__fast_write(c->ctl.fd, &w, &err);
+    tp__fout_free(&w);
+    if (r < 0)
+      goto fail;
+  }
+  r = tp__fast_attached(c, &err);
+  if (r == 1) {
+    /* refused: the attach may have been read before the channel, by a
+     * daemon with too many such attaches waiting already; the channel is
+     * answered now and a refused token is still unused: once more */
+    r = tp__fast_attach(c, token, &err) < 0 ? -1 : tp__fast_attached(c, &err);
+  }
+  if (r < 0)
+    goto fail;
+  if (r == 1) {
+    /* the start is out: no fall back that would start it again */
+    tp_error_set(&err, EPROTO, "the daemon refused the data connection");
+    goto fail;
   }
   if (tp__fast_run_in(c, code, &err) < 0)
     goto fail;
@@ -159,6 +221,7 @@ int tp_fast_main(int argc, char **argv, int *code) {
   memset(&c, 0, sizeof(c));
   c.a = &a;
   c.next_id = 1;
+  c.att.fd = -1;
   c.ctl.fd = tp__fast_ctl(&c);
   if (c.ctl.fd < 0)
     return only_c ? tp__fast_refuse(code) : 0;
@@ -166,6 +229,7 @@ int tp_fast_main(int argc, char **argv, int *code) {
   tp__fast_settle(&c);
   for (int k = 0; k < c.nstash; k++)
     json_decref(c.stash[k].msg);
+  tp__fast_att_free(&c);
   tp_spump_free(c.dc);
   free(c.in_buf);
   close(c.ctl.fd);

@@ -41,6 +41,10 @@ typedef struct tp__fast_s {
   uint32_t sid_out, sid_err, sid_in;
   tp_spump_t *dc;
   int dc_over;
+  /* the data connection from its attach's request to its reply (then the
+   * pump's); the process.start once written (before that reply), else 0 */
+  tp__fline_t att;
+  int64_t start_id;
   /* -i from a pipe (or anything but a regular file, which the pump sends
    * itself): read here within the stream's credit */
   int in_here, in_over;
@@ -73,7 +77,7 @@ void tp__fout_add(tp__fout_t *o, json_t *msg);
 void tp__fout_free(tp__fout_t *o);
 int64_t tp__fast_call(tp__fast_t *c, tp__fout_t *o, const char *method, json_t *params);
 void tp__fast_hello(tp__fast_t *c, tp__fout_t *o);
-void tp__fast_channel(tp__fast_t *c, tp__fout_t *o);
+void tp__fast_channel(tp__fast_t *c, tp__fout_t *o, const char *token);
 void tp__fast_create(tp__fast_t *c, tp__fout_t *o);
 void tp__fast_start(tp__fast_t *c, tp__fout_t *o);
 int tp__fast_write(int fd, tp__fout_t *o, tp_error_t *err);
@@ -83,7 +87,9 @@ void tp__fast_errmsg(json_t *eobj, char *buf, size_t cap);
 void tp__fast_note(tp__fast_t *c);
 
 /* fstream.c: the data connection and the loop */
-int tp__fast_open(tp__fast_t *c, int64_t channel_id, tp_error_t *err);
+int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err);
+int tp__fast_attached(tp__fast_t *c, tp_error_t *err);
+void tp__fast_att_free(tp__fast_t *c);
 int tp__fast_run_in(tp__fast_t *c, int *code, tp_error_t *err);
 
 #endif

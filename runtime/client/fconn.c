@@ -238,8 +238,8 @@ void tp__fast_hello(tp__fast_t *c, tp__fout_t *o) {
   tp__fast_call(c, o, "hello", json_pack("{s:i, s:s}", "protocol", 1, "client", "tupper-c"));
 }
 
-void tp__fast_channel(tp__fast_t *c, tp__fout_t *o) {
-  tp__fast_call(c, o, "stream.channel", json_object());
+void tp__fast_channel(tp__fast_t *c, tp__fout_t *o, const char *token) {
+  tp__fast_call(c, o, "stream.channel", json_pack("{s:s}", "token", token));
 }
 
 /* run's sandbox.create: what M.run sends with no limits, policy or recipe. */

@@ -17,32 +17,47 @@
 
 /* ---------------------------------------------------------- the data plane */
 
-/* Connects the data connection with token (stream.attach) and makes its
- * pump.  0; 1 when the daemon refused the attach (the Lua CLI then uses
- * the old path); -1 on an error. */
-static int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
+/* Connects the data connection and sends stream.attach with token; its
+ * reply is tp__fast_attached's to read.  0, or -1 on an error. */
+int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
   tp__fout_t w = { 0 };
-  tp__fline_t l = { .fd = -1 };
-  int e = 0, ret = -1;
-  size_t len, used;
-  char *line;
-  l.fd = tp__fast_connect(c->socket, &e);
-  if (l.fd < 0)
+  int e = 0, r;
+  c->att.fd = tp__fast_connect(c->socket, &e);
+  if (c->att.fd < 0)
     return tp_error_errno(err, e, "connect %s", c->socket);
   tp__fout_add(&w, json_pack("{s:s, s:i, s:s, s:{s:s, s:I}}", "jsonrpc", "2.0", "id", 1, "method",
                              "stream.attach", "params", "token", token, "window", (json_int_t) TP__FAST_WINDOW));
-  if (tp__fast_write(l.fd, &w, err) < 0)
-    goto out;
+  r = tp__fast_write(c->att.fd, &w, err);
+  tp__fout_free(&w);
+  return r;
+}
+
+void tp__fast_att_free(tp__fast_t *c) {
+  if (c->att.fd >= 0)
+    close(c->att.fd);
+  free(c->att.buf);
+  memset(&c->att, 0, sizeof(c->att));
+  c->att.fd = -1;
+}
+
+/* The attach's reply, and the data connection's pump.  0; 1 when the
+ * daemon refused the attach (the Lua CLI then uses the old path); -1 on
+ * an error. */
+int tp__fast_attached(tp__fast_t *c, tp_error_t *err) {
+  tp__fline_t *l = &c->att;
+  int ret = -1;
+  size_t len, used;
+  char *line;
   /* the reply is the only JSON line: what follows its newline is frames */
-  while ((line = tp__fline_take(&l, &len, &used)) == NULL) {
-    int r = tp__fline_fill(&l, err);
+  while ((line = tp__fline_take(l, &len, &used)) == NULL) {
+    int r = tp__fline_fill(l, err);
     if (r < 0)
       goto out;
     if (r == 0) {
       ret = 1;
       goto out;
     }
-    if (l.have > 65536) { /* stream.lua's bound on the attach reply */
+    if (l->have > 65536) { /* stream.lua's bound on the attach reply */
       ret = 1;
       goto out;
     }
@@ -53,16 +68,13 @@ static int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
     ret = 1;
     goto out;
   }
-  c->dc = tp_spump_new(l.fd, (const uint8_t *) l.buf + used, l.have - used, err);
+  c->dc = tp_spump_new(l->fd, (const uint8_t *) l->buf + used, l->have - used, err);
   if (c->dc == NULL)
     goto out;
-  l.fd = -1; /* the pump's now */
+  l->fd = -1; /* the pump's now */
   ret = 0;
 out:
-  if (l.fd >= 0)
-    close(l.fd);
-  free(l.buf);
-  tp__fout_free(&w);
+  tp__fast_att_free(c);
   return ret;
 }
 
@@ -243,19 +255,6 @@ static int tp__fast_loop(tp__fast_t *c, tp_error_t *err) {
   return 0;
 }
 
-/* The data connection: stream.channel's token (the reply to channel_id)
- * and the attach.  0; 1: fall back (stream.open failed: the Lua CLI's
- * old path); -1: err. */
-int tp__fast_open(tp__fast_t *c, int64_t channel_id, tp_error_t *err) {
-  char token[128];
-  json_t *res, *eobj;
-  if (tp__fast_reply(c, channel_id, &res, &eobj, err) < 0)
-    return -1;
-  if (res == NULL || tp_freply_str(json_object_get(res, "token"), token, sizeof(token)) < 0)
-    return 1;
-  return tp__fast_attach(c, token, err);
-}
-
 /* process.start with streams, its streams to fd 1, 2 (and from 0), the
  * loop: the exit code in *code (run_streamed).  0, or -1: err, before
  * the process ran. */
@@ -263,12 +262,16 @@ int tp__fast_run_in(tp__fast_t *c, int *code, tp_error_t *err) {
   tp__fout_t w = { 0 };
   json_t *res, *eobj, *st;
   int r;
-  int64_t v, start_id;
-  start_id = c->next_id;
-  tp__fast_start(c, &w);
-  r = tp__fast_write(c->ctl.fd, &w, err);
-  tp__fout_free(&w);
-  if (r < 0 || tp__fast_reply(c, start_id, &res, &eobj, err) < 0)
+  int64_t v, start_id = c->start_id;
+  if (start_id == 0) {
+    start_id = c->next_id;
+    tp__fast_start(c, &w);
+    r = tp__fast_write(c->ctl.fd, &w, err);
+    tp__fout_free(&w);
+    if (r < 0)
+      return -1;
+  }
+  if (tp__fast_reply(c, start_id, &res, &eobj, err) < 0)
     return -1;
   if (res == NULL) {
     /* start_failed: ENOENT 127, EACCES 126, else 125 */

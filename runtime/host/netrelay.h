@@ -35,7 +35,11 @@
  * until they are sent: under 3 MiB, for at most TP_NET_STREAMS_MAX streams
  * a box; per box one pipe (two fds) and one spare chunk.  So an upstream
  * that stops reading blocks the box's writer, and one that floods waits on
- * the box.
+ * the box.  A stream whose box socket the relay took (tp_netrelay_give)
+ * holds that socket too (two fds a stream), reads nothing upstream while
+ * what the pipe held (TP__NR_PIPE) waits for the box's socket, and
+ * nothing from the box's socket while TP_NET_WINDOW plus the head wait
+ * for the upstream: less than a framed stream.
  *
  * Each stream watches its socket with a uv_poll (readable while the window
  * has room, writable while the box's bytes wait) and does its own reads,
@@ -86,6 +90,16 @@ typedef struct tp_netrelay_take_s {
  * TP_NET_WINDOW); EINVAL outside TP_NET_CHUNK..TP_NET_WINDOW_DOWN. */
 tp_netrelay_t *tp_netrelay_new(tp_dbox_t *b, uint32_t window_down, tp_netrelay_end_cb on_end,
                                void *data, tp_error_t *err);
+/* on: the box's agent answers NET_GIVE (its READY said TP_F_READY_NET_FD).
+ * Then, on a linux box (whose PID 1 is the agent), a stream taken over is
+ * asked for its box socket once a download fills its window (a small or
+ * slow one never is, and pays no round trip): once the agent names it, the relay
+ * takes it from the agent (pidfd_getfd), checks it is a TCP socket of the
+ * box's network namespace on the proxy or SOCKS5 port, and moves the bytes
+ * between that socket and the upstream itself, with no frames and no
+ * agent in between.  Off (the default) on any other backend: a microVM's
+ * pidfd is QEMU's. */
+void tp_netrelay_give(tp_netrelay_t *nr, int on);
 /* Takes over a stream.  EINVAL for a bad sid or inconsistent counts,
  * EEXIST for a sid it has, EPIPE once the box is gone; t->fd is closed on
  * any failure. */

@@ -102,7 +102,7 @@ int luaopen_tupper_core(lua_State *L) {
         {"HTTP_PORT", TP_NET_HTTP_PORT}, {"SOCKS_PORT", TP_NET_SOCKS_PORT},
         {"DNS_PORT", TP_NET_DNS_PORT}, {"HTTP", TP_NET_HTTP},
         {"SOCKS", TP_NET_SOCKS},       {"DNS_TCP", TP_NET_DNS_TCP},
-        {"CONNECTED", TP_NET_CONNECTED}, {"READY_DOWN", TP_F_READY_NET_DOWN},
+        {"CONNECTED", TP_NET_CONNECTED}, {"READY_DOWN", TP_F_READY_NET_DOWN}, {"READY_FD", TP_F_READY_NET_FD},
         {"READY_EXEC_USER", TP_F_READY_EXEC_USER}};
     lua_newtable(L);
     for (size_t i = 0; i < TP_ARRAY_SIZE(net); i++) {

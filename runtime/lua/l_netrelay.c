@@ -41,8 +41,9 @@ static void tp__lnr_end_cb(tp_netrelay_t *nr, uint32_t sid, uint64_t to_up, uint
   tp_lua_pcall(L, 4, 0, 0);
 }
 
-/* core.netrelay(box, on_end [, window_down]): window_down, the bytes a
- * stream may have unacknowledged towards the box (default NET.WINDOW) */
+/* core.netrelay(box, on_end [, window_down [, give]]): window_down, the
+ * bytes a stream may have unacknowledged towards the box (default
+ * NET.WINDOW); give, the box's agent answers NET_GIVE (tp_netrelay_give) */
 static int tp_lcore_netrelay(lua_State *L) {
   tp_dbox_t *b = tp_l_box_check(L, 1);
   tp_error_t err = {0};
@@ -62,6 +63,7 @@ static int tp_lcore_netrelay(lua_State *L) {
   u->nr = tp_netrelay_new(b, (uint32_t) wdown, tp__lnr_end_cb, u, &err);
   if (u->nr == NULL)
     return tp_l_push_err(L, &err);
+  tp_netrelay_give(u->nr, lua_toboolean(L, 4));
   lua_pushvalue(L, 2);
   u->ref_end = luaL_ref(L, LUA_REGISTRYINDEX);
   return 1;

@@ -8,7 +8,7 @@
  *   <check> <free form>           fds, caps, dev, ids
  *
  * Usage: tupper-probe all | <check> | forkbomb [MAX] | membomb MB |
- *        diskfill PATH [MAXMB] | cpuburn MS | sleep S | list
+ *        diskfill PATH [MAXMB] | cpuburn MS | vforkloop MS | sleep S | list
  *
  * Every check runs in a forked child (with an alarm), so a check that gets
  * the process killed is reported and the next one still runs.  Calls that
@@ -19,7 +19,8 @@
  * errno is reported as ALLOWED <ERRNO>, since the call got through.
  * Syscalls are made with syscall(SYS_...), never through libc wrappers that
  * could hide what the kernel said.  `all` runs the non-destructive checks;
- * forkbomb, membomb, diskfill, cpuburn and sleep run only when named. */
+ * forkbomb, membomb, diskfill, cpuburn, vforkloop and sleep run only when
+ * named. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -805,6 +806,23 @@ static void check_cpuburn(const char *name, const char *arg) {
   say(name, "DONE wall_ms=%.0f cpu_ms=%.0f ratio=%.2f", wall, cpu, wall > 0 ? cpu / wall : 0.0);
 }
 
+/* vfork()s children that exit at once, and reaps them, for MS ms: what a
+ * shell such as dash does for each command, which a freeze must still
+ * catch (docs/testing.md). */
+static void check_vforkloop(const char *name, const char *arg) {
+  long ms = arg ? strtol(arg, NULL, 10) : 1000;
+  volatile long n = 0; /* vfork(): the child shares this frame until it exits */
+  double start = now_ms(CLOCK_MONOTONIC);
+  while (now_ms(CLOCK_MONOTONIC) - start < (double) ms) {
+    pid_t p = vfork();
+    if (p == 0)
+      _exit(0);
+    if (p > 0 && waitpid(p, NULL, 0) == p)
+      n++;
+  }
+  say(name, "DONE n=%ld", (long) n);
+}
+
 static void check_sleep(const char *name, const char *arg) {
   long s = arg ? strtol(arg, NULL, 10) : 1;
   struct timespec ts = {.tv_sec = s, .tv_nsec = 0};
@@ -887,6 +905,7 @@ static const probe_check_t checks[] = {
     {"membomb", check_membomb, PROBE_ARG, "MB: allocate and touch"},
     {"diskfill", check_diskfill, PROBE_ARG, "PATH [MAXMB]: write until error (cap 1024 MB), then delete"},
     {"cpuburn", check_cpuburn, PROBE_ARG, "MS: busy loop; prints the cpu/wall ratio"},
+    {"vforkloop", check_vforkloop, PROBE_ARG, "MS: vfork() children that exit at once, in a loop"},
     {"sleep", check_sleep, PROBE_ARG, "S: sleep"},
 };
 

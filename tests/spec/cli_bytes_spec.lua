@@ -708,7 +708,9 @@ describe("tupper CLI byte paths", function()
       local outp = uv.new_pipe(false)
       local errp = uv.new_pipe(false)
       child.handle, child.pid = uv.spawn(helper.BIN, { args = { "--socket", d.socket, "exec", id, "--", "sh", "-c",
-        "echo e1 >&2; sleep 0.3; echo l1; echo l2; sleep 2; echo l3; exit 4" }, stdio = { nil, outp, errp } },
+        -- l3 once the test says so (a sleep there would be a race on a loaded machine)
+        "echo e1 >&2; sleep 0.3; echo l1; echo l2; while [ ! -e /tmp/l3 ]; do sleep 0.05; done; echo l3; exit 4" },
+        stdio = { nil, outp, errp } },
         function(c, s) child.exit_code = s ~= 0 and 128 + s or c end)
       helper.track(child, "exec")
       outp:read_start(function() end)
@@ -727,15 +729,20 @@ describe("tupper CLI byte paths", function()
       local code, out = cli({ "logs", id })
       assert.are.equal(0, code)
       assert.truthy(out:find("echo l1", 1, true))
-      helper.sync(function() async.sleep(800) end)
       local err
-      code, out, err = cli({ "logs", id, tostring(pid) })
+      deadline = helper.now() + helper.WAIT_MS
+      repeat -- until l1 and l2 are out
+        code, out, err = cli({ "logs", id, tostring(pid) })
+        if out == "l1\nl2\n" then break end
+        uv.sleep(50)
+      until helper.now() >= deadline
       assert.are.equal(0, code, err)
       assert.are.equal("l1\nl2\n", out)
       assert.are.equal("e1\n", err)
       code, out = cli({ "logs", "--tail", "1", id, tostring(pid) })
       assert.are.equal(0, code)
       assert.are.equal("l2\n", out)
+      assert.are.equal(0, (cli({ "exec", id, "--", "touch", "/tmp/l3" })))
       code, out = cli({ "logs", "-f", id, tostring(pid) })
       assert.are.equal(4, code)
       assert.are.equal("l1\nl2\nl3\n", out)

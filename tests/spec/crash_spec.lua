@@ -34,12 +34,7 @@ describe("a daemon killed with SIGKILL", function()
     c:close()
     d.crash()
     -- wait (bounded) until the short one has ended: agent and sleep 1000 left
-    sync(function()
-      for _ = 1, 300 do
-        if box_procs(id) <= 2 then return end
-        async.sleep(10)
-      end
-    end)
+    sync(function() helper.poll(function() return box_procs(id) <= 2 end) end)
     assert.are.equal(2, box_procs(id))
 
     d = helper.start_daemon(dir, { pool = 0 })
@@ -195,13 +190,7 @@ describe("a daemon killed with SIGKILL", function()
     sync(function() async.wait(function(cb) pipe:connect(d2.socket, cb) end) end)
     pipe:write('{"jsonrpc":"2.0","id":1,"method":"sandbox.create","params":{}}\n')
     uv.kill(d2.pid, "sigterm") -- while the box is starting in the thread pool
-    local exited = sync(function()
-      for _ = 1, 500 do
-        if d2.exit_code then return true end
-        async.sleep(10)
-      end
-      return false
-    end)
+    local exited = sync(function() return helper.poll(function() return d2.exit_code ~= nil end) end)
     pipe:close()
     assert.is_true(exited, "the daemon did not exit")
     assert.are.equal(0, d2.exit_code)
@@ -223,12 +212,10 @@ describe("a daemon killed with SIGKILL", function()
     -- a user hammering Ctrl-C: every signal after the first arrives while
     -- the boxes are being destroyed, some after the loop's last handles
     local exited = sync(function()
-      for _ = 1, 1000 do
+      return helper.poll(function()
         if d2.exit_code then return true end
         uv.kill(d2.pid, "sigterm")
-        async.sleep(3)
-      end
-      return false
+      end, nil, 3)
     end)
     assert.is_true(exited, "the daemon did not exit")
     -- 0; or, for a signal landing in the microseconds between the last

@@ -14,6 +14,10 @@ M.ROOT = os.getenv("TUPPER_ROOT") or "."
 M.TIMEOUT_MS = 30000
 -- how long a daemon may take to listen (start_daemon)
 M.START_MS = 90000
+-- how long a wait for what a daemon or a box does in the background (a
+-- process ending, a box removed, a port listening) may take: a loaded
+-- 2-core machine takes seconds for what an idle one does in milliseconds
+M.WAIT_MS = 20000
 
 --- The loop's time, brought up to date first: uv.now() alone is the time
 -- the loop last ran, which is stale after a test spent a while outside it
@@ -23,13 +27,27 @@ function M.now()
   return uv.now()
 end
 
---- Waits (driving the loop) up to ms for path to be gone; true once it
--- is.  A killed box's files and cgroups are removed just after
--- sandbox.kill answers (docs/protocol.md), so a test that checks them
--- waits for them, boundedly.
+--- Calls fn() every step ms (default 10) until it returns a true value,
+-- for at most ms (default M.WAIT_MS) of wall time, not a count of tries;
+-- returns that value, or what fn returned last.  In a coroutine (inside
+-- M.sync).  A wait that is met returns at once: a generous bound costs
+-- nothing when things go well.
+function M.poll(fn, ms, step)
+  local deadline = M.now() + (ms or M.WAIT_MS)
+  while true do
+    local v = table.pack(fn())
+    if v[1] or M.now() >= deadline then return table.unpack(v, 1, v.n) end
+    async.sleep(step or 10)
+  end
+end
+
+--- Waits (driving the loop) up to ms (default M.WAIT_MS) for path to be
+-- gone; true once it is.  A killed box's files and cgroups are removed
+-- just after sandbox.kill answers (docs/protocol.md), so a test that
+-- checks them waits for them, boundedly.
 function M.path_gone(path, ms)
   return M.sync(function()
-    local deadline = M.now() + (ms or 5000)
+    local deadline = M.now() + (ms or M.WAIT_MS)
     while uv.fs_stat(path) and M.now() < deadline do async.sleep(10) end
     return uv.fs_stat(path) == nil
   end)
@@ -535,11 +553,12 @@ local function sweep_cgroups(tag)
     p:close()
   end
   for _, top in ipairs(tops) do
-    for _ = 1, 100 do -- the killed take a moment to leave
+    local deadline = M.now() + 10000 -- the killed take a moment to leave
+    repeat
       os.execute("find '" .. top .. "' -depth -type d -exec rmdir {} + 2>/dev/null")
       if not uv.fs_stat(top) then break end
       uv.sleep(20)
-    end
+    until M.now() >= deadline
   end
   return n
 end
@@ -712,17 +731,17 @@ function M.free_port()
   return port
 end
 
---- Waits (at most 5 s) until something listens on loopback port; raises if not.
+--- Waits (at most M.WAIT_MS) until something listens on loopback port;
+-- raises if not.
 function M.wait_port(port)
   M.sync(function()
-    for _ = 1, 200 do
+    local up = M.poll(function()
       local t = uv.new_tcp()
       local err = async.wait(function(cb) t:connect("127.0.0.1", port, function(e) cb(e) end) end)
       t:close()
-      if not err then return end
-      async.sleep(25)
-    end
-    error("nothing listens on port " .. port)
+      return not err
+    end, nil, 25)
+    if not up then error("nothing listens on port " .. port) end
   end)
 end
 

@@ -412,14 +412,7 @@ describe("a daemon's connection caps", function()
     owner.close()
     -- the box went with its owner
     local c = assert(d.connect())
-    sync(function()
-      local deadline = helper.now() + 5000
-      while helper.now() < deadline do
-        local list = c:call("sandbox.list", {})
-        if #list.sandboxes == 0 then return end
-        async.sleep(20)
-      end
-    end)
+    sync(function() helper.poll(function() return #c:call("sandbox.list", {}).sandboxes == 0 end, nil, 20) end)
     assert.are.equal(0, #assert(call(c, "sandbox.list", {})).sandboxes)
     c:close()
   end)

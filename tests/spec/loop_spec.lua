@@ -220,8 +220,16 @@ describe("a process's own cgroup", function()
       local r = helper.sync(function() return helper.run(c, id, { "/bin/true" }) end)
       assert.are.equal(0, r.exit_code)
     end
-    -- a tree is given back after its exit is told: a moment later
-    helper.sync(function() async.sleep(200) end)
+    -- a tree is given back after its exit is told: a moment later (on a
+    -- loaded machine, longer)
+    helper.sync(function()
+      helper.poll(function()
+        local now, same = subs(), true
+        for k, v in pairs(before) do same = same and now[k] == v end
+        for k in pairs(now) do same = same and before[k] ~= nil end
+        return same
+      end, nil, 20)
+    end)
     assert.are.same(before, subs(), "the same 2 spares, empty, and nothing else")
   end)
 end)

@@ -6,7 +6,8 @@
 -- through the HTTP proxy and SOCKS5, a stalled upstream that blocks the
 -- box's writer while the daemon's memory stays put, an upstream and a box
 -- that end mid-stream, with the daemon's descriptors back where they were
--- and the other connections unharmed.
+-- and the other connections unharmed; the box's socket itself taken from
+-- the agent by the daemon.
 local uv = require("luv")
 local h = require("helper")
 local json = require("tupper.util.json")
@@ -38,11 +39,7 @@ describe("network relay in C", function()
   -- upstream socket is closed (the box's side ends in the agent first)
   local function fds_back_to(n)
     return h.sync(function()
-      local async = require("tupper.util.async")
-      for _ = 1, 100 do
-        if daemon_fds() <= n then return true end
-        async.sleep(20)
-      end
+      if h.poll(function() return daemon_fds() <= n end, nil, 20) then return true end
       return false, daemon_fds()
     end)
   end
@@ -106,6 +103,35 @@ describe("network relay in C", function()
     assert.is_nil(h.read_file(d.log):find("relaying in Lua", 1, true))
   end)
 
+  it("takes the box's socket from the agent: the daemon holds it, the agent no longer", function()
+    -- a download whose reader takes 4 MiB (more than a window: the relay
+    -- asks for the box's socket) and then waits: meanwhile the box's end
+    -- of it (found by its inode in the box's namespace) is one of the
+    -- daemon's descriptors and none of the agent's (NET_GIVE,
+    -- docs/network.md)
+    local rec = json.decode(assert(h.read_file(d.state .. "/boxes/" .. sb .. ".json")))
+    local script = ([[
+go=%s/give.go
+curl -s -x http://127.0.0.1:3128 http://bulk.test:%d/big |
+  (head -c 4194304 > /dev/null; while [ ! -e $go ]; do sleep 0.05; done; wc -c) &
+i=0; ino=; dn=0
+while [ $i -lt 200 ]; do
+  ino=$(ss -tnHe state established '( sport = :3128 )' | grep -o 'ino:[0-9]*' | head -n 1 | cut -d: -f2)
+  if [ -n "$ino" ]; then dn=$(ls -l /proc/%d/fd | grep -c "socket:\[$ino\]"); fi
+  if [ "$dn" = 1 ]; then break; fi
+  sleep 0.05; i=$((i + 1))
+done
+echo "daemon $dn agent $(ls -l /proc/%d/fd | grep -c "socket:\[$ino\]")"
+touch $go
+wait]]):format(dir, hp, d.pid, math.tointeger(rec.pid))
+    local f = assert(io.open(dir .. "/give.sh", "w"))
+    f:write(script)
+    f:close()
+    local code, out = in_netns("sh " .. dir .. "/give.sh")
+    assert.equal(0, code, out)
+    assert.matches("daemon 1 agent 0\n%s*" .. (BIG - 4194304) .. "\n", out)
+  end)
+
   it("blocks the box's writer when the upstream stops reading, the daemon's memory bounded", function()
     local fds, rss = daemon_fds(), daemon_rss_kib()
     local code, out = in_netns("python3 " .. PEER .. " socks-push stall.test " .. stall_port .. " 2")
@@ -118,8 +144,9 @@ describe("network relay in C", function()
     assert.is_true(sent < 64 * 1024 * 1024, out)
     assert.is_true(daemon_rss_kib() - rss < 16 * 1024, "daemon RSS grew by "
       .. (daemon_rss_kib() - rss) .. " KiB")
-    -- the box's writer is gone, but the agent holds a full window it cannot
-    -- hand on, so the stream waits for the upstream: when that goes away
+    -- the box's writer is gone, but a full window of its bytes waits (in
+    -- the daemon, which took the box's socket; in the agent, where it
+    -- could not), so the stream waits for the upstream: when that goes away
     -- (closing with unread bytes: a reset), the stream ends and its socket
     -- with it
     uv.process_kill(servers[2], "sigterm")

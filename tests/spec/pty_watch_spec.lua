@@ -213,11 +213,8 @@ describe("terminals, watches and reattaching", function()
     assert.are.equal("EMFILE", e2.data.code)
     c2:close()
     local w = sync(function()
-      for _ = 1, 500 do
-        local r = c:call("fs.watch", { sandbox = id, path = "/tmp" })
-        if r then return r.watch end
-        async.sleep(10)
-      end
+      local r = helper.poll(function() return (c:call("fs.watch", { sandbox = id, path = "/tmp" })) end)
+      return r and r.watch
     end)
     assert.truthy(w)
     assert(call("fs.unwatch", { sandbox = id, watch = w }))
@@ -271,11 +268,10 @@ describe("terminals, watches and reattaching", function()
     local r = assert(call("process.start", { sandbox = id, cmd = "sleep 100" }))
     assert(call("process.signal", { sandbox = id, pid = r.pid }))
     att = sync(function()
-      for _ = 1, 500 do
+      return helper.poll(function()
         local a = c:call("process.connect", { sandbox = id, pid = r.pid, exited = true })
-        if a and a.exit then return a end
-        async.sleep(10)
-      end
+        return a and a.exit and a
+      end)
     end)
     assert.are.equal(9, att.exit.signal)
     -- 16 more: the first is no longer kept, the last 16 are

@@ -131,8 +131,7 @@ describe("a daemon stopped with long-lived things open", function()
       assert(not err, err)
       data:read_start(function(_, chunk) if chunk then buf = buf .. chunk end end)
       data:write(json.encode({ jsonrpc = "2.0", id = 1, method = "stream.attach", params = { token = tok } }) .. "\n")
-      local deadline = helper.now() + 5000
-      while not buf:find("\n", 1, true) and helper.now() < deadline do async.sleep(5) end
+      helper.poll(function() return buf:find("\n", 1, true) end, nil, 5)
     end)
     local reply = json.decode(buf:match("^([^\n]*)\n") or "")
     assert(reply and reply.result, "stream.attach: " .. buf)
@@ -150,6 +149,9 @@ describe("a daemon stopped with long-lived things open", function()
     assert.is_nil(d.signal, "killed by signal " .. tostring(d.signal) .. ": " .. log:sub(-2000))
     assert.are.equal(0, d.exit_code, log:sub(-2000))
     assert.is_nil(log:find("event loop still busy", 1, true), log:sub(-2000))
+    -- its boxes' dirs and records are gone, the spare ones (.spare) too
+    local scan = uv.fs_scandir(d.state .. "/boxes")
+    assert.is_nil(scan and uv.fs_scandir_next(scan), "boxes/ is empty")
     if not tcp:is_closing() then tcp:close() end
   end)
 

@@ -33,8 +33,12 @@ describe("snapshots", function()
     write(c, id, "/data.txt", "after")
     -- the writer is still alive and its file still grows on the parent
     local n1 = #read(c, id, "/log.txt")
-    sync(function() require("tupper.util.async").sleep(300) end)
-    assert.is_true(#read(c, id, "/log.txt") > n1)
+    assert.is_true(sync(function()
+      return helper.poll(function()
+        local r = c:call("fs.read", { sandbox = id, path = "/log.txt", encoding = "utf8" })
+        return r and #r.data > n1
+      end, nil, 50)
+    end), "the writer's file grows on")
     assert.are.equal("after", read(c, id, "/data.txt"))
     assert(call(c, "process.signal", { sandbox = id, pid = bg.pid, signal = "KILL" }))
 
@@ -131,12 +135,12 @@ describe("snapshots", function()
     assert.are.equal(0, helper.box_pids(id))
     -- the copy of a box that went is not kept
     sync(function()
-      for _ = 1, 500 do
-        local left = false
-        for _, name in ipairs(entries(d.state .. "/layers")) do left = left or name:match("^tmp%-") ~= nil end
-        if not left then done = true; return end
-        require("tupper.util.async").sleep(10)
-      end
+      done = helper.poll(function()
+        for _, name in ipairs(entries(d.state .. "/layers")) do
+          if name:match("^tmp%-") then return false end
+        end
+        return true
+      end)
     end)
     assert.is_true(done)
     assert.are.equal(before, #assert(call(c, "snapshot.list", {})).snapshots)

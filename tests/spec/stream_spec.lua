@@ -341,6 +341,84 @@ describe("the data plane", function()
     assert.are.equal(1, c.server.process_streams)
   end)
 
+  it("takes a token the client chose, and an attach that comes before its stream.channel", function()
+    local c2 = d.connect()
+    local hex = {}
+    for i = 1, 16 do hex[i] = ("%02x"):format(math.random(0, 255)) end
+    local tok = table.concat(hex)
+    -- the attach first: it waits for the channel that names its token
+    local r = raw_connect(d.socket)
+    r.pipe:write(json.encode({ jsonrpc = "2.0", id = 7, method = "stream.attach", params = { token = tok } }) .. "\n")
+    helper.sync(function() async.sleep(200) end)
+    assert.are.equal("", r.buf, "answered before the channel")
+    local ch = assert(helper.call(c2, "stream.channel", { token = tok }))
+    assert.are.equal(tok, ch.token)
+    assert.truthy(raw_line(r).result)
+    local st = assert(helper.call(c2, "process.start", { sandbox = box, streams = true, argv = { "echo", "own" } }))
+    local frames = frames_until(r, function(fs) return has(fs, st.streams.stdout, T.END) end)
+    assert.are.equal("own\n", select(2, data_of(frames, st.streams.stdout)))
+    -- a token in use, or not lowercase hex, is refused
+    local c3 = d.connect()
+    local tok2 = tok:sub(1, 31) .. (tok:sub(32) == "a" and "b" or "a")
+    assert(helper.call(c3, "stream.channel", { token = tok2 }))
+    local res, err = helper.call(c2, "stream.channel", { token = tok2 })
+    assert.is_nil(res)
+    assert.truthy(tostring(err.message):find("in use", 1, true))
+    res, err = helper.call(c2, "stream.channel", { token = tok:upper() })
+    assert.is_nil(res)
+    assert.truthy(tostring(err.message):find("hex", 1, true))
+    -- an attach whose channel never comes is refused after a second
+    local r2 = raw_connect(d.socket)
+    local t0 = helper.now()
+    r2.pipe:write(json.encode({ jsonrpc = "2.0", id = 7, method = "stream.attach",
+      params = { token = ("f"):rep(32) } }) .. "\n")
+    local reply = raw_line(r2)
+    local took = helper.now() - t0
+    assert.truthy(reply and reply.error)
+    assert.is_true(took >= 900 and took < 4000, ("waited %d ms"):format(took))
+    raw_close(r2)
+    raw_close(r)
+    c3:close()
+    c2:close()
+  end)
+
+  it("takes a process.start sent before its attach: it waits for the attach, and at most attach_wait", function()
+    assert.are.equal(5000, c.server.attach_wait)
+    local c2 = d.connect()
+    local tok = assert(helper.call(c2, "stream.channel", {}))
+    local st, serr
+    async.spawn(function()
+      st, serr = c2:call("process.start", { sandbox = box, streams = true, argv = { "echo", "early" } })
+    end)
+    helper.sync(function() async.sleep(300) end)
+    assert.is_nil(st, "answered before the attach")
+    assert.is_nil(serr)
+    local r = raw_connect(d.socket)
+    r.pipe:write(json.encode({ jsonrpc = "2.0", id = 7, method = "stream.attach",
+      params = { token = tok.token } }) .. "\n")
+    assert.truthy(raw_line(r).result)
+    helper.sync(function()
+      local deadline = helper.now() + 5000
+      while not st and not serr and helper.now() < deadline do async.sleep(5) end
+    end)
+    assert.is_nil(serr)
+    local sid = st.streams.stdout
+    local frames = frames_until(r, function(fs) return has(fs, sid, T.END) end)
+    assert.are.equal("early\n", select(2, data_of(frames, sid)))
+    raw_close(r)
+    c2:close()
+    -- a token that is never attached: the start fails once attach_wait is up
+    local c3 = d.connect()
+    assert(helper.call(c3, "stream.channel", {}))
+    local t0 = helper.now()
+    local res, err = helper.call(c3, "process.start", { sandbox = box, streams = true, argv = { "true" } })
+    local took = helper.now() - t0
+    assert.is_nil(res)
+    assert.matches("no data connection", tostring(err and err.message or err))
+    assert.is_true(took >= 4900 and took < 8000, ("waited %d ms"):format(took))
+    c3:close()
+  end)
+
   it("carries 80 MiB of `tupper exec` stdout byte for byte count", function()
     local cmd = ("%s --socket %s exec %s -- head -c 83886080 /dev/zero | wc -c"):format(helper.BIN, d.socket, box)
     local t0 = helper.now()
@@ -407,10 +485,7 @@ describe("the data plane", function()
       sent[#sent + 1] = helper.b64decode(rd.data)
     end
     assert.is_true(table.concat(sent) == table.concat(parts), "the bytes differ")
-    helper.sync(function()
-      local deadline = helper.now() + 5000
-      while not exit and helper.now() < deadline do async.sleep(5) end
-    end)
+    helper.sync(function() helper.poll(function() return exit end, nil, 5) end)
     assert.are.equal(0, exit and exit.exit_code)
     raw_close(r)
     c2:close()
@@ -478,10 +553,7 @@ describe("the data plane", function()
     r3.pipe:write(stream.frame(T.DATA, cn.streams.stdin, "ok\n") .. stream.frame(T.END, cn.streams.stdin))
     local got = frames_until(r3, function(fs) return has(fs, cn.streams.stdout, T.END) end)
     assert.are.equal("ok\ntail\n", select(2, data_of(got, cn.streams.stdout)), "nothing of the half frame")
-    helper.sync(function()
-      local deadline = helper.now() + 5000
-      while not exit and helper.now() < deadline do async.sleep(5) end
-    end)
+    helper.sync(function() helper.poll(function() return exit end, nil, 5) end)
     assert.are.equal(0, exit and exit.exit_code)
     raw_close(r3)
     c2:close()

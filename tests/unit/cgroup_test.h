@@ -275,6 +275,21 @@ static void body_counter(void) {
     __atomic_add_fetch(&S->counter, 1, __ATOMIC_SEQ_CST);
 }
 
+/* vfork()s and reaps children that exit at once, as fast as it can (a
+ * shell such as dash runs its commands this way): a freeze catches it in
+ * the clone call now and then, with its child frozen before the child
+ * could release it. */
+static void body_vforker(void) {
+  for (;;) {
+    pid_t p = vfork();
+    if (p == 0)
+      _exit(0);
+    if (p > 0)
+      waitpid(p, NULL, 0);
+    __atomic_add_fetch(&S->counter, 1, __ATOMIC_SEQ_CST);
+  }
+}
+
 
 /* A tree that tries to escape: a grandchild that setsid()s, forks again and
  * lets its parent exit, so the great-grandchild is orphaned in its own session. */
@@ -379,6 +394,54 @@ static void t_freeze(const tp_cgroup_t *cg) {
     check(file_is(cg->path_v2, "cgroup.freeze", "0"), "the box is thawed after the kill");
   else
     check(file_is(cg->path_v1[TP_CG_FREEZER], "freezer.state", "THAWED"), "the box is thawed after the kill");
+}
+
+/* Freezes and thaws a box of vfork()ing children FREEZE_ROUNDS times.  On
+ * a v1 freezer, a parent that the freeze's pass over the tasks finds still
+ * inside vfork(), and that then sleeps waiting for a child the pass froze,
+ * stays unfrozen: freezer.state reads FREEZING until FROZEN is written
+ * again.  Each freeze must end (tp_cgroup_freeze writes FROZEN again while
+ * it waits); before it did, every run here failed within its first 3
+ * freezes (they stayed FREEZING until the 5 s bound). */
+#define FREEZE_ROUNDS 100
+static void t_freeze_vfork(const tp_cgroup_t *cg) {
+  tp_error_t err = {0};
+  pid_t pid[2];
+  long long t0, worst = 0;
+  int st, r = 0, i, n = 0;
+
+  reset_shared();
+  for (i = 0; i < 2; i++)
+    pid[i] = spawn_in(cg, body_vforker);
+  check(pid[0] > 0 && pid[1] > 0, "two vfork()ing children are attached");
+  for (i = 0; i < FREEZE_ROUNDS && pid[0] > 0 && pid[1] > 0; i++) {
+    long c = __atomic_load_n(&S->counter, __ATOMIC_SEQ_CST);
+    long long end = now_ms() + WAIT_MS;
+    while (__atomic_load_n(&S->counter, __ATOMIC_SEQ_CST) == c && now_ms() < end)
+      nap_ms(1); /* thawed and running again */
+    t0 = now_ms();
+    r = tp_cgroup_freeze(cg, 1, &err);
+    if (now_ms() - t0 > worst)
+      worst = now_ms() - t0;
+    if (r < 0) {
+      diag("freeze", &err);
+      break;
+    }
+    n++;
+    r = tp_cgroup_freeze(cg, 0, &err);
+    if (r < 0) {
+      diag("thaw", &err);
+      break;
+    }
+  }
+  check(r == 0 && n == FREEZE_ROUNDS, "%d of %d freezes of vfork()ing children ended (the longest %lld ms)",
+        n, FREEZE_ROUNDS, worst);
+  r = tp_cgroup_kill(cg, &err);
+  if (r < 0)
+    diag("kill", &err);
+  for (i = 0; i < 2; i++)
+    check(pid[i] > 0 && wait_pid(pid[i], WAIT_MS, &st) == 0 && killed(st), "vforker %d died of SIGKILL", i);
+  reap_orphans(2, 200, &st); /* a child caught between vfork and reap, if any */
 }
 
 /* A sub cgroup holding a tree with a setsid'd, double-forked grandchild is

@@ -5,7 +5,10 @@
  * (window overruns, acknowledgements of bytes never sent, malformed and
  * unknown-stream frames); downloads whose payloads the agent splices to
  * the box's socket (frames cut anywhere, a box that reads late, a box gone
- * mid-splice).  Every wait is a poll with a deadline. */
+ * mid-splice); handing a stream's box socket to the host (NET_GIVE: the
+ * bytes waiting for it written first, then named, untouched until
+ * NET_TAKEN, which makes the agent forget the stream or relay it again).
+ * Every wait is a poll with a deadline. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,6 +23,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -554,6 +558,70 @@ static void test_limits_and_hostile(void) {
   check(eofs == TP_NET_STREAMS_MAX, "their ends come up as NET_EOF (%d)", eofs);
 }
 
+static pid_t agent_pid;
+
+/* The next frame of stream sid within ms, 1; or 0. */
+static int frame_of(frame_t *fr, int64_t sid, int ms) {
+  long long deadline = now_ms() + ms;
+  while (now_ms() < deadline)
+    if (next_frame(fr, (int) (deadline - now_ms())) && fr->sid == sid)
+      return 1;
+  return 0;
+}
+
+static void test_give(void) {
+  frame_t fr;
+  char buf[64];
+  struct sockaddr_in a1, a2;
+  socklen_t l1 = sizeof(a1), l2 = sizeof(a2);
+  int pidfd = (int) syscall(SYS_pidfd_open, agent_pid, 0), fd;
+  int c = tcp_connect(TP_NET_HTTP_PORT);
+  int64_t sid, num = -1;
+  check(c >= 0 && wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS), "a stream to give");
+  sid = fr.sid;
+  send_net(TP_MSG_NET_DATA, 0, sid, 0, 0, "abc", 3);
+  send_net(TP_MSG_NET_GIVE, 0, sid, 0, 0, NULL, 0);
+  check(read_within(c, buf, sizeof(buf), TIMEOUT_MS) == 3, "what came before NET_GIVE reaches the box");
+  check(wait_type(&fr, TP_MSG_NET_ACK, TIMEOUT_MS) && fr.sid == sid && fr.size == 3,
+        "and is acknowledged before the answer");
+  check(next_frame(&fr, TIMEOUT_MS) && fr.type == TP_MSG_NET_GIVE && fr.sid == sid &&
+            (num = fint(fr.n, TP_TAG_FD, -1)) >= 0,
+        "NET_GIVE is answered with the socket's descriptor");
+  check(write(c, "late", 4) == 4 && !frame_of(&fr, sid, 200), "the box's bytes are not read meanwhile");
+  fd = pidfd >= 0 ? (int) syscall(SYS_pidfd_getfd, pidfd, (int) num, 0) : -1;
+  check(fd >= 0 && getpeername(fd, (struct sockaddr *) &a1, &l1) == 0 &&
+            getsockname(c, (struct sockaddr *) &a2, &l2) == 0 && a1.sin_port == a2.sin_port,
+        "the descriptor is the box's socket (%s)", strerror(errno));
+  send_net(TP_MSG_NET_TAKEN, 0, sid, TP_TAG_SIZE, 0, NULL, 0);
+  check(wait_type(&fr, TP_MSG_NET_DATA, TIMEOUT_MS) && fr.sid == sid && fr.dlen == 4 &&
+            memcmp(fr.data, "late", 4) == 0,
+        "NET_TAKEN 0: the agent relays the stream again");
+  send_net(TP_MSG_NET_ACK, 0, sid, TP_TAG_SIZE, 4, NULL, 0);
+  send_net(TP_MSG_NET_GIVE, 0, sid, 0, 0, NULL, 0);
+  check(wait_type(&fr, TP_MSG_NET_GIVE, TIMEOUT_MS) && fint(fr.n, TP_TAG_FD, -1) == num, "given again");
+  send_net(TP_MSG_NET_TAKEN, 0, sid, TP_TAG_SIZE, 1, NULL, 0);
+  check(fd >= 0 && write(fd, "host", 4) == 4 && read_within(c, buf, sizeof(buf), TIMEOUT_MS) == 4 &&
+            memcmp(buf, "host", 4) == 0,
+        "NET_TAKEN 1: the host writes to the box's socket itself");
+  shutdown(c, SHUT_WR);
+  check(!frame_of(&fr, sid, 300), "and the agent forgot the stream: no frame of it, no NET_CLOSE");
+  send_net(TP_MSG_NET_TAKEN, 0, sid, TP_TAG_SIZE, 1, NULL, 0);
+  check(!frame_of(&fr, sid, 100), "a late frame of it is dropped");
+  if (fd >= 0)
+    close(fd);
+  close(c);
+  /* a NET_TAKEN of a stream not given ends it */
+  c = tcp_connect(TP_NET_SOCKS_PORT);
+  check(c >= 0 && wait_type(&fr, TP_MSG_NET_OPEN, TIMEOUT_MS), "another stream");
+  sid = fr.sid;
+  send_net(TP_MSG_NET_TAKEN, 0, sid, TP_TAG_SIZE, 1, NULL, 0);
+  check(wait_type(&fr, TP_MSG_NET_CLOSE, TIMEOUT_MS) && fr.sid == sid && fr.err == EPROTO,
+        "NET_TAKEN of a stream not given: NET_CLOSE EPROTO");
+  close(c);
+  if (pidfd >= 0)
+    close(pidfd);
+}
+
 int main(void) {
   const char *agent = getenv("TUPPER_AGENT");
   int sv[2], status;
@@ -579,7 +647,10 @@ int main(void) {
   }
   close(sv[1]);
   chan = sv[0];
-  check(next_frame(&fr, TIMEOUT_MS) && fr.type == TP_MSG_READY, "the agent says READY");
+  agent_pid = pid;
+  check(next_frame(&fr, TIMEOUT_MS) && fr.type == TP_MSG_READY &&
+            (fint(fr.n, TP_TAG_FLAGS, 0) & TP_F_READY_NET_FD) != 0,
+        "the agent says READY, and that it answers NET_GIVE");
   check(tcp_connect(TP_NET_HTTP_PORT) < 0, "no proxy port before NET_LISTEN");
   check(listen_req(1), "NET_LISTEN binds the proxy, SOCKS and DNS ports");
   check(listen_req(2), "NET_LISTEN again (a re-attached daemon) is fine");
@@ -589,6 +660,7 @@ int main(void) {
   test_dns();
   test_dns_rate();
   test_connect();
+  test_give();
   test_limits_and_hostile();
   close(chan);
   check(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,

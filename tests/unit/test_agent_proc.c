@@ -520,7 +520,7 @@ static void test_creds(host_t *h, const char *tmp) {
   const char *status[] = {"/bin/cat", "/proc/self/status", NULL};
   const char *oom[] = {"/bin/cat", "/proc/self/oom_score_adj", NULL};
   const char *tru[] = {"/bin/true", NULL};
-  char path[64], agent_oom[32];
+  char path[64], agent_oom[32], agent_status[4096];
   int64_t pid;
   tproc_t *p;
   msg_t *m;
@@ -540,6 +540,15 @@ static void test_creds(host_t *h, const char *tmp) {
         "without UID/GID the child is uid 0, gid 0, groups {0}");
   check(p != NULL && caps_all_dropped((char *) p->out[1].data, p->out[1].len),
         "as uid 0: CapInh/Prm/Eff/Bnd/Amb all 0, NoNewPrivs 1");
+  snprintf(path, sizeof(path), "/proc/%d/status", (int) h->agent);
+  slurp(path, agent_status, sizeof(agent_status));
+  /* SIGHUP (1) inherited, SIGPIPE (13) the agent's own: both ignored there */
+  check(field_is(agent_status, strlen(agent_status), "SigIgn", "0000000000001001"),
+        "the agent ignores SIGHUP (inherited) and SIGPIPE");
+  check(p != NULL && field_is((char *) p->out[1].data, p->out[1].len, "SigIgn", "0000000000000000") &&
+            field_is((char *) p->out[1].data, p->out[1].len, "SigCgt", "0000000000000000") &&
+            field_is((char *) p->out[1].data, p->out[1].len, "SigBlk", "0000000000000000"),
+        "the child execs with every signal at SIG_DFL and none blocked");
 
   pid = run_as(h, status, 0, 1000, 1001);
   p = pid > 0 ? wait_exit(h, pid) : NULL;

@@ -234,6 +234,41 @@ static void test_box_hardening(conn_t *c, const char *id) {
   free(o);
 }
 
+/* A second box while the first runs: both see /sys through one superblock
+ * (mounted from the daemon's lo-only namespace, sysfs_net.c), yet each
+ * runs in a network namespace of its own, neither the host's. */
+static void test_box_shared_sysfs(const env_t *e, const tp_box_t *first) {
+  tp_error_t err = {0};
+  char *dir2 = path_in(tmp_root, "box-sys2");
+  tp_box_spec_t s = spec_for(e, "tp-test-sys2", dir2);
+  tp_box_t b2;
+  struct stat sys1, sys2, net0, net1, net2;
+  char p[64];
+  int r = tp_linux_box_start(&s, &b2, &err);
+  check(r == 0, "sysfs: a second box started (%s)", r < 0 ? err.msg : "ok");
+  if (r < 0) {
+    free(dir2);
+    return;
+  }
+  snprintf(p, sizeof(p), "/proc/%d/root/sys", (int) first->pid);
+  r = stat(p, &sys1);
+  snprintf(p, sizeof(p), "/proc/%d/root/sys", (int) b2.pid);
+  r = r < 0 ? r : stat(p, &sys2);
+  check(r == 0 && sys1.st_dev == sys2.st_dev,
+        "sysfs: two boxes share /sys's superblock (one shrinker, not one a box)");
+  snprintf(p, sizeof(p), "/proc/%d/ns/net", (int) first->pid);
+  r = stat(p, &net1);
+  snprintf(p, sizeof(p), "/proc/%d/ns/net", (int) b2.pid);
+  r = r < 0 ? r : stat(p, &net2);
+  r = r < 0 ? r : stat("/proc/self/ns/net", &net0);
+  check(r == 0 && net1.st_ino != net2.st_ino && net1.st_ino != net0.st_ino &&
+            net2.st_ino != net0.st_ino,
+        "sysfs: each box still runs in a network namespace of its own");
+  r = tp_box_destroy(&b2, dir2, &err);
+  check(r == 0, "sysfs: second box destroyed (%s)", r < 0 ? err.msg : "ok");
+  free(dir2);
+}
+
 static void test_box(const env_t *e) {
   tp_error_t err = {0};
   char *box_dir = path_in(tmp_root, "box");
@@ -281,9 +316,10 @@ static void test_box(const env_t *e) {
   check(strcmp(o, "1\nlo:") == 0, "inside: only lo in the netns ('%s')", o);
   free(o);
   o = box_out(&c, "cat /sys/class/net/lo/operstate /sys/class/net/lo/flags; ls /sys/class/net");
-  check(strcmp(o, "unknown\n0x9\nlo") == 0, "inside: lo is up, fresh sysfs shows only lo ('%s')",
+  check(strcmp(o, "unknown\n0x9\nlo") == 0, "inside: lo is up, /sys shows only lo ('%s')",
         o);
   free(o);
+  test_box_shared_sysfs(e, &box);
   o = box_out(&c, "ls /proc | grep -c '^[0-9]'; tr '\\0' ' ' < /proc/1/cmdline");
   check(strcmp(o, "3\ntupper-agent ") == 0 || strcmp(o, "4\ntupper-agent ") == 0,
         "inside: host processes invisible, PID 1 is the agent ('%s')", o);

@@ -56,6 +56,53 @@ static int other_entries(const char *dir) {
   return n;
 }
 
+/* Spare box dirs (box_spare.c): with <parent>/.spare made, a destroyed
+ * box's dir goes there emptied (no socket, no pool name) and the next start
+ * takes that very dir (its inode) under its own name. */
+static void spare_part(const env_t *e, const char *pool) {
+  tp_error_t err = {0};
+  char *spare = path_in(tmp_root, ".spare"), *a = path_in(tmp_root, "sa"),
+       *b = path_in(tmp_root, "sb"), *kept = path_in(tmp_root, ".spare/sa"),
+       *sock = path_in(kept, "agent.sock");
+  tp_box_spec_t s = spec_for(e, "sa", a);
+  tp_box_t box;
+  struct stat st_kept, st_b;
+  char name[400];
+  int r;
+
+  check(mkdir(spare, 0700) == 0, "spare: .spare made");
+  s.disk_bytes = 32 << 20;
+  s.pool = pool;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r == 0, "spare: a box started (%s)", r < 0 ? err.msg : "ok");
+  if (r < 0)
+    goto out;
+  r = tp_linux_box_destroy(&box, a, &err);
+  check(r == 0 && !exists(a) && exists(kept), "spare: its dir kept in .spare (%s)",
+        r < 0 ? err.msg : "ok");
+  check(stat(kept, &st_kept) == 0 && other_entries(kept) == 0 && !exists(sock),
+        "spare: kept empty");
+  check(lgetxattr(kept, "trusted.tupper.pool", name, sizeof(name)) < 0,
+        "spare: kept without the pool's name");
+  s.id = "sb";
+  s.box_dir = b;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r == 0, "spare: a second box started (%s)", r < 0 ? err.msg : "ok");
+  if (r < 0)
+    goto out;
+  check(!exists(kept) && stat(b, &st_b) == 0 && st_b.st_ino == st_kept.st_ino,
+        "spare: the second box took the kept dir");
+  r = tp_linux_box_destroy(&box, b, &err);
+  check(r == 0 && !exists(b), "spare: the second box destroyed (%s)", r < 0 ? err.msg : "ok");
+out:
+  tp_rmtree(spare, NULL);
+  free(spare);
+  free(a);
+  free(b);
+  free(kept);
+  free(sock);
+}
+
 static void test_pool(const env_t *e) {
   tp_error_t err = {0};
   char *pool = path_in(tmp_root, "pool"), *box_dir = path_in(tmp_root, "pbox");
@@ -94,7 +141,17 @@ static void test_pool(const env_t *e) {
     check(n > 0 && strcmp(name, path) == 0, "box: its dir names the subvolume ('%s')",
           n > 0 ? name : strerror(errno));
     n = other_entries(box_dir);
-    check(n == 0, "box: its dir holds the agent's socket and nothing else (%d more)", (int) n);
+    check(n == 0, "box: its dir holds nothing: the socket is in the subvolume (%d entries)", (int) n);
+    {
+      struct stat st;
+      char sock[440];
+      snprintf(sock, sizeof(sock), "%s/agent.sock", path);
+      check(lstat(sock, &st) == 0 && S_ISSOCK(st.st_mode) && (st.st_mode & 0777) == 0600 &&
+                st.st_uid == 0,
+            "box: the agent's socket is in its subvolume's root, root's, 0600");
+      snprintf(sock, sizeof(sock), "%s/agent.sock", box_dir);
+      check(!exists(sock), "box: and not in its dir");
+    }
   }
   o = box_out(&c, "dd if=/dev/zero of=/big bs=1M count=64 2>&1 | grep -o 'Disk quota exceeded'"
                   " | head -1; rm /big; sync; head -c 4000000 /dev/urandom > /ok && echo ok-after");
@@ -126,6 +183,7 @@ static void test_pool(const env_t *e) {
   check(!exists(path) && !exists(box_dir), "box: its subvolume and dir are gone");
   snprintf(path, sizeof(path), "%s/snaps/snap1/upper/data", pool);
   check(exists(path), "snapshot: outlives the box");
+  spare_part(e, pool);
 
   adopted = -1;
   r = tp_linux_pool_open(pool, 2LL << 30, &adopted, &err);

@@ -71,6 +71,7 @@ static int v2_part(const char *dir, const char *id) {
     t_list_open(&root, &cg);
     pid_t by;
     t_freeze(&cg);
+    t_freeze_vfork(&cg);
     by = t_tree_kill(&cg);
     r = tp_cgroup_stats(&cg, &st, &err);
     check(r == 0 && st.cpu_usage_usec >= 0 &&

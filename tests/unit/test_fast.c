@@ -419,9 +419,13 @@ typedef struct scen_s {
   int code;            /* the exit code expected */
   const char *err;     /* in stderr */
   const char *want;    /* in the process.start request */
+  int old_channel;     /* stream.channel refuses the client's token (a daemon before them) */
+  int attach_refused;  /* the attach is answered with an error: 1 each time, 2 the first time only */
 } scen_t;
 
 #define HELLO_OK "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocol\":1,\"streams\":1,\"process_streams\":1}}"
+#define HELLO_WAIT \
+  "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocol\":1,\"streams\":1,\"process_streams\":1,\"attach_wait\":5000}}"
 #define START_OK "{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"pid\":7,\"streams\":{\"stdout\":1,\"stderr\":2}}}"
 #define EXIT(f) "{\"jsonrpc\":\"2.0\",\"method\":\"process.exit\",\"params\":{\"sandbox\":\"box1\",\"pid\":7," f "}}\n"
 
@@ -515,7 +519,18 @@ static void run_scen(const char *dir, const scen_t *s) {
   }
   cfd = accept_one(lfd);
   if (cfd >= 0) {
-    read_lines(cfd, req, sizeof(req), 2); /* hello and stream.channel, in one write */
+    char token[64] = "", *t;
+    /* hello, stream.channel with the client's token and process.start, in one write */
+    read_lines(cfd, req, sizeof(req), 3);
+    check(strstr(req, "\"hello\"") != NULL && strstr(req, "\"stream.channel\"") != NULL &&
+              strstr(req, "\"process.start\"") != NULL,
+          "%s: hello, stream.channel and process.start come at once", s->name);
+    if (s->want)
+      check(strstr(req, s->want) != NULL, "%s: process.start says %s (%s)", s->name, s->want, req);
+    if ((t = strstr(req, "\"token\":\"")) != NULL)
+      sscanf(t + 9, "%63[^\"]", token);
+    check(strlen(token) == 32 && strspn(token, "0123456789abcdef") == 32, "%s: the channel's token is %s",
+          s->name, token);
     if (s->hello == NULL) {
       static char big[2 * 1024 * 1024];
       memset(big, 'x', sizeof(big));
@@ -523,36 +538,57 @@ static void run_scen(const char *dir, const scen_t *s) {
     } else {
       puts_line(cfd, s->hello);
     }
-    if (s->start != NULL) {
-      puts_line(cfd, "{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"token\":\"t0\"}}");
-      dfd = accept_one(lfd);
-      if (dfd >= 0) {
-        read_lines(dfd, req, sizeof(req), 1);
-        puts_line(dfd, "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocol\":1,\"window\":4194304,\"frame_max\":1048576}}");
-        read_lines(cfd, req, sizeof(req), 1);
-        if (s->want)
-          check(strstr(req, s->want) != NULL, "%s: process.start says %s (%s)", s->name, s->want, req);
-        puts_line(cfd, s->start);
-        if (s->frames) {
-          uint8_t f[256];
-          size_t n = 0;
-          n += tp_sframe_open(f + n, 1, TP_SK_STDOUT, 0);
-          n += tp_sframe_open(f + n, 2, TP_SK_STDERR, 0);
-          if (s->frames == 2) {
-            memcpy(f + n, "\x05\x00\x00\x00\x09\x02\x00\x00\x01\x00\x00\x00hi\n!!", 17); /* version 9 */
-            n += 17;
-          } else {
-            tp_sframe_header(f + n, TP_SF_DATA, 1, 3);
-            memcpy(f + n + TP_SF_HDR, "hi\n", 3);
-            n += TP_SF_HDR + 3;
-            n += tp_sframe_end(f + n, 1, 1, 3);
-            n += tp_sframe_end(f + n, 2, 1, 0);
-          }
-          put(dfd, f, n);
-        }
-        if (s->after)
-          put(cfd, s->after, strlen(s->after));
+    /* the attach comes without waiting for any reply */
+    dfd = accept_one(lfd);
+    if (dfd >= 0)
+      read_lines(dfd, req, sizeof(req), 1);
+    check(dfd >= 0 && strstr(req, "\"stream.attach\"") != NULL && strstr(req, token) != NULL,
+          "%s: the attach names the token (%s)", s->name, req);
+    if (s->start != NULL && s->old_channel) {
+      puts_line(cfd, "{\"jsonrpc\":\"2.0\",\"id\":2,\"error\":{\"code\":-32602,\"message\":\"unknown parameter 'token'\"}}");
+      puts_line(cfd, s->start);
+    } else if (s->start != NULL && dfd >= 0) {
+      const char *att = s->attach_refused
+                            ? "{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32602,\"message\":\"no\"}}"
+                            : "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocol\":1,\"window\":4194304,\"frame_max\":1048576}}";
+      char ch[128];
+      snprintf(ch, sizeof(ch), "{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"token\":\"%s\"}}", token);
+      puts_line(cfd, ch);
+      puts_line(dfd, att);
+      if (s->attach_refused) {
+        /* refused (as if read before its channel): the client attaches
+         * once more, and takes a second refusal as the end */
+        int d2 = accept_one(lfd);
+        if (d2 >= 0)
+          read_lines(d2, req, sizeof(req), 1);
+        check(d2 >= 0 && strstr(req, token) != NULL, "%s: a second attach with the token (%s)", s->name, req);
+        close(dfd);
+        dfd = d2;
+        if (dfd >= 0)
+          puts_line(dfd, s->attach_refused == 2
+                             ? "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocol\":1,\"window\":4194304,\"frame_max\":1048576}}"
+                             : att);
       }
+      puts_line(cfd, s->start);
+      if (s->frames) {
+        uint8_t f[256];
+        size_t n = 0;
+        n += tp_sframe_open(f + n, 1, TP_SK_STDOUT, 0);
+        n += tp_sframe_open(f + n, 2, TP_SK_STDERR, 0);
+        if (s->frames == 2) {
+          memcpy(f + n, "\x05\x00\x00\x00\x09\x02\x00\x00\x01\x00\x00\x00hi\n!!", 17); /* version 9 */
+          n += 17;
+        } else {
+          tp_sframe_header(f + n, TP_SF_DATA, 1, 3);
+          memcpy(f + n + TP_SF_HDR, "hi\n", 3);
+          n += TP_SF_HDR + 3;
+          n += tp_sframe_end(f + n, 1, 1, 3);
+          n += tp_sframe_end(f + n, 2, 1, 0);
+        }
+        put(dfd, f, n);
+      }
+      if (s->after)
+        put(cfd, s->after, strlen(s->after));
     }
   }
   /* the client decides when it is done: the connections stay open until
@@ -583,48 +619,57 @@ static void run_scen(const char *dir, const scen_t *s) {
 static void test_daemon(const char *dir) {
   static const scen_t scens[] = {
     { "exit code", HELLO_OK, START_OK, 1, EXIT("\"exit_code\":3,\"signal\":0"), 3, NULL,
-      "{\"sandbox\":\"box1\",\"argv\":[\"echo\",\"a\\\"b\"],\"env\":{\"A\":\"2\"},\"cwd\":\"/tmp\",\"stdin\":false,\"streams\":true}" },
-    { "signal", HELLO_OK, START_OK, 1, EXIT("\"exit_code\":-1,\"signal\":9"), 137, NULL, NULL },
+      "{\"sandbox\":\"box1\",\"argv\":[\"echo\",\"a\\\"b\"],\"env\":{\"A\":\"2\"},\"cwd\":\"/tmp\",\"stdin\":false,\"streams\":true}", 0, 0 },
+    { "signal", HELLO_OK, START_OK, 1, EXIT("\"exit_code\":-1,\"signal\":9"), 137, NULL, NULL, 0, 0 },
     { "oom", HELLO_OK, START_OK, 1, EXIT("\"exit_code\":-1,\"signal\":9,\"oom_killed\":true"), 137,
-      "out of memory", NULL },
-    { "no exit code", HELLO_OK, START_OK, 1, EXIT("\"signal\":0"), 125, NULL, NULL },
+      "out of memory", NULL, 0, 0 },
+    { "no exit code", HELLO_OK, START_OK, 1, EXIT("\"signal\":0"), 125, NULL, NULL, 0, 0 },
     { "another pid's exit first",
       HELLO_OK, START_OK, 1,
       "{\"jsonrpc\":\"2.0\",\"method\":\"process.exit\",\"params\":{\"sandbox\":\"box1\",\"pid\":8,\"exit_code\":9}}\n"
       "{\"jsonrpc\":\"2.0\",\"method\":\"process.exit\",\"params\":{\"sandbox\":\"box2\",\"pid\":7,\"exit_code\":9}}\n"
-      "{\"jsonrpc\":\"2.0\",\"method\":\"other\"}\n" EXIT("\"exit_code\":4"), 4, NULL, NULL },
-    { "hello too long", NULL, NULL, 0, NULL, 125, "longer than", NULL },
-    { "hello malformed", "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{", NULL, 0, NULL, 125, "malformed", NULL },
+      "{\"jsonrpc\":\"2.0\",\"method\":\"other\"}\n" EXIT("\"exit_code\":4"), 4, NULL, NULL, 0, 0 },
+    { "hello too long", NULL, NULL, 0, NULL, 125, "longer than", NULL, 0, 0 },
+    { "hello malformed", "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{", NULL, 0, NULL, 125, "malformed", NULL, 0, 0 },
     { "hello nested too deep",
       "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}",
-      NULL, 0, NULL, 125, "deep", NULL },
-    { "hello not an object", "[1]", NULL, 0, NULL, 125, "not an object", NULL },
-    { "hello neither result nor error", "{\"jsonrpc\":\"2.0\",\"id\":1}", NULL, 0, NULL, 125, "neither", NULL },
+      NULL, 0, NULL, 125, "deep", NULL, 0, 0 },
+    { "hello not an object", "[1]", NULL, 0, NULL, 125, "not an object", NULL, 0, 0 },
+    { "hello neither result nor error", "{\"jsonrpc\":\"2.0\",\"id\":1}", NULL, 0, NULL, 125, "neither", NULL, 0, 0 },
     { "hello refused", "{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32602,\"message\":\"protocol 1?\"}}",
-      NULL, 0, NULL, 125, "tupper: hello: protocol 1?", NULL },
+      NULL, 0, NULL, 125, "tupper: hello: protocol 1?", NULL, 0, 0 },
     { "a daemon without process streams", "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"streams\":1}}", NULL, 0,
-      NULL, FELL_BACK, NULL, NULL },
+      NULL, FELL_BACK, NULL, NULL, 0, 0 },
     { "start: ENOENT", HELLO_OK,
       "{\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{\"code\":-32003,\"message\":\"exec 'echo': nope\",\"data\":{\"code\":\"ENOENT\"}}}",
-      0, NULL, 127, "tupper: exec 'echo': nope", NULL },
+      0, NULL, 127, "tupper: exec 'echo': nope", NULL, 0, 0 },
     { "start: EACCES", HELLO_OK,
       "{\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{\"code\":-32003,\"message\":\"m\",\"data\":{\"code\":\"EACCES\"}}}", 0,
-      NULL, 126, "tupper: m", NULL },
+      NULL, 126, "tupper: m", NULL, 0, 0 },
     { "start: no such sandbox", HELLO_OK, "{\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{\"code\":-32000,\"message\":\"no sandbox 'box1'\"}}",
-      0, NULL, 125, "tupper: no sandbox 'box1'", NULL },
+      0, NULL, 125, "tupper: no sandbox 'box1'", NULL, 0, 0 },
     { "start: no pid", HELLO_OK, "{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"streams\":{\"stdout\":1,\"stderr\":2}}}", 0,
-      NULL, 125, "no pid", NULL },
+      NULL, 125, "no pid", NULL, 0, 0 },
     { "start: one stream twice", HELLO_OK,
       "{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"pid\":7,\"streams\":{\"stdout\":1,\"stderr\":1}}}", 0, NULL, 125,
-      "twice", NULL },
+      "twice", NULL, 0, 0 },
     { "start: a client's stream id", HELLO_OK,
       "{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"pid\":7,\"streams\":{\"stdout\":2147483648,\"stderr\":1}}}", 0, NULL,
-      125, "no stdout stream", NULL },
+      125, "no stdout stream", NULL, 0, 0 },
     { "start: pid 1.5", HELLO_OK,
       "{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"pid\":1.5,\"streams\":{\"stdout\":1,\"stderr\":2}}}", 0, NULL, 125,
-      "no pid", NULL },
-    { "the daemon goes before the exit", HELLO_OK, START_OK, 1, NULL, 125, "lost the connection", NULL },
-    { "a bad frame", HELLO_OK, START_OK, 2, EXIT("\"exit_code\":0"), 125, "output stream failed", NULL },
+      "no pid", NULL, 0, 0 },
+    { "the daemon goes before the exit", HELLO_OK, START_OK, 1, NULL, 125, "lost the connection", NULL, 0, 0 },
+    { "a bad frame", HELLO_OK, START_OK, 2, EXIT("\"exit_code\":0"), 125, "output stream failed", NULL, 0, 0 },
+    { "with attach_wait", HELLO_WAIT, START_OK, 1, EXIT("\"exit_code\":5"), 5, NULL, NULL, 0, 0 },
+    { "the attach refused once, then taken", HELLO_WAIT, START_OK, 1, EXIT("\"exit_code\":6"), 6, NULL, NULL, 0, 2 },
+    { "the attach refused: no fall back once the start is out", HELLO_OK, START_OK, 0, EXIT("\"exit_code\":0"),
+      125, "refused the data connection", NULL, 0, 1 },
+    { "a daemon that takes no token of the client's: the start failed, the Lua CLI's", HELLO_OK,
+      "{\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{\"code\":-32600,\"message\":\"'streams': no data connection\"}}", 0,
+      NULL, FELL_BACK, NULL, NULL, 1, 0 },
+    { "a daemon that takes no token of the client's yet started it", HELLO_OK, START_OK, 0, NULL, 125,
+      "without its data connection", NULL, 1, 0 },
   };
   for (size_t i = 0; i < sizeof(scens) / sizeof(scens[0]); i++)
     run_scen(dir, &scens[i]);

@@ -22,8 +22,12 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <net/if.h>
+#include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -53,6 +57,8 @@ static struct {
   size_t ndata, unacked, max_unacked, max_frame;
   int64_t acked; /* NET_ACK sizes */
   int eofs, closes;
+  int gives, takens;    /* NET_GIVE and NET_TAKEN frames */
+  int64_t taken_v;      /* the last NET_TAKEN's SIZE */
 } ag;
 static int owner_frames, ends, end_err, downs;
 static uint64_t end_up, end_down;
@@ -90,6 +96,11 @@ static void agent_read(void) {
         ag.eofs++;
       } else if (f.type == TP_MSG_NET_CLOSE) {
         ag.closes++;
+      } else if (f.type == TP_MSG_NET_GIVE) {
+        ag.gives++;
+      } else if (f.type == TP_MSG_NET_TAKEN && tp_field_int(tp_fields_get(fs, m, TP_TAG_SIZE), &v) == 0) {
+        ag.takens++;
+        ag.taken_v = v;
       }
     }
     memmove(ag.buf, ag.buf + off, ag.len - off);
@@ -192,6 +203,187 @@ static int up_eof(void) {
   while ((n = read(up_fd, c, sizeof(c))) > 0) {
   }
   return n == 0;
+}
+
+static int got_give(void) { return ag.gives > 0; }
+static int got_taken(void) { return ag.takens > 0; }
+
+/* The box's socket itself (NET_GIVE): a box object of a backend named
+ * linux whose "agent" is this process (its pidfd), in a network namespace
+ * of its own where it listens on the proxy port.  Checked: the relay asks
+ * for the socket once a download fills its window, not before, and reads
+ * nothing upstream until answered; a named
+ * descriptor that is not such a socket (the channel) is refused with
+ * NET_TAKEN 0 and the stream goes on in frames; a stream whose socket is
+ * taken moves 1 MiB each way byte-exact with no frame, passes each end on
+ * and ends with its callback. */
+static void test_give(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(TP_NET_HTTP_PORT),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct ifreq ifr = {0};
+  char dir[] = "/tmp/tupper-netrelay.XXXXXX";
+  enum { MIB = 1 << 20 };
+  uint8_t *big = malloc(MIB), *got = malloc(MIB);
+  int sv[2], l, ifs, mine, box = -1, client, one = 1;
+  uv_loop_t loop;
+  tp_error_t err = {0};
+  tp_dbox_t *b;
+  tp_netrelay_t *nr;
+  static const tp_backend_t linux_be = {.name = "linux", .destroy = fake_destroy};
+  if (unshare(CLONE_NEWNET) < 0 || (ifs = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
+    printf("# no network namespace of its own (%s): the hand-over of box sockets is not tested\n",
+           strerror(errno));
+    free(big), free(got);
+    return;
+  }
+  strcpy(ifr.ifr_name, "lo");
+  ifr.ifr_flags = IFF_UP;
+  check(ioctl(ifs, SIOCSIFFLAGS, &ifr) == 0, "a network namespace with its loopback up");
+  close(ifs);
+  l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  check(l >= 0 && bind(l, (struct sockaddr *) &sa, sizeof(sa)) == 0 && listen(l, 4) == 0,
+        "listening on the proxy port");
+  for (size_t i = 0; i < MIB; i++)
+    big[i] = (uint8_t) (i * 13 + (i >> 11));
+  if (mkdtemp(dir) == NULL || uv_loop_init(&loop) != 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+    return;
+  memset(&ag, 0, sizeof(ag));
+  downs = 0;
+  ag.data = malloc(2 * MIB);
+  ag.fd = sv[1];
+  fcntl(ag.fd, F_SETFL, O_NONBLOCK);
+  b = tp__dbox_new(&linux_be, &loop, dir);
+  b->box.chan_fd = sv[0];
+  b->box.pid = getpid();
+  b->box.pidfd = (int) syscall(SYS_pidfd_open, getpid(), 0);
+  check(b->box.pidfd >= 0 && tp_dbox_on(b, on_frame, on_down, &err) == 0, "a linux box on the loop");
+  nr = tp_netrelay_new(b, TP_NET_WINDOW_DOWN, on_end, NULL, &err);
+  tp_netrelay_give(nr, 1);
+
+  /* a stream that never fills its window is not asked */
+  tcp_pair(&mine, &up_fd);
+  tp_netrelay_take_t t = {.sid = 1, .fd = mine};
+  check(tp_netrelay_take(nr, &t, &err) == 0, "the relay takes stream 1");
+  {
+    ssize_t w = write(up_fd, big, 1000);
+    (void) w;
+  }
+  want_data = 1000;
+  check(spin(&loop, 2000, got_data) && !spin(&loop, 100, got_give), "a small download is not asked for the socket");
+  agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, 1000, NULL, 0);
+  /* a full window: asked, nothing read upstream until the answer; the
+   * agent names its channel: refused, the stream goes on in frames */
+  for (size_t at = 0; at < TP_NET_WINDOW_DOWN + 1000;) {
+    ssize_t w = write(up_fd, big + at, TP_NET_WINDOW_DOWN + 1000 - at);
+    if (w > 0)
+      at += (size_t) w;
+    spin(&loop, 2, got_give);
+  }
+  check(spin(&loop, 2000, got_give), "a download that fills its window: the box's socket is asked for");
+  agent_send(TP_MSG_NET_ACK, 1, TP_TAG_SIZE, TP_NET_WINDOW_DOWN, NULL, 0);
+  want_data = 1000 + TP_NET_WINDOW_DOWN + 1;
+  check(!spin(&loop, 200, got_data) && ag.ndata == 1000 + TP_NET_WINDOW_DOWN,
+        "nothing more is read upstream until the answer");
+  agent_send(TP_MSG_NET_GIVE, 1, TP_TAG_FD, ag.fd, NULL, 0);
+  check(spin(&loop, 2000, got_taken) && ag.taken_v == 0, "a descriptor that is no box socket: NET_TAKEN 0");
+  want_data = 2000 + TP_NET_WINDOW_DOWN;
+  check(spin(&loop, 2000, got_data) && memcmp(ag.data + 1000, big, TP_NET_WINDOW_DOWN + 1000) == 0 &&
+            downs == 0,
+        "the stream goes on in frames");
+  ends = 0;
+  tp_netrelay_drop(nr, 1, 1);
+  close(up_fd);
+
+  /* the agent names the box's socket: taken, the bytes move without frames */
+  client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  check(connect(client, (struct sockaddr *) &sa, sizeof(sa)) == 0 &&
+            (box = accept4(l, NULL, NULL, SOCK_CLOEXEC)) >= 0,
+        "a box client on the proxy port");
+  tcp_pair(&mine, &up_fd);
+  /* owed to the box at the hand-over: more than the window, so part waits */
+  t = (tp_netrelay_take_t){.sid = 2, .fd = mine, .up = (const uint8_t *) "HEAD", .up_len = 4, .up_head = 4,
+                           .down = big, .down_len = TP_NET_WINDOW_DOWN + 1000};
+  ag.gives = ag.takens = 0;
+  ag.ndata = ag.unacked = 0;
+  check(tp_netrelay_take(nr, &t, &err) == 0 && spin(&loop, 2000, got_give), "stream 2: asked again");
+  want_data = TP_NET_WINDOW_DOWN;
+  spin(&loop, 2000, got_data);
+  check(ag.ndata == TP_NET_WINDOW_DOWN, "a window of what is owed in frames (%zu)", ag.ndata);
+  agent_send(TP_MSG_NET_ACK, 2, TP_TAG_SIZE, TP_NET_WINDOW_DOWN, NULL, 0);
+  want_data = TP_NET_WINDOW_DOWN + 1;
+  check(!spin(&loop, 200, got_data), "the rest not in frames while the answer is awaited");
+  agent_send(TP_MSG_NET_GIVE, 2, TP_TAG_FD, box, NULL, 0);
+  check(spin(&loop, 2000, got_taken) && ag.taken_v == 1, "the box's socket: NET_TAKEN 1");
+  close(box); /* as the agent does on NET_TAKEN */
+  fcntl(up_fd, F_SETFL, O_NONBLOCK);
+  fcntl(client, F_SETFL, O_NONBLOCK);
+  {
+    size_t sent = 0, recvd = 0, usent = 0, urecvd = 0, tail = 0;
+    uint8_t *ubuf = malloc(MIB + 4), owed[1000];
+    for (long long until = now_ms() + 5000; tail < 1000 && now_ms() < until;) {
+      ssize_t k = read(client, owed + tail, 1000 - tail);
+      if (k > 0)
+        tail += (size_t) k;
+      uv_run(&loop, UV_RUN_NOWAIT);
+    }
+    check(tail == 1000 && memcmp(owed, big + TP_NET_WINDOW_DOWN, 1000) == 0,
+          "the rest of what was owed reaches the box's socket first");
+    for (long long until = now_ms() + 10000; (recvd < MIB || urecvd < MIB + 4) && now_ms() < until;) {
+      ssize_t k;
+      if (sent < MIB && (k = write(up_fd, big + sent, MIB - sent)) > 0)
+        sent += (size_t) k;
+      if (usent < MIB && (k = write(client, big + usent, MIB - usent)) > 0)
+        usent += (size_t) k;
+      if (recvd < MIB && (k = read(client, got + recvd, MIB - recvd)) > 0)
+        recvd += (size_t) k;
+      if (urecvd < MIB + 4 && (k = read(up_fd, ubuf + urecvd, MIB + 4 - urecvd)) > 0)
+        urecvd += (size_t) k;
+      uv_run(&loop, UV_RUN_NOWAIT);
+      agent_read();
+    }
+    check(recvd == MIB && memcmp(got, big, MIB) == 0, "1 MiB from the upstream reaches the box's socket");
+    check(urecvd == MIB + 4 && memcmp(ubuf, "HEAD", 4) == 0 && memcmp(ubuf + 4, big, MIB) == 0,
+          "the head, then 1 MiB from the box's socket reach the upstream");
+    check(ag.ndata == TP_NET_WINDOW_DOWN && ag.acked == 0, "and no frame carried them");
+    free(ubuf);
+  }
+  ends = 0;
+  shutdown(client, SHUT_WR);
+  shutdown(up_fd, SHUT_WR);
+  check(spin(&loop, 2000, got_end) && end_err == 0 && end_up == MIB &&
+            end_down == TP_NET_WINDOW_DOWN + 1000 + MIB &&
+            tp_netrelay_count(nr) == 0,
+        "both ends passed on: the stream ends with its byte counts");
+  {
+    char c;
+    check(read(client, &c, 1) == 0 && read(up_fd, &c, 1) == 0, "each side saw the other's end");
+  }
+  close(client);
+  close(up_fd);
+
+  /* an answer nobody asked for ends the stream */
+  tcp_pair(&mine, &up_fd);
+  t = (tp_netrelay_take_t){.sid = 3, .fd = mine, .box_eof = 1, .down = big, .down_len = TP_NET_WINDOW_DOWN};
+  ends = 0;
+  ag.gives = 0;
+  check(tp_netrelay_take(nr, &t, &err) == 0 && !spin(&loop, 100, got_give),
+        "a stream whose box side ended is not asked for");
+  agent_send(TP_MSG_NET_GIVE, 3, TP_TAG_FD, 0, NULL, 0);
+  check(spin(&loop, 2000, got_end) && end_err == EPROTO, "an unasked NET_GIVE: EPROTO");
+  close(up_fd);
+
+  tp_netrelay_release(nr);
+  close(ag.fd);
+  tp_dbox_release(b);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  check(uv_loop_close(&loop) == 0, "the loop closes: every handle is gone");
+  close(l);
+  rmdir(dir);
+  free(ag.data);
+  free(big);
+  free(got);
 }
 
 int main(void) {
@@ -430,6 +622,7 @@ int main(void) {
   rmdir(dir);
   free(big);
   free(ag.data);
+  test_give();
   printf("1..%d\n", tap_num);
   return tap_failed ? 1 : 0;
 }

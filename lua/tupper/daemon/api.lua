@@ -67,11 +67,16 @@ function h.hello(d, conn, p)
     return nil, rpc.INVALID_PARAMS, ("protocol %d is not supported; this daemon speaks %d")
       :format(p.protocol, schema.PROTOCOL)
   end
-  local names = {}
-  for name in pairs(schema.methods) do names[#names + 1] = name end
-  table.sort(names)
+  local names = M.method_names
+  if not names then -- the schema's methods do not change: sorted once
+    names = {}
+    for name in pairs(schema.methods) do names[#names + 1] = name end
+    table.sort(names)
+    M.method_names = names
+  end
   return { protocol = schema.PROTOCOL, server = "tupper", version = core.version, methods = names,
-           streams = api_stream.VERSION, process_streams = api_stream.PROCESS_STREAMS }
+           streams = api_stream.VERSION, process_streams = api_stream.PROCESS_STREAMS,
+           attach_wait = api_stream.ATTACH_WAIT_MS }
 end
 
 function h.sandbox_create(d, conn, p)
@@ -204,7 +209,7 @@ local function start(sb, conn, argv, p, x)
   if p.streams then
     -- process streams (api_stream.lua): bound right after the agent's
     -- reply, before it can send a byte of output
-    local _, sc, sm = api_stream.data_conn(conn)
+    local _, sc, sm = api_stream.await_data_conn(conn)
     if sc then return nil, sc, sm end
     x.credit = true
     x.on_pid = function(proc)

@@ -8,6 +8,7 @@ local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local rpc = require("tupper.wire.rpc")
+local async = require("tupper.util.async")
 
 local M = {}
 
@@ -17,6 +18,11 @@ M.PROCESS_STREAMS = 1         -- hello's `process_streams`: process.start, proce
 M.TOKEN_TTL = 30000           -- ms a stream.channel token stays valid
 M.TOKENS_MAX = 16             -- unused tokens one connection may hold
 M.IDLE_MS = 60000             -- a data connection with no credit for this long is dropped
+M.ATTACH_WAIT_MS = 5000       -- hello's `attach_wait`: how long a call that asks for streams waits
+                              -- for the attach of a token its connection holds
+M.EARLY_ATTACH_MS = 1000      -- how long an attach with an unknown token waits for the
+                              -- stream.channel that names it (a token the client chose)
+M.EARLY_ATTACH_MAX = 64       -- attaches that may wait so at once (more: refused at once)
 M.WINDOW = 4 * 1024 * 1024    -- the default window of a data connection
 M.FRAME_MAX = 1048576
 
@@ -25,7 +31,15 @@ local function hex_token()
   return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
 end
 
--- The control connection's data connection goes with it.
+-- Wakes the calls of conn that wait for its attach (M.await_data_conn).
+local function wake_waiters(conn)
+  local w = conn._attach_waiters
+  conn._attach_waiters = nil
+  for done in pairs(w or {}) do done() end
+end
+
+-- The control connection's data connection goes with it, and a call that
+-- waits for an attach stops waiting.
 local function on_control_close(conn)
   if conn._stream_hooked then return end
   conn._stream_hooked = true
@@ -33,6 +47,7 @@ local function on_control_close(conn)
   local prev = handlers.close
   conn.handlers = setmetatable({ close = function(c)
     if c.data_conn then c.data_conn:close(); c.data_conn = nil end
+    wake_waiters(c)
     if prev then return prev(c) end
   end }, { __index = handlers })
 end
@@ -46,7 +61,10 @@ function M.register(h, helpers)
     d.stream_tokens = d.stream_tokens or {}
     local now = uv.now()
     for t, e in pairs(d.stream_tokens) do
-      if e.expires < now or e.conn.closed then d.stream_tokens[t] = nil end
+      if e.expires < now or e.conn.closed then
+        d.stream_tokens[t] = nil
+        if e.conn.tokens_out then e.conn.tokens_out[t] = nil end
+      end
     end
     local mine = 0
     for _, e in pairs(d.stream_tokens) do if e.conn == conn then mine = mine + 1 end end
@@ -54,14 +72,58 @@ function M.register(h, helpers)
       return nil, rpc.BUSY, ("stream.channel: %d unused tokens on this connection already"):format(mine),
         { cap = "stream_tokens", value = M.TOKENS_MAX }
     end
-    local token = hex_token()
+    local token = p.token
+    if token then
+      -- the client's own (the attach may already be under way, M.EARLY_ATTACH_MS)
+      if not token:match("^[0-9a-f]+$") then
+        return nil, rpc.INVALID_PARAMS, "stream.channel: 'token' must be 32 lowercase hex digits"
+      end
+      if d.stream_tokens[token] then
+        return nil, rpc.INVALID_PARAMS, "stream.channel: that token is in use"
+      end
+    else
+      token = hex_token()
+    end
     d.stream_tokens[token] = { conn = conn, expires = now + M.TOKEN_TTL }
+    -- what a call of this connection that asks for streams may wait for
+    conn.tokens_out = conn.tokens_out or {}
+    conn.tokens_out[token] = now + M.TOKEN_TTL
+    -- an attach that came first goes on now (and may take the token at once)
+    local early = d.early_attach and d.early_attach[token]
+    if early then
+      d.early_attach[token] = nil
+      for done in pairs(early) do done() end
+    end
     return { token = token }
   end
 
   function h.stream_attach(d, conn, p)
     local e = d.stream_tokens and d.stream_tokens[p.token]
-    if e then d.stream_tokens[p.token] = nil end
+    if not e and (d.early_attaches or 0) < M.EARLY_ATTACH_MAX then
+      -- a client that chose its token sends its stream.channel and this
+      -- attach at once, on two connections: the channel may come second
+      d.early_attaches = (d.early_attaches or 0) + 1
+      async.wait(function(cb)
+        local t = uv.new_timer()
+        d.early_attach = d.early_attach or {}
+        local waiting = d.early_attach[p.token] or {}
+        d.early_attach[p.token] = waiting
+        local function done()
+          waiting[done] = nil
+          if next(waiting) == nil and d.early_attach[p.token] == waiting then d.early_attach[p.token] = nil end
+          if not t:is_closing() then t:close() end
+          cb()
+        end
+        waiting[done] = true
+        t:start(M.EARLY_ATTACH_MS, 0, done)
+      end)
+      d.early_attaches = d.early_attaches - 1
+      e = d.stream_tokens and d.stream_tokens[p.token]
+    end
+    if e then
+      d.stream_tokens[p.token] = nil
+      if e.conn.tokens_out then e.conn.tokens_out[p.token] = nil end
+    end
     if not e or e.expires < uv.now() or e.conn.closed then
       return nil, rpc.INVALID_PARAMS, "stream.attach: unknown or expired token"
     end
@@ -84,6 +146,7 @@ function M.register(h, helpers)
     if not dc then return nil, rpc.INTERNAL_ERROR, "stream.attach: " .. tostring(err) end
     control.data_conn = dc
     on_control_close(control)
+    wake_waiters(control)
     return {} -- not sent: the reply went out as the data connection's first bytes
   end
 
@@ -101,6 +164,40 @@ function M.register(h, helpers)
       return nil, rpc.INVALID_REQUEST, "'streams': no data connection: call stream.channel, then stream.attach on a second connection"
     end
     return dc
+  end
+
+  --- The data connection of conn as M.data_conn; where none is attached
+  -- yet but conn holds an unused token, first waits (in the caller's
+  -- coroutine) for its attach, at most ATTACH_WAIT_MS and never past the
+  -- token's expiry: a client may send its process.start right behind its
+  -- stream.attach, on the other connection, without waiting for the
+  -- attach's reply (one round trip less a start).
+  function M.await_data_conn(conn)
+    local dc = conn.data_conn
+    if dc and dc:alive() then return dc end
+    local now, last = uv.now(), nil
+    for token, expires in pairs(conn.tokens_out or {}) do
+      if expires <= now then
+        conn.tokens_out[token] = nil
+      elseif not last or expires > last then
+        last = expires
+      end
+    end
+    if last and not conn.closed then
+      on_control_close(conn) -- its close ends the wait
+      async.wait(function(cb)
+        local t = uv.new_timer()
+        local function done()
+          if conn._attach_waiters then conn._attach_waiters[done] = nil end
+          if not t:is_closing() then t:close() end
+          cb()
+        end
+        conn._attach_waiters = conn._attach_waiters or {}
+        conn._attach_waiters[done] = true
+        t:start(math.min(last - now, M.ATTACH_WAIT_MS), 0, done)
+      end)
+    end
+    return M.data_conn(conn)
   end
 
   --- Binds the streams of process pid of sb (started with credit) to conn's

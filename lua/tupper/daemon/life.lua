@@ -8,6 +8,8 @@ local log = require("tupper.daemon.log").log
 
 local D = {}
 
+local SPARE_RECORDS = 64 -- removed boxes' record files kept for the next ones
+
 -- The record of a live sandbox, <state>/boxes/<id>.json, written atomically:
 -- what a restarted daemon needs to re-adopt it after a crash.
 function D:save(sb)
@@ -19,15 +21,34 @@ function D:save(sb)
   -- a pause to disk and the snapshot it holds (daemon/pause.lua)
   rec.persist, rec.pause_snapshot = sb.persist, sb.pause_snapshot
   local text = json.encode(rec)
-  local fd = uv.fs_open(path .. ".tmp", "w", tonumber("600", 8))
-  if not fd then return end
-  uv.fs_write(fd, text)
+  -- a removed box's record file where one is spare (D:unsave): no inode
+  -- made (daemon/recover.lua); written over and cut to length after, not
+  -- truncated first (which frees its block for the write to take again)
+  local spare = self.spare_records and table.remove(self.spare_records)
+  local fd = spare and uv.fs_rename(spare, path .. ".tmp") and uv.fs_open(path .. ".tmp", "r+", 0)
+  if fd then
+    uv.fs_write(fd, text, 0)
+    uv.fs_ftruncate(fd, #text)
+  else
+    fd = uv.fs_open(path .. ".tmp", "w", tonumber("600", 8))
+    if not fd then return end
+    uv.fs_write(fd, text)
+  end
   uv.fs_close(fd)
   uv.fs_rename(path .. ".tmp", path)
 end
 
 function D:unsave(id)
-  uv.fs_unlink(self.boxes .. "/" .. id .. ".json")
+  local path = self.boxes .. "/" .. id .. ".json"
+  if self.spare_dir and #self.spare_records < SPARE_RECORDS then
+    self.spare_seq = self.spare_seq + 1
+    local spare = ("%s/r%d"):format(self.spare_dir, self.spare_seq)
+    if uv.fs_rename(path, spare) then
+      self.spare_records[#self.spare_records + 1] = spare
+      return
+    end
+  end
+  uv.fs_unlink(path)
 end
 
 -- Stops and drops sb's lifetime timer, if it has one.

@@ -300,6 +300,14 @@ function Daemon:shutdown()
     debian.cancel_all() -- Debian image builds too
     while self.filling do async.sleep(5) end
     self:wait_dying() -- the removals that kills left in the pool
+    -- no box is left to take them: the spare dirs and records go too
+    -- (daemon/recover.lua), a stopped daemon's boxes/ is empty
+    if self.spare_dir then
+      local spare = self.spare_dir
+      self.spare_dir = nil
+      local ok, err = core.rmtree(spare)
+      if not ok then log("cannot remove %s: %s", spare, err) end
+    end
     for conn in pairs(self.clients) do conn:close() end
     core.cgroup_prune()
     self:_disk_pool_close() -- its boxes are gone

@@ -126,7 +126,11 @@ function D:_recover()
   -- what is left: boxes nobody re-adopted, half-made ones, stray files
   for _, name in ipairs(names) do
     local id = name:match("^([a-z0-9]+)") or name
-    if not self.sandboxes[id] and not name:match("%.json$") then
+    if name == ".spare" then
+      -- spare box dirs and records (below): a previous daemon's are removed
+      local ok, err = core.rmtree(self.boxes .. "/" .. name)
+      if not ok then log("cannot remove %s: %s", name, err) end
+    elseif not self.sandboxes[id] and not name:match("%.json$") then
       if self.cgroups then core.cgroup_remove(self.tag .. "-" .. id) end
       local path = self.boxes .. "/" .. name
       local st = uv.fs_lstat(path)
@@ -136,6 +140,13 @@ function D:_recover()
       if not ok then log("cannot remove %s: %s", name, err) end
     end
   end
+  -- Removed boxes' dirs (backends/linux/box_spare.c) and records
+  -- (daemon/life.lua) wait here for the next box instead of being removed:
+  -- a rename makes no inode on the state dir's filesystem, where a new one
+  -- costs more the more were freed lately (docs/benchmarks.md, "Churn").
+  self.spare_dir = self.boxes .. "/.spare"
+  self.spare_records, self.spare_seq = {}, 0
+  if not uv.fs_mkdir(self.spare_dir, tonumber("700", 8)) then self.spare_dir = nil end
   -- pause snapshots that no record names: a pause or a resume cut short
   self:_pause_sweep()
   for _, id in ipairs(doomed) do

@@ -193,6 +193,8 @@ function Sandbox:_frame(t, id, f)
   elseif t == MSG.READY then
     -- what its agent takes of a download unacknowledged (net/relay.lua)
     self.net_window_down = (math.tointeger(f.flags) or 0) & core.NET.READY_DOWN ~= 0
+    -- whether it hands a relayed stream's box socket over (NET_GIVE)
+    self.net_give = (math.tointeger(f.flags) or 0) & core.NET.READY_FD ~= 0
     -- whether it looks an EXEC's USER up itself (agent_acct.c)
     self.exec_user = (math.tointeger(f.flags) or 0) & core.NET.READY_EXEC_USER ~= 0
     if self._ready then

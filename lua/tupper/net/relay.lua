@@ -414,7 +414,7 @@ function Net:_crelay()
     -- a microVM's box is a wrapper: its channel's own box is .core
     local nr, err = core.netrelay(self.sb.box.core or self.sb.box, function(sid, to_up, to_box, e)
       self:_c_ended(sid, to_up, to_box, e)
-    end, self:_wdown())
+    end, self:_wdown(), self.sb.net_give)
     if not nr then
       io.stderr:write("tupper: network relay in C unavailable, relaying in Lua: " .. tostring(err) .. "\n")
       self.crelay = false

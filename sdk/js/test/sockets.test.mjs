@@ -62,7 +62,7 @@ before(async () => {
     { stdio: ['ignore', 'ignore', 'inherit'] });
   track(child, dir);
   exited = new Promise((resolve) => child.once('exit', (code, sig) => resolve({ code, sig })));
-  const deadline = Date.now() + 10_000;
+  const deadline = Date.now() + 90_000; // as test/daemon.mjs: a loaded machine is slow to start it
   for (;;) {
     const up = await new Promise((resolve) => {
       const s = net.createConnection({ path: socket });
