@@ -84,6 +84,17 @@ void agent_event_begin(agent_t *a, uint8_t type) {
   tp_frame_begin(&a->out, type, 0);
 }
 
+int agent_write_chan(agent_t *a, const uint8_t *p, size_t n) {
+  if (a->dead || a->chan < 0)
+    return -1;
+  if (write_all(a->chan, p, n) < 0) {
+    agent_log("channel write: %s", strerror(errno));
+    a->dead = 1;
+    return -1;
+  }
+  return 0;
+}
+
 int agent_send(agent_t *a) {
   if (tp_frame_end(&a->out) < 0) {
     agent_log("dropping a frame: out of memory or too large");
@@ -99,6 +110,12 @@ int agent_send(agent_t *a) {
   }
   tp_buf_reset(&a->out);
   return 0;
+}
+
+long long agent_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 long long agent_now_ms(void) {
@@ -611,7 +628,7 @@ static int agent_run(agent_t *a) {
 
   for (;;) {
     long long now;
-    int n, nproc, nw, paused, ready;
+    int n, nproc, nw, paused, ready, timeout;
     if (a->broken)
       return -1;
     if (a->dead) {
@@ -633,7 +650,14 @@ static int agent_run(agent_t *a) {
     nproc = agent_proc_poll_fill(a, AGENT_POLL_FIRST);
     nw = agent_watch_poll_fill(a, nproc);
     n = agent_net_poll_fill(a, nw);
-    ready = poll(a->pfds, (nfds_t) n, poll_timeout(a, now, paused, trim_at));
+    timeout = poll_timeout(a, now, paused, trim_at);
+    if (a->rest_until_us > 0) { /* a resting pipe (agent_proc_poll_fill) is read then */
+      long long us = a->rest_until_us - agent_now_us();
+      int ms = us <= 0 ? 0 : (int) ((us + 999) / 1000);
+      if (timeout < 0 || ms < timeout)
+        timeout = ms;
+    }
+    ready = poll(a->pfds, (nfds_t) n, timeout);
     if (ready < 0) {
       if (errno == EINTR)
         continue;

@@ -36,6 +36,16 @@
 #define AGENT_OUTPUT_CHUNK (64u * 1024u)    /* DATA bytes per OUTPUT frame */
 #define AGENT_CREDIT_READ (TP_OUT_WINDOW / 4) /* a credit process's read: 4 frames in flight */
 #define AGENT_DRAIN_MAX TP_CHUNK_MAX        /* per stream, once its process exited */
+/* A pipe that sent OUTPUT less than AGENT_REST_US ago and holds less than
+ * AGENT_REST_BELOW bytes is not read again before that time is up: a
+ * writer of small pieces makes one frame a millisecond, not one a write
+ * (each frame wakes the agent, the daemon and the client).  The first
+ * output after a quiet moment goes at once.  64 KiB is what a pipe of the
+ * default size holds when full, so a full pipe never rests (a box whose
+ * pipe-max-size kept it there is not slowed to 64 KiB a millisecond). */
+#define AGENT_REST_US 1000
+#define AGENT_REST_BELOW (64u * 1024u)
+#define AGENT_SPLICE_MIN (64u * 1024u)      /* a smaller frame is read and written in one piece */
 #define AGENT_POLL_FIRST 3                  /* channel, signalfd, listener; then pipes */
 #define AGENT_NET_POLL_MAX (4 + TP_NET_STREAMS_MAX) /* agent_net.c: listeners, streams */
 #define AGENT_WATCH_MAX 64                  /* live watches (one inotify instance each) */
@@ -84,6 +94,7 @@ typedef struct agent_proc_s {
   int credit;                 /* TP_F_EXEC_CREDIT: output within out_credit, STDIN_ACK sent */
   uint32_t out_credit[2];     /* credit: stdout, stderr bytes it may still send */
   uint64_t in_acked;          /* credit: stdin bytes written but not yet told (STDIN_ACK) */
+  long long out_sent_us[2];   /* stdout, stderr: when its last OUTPUT went (agent_now_us) */
 } agent_proc_t;
 
 /* An EXIT event that could not be sent (no channel). */
@@ -172,6 +183,9 @@ typedef struct agent_s {
   tp_field_t fields[TP_FIELDS_MAX];
   struct pollfd pfds[AGENT_POLL_MAX];
   agent_pollref_t prefs[AGENT_POLL_MAX];
+  long long rest_until_us;    /* the earliest end of a pipe's rest (agent_proc_poll_fill), 0: none */
+  int out_nosplice;           /* the kernel refused to splice a pipe onto the channel:
+                                 output is read and written (agent_proc.c) */
   uint8_t iobuf[TP_CHUNK_MAX];      /* AGENT_OUTPUT_CHUNK a read, TP_CHUNK_MAX for a credit process */
   struct agent_net_s *net;    /* the network relay, once NET_LISTEN made it (agent_net.c) */
 } agent_t;
@@ -184,8 +198,12 @@ void agent_event_begin(agent_t *a, uint8_t type);
  * the agent dead.  Returns 0, or -1 (also while detached: the frame is
  * dropped). */
 int agent_send(agent_t *a);
-/* CLOCK_MONOTONIC in milliseconds. */
+/* Writes n bytes on the channel, whole (part of a frame whose rest the
+ * caller sends); on a channel error marks the agent dead.  0 or -1. */
+int agent_write_chan(agent_t *a, const uint8_t *p, size_t n);
+/* CLOCK_MONOTONIC in milliseconds, in microseconds. */
 long long agent_now_ms(void);
+long long agent_now_us(void);
 
 /* Checks that every field of r has a tag in `allowed` (a bit per tag) and that
  * only tags in `repeated` occur more than once. */

@@ -884,6 +884,75 @@ static void send_output(agent_t *a, pid_t pid, int stream, const uint8_t *data, 
   agent_send(a);
 }
 
+/* Splices n bytes of the pipe fd (which holds at least that many: only the
+ * agent reads it) onto the channel after the OUTPUT head already written,
+ * so that the frame's DATA never passes through the agent: the kernel
+ * hands the pipe's pages to the channel socket.  What a splice does not
+ * move (a channel that is no socket, or a kernel that refuses) is read and
+ * written instead, and splicing stops for good.  Returns 0, or -1 when the
+ * frame could not be completed (the channel is then marked dead: a frame
+ * cut short would desynchronise it). */
+static int splice_output(agent_t *a, int fd, size_t n) {
+  while (n > 0 && !a->out_nosplice) {
+    ssize_t k = splice(fd, NULL, a->chan, NULL, n, SPLICE_F_MOVE);
+    if (k > 0) {
+      n -= (size_t) k;
+    } else if (k < 0 && errno == EINTR) {
+      continue;
+    } else if (k < 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+      a->out_nosplice = 1;
+    } else if (k < 0 && errno == EAGAIN) {
+      break; /* a non-blocking channel that is full: the copy below waits for it */
+    } else {
+      if (k < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+        agent_log("channel write: %s", strerror(errno));
+        a->dead = 1;
+        return -1;
+      }
+      break; /* 0 or an odd error: copy the rest */
+    }
+  }
+  while (n > 0) {
+    size_t want = n < sizeof(a->iobuf) ? n : sizeof(a->iobuf);
+    ssize_t k = read(fd, a->iobuf, want);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0) {
+      agent_log("output pipe: %zu bytes of a frame missing: %s", n, k < 0 ? strerror(errno) : "EOF");
+      a->dead = 1;
+      return -1;
+    }
+    if (agent_write_chan(a, a->iobuf, (size_t) k) < 0)
+      return -1;
+    n -= (size_t) k;
+  }
+  return 0;
+}
+
+/* One OUTPUT frame of what p's pipe fd holds now, at most `want` bytes,
+ * spliced (splice_output).  Returns the DATA bytes sent, 0 when the pipe
+ * holds nothing (it may be at EOF: the caller reads to know), or -1 when
+ * the frame was lost with the channel. */
+static ssize_t send_output_spliced(agent_t *a, agent_proc_t *p, int stream, int fd, size_t want) {
+  int avail = 0;
+  if (ioctl(fd, FIONREAD, &avail) < 0 || avail < (int) AGENT_SPLICE_MIN)
+    return 0; /* a small frame: one write wakes the daemon once */
+  if ((size_t) avail < want)
+    want = (size_t) avail;
+  agent_event_begin(a, TP_MSG_OUTPUT);
+  tp_frame_add_int(&a->out, TP_TAG_PID, p->pid);
+  tp_frame_add_int(&a->out, TP_TAG_STREAM, stream);
+  tp_frame_add_head(&a->out, TP_TAG_DATA, (uint32_t) want); /* the last field: its bytes follow */
+  if (tp_frame_end_tail(&a->out, (uint32_t) want) < 0) {
+    tp_buf_reset(&a->out);
+    return 0; /* out of memory: the read path below tells */
+  }
+  if (agent_write_chan(a, a->out.data, a->out.len) < 0)
+    return -1;
+  tp_buf_reset(&a->out);
+  return splice_output(a, fd, want) < 0 ? -1 : (ssize_t) want;
+}
+
 /* Reads one of p's output pipes (non-blocking) until at least `limit` bytes
  * were sent as OUTPUT (so 1 means a single read), the pipe is empty, or it
  * reached EOF or failed (then it is closed).  A credit process's reads stay
@@ -903,9 +972,21 @@ static void read_output(agent_t *a, agent_proc_t *p, int stream, size_t limit, i
       if (want > *credit)
         want = *credit;
     }
-    ssize_t n = read(*fd, a->iobuf, want);
+    ssize_t n = 0;
+    /* a pipe goes to a socket channel by splice; a terminal, output
+     * while detached and a microVM's port are read and copied */
+    if (!p->pty && !a->out_nosplice && !a->dead && a->chan >= 0 && a->chan != a->vm_port) {
+      n = send_output_spliced(a, p, stream, *fd, want);
+      if (n < 0)
+        break;
+    }
     if (n > 0) {
+      /* sent */
+    } else if ((n = read(*fd, a->iobuf, want)) > 0) {
       send_output(a, p->pid, stream, a->iobuf, (size_t) n);
+    }
+    if (n > 0) {
+      p->out_sent_us[stream - 1] = agent_now_us();
       total += (size_t) n;
       if (p->credit)
         *credit = (size_t) n > *credit ? 0 : *credit - (uint32_t) n;
@@ -949,18 +1030,32 @@ static void stdin_flush(agent_t *a, agent_proc_t *p) {
     close_fd(&p->in_fd);
 }
 
+/* Whether stream s (0, 1) of p rests now (AGENT_REST_US): then the end of
+ * its rest is noted in a->rest_until_us. */
+static int out_rests(agent_t *a, const agent_proc_t *p, int s, int fd, long long now) {
+  long long until = p->out_sent_us[s] + AGENT_REST_US;
+  int avail = 0;
+  if (p->pty || until <= now || ioctl(fd, FIONREAD, &avail) < 0 || avail >= (int) AGENT_REST_BELOW)
+    return 0;
+  if (a->rest_until_us == 0 || until < a->rest_until_us)
+    a->rest_until_us = until;
+  return 1;
+}
+
 int agent_proc_poll_fill(agent_t *a, int first) {
   int n = first;
+  long long now = agent_now_us();
+  a->rest_until_us = 0;
   for (int i = 0, live = 0; i < AGENT_PROC_MAX && live < a->nprocs; i++) {
     const agent_proc_t *p = &a->procs[i];
     if (p->pid == 0)
       continue;
     live++;
-    if (p->out_fd >= 0 && (!p->credit || p->out_credit[0] > 0)) {
+    if (p->out_fd >= 0 && (!p->credit || p->out_credit[0] > 0) && !out_rests(a, p, 0, p->out_fd, now)) {
       a->pfds[n] = (struct pollfd){.fd = p->out_fd, .events = POLLIN};
       a->prefs[n++] = (agent_pollref_t){.slot = (int16_t) i, .stream = 1};
     }
-    if (p->err_fd >= 0 && (!p->credit || p->out_credit[1] > 0)) {
+    if (p->err_fd >= 0 && (!p->credit || p->out_credit[1] > 0) && !out_rests(a, p, 1, p->err_fd, now)) {
       a->pfds[n] = (struct pollfd){.fd = p->err_fd, .events = POLLIN};
       a->prefs[n++] = (agent_pollref_t){.slot = (int16_t) i, .stream = 2};
     }

@@ -13,6 +13,7 @@
  * one read (an OUTPUT frame) */
 #define TP__SPROC_PEND_MAX (TP_OUT_WINDOW + TP_OUT_DRAIN_MAX + TP_CHUNK_MAX)
 #define TP__SPROC_TAG_MAX 0x3fffu
+#define TP__SPROC_ACK_AT (TP_OUT_WINDOW / 4) /* OUTPUT_ACK once this many bytes gathered */
 #define TP__SPROC_REC 5u /* a ring record's header: u8 stream, u32 length */
 #define TP__SPROC_ID_STDIN 0x8000u /* a STDIN or STDIN_CLOSE request (else an OUTPUT_ACK) */
 
@@ -31,6 +32,7 @@ typedef struct tp__sproc_s {
   uint8_t *pend[2];           /* output the client had no credit for yet */
   size_t pcap[2], phead[2], plen[2];
   uint64_t sent[2];           /* bytes delivered, END's size */
+  uint64_t unacked[2];        /* delivered (or dropped), not yet OUTPUT_ACKed (tp__sproc_ack) */
   uint64_t in_out;            /* stdin sent to the agent, not yet STDIN_ACKed */
   int exited;                 /* its EXIT came: no more output, END once pend is out */
   int kept;                   /* the owner has not taken its ring yet (tp_sproc_ring) */
@@ -175,10 +177,20 @@ static int tp__sproc_request(tp__sproc_t *r, unsigned type, int is_stdin, int st
   return tp_dbox_send(r->b, &buf, &err); /* buf is freed */
 }
 
-static void tp__sproc_ack(tp__sproc_t *r, int s, uint64_t n) {
-  if (n > 0 && !r->exited)
-    tp__sproc_request(r, TP_MSG_OUTPUT_ACK, 0, s + 1, n, NULL, 0);
+/* Acks n more bytes of stream s to the agent, once TP__SPROC_ACK_AT of
+ * them gathered (or `now`): an ack is a frame each way (its OK), and the
+ * agent, with at least TP_OUT_WINDOW - TP__SPROC_ACK_AT of credit while
+ * fewer wait here, does not stop for want of one. */
+static void tp__sproc_ack_at(tp__sproc_t *r, int s, uint64_t n, int now) {
+  r->unacked[s] += n;
+  if (r->unacked[s] == 0 || (!now && r->unacked[s] < TP__SPROC_ACK_AT))
+    return;
+  if (!r->exited)
+    tp__sproc_request(r, TP_MSG_OUTPUT_ACK, 0, s + 1, r->unacked[s], NULL, 0);
+  r->unacked[s] = 0;
 }
+
+static void tp__sproc_ack(tp__sproc_t *r, int s, uint64_t n) { tp__sproc_ack_at(r, s, n, 0); }
 
 /* The streams of r end (errnum: ERROR; its message msg), r is unbound:
  * output waiting for the client is dropped (and acked), later output goes
@@ -194,7 +206,7 @@ static void tp__sproc_unbind(tp__sproc_t *r, int errnum, const char *msg) {
       tp_sconn_drop(c, ids[i]);
   }
   for (int s = 0; s < 2; s++) {
-    tp__sproc_ack(r, s, r->plen[s]);
+    tp__sproc_ack_at(r, s, r->plen[s], 1);
     r->phead[s] = r->plen[s] = 0;
   }
   r->in_out = 0;

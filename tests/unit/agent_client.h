@@ -47,6 +47,8 @@ typedef struct tproc_s {
   int64_t code, sig;
   int64_t flags;        /* EXIT's FLAGS (TP_F_EXIT_*), 0 when absent */
   int64_t stdin_acked;  /* STDIN_ACK sizes (a TP_F_EXEC_CREDIT process) */
+  int frames[3];        /* OUTPUT frames of [1] stdout, [2] stderr */
+  size_t max_frame[3];  /* the largest DATA of each */
 } tproc_t;
 
 typedef struct host_s {
@@ -144,8 +146,12 @@ static void on_event(host_t *h, const msg_t *m) {
     const tp_field_t *d = msg_get(m, TP_TAG_DATA);
     if ((stream != 1 && stream != 2) || d == NULL)
       h->stray_events++;
-    else
+    else {
       tp_buf_append(&p->out[stream], d->val, d->len);
+      p->frames[stream]++;
+      if (d->len > p->max_frame[stream])
+        p->max_frame[stream] = d->len;
+    }
   } else if (m->type == TP_MSG_STDIN_ACK) {
     int64_t n = msg_int(m, TP_TAG_SIZE, -1);
     if (n < 1)

@@ -364,6 +364,54 @@ static void test_credit(host_t *h) {
   free(in);
 }
 
+/* A full pipe goes out in large frames, spliced onto the channel after
+ * their head: the bytes arrive exact and in order (a pattern, not zeros);
+ * a writer of small pieces makes about one frame a millisecond, not one a
+ * write (AGENT_REST_US). */
+static void test_output_frames(host_t *h) {
+  const char *seq[] = {"/usr/bin/seq", "1", "1000000", NULL};
+  const char *dd[] = {"/bin/dd", "if=/dev/zero", "bs=512", "count=8000", "status=none", NULL};
+  tp_buf_t want;
+  size_t acked = 0;
+  long long t0, deadline;
+  int64_t pid = run(h, seq, NULL, NULL, TP_F_EXEC_CREDIT);
+  tproc_t *p = tproc_get(h, pid);
+  char line[16];
+
+  check(pid > 0 && p != NULL, "exec seq with FLAGS CREDIT");
+  if (p == NULL)
+    return;
+  tp_buf_init(&want);
+  for (int i = 1; i <= 1000000; i++)
+    tp_buf_append(&want, line, (size_t) snprintf(line, sizeof(line), "%d\n", i));
+  pump_for(h, 300); /* the window goes, then the pipe fills */
+  deadline = now_ms() + TIMEOUT_MS;
+  while (!p->exited && now_ms() < deadline) {
+    if (p->out[1].len > acked) {
+      size_t n = p->out[1].len - acked;
+      msg_free(ack_req(h, pid, 1, (int64_t) n));
+      acked += n;
+    } else {
+      pump(h, now_ms() + 50);
+    }
+  }
+  check(p->exited && p->code == 0, "seq ends once acked");
+  check(p->out[1].len == want.len && memcmp(p->out[1].data, want.data, want.len) == 0,
+        "every byte of seq came, in order (%zu of %zu)", p->out[1].len, want.len);
+  check(p->max_frame[1] >= 64 * 1024, "a full pipe went in large frames (the largest %zu bytes)",
+        p->max_frame[1]);
+  tp_buf_free(&want);
+
+  t0 = now_ms();
+  pid = run(h, dd, NULL, NULL, 0);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  /* a frame a millisecond at most, plus one per 64 KiB the pipe gathered
+   * meanwhile (each of dd's 8000 writes was a frame before) */
+  check(p != NULL && p->code == 0 && p->out[1].len == 8000 * 512, "dd's 8000 writes of 512 bytes came");
+  check(p != NULL && p->frames[1] <= (now_ms() - t0) + 8000 * 512 / 65536 + 10,
+        "small writes gathered: %d frames in %lld ms", p ? p->frames[1] : -1, now_ms() - t0);
+}
+
 /* ---- terminals ------------------------------------------------------------------------- */
 
 static msg_t *pty_exec(host_t *h, const char *const *argv, int64_t cols, int64_t rows, int flags) {
@@ -793,6 +841,7 @@ int main(void) {
   test_exec_user(&h, tmp);
   test_stdin(&h);
   test_credit(&h);
+  test_output_frames(&h);
   test_signal(&h);
   test_background(&h);
   test_pty(&h);

@@ -25,6 +25,9 @@ export const HDR = 12;
 export const DATA_MAX = 1024 * 1024;
 export const WINDOW = 4 * 1024 * 1024;
 export const T = { OPEN: 1, DATA: 2, END: 3, ERROR: 4, CREDIT: 5 } as const;
+/** a drained stream's credit goes back in pieces of at least this (or a
+ * quarter of the window): the daemon keeps three quarters of it meanwhile */
+const CREDIT_AT = 256 * 1024;
 
 const ERRNO_NAMES: Record<number, string> = {
   1: 'EPERM', 2: 'ENOENT', 5: 'EIO', 13: 'EACCES', 17: 'EEXIST', 20: 'ENOTDIR', 21: 'EISDIR',
@@ -42,6 +45,9 @@ interface StreamState {
   cwake?: () => void;
   /** why the stream takes no more (its END or ERROR, the connection's end) */
   over?: string;
+  /** drained (a process's output): a DATA frame's payload goes to the sink in
+   * the pieces the socket gives, never joined into one buffer */
+  pieces?: boolean;
 }
 
 /** The stream ids process.start's reply gives (`streams`). */
@@ -98,6 +104,11 @@ export class DataConn {
   private have = 0;
   /** what `have` must reach before a whole frame is there: its header, then header and payload */
   private need = HDR;
+  /** the rest of a DATA frame whose payload goes on in pieces (StreamState.pieces) */
+  private dataLeft = 0;
+  private dataSid = 0;
+  /** credit a drained stream owes the daemon goes back once this much gathered */
+  private creditAt = CREDIT_AT;
   private closedWith?: string;
   private active = 0;
 
@@ -118,6 +129,7 @@ export class DataConn {
     });
     sock.setNoDelay?.(true);
     const dc = new DataConn(sock);
+    dc.creditAt = Math.min(CREDIT_AT, Math.floor(window / 4));
     await new Promise<void>((resolve, reject) => {
       let line: Buffer[] = [];
       const onData = (chunk: Buffer): void => {
@@ -180,6 +192,13 @@ export class DataConn {
   }
 
   private feed(chunk: Buffer): void {
+    if (this.dataLeft > 0) {
+      const k = Math.min(this.dataLeft, chunk.length);
+      this.dataLeft -= k;
+      this.push(this.dataSid, { kind: 'data', bytes: chunk.subarray(0, k) });
+      if (k === chunk.length) return;
+      chunk = chunk.subarray(k);
+    }
     this.parts.push(chunk);
     this.have += chunk.length;
     // a frame arrives in many socket reads: they are joined once it is
@@ -193,9 +212,18 @@ export class DataConn {
         this.down('the daemon sent a bad frame');
         return;
       }
-      if (buf.length - off < HDR + len) break;
       const type = buf[off + 5];
       const sid = buf.readUInt32LE(off + 8);
+      if (buf.length - off < HDR + len) {
+        if (type === T.DATA && this.streams.get(sid)?.pieces) {
+          // what is here of the payload goes now, the rest as it comes (feed's start)
+          if (buf.length - off > HDR) this.push(sid, { kind: 'data', bytes: buf.subarray(off + HDR) });
+          this.dataSid = sid;
+          this.dataLeft = HDR + len - (buf.length - off);
+          off = buf.length;
+        }
+        break;
+      }
       const p = buf.subarray(off + HDR, off + HDR + len);
       off += HDR + len;
       this.frame(type, sid, p);
@@ -388,12 +416,21 @@ export class DataConn {
    */
   async drain(sid: number, sink: (b: Buffer) => void | Promise<void>, method: string): Promise<number> {
     this.begin();
+    this.state(sid).pieces = true;
+    let owed = 0;
     try {
       for (;;) {
         const ev = await this.next(sid);
         if (ev.kind === 'data') {
           await sink(ev.bytes);
-          if (!this.closedWith) await this.send(frame(T.CREDIT, sid, u32(ev.bytes.length)));
+          // the credit goes back in pieces of creditAt: the daemon has at
+          // least window - creditAt to send on meanwhile, so it never waits for it
+          owed += ev.bytes.length;
+          if (owed >= this.creditAt && !this.closedWith) {
+            const n = owed;
+            owed = 0;
+            await this.send(frame(T.CREDIT, sid, u32(n)));
+          }
         } else if (ev.kind === 'end') {
           return ev.size ?? 0;
         } else if (ev.kind === 'error') {

@@ -130,6 +130,20 @@ test('commands run on process streams: 12 MiB of stdout byte for byte, stderr, s
   await assert.rejects(sbx.commands.run('exit 7'), (e) => e.exitCode === 7);
 });
 
+test('onStdout gets a patterned stream exact and in order, characters split between pieces joined', async () => {
+  // about 3.2 MB of lines that end in a two-byte character: frames of up to
+  // 512 KiB come in the socket's pieces, so characters are cut between them
+  let want = '';
+  for (let i = 1; i <= 300000; i++) want += `${i}\u00e9\n`;
+  const parts = [];
+  const r = await sbx.commands.run("seq 1 300000 | sed 's/$/\u00e9/'", { onStdout: (s) => { parts.push(s); } });
+  const got = parts.join('');
+  assert.equal(got.length, want.length, 'as many characters as written');
+  assert.ok(got === want, 'every character, in order');
+  assert.ok(r.stdout === want, 'the kept output too');
+  assert.ok(parts.length > 1, 'in more than one chunk');
+});
+
 test('a slow onStdout holds the process back and loses nothing', async () => {
   let got = 0;
   let first = true;
