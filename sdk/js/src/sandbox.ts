@@ -638,7 +638,9 @@ export class Sandbox {
     let m = await sample();
     let at = Date.now();
     const series = (m.samples ?? []).map((x) => ({ at: Math.round(x.time * 1000), usec: x.cpu_usage_usec ?? 0, raw: x }));
-    const withNow = at >= from && at <= to + 1000;
+    // a sample of now only where now is in the window: an `end` in the past
+    // (even by a millisecond) is answered from the daemon's series alone
+    const withNow = at >= from && at <= to;
     // the later of the daemon's last sample and this object's last call
     const last = series.length > 0 ? series[series.length - 1] : undefined;
     let prev = last && (!this.lastCpu || last.at > this.lastCpu.at) ? last : this.lastCpu;

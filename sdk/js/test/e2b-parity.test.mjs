@@ -373,7 +373,7 @@ test("getMetrics: E2B's fields (cpuUsedPct, cpuCount, memUsed, memTotal, diskUse
     assert.ok(all.some((s) => s.cpuUsedPct > 2), 'the busy loop shows in the series');
     const mid = all[Math.floor(all.length / 2)].timestamp;
     const early = await sbx.getMetrics({ end: mid });
-    assert.ok(early.length >= 1 && early.every((s) => s.timestamp <= mid));
+    assert.ok(early.length >= 1 && early.every((s) => s.timestamp <= mid), JSON.stringify({ mid, early }));
     const late = await sbx.getMetrics({ start: mid });
     assert.ok(late.length >= 2 && late.every((s) => s.timestamp >= mid));
     assert.deepEqual(await sbx.getMetrics({ end: new Date(Date.now() - 3600_000) }), []);
