@@ -12,11 +12,14 @@
  * as one FS_WRITE straight from the connection's read buffer; smaller ones
  * are gathered into whole chunks first. */
 #define TP__SFS_DIRECT_MIN (256u * 1024u)
-/* What a client may send ahead on a write stream before its CREDIT: what
- * the kernel holds of the daemon's end of the channel (it doubles the
- * SO_SNDBUF asked for), so that a stream whose agent keeps up is never
- * copied into the daemon, and one whose agent lags holds at most this. */
-#define TP__SFS_WRITE_WINDOW (2u * TP_DBOX_CHAN_SNDBUF)
+/* What a client may send ahead on a write stream before its CREDIT: less
+ * than the kernel holds of the daemon's end of the channel (it doubles the
+ * SO_SNDBUF asked for, and charges each skb's overhead to it too: a window
+ * of the whole buffer left each FS_WRITE of a lagging agent partly sent and
+ * its rest copied into the daemon's queue, 65 MiB of 100 MiB into the
+ * btrfs pool), so that a stream alone on the channel is never copied into
+ * the daemon, and one whose agent lags holds at most this. */
+#define TP__SFS_WRITE_WINDOW (3u * TP_DBOX_CHAN_SNDBUF / 2u)
 /* agent requests in flight per relay: a read stream asks for at most the
  * client's window (TP_SCONN_WINDOW_MAX) in chunks; a write stream has at
  * most its window in flight, in pieces of TP__SFS_DIRECT_MIN or more, plus

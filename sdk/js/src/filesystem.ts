@@ -136,15 +136,17 @@ const PREALLOC_MAX = 1024 * 1024 * 1024;
  * the daemon saw at the open (a file that grew meanwhile gets the rest
  * joined at the end; one that shrank, the part that came).
  */
-async function gather(chunks: AsyncIterable<Buffer>, size: number): Promise<Buffer> {
+async function gather(chunks: AsyncIterable<Buffer[]>, size: number): Promise<Buffer> {
   const out = Buffer.allocUnsafe(Number.isSafeInteger(size) && size > 0 ? Math.min(size, PREALLOC_MAX) : 0);
   const more: Buffer[] = [];
   let n = 0;
-  for await (const c of chunks) {
-    const k = Math.min(c.length, out.length - n);
-    c.copy(out, n, 0, k);
-    n += k;
-    if (k < c.length) more.push(c.subarray(k));
+  for await (const frame of chunks) {
+    for (const c of frame) {
+      const k = Math.min(c.length, out.length - n);
+      c.copy(out, n, 0, k);
+      n += k;
+      if (k < c.length) more.push(c.subarray(k));
+    }
   }
   if (more.length === 0) return out.subarray(0, n);
   return Buffer.concat([out.subarray(0, n), ...more]);
@@ -247,7 +249,10 @@ export class Filesystem {
           pull: async (ctrl) => {
             const r = await it.next();
             if (r.done) ctrl.close();
-            else ctrl.enqueue(new Uint8Array(r.value.buffer, r.value.byteOffset, r.value.byteLength));
+            else {
+              const v = r.value.length === 1 ? r.value[0] : Buffer.concat(r.value);
+              ctrl.enqueue(new Uint8Array(v.buffer, v.byteOffset, v.byteLength));
+            }
           },
           cancel: async () => {
             await it.return?.(undefined);

@@ -34,7 +34,7 @@ const ERRNO_NAMES: Record<number, string> = {
   22: 'EINVAL', 28: 'ENOSPC', 71: 'EPROTO', 104: 'ECONNRESET', 110: 'ETIMEDOUT', 122: 'EDQUOT',
 };
 
-type Ev = { kind: 'data'; bytes: Buffer } | { kind: 'end'; size?: number } | { kind: 'error'; errno: number; msg: string } | { kind: 'credit' };
+type Ev = { kind: 'data'; pieces: Buffer[]; n: number } | { kind: 'end'; size?: number } | { kind: 'error'; errno: number; msg: string } | { kind: 'credit' };
 
 interface StreamState {
   queue: Ev[];
@@ -46,7 +46,7 @@ interface StreamState {
   /** why the stream takes no more (its END or ERROR, the connection's end) */
   over?: string;
   /** drained (a process's output): a DATA frame's payload goes to the sink in
-   * the pieces the socket gives, never joined into one buffer */
+   * the pieces the socket gives, before the frame is whole, never joined */
   pieces?: boolean;
 }
 
@@ -102,11 +102,9 @@ export class DataConn {
   private readonly gone = new Set<number>();
   private parts: Buffer[] = [];
   private have = 0;
-  /** what `have` must reach before a whole frame is there: its header, then header and payload */
+  /** what `have` must reach for the next step: a header, then (hdr set) its payload */
   private need = HDR;
-  /** the rest of a DATA frame whose payload goes on in pieces (StreamState.pieces) */
-  private dataLeft = 0;
-  private dataSid = 0;
+  private hdr?: Buffer;
   /** credit a drained stream owes the daemon goes back once this much gathered */
   private creditAt = CREDIT_AT;
   private closedWith?: string;
@@ -192,47 +190,70 @@ export class DataConn {
   }
 
   private feed(chunk: Buffer): void {
-    if (this.dataLeft > 0) {
-      const k = Math.min(this.dataLeft, chunk.length);
-      this.dataLeft -= k;
-      this.push(this.dataSid, { kind: 'data', bytes: chunk.subarray(0, k) });
-      if (k === chunk.length) return;
-      chunk = chunk.subarray(k);
-    }
     this.parts.push(chunk);
     this.have += chunk.length;
-    // a frame arrives in many socket reads: they are joined once it is
-    // whole, not at every read (which copied a 1 MiB frame about 8 times)
-    if (this.have < this.need) return;
-    let buf = this.parts.length === 1 ? this.parts[0] : Buffer.concat(this.parts, this.have);
-    let off = 0;
-    while (buf.length - off >= HDR) {
-      const len = buf.readUInt32LE(off);
-      if (buf[off + 4] !== STREAMS_VERSION || buf.readUInt16LE(off + 6) !== 0 || len > DATA_MAX + 8192) {
-        this.down('the daemon sent a bad frame');
-        return;
-      }
-      const type = buf[off + 5];
-      const sid = buf.readUInt32LE(off + 8);
-      if (buf.length - off < HDR + len) {
-        if (type === T.DATA && this.streams.get(sid)?.pieces) {
-          // what is here of the payload goes now, the rest as it comes (feed's start)
-          if (buf.length - off > HDR) this.push(sid, { kind: 'data', bytes: buf.subarray(off + HDR) });
-          this.dataSid = sid;
-          this.dataLeft = HDR + len - (buf.length - off);
-          off = buf.length;
+    // a frame arrives in many socket reads: a DATA frame's payload is handed
+    // on as those reads (no join: a read as bytes copies each once, into its
+    // result), a process's output even before its frame is whole; any other
+    // frame is joined once it is whole
+    while (this.have >= this.need || (this.hdr !== undefined && this.have > 0)) {
+      if (this.hdr === undefined) {
+        const h = this.take(HDR);
+        const len = h.readUInt32LE(0);
+        if (h[4] !== STREAMS_VERSION || h.readUInt16LE(6) !== 0 || len > DATA_MAX + 8192) {
+          this.down('the daemon sent a bad frame');
+          return;
         }
-        break;
+        this.hdr = h;
+        this.need = len;
+        continue;
       }
-      const p = buf.subarray(off + HDR, off + HDR + len);
-      off += HDR + len;
-      this.frame(type, sid, p);
+      const h = this.hdr;
+      const type = h[5];
+      const sid = h.readUInt32LE(8);
+      if (type === T.DATA && this.streams.get(sid)?.pieces) {
+        // a process's output goes on as it comes, before its frame is whole
+        const k = Math.min(this.have, this.need);
+        if (k > 0) this.push(sid, { kind: 'data', pieces: this.pieces(k), n: k });
+        this.need -= k;
+        if (this.need > 0) return;
+        this.hdr = undefined;
+        this.need = HDR;
+      } else {
+        if (this.have < this.need) return; // the rest of the frame is still to come
+        const len = this.need;
+        this.hdr = undefined;
+        this.need = HDR;
+        if (type === T.DATA) this.push(sid, { kind: 'data', pieces: this.pieces(len), n: len });
+        else this.frame(type, sid, this.take(len));
+      }
       if (this.closedWith) return;
     }
-    buf = buf.subarray(off);
-    this.parts = buf.length ? [buf] : [];
-    this.have = buf.length;
-    this.need = buf.length >= HDR ? HDR + buf.readUInt32LE(0) : HDR;
+  }
+
+  /** The next n bytes received, as slices of the socket's reads. */
+  private pieces(n: number): Buffer[] {
+    const out: Buffer[] = [];
+    this.have -= n;
+    while (n > 0) {
+      const p = this.parts[0];
+      if (p.length <= n) {
+        out.push(p);
+        this.parts.shift();
+        n -= p.length;
+      } else {
+        out.push(p.subarray(0, n));
+        this.parts[0] = p.subarray(n);
+        n = 0;
+      }
+    }
+    return out;
+  }
+
+  /** The next n bytes received, as one buffer. */
+  private take(n: number): Buffer {
+    const ps = this.pieces(n);
+    return ps.length === 1 ? ps[0] : Buffer.concat(ps, n);
   }
 
   private wakeInput(s: StreamState): void {
@@ -250,9 +271,6 @@ export class DataConn {
         else this.push(sid, { kind: 'credit' });
         break;
       }
-      case T.DATA:
-        this.push(sid, { kind: 'data', bytes: p });
-        break;
       case T.END: {
         const s = this.state(sid);
         s.over ??= 'the process takes no more input';
@@ -344,19 +362,19 @@ export class DataConn {
    * chunks; credit for each chunk goes back once the consumer took it, so
    * no more than the window is ever ahead of the reader.
    */
-  async readFile(conn: Connection, params: Record<string, unknown>): Promise<{ size: number; chunks: AsyncIterable<Buffer> }> {
+  async readFile(conn: Connection, params: Record<string, unknown>): Promise<{ size: number; chunks: AsyncIterable<Buffer[]> }> {
     const r = await conn.call<{ stream: number; size: number }>('fs.read_stream', params);
     const sid = r.stream;
     this.begin();
     const self = this;
-    async function* chunks(): AsyncGenerator<Buffer> {
+    async function* chunks(): AsyncGenerator<Buffer[]> {
       let ended = false;
       try {
         for (;;) {
           const ev = await self.next(sid);
           if (ev.kind === 'data') {
-            yield ev.bytes;
-            await self.send(frame(T.CREDIT, sid, u32(ev.bytes.length)));
+            yield ev.pieces;
+            await self.send(frame(T.CREDIT, sid, u32(ev.n)));
           } else if (ev.kind === 'end') {
             ended = true;
             return;
@@ -422,10 +440,10 @@ export class DataConn {
       for (;;) {
         const ev = await this.next(sid);
         if (ev.kind === 'data') {
-          await sink(ev.bytes);
+          for (const b of ev.pieces) await sink(b);
           // the credit goes back in pieces of creditAt: the daemon has at
           // least window - creditAt to send on meanwhile, so it never waits for it
-          owed += ev.bytes.length;
+          owed += ev.n;
           if (owed >= this.creditAt && !this.closedWith) {
             const n = owed;
             owed = 0;

@@ -172,3 +172,51 @@ test('a terminal on its stream: keystrokes in, screen out', async () => {
   await t.wait().catch(() => {});
   assert.match(Buffer.concat(seen).toString('utf8'), /pty-42/);
 });
+
+test('frames cut anywhere by the socket: a DATA payload comes whole, in order, and the header after it is read', async () => {
+  // a stand-in daemon on a socket of its own: it answers stream.attach, then
+  // sends a read stream's frames in pieces of 1 to 70,000 bytes, so that
+  // headers and payloads straddle the client's socket reads
+  const { DataConn } = await import('../dist/stream.js');
+  const path = `${daemon.dir}/dc-cut.sock`;
+  const payloads = [randomBytes(1024 * 1024), randomBytes(3), Buffer.alloc(0), randomBytes(200000)];
+  const wire = Buffer.concat([...payloads.map((p) => frame(T.DATA, 7, p)), frame(T.END, 7, Buffer.from([0, 0, 0, 0, 0, 0, 0, 0]))]);
+  const conns = new Set();
+  const server = net.createServer((s) => {
+    conns.add(s);
+    s.on('close', () => conns.delete(s));
+    let line = '';
+    s.on('data', async (c) => {
+      if (line.includes('\n')) return; // CREDIT frames from here: not looked at
+      line += c.toString('latin1');
+      if (!line.includes('\n')) return;
+      s.write('{"jsonrpc":"2.0","id":1,"result":{"protocol":1,"window":4194304,"frame_max":1048576}}\n');
+      const cuts = [1, 5, 6, 11, 70000, 2, 65536, 13, 12, 1, 1, 40000];
+      for (let off = 0, i = 0; off < wire.length; i++) {
+        const n = Math.min(cuts[i % cuts.length], wire.length - off);
+        s.write(wire.subarray(off, off + n));
+        off += n;
+        await new Promise((r) => setTimeout(r, 1));
+      }
+    });
+  });
+  await new Promise((r) => server.listen(path, r));
+  let dc;
+  try {
+    const conn = {
+      socketPath: path,
+      call: async (method) => (method === 'stream.channel' ? { token: 't' } : { stream: 7, size: 1224003 }),
+    };
+    dc = await DataConn.open(conn);
+    const { size, chunks } = await dc.readFile(conn, {});
+    assert.equal(size, 1224003);
+    const frames = [];
+    for await (const pieces of chunks) frames.push(Buffer.concat(pieces));
+    assert.equal(frames.length, payloads.length);
+    payloads.forEach((p, i) => assert.ok(frames[i].equals(p), `frame ${i}`));
+  } finally {
+    dc?.close();
+    for (const c of conns) c.destroy();
+    await new Promise((r) => server.close(r));
+  }
+});
