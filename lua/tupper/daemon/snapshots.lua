@@ -29,6 +29,7 @@ local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local async = require("tupper.util.async")
+local box_freeze = require("tupper.daemon.sandbox").box_freeze
 local records = require("tupper.daemon.records")
 local log = require("tupper.daemon.log").log
 local layers = require("tupper.image.layers")
@@ -268,6 +269,10 @@ function D:snapshot_sandbox(sb, name, extra)
     return nil, "a snapshot needs the cgroup freezer, which this daemon has not got"
   end
   if not sb.pid then return nil, "the sandbox's agent pid is unknown" end
+  -- a pause or resume in flight ends first (its box's state is known after)
+  sb:freeze_wait()
+  if sb.snapshotting then return nil, ("sandbox '%s' is being snapshotted already"):format(sb.id) end
+  if sb.state ~= "running" and sb.state ~= "paused" then return nil, ("sandbox '%s' was killed"):format(sb.id) end
   sb.snapshotting = true
   local froze = sb.state == "running"
   if froze then
@@ -276,7 +281,7 @@ function D:snapshot_sandbox(sb, name, extra)
     local r = sb:record()
     r.paused = true
     write_atomic(self.boxes .. "/" .. sb.id .. ".json", json.encode(r))
-    ok, err = sb.box:freeze(true)
+    ok, err = box_freeze(sb.box, true)
     sb.snapshot_frozen = ok and true or nil
     if not ok then
       self:save(sb)
@@ -314,7 +319,7 @@ function D:snapshot_sandbox(sb, name, extra)
   end
   -- thawed unless it was paused before, or got paused meanwhile, or died
   if froze and sb.state == "running" then
-    sb.box:freeze(false)
+    box_freeze(sb.box, false)
     self:save(sb)
   end
   sb.snapshot_frozen = nil
