@@ -105,7 +105,7 @@ local function get_sandbox(d, id, any_state)
   local sb = d.sandboxes[id]
   -- a pause or resume in flight (in the thread pool) ends first: the
   -- request sees the box as it leaves it
-  if sb and sb.freezing and coroutine.isyieldable() then
+  if sb and sb.freezing then
     sb:freeze_wait()
     sb = d.sandboxes[id]
   end

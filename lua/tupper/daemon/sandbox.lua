@@ -765,19 +765,21 @@ end
 --- Waits while a freeze or thaw of this sandbox's box is in flight
 -- (Sandbox:freeze): freezes of one box are serialized, and so is what
 -- must see the box's state after one (a request to the box, a snapshot,
--- a kill).
+-- a kill).  Outside a coroutine (none of the daemon's callers) it cannot
+-- wait, and does not.
 function Sandbox:freeze_wait()
-  while self.freezing do
+  while self.freezing and coroutine.isyieldable() do
     local q = self.freezing
     async.wait(function(cb) q[#q + 1] = cb end)
   end
 end
 
---- Pauses (frozen true) or resumes the sandbox: its box frozen or thawed
--- in the thread pool (M.box_freeze), after any freeze of it in flight.
--- Returns true or nil, msg (the sandbox killed meanwhile included).
-function Sandbox:freeze(frozen)
-  if not self.box:has_cgroup() then return nil, "pause needs cgroups, and this host has none usable" end
+--- Freezes or thaws the sandbox's box (M.box_freeze) after any freeze of
+-- it in flight, as the one in flight now: on_ok(), if given, runs once it
+-- is done, before anything that waited for it (a kill that must know
+-- whether to thaw first).  Returns true or nil, msg (the sandbox killed
+-- meanwhile included).
+function Sandbox:gated_freeze(frozen, on_ok)
   self:freeze_wait()
   if self.state ~= "running" and self.state ~= "paused" then
     return nil, ("sandbox '%s' was killed"):format(self.id)
@@ -786,10 +788,17 @@ function Sandbox:freeze(frozen)
   self.freezing = waiting
   local ok, err = M.box_freeze(self.box, frozen)
   self.freezing = nil
-  if ok then self.state = frozen and "paused" or "running" end
+  if ok and on_ok then on_ok() end
   for _, cb in ipairs(waiting) do cb() end
   if not ok then return nil, err end
   return true
+end
+
+--- Pauses (frozen true) or resumes the sandbox (Sandbox:gated_freeze).
+-- Returns true or nil, msg.
+function Sandbox:freeze(frozen)
+  if not self.box:has_cgroup() then return nil, "pause needs cgroups, and this host has none usable" end
+  return self:gated_freeze(frozen, function() self.state = frozen and "paused" or "running" end)
 end
 
 --- cgroup counters of the box, or nil, msg.  A microVM's oom_kills are

@@ -12,7 +12,7 @@ M.handlers = h
 local function live(d, id)
   local sb = d.sandboxes[id]
   -- a pause or resume in flight (in the thread pool) ends first
-  if sb and sb.freezing and coroutine.isyieldable() then
+  if sb and sb.freezing then
     sb:freeze_wait()
     sb = d.sandboxes[id]
   end

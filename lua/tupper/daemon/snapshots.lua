@@ -29,7 +29,6 @@ local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local async = require("tupper.util.async")
-local box_freeze = require("tupper.daemon.sandbox").box_freeze
 local records = require("tupper.daemon.records")
 local log = require("tupper.daemon.log").log
 local layers = require("tupper.image.layers")
@@ -281,8 +280,7 @@ function D:snapshot_sandbox(sb, name, extra)
     local r = sb:record()
     r.paused = true
     write_atomic(self.boxes .. "/" .. sb.id .. ".json", json.encode(r))
-    ok, err = box_freeze(sb.box, true)
-    sb.snapshot_frozen = ok and true or nil
+    ok, err = sb:gated_freeze(true, function() sb.snapshot_frozen = true end)
     if not ok then
       self:save(sb)
       sb.snapshotting = nil
@@ -319,7 +317,7 @@ function D:snapshot_sandbox(sb, name, extra)
   end
   -- thawed unless it was paused before, or got paused meanwhile, or died
   if froze and sb.state == "running" then
-    box_freeze(sb.box, false)
+    sb:gated_freeze(false, function() sb.snapshot_frozen = nil end)
     self:save(sb)
   end
   sb.snapshot_frozen = nil
