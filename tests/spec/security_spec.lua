@@ -470,6 +470,40 @@ describe("a box", function()
       assert(running[pids[1]] and running[pids[2]], "the vforking probes ended early")
     end)
 
+    -- a freeze in flight is the box's only one: a resume or a kill sent
+    -- right behind a pause waits for it, then runs (docs/protocol.md)
+    it("runs a resume or a kill sent during a pause after the pause", function()
+      id = create()
+      for _ = 1, 2 do
+        assert(call("process.start", { sandbox = id, argv = { PROBE_IN_BOX, "vforkloop", "600000" } }))
+      end
+      for i = 1, 10 do
+        local p, r = sync(function()
+          local p
+          async.spawn(function() p = table.pack(c:call("sandbox.pause", { id = id })) end)
+          local r = table.pack(c:call("sandbox.resume", { id = id }))
+          helper.poll(function() return p end)
+          return p, r
+        end)
+        assert(p[1] and p[1].state == "paused", ("pause %d: %s"):format(i, tostring(p[2] and p[2].message)))
+        assert(r[1] and r[1].state == "running", ("resume %d: %s"):format(i, tostring(r[2] and r[2].message)))
+        assert.are.equal("running", assert(call("sandbox.get", { id = id })).state)
+      end
+      local p, k = sync(function()
+        local p
+        async.spawn(function() p = table.pack(c:call("sandbox.pause", { id = id })) end)
+        local k = table.pack(c:call("sandbox.kill", { id = id }))
+        helper.poll(function() return p end)
+        return p, k
+      end)
+      boxes[id] = nil
+      assert(p[1], "the pause: " .. tostring(p[2] and p[2].message))
+      assert(k[1] and k[1].killed, "the kill: " .. tostring(k[2] and k[2].message))
+      assert.are.equal(0, (helper.box_pids(id)))
+      assert.is_nil(call("sandbox.get", { id = id }))
+      id = nil
+    end)
+
     -- the freeze waits in the thread pool, not on the loop (issue 14): a
     -- second client's sandbox.list keeps being answered while a pause of
     -- a vforking box is in flight.  A freeze on the loop answers nothing
