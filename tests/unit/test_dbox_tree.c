@@ -197,14 +197,17 @@ static void v2_private(const tp_backend_t *lx, const char *host_id) {
       /* the freeze in the pool on v2: cgroup.freeze, then cgroup.events */
       pid_t p = spawn_ns(&b->cg);
       freeze_seen = 0;
-      check(p > 0 && tp_dbox_freeze_start(b, 1, tree_cb, &freeze_seen, &err) == 0 && b->tree_jobs == 1,
+      check(p > 0 && tp_dbox_freeze_start(b, 1, tree_cb, &freeze_seen, &err) == 0 &&
+                b->tree_jobs == 1,
             "v2: a process in the box, a freeze queued");
       uv_run(&loop, UV_RUN_DEFAULT);
-      check(freeze_seen > 0 && last_err == NULL && box_frozen(&b->cg, 1), "v2: frozen when its callback runs");
+      check(freeze_seen > 0 && last_err == NULL && box_frozen(&b->cg, 1),
+            "v2: frozen when its callback runs");
       freeze_seen = 0;
       check(tp_dbox_freeze_start(b, 0, tree_cb, &freeze_seen, &err) == 0, "v2: a thaw queued");
       uv_run(&loop, UV_RUN_DEFAULT);
-      check(freeze_seen > 0 && last_err == NULL && box_frozen(&b->cg, 0), "v2: thawed when its callback runs");
+      check(freeze_seen > 0 && last_err == NULL && box_frozen(&b->cg, 0),
+            "v2: thawed when its callback runs");
       if (p > 0) {
         kill(p, SIGKILL);
         waitpid(p, NULL, 0);
