@@ -66,6 +66,30 @@ try {
     const refused = rs.filter((r) => r.status === 'rejected').length;
     rows.push([`${piped} pipelined starts (${refused} refused)`, await p.stop(), secs]);
   }
+  // pause and resume, one after another for 3 s, of a box whose shells
+  // vfork in a loop (dash runs each command through vfork()): a v1 freeze
+  // waits while a task is caught inside the call (issue 14)
+  {
+    const vbox = await load.call('sandbox.create', { limits: { timeout: 0 } });
+    try {
+      for (let i = 0; i < 2; i++) {
+        await load.call('process.start', { sandbox: vbox.id, argv: ['/bin/sh', '-c', 'while :; do /bin/true; done'] });
+      }
+      const pauses = [];
+      const p = prober(other);
+      const t = now();
+      while (now() - t < 3000) {
+        const t0 = now();
+        await load.call('sandbox.pause', { id: vbox.id });
+        pauses.push(now() - t0);
+        await load.call('sandbox.resume', { id: vbox.id });
+      }
+      const secs = (now() - t) / 1000;
+      rows.push([`${pauses.length} pauses of a vforking box (pause p50 ${pct(pauses, 0.5).toFixed(1)} ms, max ${Math.max(...pauses).toFixed(0)} ms)`, await p.stop(), secs]);
+    } finally {
+      await load.call('sandbox.kill', { id: vbox.id }).catch(() => {});
+    }
+  }
   // a DNS flood from the box: the host's python3 in the box's network
   // namespace sends UDP queries to the box's resolver as fast as it can
   if (stateDir) {

@@ -38,9 +38,11 @@ export class Bare {
           if (m.error) p.reject(Object.assign(new Error(m.error.message), { code: m.error.code }));
           else p.resolve(m.result);
         } else if (m.method === 'process.exit') {
-          const w = this.exits.get(m.params.pid);
-          if (w) w(m.params);
-          else this.exits.set(m.params.pid, m.params);
+          // pids are a box's own: two boxes have the same ones
+          const key = `${m.params.sandbox}/${m.params.pid}`;
+          const w = this.exits.get(key);
+          if (typeof w === 'function') w(m.params);
+          else this.exits.set(key, m.params);
         }
       }
       if (start < d.length) this.parts.push(d.slice(start));
@@ -56,9 +58,10 @@ export class Bare {
   // process.start (params: argv or cmd, ...) and its process.exit
   async run(sandbox, params) {
     const { pid } = await this.call('process.start', { sandbox, ...params });
-    const got = this.exits.get(pid);
-    if (got) { this.exits.delete(pid); return got; }
-    return new Promise((resolve) => this.exits.set(pid, (p) => { this.exits.delete(pid); resolve(p); }));
+    const key = `${sandbox}/${pid}`;
+    const got = this.exits.get(key);
+    if (got) { this.exits.delete(key); return got; }
+    return new Promise((resolve) => this.exits.set(key, (p) => { this.exits.delete(key); resolve(p); }));
   }
   close() { this.s.destroy(); }
 }

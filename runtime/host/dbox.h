@@ -65,7 +65,7 @@ struct tp_dbox_s {
   uv_poll_t exitp;
   int open_handles; /* initialised handles whose close callback is pending */
   int work_pending; /* a destroy job is queued */
-  int tree_jobs;    /* tp_dbox_tree_start jobs in the pool: they read cg */
+  int tree_jobs;    /* jobs in the pool that read cg (trees, kills, freezes) */
   int spares;       /* spare trees in trees */
   int refilling;    /* a job making spares is in the pool */
   int held_destroy; /* tp_dbox_destroy waits for them (0, or 1: queue it; 2: release) */
@@ -191,6 +191,16 @@ typedef void (*tp_dbox_kill_cb)(void *data, size_t n, const tp_error_t *err);
  * meanwhile waits for it. */
 int tp_dbox_tree_kill_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_dbox_kill_cb cb, void *data,
                             tp_error_t *err);
+/* A freeze's end: err NULL once frozen (or thawed), else why not. */
+typedef void (*tp_dbox_freeze_cb)(void *data, const tp_error_t *err);
+/* tp_cgroup_freeze of the box's cgroup in the pool: a v1 freeze can wait
+ * up to TP_CGROUP_TIMEOUT_MS for a task caught in vfork, and a v2 one for
+ * cgroup.events, which must not hold the loop.  cb runs on the loop after,
+ * unless the box is released by then; a destroy or release meanwhile waits
+ * for it.  Two freezes of one box at once are the caller's to keep apart
+ * (the daemon serializes them per box: daemon/sandbox.lua). */
+int tp_dbox_freeze_start(tp_dbox_t *b, int frozen, tp_dbox_freeze_cb cb, void *data,
+                         tp_error_t *err);
 /* Kills what is left of t and removes its cgroup; t is freed. */
 int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 /* The same in the pool: t is unlinked (no longer found) at once, its cgroup

@@ -393,6 +393,55 @@ int tp_dbox_tree_kill_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_dbox_kill_cb cb,
   return 0;
 }
 
+/* ---- the box's freeze in the pool --------------------------------------------------- */
+
+typedef struct freeze_job_s {
+  tp_dbox_t *b;
+  int frozen, ret;
+  tp_error_t err;
+  tp_dbox_freeze_cb cb;
+  void *data;
+} freeze_job_t;
+
+static void freeze_work(void *data) {
+  freeze_job_t *j = data;
+  j->ret = tp_cgroup_freeze(&j->b->cg, j->frozen, &j->err);
+}
+
+static void freeze_after(void *data, int status) {
+  freeze_job_t *j = data;
+  tp_dbox_t *b = j->b;
+  if (status < 0 && j->ret == 0)
+    j->ret = tp_error_set(&j->err, -status, "%s: %s", j->frozen ? "freeze" : "thaw",
+                          uv_strerror(status));
+  if (!b->released && j->cb != NULL)
+    j->cb(j->data, j->ret == 0 ? NULL : &j->err);
+  free(j);
+  b->tree_jobs--;
+  tp__dbox_jobs_done(b);
+}
+
+int tp_dbox_freeze_start(tp_dbox_t *b, int frozen, tp_dbox_freeze_cb cb, void *data,
+                         tp_error_t *err) {
+  freeze_job_t *j;
+  int r;
+  if (!tp_dbox_has_cgroup(b)) /* destroyed included */
+    return tp_error_set(err, ENOENT, "box has no cgroup");
+  if ((j = calloc(1, sizeof(*j))) == NULL)
+    return tp_error_set(err, ENOMEM, "freeze: out of memory");
+  j->b = b;
+  j->frozen = frozen;
+  j->cb = cb;
+  j->data = data;
+  r = tp_job_queue(b->loop, freeze_work, freeze_after, j);
+  if (r < 0) {
+    free(j);
+    return tp_error_set(err, -r, "freeze: %s", uv_strerror(r));
+  }
+  b->tree_jobs++;
+  return 0;
+}
+
 /* ---- spare trees ------------------------------------------------------------------ */
 
 /* A spare's sub of box cgroup cg, named s<16 hex> (apart from the owner's

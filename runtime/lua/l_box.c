@@ -157,16 +157,6 @@ static int tp_lbox_send(lua_State *L) {
   return 1;
 }
 
-/* box:freeze(true|false) -> true | nil, msg */
-static int tp_lbox_freeze(lua_State *L) {
-  tp_dbox_t *b = tp__check_cg(L);
-  tp_error_t err = {0};
-  if (tp_cgroup_freeze(&b->cg, lua_toboolean(L, 2), &err) < 0)
-    return tp_l_push_err(L, &err);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
 /* box:set_limits{ memory=, pids=, cpu_quota=, cpu_period= } -> true | nil, msg */
 static int tp_lbox_set_limits(lua_State *L) {
   tp_dbox_t *b = tp__check_cg(L);
@@ -302,6 +292,58 @@ static void tp__lkill_done(void *data, size_t n, const tp_error_t *err) {
     lua_pushstring(L, err->msg);
   }
   tp_lua_pcall(L, 2, 0, 0);
+}
+
+static void tp__lfreeze_done(void *data, const tp_error_t *err) {
+  tp__ltree_t *j = data;
+  lua_State *L = j->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, j->ref_cb);
+  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
+  free(j);
+  if (err == NULL) {
+    lua_pushboolean(L, 1);
+    lua_pushnil(L);
+  } else {
+    lua_pushnil(L);
+    lua_pushstring(L, err->msg);
+  }
+  tp_lua_pcall(L, 2, 0, 0);
+}
+
+/* box:freeze(true|false [, cb]) -> true | nil, msg: freezes or thaws the
+ * box cgroup and waits until the kernel says so.  With cb the freeze runs
+ * in the thread pool (its wait can last TP_CGROUP_TIMEOUT_MS, which must
+ * not hold the loop) and cb(true) or cb(nil, msg) runs after; the call
+ * returns true | nil, msg (nothing queued). */
+static int tp_lbox_freeze(lua_State *L) {
+  tp_dbox_t *b = tp__check_cg(L);
+  int frozen = lua_toboolean(L, 2);
+  tp_error_t err = {0};
+  if (!lua_isnoneornil(L, 3)) {
+    tp__ltree_t *j;
+    luaL_checktype(L, 3, LUA_TFUNCTION);
+    j = malloc(sizeof(*j));
+    if (j == NULL)
+      return luaL_error(L, "freeze: out of memory");
+    j->L = tp__main_thread(L);
+    lua_pushvalue(L, 3);
+    j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushvalue(L, 1); /* the box stays (not collected) until cb ran */
+    j->ref_box = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (tp_dbox_freeze_start(b, frozen, tp__lfreeze_done, j, &err) < 0) {
+      luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
+      luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
+      free(j);
+      return tp_l_push_err(L, &err);
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (tp_cgroup_freeze(&b->cg, frozen, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* box:tree_take() -> name | nil: a spare tree (a cgroup made ahead) for the

@@ -469,5 +469,84 @@ describe("a box", function()
       for _, p in ipairs(assert(call("process.list", { sandbox = id })).processes) do running[p.pid] = true end
       assert(running[pids[1]] and running[pids[2]], "the vforking probes ended early")
     end)
+
+    -- a freeze in flight is the box's only one: a resume or a kill sent
+    -- right behind a pause waits for it, then runs (docs/protocol.md)
+    it("runs a resume or a kill sent during a pause after the pause", function()
+      id = create()
+      for _ = 1, 2 do
+        assert(call("process.start", { sandbox = id, argv = { PROBE_IN_BOX, "vforkloop", "600000" } }))
+      end
+      for i = 1, 10 do
+        local p, r = sync(function()
+          local p
+          async.spawn(function() p = table.pack(c:call("sandbox.pause", { id = id })) end)
+          local r = table.pack(c:call("sandbox.resume", { id = id }))
+          helper.poll(function() return p end)
+          return p, r
+        end)
+        assert(p[1] and p[1].state == "paused", ("pause %d: %s"):format(i, tostring(p[2] and p[2].message)))
+        assert(r[1] and r[1].state == "running", ("resume %d: %s"):format(i, tostring(r[2] and r[2].message)))
+        assert.are.equal("running", assert(call("sandbox.get", { id = id })).state)
+      end
+      local p, k = sync(function()
+        local p
+        async.spawn(function() p = table.pack(c:call("sandbox.pause", { id = id })) end)
+        local k = table.pack(c:call("sandbox.kill", { id = id }))
+        helper.poll(function() return p end)
+        return p, k
+      end)
+      boxes[id] = nil
+      assert(p[1], "the pause: " .. tostring(p[2] and p[2].message))
+      assert(k[1] and k[1].killed, "the kill: " .. tostring(k[2] and k[2].message))
+      assert.are.equal(0, (helper.box_pids(id)))
+      assert.is_nil(call("sandbox.get", { id = id }))
+      id = nil
+    end)
+
+    -- the freeze waits in the thread pool, not on the loop (issue 14): a
+    -- second client's sandbox.list keeps being answered while a pause of
+    -- a vforking box is in flight.  A freeze on the loop answers nothing
+    -- else before the pause's reply, so no two round trips (the second
+    -- sent after the first's reply) can both fit inside one pause.
+    it("answers other clients while a pause is in flight", function()
+      id = create()
+      for _ = 1, 2 do
+        assert(call("process.start", { sandbox = id, argv = { PROBE_IN_BOX, "vforkloop", "600000" } }))
+      end
+      local c2 = assert(d.connect())
+      local trips, stop, stopped = {}, false, false -- trips: { sent, answered } of c2's calls
+      local best, slowest, pauses, longest = 0, 0, 0, 0
+      sync(function()
+        async.spawn(function()
+          while not stop do
+            local t0 = helper.now()
+            assert(c2:call("sandbox.list", {}))
+            trips[#trips + 1] = { t0, helper.now() }
+          end
+          stopped = true
+        end)
+        local deadline = helper.now() + 20000
+        while helper.now() < deadline and best < 3 do
+          local p0 = helper.now()
+          local r, err = c:call("sandbox.pause", { id = id })
+          local p1 = helper.now()
+          assert(r, "pause: " .. tostring(err and err.message))
+          pauses, longest = pauses + 1, math.max(longest, p1 - p0)
+          local inside = 0
+          for _, t in ipairs(trips) do
+            if t[1] > p0 and t[2] < p1 then inside = inside + 1 end
+          end
+          best = math.max(best, inside)
+          assert(c:call("sandbox.resume", { id = id }))
+        end
+        stop = true
+        helper.poll(function() return stopped end, 5000)
+      end)
+      for _, t in ipairs(trips) do slowest = math.max(slowest, t[2] - t[1]) end
+      c2:close()
+      assert(best >= 2, ("in %d pauses (the longest %d ms) the other client never had two calls " ..
+        "answered inside one pause (at most %d; its slowest call %d ms)"):format(pauses, longest, best, slowest))
+    end)
   end)
 end)

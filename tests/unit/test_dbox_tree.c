@@ -1,8 +1,9 @@
 /* A box's process trees in the thread pool (runtime/host/dbox_tree.c) on
  * the host's real cgroups and a real loop: tp_dbox_tree_start moves a
  * process into its tree's sub, tp_dbox_tree_kill_start kills the tree while
- * a removal waits for it, and a destroy of the box while a tree job is in
- * the pool waits for that job.  The box object has no PID 1 of its own
+ * a removal waits for it, tp_dbox_freeze_start freezes and thaws the box
+ * there, and a destroy of the box while a tree or freeze job is in the
+ * pool waits for that job.  The box object has no PID 1 of its own
  * (none is needed: the processes are this test's children, each PID 1 of a
  * pid namespace, in its cgroup). */
 #define _GNU_SOURCE
@@ -34,7 +35,7 @@
 
 #include "cgroup_test.h"
 
-static int order, tree_seen, kill_seen, done_seen;
+static int order, tree_seen, kill_seen, done_seen, freeze_seen;
 static tp_error_t last;
 static const tp_error_t *last_err; /* &last, or NULL: success */
 static size_t killed_n;
@@ -51,6 +52,13 @@ static void keep(const tp_error_t *err) {
 static void tree_cb(void *data, const tp_error_t *err) {
   *(int *) data = ++order;
   keep(err);
+}
+
+/* Whether the box cgroup says it is frozen (or thawed: frozen 0) */
+static int box_frozen(const tp_cgroup_t *cg, int frozen) {
+  if (cg->version == 2)
+    return file_has(cg->path_v2, "cgroup.events", frozen ? "frozen 1" : "frozen 0");
+  return file_is(cg->path_v1[TP_CG_FREEZER], "freezer.state", frozen ? "FROZEN" : "THAWED");
 }
 
 static void kill_cb(void *data, size_t n, const tp_error_t *err) {
@@ -79,8 +87,9 @@ static pid_t spawn_ns(const tp_cgroup_t *cg) {
 
 static void done_cb(tp_dbox_t *b, int ret, const tp_error_t *err) {
   (void) b;
-  (void) err;
   done_seen = ++order;
+  if (ret != 0 && err != NULL)
+    printf("# destroy: %s\n", err->msg);
   check(ret == 0, "the held destroy succeeds");
 }
 
@@ -185,6 +194,24 @@ static void v2_private(const tp_backend_t *lx, const char *host_id) {
     if (tp_cgroup_create(&root, id, NULL, &b->cg, &err) == 0) {
       b->has_cg = 1;
       spares_part(&loop, b, "v2");
+      /* the freeze in the pool on v2: cgroup.freeze, then cgroup.events */
+      pid_t p = spawn_ns(&b->cg);
+      freeze_seen = 0;
+      check(p > 0 && tp_dbox_freeze_start(b, 1, tree_cb, &freeze_seen, &err) == 0 &&
+                b->tree_jobs == 1,
+            "v2: a process in the box, a freeze queued");
+      uv_run(&loop, UV_RUN_DEFAULT);
+      check(freeze_seen > 0 && last_err == NULL && box_frozen(&b->cg, 1),
+            "v2: frozen when its callback runs");
+      freeze_seen = 0;
+      check(tp_dbox_freeze_start(b, 0, tree_cb, &freeze_seen, &err) == 0, "v2: a thaw queued");
+      uv_run(&loop, UV_RUN_DEFAULT);
+      check(freeze_seen > 0 && last_err == NULL && box_frozen(&b->cg, 0),
+            "v2: thawed when its callback runs");
+      if (p > 0) {
+        kill(p, SIGKILL);
+        waitpid(p, NULL, 0);
+      }
       check(tp_dbox_destroy(b, NULL, NULL, &queued, &err) == 0, "v2: the box's destroy");
       uv_run(&loop, UV_RUN_DEFAULT);
     } else {
@@ -284,15 +311,42 @@ int main(void) {
       free(copy[i]);
   }
 
-  /* a destroy while a tree job is in the pool waits for it */
+  /* a freeze and a thaw in the pool, the loop free meanwhile */
   p2 = spawn_ns(&b->cg);
+  if (root.version == 2 || b->cg.path_v1[TP_CG_FREEZER] != NULL) {
+    r = tp_dbox_freeze_start(b, 1, tree_cb, &freeze_seen, &err);
+    check(r == 0 && b->tree_jobs == 1 && freeze_seen == 0,
+          "freeze_start queues a job; its callback has not run");
+    uv_run(&loop, UV_RUN_DEFAULT);
+    check(freeze_seen > 0 && last_err == NULL && b->tree_jobs == 0 && box_frozen(&b->cg, 1),
+          "its callback runs on the loop once the box is frozen");
+    freeze_seen = 0;
+    r = tp_dbox_freeze_start(b, 0, tree_cb, &freeze_seen, &err);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    check(r == 0 && freeze_seen > 0 && last_err == NULL && box_frozen(&b->cg, 0),
+          "a thaw the same way");
+  } else {
+    skip("no freezer hierarchy");
+  }
+
+  /* a destroy while a freeze job (here a thaw: a box left frozen is the
+   * owner's to thaw before its destroy, as the daemon does) is in the pool
+   * waits for it */
+  freeze_seen = 0;
+  if (root.version == 2 || b->cg.path_v1[TP_CG_FREEZER] != NULL) {
+    r = tp_dbox_freeze_start(b, 0, tree_cb, &freeze_seen, &err);
+    check(r == 0, "another freeze job");
+  }
+
+  /* a destroy while a tree job is in the pool waits for it */
   tree_seen = 0;
   r = tp_dbox_tree_start(b, "t2", 1, tree_cb, &tree_seen, &err);
   check(r == 0, "another tree job");
   r = tp_dbox_destroy(b, NULL, done_cb, &queued, &err);
   check(r == 0 && queued == 1 && b->held_destroy == 1, "a destroy meanwhile is held, reported queued");
   uv_run(&loop, UV_RUN_DEFAULT);
-  check(tree_seen > 0 && done_seen > tree_seen, "the tree's callback ran first, then the destroy's");
+  check(tree_seen > 0 && done_seen > tree_seen && done_seen > freeze_seen,
+        "the tree's and the thaw's callbacks ran first, then the destroy's");
   check(p2 > 0 && wait_pid(p2, WAIT_MS, &status) == 0 && killed(status), "the box's destroy killed its tree");
   check(!listed(&root, id), "the box cgroup is gone");
   tp_dbox_release(b); /* frees it: destroyed, no job */

@@ -108,6 +108,12 @@ end
 -- A sandbox by id; `any_state` also returns a paused one.
 local function get_sandbox(d, id, any_state)
   local sb = d.sandboxes[id]
+  -- a pause or resume in flight (in the thread pool) ends first: the
+  -- request sees the box as it leaves it
+  if sb and sb.freezing then
+    sb:freeze_wait()
+    sb = d.sandboxes[id]
+  end
   if not sb or (sb.state ~= "running" and sb.state ~= "paused") then
     return nil, rpc.NOT_FOUND, ("no sandbox '%s'"):format(id)
   end

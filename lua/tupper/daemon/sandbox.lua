@@ -120,7 +120,7 @@ function M.adopt(opts)
   -- box's agent on a v1 freezer, which freezes the whole cgroup): thawed
   -- for the handshake, frozen again after
   local refreeze = opts.paused and box:has_cgroup()
-  if refreeze then box:freeze(false) end
+  if refreeze then M.box_freeze(box, false) end
   local self, aerr = attach(box, opts, true)
   if not self then return nil, aerr end
   local r, perr = self:request(MSG.PS, {})
@@ -137,7 +137,7 @@ function M.adopt(opts)
     end
   end
   if refreeze then
-    local fok, ferr = box:freeze(true)
+    local fok, ferr = M.box_freeze(box, true)
     if not fok then
       self:destroy()
       return nil, "adopt sandbox " .. opts.id .. ": pause it again: " .. tostring(ferr)
@@ -749,12 +749,56 @@ function Sandbox:unwatch(w)
 end
 
 --- Freezes (true) or thaws every process of the box.
+--- Freezes or thaws box's cgroup (frozen: true or false) and waits until
+-- the kernel says it is done, in the thread pool: a v1 freeze can wait up
+-- to 5 s for a task caught in vfork (a v2 one for cgroup.events), and the
+-- loop answers every other client meanwhile.  Outside a coroutine (none
+-- of the daemon's callers), on the loop.  Returns true or nil, msg.
+function M.box_freeze(box, frozen)
+  if not coroutine.isyieldable() then return box:freeze(frozen) end
+  return async.wait(function(cb)
+    local q, qerr = box:freeze(frozen, cb)
+    if not q then cb(nil, qerr) end
+  end)
+end
+
+--- Waits while a freeze or thaw of this sandbox's box is in flight
+-- (Sandbox:freeze): freezes of one box are serialized, and so is what
+-- must see the box's state after one (a request to the box, a snapshot,
+-- a kill).  Outside a coroutine (none of the daemon's callers) it cannot
+-- wait, and does not.
+function Sandbox:freeze_wait()
+  while self.freezing and coroutine.isyieldable() do
+    local q = self.freezing
+    async.wait(function(cb) q[#q + 1] = cb end)
+  end
+end
+
+--- Freezes or thaws the sandbox's box (M.box_freeze) after any freeze of
+-- it in flight, as the one in flight now: on_ok(), if given, runs once it
+-- is done, before anything that waited for it (a kill that must know
+-- whether to thaw first).  Returns true or nil, msg (the sandbox killed
+-- meanwhile included).
+function Sandbox:gated_freeze(frozen, on_ok)
+  self:freeze_wait()
+  if self.state ~= "running" and self.state ~= "paused" then
+    return nil, ("sandbox '%s' was killed"):format(self.id)
+  end
+  local waiting = {}
+  self.freezing = waiting
+  local ok, err = M.box_freeze(self.box, frozen)
+  self.freezing = nil
+  if ok and on_ok then on_ok() end
+  for _, cb in ipairs(waiting) do cb() end
+  if not ok then return nil, err end
+  return true
+end
+
+--- Pauses (frozen true) or resumes the sandbox (Sandbox:gated_freeze).
+-- Returns true or nil, msg.
 function Sandbox:freeze(frozen)
   if not self.box:has_cgroup() then return nil, "pause needs cgroups, and this host has none usable" end
-  local ok, err = self.box:freeze(frozen)
-  if not ok then return nil, err end
-  self.state = frozen and "paused" or "running"
-  return true
+  return self:gated_freeze(frozen, function() self.state = frozen and "paused" or "running" end)
 end
 
 --- cgroup counters of the box, or nil, msg.  A microVM's oom_kills are
@@ -799,9 +843,13 @@ end
 function Sandbox:destroy(keep_upper, on_dead)
   if self.state == "killing" or self.state == "gone" then return true end
   local reason = "killed"
+  -- a freeze in flight ends first: a box it froze is thawed below
+  self:freeze_wait()
+  if self.state == "killing" or self.state == "gone" then return true end
   -- a frozen task cannot die (snapshot_frozen: frozen by a snapshot's copy)
-  if self.state == "paused" or self.snapshot_frozen then self.box:freeze(false) end
+  local thaw = self.state == "paused" or self.snapshot_frozen
   self.state = "killing"
+  if thaw then M.box_freeze(self.box, false) end
   if self.net then self.net:close_all() end
   self:_fail_all(reason)
   local ok, err = async.wait(function(cb) self.box:destroy(cb, keep_upper, on_dead) end)

@@ -11,6 +11,11 @@ M.handlers = h
 
 local function live(d, id)
   local sb = d.sandboxes[id]
+  -- a pause or resume in flight (in the thread pool) ends first
+  if sb and sb.freezing then
+    sb:freeze_wait()
+    sb = d.sandboxes[id]
+  end
   if not sb or (sb.state ~= "running" and sb.state ~= "paused") then
     return nil, rpc.NOT_FOUND, ("no sandbox '%s'"):format(id)
   end

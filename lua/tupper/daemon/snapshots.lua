@@ -268,6 +268,10 @@ function D:snapshot_sandbox(sb, name, extra)
     return nil, "a snapshot needs the cgroup freezer, which this daemon has not got"
   end
   if not sb.pid then return nil, "the sandbox's agent pid is unknown" end
+  -- a pause or resume in flight ends first (its box's state is known after)
+  sb:freeze_wait()
+  if sb.snapshotting then return nil, ("sandbox '%s' is being snapshotted already"):format(sb.id) end
+  if sb.state ~= "running" and sb.state ~= "paused" then return nil, ("sandbox '%s' was killed"):format(sb.id) end
   sb.snapshotting = true
   local froze = sb.state == "running"
   if froze then
@@ -276,8 +280,7 @@ function D:snapshot_sandbox(sb, name, extra)
     local r = sb:record()
     r.paused = true
     write_atomic(self.boxes .. "/" .. sb.id .. ".json", json.encode(r))
-    ok, err = sb.box:freeze(true)
-    sb.snapshot_frozen = ok and true or nil
+    ok, err = sb:gated_freeze(true, function() sb.snapshot_frozen = true end)
     if not ok then
       self:save(sb)
       sb.snapshotting = nil
@@ -314,7 +317,7 @@ function D:snapshot_sandbox(sb, name, extra)
   end
   -- thawed unless it was paused before, or got paused meanwhile, or died
   if froze and sb.state == "running" then
-    sb.box:freeze(false)
+    sb:gated_freeze(false, function() sb.snapshot_frozen = nil end)
     self:save(sb)
   end
   sb.snapshot_frozen = nil

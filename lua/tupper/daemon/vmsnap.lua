@@ -45,7 +45,7 @@ function D:_vm_snapshot(sb, name, extra, leave_stopped)
   -- a frozen QEMU answers no monitor command: thawed, the guest is
   -- stopped by QMP at once
   if was_paused then
-    ok, err = sb.box:freeze(false)
+    ok, err = sb:gated_freeze(false)
     if not ok then sb.snapshotting = nil; return nil, "thaw the VM: " .. tostring(err) end
   end
   local tmp, terr = self.layer_store:tmp()
@@ -60,7 +60,7 @@ function D:_vm_snapshot(sb, name, extra, leave_stopped)
     if leave_stopped and ok then return end
     if sb.state ~= "running" and sb.state ~= "paused" then return end
     sb.impl.cont(sb.box)
-    if was_paused or sb.state == "paused" then sb.box:freeze(true) end
+    if was_paused or sb.state == "paused" then sb:gated_freeze(true) end
   end
   back()
   sb.snapshotting = nil
@@ -117,7 +117,7 @@ end
 --- Lets a VM that _vm_snapshot left stopped run on (paused: frozen again).
 function D:_vm_cont(sb)
   local ok, err = sb.impl.cont(sb.box)
-  if ok and sb.state == "paused" then ok, err = sb.box:freeze(true) end
+  if ok and sb.state == "paused" then ok, err = sb:gated_freeze(true) end
   return ok, err
 end
 
