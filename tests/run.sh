@@ -37,11 +37,13 @@ failed=0
 # CI's (docs/testing.md), and this says where it goes
 # Each suite's output also goes to a log, so that the last lines of the run
 # name the suites that failed and their failing lines: a CI log that keeps
-# only the tail still says what broke.  tail --pid follows the log until
-# the suite ends, and does not wait for a process the suite left behind
-# holding its output open (the leak check reports that one).
+# only the tail still says what broke.  The suite runs in the foreground
+# (an asynchronous one would get SIGINT and SIGQUIT ignored and stdin on
+# /dev/null, which the tests would see); tail follows the log until a
+# placeholder process ends after the suite, then prints what is left and
+# stops.  It never waits for a process the suite left behind holding its
+# output (the leak check reports that one).
 failures=""
-exec 3<&0 # an asynchronous list's stdin is /dev/null unless given
 suite() {
   name=$1
   shift
@@ -49,12 +51,14 @@ suite() {
   t0=$(date +%s)
   log="$TMPDIR/suite.log"
   : >"$log"
-  "$@" <&3 >"$log" 2>&1 3<&- &
+  sleep 100000 &
   spid=$!
   tail -n +1 -f --pid="$spid" "$log" &
   tpid=$!
   rc=0
-  wait "$spid" || rc=$?
+  "$@" >>"$log" 2>&1 || rc=$?
+  kill "$spid" 2>/dev/null
+  wait "$spid" 2>/dev/null
   wait "$tpid" 2>/dev/null || true
   if [ "$rc" -eq 0 ]; then
     passed=$((passed + 1))
