@@ -40,7 +40,12 @@ describe("a loop that starts do not block", function()
         local r = other:call("sandbox.list", {})
         if not (r and r.sandboxes and #r.sandboxes == 1) then bad = r end
         local ms = helper.now() - t
-        if answered > 0 and answered < N then lists = lists + 1 end
+        -- a list answered before the last start was: the starts were in
+        -- flight (the first list may even be answered before any start,
+        -- and on a loaded machine the client can take all 200 start
+        -- replies in one read, so "after the first, before the last" may
+        -- never be seen); a loop the starts hold shows in `slowest`
+        if answered < N then lists = lists + 1 end
         if ms > slowest then slowest = ms end
       end
     end)
