@@ -310,17 +310,23 @@ static void set_nonblock(int fd) {
     fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
-/* The child's stdin when the host sends none: /dev/null, or a pipe whose
- * write end is already closed when the box has no /dev/null. */
-static int null_stdin(tp_error_t *err) {
-  int rd = -1, wr = -1;
-  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0)
-    return fd;
-  if (pipe_cloexec(&rd, &wr, err) < 0)
+/* The child's stdin when the host sends none: /dev/null, opened once and
+ * kept (close-on-exec: the child gets it by its dup2 to 0), so a start
+ * walks no path for it; *own is -1 then.  Else, while the box has no
+ * /dev/null, a pipe whose write end is already closed, the caller's to
+ * close (*own). */
+static int null_stdin(int *own, tp_error_t *err) {
+  static int null_fd = -1;
+  int wr = -1;
+  *own = -1;
+  if (null_fd < 0)
+    null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null_fd >= 0)
+    return null_fd;
+  if (pipe_cloexec(own, &wr, err) < 0)
     return -1;
   close(wr);
-  return rd;
+  return *own;
 }
 
 /* Reads the child's next status record into *st: 1 when one arrived, 0 on
@@ -519,6 +525,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   cleanup_free char *path = NULL;
   cleanup_close int in_r = -1, in_w = -1, out_r = -1, out_w = -1, err_r = -1, err_w = -1;
   cleanup_close int st_r = -1, st_w = -1, hold_r = -1, hold_w = -1, cg_fd = -1;
+  int in_fd = -1; /* the kept /dev/null (not ours to close), or -1 */
   char cwd[TP_PATH_MAX + 1] = "/";
   int nargs = tp_fields_count(r->fields, r->n, TP_TAG_ARG);
   int nenv = tp_fields_count(r->fields, r->n, TP_TAG_ENV);
@@ -597,7 +604,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   } else if (flags & TP_F_EXEC_STDIN) {
     if (pipe_cloexec(&in_r, &in_w, err) < 0)
       return -1;
-  } else if ((in_r = null_stdin(err)) < 0) {
+  } else if ((in_fd = null_stdin(&in_r, err)) < 0) {
     return -1;
   }
   if ((!pty && (pipe_cloexec(&out_r, &out_w, err) < 0 || pipe_cloexec(&err_r, &err_w, err) < 0)) ||
@@ -609,7 +616,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   if (agent_cg_active() && agent_cg_tree_new(&tree, &cg_fd, err) < 0)
     return -1;
 
-  spec = (exec_spec_t){.path = path, .argv = argv, .envp = envp, .cwd = cwd, .in_fd = in_r,
+  spec = (exec_spec_t){.path = path, .argv = argv, .envp = envp, .cwd = cwd, .in_fd = in_fd >= 0 ? in_fd : in_r,
                        .out_fd = out_w, .err_fd = err_w, .status_fd = st_w, .hold_fd = hold_r,
                        .cg_fd = cg_fd, .tree = with_tree ? &tree_set : NULL, .uid = (uid_t) uid, .gid = (gid_t) gid,
                        .ngroups = ngroups, .groups = groups, .nofile = &a->nofile,

@@ -68,6 +68,7 @@ struct tp_dbox_s {
   int tree_jobs;    /* jobs in the pool that read cg (trees, kills, freezes) */
   int spares;       /* spare trees in trees */
   int refilling;    /* a job making spares is in the pool */
+  int took;         /* a take ran: the next one that finds no spare refills */
   int held_destroy; /* tp_dbox_destroy waits for them (0, or 1: queue it; 2: release) */
   int started;      /* tp_dbox_on ran: the handles exist */
   int down;         /* the down callback ran (or the box was destroyed) */
@@ -221,15 +222,17 @@ int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 int tp_dbox_tree_recycle(tp_dbox_t *b, tp_dbox_tree_t *t);
 
 /* Spare trees (per-process cgroups made ahead, so that a process.start
- * makes none: one EXEC, no HOLD and RELEASE).  A box has none until its
- * first take (which gets none: its owner takes the held way with
- * tp_dbox_tree_start); a take that leaves none queues a job in the pool
- * that makes up TP_DBOX_SPARES, and a tree whose process ended comes back
- * as a spare (tp_dbox_tree_recycle).  So a box that never starts a second process (`tupper
- * run`, an idle box) costs no cgroup more than before (on v1 a mkdir or an
- * rmdir takes the kernel 2-3 ms here, in each of three hierarchies), and a
- * box that starts processes faster than the pool refills runs out and takes
- * the held way too.
+ * makes none: one EXEC, no HOLD and RELEASE).  A box has none until it
+ * needs them: its first take gets none and queues nothing (its owner takes
+ * the held way with tp_dbox_tree_start), a take that finds none after that
+ * (a second process while the first runs) queues a job in the pool that
+ * makes up TP_DBOX_SPARES, and a tree whose processes ended comes back as
+ * a spare (tp_dbox_tree_recycle), so a take that leaves none queues
+ * nothing either.  So a box that runs one process at a time (`tupper run`,
+ * `exec` after `exec`, the churn of create, run, kill) makes one tree in
+ * all, and an idle box none (on v1 a mkdir or an rmdir takes the kernel
+ * 2-3 ms here, in each of three hierarchies); a box that starts processes
+ * faster than they end or the pool refills takes the held way too.
  *
  * tp_dbox_tree_take hands one over: it is a tree like any other from then
  * on (found by name, t->name), NULL if none is spare.  Send the EXEC that

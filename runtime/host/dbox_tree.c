@@ -562,10 +562,13 @@ tp_dbox_tree_t *tp_dbox_tree_take(tp_dbox_t *b) {
   if (got != NULL) {
     got->spare = 0;
     b->spares--;
-  }
-  /* made up when none is left: a process that ends gives its tree back
-   * (tp_dbox_tree_recycle), so one start after another makes none */
-  if (b->spares == 0)
+  } else if (b->took) {
+    /* a process while another runs: spares for the next ones.  Not at the
+     * box's first take, nor at a take that leaves none: a process that
+     * ends gives its tree back (tp_dbox_tree_recycle), so one start after
+     * another, and a box that runs one process, make no spare at all */
     tp_dbox_tree_refill(b);
+  }
+  b->took = 1;
   return got;
 }

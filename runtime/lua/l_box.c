@@ -348,8 +348,8 @@ static int tp_lbox_freeze(lua_State *L) {
 
 /* box:tree_take() -> name | nil: a spare tree (a cgroup made ahead) for the
  * next process, to send its EXEC with (box:send's tree); nil when none is
- * spare (then box:tree after a held EXEC).  A take that leaves none has
- * them made up again in the thread pool. */
+ * spare (then box:tree after a held EXEC).  A take that finds none, past
+ * the box's first, has them made up in the thread pool (dbox.h). */
 static int tp_lbox_tree_take(lua_State *L) {
   tp_dbox_t *b = tp__check_box(L);
   tp_dbox_tree_t *t = tp_dbox_tree_take(b);

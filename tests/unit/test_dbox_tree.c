@@ -102,6 +102,9 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
   tp_dbox_tree_t *s1, *s2, *s3;
   int fds[TP_CG_NCTRL], n, ok = 1;
   pid_t c;
+  /* a box's first take finds none and makes none: its tree comes back */
+  check(tp_dbox_tree_take(b) == NULL && b->spares == 0 && !b->refilling && b->tree_jobs == 0,
+        "%s: a box's first take gets none and queues no refill", v);
   /* a pooled box: one made ahead of its first process */
   tp_dbox_tree_refill_to(b, 1);
   check(b->refilling == 1 && b->tree_jobs == 1, "%s: a refill up to one queues a job", v);
@@ -116,11 +119,12 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
             !b->refilling && b->tree_jobs == 0,
         "a take hands one over (found by name from now on); one is left: no refill");
   s2 = tp_dbox_tree_take(b);
-  check(s2 != NULL && b->spares == 0 && b->refilling == 1 && b->tree_jobs == 1,
-        "the take that leaves none queues a refill");
+  check(s2 != NULL && b->spares == 0 && !b->refilling && b->tree_jobs == 0,
+        "the take that leaves none queues nothing (its tree comes back)");
   s3 = tp_dbox_tree_take(b);
-  check(s3 == NULL && b->spares == 0 && b->tree_jobs == 1,
-        "once none is left a take gets none (the owner takes the held way); one refill at a time");
+  check(s3 == NULL && b->spares == 0 && b->refilling == 1 && b->tree_jobs == 1,
+        "the next finds none (the owner takes the held way) and queues a refill");
+  check(tp_dbox_tree_take(b) == NULL && b->tree_jobs == 1, "one refill at a time");
   uv_run(loop, UV_RUN_DEFAULT);
   check(b->spares == TP_DBOX_SPARES && !b->refilling && b->tree_jobs == 0,
         "the refill made up the count (%d spare)", b->spares);
