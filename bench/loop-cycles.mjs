@@ -26,6 +26,10 @@ const conns = await Promise.all(Array.from({ length: clients }, () => Bare.open(
 }
 const load0 = loadavg();
 const cpu0 = cpuOf(process.env.TUPPER_DAEMON_PID);
+// the loop thread's alone (the daemon's main thread: Lua, JSON, libuv and
+// the system calls made on the loop), without the thread pool's
+const loopOf = (pid) => cpuOf(`${pid}/task/${pid}`);
+const loop0 = loopOf(process.env.TUPPER_DAEMON_PID);
 const kids0 = childCpuOf(process.env.TUPPER_DAEMON_PID);
 const t0 = now();
 const end = t0 + secs * 1000;
@@ -68,12 +72,14 @@ const probe = (async () => {
 await Promise.all([probe, ...conns.map(cycle)]);
 const wall = (now() - t0) / 1000;
 const cpuSecs = cpuOf(process.env.TUPPER_DAEMON_PID) - cpu0;
+const loopSecs = loopOf(process.env.TUPPER_DAEMON_PID) - loop0;
 const kidsSecs = childCpuOf(process.env.TUPPER_DAEMON_PID) - kids0;
 const cpu = cpuSecs / wall;
 console.log(`\n${clients} clients, create -> run('true') -> kill for ${secs} s (load ${load0} before, ${loadavg()} after)`);
 console.log(`cycles: ${cycles} in ${wall.toFixed(1)} s = ${(cycles / wall).toFixed(1)}/s; daemon ${(cpu * 100).toFixed(0)}% of a core`);
 if (cycles > 0) {
   console.log(`CPU per cycle: daemon ${(cpuSecs * 1000 / cycles).toFixed(2)} ms (its threads) + boxes ${(kidsSecs * 1000 / cycles).toFixed(2)} ms (reaped PID 1s and theirs); kernel threads not counted`);
+  console.log(`  of the daemon's: its loop thread ${(loopSecs * 1000 / cycles).toFixed(2)} ms (Lua, JSON, libuv; the list's calls too)`);
 }
 console.log(`the loop's calls, p50 / p99 ms: ${Object.entries(took).map(([k, v]) =>
   `${k} ${pct(v, 0.5).toFixed(1)} / ${pct(v, 0.99).toFixed(1)}`).join(', ')}`);

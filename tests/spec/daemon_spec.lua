@@ -226,10 +226,28 @@ describe("the daemon", function()
     local info = assert(call("sandbox.get", { id = id }))
     assert.are.equal("spec", info.metadata.owner)
     assert.are.equal("default", info.image)
-    local found = false
-    for _, s in ipairs(call("sandbox.list", {}).sandboxes) do found = found or s.id == id end
-    assert.truthy(found)
+    local function listed()
+      local found
+      for _, s in ipairs(call("sandbox.list", {}).sandboxes) do
+        if s.id == id then found = s end
+      end
+      return found
+    end
+    local s = listed()
+    assert.truthy(s)
+    assert.are.same(info, s)
+    -- an entry is kept between lists (daemon/api.lua): each change shows
+    assert.are.same(info, listed())
+    local t = assert(call("sandbox.set_timeout", { id = id, timeout = "10m" }))
+    s = listed()
+    assert.are.equal(600, s.timeout)
+    assert.are.equal(t.expires_at, s.expires_at)
+    assert(call("process.start", { sandbox = id, cmd = "sleep 100" }))
+    s = listed()
+    assert.are.equal(1, s.processes)
+    assert.are.same(assert(call("sandbox.get", { id = id })), s)
     assert(call("sandbox.kill", { id = id }))
+    assert.is_nil(listed())
   end)
 
   it("reads, writes and manages files inside the box", function()

@@ -355,7 +355,8 @@ function M.run(opts)
   -- its boxes' state, which lives long, so the default let the heap (and
   -- the RSS, which keeps its high-water mark) grow by as much garbage
   -- again as the boxes hold: 1.3 MiB less at 1,000 idle boxes, no slower
-  -- creates (docs/benchmarks.md, "Loop").
+  -- creates (docs/benchmarks.md, "Loop").  The generational collector was
+  -- measured and is not taken yet ("The loop's Lua work").
   collectgarbage("incremental", M.GC_PAUSE)
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
     reserved = {}, pulls = {}, setups = {}, pools = {}, creating = {}, dying = {}, dying_waiters = {}, pool_limits = {},

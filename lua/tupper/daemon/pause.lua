@@ -36,13 +36,16 @@ local function now_iso() return os.date("!%Y-%m-%dT%H:%M:%SZ") end
 local Dormant = {}
 Dormant.__index = Dormant
 
-function Dormant:info()
-  return { id = self.id, image = self.image, backend = self.backend, state = "paused",
-           created_at = self.created_at, metadata = self.metadata, processes = 0, limits = self.limits or {},
-           timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
-           recipe = self.recipe, default_user = self.default_user, home = self.home,
-           workdir = self.workdir, network = self.network or "none", persisted = true,
-           expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
+-- (into: as Sandbox:info's)
+function Dormant:info(into)
+  local t = into or {}
+  t.id, t.image, t.backend, t.state, t.created_at = self.id, self.image, self.backend, "paused", self.created_at
+  t.metadata, t.processes, t.limits = self.metadata, 0, self.limits or {}
+  t.timeout, t.policy = self.timeout or 0, self.policy_source and self.policy_source.name
+  t.recipe, t.default_user, t.home = self.recipe, self.default_user, self.home
+  t.workdir, t.network, t.volumes, t.persisted = self.workdir, self.network or "none", nil, true
+  t.expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil
+  return t
 end
 
 function Dormant:record()

@@ -627,9 +627,9 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
 end
 
 --- Has one spare process cgroup made in the thread pool now, ahead of the
--- box's first process (a box makes its spares after its first process
--- otherwise): a pooled box's first start takes it, not the held way (one
--- agent round trip, not two and a cgroup made meanwhile).
+-- box's first process (a box otherwise makes spares only when a second
+-- process runs beside another): a pooled box's first start takes it, not
+-- the held way (one agent round trip, not two and a cgroup made meanwhile).
 function Sandbox:make_spares()
   if self.state == "running" and self.box:has_cgroup() and not self.impl.guest_kernel
      and self.box.tree_refill then
@@ -822,17 +822,29 @@ function Sandbox:_guest_oom_kills()
   return v and math.max(v, n) or n
 end
 
-function Sandbox:info()
+-- the limits of a box that has none (shared: info's tables are not changed)
+local NO_LIMITS = {}
+
+--- What sandbox.get and sandbox.list say of the box.  into: a table to
+-- fill instead of a new one (every member is set, nil ones too: a table
+-- filled before holds this box's info only).
+function Sandbox:info(into)
   local n = 0
   for _ in pairs(self.procs) do n = n + 1 end
-  return { id = self.id, image = self.image, backend = self.backend, state = self.state,
-           created_at = self.created_at,
-           metadata = self.metadata, processes = n, limits = self.limits or {},
-           timeout = self.timeout or 0, policy = self.policy_source and self.policy_source.name,
-           recipe = self.recipe, default_user = self.default_user, home = self.home,
-           workdir = self.workdir, network = self.network or "none", volumes = self.volume_mounts,
-           persisted = self.persist and true or nil, -- paused to disk (daemon/pause.lua)
-           expires_at = self.expires_at and os.date("!%Y-%m-%dT%H:%M:%SZ", self.expires_at) or nil }
+  -- the deadline's text, made again only when it moves
+  local exp = self.expires_at
+  if exp and exp ~= self.expires_for then
+    self.expires_for, self.expires_text = exp, os.date("!%Y-%m-%dT%H:%M:%SZ", exp)
+  end
+  local t = into or {}
+  t.id, t.image, t.backend, t.state, t.created_at = self.id, self.image, self.backend, self.state, self.created_at
+  t.metadata, t.processes, t.limits = self.metadata, n, self.limits or NO_LIMITS
+  t.timeout, t.policy = self.timeout or 0, self.policy_source and self.policy_source.name
+  t.recipe, t.default_user, t.home = self.recipe, self.default_user, self.home
+  t.workdir, t.network, t.volumes = self.workdir, self.network or "none", self.volume_mounts
+  t.persisted = self.persist and true or nil -- paused to disk (daemon/pause.lua)
+  t.expires_at = exp and self.expires_text or nil
+  return t
 end
 
 --- Kills everything in the box and removes it; waits until done.

@@ -75,6 +75,21 @@ function M.encode(v)
   return M.valid_utf8(s)
 end
 
+-- JSON text made already, to go into a reply as it is (rpc.lua's
+-- Conn:reply): the result of a call whose parts are each encoded once and
+-- kept (sandbox.list's entries).
+local Raw = {}
+
+--- Marks text, made by M.encode (valid JSON and UTF-8), as a reply's result.
+function M.raw(text)
+  return setmetatable({ text = text }, Raw)
+end
+
+--- The text of a value marked by M.raw, else nil.
+function M.raw_text(v)
+  return getmetatable(v) == Raw and v.text or nil
+end
+
 --- Decodes s; returns the value or nil, err.
 function M.decode(s)
   local ok, v = pcall(codec.decode, s)

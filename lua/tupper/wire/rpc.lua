@@ -173,7 +173,8 @@ function Conn:_too_long()
 end
 
 --- Sends one object; returns true, or nil and an error.
-function Conn:send(obj)
+-- result: JSON text (json.raw) to go in as the member "result"
+function Conn:send(obj, result)
   if self.closed then return nil, "connection closed" end
   local text, err
   if getmetatable(obj.id) == RawId then
@@ -186,6 +187,8 @@ function Conn:send(obj)
     text, err = json.encode(obj)
   end
   if not text then return nil, err end
+  -- obj has members (jsonrpc at least): text is `{...}`, never `{}`
+  if result then text = '{"result":' .. result .. "," .. text:sub(2) end
   local queued = self.stream:get_write_queue_size()
   if self.max_backlog > 0 and queued > self.max_backlog then
     -- the peer does not read: drop it rather than buffer without bound
@@ -201,6 +204,8 @@ function Conn:send(obj)
 end
 
 function Conn:reply(id, result)
+  local raw = json.raw_text(result)
+  if raw then return self:send({ jsonrpc = "2.0", id = id }, raw) end
   return self:send({ jsonrpc = "2.0", id = id, result = result })
 end
 
