@@ -171,7 +171,7 @@ typedef struct agent_s {
   struct rlimit nofile;       /* RLIMIT_NOFILE as inherited, restored in children */
   mode_t umask;               /* umask as inherited, restored in children */
   int bset_empty;             /* agent_cred_init: our bounding set is empty, so a child's is */
-  sigset_t sig_reset;         /* agent_sig_init: signals not at SIG_DFL, reset in children */
+  uint64_t sig_reset;         /* agent_sig_init: signals not at SIG_DFL (bit sig - 1), reset in children */
   int nprocs;
   agent_proc_t procs[AGENT_PROC_MAX];
   int exitq_head;             /* oldest queued EXIT */
@@ -269,10 +269,13 @@ int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int 
  * emptied (no CAP_SETPCAP): each child then drops, or fails, as before. */
 int agent_cred_init(void);
 /* The signals whose disposition is not SIG_DFL now (SIG_IGN, inherited or
- * ours, or a handler) into set: what a child resets before it execs.
+ * ours, or a handler) into set, bit sig - 1 (not a sigset_t: glibc's
+ * sigaddset refuses its own 32 and 33): what a child resets before it execs.
  * Taken once, after the agent set its own signals up: any later change of
  * a disposition must add its signal to the set. */
-void agent_sig_init(sigset_t *set);
+void agent_sig_init(uint64_t *set);
+/* Sets sig to SIG_DFL, glibc's own signals included (a child before exec). */
+void agent_sig_default(int sig);
 /* The GROUPS field of r into groups (TP_GROUPS_MAX entries); {gid} when
  * absent.  Returns the count, or -1 with err. */
 int agent_groups_parse(const agent_req_t *r, const char *what, gid_t gid, gid_t *groups,

@@ -14,6 +14,7 @@
 #include <linux/capability.h>
 #include <linux/securebits.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/fsuid.h>
 #include <sys/prctl.h>
@@ -87,15 +88,38 @@ static int caps_clear(int bset_empty) {
 
 int agent_cred_init(void) { return bset_clear() == 0; }
 
-void agent_sig_init(sigset_t *set) {
-  sigemptyset(set);
-  for (int sig = 1; sig < NSIG; sig++) {
-    struct sigaction old;
-    /* glibc's own (SIGCANCEL, SIGSETXID) answer EINVAL: a child leaves
-     * them as the exec finds them, as before */
-    if (sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_DFL)
-      sigaddset(set, sig);
+/* The kernel's sigaction: the handler first in every layout; the rest
+ * (flags, restorer, mask) zero here.  glibc refuses its own signals
+ * (SIGCANCEL, SIGSETXID: 32 and 33) through sigaction(), but a parent may
+ * hand them down ignored (make does), and an exec keeps SIG_IGN. */
+struct agent_ksa {
+  void *handler;
+  unsigned long rest[3];
+};
+
+static int ksa_handler(int sig, void **handler) {
+  struct agent_ksa old;
+  memset(&old, 0, sizeof(old));
+  if (syscall(SYS_rt_sigaction, sig, NULL, &old, sizeof(uint64_t)) < 0)
+    return -1;
+  *handler = old.handler;
+  return 0;
+}
+
+void agent_sig_init(uint64_t *set) {
+  *set = 0;
+  for (int sig = 1; sig < NSIG && sig <= 64; sig++) {
+    void *h;
+    if (ksa_handler(sig, &h) == 0 && h != (void *) SIG_DFL)
+      *set |= (uint64_t) 1 << (sig - 1);
   }
+}
+
+void agent_sig_default(int sig) {
+  struct agent_ksa dfl;
+  memset(&dfl, 0, sizeof(dfl));
+  dfl.handler = (void *) SIG_DFL;
+  syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof(uint64_t));
 }
 
 int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int bset_empty,

@@ -72,7 +72,7 @@ typedef struct exec_spec_s {
   const struct rlimit *nofile;
   mode_t umask;
   int bset_empty;     /* the agent's bounding set is empty: the child's is too */
-  const sigset_t *sig_reset; /* the signals not at SIG_DFL in the agent */
+  uint64_t sig_reset; /* the signals not at SIG_DFL in the agent, bit sig - 1 */
 } exec_spec_t;
 
 /* ---- process table --------------------------------------------------------- */
@@ -232,7 +232,6 @@ static void status_write(int fd, const exec_status_t *st) {
  * hold, so a held child dies of a signal like any other process. */
 __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
   exec_status_t st = {.stage = AGENT_STAGE_SETUP};
-  struct sigaction sa;
   sigset_t none;
 
   /* Into its tree's cgroup first, before anything it runs can fork. */
@@ -268,11 +267,9 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
   /* exec resets a handler, not SIG_IGN; both go now (one system call for
    * each signal not at SIG_DFL in the agent, not one for every signal), so
    * that nothing of the agent's runs once the mask is lifted */
-  memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; sig++)
-    if (sigismember(s->sig_reset, sig) == 1)
-      sigaction(sig, &sa, NULL);
+    if (sig <= 64 && (s->sig_reset >> (sig - 1) & 1))
+      agent_sig_default(sig); /* glibc's own 32 and 33 too (agent_cred.c) */
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
   umask(s->umask);
@@ -621,7 +618,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
                        .cg_fd = cg_fd, .tree = with_tree ? &tree_set : NULL, .uid = (uid_t) uid, .gid = (gid_t) gid,
                        .ngroups = ngroups, .groups = groups, .nofile = &a->nofile,
                        .umask = a->umask, .pty = pty, .bset_empty = a->bset_empty,
-                       .sig_reset = &a->sig_reset};
+                       .sig_reset = a->sig_reset};
   /* fork, not vfork nor clone(CLONE_VM), though those would spare the copy
    * and teardown of the page tables (about 0.3 ms of a start here): a
    * vfork parent waits in the kernel until the child execs, and anything
