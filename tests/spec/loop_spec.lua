@@ -261,11 +261,23 @@ describe("a pooled box", function()
   end)
 
   it("has one spare tree before its first process, which takes it (no held child)", function()
-    -- one hierarchy that lists a tree's processes: v1's pids, or v2's
+    -- one hierarchy that lists a tree's processes: v1's pids, or v2's; its
+    -- "tupper" parent is made with the pool's first box, in the thread
+    -- pool (a fresh host has none before), so it is waited for
     local root
-    for _, r in ipairs({ "/sys/fs/cgroup/pids", "/sys/fs/cgroup" }) do
-      if os.rename(r .. "/tupper", r .. "/tupper") then root = r .. "/tupper"; break end
+    local function find_root()
+      for _, r in ipairs({ "/sys/fs/cgroup/pids", "/sys/fs/cgroup" }) do
+        if os.rename(r .. "/tupper", r .. "/tupper") then return r .. "/tupper" end
+      end
     end
+    helper.sync(function()
+      local deadline = helper.now() + 20000
+      repeat
+        root = find_root()
+        if root then break end
+        async.sleep(50)
+      until helper.now() > deadline
+    end)
     assert.is_not_nil(root, "the daemon's cgroups")
     local function ls(cmd)
       local p = io.popen(cmd .. " 2>/dev/null")
