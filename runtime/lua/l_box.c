@@ -294,23 +294,6 @@ static void tp__lkill_done(void *data, size_t n, const tp_error_t *err) {
   tp_lua_pcall(L, 2, 0, 0);
 }
 
-static void tp__lfreeze_done(void *data, const tp_error_t *err) {
-  tp__ltree_t *j = data;
-  lua_State *L = j->L;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, j->ref_cb);
-  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
-  luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
-  free(j);
-  if (err == NULL) {
-    lua_pushboolean(L, 1);
-    lua_pushnil(L);
-  } else {
-    lua_pushnil(L);
-    lua_pushstring(L, err->msg);
-  }
-  tp_lua_pcall(L, 2, 0, 0);
-}
-
 /* box:freeze(true|false [, cb]) -> true | nil, msg: freezes or thaws the
  * box cgroup and waits until the kernel says so.  With cb the freeze runs
  * in the thread pool (its wait can last TP_CGROUP_TIMEOUT_MS, which must
@@ -331,7 +314,7 @@ static int tp_lbox_freeze(lua_State *L) {
     j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pushvalue(L, 1); /* the box stays (not collected) until cb ran */
     j->ref_box = luaL_ref(L, LUA_REGISTRYINDEX);
-    if (tp_dbox_freeze_start(b, frozen, tp__lfreeze_done, j, &err) < 0) {
+    if (tp_dbox_freeze_start(b, frozen, tp__ltree_done, j, &err) < 0) {
       luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
       luaL_unref(L, LUA_REGISTRYINDEX, j->ref_box);
       free(j);
