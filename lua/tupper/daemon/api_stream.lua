@@ -25,6 +25,10 @@ M.EARLY_ATTACH_MS = 1000      -- how long an attach with an unknown token waits 
 M.EARLY_ATTACH_MAX = 64       -- attaches that may wait so at once (more: refused at once)
 M.WINDOW = 4 * 1024 * 1024    -- the default window of a data connection
 M.FRAME_MAX = 1048576
+M.FILE_FDS = 1                -- hello's `file_fds`: fs.read_fd and fs.write_fd (linux sandboxes)
+M.FD_SEND_WAIT_MS = 2000      -- how long an fd's reply waits for the connection to take it
+M.SENDS_OWN_REPLY = { ["fs.read_fd"] = true, ["fs.write_fd"] = true }
+M.SENT = setmetatable({}, { __name = "sent" }) -- a handler's result: its reply went out already
 
 local function hex_token()
   local bytes = assert(uv.random(16))
@@ -56,6 +60,7 @@ end
 function M.register(h, helpers)
   local get_sandbox, abs_path, as, agent_call, MSG = helpers.get_sandbox, helpers.abs_path,
     helpers.as, helpers.agent_call, helpers.MSG
+  local errno_data = helpers.errno_data
 
   function h.stream_channel(d, conn, p)
     d.stream_tokens = d.stream_tokens or {}
@@ -258,6 +263,88 @@ function M.register(h, helpers)
       flags = flags, mode = p.mode or 420 })
     if not sid then return nil, ec, em, ex end
     return { stream = sid }
+  end
+  -- ---- open files as descriptors (docs/protocol.md, "Files as descriptors") ----
+
+  -- The reply's id as JSON text (a raw id keeps its text).
+  local function id_text(id)
+    if type(id) == "table" and id.text then return id.text end
+    return json.encode(id)
+  end
+
+  -- Sends text with f attached to its first byte on conn's socket, once
+  -- nothing else is queued there (else the fd would go with other bytes).
+  -- true, or nil and why.
+  local function send_with_fd(conn, text, f)
+    local deadline = uv.now() + M.FD_SEND_WAIT_MS
+    while true do
+      if conn.closed or not conn.stream or conn.stream:is_closing() then return nil, "the client went away" end
+      if conn.stream:get_write_queue_size() == 0 then
+        local fd = conn.stream:fileno()
+        if not fd then return nil, "the client's connection has no descriptor" end
+        local n, err, errno = core.send_fd(fd, text, f)
+        if n then
+          if n < #text then conn.stream:write(text:sub(n + 1)) end -- in order: nothing else was queued
+          return true
+        end
+        if errno ~= 11 then return nil, err end -- EAGAIN: the client does not read yet
+      end
+      if uv.now() >= deadline then return nil, "the client does not read its connection" end
+      async.sleep(1)
+    end
+  end
+
+  -- Opens p.path of p.sandbox through its agent (FS_OPEN, as the account)
+  -- and sends the reply with the open file.  Linux boxes whose agent
+  -- hands files over only: others get an error with data.fallback, and
+  -- the client uses the streams.
+  local function open_fd(d, conn, p, write, flags, mode)
+    local sb, code, msg = get_sandbox(d, p.sandbox)
+    if not sb then return nil, code, msg end
+    if not sb.fs_fd then
+      return nil, rpc.FS_ERROR, "this sandbox does not hand out open files (use fs.read_stream or fs.write_stream)",
+        { fallback = true }
+    end
+    if not conn.stream then
+      return nil, rpc.INVALID_REQUEST, "open files go only over the daemon's unix socket", { fallback = true }
+    end
+    local path = abs_path(p.path)
+    local fields = as(p, { path = path, flags = flags, mode = mode })
+    local r, err, errno, unsent
+    for _ = 1, 50 do -- the channel must be idle for the socket to go with the frame
+      local pair, perr = core.fd_pair()
+      if not pair then return nil, rpc.FS_ERROR, perr end
+      r, err, errno, unsent = sb:request(MSG.FS_OPEN, fields, pair)
+      local f, ferr
+      if r then f, ferr, errno = pair:take() end
+      pair:close()
+      if r and not f then return nil, rpc.FS_ERROR, ferr, errno_data(errno) end
+      if r then
+        if f:size() == nil then f:close(); return nil, rpc.FS_ERROR, "the agent's file: fstat failed" end
+        local text = ('{"jsonrpc":"2.0","id":%s,"result":%s}\n'):format(id_text(p._rpc_id),
+          json.encode({ size = math.tointeger(r.size) or 0, mode = math.tointeger(r.mode) or 0 }))
+        local ok, serr = send_with_fd(conn, text, f)
+        f:close() -- the client holds its own now (or nobody does)
+        if not ok then return nil, rpc.FS_ERROR, serr, { fallback = true } end
+        return M.SENT
+      end
+      if unsent ~= 11 then break end -- EAGAIN: other bytes were queued on the channel
+      async.sleep(2)
+    end
+    if unsent == 11 then return nil, rpc.FS_ERROR, "the sandbox's channel is busy", { fallback = true } end
+    return nil, rpc.FS_ERROR, err, errno_data(errno)
+  end
+
+  function h.fs_write_fd(d, conn, p)
+    local truncate = p.truncate
+    if truncate == nil then truncate = not p.append end
+    -- OPEN_WRITE | PARENTS, and TRUNC / APPEND as fs.write_stream
+    local flags = 8 | 4 | (truncate and 1 or 0) | (p.append and 2 or 0)
+    return open_fd(d, conn, p, true, flags, p.mode or 420)
+  end
+
+  function h.fs_read_fd(d, conn, p)
+    return open_fd(d, conn, p, false, 0, nil)
   end
 end
 
