@@ -62,5 +62,7 @@ void tp_l_fsfd_register(lua_State *L);     /* open files of a box as fds (l_fsfd
  * pair, -1: already sent); after the send, tp_l_fdpair_sent closes it. */
 int tp_l_fdpair_far(lua_State *L, int idx);
 void tp_l_fdpair_sent(lua_State *L, int idx);
+/* The descriptor of the open file (core.file) at idx (raises if closed). */
+int tp_l_file_fd(lua_State *L, int idx);
 
 #endif

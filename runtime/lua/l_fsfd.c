@@ -83,6 +83,8 @@ static int tp__fd_arg(lua_State *L, int idx) {
   return (int) fd;
 }
 
+int tp_l_file_fd(lua_State *L, int idx) { return tp__check_file(L, idx)->fd; }
+
 static int tp_lfile_close(lua_State *L) {
   tp_lfile_t *u = luaL_checkudata(L, 1, TP_L_FILE_MT);
   if (u->fd >= 0) {
