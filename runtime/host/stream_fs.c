@@ -610,6 +610,167 @@ int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *
   return 0;
 }
 
+/* ---- a read of the box's file itself (tp_sdc_file_fd_read) ------------------------ */
+
+#define TP__SFD_READ_MAX (2u * TP_CHUNK_MAX) /* bytes one read job asks for */
+
+static void tp__sfdr_pump(tp__srelay_t *r);
+
+static void tp__sfdr_work(void *data) {
+  tp__sfsjob_t *j = data;
+  size_t got = 0;
+  while (got < j->cap) {
+    ssize_t n = pread(j->fd, j->buf + got, j->cap - got, (off_t) (j->off + got));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      j->err = errno;
+      break;
+    }
+    if (n == 0)
+      break;
+    got += (size_t) n;
+  }
+  j->len = got;
+}
+
+static void tp__sfdr_after(void *data, int status) {
+  tp__sfsjob_t *j = data;
+  tp__srelay_t *r = j->r;
+  if (r == NULL) {
+    close(j->fd);
+    free(j->buf);
+    free(j);
+    return;
+  }
+  r->job = NULL;
+  if (status != 0 || j->err != 0) {
+    char msg[TP_SF_MSG_MAX + 1];
+    int e = status != 0 ? ECANCELED : j->err;
+    snprintf(msg, sizeof(msg), "read '%s': %s", r->path, strerror(e));
+    free(j->buf);
+    free(j);
+    tp__srelay_fail(r, e, msg);
+    return;
+  }
+  if (j->len > 0 && r->d->c != NULL) {
+    long k = tp_sconn_write(r->d->c, r->sid, j->buf, j->len, NULL);
+    if (k != (long) j->len) { /* asked for no more than the credit: the stream is gone */
+      free(j->buf);
+      free(j);
+      tp__srelay_fail(r, EPROTO, "the data connection took less than its credit");
+      return;
+    }
+  }
+  r->done += j->len;
+  r->next_off += j->len;
+  if (j->len < j->cap)
+    r->eof = 1;
+  free(j->buf);
+  free(j);
+  tp__sfdr_pump(r);
+}
+
+/* Reads as much as the client's credit has room for, one job at a time. */
+static void tp__sfdr_pump(tp__srelay_t *r) {
+  tp__sfsjob_t *j;
+  uint64_t want, credit;
+  int rc;
+  if (r->job != NULL || r->d->c == NULL)
+    return;
+  if (r->eof || r->next_off >= r->end) {
+    tp_sconn_end(r->d->c, r->sid, 1, r->done, NULL);
+    tp__srelay_free(r);
+    return;
+  }
+  if ((credit = tp_sconn_can_write(r->d->c, r->sid)) == 0)
+    return; /* on_writable comes back here */
+  want = r->end - r->next_off;
+  if (want > credit)
+    want = credit;
+  if (want > TP__SFD_READ_MAX)
+    want = TP__SFD_READ_MAX;
+  if ((j = calloc(1, sizeof(*j))) == NULL || (j->buf = malloc((size_t) want)) == NULL) {
+    free(j);
+    tp__srelay_fail(r, ENOMEM, "out of memory");
+    return;
+  }
+  j->r = r;
+  j->fd = r->fd;
+  j->cap = (size_t) want;
+  j->off = r->next_off;
+  r->job = j;
+  if ((rc = tp_job_queue(r->b->loop, tp__sfdr_work, tp__sfdr_after, j)) < 0) {
+    r->job = NULL;
+    free(j->buf);
+    free(j);
+    tp__srelay_fail(r, -rc, "cannot queue the read");
+  }
+}
+
+static void tp__sfdr_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t n) {
+  (void) sdata, (void) sid, (void) p, (void) n; /* a read stream: the connection refuses DATA */
+}
+
+static void tp__sfdr_on_end(void *sdata, uint32_t sid) { (void) sdata, (void) sid; }
+
+static void tp__sfdr_on_writable(void *sdata, uint32_t sid) {
+  (void) sid;
+  tp__sfdr_pump(sdata);
+}
+
+static const tp__sdc_ops_t tp__sfdr_ops = {
+  tp__sfdr_on_data, tp__sfdr_on_end, tp__sfdr_on_writable, tp__sfs_on_error,
+};
+
+int tp_sdc_file_fd_read(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, uint64_t offset,
+                        uint64_t length, tp_error_t *err) {
+  tp__srelay_t *r;
+  struct stat st;
+  if (d->c == NULL)
+    return tp_error_set(err, EPIPE, "the data connection is closed");
+  if (!tp_dbox_running(b))
+    return tp_error_set(err, EPIPE, "sandbox is not running");
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY)
+    return tp_error_set(err, EINVAL, "stream %u: not a regular file open for reading", sid);
+  if ((r = calloc(1, sizeof(*r))) == NULL || (r->path = strdup(path)) == NULL) {
+    if (r != NULL)
+      free(r->path);
+    free(r);
+    return tp_error_set(err, ENOMEM, "out of memory");
+  }
+  if ((r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+    int e = errno;
+    free(r->path);
+    free(r);
+    return tp_error_errno(err, e, "stream %u: dup", sid);
+  }
+  r->hdr.ops = &tp__sfdr_ops;
+  r->spec.path = r->path;
+  r->d = d;
+  r->b = b;
+  r->sid = sid;
+  r->next_off = offset;
+  r->end = length > UINT64_MAX - offset ? UINT64_MAX : offset + length;
+  if ((uint64_t) st.st_size < r->end) /* the size as opened: nothing is asked for past it */
+    r->end = (uint64_t) st.st_size;
+  if (tp_sconn_open(d->c, sid, TP_SK_FILE_READ, 0, 1, r, err) < 0) {
+    close(r->fd);
+    free(r->path);
+    free(r);
+    return -1;
+  }
+  r->bnext = b->c_data;
+  b->c_data = r;
+  b->c_frame = tp__sfs_frame;
+  b->c_down = tp__sfs_down;
+  r->dnext = d->relays;
+  d->relays = r;
+  d->nrelays++;
+  tp__sfdr_pump(r);
+  return 0;
+}
+
 void tp_sdc_close(tp_sdc_t *d) {
   while (d->relays != NULL)
     tp__srelay_fail(d->relays, ECONNRESET, "the data connection's client is gone");

@@ -28,6 +28,7 @@ M.FRAME_MAX = 1048576
 M.FILE_FDS = 1                -- hello's `file_fds`: fs.read_fd and fs.write_fd (linux sandboxes)
 M.FD_SEND_WAIT_MS = 2000      -- how long an fd's reply waits for the connection to take it
 M.WRITE_FD = true             -- fs.write_stream into a linux box's file itself (stream_fs.c)
+M.READ_FD = true              -- fs.read_stream of a linux box's file itself (stream_fs.c)
 M.SENDS_OWN_REPLY = { ["fs.read_fd"] = true, ["fs.write_fd"] = true }
 M.SENT = setmetatable({}, { __name = "sent" }) -- a handler's result: its reply went out already
 
@@ -249,6 +250,22 @@ function M.register(h, helpers)
     local sb, code, msg = get_sandbox(d, p.sandbox)
     if not sb then return nil, code, msg end
     local path = abs_path(p.path)
+    -- a linux box's file itself, read by the daemon from the thread pool;
+    -- where that cannot be (or the open fails: its error comes the
+    -- agent's way below) the agent reads it (FS_READ) as before
+    local dc = conn.data_conn
+    if sb.fs_fd and dc and dc:alive() and M.READ_FD then
+      local f, r = take_file(sb, as(p, { path = path }))
+      if f and dc:alive() then
+        local sid = next_sid(conn)
+        local ok = dc:file_fd_read(sb.box.core or sb.box, sid, f, { path = path, offset = p.offset or 0,
+          length = p.length })
+        f:close()
+        if ok then return { stream = sid, size = math.tointeger(r.size) or 0 } end
+      elseif f then
+        f:close()
+      end
+    end
     -- the size, and ENOENT/EISDIR/EACCES as a JSON error before any frame
     local r, c, m, x = agent_call(sb, MSG.FS_READ, as(p, { path = path, offset = 0, length = 0 }), rpc.FS_ERROR)
     if not r then return nil, c, m, x end
