@@ -4,7 +4,7 @@
  * The daemon side: an FS_OPEN goes to the agent with one end of a
  * socketpair (box:send's fifth argument); the agent opens the box's file as
  * the account and sends it back on that socket; the daemon takes it
- * (pair:take, a regular file or nothing) and hands it to the client with
+ * (pair:take, a regular file not on FUSE, or nothing) and hands it to the client with
  * its JSON reply (core.send_fd, SCM_RIGHTS on the control connection).  It
  * never opens a path of a box itself.
  *
@@ -33,6 +33,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +45,7 @@
 #define TP__FD_LINE_MAX 65536           /* bytes of an fd call's reply */
 #define TP__COPY_STEP (1024u * 1024u * 1024u) /* bytes per copy_file_range/sendfile call */
 #define TP__COPY_BUF (1024u * 1024u)    /* the read/write loop's buffer */
+#define TP__FUSE_MAGIC 0x65735546       /* statfs f_type of a FUSE filesystem */
 
 typedef struct tp_lfile_s {
   int fd;
@@ -189,6 +191,19 @@ static int tp_lfdpair_take(lua_State *L) {
     lua_pushstring(L, "the agent's file: not one regular file");
     lua_pushinteger(L, EPROTO);
     return 3;
+  }
+  /* a file whose reads and writes wait on a process (a FUSE mount a box
+   * made) would hold a pool thread of the daemon or the client: the
+   * agent's way is taken for it */
+  {
+    struct statfs sf;
+    if (fstatfs(fds[0], &sf) < 0 || (unsigned long) sf.f_type == TP__FUSE_MAGIC) {
+      close(fds[0]);
+      lua_pushnil(L);
+      lua_pushstring(L, "the agent's file is on a filesystem served by a process");
+      lua_pushinteger(L, EOPNOTSUPP);
+      return 3;
+    }
   }
   tp__push_file(L, fds[0]);
   return 1;
