@@ -367,6 +367,15 @@ static void test_waiting_is_not_idle(void) {
         "an id in use is EEXIST");
   check(tp_sconn_open(c, TP_SF_CLIENT_SID, TP_SK_STDOUT, 0, 1, NULL, &err) < 0 && err.code == EINVAL,
         "a client-range id is EINVAL");
+  {
+    int opened = 1; /* stream 1 above */
+    for (uint32_t sid = 2; sid <= TP_SCONN_STREAMS_MAX + 10; sid++)
+      if (tp_sconn_open(c, sid, TP_SK_FILE_READ, 0, 1, NULL, &err) == 0)
+        opened++;
+    check(opened == TP_SCONN_STREAMS_MAX && err.code == EMFILE &&
+              tp_sconn_streams(c) == TP_SCONN_STREAMS_MAX,
+          "streams past %d on one connection: EMFILE ('%s')", TP_SCONN_STREAMS_MAX, err.msg);
+  }
   tp_sconn_close(c);
   close(peer);
   pump(5);
