@@ -451,7 +451,7 @@ describe("a client's many creates", function()
 
   it("do not queue ahead of another client's create in the thread pool", function()
     local a, b = d.connect(), d.connect()
-    local N, MEM = 24, 64 * 1024 * 1024
+    local N, MEM = 32, 64 * 1024 * 1024
     local order, ids, failed = {}, {}, {}
     local function create(c, who)
       local r, e = c:call("sandbox.create", { limits = { memory = MEM } })
@@ -475,7 +475,7 @@ describe("a client's many creates", function()
     b:close()
     assert.are.same({}, failed)
     assert.are.equal(N + 1, #order)
-    -- one connection has 4 such calls in the pool at once (its others wait
+    -- one connection has 8 creates in the pool at once (its others wait
     -- their turn outside it): B's create waits for a few of A's, not for
     -- nearly all of them as a pool queue in arrival order made it
     assert.is_true(before < N // 2,
