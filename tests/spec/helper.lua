@@ -216,9 +216,9 @@ function M.start_daemon(dir, opts)
   -- exits with "code" 0: report it as a shell does, 128 + signal, so that
   -- no test takes a crash for a clean stop
   -- this daemon's own "listening on" line: the one before it on this dir
-  -- (crashed) may have left a box's set-up child holding its listening
-  -- socket for the few ms that child takes to die, and a connect then
-  -- reaches that socket, which nobody answers
+  -- (crashed) may have left its socket file, and a connect must reach the
+  -- new daemon's listener, not the old one's (a box's set-up child no
+  -- longer holds that: it closes the daemon's fds first, test_box)
   local function listening()
     local n = 0
     for _ in (read_file(d.log) or ""):gmatch("listening on ") do n = n + 1 end

@@ -22,7 +22,11 @@ M.ATTACH_WAIT_MS = 5000       -- hello's `attach_wait`: how long a call that ask
                               -- for the attach of a token its connection holds
 M.EARLY_ATTACH_MS = 1000      -- how long an attach with an unknown token waits for the
                               -- stream.channel that names it (a token the client chose)
-M.EARLY_ATTACH_MAX = 64       -- attaches that may wait so at once (more: refused at once)
+M.EARLY_ATTACH_CONN = 1       -- attaches one connection may have waiting so (a data connection
+                              -- attaches once: a second is refused at once, -32004)
+M.EARLY_ATTACH_MAX = 1024     -- attaches that may wait so at once in all, or --max-clients if
+                              -- higher (more: refused at once, -32004): a last resort, since each
+                              -- waits on a connection of its own and connections are capped
 M.WINDOW = 4 * 1024 * 1024    -- the default window of a data connection
 M.FRAME_MAX = 1048576
 M.FILE_FDS = 1                -- hello's `file_fds`: fs.read_fd and fs.write_fd (linux sandboxes)
@@ -104,12 +108,35 @@ function M.register(h, helpers)
     return { token = token }
   end
 
+  -- Whether an attach of conn with a token not known yet may wait for its
+  -- stream.channel: nil, or nil, code, msg, data to refuse it at once.
+  -- Bounded per connection, so that one client's attaches never take the
+  -- places of another's, and in all as a last resort.
+  local function may_wait_early(d, conn)
+    if (conn.early_attaches or 0) >= M.EARLY_ATTACH_CONN then
+      return nil, rpc.BUSY, ("stream.attach: this connection has %d attach waiting for its token's "
+        .. "stream.channel already: a data connection attaches once"):format(conn.early_attaches),
+        { cap = "early_attaches", value = M.EARLY_ATTACH_CONN }
+    end
+    local clients = d.caps and d.caps.clients or 0
+    local all = math.max(M.EARLY_ATTACH_MAX, clients)
+    if (d.early_attaches or 0) >= all then
+      return nil, rpc.BUSY, ("stream.attach: %d attaches wait for their token's stream.channel already, "
+        .. "the daemon's most: send the stream.channel first"):format(d.early_attaches),
+        { cap = "early_attaches_all", value = all }
+    end
+    return true
+  end
+
   function h.stream_attach(d, conn, p)
     local e = d.stream_tokens and d.stream_tokens[p.token]
-    if not e and (d.early_attaches or 0) < M.EARLY_ATTACH_MAX then
+    if not e then
+      local ok, code, msg, data = may_wait_early(d, conn)
+      if not ok then return nil, code, msg, data end
       -- a client that chose its token sends its stream.channel and this
       -- attach at once, on two connections: the channel may come second
       d.early_attaches = (d.early_attaches or 0) + 1
+      conn.early_attaches = (conn.early_attaches or 0) + 1
       async.wait(function(cb)
         local t = uv.new_timer()
         d.early_attach = d.early_attach or {}
@@ -125,6 +152,7 @@ function M.register(h, helpers)
         t:start(M.EARLY_ATTACH_MS, 0, done)
       end)
       d.early_attaches = d.early_attaches - 1
+      conn.early_attaches = conn.early_attaches - 1
       e = d.stream_tokens and d.stream_tokens[p.token]
     end
     if e then
