@@ -494,7 +494,9 @@ static void tp__sfd_after(void *data, int status) {
 }
 
 /* The pending bytes go to a pool thread (one job at a time: the order of
- * an appending stream's writes is kept). */
+ * an appending stream's writes is kept).  As a long job (job.h): a box's
+ * disk may be slow, and however many streams wait on theirs, half of the
+ * pool stays for every client's box work. */
 static void tp__sfd_start(tp__srelay_t *r) {
   tp__sfsjob_t *j = calloc(1, sizeof(*j));
   int rc;
@@ -515,7 +517,7 @@ static void tp__sfd_start(tp__srelay_t *r) {
   r->spcap = 0;
   r->plen = 0;
   r->job = j;
-  if ((rc = tp_job_queue(r->b->loop, tp__sfd_work, tp__sfd_after, j)) < 0) {
+  if ((rc = tp_job_queue_long(r->b->loop, tp__sfd_work, tp__sfd_after, j)) < 0) {
     r->job = NULL;
     free(j->buf);
     free(j);
@@ -700,7 +702,7 @@ static void tp__sfdr_pump(tp__srelay_t *r) {
   j->cap = (size_t) want;
   j->off = r->next_off;
   r->job = j;
-  if ((rc = tp_job_queue(r->b->loop, tp__sfdr_work, tp__sfdr_after, j)) < 0) {
+  if ((rc = tp_job_queue_long(r->b->loop, tp__sfdr_work, tp__sfdr_after, j)) < 0) {
     r->job = NULL;
     free(j->buf);
     free(j);
