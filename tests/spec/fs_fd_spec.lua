@@ -10,6 +10,7 @@ local uv = require("luv")
 local json = require("tupper.util.json")
 local async = require("tupper.util.async")
 local helper = require("helper")
+local stream = require("tupper.wire.stream")
 
 local function sh(cmd)
   local p = io.popen(cmd .. " 2>&1")
@@ -196,6 +197,28 @@ describe("open files of a box as descriptors", function()
       c2, _, e2 = cli({ "cp", tmp .. "/x40", small .. ":/tmp/x40" }, { env = { "TUPPER_FILE_FDS=0" } })
       assert.are.equal(125, c2, "the streams say the same")
       assert.truthy(e2:find("Disk quota exceeded", 1, true) or e2:find("No space left on device", 1, true), e2)
+      -- a write stream of a client (the SDKs' way), written by the daemon from its pool
+      local c = d.connect()
+      local dc = assert(helper.sync(stream.open, c))
+      local sent = 0
+      local n, serr = helper.sync(function()
+        return dc:write_file(c, { sandbox = small, path = "/tmp/sdk" }, function()
+          if sent >= 40 * 1048576 then return nil end
+          sent = sent + 1048576
+          return ("s"):rep(1048576)
+        end)
+      end)
+      assert.is_nil(n)
+      local m = tostring(serr and serr.message)
+      assert.truthy(m:find("Disk quota exceeded", 1, true) or m:find("No space left on device", 1, true), m)
+      dc:close()
+      c:close()
+      helper.sync(function()
+        local deadline = helper.now() + 5000
+        while nfds(d.pid) ~= before and helper.now() < deadline do async.sleep(20) end
+      end)
+      assert.are.equal(before, nfds(d.pid))
+      box("rm -f /tmp/sdk", small)
       write(tmp .. "/one", "one")
       c2, _, e2 = cli({ "cp", tmp .. "/one", small .. ":/tmp/one" })
       assert.are.equal(0, c2, e2)
