@@ -329,6 +329,7 @@ function M.register(h, helpers)
     if not sid then return nil, ec, em, ex end
     return { stream = sid }
   end
+
   -- ---- open files as descriptors (docs/protocol.md, "Files as descriptors") ----
 
   -- The reply's id as JSON text (a raw id keeps its text).
