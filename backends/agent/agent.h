@@ -361,6 +361,7 @@ int agent_fs_remove(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_rename(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_setattr(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_symlink(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_fs_open(agent_t *a, const agent_req_t *r, tp_error_t *err);
 
 /* agent_watch.c: inotify.  Each watch has its own instance; a recursive one
  * adds every subdirectory, and new ones as they appear, up to

@@ -254,6 +254,12 @@ describe("the data plane", function()
   end)
 
   it("survives a half-written frame and a disconnect, and keeps no stream of it", function()
+    local function nfds()
+      local n, h = 0, uv.fs_scandir("/proc/" .. d.pid .. "/fd")
+      while h and uv.fs_scandir_next(h) do n = n + 1 end
+      return n
+    end
+    local fds_before = nfds()
     local c2 = d.connect()
     local r = raw_attach(d, c2)
     local w = assert(helper.call(c2, "fs.write_stream", { sandbox = box, path = "/tmp/half" }))
@@ -265,8 +271,11 @@ describe("the data plane", function()
     -- a new data connection of the same client works, the half frame wrote nothing
     local dc = assert(helper.sync(stream.open, c2))
     local st, serr = helper.call(c2, "fs.stat", { sandbox = box, path = "/tmp/half" })
-    assert.is_nil(st, "nothing of the half frame was written")
-    assert.are.equal("ENOENT", serr.data.code)
+    if st then -- a linux box's file is opened (created) with the stream: docs/protocol.md, fs.write_stream
+      assert.are.equal(0, st.size, "nothing of the half frame was written")
+    else
+      assert.are.equal("ENOENT", serr.data.code, "nothing of the half frame was written")
+    end
     local n = helper.sync(function()
       local once = false
       return dc:write_file(c2, { sandbox = box, path = "/tmp/half" }, function()
@@ -278,6 +287,12 @@ describe("the data plane", function()
     assert.are.equal(2, n)
     dc:close()
     c2:close()
+    -- no descriptor of the box's file (a linux box's stream holds one) outlives its streams
+    helper.sync(function()
+      local deadline = helper.now() + 5000
+      while nfds() ~= fds_before and helper.now() < deadline do async.sleep(20) end
+    end)
+    assert.are.equal(fds_before, nfds())
   end)
 
   it("holds a read stream to the window of a client that does not read", function()

@@ -163,7 +163,8 @@ function Daemon:_request(conn, msg)
     end
     params = checked
     if loaded then params._recipe = loaded end -- internal, after the policies
-    if msg.method == "stream.attach" then params._rpc_id = id end -- its reply is C's (api_stream.lua)
+    -- their replies are C's (api_stream.lua): the attach's, and an fd's
+    if msg.method == "stream.attach" or api.SENDS_OWN_REPLY[msg.method] then params._rpc_id = id end
     local sid = params.sandbox or params.id
     if type(sid) == "string" and self.sandboxes[sid] then
       conn.uses = conn.uses or {}
@@ -180,6 +181,7 @@ function Daemon:_request(conn, msg)
       return conn:error(id, rpc.INTERNAL_ERROR, "internal error")
     end
     if res == nil then return conn:error(id, code or rpc.INTERNAL_ERROR, message or "failed", data) end
+    if res == api.SENT then return end -- the handler sent its reply itself (with an fd)
     if msg.method == "sandbox.create" and type(res.id) == "string" then
       conn.uses = conn.uses or {}
       conn.uses[res.id] = true
