@@ -319,8 +319,9 @@ fail:
  *   the agent's is 0, and the child skips its reset;
  * - dumpable: a change of ids sets the memory's to fs.suid_dumpable until
  *   the child's PR_SET_DUMPABLE 0; only 1 (SUID_DUMP_USER) would let a
- *   process of the box's uid 0 at the agent in between, so this way is
- *   taken only when the ids stay the agent's or that setting is 0 or 2.
+ *   process running as the box's uid 0 attach to the agent in between, so
+ *   this way is taken only when the ids stay the agent's or that setting
+ *   is 0 or 2.
  * HOLD keeps fork (a held child waits while the agent runs on); so does a
  * microVM guest, whose agent is the guest's init. */
 #define VM_STACK_SIZE (64u * 1024u)
@@ -632,7 +633,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   exec_status_t st;
   exec_spec_t spec;
   pid_t pid;
-  int rc;
+  int rc, vm;
 
   /* first: the set is this frame's, whatever becomes of the request */
   if (with_tree && agent_fdsets_take(a, a->fpos, &tree_set) < 0)
@@ -713,9 +714,11 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
                        .ngroups = ngroups, .groups = groups, .nofile = &a->nofile,
                        .umask = a->umask, .pty = pty, .bset_empty = a->bset_empty,
                        .sig_reset = a->sig_reset};
-  /* the child in the agent's memory where nothing shared changes (above) */
-  spec.oom_zero = vm_start_ok(hold, (uid_t) uid, (gid_t) gid);
-  pid = child_start(&spec, spec.oom_zero);
+  /* the child in the agent's memory where nothing shared changes (above);
+   * it inherits the agent's oom_score_adj, 0 then */
+  vm = vm_start_ok(hold, (uid_t) uid, (gid_t) gid);
+  spec.oom_zero = vm;
+  pid = child_start(&spec, vm);
   if (pid < 0) {
     int e = errno;
     agent_cg_tree_done(tree);
