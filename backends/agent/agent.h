@@ -255,12 +255,13 @@ enum agent_stage {
 };
 
 /* agent_cred.c: in a forked child, before exec; async-signal-safe only.
- * Resets oom_score_adj, locks the securebits, switches to uid/gid and the
+ * Resets oom_score_adj (unless oom_zero: the child has 0 already, see
+ * agent_proc.c), locks the securebits, switches to uid/gid and the
  * ngroups supplementary groups, empties every capability set (bounding and
  * ambient too) and sets no_new_privs.  Returns 0, or -1 with errno set and
  * *stage naming the step that failed. */
 int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int bset_empty,
-                    int *stage);
+                    int oom_zero, int *stage);
 /* Empties the agent's own capability bounding set, once at its start: it
  * execs nothing but its children, and they inherit the empty set (nothing
  * can raise a bounding set again), so each child skips the forty-odd drops

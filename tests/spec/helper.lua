@@ -516,7 +516,8 @@ local function alive(pid)
 end
 
 -- `tupper daemon` processes not started through M.start_daemon (the CLI
--- starts one with --autostart) whose command line names a path under one of dirs:
+-- starts one with --autostart, as tupper-core: the binary it runs in)
+-- whose command line names a path under one of dirs:
 -- { pid, tag (of its cgroups, if it names its state dir) }.
 local function foreign_daemons(dirs, known)
   local found = {}
@@ -529,7 +530,7 @@ local function foreign_daemons(dirs, known)
       local argv, is_daemon, mine = {}, false, false
       for a in (read_file("/proc/" .. name .. "/cmdline") or ""):gmatch("[^%z]+") do argv[#argv + 1] = a end
       local state
-      if argv[1] and argv[1]:match("tupper$") then
+      if argv[1] and (argv[1]:match("tupper$") or argv[1]:match("tupper%-core$")) then
         for i = 2, #argv do
           if argv[i] == "daemon" then is_daemon = true end
           if argv[i - 1] == "--state-dir" then state = argv[i] end
