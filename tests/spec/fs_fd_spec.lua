@@ -33,6 +33,33 @@ local function nfds(pid)
   return n
 end
 
+-- pid's fd count once it stayed the same for 200 ms (bounded: 5 s): the
+-- connections of a client that just exited close in the daemon a moment
+-- later
+local function settled(pid)
+  return helper.sync(function()
+    local n, since, deadline = nfds(pid), helper.now(), helper.now() + 5000
+    while helper.now() - since < 200 and helper.now() < deadline do
+      async.sleep(20)
+      local m = nfds(pid)
+      if m ~= n then n, since = m, helper.now() end
+    end
+    return n
+  end)
+end
+
+-- what pid's fds are, for a failure's message
+local function fdlist(pid)
+  local t, h = {}, uv.fs_scandir("/proc/" .. pid .. "/fd")
+  while h do
+    local name = uv.fs_scandir_next(h)
+    if not name then break end
+    t[#t + 1] = name .. "=" .. tostring(uv.fs_readlink("/proc/" .. pid .. "/fd/" .. name))
+  end
+  table.sort(t)
+  return table.concat(t, " ")
+end
+
 describe("open files of a box as descriptors", function()
   local d, tmp, id
   local CLIENT = helper.ROOT .. "/tests/spec/fd_client.py"
@@ -186,13 +213,20 @@ describe("open files of a box as descriptors", function()
     assert.are.equal(0, code, err)
     local small = out:match("%S+")
     local ok, perr = pcall(function()
-      local before = nfds(d.pid)
+      local before = settled(d.pid)
+      local before_list = fdlist(d.pid)
       assert.are.equal(0, (sh("head -c 41943040 /dev/zero | tr '\\0' x > " .. q(tmp .. "/x40"))))
       local c2, _, e2 = cli({ "cp", tmp .. "/x40", small .. ":/tmp/x40" })
       assert.are.equal(125, c2)
       assert.truthy(e2:find("Disk quota exceeded", 1, true) or e2:find("No space left on device", 1, true), e2)
       assert.are.equal("", box("ls -A /tmp | grep tupper- || true", small))
-      assert.are.equal(before, nfds(d.pid))
+      -- the connections of the `exec` above close in the daemon a moment after
+      -- the client's exit: waited for, bounded
+      helper.sync(function()
+        local deadline = helper.now() + 5000
+        while nfds(d.pid) ~= before and helper.now() < deadline do async.sleep(20) end
+      end)
+      assert.are.equal(before, nfds(d.pid), before_list .. " -> " .. fdlist(d.pid))
       -- the box goes on: a copy that fits
       c2, _, e2 = cli({ "cp", tmp .. "/x40", small .. ":/tmp/x40" }, { env = { "TUPPER_FILE_FDS=0" } })
       assert.are.equal(125, c2, "the streams say the same")
@@ -234,7 +268,7 @@ describe("open files of a box as descriptors", function()
     call("fs.read_fd", { path = "/tmp/fd/z" }, "read") -- the first call's lasting fds (the daemon's caches) are not leaks
     local apid = agent_pid()
     helper.sync(function() async.sleep(200) end) -- the sleep's exit is reaped
-    local daemon_before, agent_before = nfds(d.pid), nfds(apid)
+    local daemon_before, agent_before = settled(d.pid), settled(apid)
     for i = 1, 10 do
       call(i % 2 == 0 and "fs.read_fd" or "fs.write_fd", { path = "/tmp/fd/g" .. i }, "gone")
       call("fs.read_fd", { path = "/tmp/fd/z" }) -- takes the fd and exits without using it
@@ -244,6 +278,10 @@ describe("open files of a box as descriptors", function()
       while helper.now() < deadline and nfds(d.pid) ~= daemon_before do async.sleep(20) end
     end)
     assert.are.equal(daemon_before, nfds(d.pid))
+    helper.sync(function()
+      local deadline = helper.now() + 5000
+      while helper.now() < deadline and nfds(apid) ~= agent_before do async.sleep(20) end
+    end)
     assert.are.equal(agent_before, nfds(apid))
   end)
 
