@@ -4,7 +4,7 @@
  * The daemon side: an FS_OPEN goes to the agent with one end of a
  * socketpair (box:send's fifth argument); the agent opens the box's file as
  * the account and sends it back on that socket; the daemon takes it
- * (pair:take, a regular file not on FUSE, or nothing) and hands it to the client with
+ * (pair:take, a regular file of a disk or memory filesystem, or nothing) and hands it to the client with
  * its JSON reply (core.send_fd, SCM_RIGHTS on the control connection).  It
  * never opens a path of a box itself.
  *
@@ -45,7 +45,29 @@
 #define TP__FD_LINE_MAX 65536           /* bytes of an fd call's reply */
 #define TP__COPY_STEP (1024u * 1024u * 1024u) /* bytes per copy_file_range/sendfile call */
 #define TP__COPY_BUF (1024u * 1024u)    /* the read/write loop's buffer */
-#define TP__FUSE_MAGIC 0x65735546       /* statfs f_type of a FUSE filesystem */
+
+/* The filesystems whose files the daemon takes from an agent (statfs
+ * f_type, linux/magic.h): disk and memory filesystems whose reads and
+ * writes check nothing of the caller.  Not the kernel's own (procfs,
+ * sysfs, cgroupfs, debugfs, ...: some of their files check the writer's
+ * or reader's credentials at each call, which would be the daemon's or
+ * the CLI's, not the box's), nor one served by a process (FUSE, NFS, 9p:
+ * their waits would hold a pool thread).  Anything else takes the agent's
+ * way (the streams). */
+static int tp__fs_takes(unsigned long type) {
+  switch (type) {
+  case 0xEF53UL:      /* ext2, ext3, ext4 */
+  case 0x9123683EUL:  /* btrfs */
+  case 0x58465342UL:  /* xfs */
+  case 0x01021994UL:  /* tmpfs */
+  case 0x794C7630UL:  /* overlayfs */
+  case 0xF2F52010UL:  /* f2fs */
+  case 0x2FC12FC1UL:  /* zfs */
+    return 1;
+  default:
+    return 0;
+  }
+}
 
 typedef struct tp_lfile_s {
   int fd;
@@ -192,15 +214,14 @@ static int tp_lfdpair_take(lua_State *L) {
     lua_pushinteger(L, EPROTO);
     return 3;
   }
-  /* a file whose reads and writes wait on a process (a FUSE mount a box
-   * made) would hold a pool thread of the daemon or the client: the
-   * agent's way is taken for it */
+  /* only a file of a disk or memory filesystem (tp__fs_takes): for any
+   * other the agent's way is taken */
   {
     struct statfs sf;
-    if (fstatfs(fds[0], &sf) < 0 || (unsigned long) sf.f_type == TP__FUSE_MAGIC) {
+    if (fstatfs(fds[0], &sf) < 0 || !tp__fs_takes((unsigned long) sf.f_type)) {
       close(fds[0]);
       lua_pushnil(L);
-      lua_pushstring(L, "the agent's file is on a filesystem served by a process");
+      lua_pushstring(L, "the agent's file is not on a disk or memory filesystem");
       lua_pushinteger(L, EOPNOTSUPP);
       return 3;
     }

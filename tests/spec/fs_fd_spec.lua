@@ -196,6 +196,15 @@ describe("open files of a box as descriptors", function()
     refused(call("fs.write_fd", { path = "/tmp/fd/fifo" }, "write:x"), 6) -- ENXIO, no reader: no hang either
     refused(call("fs.write_fd", { path = "/dev/null" }, "write:x"), "EINVAL")
     refused(call("fs.read_fd", { path = "/dev/zero" }, "read"), "EINVAL")
+    -- a regular file of the kernel's own filesystems is not handed over
+    -- (some of their calls check the caller's credentials: the host's
+    -- here); the streams may read it, as the agent
+    for _, c in ipairs({ { "fs.read_fd", "/proc/self/status", "read" }, { "fs.write_fd", "/proc/self/comm", "write:x" },
+      { "fs.read_fd", "/sys/kernel/mm/transparent_hugepage/enabled", "read" } }) do
+      local r = call(c[1], { path = c[2] }, c[3])
+      refused(r)
+      assert.is_true(r.reply.error.data.fallback, json.encode(r))
+    end
     refused(call("fs.read_fd", { path = "/tmp/fd" }, "read"), "EISDIR")
     refused(call("fs.write_fd", { path = "/tmp/fd" }, "write:x"), "EISDIR")
     refused(call("fs.read_fd", { path = "/tmp/fd/secret", user = "nobody" }, "read"), "EACCES")

@@ -399,7 +399,8 @@ function M.register(h, helpers)
     local f, err, errno, busy = take_file(sb, as(p, { path = abs_path(p.path), flags = flags, mode = mode }))
     local r = f and err
     if not f then
-      -- EOPNOTSUPP: a file the daemon will not hand over (FUSE): the streams can
+      -- EOPNOTSUPP: a file the daemon will not hand over (not on a disk or memory
+      -- filesystem: l_fsfd.c): the streams can
       if busy or errno == 95 then return nil, rpc.FS_ERROR, err, { fallback = true } end
       return nil, rpc.FS_ERROR, err, errno_data(errno)
     end
