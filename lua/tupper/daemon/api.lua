@@ -184,8 +184,16 @@ function h.sandbox_list(d, conn, p)
     if sb.state == "running" or sb.state == "paused" then list[#list + 1] = sb end
   end
   table.sort(list, created_before)
-  for i, sb in ipairs(list) do list[i] = entry_json(sb) end
-  return json.raw('{"sandboxes":[' .. table.concat(list, ",") .. "]}")
+  -- the reply goes out as these strings (json.raw): the kept entries and
+  -- the commas between them, never joined
+  local n = #list
+  local parts = { '{"sandboxes":[' }
+  for i = 1, n do
+    parts[2 * i] = entry_json(list[i])
+    parts[2 * i + 1] = i < n and "," or "]}"
+  end
+  if n == 0 then parts[2] = "]}" end
+  return json.raw(parts)
 end
 
 function h.sandbox_set_timeout(d, conn, p)
