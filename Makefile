@@ -34,7 +34,7 @@ test:
 fresh-check:
 	@tests/fresh/run.sh
 
-# PREFIX/bin/tupper and the systemd units in PREFIX/lib/systemd/system,
+# PREFIX/bin/tupper (and tupper-core) and the systemd units in PREFIX/lib/systemd/system,
 # below DESTDIR when given (docs/install.md).  Uninstall: the files
 # install_manifest.txt in the build dir lists, e.g.
 # xargs rm -f < build/install_manifest.txt
@@ -42,7 +42,7 @@ PREFIX ?= /usr/local
 install: build
 	@DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
 
-# $(BUILD)/tupper_<version>_<arch>.deb: the binary, the units, man pages and
+# $(BUILD)/tupper_<version>_<arch>.deb: the binaries, the units, man pages and
 # completion, for `apt install ./build/tupper_*.deb` (runtime/dist/mkdeb.sh)
 deb: build
 	@./bootstrap.sh deb

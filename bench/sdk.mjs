@@ -167,6 +167,13 @@ try {
   console.log(`| read (bytes) | ${mbs(med('bareRead')).toFixed(1)} | ${mbs(med('sdkRead')).toFixed(1)} | ${(med('bareRead') / med('sdkRead')).toFixed(2)}x |`);
   console.log(`| read (stream) | ${mbs(med('bareRead')).toFixed(1)} | ${mbs(med('sdkStream')).toFixed(1)} | ${(med('bareRead') / med('sdkStream')).toFixed(2)}x |`);
 } finally {
+  // with BASE, both bare boxes go and the BASE connection closes too: an
+  // open connection would keep node (and bench/sdk) waiting for good
+  if (base) {
+    await base.call('sandbox.kill', { id: baseBox }).catch(() => {});
+    await bare.call('sandbox.kill', { id: bareBox }).catch(() => {});
+    base.close();
+  }
   bare.close();
   await sbx.kill();
 }

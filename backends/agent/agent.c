@@ -187,6 +187,7 @@ static agent_handler_t handler_for(uint8_t type) {
   case TP_MSG_FS_RENAME: return agent_fs_rename;
   case TP_MSG_FS_SETATTR: return agent_fs_setattr;
   case TP_MSG_FS_SYMLINK: return agent_fs_symlink;
+  case TP_MSG_FS_OPEN: return agent_fs_open;
   case TP_MSG_NET_LISTEN: return agent_net_listen;
   case TP_MSG_PTY_RESIZE: return agent_proc_pty_resize;
   case TP_MSG_WATCH_ADD: return agent_watch_add;
@@ -200,7 +201,7 @@ static agent_handler_t handler_for(uint8_t type) {
 
 /* Requests that act as the account their UID GID GROUPS? name. */
 static int acts_as(uint8_t type) {
-  return (type >= TP_MSG_FS_READ && type <= TP_MSG_FS_SYMLINK) || type == TP_MSG_WATCH_ADD;
+  return (type >= TP_MSG_FS_READ && type <= TP_MSG_FS_OPEN) || type == TP_MSG_WATCH_ADD;
 }
 
 static void reply_err(agent_t *a, uint32_t id, const tp_error_t *err) {
@@ -518,7 +519,9 @@ static void send_ready(agent_t *a) {
   agent_event_begin(a, TP_MSG_READY);
   tp_frame_add_int(&a->out, TP_TAG_VERSION, TP_PROTO_VERSION);
   tp_frame_add_int(&a->out, TP_TAG_PID, getpid());
-  tp_frame_add_int(&a->out, TP_TAG_FLAGS, TP_F_READY_NET_DOWN | TP_F_READY_EXEC_USER | TP_F_READY_NET_FD);
+  /* FS_OPEN's fd needs a socket channel: a microVM guest's port carries none */
+  tp_frame_add_int(&a->out, TP_TAG_FLAGS, TP_F_READY_NET_DOWN | TP_F_READY_EXEC_USER | TP_F_READY_NET_FD |
+                                              (a->vm_port < 0 ? TP_F_READY_FS_FD : 0));
   agent_send(a);
 }
 

@@ -255,12 +255,13 @@ enum agent_stage {
 };
 
 /* agent_cred.c: in a forked child, before exec; async-signal-safe only.
- * Resets oom_score_adj, locks the securebits, switches to uid/gid and the
+ * Resets oom_score_adj (unless oom_zero: the child has 0 already, see
+ * agent_proc.c), locks the securebits, switches to uid/gid and the
  * ngroups supplementary groups, empties every capability set (bounding and
  * ambient too) and sets no_new_privs.  Returns 0, or -1 with errno set and
  * *stage naming the step that failed. */
 int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int bset_empty,
-                    int *stage);
+                    int oom_zero, int *stage);
 /* Empties the agent's own capability bounding set, once at its start: it
  * execs nothing but its children, and they inherit the empty set (nothing
  * can raise a bounding set again), so each child skips the forty-odd drops
@@ -361,6 +362,7 @@ int agent_fs_remove(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_rename(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_setattr(agent_t *a, const agent_req_t *r, tp_error_t *err);
 int agent_fs_symlink(agent_t *a, const agent_req_t *r, tp_error_t *err);
+int agent_fs_open(agent_t *a, const agent_req_t *r, tp_error_t *err);
 
 /* agent_watch.c: inotify.  Each watch has its own instance; a recursive one
  * adds every subdirectory, and new ones as they appear, up to

@@ -123,9 +123,9 @@ void agent_sig_default(int sig) {
 }
 
 int agent_cred_drop(uid_t uid, gid_t gid, int ngroups, const gid_t *groups, int bset_empty,
-                    int *stage) {
+                    int oom_zero, int *stage) {
   *stage = AGENT_STAGE_OOM;
-  if (oom_reset() < 0)
+  if (!oom_zero && oom_reset() < 0)
     return -1;
   /* Securebits need CAP_SETPCAP, and with NO_SETUID_FIXUP set first the
    * switch to a non-zero uid keeps it for the drops that follow. */

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -230,6 +231,99 @@ int agent_fs_write(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   if (fstat(fd, &st) < 0)
     return tp_error_errno(err, errno, "write '%s': fstat", path);
   tp_frame_add_int(&a->out, TP_TAG_SIZE, st.st_size);
+  return 0;
+}
+
+/* Sends fd over the socket sock (one byte with SCM_RIGHTS): the host's end
+ * of the socketpair that came with the request. */
+static int send_fd(int sock, int fd) {
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } cm;
+  char byte = 0;
+  struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                      .msg_controllen = sizeof(cm.buf)};
+  struct cmsghdr *c;
+  ssize_t n;
+  memset(cm.buf, 0, sizeof(cm.buf));
+  c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  do
+    n = sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  return n == 1 ? 0 : -1;
+}
+
+static void fdset_close(agent_fdset_t *s) {
+  for (int i = 0; i < s->n; i++)
+    close(s->fd[i]);
+  s->n = 0;
+}
+
+/* FS_OPEN: PATH FLAGS? MODE?: opens PATH as FS_READ (or, with
+ * TP_F_OPEN_WRITE, as FS_WRITE) does, as the request's account, refuses
+ * anything but a regular file, and hands the open file to the host over
+ * the one socket that came with the frame.  The agent keeps no copy. */
+int agent_fs_open(agent_t *a, const agent_req_t *r, tp_error_t *err) {
+  const uint64_t allowed =
+      AGENT_TAG(TP_TAG_PATH) | AGENT_TAG(TP_TAG_FLAGS) | AGENT_TAG(TP_TAG_MODE) | AGENT_AS_TAGS;
+  const int64_t known = TP_F_OPEN_WRITE | TP_F_WRITE_TRUNC | TP_F_WRITE_APPEND | TP_F_WRITE_PARENTS;
+  __attribute__((cleanup(fdset_close))) agent_fdset_t set = {0};
+  char path[TP_PATH_MAX + 1];
+  cleanup_close int fd = -1;
+  int64_t flags;
+  int oflags = O_CLOEXEC | O_NOCTTY | O_NONBLOCK, sotype = 0;
+  socklen_t sl = sizeof(sotype);
+  const char *what;
+  struct stat st;
+  mode_t mode = 0;
+
+  /* first: the set is this frame's, whatever becomes of the request */
+  if (agent_fdsets_take(a, a->fpos, &set) < 0)
+    set.n = 0;
+  if (agent_req_check(r, allowed, 0, "fs_open", err) < 0 ||
+      agent_req_path(r, TP_TAG_PATH, "fs_open", path, err) < 0 ||
+      get_flags(r, known, "fs_open", &flags, err) < 0 || get_mode(r, 0644, "fs_open", &mode, err) < 0)
+    return -1;
+  if (set.n != 1 || getsockopt(set.fd[0], SOL_SOCKET, SO_TYPE, &sotype, &sl) < 0)
+    return tp_error_set(err, EBADF, "fs_open: the request came without its one socket");
+  if (!(flags & TP_F_OPEN_WRITE) && (flags & ~TP_F_OPEN_WRITE))
+    return tp_error_set(err, EINVAL, "fs_open: TRUNC, APPEND and PARENTS need FLAGS WRITE");
+  what = (flags & TP_F_OPEN_WRITE) ? "write" : "read";
+  if (flags & TP_F_OPEN_WRITE) {
+    oflags |= O_WRONLY | O_CREAT;
+    if (flags & TP_F_WRITE_PARENTS) {
+      path_split_t ps;
+      int created;
+      if (path_split(path, &ps) == 1)
+        return tp_error_set(err, EISDIR, "write '/'");
+      if (mkdir_parents(ps.parent, 0755, &created, err) < 0)
+        return tp_error_prefix(err, "write '%s'", path);
+    }
+    if (flags & TP_F_WRITE_TRUNC)
+      oflags |= O_TRUNC;
+    if (flags & TP_F_WRITE_APPEND)
+      oflags |= O_APPEND;
+  } else {
+    oflags |= O_RDONLY;
+  }
+  fd = open(path, oflags, mode);
+  if (fd < 0)
+    return tp_error_errno(err, errno, "%s '%s'", what, path);
+  if (fstat(fd, &st) < 0)
+    return tp_error_errno(err, errno, "%s '%s': fstat", what, path);
+  if (S_ISDIR(st.st_mode))
+    return tp_error_errno(err, EISDIR, "%s '%s'", what, path);
+  if (!S_ISREG(st.st_mode))
+    return tp_error_set(err, EINVAL, "%s '%s': not a regular file", what, path);
+  if (send_fd(set.fd[0], fd) < 0)
+    return tp_error_errno(err, errno ? errno : EPIPE, "fs_open: cannot hand '%s' over", path);
+  add_stat(&a->out, &st);
   return 0;
 }
 

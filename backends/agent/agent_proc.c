@@ -23,7 +23,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -73,6 +75,7 @@ typedef struct exec_spec_s {
   mode_t umask;
   int bset_empty;     /* the agent's bounding set is empty: the child's is too */
   uint64_t sig_reset; /* the signals not at SIG_DFL in the agent, bit sig - 1 */
+  int oom_zero;       /* its oom_score_adj is 0 already: no reset (vm_start) */
 } exec_spec_t;
 
 /* ---- process table --------------------------------------------------------- */
@@ -254,7 +257,7 @@ __attribute__((noreturn)) static void child_exec(const exec_spec_t *s) {
    * not keep the channel, the listener or other processes' pipes open. */
   if (close_fds_except(s->status_fd, s->hold_fd) < 0)
     goto fail;
-  if (agent_cred_drop(s->uid, s->gid, s->ngroups, s->groups, s->bset_empty, &st.stage) < 0)
+  if (agent_cred_drop(s->uid, s->gid, s->ngroups, s->groups, s->bset_empty, s->oom_zero, &st.stage) < 0)
     goto fail;
   st.stage = AGENT_STAGE_CHDIR;
   if (chdir(s->cwd) < 0)
@@ -290,6 +293,98 @@ fail:
   st.err = errno;
   status_write(s->status_fd, &st);
   _exit(127);
+}
+
+/* ---- a child in the agent's memory ------------------------------------------
+ * A child started with clone(CLONE_VM) on a stack of its own, as
+ * posix_spawn does, spares the copy of the agent's page tables at the fork
+ * and their teardown at the execve.  Without CLONE_VFORK: the agent goes on
+ * and waits on the status pipe as for a fork, so a child stopped before its
+ * execve is still found and killed (status_wait), where a vfork parent
+ * would wait in the kernel for good.  The child only reads what the agent
+ * prepared (the spec on the agent's stack, the strings on its heap) and
+ * writes its own stack; the agent touches neither until the status pipe's
+ * EOF (the child's fd table is its own and goes at the exec, after its
+ * memory, or at its exit) or, on a failure, until it reaped the child.  No
+ * handler can run in the child: the agent installs none (SIG_IGN and SIG_DFL
+ * only; SIGCHLD is blocked and read from a signalfd).  errno is the one
+ * word both write (a thread-local of the one thread): each reads it right
+ * after its own failed call only.
+ *
+ * What is shared per memory and not per process is taken only when it
+ * changes nothing:
+ * - oom_score_adj: a CLONE_VM child marks the memory multi-process, and a
+ *   write to its value then sets every process of that memory (the agent
+ *   too).  The child inherits the agent's, so this way is taken only while
+ *   the agent's is 0, and the child skips its reset;
+ * - dumpable: a change of ids sets the memory's to fs.suid_dumpable until
+ *   the child's PR_SET_DUMPABLE 0; only 1 (SUID_DUMP_USER) would let a
+ *   process running as the box's uid 0 attach to the agent in between, so
+ *   this way is taken only when the ids stay the agent's or that setting
+ *   is 0 or 2.
+ * HOLD keeps fork (a held child waits while the agent runs on); so does a
+ * microVM guest, whose agent is the guest's init. */
+#define VM_STACK_SIZE (64u * 1024u)
+#define VM_GUARD 4096u
+
+static int proc_read_int(int *fd, const char *path, long *v) {
+  char buf[32], *end;
+  ssize_t n;
+  if (*fd == -2)
+    return -1;
+  if (*fd < 0 && (*fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+    *fd = -2; /* not there (no /proc yet, a mask): fork from now on */
+    return -1;
+  }
+  n = pread(*fd, buf, sizeof(buf) - 1, 0);
+  if (n <= 0)
+    return -1;
+  buf[n] = '\0';
+  *v = strtol(buf, &end, 10);
+  return end == buf ? -1 : 0;
+}
+
+/* The stack the child runs on, mapped once (its lowest page a guard), or
+ * NULL. */
+static char *vm_stack(void) {
+  static char *stack;
+  void *m;
+  if (stack != NULL)
+    return stack;
+  m = mmap(NULL, VM_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (m == MAP_FAILED)
+    return NULL;
+  if (mprotect(m, VM_GUARD, PROT_NONE) < 0) {
+    munmap(m, VM_STACK_SIZE);
+    return NULL;
+  }
+  stack = m;
+  return stack;
+}
+
+/* 1 when this child may start in the agent's memory (above). */
+static int vm_start_ok(int hold, uid_t uid, gid_t gid) {
+  static int oom_fd = -1, dump_fd = -1;
+  long oom, dump;
+  if (hold || agent_vm_guest)
+    return 0;
+  if (proc_read_int(&oom_fd, "/proc/self/oom_score_adj", &oom) < 0 || oom != 0)
+    return 0;
+  if (uid != geteuid() || gid != getegid()) {
+    if (proc_read_int(&dump_fd, "/proc/sys/fs/suid_dumpable", &dump) < 0 || dump == 1)
+      return 0;
+  }
+  return vm_stack() != NULL;
+}
+
+static int vm_child(void *arg) { child_exec(arg); }
+
+/* The child as clone(CLONE_VM) (vm) or fork: its pid in the agent, 0 in
+ * the child (fork only), -1 with errno. */
+static pid_t child_start(exec_spec_t *spec, int vm) {
+  if (!vm)
+    return fork();
+  return clone(vm_child, vm_stack() + VM_STACK_SIZE, CLONE_VM | SIGCHLD, spec);
 }
 
 static int pipe_cloexec(int *rd, int *wr, tp_error_t *err) {
@@ -538,7 +633,7 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   exec_status_t st;
   exec_spec_t spec;
   pid_t pid;
-  int rc;
+  int rc, vm;
 
   /* first: the set is this frame's, whatever becomes of the request */
   if (with_tree && agent_fdsets_take(a, a->fpos, &tree_set) < 0)
@@ -619,14 +714,11 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
                        .ngroups = ngroups, .groups = groups, .nofile = &a->nofile,
                        .umask = a->umask, .pty = pty, .bset_empty = a->bset_empty,
                        .sig_reset = a->sig_reset};
-  /* fork, not vfork nor clone(CLONE_VM), though those would spare the copy
-   * and teardown of the page tables (about 0.3 ms of a start here): a
-   * vfork parent waits in the kernel until the child execs, and anything
-   * in the box running as root can SIGSTOP the child before that (status_wait
-   * kills a stopped child; a vforked one would hold the agent); a CLONE_VM
-   * child shares oom_score_adj with every process of the memory (the kernel
-   * marks it multi-process), so its reset to 0 would reset the agent's. */
-  pid = fork();
+  /* the child in the agent's memory where nothing shared changes (above);
+   * it inherits the agent's oom_score_adj, 0 then */
+  vm = vm_start_ok(hold, (uid_t) uid, (gid_t) gid);
+  spec.oom_zero = vm;
+  pid = child_start(&spec, vm);
   if (pid < 0) {
     int e = errno;
     agent_cg_tree_done(tree);

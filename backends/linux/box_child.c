@@ -290,6 +290,33 @@ static void reset_signals(void) {
 
 static int park(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, TP__HIGH_FD); }
 
+/* Closes every fd of this copy of the daemon's fd table but 0-2 and the
+ * ones the set-up uses (the channel, the agent, the sysfs namespace): the
+ * daemon's listening socket and its clients' connections first of all.  A
+ * clone without exec inherits them whatever their close-on-exec flag, and
+ * the set-up takes milliseconds: should the daemon crash meanwhile, a
+ * client connecting to its socket would reach a listener nobody answers
+ * until this child died of its parent-death signal. */
+static int close_daemon_fds(const tp__child_t *c) {
+  int keep[] = {c->chan, c->agent, c->plan->sysfs_netns};
+  int n = (int) (sizeof(keep) / sizeof(keep[0]));
+  unsigned from = 3;
+  for (int i = 1; i < n; i++) /* insertion sort: no qsort here */
+    for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
+      int t = keep[j];
+      keep[j] = keep[j - 1];
+      keep[j - 1] = t;
+    }
+  for (int i = 0; i < n; i++) {
+    if (keep[i] < (int) from)
+      continue; /* -1 (no sysfs namespace), or one of 0-2 */
+    if ((unsigned) keep[i] > from && syscall(SYS_close_range, from, keep[i] - 1, 0) < 0)
+      return -1;
+    from = (unsigned) keep[i] + 1;
+  }
+  return (int) syscall(SYS_close_range, from, ~0U, 0);
+}
+
 /* Only ever lowers (root here may lack CAP_SYS_RESOURCE): no core files,
  * and as many fds as the daemon may have, at most TP__NOFILE_MAX. */
 static int lower_rlimits(void) {
@@ -376,13 +403,15 @@ int tp__box_child(void *arg) {
   /* Signals stay blocked (the parent blocked them around clone) until exec;
    * the daemon's handlers must never run in this copy of its thread. */
   reset_signals();
-  /* Until the daemon's fds are closed below, this child holds them (its
-   * socket, clients, the state dir's files): should the daemon die during
-   * the setup, the half-made box goes with it instead of keeping them (a
-   * restarted daemon removes what is left).  Set again after the uid
-   * change, which clears it; cleared before exec: a box outlives a crash. */
+  /* Should the daemon die during the set-up, the half-made box goes with
+   * it (a restarted daemon removes what is left); it holds none of the
+   * daemon's fds but the few it uses by then (close_daemon_fds).  Set
+   * again after the uid change, which clears it; cleared before exec: a
+   * box outlives a crash. */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
     fail(c, errno, "set parent-death signal", NULL);
+  if (close_daemon_fds(c) < 0)
+    fail(c, errno, "close the daemon's fds", NULL);
 
   for (int i = 0; i < plan->n_ops; i++)
     if (run_op(c, &plan->ops[i]) < 0)

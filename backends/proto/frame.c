@@ -144,7 +144,7 @@ int tp_msg_type_valid(unsigned type) {
   case TP_MSG_RELEASE: case TP_MSG_PS: case TP_MSG_OUTPUT_ACK:
   case TP_MSG_FS_READ: case TP_MSG_FS_WRITE: case TP_MSG_FS_STAT: case TP_MSG_FS_LIST:
   case TP_MSG_FS_MKDIR: case TP_MSG_FS_REMOVE: case TP_MSG_FS_RENAME:
-  case TP_MSG_FS_SETATTR: case TP_MSG_FS_SYMLINK:
+  case TP_MSG_FS_SETATTR: case TP_MSG_FS_SYMLINK: case TP_MSG_FS_OPEN:
   case TP_MSG_NET_LISTEN: case TP_MSG_NET_OPEN: case TP_MSG_NET_DATA: case TP_MSG_NET_ACK:
   case TP_MSG_NET_EOF: case TP_MSG_NET_CLOSE: case TP_MSG_NET_DNS: case TP_MSG_NET_CONNECT:
   case TP_MSG_NET_GIVE: case TP_MSG_NET_TAKEN:

@@ -67,7 +67,14 @@ enum tp_msg_type {
   TP_MSG_FS_SETATTR = 37,  /* PATH MODE? MTIME? -> OK: chmod and/or set atime+mtime (seconds),
                               never following a final symlink (a symlink's MODE is ignored) */
   TP_MSG_FS_SYMLINK = 38,  /* PATH LINK -> OK: makes PATH a symlink to LINK (never replaces) */
-  /* FS_* (30-38) and WATCH_ADD also take UID GID GROUPS?: the agent performs
+  TP_MSG_FS_OPEN = 39,     /* PATH FLAGS? MODE? -> OK(TYPE SIZE MODE MTIME): opens PATH as FS_READ
+                              (or, FLAGS TP_F_OPEN_WRITE, as FS_WRITE with its TRUNC APPEND
+                              PARENTS) does, and sends the open file over the one socket that
+                              came with the frame (SCM_RIGHTS on the channel, attached to the
+                              frame's first byte): one byte with the fd, then it closes both.
+                              Only agents with TP_F_READY_FS_FD know it (an older one takes an
+                              unknown type for a protocol error) */
+  /* FS_* (30-39) and WATCH_ADD also take UID GID GROUPS?: the agent performs
    * the operation with those filesystem ids and groups (setfsuid, setfsgid,
    * setgroups; GROUPS defaults to {GID}) and returns to root's right after;
    * a switch that fails fails the request.  Without them it acts as root. */
@@ -179,6 +186,8 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
 #define TP_F_WRITE_TRUNC 0x1u     /* FS_WRITE: create/truncate before writing */
 #define TP_F_WRITE_APPEND 0x2u    /* FS_WRITE: append */
 #define TP_F_WRITE_PARENTS 0x4u   /* FS_WRITE: create missing parent dirs */
+#define TP_F_OPEN_WRITE 0x8u      /* FS_OPEN: for writing (with FS_WRITE's TRUNC APPEND PARENTS);
+                                     without it for reading */
 #define TP_F_MKDIR_PARENTS 0x1u   /* FS_MKDIR: like mkdir -p */
 #define TP_F_REMOVE_RECURSIVE 0x1u
 #define TP_F_EXEC_TREE 0x8u       /* EXEC: the child joins the cgroup whose cgroup.procs fds came
@@ -196,6 +205,8 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
                                       looks the account up and sends UID GID GROUPS */
 #define TP_F_READY_NET_FD 0x4u    /* READY (FLAGS): this agent answers NET_GIVE (hands a relayed
                                       stream's box socket to the host) */
+#define TP_F_READY_FS_FD 0x8u     /* READY (FLAGS): this agent answers FS_OPEN (hands an open file
+                                      of the box to the host over a socket of the request) */
 #define TP_F_EXIT_OOM 0x1u        /* EXIT (FLAGS, microVM guest agents): the guest kernel's OOM killer
                                      killed it (died of SIGKILL, or exited 137, and /proc/vmstat's
                                      oom_kill rose since the last process found so) */

@@ -20,7 +20,7 @@ trap 'rm -rf "$stage"' EXIT INT TERM
 pkg="$stage/tupper"
 
 DESTDIR="$pkg" cmake --install "$build" --prefix /usr >/dev/null
-strip --strip-unneeded "$pkg/usr/bin/tupper"
+strip --strip-unneeded "$pkg/usr/bin/tupper" "$pkg/usr/bin/tupper-core"
 mkdir -p "$pkg/usr/share/doc/tupper"
 cat >"$pkg/usr/share/doc/tupper/README.Debian" <<EOT
 tupper $version, built from its source tree with make deb (docs/install.md there).
@@ -35,7 +35,7 @@ EOT
 # dpkg-shlibdeps reads debian/control from its working directory
 mkdir "$stage/debian"
 printf 'Source: tupper\n\nPackage: tupper\nArchitecture: any\n' >"$stage/debian/control"
-shlibs=$(cd "$stage" && dpkg-shlibdeps -O -e tupper/usr/bin/tupper 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+shlibs=$(cd "$stage" && dpkg-shlibdeps -O -e tupper/usr/bin/tupper -e tupper/usr/bin/tupper-core 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
 [ -n "$shlibs" ] || { echo "mkdeb: dpkg-shlibdeps found no libraries for tupper" >&2; exit 1; }
 
 mkdir "$pkg/DEBIAN"

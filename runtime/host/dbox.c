@@ -337,11 +337,10 @@ int tp_dbox_send_tail(tp_dbox_t *b, tp_buf_t *buf, const void *tail, size_t tlen
   return tp_dbox_send(b, buf, err);
 }
 
-int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_error_t *err) {
-  int fds[TP_CG_NCTRL], n;
+int tp_dbox_send_fds(tp_dbox_t *b, tp_buf_t *buf, const int *fds, int n, tp_error_t *err) {
   union {
     struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(fds))];
+    char buf[CMSG_SPACE(sizeof(int) * TP_DBOX_SEND_FDS_MAX)];
   } cm;
   struct iovec iov;
   struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf};
@@ -349,6 +348,10 @@ int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_e
   uv_os_fd_t fd;
   ssize_t w;
   int e;
+  if (n <= 0 || n > TP_DBOX_SEND_FDS_MAX) {
+    tp_buf_free(buf);
+    return tp_error_set(err, EINVAL, "box channel: %d fds with one frame", n);
+  }
   if (!tp_dbox_running(b)) {
     tp_buf_free(buf);
     return tp_error_set(err, EPIPE, "box is not running");
@@ -356,11 +359,6 @@ int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_e
   if (tp_dbox_queued(b) > 0 || uv_fileno((uv_handle_t *) &b->chan, &fd) < 0) {
     tp_buf_free(buf);
     return tp_error_set(err, EAGAIN, "box channel: busy, no fds can go with this frame");
-  }
-  /* the agent's child, single-threaded, writes itself to each: tasks on v1 */
-  if ((n = tp_cgroup_enter_fds_self(&t->cg, fds, err)) <= 0) {
-    tp_buf_free(buf);
-    return n < 0 ? -1 : tp_error_set(err, ENOENT, "tree '%s' has no cgroup", t->name);
   }
   memset(cm.buf, 0, sizeof(cm.buf));
   mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t) n);
@@ -374,8 +372,6 @@ int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_e
     w = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
   while (w < 0 && errno == EINTR);
   e = errno;
-  for (int i = 0; i < n; i++) /* the kernel holds its own references */
-    close(fds[i]);
   if (w < 0) {
     tp_buf_free(buf);
     if (e == EAGAIN || e == EWOULDBLOCK)
@@ -390,6 +386,29 @@ int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_e
   memmove(buf->data, buf->data + w, buf->len - (size_t) w);
   buf->len -= (size_t) w;
   return tp_dbox_send(b, buf, err);
+}
+
+_Static_assert(TP_CG_NCTRL <= TP_DBOX_SEND_FDS_MAX, "a tree's fds must fit one send");
+
+int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_error_t *err) {
+  int fds[TP_CG_NCTRL], n, r;
+  if (!tp_dbox_running(b)) {
+    tp_buf_free(buf);
+    return tp_error_set(err, EPIPE, "box is not running");
+  }
+  if (tp_dbox_queued(b) > 0) {
+    tp_buf_free(buf);
+    return tp_error_set(err, EAGAIN, "box channel: busy, no fds can go with this frame");
+  }
+  /* the agent's child, single-threaded, writes itself to each: tasks on v1 */
+  if ((n = tp_cgroup_enter_fds_self(&t->cg, fds, err)) <= 0) {
+    tp_buf_free(buf);
+    return n < 0 ? -1 : tp_error_set(err, ENOENT, "tree '%s' has no cgroup", t->name);
+  }
+  r = tp_dbox_send_fds(b, buf, fds, n, err);
+  for (int i = 0; i < n; i++) /* the kernel holds its own references */
+    close(fds[i]);
+  return r;
 }
 
 size_t tp_dbox_queued(const tp_dbox_t *b) {

@@ -254,6 +254,12 @@ int tp__dbox_spares_make(tp_dbox_t *b, int n, tp_error_t *err);
  * is not so or the socket takes no byte now; the caller then starts the
  * process another way.  buf is freed in every case. */
 int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_error_t *err);
+/* tp_dbox_send of a frame with fds[0..n) (n <= TP_DBOX_SEND_FDS_MAX)
+ * attached to its first byte, under tp_dbox_send_tree's rules (EAGAIN
+ * while other bytes are queued).  The fds stay the caller's (the kernel
+ * holds its own references once sent); buf is freed in every case. */
+#define TP_DBOX_SEND_FDS_MAX 8
+int tp_dbox_send_fds(tp_dbox_t *b, tp_buf_t *buf, const int *fds, int n, tp_error_t *err);
 
 /* Kills every process of the box at once and, in the pool, waits for its
  * end, removes its dir and its cgroups; with keep_upper (an absolute path on

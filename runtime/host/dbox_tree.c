@@ -84,36 +84,81 @@ int tp_dbox_tree(tp_dbox_t *b, const char *name, pid_t box_pid, tp_error_t *err)
   return 0;
 }
 
+/* ---- jobs in the pool with a caller's callback ------------------------------------ */
+
+/* The part the tree, kill and freeze jobs share, first in each: the box
+ * (whose destroy waits while tree_jobs counts the job), the result, and
+ * the job's own halves.  work runs in the pool; after runs on the loop
+ * (a job that never ran has ret and err set from its status, named by
+ * what), calls the caller's callback unless the box was released, and
+ * leaves the job to be freed here. */
+typedef struct box_job_s box_job_t;
+struct box_job_s {
+  tp_dbox_t *b;
+  int ret;
+  tp_error_t err;
+  const char *what;
+  void (*work)(box_job_t *j);
+  void (*after)(box_job_t *j);
+};
+
+static void box_job_work(void *data) {
+  box_job_t *j = data;
+  j->work(j);
+}
+
+static void box_job_after(void *data, int status) {
+  box_job_t *j = data;
+  tp_dbox_t *b = j->b;
+  if (status < 0 && j->ret == 0)
+    j->ret = tp_error_set(&j->err, -status, "%s: %s", j->what, uv_strerror(status));
+  j->after(j);
+  free(j);
+  b->tree_jobs--;
+  tp__dbox_jobs_done(b); /* may free b */
+}
+
+/* Queues j (set up by the caller, who keeps it on failure). */
+static int box_job_queue(tp_dbox_t *b, box_job_t *j, const char *what,
+                         void (*work)(box_job_t *), void (*after)(box_job_t *), tp_error_t *err) {
+  int r;
+  j->b = b;
+  j->what = what;
+  j->work = work;
+  j->after = after;
+  r = tp_job_queue(b->loop, box_job_work, box_job_after, j);
+  if (r < 0)
+    return tp_error_set(err, -r, "%s: %s", what, uv_strerror(r));
+  b->tree_jobs++;
+  return 0;
+}
+
 /* ---- the same in the pool --------------------------------------------------------- */
 
 typedef struct tree_job_s {
-  tp_dbox_t *b;
+  box_job_t job; /* first */
   tp_dbox_tree_t *t;
   pid_t box_pid;
-  int ret;
-  tp_error_t err;
   tp_dbox_tree_cb cb;
   void *data;
 } tree_job_t;
 
-static void tree_work(void *data) {
-  tree_job_t *j = data;
-  j->ret = tree_make(&j->b->cg, j->t, j->box_pid, &j->err);
+static void tree_work(box_job_t *bj) {
+  tree_job_t *j = (tree_job_t *) bj;
+  bj->ret = tree_make(&bj->b->cg, j->t, j->box_pid, &bj->err);
 }
 
-static void tree_after(void *data, int status) {
-  tree_job_t *j = data;
-  tp_dbox_t *b = j->b;
-  if (status < 0 && j->ret == 0)
-    j->ret = tp_error_set(&j->err, -status, "tree: %s", uv_strerror(status));
-  if (j->ret == 0 && tp_dbox_tree_find(b, j->t->name) != NULL) {
+static void tree_after(box_job_t *bj) {
+  tree_job_t *j = (tree_job_t *) bj;
+  tp_dbox_t *b = bj->b;
+  if (bj->ret == 0 && tp_dbox_tree_find(b, j->t->name) != NULL) {
     /* a synchronous tree of the same name came first */
     tp_error_t e2 = {0};
     tp_cgroup_destroy(&j->t->cg, &e2);
     tp_cgroup_free(&j->t->cg);
-    j->ret = tp_error_set(&j->err, EEXIST, "tree '%s' exists", j->t->name);
+    bj->ret = tp_error_set(&bj->err, EEXIST, "tree '%s' exists", j->t->name);
   }
-  if (j->ret == 0) {
+  if (bj->ret == 0) {
     /* linked even if the box went down meanwhile: its destroy (held back
      * until now) removes the sub with the others */
     j->t->next = b->trees;
@@ -122,16 +167,12 @@ static void tree_after(void *data, int status) {
     free(j->t);
   }
   if (!b->released && j->cb != NULL)
-    j->cb(j->data, j->ret == 0 ? NULL : &j->err);
-  free(j);
-  b->tree_jobs--;
-  tp__dbox_jobs_done(b);
+    j->cb(j->data, bj->ret == 0 ? NULL : &bj->err);
 }
 
 int tp_dbox_tree_start(tp_dbox_t *b, const char *name, pid_t box_pid, tp_dbox_tree_cb cb,
                        void *data, tp_error_t *err) {
   tree_job_t *j;
-  int r;
   if (b->destroyed)
     return tp_error_set(err, ENOENT, "box has no cgroup");
   if (tree_check(b, name, err) < 0)
@@ -141,17 +182,14 @@ int tp_dbox_tree_start(tp_dbox_t *b, const char *name, pid_t box_pid, tp_dbox_tr
     free(j);
     return tp_error_set(err, ENOMEM, "tree: out of memory");
   }
-  j->b = b;
   j->box_pid = box_pid;
   j->cb = cb;
   j->data = data;
-  r = tp_job_queue(b->loop, tree_work, tree_after, j);
-  if (r < 0) {
+  if (box_job_queue(b, &j->job, "tree", tree_work, tree_after, err) < 0) {
     free(j->t);
     free(j);
-    return tp_error_set(err, -r, "tree: %s", uv_strerror(r));
+    return -1;
   }
-  b->tree_jobs++;
   return 0;
 }
 
@@ -341,104 +379,81 @@ int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) 
 /* ---- SIGKILL in the pool ---------------------------------------------------------- */
 
 typedef struct kill_job_s {
-  tp_dbox_t *b;
+  box_job_t job; /* first */
   tp_dbox_tree_t *t; /* busy: neither freed nor removed until done */
   size_t n;
-  int ret;
-  tp_error_t err;
   tp_dbox_kill_cb cb;
   void *data;
 } kill_job_t;
 
-static void kill_work(void *data) {
-  kill_job_t *j = data;
+static void kill_work(box_job_t *bj) {
+  kill_job_t *j = (kill_job_t *) bj;
   cleanup_free pid_t *pids = NULL;
-  j->ret = tp_cgroup_pids(&j->t->cg, &pids, &j->n, &j->err);
-  if (j->ret == 0)
-    j->ret = tp_cgroup_kill(&j->t->cg, &j->err);
+  bj->ret = tp_cgroup_pids(&j->t->cg, &pids, &j->n, &bj->err);
+  if (bj->ret == 0)
+    bj->ret = tp_cgroup_kill(&j->t->cg, &bj->err);
 }
 
-static void kill_after(void *data, int status) {
-  kill_job_t *j = data;
-  tp_dbox_t *b = j->b;
+static void kill_after(box_job_t *bj) {
+  kill_job_t *j = (kill_job_t *) bj;
+  tp_dbox_t *b = bj->b;
   tp_dbox_tree_t *t = j->t;
-  if (status < 0 && j->ret == 0)
-    j->ret = tp_error_set(&j->err, -status, "kill tree: %s", uv_strerror(status));
   if (--t->busy == 0 && t->rm_pending)
     rm_queue(b, t);
   if (!b->released && j->cb != NULL)
-    j->cb(j->data, j->n, j->ret == 0 ? NULL : &j->err);
-  free(j);
-  b->tree_jobs--;
-  tp__dbox_jobs_done(b);
+    j->cb(j->data, j->n, bj->ret == 0 ? NULL : &bj->err);
 }
 
 int tp_dbox_tree_kill_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_dbox_kill_cb cb, void *data,
                             tp_error_t *err) {
   kill_job_t *j = calloc(1, sizeof(*j));
-  int r;
   if (j == NULL)
     return tp_error_set(err, ENOMEM, "tree: out of memory");
-  j->b = b;
   j->t = t;
   j->cb = cb;
   j->data = data;
-  r = tp_job_queue(b->loop, kill_work, kill_after, j);
-  if (r < 0) {
+  if (box_job_queue(b, &j->job, "kill tree", kill_work, kill_after, err) < 0) {
     free(j);
-    return tp_error_set(err, -r, "kill tree: %s", uv_strerror(r));
+    return -1;
   }
   t->busy++;
-  b->tree_jobs++;
   return 0;
 }
 
 /* ---- the box's freeze in the pool --------------------------------------------------- */
 
 typedef struct freeze_job_s {
-  tp_dbox_t *b;
-  int frozen, ret;
-  tp_error_t err;
+  box_job_t job; /* first */
+  int frozen;
   tp_dbox_freeze_cb cb;
   void *data;
 } freeze_job_t;
 
-static void freeze_work(void *data) {
-  freeze_job_t *j = data;
-  j->ret = tp_cgroup_freeze(&j->b->cg, j->frozen, &j->err);
+static void freeze_work(box_job_t *bj) {
+  freeze_job_t *j = (freeze_job_t *) bj;
+  bj->ret = tp_cgroup_freeze(&bj->b->cg, j->frozen, &bj->err);
 }
 
-static void freeze_after(void *data, int status) {
-  freeze_job_t *j = data;
-  tp_dbox_t *b = j->b;
-  if (status < 0 && j->ret == 0)
-    j->ret = tp_error_set(&j->err, -status, "%s: %s", j->frozen ? "freeze" : "thaw",
-                          uv_strerror(status));
-  if (!b->released && j->cb != NULL)
-    j->cb(j->data, j->ret == 0 ? NULL : &j->err);
-  free(j);
-  b->tree_jobs--;
-  tp__dbox_jobs_done(b);
+static void freeze_after(box_job_t *bj) {
+  freeze_job_t *j = (freeze_job_t *) bj;
+  if (!bj->b->released && j->cb != NULL)
+    j->cb(j->data, bj->ret == 0 ? NULL : &bj->err);
 }
 
 int tp_dbox_freeze_start(tp_dbox_t *b, int frozen, tp_dbox_freeze_cb cb, void *data,
                          tp_error_t *err) {
   freeze_job_t *j;
-  int r;
   if (!tp_dbox_has_cgroup(b)) /* destroyed included */
     return tp_error_set(err, ENOENT, "box has no cgroup");
   if ((j = calloc(1, sizeof(*j))) == NULL)
     return tp_error_set(err, ENOMEM, "freeze: out of memory");
-  j->b = b;
   j->frozen = frozen;
   j->cb = cb;
   j->data = data;
-  r = tp_job_queue(b->loop, freeze_work, freeze_after, j);
-  if (r < 0) {
+  if (box_job_queue(b, &j->job, frozen ? "freeze" : "thaw", freeze_work, freeze_after, err) < 0) {
     free(j);
-    return tp_error_set(err, -r, "freeze: %s", uv_strerror(r));
+    return -1;
   }
-  b->tree_jobs++;
   return 0;
 }
 

@@ -37,6 +37,9 @@ struct tp_sconn_s {
   tp__sstream_t *streams;
   size_t nstreams;
   size_t queued;
+  size_t queued_max; /* past it: no DATA, no reading (stream.h) */
+  int held;          /* a writer was told 0 for the cap: on_writable once below it */
+  int read_paused;   /* reading stopped for the cap */
   uint32_t recent[TP_SCONN_RECENT];
   unsigned nrecent;
   uint8_t *rbuf;
@@ -53,6 +56,7 @@ typedef struct tp__swrite_s {
 void *tp_sconn_data(const tp_sconn_t *c) { return c->data; }
 size_t tp_sconn_streams(const tp_sconn_t *c) { return c->nstreams; }
 size_t tp_sconn_queued(const tp_sconn_t *c) { return c->queued; }
+void tp_sconn_set_queued_max(tp_sconn_t *c, size_t bytes) { c->queued_max = bytes; }
 
 static void tp__sconn_close_cb(uv_handle_t *h) {
   tp_sconn_t *c = h->data;
@@ -104,6 +108,39 @@ static int tp__sconn_recent(const tp_sconn_t *c, uint32_t sid) {
   return 0;
 }
 
+static void tp__sconn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+static void tp__sconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void tp__sconn_parse(tp_sconn_t *c);
+
+/* The queue went below its cap: reading again (once at half of it, so
+ * that a peer that reads slowly is not paused at every frame), and the
+ * writers told 0 for the cap may write.  Each stream is looked up again
+ * after each callback: an owner may end streams, or close c, in it. */
+static void tp__sconn_unhold(tp_sconn_t *c) {
+  uint32_t sids[TP_SCONN_STREAMS_MAX];
+  size_t n = 0;
+  if (c->down || c->released || c->closing)
+    return;
+  if (c->read_paused && c->queued < c->queued_max / 2) {
+    c->read_paused = 0;
+    tp__sconn_parse(c); /* what was read before the pause first */
+    if (c->down || c->released || c->read_paused)
+      return;
+    uv_read_start((uv_stream_t *) &c->pipe, tp__sconn_alloc_cb, tp__sconn_read_cb);
+  }
+  if (!c->held || c->queued >= c->queued_max)
+    return;
+  c->held = 0;
+  for (tp__sstream_t *s = c->streams; s != NULL && n < TP_SCONN_STREAMS_MAX; s = s->next)
+    if (s->sends && !s->sent_end && s->send_credit > 0)
+      sids[n++] = s->sid;
+  for (size_t i = 0; i < n && !c->released && !c->down; i++) {
+    tp__sstream_t *s = tp__sconn_find(c, sids[i]);
+    if (s != NULL && c->cbs.on_writable != NULL)
+      c->cbs.on_writable(c, s->sid, s->data);
+  }
+}
+
 static void tp__sconn_write_cb(uv_write_t *req, int status) {
   tp__swrite_t *w = (tp__swrite_t *) req;
   tp_sconn_t *c = w->c;
@@ -111,6 +148,8 @@ static void tp__sconn_write_cb(uv_write_t *req, int status) {
   if (status == 0)
     c->last_progress = uv_now(c->loop);
   free(w);
+  if (status == 0 && c->queued < c->queued_max)
+    tp__sconn_unhold(c);
 }
 
 /* Sends one frame: header for a payload of len bytes, then p.  What the
@@ -323,19 +362,14 @@ static void tp__sconn_frame(tp_sconn_t *c, const tp_sframe_t *f) {
   }
 }
 
-static void tp__sconn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
-  tp_sconn_t *c = st->data;
+/* The whole frames read so far, one by one, while the queue is under its
+ * cap: a frame's answer (an ERROR, a CREDIT) is queued before the next
+ * is looked at, so the cap is passed by one frame's answer at most.  At
+ * the cap reading stops, the rest waits in rbuf and in the socket, and
+ * tp__sconn_unhold comes back here once the queue is down. */
+static void tp__sconn_parse(tp_sconn_t *c) {
   size_t off = 0;
-  (void) buf;
-  if (nread < 0) {
-    tp__sconn_down(c, nread == UV_EOF ? 0 : -(int) nread,
-                   nread == UV_EOF ? (c->rlen ? "the client left in the middle of a frame"
-                                              : "the client closed it")
-                                   : uv_strerror((int) nread), 0);
-    return;
-  }
-  c->rlen += (size_t) nread;
-  while (!c->down) {
+  while (!c->down && c->queued < c->queued_max) {
     tp_sframe_t f;
     const char *why = "malformed frame";
     long n = tp_sframe_parse(c->rbuf + off, c->rlen - off, &f, &why);
@@ -354,6 +388,27 @@ static void tp__sconn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *bu
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;
   }
+  if (c->queued >= c->queued_max && !c->read_paused) {
+    /* the peer does not read what is queued: nothing more is read from it
+     * (what it sends waits in its socket) until the queue is down again;
+     * if it never reads, the idle timer drops it */
+    c->read_paused = 1;
+    uv_read_stop((uv_stream_t *) &c->pipe);
+  }
+}
+
+static void tp__sconn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  tp_sconn_t *c = st->data;
+  (void) buf;
+  if (nread < 0) {
+    tp__sconn_down(c, nread == UV_EOF ? 0 : -(int) nread,
+                   nread == UV_EOF ? (c->rlen ? "the client left in the middle of a frame"
+                                              : "the client closed it")
+                                   : uv_strerror((int) nread), 0);
+    return;
+  }
+  c->rlen += (size_t) nread;
+  tp__sconn_parse(c);
 }
 
 tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle_ms,
@@ -386,6 +441,7 @@ tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle
   c->loop = loop;
   c->cbs = *cbs;
   c->window = window;
+  c->queued_max = TP_SCONN_QUEUED_MAX;
   c->idle_ms = idle_ms ? idle_ms : TP_SCONN_IDLE_MS;
   if ((r = uv_pipe_init(loop, &c->pipe, 0)) < 0) {
     free(c->rbuf);
@@ -472,7 +528,13 @@ int tp_sconn_open(tp_sconn_t *c, uint32_t sid, uint32_t kind, uint32_t recv_wind
 
 uint64_t tp_sconn_can_write(const tp_sconn_t *c, uint32_t sid) {
   tp__sstream_t *s = tp__sconn_find((tp_sconn_t *) c, sid);
-  return s != NULL && s->sends && !s->sent_end && !c->down ? s->send_credit : 0;
+  if (s == NULL || !s->sends || s->sent_end || c->down || s->send_credit == 0)
+    return 0;
+  if (c->queued >= c->queued_max) {
+    ((tp_sconn_t *) c)->held = 1; /* on_writable once the queue is down */
+    return 0;
+  }
+  return s->send_credit < c->queued_max - c->queued ? s->send_credit : c->queued_max - c->queued;
 }
 
 long tp_sconn_write(tp_sconn_t *c, uint32_t sid, const void *p, size_t n, tp_error_t *err) {

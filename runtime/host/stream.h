@@ -14,7 +14,12 @@
  *
  * Memory: the read buffer is one frame; the write queue holds at most
  * what the peer's credit allowed (a stream's outstanding credit never
- * exceeds the window the connection was made with), plus control frames.
+ * exceeds the window the connection was made with), plus control frames,
+ * and the connection as a whole TP_SCONN_QUEUED_MAX: past it no stream may
+ * write (tp_sconn_can_write says 0; on_writable comes once the queue is
+ * below it again) and the peer's frames are not read (a peer that sends
+ * without reading cannot grow the queue with the ERRORs and CREDITs they
+ * call for), past by at most what one read's frames call for.
  *
  * Lifetime (libuv's rules): tp_sconn_close is the owner's last call; no
  * callback runs after it, and the object is freed in its handles' close
@@ -38,6 +43,7 @@
 #define TP_SCONN_WINDOW_MAX (64u * 1024u * 1024u)
 #define TP_SCONN_WINDOW_DEFAULT (4u * 1024u * 1024u)
 #define TP_SCONN_RECENT 64              /* ended ids whose late frames are dropped quietly */
+#define TP_SCONN_QUEUED_MAX (64u * 1024u * 1024u) /* bytes queued for the peer (above) */
 
 typedef struct tp_sconn_s tp_sconn_t;
 
@@ -72,7 +78,8 @@ int tp_sconn_preface(tp_sconn_t *c, const void *p, size_t n, tp_error_t *err);
  * EEXIST for a used id, EMFILE past TP_SCONN_STREAMS_MAX, EINVAL. */
 int tp_sconn_open(tp_sconn_t *c, uint32_t sid, uint32_t kind, uint32_t recv_window, int sends,
                   void *sdata, tp_error_t *err);
-/* Bytes this side may send on sid now (0: wait for on_writable). */
+/* Bytes this side may send on sid now: its credit, 0 while the queue is
+ * full (0: wait for on_writable). */
 uint64_t tp_sconn_can_write(const tp_sconn_t *c, uint32_t sid);
 /* Sends up to n bytes of p as DATA; returns how many it took (at most the
  * credit; 0 when there is none), or -1 and err (ENOENT, EPIPE). */
@@ -93,6 +100,8 @@ void tp_sconn_drop(tp_sconn_t *c, uint32_t sid);
 /* Live streams, and bytes queued for the peer. */
 size_t tp_sconn_streams(const tp_sconn_t *c);
 size_t tp_sconn_queued(const tp_sconn_t *c);
+/* The queue's cap (TP_SCONN_QUEUED_MAX unless set; tests set less). */
+void tp_sconn_set_queued_max(tp_sconn_t *c, size_t bytes);
 /* The owner lets go: streams are dropped without callbacks, the socket
  * closed; c is freed once its handles are. */
 void tp_sconn_close(tp_sconn_t *c);

@@ -1,11 +1,14 @@
 /* File relays between a data connection and a box's agent (stream_fs.h). */
 #include "stream_fs.h"
 #include "stream_int.h"
+#include "job.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* A write stream's DATA frame of at least this many bytes goes to the agent
@@ -51,7 +54,26 @@ typedef struct tp__srelay_s {
   uint8_t *wbuf;        /* write: DATA gathered for the next FS_WRITE (TP_CHUNK_MAX, made
                            when first needed) */
   size_t wlen;
+  /* A write into the box's file itself (tp_sdc_file_fd): fd >= 0.  The
+   * client's bytes gather in pend while one job writes the last batch in
+   * the thread pool; its credit goes back once written. */
+  int fd;
+  int append;
+  struct tp__sfsjob_s *job; /* the write in the pool, or NULL */
+  uint8_t *pend, *spare;
+  size_t plen, pcap, spcap;
 } tp__srelay_t;
+
+/* One batch of a write stream's bytes, written by a pool thread. */
+typedef struct tp__sfsjob_s {
+  tp__srelay_t *r;      /* NULL once the relay is gone: the job then owns fd */
+  int fd;
+  int append;
+  uint8_t *buf;
+  size_t len, cap;
+  uint64_t off;
+  int err;              /* errno of a failed write, 0 */
+} tp__sfsjob_t;
 
 void *tp_sdc_data(const tp_sdc_t *d) { return d->data; }
 int tp_sdc_alive(const tp_sdc_t *d) { return d->c != NULL; }
@@ -71,6 +93,13 @@ static void tp__srelay_free(tp__srelay_t *r) {
     *pp = r->dnext;
     r->d->nrelays--;
   }
+  if (r->job != NULL) { /* the pool still writes: the job closes the fd when done */
+    r->job->r = NULL;
+  } else if (r->fd >= 0) {
+    close(r->fd);
+  }
+  free(r->pend);
+  free(r->spare);
   free(r->wbuf);
   free(r->path);
   free(r);
@@ -368,6 +397,7 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
     return tp_error_set(err, ENOMEM, "out of memory");
   }
   r->hdr.ops = &tp__sfs_ops;
+  r->fd = -1;
   r->spec = *spec;
   r->spec.path = r->path;
   if (spec->glen)
@@ -394,6 +424,352 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
   d->nrelays++;
   if (!write)
     tp__srelay_pump_read(r);
+  return 0;
+}
+
+/* ---- a write into the box's file itself (tp_sdc_file_fd) ------------------------- */
+
+static void tp__sfd_start(tp__srelay_t *r);
+
+static void tp__sfd_work(void *data) {
+  tp__sfsjob_t *j = data;
+  size_t done = 0;
+  while (done < j->len) {
+    ssize_t n = j->append ? write(j->fd, j->buf + done, j->len - done)
+                          : pwrite(j->fd, j->buf + done, j->len - done, (off_t) (j->off + done));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      j->err = n < 0 ? errno : EIO;
+      return;
+    }
+    done += (size_t) n;
+  }
+}
+
+static void tp__sfd_maybe_done(tp__srelay_t *r) {
+  if (!r->peer_end || r->job != NULL || r->plen > 0 || r->d->c == NULL)
+    return;
+  tp_sconn_end(r->d->c, r->sid, 1, r->done, NULL);
+  tp__srelay_free(r);
+}
+
+static void tp__sfd_after(void *data, int status) {
+  tp__sfsjob_t *j = data;
+  tp__srelay_t *r = j->r;
+  if (r == NULL) { /* the relay went while this ran */
+    close(j->fd);
+    free(j->buf);
+    free(j);
+    return;
+  }
+  r->job = NULL;
+  if (status != 0 || j->err != 0) {
+    char msg[TP_SF_MSG_MAX + 1];
+    int e = status != 0 ? ECANCELED : j->err;
+    snprintf(msg, sizeof(msg), "write '%s': %s", r->path, strerror(e));
+    free(j->buf);
+    free(j);
+    tp__srelay_fail(r, e, msg);
+    return;
+  }
+  r->done += j->len;
+  r->next_off += j->len;
+  if (r->spare == NULL) { /* kept for the next batch */
+    r->spare = j->buf;
+    r->spcap = j->cap;
+  } else {
+    free(j->buf);
+  }
+  if (r->d->c != NULL && tp_sconn_credit(r->d->c, r->sid, (uint32_t) j->len, NULL) < 0) {
+    free(j);
+    tp__srelay_fail(r, EPROTO, "credit");
+    return;
+  }
+  free(j);
+  if (r->plen > 0)
+    tp__sfd_start(r);
+  else
+    tp__sfd_maybe_done(r);
+}
+
+/* The pending bytes go to a pool thread (one job at a time: the order of
+ * an appending stream's writes is kept).  As a long job (job.h): a box's
+ * disk may be slow, and however many streams wait on theirs, half of the
+ * pool stays for every client's box work. */
+static void tp__sfd_start(tp__srelay_t *r) {
+  tp__sfsjob_t *j = calloc(1, sizeof(*j));
+  int rc;
+  if (j == NULL) {
+    tp__srelay_fail(r, ENOMEM, "out of memory");
+    return;
+  }
+  j->r = r;
+  j->fd = r->fd;
+  j->append = r->append;
+  j->buf = r->pend;
+  j->cap = r->pcap;
+  j->len = r->plen;
+  j->off = r->next_off;
+  r->pend = r->spare;
+  r->pcap = r->spcap;
+  r->spare = NULL;
+  r->spcap = 0;
+  r->plen = 0;
+  r->job = j;
+  if ((rc = tp_job_queue_long(r->b->loop, tp__sfd_work, tp__sfd_after, j)) < 0) {
+    r->job = NULL;
+    free(j->buf);
+    free(j);
+    tp__srelay_fail(r, -rc, "cannot queue the write");
+  }
+}
+
+static void tp__sfd_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t n) {
+  tp__srelay_t *r = sdata;
+  (void) sid;
+  if (n == 0)
+    return;
+  if (r->plen + n > TP__SFS_WRITE_WINDOW) { /* the client's credit bounds it: a client that overran */
+    tp__srelay_fail(r, EPROTO, "more than the window");
+    return;
+  }
+  if (r->plen + n > r->pcap) {
+    size_t cap = r->pcap ? r->pcap : TP_CHUNK_MAX;
+    uint8_t *nb;
+    while (cap < r->plen + n)
+      cap *= 2;
+    if (cap > TP__SFS_WRITE_WINDOW)
+      cap = TP__SFS_WRITE_WINDOW;
+    if ((nb = realloc(r->pend, cap)) == NULL) {
+      tp__srelay_fail(r, ENOMEM, "out of memory");
+      return;
+    }
+    r->pend = nb;
+    r->pcap = cap;
+  }
+  memcpy(r->pend + r->plen, p, n);
+  r->plen += n;
+  if (r->job == NULL)
+    tp__sfd_start(r);
+}
+
+static void tp__sfd_on_end(void *sdata, uint32_t sid) {
+  tp__srelay_t *r = sdata;
+  (void) sid;
+  r->peer_end = 1;
+  tp__sfd_maybe_done(r);
+}
+
+static const tp__sdc_ops_t tp__sfd_ops = {
+  tp__sfd_on_data, tp__sfd_on_end, tp__sfs_on_writable, tp__sfs_on_error,
+};
+
+int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, uint64_t offset,
+                   int append, tp_error_t *err) {
+  tp__srelay_t *r;
+  struct stat st;
+  if (d->c == NULL)
+    return tp_error_set(err, EPIPE, "the data connection is closed");
+  if (!tp_dbox_running(b))
+    return tp_error_set(err, EPIPE, "sandbox is not running");
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (fcntl(fd, F_GETFL) & O_ACCMODE) != O_WRONLY)
+    return tp_error_set(err, EINVAL, "stream %u: not a regular file open for writing", sid);
+  if ((r = calloc(1, sizeof(*r))) == NULL || (r->path = strdup(path)) == NULL) {
+    if (r != NULL)
+      free(r->path);
+    free(r);
+    return tp_error_set(err, ENOMEM, "out of memory");
+  }
+  if ((r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+    int e = errno;
+    free(r->path);
+    free(r);
+    return tp_error_errno(err, e, "stream %u: dup", sid);
+  }
+  r->hdr.ops = &tp__sfd_ops;
+  r->spec.path = r->path;
+  r->d = d;
+  r->b = b;
+  r->sid = sid;
+  r->write = 1;
+  r->append = append;
+  r->next_off = offset;
+  r->end = UINT64_MAX;
+  if (tp_sconn_open(d->c, sid, TP_SK_FILE_WRITE, TP__SFS_WRITE_WINDOW, 1, r, err) < 0) {
+    close(r->fd);
+    free(r->path);
+    free(r);
+    return -1;
+  }
+  r->bnext = b->c_data;
+  b->c_data = r;
+  b->c_frame = tp__sfs_frame;
+  b->c_down = tp__sfs_down;
+  r->dnext = d->relays;
+  d->relays = r;
+  d->nrelays++;
+  return 0;
+}
+
+/* ---- a read of the box's file itself (tp_sdc_file_fd_read) ------------------------ */
+
+#define TP__SFD_READ_MAX (2u * TP_CHUNK_MAX) /* bytes one read job asks for */
+
+static void tp__sfdr_pump(tp__srelay_t *r);
+
+static void tp__sfdr_work(void *data) {
+  tp__sfsjob_t *j = data;
+  size_t got = 0;
+  while (got < j->cap) {
+    ssize_t n = pread(j->fd, j->buf + got, j->cap - got, (off_t) (j->off + got));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      j->err = errno;
+      break;
+    }
+    if (n == 0)
+      break;
+    got += (size_t) n;
+  }
+  j->len = got;
+}
+
+static void tp__sfdr_after(void *data, int status) {
+  tp__sfsjob_t *j = data;
+  tp__srelay_t *r = j->r;
+  if (r == NULL) {
+    close(j->fd);
+    free(j->buf);
+    free(j);
+    return;
+  }
+  r->job = NULL;
+  if (status != 0 || j->err != 0) {
+    char msg[TP_SF_MSG_MAX + 1];
+    int e = status != 0 ? ECANCELED : j->err;
+    snprintf(msg, sizeof(msg), "read '%s': %s", r->path, strerror(e));
+    free(j->buf);
+    free(j);
+    tp__srelay_fail(r, e, msg);
+    return;
+  }
+  if (j->len > 0 && r->d->c != NULL) {
+    long k = tp_sconn_write(r->d->c, r->sid, j->buf, j->len, NULL);
+    if (k != (long) j->len) { /* asked for no more than the credit: the stream is gone */
+      free(j->buf);
+      free(j);
+      tp__srelay_fail(r, EPROTO, "the data connection took less than its credit");
+      return;
+    }
+  }
+  r->done += j->len;
+  r->next_off += j->len;
+  if (j->len < j->cap)
+    r->eof = 1;
+  free(j->buf);
+  free(j);
+  tp__sfdr_pump(r);
+}
+
+/* Reads as much as the client's credit has room for, one job at a time. */
+static void tp__sfdr_pump(tp__srelay_t *r) {
+  tp__sfsjob_t *j;
+  uint64_t want, credit;
+  int rc;
+  if (r->job != NULL || r->d->c == NULL)
+    return;
+  if (r->eof || r->next_off >= r->end) {
+    tp_sconn_end(r->d->c, r->sid, 1, r->done, NULL);
+    tp__srelay_free(r);
+    return;
+  }
+  if ((credit = tp_sconn_can_write(r->d->c, r->sid)) == 0)
+    return; /* on_writable comes back here */
+  want = r->end - r->next_off;
+  if (want > credit)
+    want = credit;
+  if (want > TP__SFD_READ_MAX)
+    want = TP__SFD_READ_MAX;
+  if ((j = calloc(1, sizeof(*j))) == NULL || (j->buf = malloc((size_t) want)) == NULL) {
+    free(j);
+    tp__srelay_fail(r, ENOMEM, "out of memory");
+    return;
+  }
+  j->r = r;
+  j->fd = r->fd;
+  j->cap = (size_t) want;
+  j->off = r->next_off;
+  r->job = j;
+  if ((rc = tp_job_queue_long(r->b->loop, tp__sfdr_work, tp__sfdr_after, j)) < 0) {
+    r->job = NULL;
+    free(j->buf);
+    free(j);
+    tp__srelay_fail(r, -rc, "cannot queue the read");
+  }
+}
+
+static void tp__sfdr_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t n) {
+  (void) sdata, (void) sid, (void) p, (void) n; /* a read stream: the connection refuses DATA */
+}
+
+static void tp__sfdr_on_end(void *sdata, uint32_t sid) { (void) sdata, (void) sid; }
+
+static void tp__sfdr_on_writable(void *sdata, uint32_t sid) {
+  (void) sid;
+  tp__sfdr_pump(sdata);
+}
+
+static const tp__sdc_ops_t tp__sfdr_ops = {
+  tp__sfdr_on_data, tp__sfdr_on_end, tp__sfdr_on_writable, tp__sfs_on_error,
+};
+
+int tp_sdc_file_fd_read(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, uint64_t offset,
+                        uint64_t length, tp_error_t *err) {
+  tp__srelay_t *r;
+  struct stat st;
+  if (d->c == NULL)
+    return tp_error_set(err, EPIPE, "the data connection is closed");
+  if (!tp_dbox_running(b))
+    return tp_error_set(err, EPIPE, "sandbox is not running");
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY)
+    return tp_error_set(err, EINVAL, "stream %u: not a regular file open for reading", sid);
+  if ((r = calloc(1, sizeof(*r))) == NULL || (r->path = strdup(path)) == NULL) {
+    if (r != NULL)
+      free(r->path);
+    free(r);
+    return tp_error_set(err, ENOMEM, "out of memory");
+  }
+  if ((r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+    int e = errno;
+    free(r->path);
+    free(r);
+    return tp_error_errno(err, e, "stream %u: dup", sid);
+  }
+  r->hdr.ops = &tp__sfdr_ops;
+  r->spec.path = r->path;
+  r->d = d;
+  r->b = b;
+  r->sid = sid;
+  r->next_off = offset;
+  r->end = length > UINT64_MAX - offset ? UINT64_MAX : offset + length;
+  if ((uint64_t) st.st_size < r->end) /* the size as opened: nothing is asked for past it */
+    r->end = (uint64_t) st.st_size;
+  if (tp_sconn_open(d->c, sid, TP_SK_FILE_READ, 0, 1, r, err) < 0) {
+    close(r->fd);
+    free(r->path);
+    free(r);
+    return -1;
+  }
+  r->bnext = b->c_data;
+  b->c_data = r;
+  b->c_frame = tp__sfs_frame;
+  b->c_down = tp__sfs_down;
+  r->dnext = d->relays;
+  d->relays = r;
+  d->nrelays++;
+  tp__sfdr_pump(r);
   return 0;
 }
 

@@ -53,6 +53,20 @@ int tp_sdc_alive(const tp_sdc_t *d);
  * box b.  EPIPE when the box or the connection is gone; stream.h's errors. */
 int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs_spec_t *spec,
                 tp_error_t *err);
+/* Opens write stream sid whose bytes go into fd, the box's file itself
+ * (opened by its agent: FS_OPEN), written from the thread pool at offset
+ * on (append: at its end), one batch at a time, the credit given back as
+ * each is written.  fd is dup'ed (the caller keeps its own).  A failed
+ * write ends the stream with ERROR, its errno and "write 'path': ...". */
+int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, uint64_t offset,
+                   int append, tp_error_t *err);
+/* Opens read stream sid of fd, the box's file itself (FS_OPEN), read
+ * from the thread pool from offset on, at most length bytes and not past
+ * its size when opened, one job at a time within the client's credit
+ * (each job's bytes go out as DATA from the loop); END with the bytes
+ * sent.  fd is dup'ed. */
+int tp_sdc_file_fd_read(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, uint64_t offset,
+                        uint64_t length, tp_error_t *err);
 /* Streams live on d. */
 size_t tp_sdc_streams(const tp_sdc_t *d);
 /* The owner lets go: relays stop (their streams get ERROR ECONNRESET when

@@ -257,7 +257,10 @@ static void tp__sproc_pump(tp__sproc_t *r, int s) {
   uint32_t sid = s == TP__OUT ? r->sids.out : r->sids.err;
   uint64_t took = 0;
   while (r->plen[s] > 0 && r->d != NULL && r->d->c != NULL && r->live[s]) {
-    long k = tp_sconn_write(r->d->c, sid, r->pend[s] + r->phead[s], r->plen[s], NULL);
+    /* within the credit, and nothing while the connection's queue is full */
+    uint64_t room = tp_sconn_can_write(r->d->c, sid);
+    long k = tp_sconn_write(r->d->c, sid, r->pend[s] + r->phead[s],
+                            room < r->plen[s] ? (size_t) room : r->plen[s], NULL);
     if (k <= 0)
       break;
     r->phead[s] += (size_t) k;
@@ -276,7 +279,8 @@ static void tp__sproc_pump(tp__sproc_t *r, int s) {
 static int tp__sproc_output(tp__sproc_t *r, int s, const uint8_t *p, size_t n) {
   uint32_t sid = s == TP__OUT ? r->sids.out : r->sids.err;
   if (r->plen[s] == 0) {
-    long k = tp_sconn_write(r->d->c, sid, p, n, NULL);
+    uint64_t room = tp_sconn_can_write(r->d->c, sid);
+    long k = tp_sconn_write(r->d->c, sid, p, room < n ? (size_t) room : n, NULL);
     if (k > 0) {
       r->sent[s] += (uint64_t) k;
       tp__sproc_ack(r, s, (uint64_t) k);

@@ -115,7 +115,8 @@ static int tp_lbox_on(lua_State *L) {
 
 /* box:send(type, id, fields [, tree]) -> true | nil, msg [, errno]: with
  * tree (a name box:tree_take gave), the frame carries that tree's cgroup
- * fds (an EXEC with FLAGS TREE); errno EAGAIN: not sent, the channel had
+ * fds (an EXEC with FLAGS TREE); with an fd pair (core.fd_pair) instead,
+ * the pair's far end (an FS_OPEN); errno EAGAIN: not sent, the channel had
  * other bytes queued. */
 static int tp_lbox_send(lua_State *L) {
   tp_dbox_t *b = tp__check_box(L);
@@ -123,6 +124,7 @@ static int tp_lbox_send(lua_State *L) {
   lua_Integer id = luaL_checkinteger(L, 3);
   tp_error_t err = {0};
   tp_dbox_tree_t *t = NULL;
+  int far = -2, rc;
   tp_buf_t buf;
 
   luaL_checktype(L, 4, LUA_TTABLE);
@@ -132,7 +134,9 @@ static int tp_lbox_send(lua_State *L) {
     return luaL_error(L, "send: bad request id");
   /* pass 1: every value has the right type (may raise: nothing held yet) */
   tp_l_check_fields(L, 4);
-  if (!lua_isnoneornil(L, 5) && (t = tp_dbox_tree_find(b, luaL_checkstring(L, 5))) == NULL)
+  if (!lua_isnoneornil(L, 5) && (far = tp_l_fdpair_far(L, 5)) == -1)
+    return luaL_error(L, "send: the fd pair was sent already");
+  if (!lua_isnoneornil(L, 5) && far == -2 && (t = tp_dbox_tree_find(b, luaL_checkstring(L, 5))) == NULL)
     return luaL_error(L, "send: no such tree");
   if (!tp_dbox_running(b)) {
     lua_pushnil(L);
@@ -147,7 +151,13 @@ static int tp_lbox_send(lua_State *L) {
     lua_pushstring(L, "request too large for one frame");
     return 2;
   }
-  if ((t != NULL ? tp_dbox_send_tree(b, &buf, t, &err) : tp_dbox_send(b, &buf, &err)) < 0) {
+  if (far >= 0)
+    rc = tp_dbox_send_fds(b, &buf, &far, 1, &err);
+  else
+    rc = t != NULL ? tp_dbox_send_tree(b, &buf, t, &err) : tp_dbox_send(b, &buf, &err);
+  if (far >= 0 && rc == 0)
+    tp_l_fdpair_sent(L, 5);
+  if (rc < 0) {
     lua_pushnil(L); /* buf is freed */
     lua_pushstring(L, err.msg);
     lua_pushinteger(L, err.code);

@@ -61,6 +61,7 @@ int luaopen_tupper_core(lua_State *L) {
       {"FS_LIST", TP_MSG_FS_LIST}, {"FS_MKDIR", TP_MSG_FS_MKDIR},
       {"FS_REMOVE", TP_MSG_FS_REMOVE}, {"FS_RENAME", TP_MSG_FS_RENAME},
       {"FS_SETATTR", TP_MSG_FS_SETATTR}, {"FS_SYMLINK", TP_MSG_FS_SYMLINK},
+      {"FS_OPEN", TP_MSG_FS_OPEN},
       {"NET_LISTEN", TP_MSG_NET_LISTEN}, {"NET_OPEN", TP_MSG_NET_OPEN},
       {"NET_DATA", TP_MSG_NET_DATA}, {"NET_ACK", TP_MSG_NET_ACK}, {"NET_EOF", TP_MSG_NET_EOF},
       {"NET_CLOSE", TP_MSG_NET_CLOSE}, {"NET_DNS", TP_MSG_NET_DNS},
@@ -85,6 +86,7 @@ int luaopen_tupper_core(lua_State *L) {
   tp_l_service_register(L); /* the activated socket, sd_notify (l_service.c) */
   tp_l_stream_register(L);  /* the data plane's connections (l_stream.c) */
   tp_l_netrelay_register(L); /* relayed network streams (l_netrelay.c) */
+  tp_l_fsfd_register(L);     /* open files of a box as fds (l_fsfd.c) */
   lua_newtable(L);
   for (size_t i = 0; i < TP_ARRAY_SIZE(msgs); i++) {
     lua_pushinteger(L, msgs[i].v);
@@ -103,7 +105,7 @@ int luaopen_tupper_core(lua_State *L) {
         {"DNS_PORT", TP_NET_DNS_PORT}, {"HTTP", TP_NET_HTTP},
         {"SOCKS", TP_NET_SOCKS},       {"DNS_TCP", TP_NET_DNS_TCP},
         {"CONNECTED", TP_NET_CONNECTED}, {"READY_DOWN", TP_F_READY_NET_DOWN}, {"READY_FD", TP_F_READY_NET_FD},
-        {"READY_EXEC_USER", TP_F_READY_EXEC_USER}};
+        {"READY_EXEC_USER", TP_F_READY_EXEC_USER}, {"READY_FS_FD", TP_F_READY_FS_FD}};
     lua_newtable(L);
     for (size_t i = 0; i < TP_ARRAY_SIZE(net); i++) {
       lua_pushinteger(L, net[i].v);

@@ -56,5 +56,13 @@ void tp_l_pool_register(lua_State *L);  /* the btrfs pool (l_pool.c) */
 void tp_l_service_register(lua_State *L); /* listen_fd, sd_notify: the daemon as a service */
 void tp_l_stream_register(lua_State *L);  /* stream_attach: the data plane (l_stream.c) */
 void tp_l_netrelay_register(lua_State *L); /* netrelay: relayed network streams */
+void tp_l_fsfd_register(lua_State *L);     /* open files of a box as fds (l_fsfd.c) */
+
+/* l_fsfd.c: the agent's end of the fd pair at idx (-2: idx is not a
+ * pair, -1: already sent); after the send, tp_l_fdpair_sent closes it. */
+int tp_l_fdpair_far(lua_State *L, int idx);
+void tp_l_fdpair_sent(lua_State *L, int idx);
+/* The descriptor of the open file (core.file) at idx (raises if closed). */
+int tp_l_file_fd(lua_State *L, int idx);
 
 #endif

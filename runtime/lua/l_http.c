@@ -251,7 +251,7 @@ static int tp_lcore_http_get(lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   j->L = lua_tothread(L, -1);
   lua_pop(L, 1);
-  r = tp_job_queue(luv_loop(L), tp__http_work, tp__http_after, j);
+  r = tp_job_queue_long(luv_loop(L), tp__http_work, tp__http_after, j);
   if (r < 0) {
     j->done = 1; /* __gc frees it */
     lua_pushnil(L);

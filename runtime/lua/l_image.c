@@ -110,7 +110,7 @@ static int job_queue(lua_State *L, img_job_t *j, int cb) {
   lua_pop(L, 1);
   lua_pushvalue(L, cb);
   j->ref_cb = luaL_ref(L, LUA_REGISTRYINDEX);
-  r = tp_job_queue(luv_loop(L), job_work, job_after, j);
+  r = tp_job_queue_long(luv_loop(L), job_work, job_after, j);
   if (r < 0) {
     luaL_unref(L, LUA_REGISTRYINDEX, j->ref_cb);
     job_free(j);

@@ -5,6 +5,8 @@
  *   core.stream_attach(fd, window, idle_ms, reply, on_close) -> dc | nil, msg
  *   dc:file(box, sid, write, {path=, offset=, length=, flags=, mode=,
  *           uid=, gid=, groups=}) -> true | nil, msg, code
+ *   dc:file_fd(box, sid, file, {path=, offset=, append=}) -> true | nil, msg, code
+ *   dc:file_fd_read(box, sid, file, {path=, offset=, length=}) -> true | nil, msg, code
  *   dc:process(box, pid, {stdout=, stderr=, stdin=, pty=}) -> true | nil, msg, code
  *   core.stream_proc_known(box, pid) -> bool
  *   core.stream_proc_ring(box, pid, take) -> {{stream=, data=}...}, dropped | nil
@@ -141,6 +143,57 @@ static int tp_lsdc_file(lua_State *L) {
   return 1;
 }
 
+/* dc:file_fd(box, sid, file, {path=, offset=, append=}): a write stream
+ * into file (core.file: the box's file from its agent, FS_OPEN); the
+ * caller closes its own file afterwards. */
+static int tp_lsdc_file_fd(lua_State *L) {
+  tp_lsdc_t *u = tp__check_lsdc(L);
+  tp_dbox_t *b = tp_l_box_check(L, 2);
+  lua_Integer sid = luaL_checkinteger(L, 3);
+  int fd = tp_l_file_fd(L, 4);
+  tp_error_t err = { 0 };
+  const char *path;
+  int append;
+  luaL_checktype(L, 5, LUA_TTABLE);
+  luaL_argcheck(L, sid > 0 && sid < (lua_Integer) TP_SF_CLIENT_SID, 3, "bad stream id");
+  lua_getfield(L, 5, "path");
+  path = luaL_checkstring(L, -1); /* the table keeps it alive */
+  lua_pop(L, 1);
+  lua_Integer off = tp__opt_int(L, 5, "offset", 0, NULL);
+  luaL_argcheck(L, off >= 0, 5, "bad offset");
+  lua_getfield(L, 5, "append");
+  append = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (tp_sdc_file_fd(u->d, b, (uint32_t) sid, fd, path, (uint64_t) off, append, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* dc:file_fd_read(box, sid, file, {path=, offset=, length=}): a read
+ * stream of file (core.file from FS_OPEN); the caller closes its own. */
+static int tp_lsdc_file_fd_read(lua_State *L) {
+  tp_lsdc_t *u = tp__check_lsdc(L);
+  tp_dbox_t *b = tp_l_box_check(L, 2);
+  lua_Integer sid = luaL_checkinteger(L, 3);
+  int fd = tp_l_file_fd(L, 4);
+  tp_error_t err = { 0 };
+  const char *path;
+  luaL_checktype(L, 5, LUA_TTABLE);
+  luaL_argcheck(L, sid > 0 && sid < (lua_Integer) TP_SF_CLIENT_SID, 3, "bad stream id");
+  lua_getfield(L, 5, "path");
+  path = luaL_checkstring(L, -1); /* the table keeps it alive */
+  lua_pop(L, 1);
+  lua_Integer off = tp__opt_int(L, 5, "offset", 0, NULL);
+  lua_Integer len = tp__opt_int(L, 5, "length", -1, NULL);
+  luaL_argcheck(L, off >= 0, 5, "bad offset");
+  if (tp_sdc_file_fd_read(u->d, b, (uint32_t) sid, fd, path, (uint64_t) off,
+                          len < 0 ? UINT64_MAX : (uint64_t) len, &err) < 0)
+    return tp_l_push_err(L, &err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static uint32_t tp__opt_sid(lua_State *L, const char *k) {
   lua_Integer v = tp__opt_int(L, 4, k, 0, NULL);
   if (v < 0 || v >= (lua_Integer) TP_SF_CLIENT_SID)
@@ -237,6 +290,7 @@ static int tp_lsdc_close(lua_State *L) {
 
 void tp_l_stream_register(lua_State *L) {
   static const luaL_Reg methods[] = {{"file", tp_lsdc_file},   {"process", tp_lsdc_process},
+                                     {"file_fd", tp_lsdc_file_fd}, {"file_fd_read", tp_lsdc_file_fd_read},
                                      {"streams", tp_lsdc_streams},
                                      {"alive", tp_lsdc_alive}, {"close", tp_lsdc_close},
                                      {NULL, NULL}};

@@ -168,6 +168,16 @@ static void tp__hold_std_fds(void) {
   }
 }
 
+/* Whether the tupper command (runtime/front.c) ran the C client on this
+ * command line already and it declined: then not twice.  The variable is
+ * dropped at once, so nothing this process starts sees it. */
+static int tp__front_declined(void) {
+  int declined = getenv("TUPPER_FRONT_DECLINED") != NULL;
+  if (declined)
+    unsetenv("TUPPER_FRONT_DECLINED");
+  return declined;
+}
+
 int tp_main(int argc, char **argv) {
   uv_loop_t loop;
   lua_State *L;
@@ -179,7 +189,7 @@ int tp_main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   /* exec and run in C, before any Lua state is made, when the command line
    * is one the C client fully understands (runtime/client/fast.h) */
-  if (tp_fast_main(argc, argv, &code))
+  if (!tp__front_declined() && tp_fast_main(argc, argv, &code))
     return code;
   tp__hold_std_fds();
   if (uv_loop_init(&loop) != 0) {

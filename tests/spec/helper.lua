@@ -216,9 +216,9 @@ function M.start_daemon(dir, opts)
   -- exits with "code" 0: report it as a shell does, 128 + signal, so that
   -- no test takes a crash for a clean stop
   -- this daemon's own "listening on" line: the one before it on this dir
-  -- (crashed) may have left a box's set-up child holding its listening
-  -- socket for the few ms that child takes to die, and a connect then
-  -- reaches that socket, which nobody answers
+  -- (crashed) may have left its socket file, and a connect must reach the
+  -- new daemon's listener, not the old one's (a box's set-up child no
+  -- longer holds that: it closes the daemon's fds first, test_box)
   local function listening()
     local n = 0
     for _ in (read_file(d.log) or ""):gmatch("listening on ") do n = n + 1 end
@@ -516,7 +516,8 @@ local function alive(pid)
 end
 
 -- `tupper daemon` processes not started through M.start_daemon (the CLI
--- starts one with --autostart) whose command line names a path under one of dirs:
+-- starts one with --autostart, as tupper-core: the binary it runs in)
+-- whose command line names a path under one of dirs:
 -- { pid, tag (of its cgroups, if it names its state dir) }.
 local function foreign_daemons(dirs, known)
   local found = {}
@@ -529,7 +530,7 @@ local function foreign_daemons(dirs, known)
       local argv, is_daemon, mine = {}, false, false
       for a in (read_file("/proc/" .. name .. "/cmdline") or ""):gmatch("[^%z]+") do argv[#argv + 1] = a end
       local state
-      if argv[1] and argv[1]:match("tupper$") then
+      if argv[1] and (argv[1]:match("tupper$") or argv[1]:match("tupper%-core$")) then
         for i = 2, #argv do
           if argv[i] == "daemon" then is_daemon = true end
           if argv[i - 1] == "--state-dir" then state = argv[i] end

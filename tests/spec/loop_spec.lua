@@ -443,3 +443,42 @@ describe("the loop-lag probe", function()
     c:close()
   end)
 end)
+
+describe("a client's many creates", function()
+  local d
+  setup(function() d = helper.start_daemon(nil, { pool = 0 }) end)
+  teardown(function() if d then d.stop() end end)
+
+  it("do not queue ahead of another client's create in the thread pool", function()
+    local a, b = d.connect(), d.connect()
+    local N, MEM = 32, 64 * 1024 * 1024
+    local order, ids, failed = {}, {}, {}
+    local function create(c, who)
+      local r, e = c:call("sandbox.create", { limits = { memory = MEM } })
+      order[#order + 1] = who
+      if r then ids[#ids + 1] = r.id else failed[#failed + 1] = e and e.message or "?" end
+    end
+    helper.sync(function()
+      for _ = 1, N do async.spawn(function() create(a, "A") end) end
+      async.sleep(20) -- A's are read first
+      async.spawn(function() create(b, "B") end)
+      local deadline = helper.now() + 120000
+      while #order < N + 1 and helper.now() < deadline do async.sleep(10) end
+    end)
+    local before = 0
+    for _, who in ipairs(order) do
+      if who == "B" then break end
+      before = before + 1
+    end
+    for _, id in ipairs(ids) do helper.call(a, "sandbox.kill", { id = id }) end
+    a:close()
+    b:close()
+    assert.are.same({}, failed)
+    assert.are.equal(N + 1, #order)
+    -- one connection has 8 creates in the pool at once (its others wait
+    -- their turn outside it): B's create waits for a few of A's, not for
+    -- nearly all of them as a pool queue in arrival order made it
+    assert.is_true(before < N // 2,
+      ("another client's create was answered after %d of the %d creates sent before it"):format(before, N))
+  end)
+end)

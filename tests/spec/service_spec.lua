@@ -235,8 +235,10 @@ describe("make install and make deb", function()
     local code, out = sh(("make -C %s install BUILD=%s PREFIX=/usr DESTDIR=%s"):format(q(ROOT), q(BUILD), q(dest)), 300)
     assert.are.equal(0, code, out)
     local bin = dest .. "/usr/bin/tupper"
-    local st = uv.fs_stat(bin)
-    assert.truthy(st and st.type == "file", "no " .. bin)
+    for _, f in ipairs({ bin, dest .. "/usr/bin/tupper-core" }) do
+      local st = uv.fs_stat(f)
+      assert.truthy(st and st.type == "file", "no " .. f)
+    end
     local service = helper.read_file(dest .. "/usr/lib/systemd/system/tupper.service") or ""
     -- the unit names the final path, not the staging one
     assert.are.equal("/usr/bin/tupper daemon", service:match("\nExecStart=([^\n]*)"))
@@ -272,7 +274,7 @@ describe("make install and make deb", function()
     local deb = out:match("([^\n]*/tupper_[^/\n]*_amd64%.deb)")
     assert.truthy(deb and exists(deb), out)
     local _, list = sh("dpkg-deb -c " .. q(deb))
-    for _, f in ipairs({ "./usr/bin/tupper", "./usr/lib/systemd/system/tupper.service",
+    for _, f in ipairs({ "./usr/bin/tupper", "./usr/bin/tupper-core", "./usr/lib/systemd/system/tupper.service",
                          "./usr/lib/systemd/system/tupper.socket" }) do
       assert.truthy(list:find(" " .. f .. "\n", 1, true), f .. " not in the package:\n" .. list)
     end

@@ -41,11 +41,15 @@ describe("a client that is not root", function()
     -- a dir an unprivileged user can pass through (a test's TMPDIR may not be)
     dir = assert(uv.fs_mkdtemp("/tmp/tupper-syssock-XXXXXX"))
     assert(uv.fs_chmod(dir, tonumber("711", 8)))
-    -- the binary as the other user can run it: the checkout may sit where
-    -- it cannot (a fresh machine clones into /root); it embeds its Lua
+    -- the binaries as the other user can run them: the checkout may sit
+    -- where it cannot (a fresh machine clones into /root); tupper-core
+    -- embeds its Lua, and tupper execs it from its own directory
     bin = dir .. "/tupper"
-    assert(uv.fs_copyfile(helper.BIN, bin))
-    assert(uv.fs_chmod(bin, tonumber("755", 8)))
+    local core = helper.BIN:gsub("[^/]*$", "tupper-core")
+    for from, to in pairs({ [helper.BIN] = bin, [core] = dir .. "/tupper-core" }) do
+      assert(uv.fs_copyfile(from, to))
+      assert(uv.fs_chmod(to, tonumber("755", 8)))
+    end
     d = helper.start_daemon(dir)
   end)
 

@@ -329,8 +329,11 @@ static tproc_t *host_track(host_t *h, int64_t pid) {
  * inherited pipe at fds 11 and TP_AGENT_LISTEN_FD (its write end; *stray_rd
  * gets the read end), which the agent must close.  listen_fd >= 0: a
  * listening socket at TP_AGENT_LISTEN_FD.  grace: "--grace" value or NULL.
- * The agent runs with oom_score_adj 300 and SIGHUP ignored (as under
- * nohup), which its children must not get. */
+ * The agent runs with oom_score_adj agent_test_oom (300 unless a test
+ * sets it: at 0 the agent starts its children in its own memory,
+ * agent_proc.c) and SIGHUP ignored (as under nohup), which its children
+ * must not get. */
+static const char *agent_test_oom = "300";
 static int agent_start_opts(host_t *h, const char *agent, const char *cwd, int *stray_rd,
                             int listen_fd, const char *grace) {
   int sv[2], stray[2] = {-1, -1};
@@ -344,7 +347,7 @@ static int agent_start_opts(host_t *h, const char *agent, const char *cwd, int *
   if (h->agent == 0) {
     int oom = open("/proc/self/oom_score_adj", O_WRONLY);
     int lfd = listen_fd >= 0 ? fcntl(listen_fd, F_DUPFD_CLOEXEC, 100) : -1;
-    if (oom < 0 || write(oom, "300", 3) != 3 || signal(SIGHUP, SIG_IGN) == SIG_ERR || chdir(cwd) < 0 ||
+    if (oom < 0 || write(oom, agent_test_oom, strlen(agent_test_oom)) != (ssize_t) strlen(agent_test_oom) || signal(SIGHUP, SIG_IGN) == SIG_ERR || chdir(cwd) < 0 ||
         dup2(sv[1], 10) < 0 ||
         (listen_fd >= 0 && (lfd < 0 || dup2(lfd, TP_AGENT_LISTEN_FD) < 0)) ||
         (stray_rd != NULL &&

@@ -1,5 +1,5 @@
 /* The agent's file operations (FS_READ, FS_WRITE, FS_STAT, FS_LIST,
- * FS_MKDIR, FS_REMOVE, FS_RENAME, FS_SETATTR, FS_SYMLINK) on one channel to the real tupper-agent
+ * FS_MKDIR, FS_REMOVE, FS_RENAME, FS_SETATTR, FS_SYMLINK, FS_OPEN) on one channel to the real tupper-agent
  * (agent_client.h): offsets, modes, big files in chunks, a listing too big
  * for one reply, removes that never follow a symlink, path validation; and
  * the same requests acting as an account (UID GID GROUPS), whose
@@ -314,6 +314,165 @@ static void add_as(tp_buf_t *b, int64_t uid, int64_t gid, const uint32_t *groups
     tp_frame_add(b, TP_TAG_GROUPS, raw, (uint32_t) (4 * (ngroups < 80 ? ngroups : 80)));
 }
 
+/* ---- FS_OPEN: the open file handed to the host ------------------------------------------ */
+
+static int agent_fd_count(pid_t pid) {
+  char path[64];
+  struct dirent *e;
+  DIR *d;
+  int n = 0;
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
+  if ((d = opendir(path)) == NULL)
+    return -1;
+  while ((e = readdir(d)) != NULL)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* FS_OPEN of path with flags (and mode, as uid:gid unless NO_ID), sent
+ * with nsocks sockets attached (the other ends of socketpairs: *fd gets
+ * the file that came back on the first, or -1). */
+static msg_t *open_req(host_t *h, const char *path, int flags, int mode, int64_t uid, int64_t gid,
+                       int nsocks, int *fd) {
+  union {
+    struct cmsghdr hd;
+    char buf[CMSG_SPACE(sizeof(int) * 2)];
+  } cm, rcm;
+  int sp[2][2] = {{-1, -1}, {-1, -1}}, theirs[2];
+  struct iovec iov;
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+  tp_buf_t *b = req_begin(h, TP_MSG_FS_OPEN);
+  msg_t *m = NULL;
+  *fd = -1;
+  tp_frame_add_str(b, TP_TAG_PATH, path);
+  if (flags)
+    tp_frame_add_int(b, TP_TAG_FLAGS, flags);
+  if (mode >= 0)
+    tp_frame_add_int(b, TP_TAG_MODE, mode);
+  add_as(b, uid, gid, NULL, 0);
+  if (tp_frame_end(&h->req) < 0)
+    return NULL;
+  for (int i = 0; i < nsocks; i++) {
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp[i]) < 0)
+      return NULL;
+    theirs[i] = sp[i][1];
+  }
+  iov = (struct iovec){.iov_base = h->req.data, .iov_len = h->req.len};
+  if (nsocks > 0) {
+    struct cmsghdr *c;
+    memset(cm.buf, 0, sizeof(cm.buf));
+    mh.msg_control = cm.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t) nsocks);
+    c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t) nsocks);
+    memcpy(CMSG_DATA(c), theirs, sizeof(int) * (size_t) nsocks);
+  }
+  if (sendmsg(h->fd, &mh, MSG_NOSIGNAL) == (ssize_t) h->req.len)
+    m = wait_reply(h, h->cur_id);
+  for (int i = 0; i < nsocks; i++)
+    close(sp[i][1]);
+  if (nsocks > 0) {
+    char byte;
+    struct iovec riov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr rmh = {.msg_iov = &riov, .msg_iovlen = 1, .msg_control = rcm.buf,
+                         .msg_controllen = sizeof(rcm.buf)};
+    if (recvmsg(sp[0][0], &rmh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) == 1) {
+      struct cmsghdr *c = CMSG_FIRSTHDR(&rmh);
+      if (c != NULL && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+        memcpy(fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  for (int i = 0; i < nsocks; i++)
+    close(sp[i][0]);
+  return m;
+}
+
+static void test_fs_open(host_t *h, const char *tmp) {
+  char d[PATH_MAX], f[PATH_MAX], p[PATH_MAX], buf[64];
+  struct stat st;
+  int fd, before, n;
+  msg_t *m;
+
+  join(d, tmp, "/open");
+  mkdir(d, 0755);
+  join(f, d, "/sub/new");
+  before = agent_fd_count(h->agent);
+
+  m = open_req(h, f, TP_F_OPEN_WRITE | TP_F_WRITE_TRUNC | TP_F_WRITE_PARENTS, 0600, NO_ID, NO_ID, 1, &fd);
+  check(msg_is_ok(m) && fd >= 0 && msg_int(m, TP_TAG_TYPE, -1) == TP_FT_FILE &&
+            msg_int(m, TP_TAG_SIZE, -1) == 0 && msg_int(m, TP_TAG_MODE, -1) == 0600,
+        "FS_OPEN WRITE|TRUNC|PARENTS: OK TYPE file SIZE 0 MODE 0600, and an fd on the socket");
+  check(fd >= 0 && (fcntl(fd, F_GETFL) & O_ACCMODE) == O_WRONLY && fstat(fd, &st) == 0 &&
+            S_ISREG(st.st_mode),
+        "the fd is the regular file, write-only");
+  check(fd >= 0 && write(fd, "hello", 5) == 5 && stat(f, &st) == 0 && st.st_size == 5 &&
+            (st.st_mode & 07777) == 0600,
+        "bytes written through it are the file's; MODE applied on create");
+  if (fd >= 0)
+    close(fd);
+  check(agent_fd_count(h->agent) == before, "the agent keeps no copy of the file or the socket (%d fds)",
+        agent_fd_count(h->agent));
+
+  m = open_req(h, f, 0, -1, NO_ID, NO_ID, 1, &fd);
+  n = fd >= 0 ? (int) read(fd, buf, sizeof(buf)) : -1;
+  check(msg_is_ok(m) && fd >= 0 && (fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY && n == 5 &&
+            memcmp(buf, "hello", 5) == 0 && msg_int(m, TP_TAG_SIZE, -1) == 5,
+        "FS_OPEN for reading: a read-only fd of the file, SIZE 5");
+  if (fd >= 0)
+    close(fd);
+  msg_free(m);
+  m = open_req(h, f, TP_F_OPEN_WRITE | TP_F_WRITE_TRUNC, -1, NO_ID, NO_ID, 1, &fd);
+  check(msg_is_ok(m) && fd >= 0 && stat(f, &st) == 0 && st.st_size == 0 && (st.st_mode & 07777) == 0600,
+        "TRUNC empties an existing file and keeps its mode");
+  if (fd >= 0)
+    close(fd);
+  msg_free(m);
+
+  /* no socket, two sockets: refused, nothing opened */
+  expect_err(open_req(h, f, 0, -1, NO_ID, NO_ID, 0, &fd), EBADF, "FS_OPEN without its socket");
+  check(fd < 0, "no fd without a socket");
+  expect_err(open_req(h, f, 0, -1, NO_ID, NO_ID, 2, &fd), EBADF, "FS_OPEN with two sockets");
+  check(fd < 0, "no fd with two sockets");
+  /* not regular files: a directory, a FIFO (no hang: O_NONBLOCK), a device */
+  expect_err(open_req(h, d, 0, -1, NO_ID, NO_ID, 1, &fd), EISDIR, "FS_OPEN of a directory (read)");
+  expect_err(open_req(h, d, TP_F_OPEN_WRITE, -1, NO_ID, NO_ID, 1, &fd), EISDIR,
+             "FS_OPEN of a directory (write)");
+  join(p, d, "/fifo");
+  check(mkfifo(p, 0666) == 0, "mkfifo");
+  expect_err(open_req(h, p, 0, -1, NO_ID, NO_ID, 1, &fd), EINVAL, "FS_OPEN of a FIFO (read)");
+  check(fd < 0, "no fd for a FIFO");
+  expect_err(open_req(h, p, TP_F_OPEN_WRITE, -1, NO_ID, NO_ID, 1, &fd), ENXIO,
+             "FS_OPEN of a FIFO without a reader (write): ENXIO, no hang");
+  expect_err(open_req(h, "/dev/null", TP_F_OPEN_WRITE, -1, NO_ID, NO_ID, 1, &fd), EINVAL,
+             "FS_OPEN of a device (write)");
+  expect_err(open_req(h, "/dev/zero", 0, -1, NO_ID, NO_ID, 1, &fd), EINVAL, "FS_OPEN of a device (read)");
+  check(fd < 0, "no fd for a device");
+  /* bad requests */
+  expect_err(open_req(h, f, TP_F_WRITE_TRUNC, -1, NO_ID, NO_ID, 1, &fd), EINVAL, "TRUNC without WRITE");
+  expect_err(open_req(h, f, 0x100, -1, NO_ID, NO_ID, 1, &fd), EINVAL, "unknown FLAGS");
+  expect_err(open_req(h, "rel", 0, -1, NO_ID, NO_ID, 1, &fd), EINVAL, "a relative path");
+  /* as an account: the kernel's permissions, its ownership */
+  expect_err(open_req(h, f, 0, -1, 65534, 65534, 1, &fd), EACCES, "reading a 0600 root file as 65534");
+  expect_err(open_req(h, f, TP_F_OPEN_WRITE, -1, 65534, 65534, 1, &fd), EACCES,
+             "writing a 0600 root file as 65534");
+  check(fd < 0, "no fd for a file the account may not open");
+  chmod(tmp, 0711);
+  chmod(d, 0777);
+  join(p, d, "/theirs");
+  m = open_req(h, p, TP_F_OPEN_WRITE | TP_F_WRITE_TRUNC, 0640, 65534, 65534, 1, &fd);
+  check(msg_is_ok(m) && fd >= 0 && stat(p, &st) == 0 && st.st_uid == 65534 && st.st_gid == 65534,
+        "a file opened as 65534 is created as theirs");
+  if (fd >= 0)
+    close(fd);
+  msg_free(m);
+  chmod(tmp, 0700);
+  check(agent_fd_count(h->agent) == before, "after every refusal the agent holds no more fds (%d)",
+        agent_fd_count(h->agent));
+}
+
 static msg_t *write_as(host_t *h, const char *path, const char *data, int flags, int64_t uid,
                        int64_t gid, const uint32_t *groups, int ngroups) {
   tp_buf_t *b = req_begin(h, TP_MSG_FS_WRITE);
@@ -568,6 +727,7 @@ int main(void) {
   test_fs(&h, tmp);
   test_fs_as(&h, tmp);
   test_setattr_symlink(&h, tmp);
+  test_fs_open(&h, tmp);
   agent_session_close(&h);
   return agent_test_end(tmp);
 }

@@ -520,17 +520,20 @@ static void test_creds(host_t *h, const char *tmp) {
   const char *status[] = {"/bin/cat", "/proc/self/status", NULL};
   const char *oom[] = {"/bin/cat", "/proc/self/oom_score_adj", NULL};
   const char *tru[] = {"/bin/true", NULL};
-  char path[64], agent_oom[32], agent_status[4096];
+  char path[64], agent_oom[32], want[32], agent_status[4096];
   int64_t pid;
   tproc_t *p;
   msg_t *m;
 
   snprintf(path, sizeof(path), "/proc/%d/oom_score_adj", (int) h->agent);
+  snprintf(want, sizeof(want), "%s\n", agent_test_oom);
   slurp(path, agent_oom, sizeof(agent_oom));
-  check(strcmp(agent_oom, "300\n") == 0, "the agent runs with oom_score_adj 300");
+  check(strcmp(agent_oom, want) == 0, "the agent runs with oom_score_adj %s", agent_test_oom);
   pid = run(h, oom, NULL, NULL, 0);
   p = pid > 0 ? wait_exit(h, pid) : NULL;
-  check(p != NULL && out_is(p, 1, "0\n"), "the child's oom_score_adj is reset to 0");
+  check(p != NULL && out_is(p, 1, "0\n"), "the child's oom_score_adj is 0 (agent at %s)", agent_test_oom);
+  slurp(path, agent_oom, sizeof(agent_oom));
+  check(strcmp(agent_oom, want) == 0, "the agent keeps its oom_score_adj %s", agent_test_oom);
 
   pid = run(h, status, NULL, NULL, 0);
   p = pid > 0 ? wait_exit(h, pid) : NULL;
@@ -577,6 +580,27 @@ static void test_creds(host_t *h, const char *tmp) {
   check(msg_errno(m) == EACCES && msg_has_text(m, "chdir"),
         "uid 1000 cannot chdir into root's 0700 dir -> ERR EACCES (chdir)");
   msg_free(m);
+}
+
+/* The agent's oom_score_adj raised while it runs (by the host): its next
+ * child is forked again, and both keep their own value. */
+static void test_oom_raised(host_t *h) {
+  const char *oom[] = {"/bin/cat", "/proc/self/oom_score_adj", NULL};
+  char path[64], v[32];
+  int64_t pid;
+  tproc_t *p;
+  int fd;
+
+  snprintf(path, sizeof(path), "/proc/%d/oom_score_adj", (int) h->agent);
+  fd = open(path, O_WRONLY | O_CLOEXEC);
+  check(fd >= 0 && write(fd, "500", 3) == 3, "raise the running agent's oom_score_adj to 500");
+  if (fd >= 0)
+    close(fd);
+  pid = run(h, oom, NULL, NULL, 0);
+  p = pid > 0 ? wait_exit(h, pid) : NULL;
+  check(p != NULL && out_is(p, 1, "0\n"), "its next child's oom_score_adj is reset to 0");
+  slurp(path, v, sizeof(v));
+  check(strcmp(v, "500\n") == 0, "the agent keeps 500 (%s)", v);
 }
 
 static msg_t *release_req(host_t *h, int64_t pid) { return pid_req(h, TP_MSG_RELEASE, pid, 0, 0); }
@@ -876,5 +900,21 @@ int main(void) {
   if (!r && pid > 0)
     kill(-(pid_t) pid, SIGKILL);
   host_free(&h);
+
+  /* An agent at oom_score_adj 0 starts its children in its own memory
+   * (clone(CLONE_VM), agent_proc.c): the same set-up, failures and drops. */
+  agent_test_oom = "0";
+  if (agent_session(&h, "test_agent_proc", agent, tmp, NULL) < 0)
+    return 1;
+  test_exec(&h, tmp);
+  test_exec_errors(&h, tmp);
+  test_exec_user(&h, tmp);
+  test_stdin(&h);
+  test_signal(&h);
+  test_pty(&h);
+  test_creds(&h, tmp);
+  test_oom_raised(&h);
+  test_tree(&h, tmp);
+  agent_session_close(&h);
   return agent_test_end(tmp);
 }

@@ -6,6 +6,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 #include <stdatomic.h>
+#include <unistd.h>
 #include <string.h>
 #include <uv.h>
 
@@ -190,6 +191,55 @@ static void test_job(void) {
   check(uv_loop_close(&loop) == 0, "job: the loop closes (the helper freed its requests)");
 }
 
+static atomic_int long_now, long_most, long_release;
+static int long_afters, short_done;
+
+static void long_work(void *data) {
+  int now = atomic_fetch_add(&long_now, 1) + 1, most = atomic_load(&long_most);
+  (void) data;
+  while (now > most && !atomic_compare_exchange_weak(&long_most, &most, now))
+    ;
+  for (int i = 0; i < 10000 && !atomic_load(&long_release); i++) /* 10 s at most */
+    usleep(1000);
+  atomic_fetch_sub(&long_now, 1);
+}
+
+static void long_after(void *data, int status) {
+  (void) data;
+  long_afters += status == 0;
+}
+
+static void short_work(void *data) { (void) data; }
+static void short_after(void *data, int status) {
+  (void) data;
+  short_done = status == 0;
+}
+
+/* Six long jobs (downloads, unpacks) that do not end until told: at most
+ * half the pool runs them, and a short one (a box's) queued after them
+ * runs meanwhile. */
+static void test_job_long(void) {
+  uv_loop_t loop;
+  int ok = 1, max = tp_job_long_max();
+  uv_loop_init(&loop);
+  for (int i = 0; i < 6; i++)
+    ok &= tp_job_queue_long(&loop, long_work, long_after, NULL) == 0;
+  ok &= tp_job_queue(&loop, short_work, short_after, NULL) == 0;
+  check(ok && max >= 1, "job: six long jobs and a short one queued (at most %d long at once)", max);
+  for (int i = 0; i < 5000 && !short_done; i++) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    usleep(1000);
+  }
+  check(short_done && long_afters == 0,
+        "job: the short one ran while the long ones held their threads (%d running)",
+        atomic_load(&long_now));
+  atomic_store(&long_release, 1);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  check(long_afters == 6 && atomic_load(&long_most) <= max,
+        "job: all six ran, at most %d at once (%d)", max, atomic_load(&long_most));
+  check(uv_loop_close(&loop) == 0, "job: the loop closes");
+}
+
 static void never_cb(void *data, tp_dbox_t *b, const tp_error_t *err) {
   (void) b;
   (void) err;
@@ -231,6 +281,7 @@ int main(void) {
   test_cgroup_dirs();
   test_limits();
   test_job();
+  test_job_long();
   test_start_refused();
   return tap_done();
 }

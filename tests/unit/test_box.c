@@ -680,6 +680,126 @@ static void test_box_layers(const env_t *e) {
   free(box_dir);
 }
 
+/* ------------------------------------------------------------ the set-up child's fds */
+
+typedef struct {
+  tp_box_spec_t spec;
+  tp_box_t box;
+  tp_error_t err;
+  int r;
+} start_job_t;
+
+static void *start_thread(void *arg) {
+  start_job_t *j = arg;
+  j->r = tp_linux_box_start(&j->spec, &j->box, &j->err);
+  return NULL;
+}
+
+/* Does process pid hold an fd whose link is `link`?  1, 0, or -1 when its
+ * fd dir cannot be read. */
+static int holds_fd(pid_t pid, const char *link) {
+  char dir[64], path[330], target[256];
+  struct dirent *e;
+  DIR *d;
+  int found = 0;
+  snprintf(dir, sizeof(dir), "/proc/%d/fd", (int) pid);
+  if ((d = opendir(dir)) == NULL)
+    return -1;
+  while (!found && (e = readdir(d)) != NULL) {
+    ssize_t n;
+    snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+    n = readlink(path, target, sizeof(target) - 1);
+    if (n > 0) {
+      target[n] = '\0';
+      found = strcmp(target, link) == 0;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+/* The set-up child (cloned without exec) holds none of the daemon's fds
+ * while it sets the box up: not its listening socket (close-on-exec, as
+ * libuv makes it), not a client's connection, not a plain file.  The
+ * child is held mid-set-up on its first step: its "cgroup.procs" is a FIFO
+ * whose pipe the test has filled, so the child's write of its pid waits
+ * until the test reads; meanwhile the test reads the child's fds. */
+static void test_box_setup_fds(const env_t *e) {
+  char *box_dir = path_in(tmp_root, "fdbox");
+  char *fifo = path_in(tmp_root, "procs.fifo");
+  char *sock_path = path_in(tmp_root, "daemon.sock");
+  const char *procs[] = {fifo, NULL};
+  char id[64], sock_link[64], conn_link[64], file_link[64], fifo_link[300], buf[65536];
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  start_job_t job;
+  pthread_t th;
+  pid_t child = -1;
+  struct stat st;
+  int lsock, conn[2], plain, rd, wr, started, held = -1;
+
+  lsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock_path);
+  if (lsock < 0 || bind(lsock, (struct sockaddr *) &sa, sizeof(sa)) < 0 || listen(lsock, 4) < 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, conn) < 0 ||
+      (plain = open(sock_path, O_PATH)) < 0 || mkfifo(fifo, 0600) < 0 ||
+      (rd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) < 0 ||
+      (wr = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0) {
+    check(0, "setup fds: the test's sockets and FIFO (%s)", strerror(errno));
+    return;
+  }
+  /* fill the pipe: the child's write will wait */
+  while (write(wr, buf, sizeof(buf)) > 0 || errno == EINTR)
+    ;
+  fstat(lsock, &st);
+  snprintf(sock_link, sizeof(sock_link), "socket:[%lu]", (unsigned long) st.st_ino);
+  fstat(conn[0], &st);
+  snprintf(conn_link, sizeof(conn_link), "socket:[%lu]", (unsigned long) st.st_ino);
+  snprintf(file_link, sizeof(file_link), "%s", sock_path);
+  snprintf(fifo_link, sizeof(fifo_link), "%s", fifo);
+
+  snprintf(id, sizeof(id), "tp-fds-%d", (int) getpid());
+  memset(&job, 0, sizeof(job));
+  job.spec = spec_for(e, id, box_dir);
+  job.spec.cgroup_procs = procs;
+  started = pthread_create(&th, NULL, start_thread, &job) == 0;
+  check(started, "setup fds: start in a thread");
+  if (!started)
+    goto out;
+  /* the child, once it has opened the FIFO (and waits to write to it) */
+  for (int i = 0; i < 2000 && held < 0; i++) {
+    if (child < 0)
+      child = find_child(getpid(), "");
+    if (child > 0 && holds_fd(child, fifo_link) == 1)
+      held = holds_fd(child, sock_link) == 1 || holds_fd(child, conn_link) == 1 ||
+             holds_fd(child, file_link) == 1;
+    else
+      usleep(5000);
+  }
+  check(held == 0, "setup fds: the set-up child (pid %d) holds no listening socket, connection "
+        "or file of the daemon (%s)", (int) child,
+        held < 0 ? "never caught it" : held ? "it does" : "none");
+  /* let it go on: drain the pipe, the write of "0" goes through */
+  while (read(rd, buf, sizeof(buf)) > 0 || errno == EINTR)
+    ;
+  pthread_join(th, NULL);
+  check(job.r == 0, "setup fds: the box started (%s)", job.r < 0 ? job.err.msg : "ok");
+  if (job.r == 0)
+    check(tp_box_destroy(&job.box, box_dir, &job.err) == 0 && no_children_left(),
+          "setup fds: destroyed, no child left");
+out:
+  close(rd);
+  close(wr);
+  close(plain);
+  close(conn[0]);
+  close(conn[1]);
+  close(lsock);
+  unlink(sock_path);
+  unlink(fifo);
+  free(sock_path);
+  free(fifo);
+  free(box_dir);
+}
+
 int main(void) {
   env_t env = {NULL, {NULL, NULL}, -1};
   int r = box_env_begin(&env, 1);
@@ -688,6 +808,7 @@ int main(void) {
     test_box(&env);
     test_box_failures(&env);
     test_box_layers(&env);
+    test_box_setup_fds(&env);
   }
   return r > 0 ? r : linux_test_end(&env, 1);
 }

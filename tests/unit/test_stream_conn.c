@@ -367,8 +367,112 @@ static void test_waiting_is_not_idle(void) {
         "an id in use is EEXIST");
   check(tp_sconn_open(c, TP_SF_CLIENT_SID, TP_SK_STDOUT, 0, 1, NULL, &err) < 0 && err.code == EINVAL,
         "a client-range id is EINVAL");
+  {
+    int opened = 1; /* stream 1 above */
+    for (uint32_t sid = 2; sid <= TP_SCONN_STREAMS_MAX + 10; sid++)
+      if (tp_sconn_open(c, sid, TP_SK_FILE_READ, 0, 1, NULL, &err) == 0)
+        opened++;
+    check(opened == TP_SCONN_STREAMS_MAX && err.code == EMFILE &&
+              tp_sconn_streams(c) == TP_SCONN_STREAMS_MAX,
+          "streams past %d on one connection: EMFILE ('%s')", TP_SCONN_STREAMS_MAX, err.msg);
+  }
   tp_sconn_close(c);
   close(peer);
+  pump(5);
+}
+
+/* The connection's queue as a whole: many streams whose credit together
+ * is far over the cap stop at it (the writers are told 0, as owners ask
+ * tp_sconn_can_write), and go on once the client reads. */
+static void test_queue_cap_streams(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 0);
+  static uint8_t src[TP_SCONN_WINDOW_MIN];
+  size_t cap = 256u * 1024u, total = 0, drained = 0;
+  int writable0, more = 0;
+  tp_sconn_set_queued_max(c, cap);
+  for (uint32_t sid = 1; sid <= 16; sid++) /* 16 x 64 KiB of credit: 1 MiB */
+    tp_sconn_open(c, sid, TP_SK_STDOUT, 0, 1, NULL, NULL);
+  for (uint32_t sid = 1; sid <= 16; sid++) {
+    uint64_t room;
+    while ((room = tp_sconn_can_write(c, sid)) > 0) {
+      long k = tp_sconn_write(c, sid, src, room < sizeof(src) ? (size_t) room : sizeof(src), NULL);
+      if (k <= 0)
+        break;
+      total += (size_t) k;
+    }
+  }
+  check(tp_sconn_queued(c) <= cap + 16 * TP_SF_HDR,
+        "16 streams with 1 MiB of credit queue no more than the connection's cap (%zu of %zu, %zu "
+        "written)", tp_sconn_queued(c), cap, total);
+  check(total < 16u * TP_SCONN_WINDOW_MIN && tp_sconn_can_write(c, 16) == 0,
+        "the writers are told 0 at the cap");
+  writable0 = o.writable;
+  for (int i = 0; i < 2000 && tp_sconn_queued(c) > 0; i++) { /* the client reads */
+    ssize_t k = read(peer, fbuf, sizeof(fbuf));
+    if (k > 0)
+      drained += (size_t) k;
+    uv_run(&loop, UV_RUN_NOWAIT);
+  }
+  for (uint32_t sid = 1; sid <= 16; sid++)
+    more += tp_sconn_can_write(c, sid) > 0;
+  check(o.writable > writable0 && more > 0,
+        "once the client read (%zu bytes), the held writers heard on_writable (%d) and may write",
+        drained, o.writable - writable0);
+  tp_sconn_close(c);
+  close(peer);
+  pump(5);
+}
+
+/* A client that sends frames calling for answers (here, unknown ids: an
+ * ERROR each) and reads none: the daemon reads no more of them once the
+ * answers queued reach the cap, and answers the rest once it reads. */
+static void test_queue_cap_reading(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 0);
+  size_t cap = 64u * 1024u, most = 0;
+  enum { N = 100000 };
+  uint8_t *frames = malloc((size_t) N * (TP_SF_HDR + 1));
+  size_t len = (size_t) N * (TP_SF_HDR + 1), sent = 0;
+  long answers = 0;
+  tp_sframe_t f;
+  tp_sconn_set_queued_max(c, cap);
+  for (int i = 0; i < N; i++) {
+    tp_sframe_header(frames + (size_t) i * (TP_SF_HDR + 1), TP_SF_DATA, 1000 + (uint32_t) i, 1);
+    frames[(size_t) i * (TP_SF_HDR + 1) + TP_SF_HDR] = 0;
+  }
+  for (int i = 0; i < 500 && sent < len; i++) { /* as much as the socket takes, reading nothing */
+    ssize_t k = write(peer, frames + sent, len - sent);
+    if (k > 0)
+      sent += (size_t) k;
+    uv_run(&loop, UV_RUN_NOWAIT);
+    if (tp_sconn_queued(c) > most)
+      most = tp_sconn_queued(c);
+    if (k <= 0)
+      usleep(1000);
+  }
+  check(most <= cap + 256 && o.closed == 0,
+        "a client that sends %zu bytes of frames calling for ERRORs and reads none: at most %zu "
+        "bytes queued (cap %zu)", sent, most, cap);
+  check(sent < len, "and its writes wait: the daemon stopped reading (%zu of %zu taken)", sent, len);
+  for (int i = 0; i < 4 * N && answers < N; i++) { /* now it reads, and sends the rest */
+    if (sent < len) {
+      ssize_t k = write(peer, frames + sent, len - sent);
+      if (k > 0)
+        sent += (size_t) k;
+    }
+    long r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+    if (r <= 0)
+      break;
+    answers += f.type == TP_SF_ERROR && f.err == ENOENT;
+  }
+  check(answers == N && o.closed == 0, "once it reads, every frame is answered (%ld of %d)",
+        answers, N);
+  tp_sconn_close(c);
+  close(peer);
+  free(frames);
   pump(5);
 }
 
@@ -381,6 +485,8 @@ int main(void) {
   test_half_frame();
   test_never_reads();
   test_waiting_is_not_idle();
+  test_queue_cap_streams();
+  test_queue_cap_reading();
   pump(10);
   check(uv_loop_close(&loop) == 0, "the loop closes: every handle was freed");
   return tap_done();

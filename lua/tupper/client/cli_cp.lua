@@ -20,6 +20,10 @@
 -- once whole, on both sides, so an interrupted copy leaves no truncated
 -- file where one was asked for.
 local uv = require("luv")
+-- tupper.core is the binary's (the fd calls below); the specs load this file in plain Lua
+local core = package.loaded["tupper.core"] or select(2, pcall(require, "tupper.core"))
+if type(core) ~= "table" then core = nil end
+local json = require("tupper.util.json")
 local async = require("tupper.util.async")
 local b64 = require("tupper.util.b64")
 local schema = require("tupper.wire.schema")
@@ -42,6 +46,88 @@ local function shown(s) return cli_tty.escape(s) .. cli_tty.flush(cli_tty.new_st
 
 local function warn(fmt, ...)
   io.stderr:write("tupper: cp: ", fmt:format(...), "\n")
+end
+
+M.FD_CALL_TIMEOUT_MS = 120000 -- how long an fs.*_fd call may take (the box's own open)
+
+--- The box's file at params.path opened by its agent and handed over
+-- (fs.read_fd or fs.write_fd: docs/protocol.md, "Files as descriptors"),
+-- on a connection of the CLI's own: the control connection is luv's,
+-- whose reads would drop the fd.  Returns the open file (a core file) and
+-- the reply's result; nil where the daemon, the box or this connection
+-- cannot (the caller then uses the streams: an older daemon, a microVM, a
+-- busy channel; TUPPER_FILE_FDS=0 asks for the streams); or false and the
+-- daemon's error object (the open itself failed: ENOENT, EACCES...).
+function M.fd_open(c, method, params)
+  if not core or c.no_fds or not (c.server and c.server.file_fds == 1) or os.getenv("TUPPER_FILE_FDS") == "0" then
+    return nil
+  end
+  if not c.fd_sock then
+    local sock = core.fd_connect(c.socket)
+    if not sock then c.no_fds = true; return nil end
+    c.fd_sock, c.fd_id = sock, 0
+  end
+  c.fd_id = c.fd_id + 1
+  local line, f = core.fd_call(c.fd_sock, json.encode({ jsonrpc = "2.0", id = c.fd_id, method = method,
+    params = params }) .. "\n", M.FD_CALL_TIMEOUT_MS)
+  local msg = line and json.decode(line)
+  if type(msg) ~= "table" or math.tointeger(msg.id) ~= c.fd_id then
+    -- the connection is out of step (or gone): not used again
+    if f then f:close() end
+    c.fd_sock:close()
+    c.fd_sock, c.no_fds = nil, true
+    return nil
+  end
+  if msg.error ~= nil then
+    if f then f:close() end
+    if type(msg.error) ~= "table" or (type(msg.error.data) == "table" and msg.error.data.fallback) then
+      return nil
+    end
+    return false, msg.error
+  end
+  if not f or type(msg.result) ~= "table" then
+    if f then f:close() end
+    return nil
+  end
+  return f, msg.result
+end
+
+--- Closes the connection of M.fd_open.
+function M.fd_close(c)
+  if c.fd_sock then c.fd_sock:close(); c.fd_sock = nil end
+end
+
+M.COPY_STEP = 64 * 1024 * 1024 -- bytes copied between two turns of the loop (a Ctrl-C is taken there)
+
+-- One turn of the loop (its signals read) before the caller goes on: an
+-- idle handle, since a timer of 0 ms started from a timer runs in the same
+-- turn, before the loop polls.
+local function loop_turn()
+  async.wait(function(cb)
+    local i = uv.new_idle()
+    i:start(function() i:stop(); i:close(); cb() end)
+  end)
+end
+
+-- core.file_copy from src to dst in steps, at most limit bytes (nil: to
+-- src's end): the bytes copied, or nil, msg, errno, side.
+local function copy_fd(src, dst, limit)
+  local total = 0
+  while true do
+    local step = limit and math.min(M.COPY_STEP, limit - total) or M.COPY_STEP
+    if step <= 0 then return total end
+    local n, err, errno, side = core.file_copy(src, dst, step)
+    if not n then return nil, err, errno, side end
+    total = total + n
+    if n < step then return total end
+    loop_turn()
+  end
+end
+
+-- An error of core.file_copy as the streams would say it.
+local function copy_error(err, errno)
+  local names = { [28] = "No space left on device", [122] = "Disk quota exceeded", [27] = "File too large" }
+  return names[errno] or tostring(err)
 end
 
 --- The components of a relative entry path, or nil and why not.  A tar's
@@ -183,6 +269,18 @@ function M.box_source(c, sid, root, recursive)
     -- pump): the bytes written, or raises a string
     local function file_copy_fd(path, size)
       return function(fd)
+        -- the box's file itself, from its agent: copied here, at most size bytes
+        local f, r = M.fd_open(c, "fs.read_fd", { sandbox = sid, path = path })
+        if f == false then error(("read %s: %s"):format(shown(path), errmsg(r)), 0) end
+        if f then
+          local n, cerr, errno, side = copy_fd(f, fd, size)
+          f:close()
+          if not n then
+            if side == "read" then error(("read %s: %s"):format(shown(path), copy_error(cerr, errno)), 0) end
+            error(copy_error(cerr, errno), 0)
+          end
+          return n
+        end
         local n, e = c.data_conn:read_file(c, { sandbox = sid, path = path, length = size }, fd, size)
         if not n then
           if e.loc then error(errmsg(e), 0) end
@@ -478,7 +576,23 @@ function M.box_sink(c, sid, dest, archive)
     elseif ent.type == "file" then
       place(target, function(tmp)
         local offset, wrote = 0, false
-        if c.data_conn and ent.open then -- a host file: its bytes go from C
+        local f, fr
+        if ent.open then -- the box's file itself, from its agent: the host file is copied into it here
+          f, fr = M.fd_open(c, "fs.write_fd", { sandbox = sid, path = tmp, mode = 384 })
+          if f == false then error(("write %s: %s"):format(shown(target), errmsg(fr)), 0) end
+        end
+        if f then
+          local fd, oerr = ent.open()
+          if not fd then f:close(); error(oerr, 0) end
+          local n, cerr, errno, side = copy_fd(fd, f)
+          uv.fs_close(fd)
+          f:close()
+          if not n then
+            if side == "read" then error(("read %s: %s"):format(ent.path, copy_error(cerr, errno)), 0) end
+            error(("write %s: %s"):format(shown(target), copy_error(cerr, errno)), 0)
+          end
+          wrote = true
+        elseif c.data_conn and ent.open then -- a host file: its bytes go from C
           local fd, oerr = ent.open()
           if not fd then error(oerr, 0) end
           local w, e = c.data_conn:writer(c, { sandbox = sid, path = tmp, mode = 384 })
@@ -800,6 +914,7 @@ function M.cp(c, o, args)
     return 0
   end)
   unguard()
+  M.fd_close(c)
   if c.data_conn then c.data_conn:close(); c.data_conn = nil end
   if not ok then return fail("%s", tostring(res)) end
   return res

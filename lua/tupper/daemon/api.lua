@@ -76,7 +76,7 @@ function h.hello(d, conn, p)
   end
   return { protocol = schema.PROTOCOL, server = "tupper", version = core.version, methods = names,
            streams = api_stream.VERSION, process_streams = api_stream.PROCESS_STREAMS,
-           attach_wait = api_stream.ATTACH_WAIT_MS }
+           attach_wait = api_stream.ATTACH_WAIT_MS, file_fds = api_stream.FILE_FDS }
 end
 
 function h.sandbox_create(d, conn, p)
@@ -656,7 +656,10 @@ for k, fn in pairs(require("tupper.daemon.snapshot_api").handlers) do h[k] = fn 
 
 -- the data plane's methods (stream.*, fs.*_stream) live in api_stream.lua
 api_stream.register(h, { get_sandbox = get_sandbox, abs_path = abs_path, as = as, agent_call = agent_call,
-                         MSG = MSG })
+                         MSG = MSG, errno_data = errno_data })
+-- fs.read_fd and fs.write_fd send their reply (and its fd) themselves
+M.SENDS_OWN_REPLY = api_stream.SENDS_OWN_REPLY
+M.SENT = api_stream.SENT
 -- volume.create, volume.list, volume.get, volume.destroy
 for k, fn in pairs(require("tupper.daemon.volumes").handlers) do h[k] = fn end
 

@@ -22,9 +22,19 @@ M.ATTACH_WAIT_MS = 5000       -- hello's `attach_wait`: how long a call that ask
                               -- for the attach of a token its connection holds
 M.EARLY_ATTACH_MS = 1000      -- how long an attach with an unknown token waits for the
                               -- stream.channel that names it (a token the client chose)
-M.EARLY_ATTACH_MAX = 64       -- attaches that may wait so at once (more: refused at once)
+M.EARLY_ATTACH_CONN = 1       -- attaches one connection may have waiting so (a data connection
+                              -- attaches once: a second is refused at once, -32004)
+M.EARLY_ATTACH_MAX = 1024     -- attaches that may wait so at once in all, or --max-clients if
+                              -- higher (more: refused at once, -32004): a last resort, since each
+                              -- waits on a connection of its own and connections are capped
 M.WINDOW = 4 * 1024 * 1024    -- the default window of a data connection
 M.FRAME_MAX = 1048576
+M.FILE_FDS = 1                -- hello's `file_fds`: fs.read_fd and fs.write_fd (linux sandboxes)
+M.FD_SEND_WAIT_MS = 2000      -- how long an fd's reply waits for the connection to take it
+M.WRITE_FD = true             -- fs.write_stream into a linux box's file itself (stream_fs.c)
+M.READ_FD = true              -- fs.read_stream of a linux box's file itself (stream_fs.c)
+M.SENDS_OWN_REPLY = { ["fs.read_fd"] = true, ["fs.write_fd"] = true }
+M.SENT = setmetatable({}, { __name = "sent" }) -- a handler's result: its reply went out already
 
 local function hex_token()
   local bytes = assert(uv.random(16))
@@ -56,6 +66,7 @@ end
 function M.register(h, helpers)
   local get_sandbox, abs_path, as, agent_call, MSG = helpers.get_sandbox, helpers.abs_path,
     helpers.as, helpers.agent_call, helpers.MSG
+  local errno_data = helpers.errno_data
 
   function h.stream_channel(d, conn, p)
     d.stream_tokens = d.stream_tokens or {}
@@ -97,12 +108,35 @@ function M.register(h, helpers)
     return { token = token }
   end
 
+  -- Whether an attach of conn with a token not known yet may wait for its
+  -- stream.channel: nil, or nil, code, msg, data to refuse it at once.
+  -- Bounded per connection, so that one client's attaches never take the
+  -- places of another's, and in all as a last resort.
+  local function may_wait_early(d, conn)
+    if (conn.early_attaches or 0) >= M.EARLY_ATTACH_CONN then
+      return nil, rpc.BUSY, ("stream.attach: this connection has %d attach waiting for its token's "
+        .. "stream.channel already: a data connection attaches once"):format(conn.early_attaches),
+        { cap = "early_attaches", value = M.EARLY_ATTACH_CONN }
+    end
+    local clients = d.caps and d.caps.clients or 0
+    local all = math.max(M.EARLY_ATTACH_MAX, clients)
+    if (d.early_attaches or 0) >= all then
+      return nil, rpc.BUSY, ("stream.attach: %d attaches wait for their token's stream.channel already, "
+        .. "the daemon's most: send the stream.channel first"):format(d.early_attaches),
+        { cap = "early_attaches_all", value = all }
+    end
+    return true
+  end
+
   function h.stream_attach(d, conn, p)
     local e = d.stream_tokens and d.stream_tokens[p.token]
-    if not e and (d.early_attaches or 0) < M.EARLY_ATTACH_MAX then
+    if not e then
+      local ok, code, msg, data = may_wait_early(d, conn)
+      if not ok then return nil, code, msg, data end
       -- a client that chose its token sends its stream.channel and this
       -- attach at once, on two connections: the channel may come second
       d.early_attaches = (d.early_attaches or 0) + 1
+      conn.early_attaches = (conn.early_attaches or 0) + 1
       async.wait(function(cb)
         local t = uv.new_timer()
         d.early_attach = d.early_attach or {}
@@ -118,6 +152,7 @@ function M.register(h, helpers)
         t:start(M.EARLY_ATTACH_MS, 0, done)
       end)
       d.early_attaches = d.early_attaches - 1
+      conn.early_attaches = conn.early_attaches - 1
       e = d.stream_tokens and d.stream_tokens[p.token]
     end
     if e then
@@ -223,6 +258,8 @@ function M.register(h, helpers)
     return { stdout = ids.stdout, stderr = ids.stderr, stdin = ids.stdin }
   end
 
+  local take_file -- below: the box's file from its agent (FS_OPEN)
+
   local function open(d, conn, p, write, spec)
     local dc = conn.data_conn
     if not dc or not dc:alive() then
@@ -241,6 +278,22 @@ function M.register(h, helpers)
     local sb, code, msg = get_sandbox(d, p.sandbox)
     if not sb then return nil, code, msg end
     local path = abs_path(p.path)
+    -- a linux box's file itself, read by the daemon from the thread pool;
+    -- where that cannot be (or the open fails: its error comes the
+    -- agent's way below) the agent reads it (FS_READ) as before
+    local dc = conn.data_conn
+    if sb.fs_fd and dc and dc:alive() and M.READ_FD then
+      local f, r = take_file(sb, as(p, { path = path }))
+      if f and dc:alive() then
+        local sid = next_sid(conn)
+        local ok = dc:file_fd_read(sb.box.core or sb.box, sid, f, { path = path, offset = p.offset or 0,
+          length = p.length })
+        f:close()
+        if ok then return { stream = sid, size = math.tointeger(r.size) or 0 } end
+      elseif f then
+        f:close()
+      end
+    end
     -- the size, and ENOENT/EISDIR/EACCES as a JSON error before any frame
     local r, c, m, x = agent_call(sb, MSG.FS_READ, as(p, { path = path, offset = 0, length = 0 }), rpc.FS_ERROR)
     if not r then return nil, c, m, x end
@@ -254,10 +307,120 @@ function M.register(h, helpers)
     local truncate = p.truncate
     if truncate == nil then truncate = offset == 0 and not p.append end
     local flags = 4 | (truncate and 1 or 0) | (p.append and 2 or 0)
+    -- a linux box's file itself, written by the daemon from the thread
+    -- pool (the agent's hop saved); where that cannot be, the agent
+    -- writes it (FS_WRITE) as before, and says why it fails
+    local sb = d.sandboxes[p.sandbox]
+    local dc = conn.data_conn
+    if sb and sb.fs_fd and sb.state == "running" and dc and dc:alive() and M.WRITE_FD then
+      local path = abs_path(p.path)
+      local f = take_file(sb, as(p, { path = path, flags = 8 | flags, mode = p.mode or 420 }))
+      if f and dc:alive() then
+        local sid = next_sid(conn)
+        local ok = dc:file_fd(sb.box.core or sb.box, sid, f, { path = path, offset = offset, append = p.append })
+        f:close()
+        if ok then return { stream = sid } end
+      elseif f then
+        f:close()
+      end
+    end
     local sid, ec, em, ex = open(d, conn, p, true, { path = abs_path(p.path), offset = offset,
       flags = flags, mode = p.mode or 420 })
     if not sid then return nil, ec, em, ex end
     return { stream = sid }
+  end
+
+  -- ---- open files as descriptors (docs/protocol.md, "Files as descriptors") ----
+
+  -- The reply's id as JSON text (a raw id keeps its text).
+  local function id_text(id)
+    if type(id) == "table" and id.text then return id.text end
+    return json.encode(id)
+  end
+
+  -- Sends text with f attached to its first byte on conn's socket, once
+  -- nothing else is queued there (else the fd would go with other bytes).
+  -- true, or nil and why.
+  local function send_with_fd(conn, text, f)
+    local deadline = uv.now() + M.FD_SEND_WAIT_MS
+    while true do
+      if conn.closed or not conn.stream or conn.stream:is_closing() then return nil, "the client went away" end
+      if conn.stream:get_write_queue_size() == 0 then
+        local fd = conn.stream:fileno()
+        if not fd then return nil, "the client's connection has no descriptor" end
+        local n, err, errno = core.send_fd(fd, text, f)
+        if n then
+          if n < #text then conn.stream:write(text:sub(n + 1)) end -- in order: nothing else was queued
+          return true
+        end
+        if errno ~= 11 then return nil, err end -- EAGAIN: the client does not read yet
+      end
+      if uv.now() >= deadline then return nil, "the client does not read its connection" end
+      async.sleep(1)
+    end
+  end
+
+  -- The box's file, opened by its agent (FS_OPEN, as the account) and
+  -- handed over: a core file, or nil, msg, errno, busy (the channel had
+  -- other bytes queued all along: nothing was asked).
+  function take_file(sb, fields)
+    local r, err, errno, unsent
+    for _ = 1, 50 do -- the channel must be idle for the socket to go with the frame
+      local pair, perr, perrno = core.fd_pair()
+      if not pair then return nil, perr, perrno end
+      r, err, errno, unsent = sb:request(MSG.FS_OPEN, fields, pair)
+      local f
+      if r then f, err, errno = pair:take() end
+      pair:close()
+      if r then
+        if f and not f:size() then f:close(); return nil, "the agent's file: fstat failed", 5 end
+        if f then return f, r end
+        return nil, err, errno
+      end
+      if unsent ~= 11 then return nil, err, errno end -- EAGAIN: other bytes were queued on the channel
+      async.sleep(2)
+    end
+    return nil, "the sandbox's channel is busy", 11, true
+  end
+
+  -- Opens p.path of p.sandbox through its agent and sends the reply with
+  -- the open file.  Linux boxes whose agent hands files over only: others
+  -- get an error with data.fallback, and the client uses the streams.
+  local function open_fd(d, conn, p, flags, mode)
+    local sb, code, msg = get_sandbox(d, p.sandbox)
+    if not sb then return nil, code, msg end
+    if not sb.fs_fd then
+      return nil, rpc.FS_ERROR, "this sandbox does not hand out open files (use fs.read_stream or fs.write_stream)",
+        { fallback = true }
+    end
+    if not conn.stream then
+      return nil, rpc.INVALID_REQUEST, "open files go only over the daemon's unix socket", { fallback = true }
+    end
+    local f, err, errno, busy = take_file(sb, as(p, { path = abs_path(p.path), flags = flags, mode = mode }))
+    local r = f and err
+    if not f then
+      -- EOPNOTSUPP: a file the daemon will not hand over (FUSE): the streams can
+      if busy or errno == 95 then return nil, rpc.FS_ERROR, err, { fallback = true } end
+      return nil, rpc.FS_ERROR, err, errno_data(errno)
+    end
+    local text = ('{"jsonrpc":"2.0","id":%s,"result":%s}\n'):format(id_text(p._rpc_id),
+      json.encode({ size = f:size() or 0, mode = math.tointeger(r.mode) or 0 }))
+    local ok, serr = send_with_fd(conn, text, f)
+    f:close() -- the client holds its own now (or nobody does)
+    if not ok then return nil, rpc.FS_ERROR, serr, { fallback = true } end
+    return M.SENT
+  end
+
+  function h.fs_write_fd(d, conn, p)
+    local truncate = p.truncate
+    if truncate == nil then truncate = not p.append end
+    -- OPEN_WRITE | PARENTS, and TRUNC / APPEND as fs.write_stream
+    local flags = 8 | 4 | (truncate and 1 or 0) | (p.append and 2 or 0)
+    return open_fd(d, conn, p, flags, p.mode or 420)
+  end
+
+  function h.fs_read_fd(d, conn, p)
+    return open_fd(d, conn, p, 0, nil)
   end
 end
 

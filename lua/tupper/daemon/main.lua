@@ -34,6 +34,48 @@ M.UID_BASE = 100000000
 -- methods that subscribe a connection to a stream of notifications
 -- (counted against the daemon's streams cap, daemon/limits.lua)
 local STREAM_METHODS = { ["fs.watch"] = true, ["process.connect"] = true, ["sandbox.expose"] = true }
+-- methods whose work holds a thread of libuv's pool (a box's start, a
+-- freeze, a snapshot, a volume's image; a pull's downloads, an import's
+-- unpacks): a few of one connection run at once, M.POOL_CALLS of each
+-- line, the rest wait in that connection's line, not in the pool's queue
+-- ahead of other clients' work.  A kill is in no line: it must never wait
+-- behind a slow create (a recipe's setup) of its own connection.
+local POOL_METHODS = { ["sandbox.create"] = "box", ["sandbox.pause"] = "box",
+  ["sandbox.resume"] = "box", ["sandbox.snapshot"] = "box", ["sandbox.fork"] = "box",
+  ["snapshot.delete"] = "box", ["volume.create"] = "box", ["volume.destroy"] = "box",
+  ["image.pull"] = "image", ["image.import"] = "image" }
+-- box: twice libuv's 4 threads (another client waits behind two rounds of
+-- them at most, one client's creates still fill the pool); image: what the
+-- pool's long lane runs at once (runtime/host/job.c)
+M.POOL_CALLS = { box = 8, image = 2 }
+
+-- Waits (in the request's coroutine) for a place in conn's line: fewer
+-- than M.POOL_CALLS[line] of its calls of that line running, in the order
+-- they came.
+local function pool_turn(conn, line)
+  conn.pool_lines = conn.pool_lines or {}
+  local l = conn.pool_lines[line]
+  if not l then
+    l = { running = 0, waiting = {} }
+    conn.pool_lines[line] = l
+  end
+  if l.running >= M.POOL_CALLS[line] then
+    local q = l.waiting
+    async.wait(function(cb) q[#q + 1] = cb end)
+    -- pool_done handed its place over: counted already
+  else
+    l.running = l.running + 1
+  end
+end
+
+local function pool_done(conn, line)
+  local l = conn.pool_lines[line]
+  if #l.waiting > 0 then
+    table.remove(l.waiting, 1)() -- the place goes to the next call in line
+  else
+    l.running = l.running - 1
+  end
+end
 
 local Daemon = {}
 Daemon.__index = Daemon
@@ -121,13 +163,17 @@ function Daemon:_request(conn, msg)
     end
     params = checked
     if loaded then params._recipe = loaded end -- internal, after the policies
-    if msg.method == "stream.attach" then params._rpc_id = id end -- its reply is C's (api_stream.lua)
+    -- their replies are C's (api_stream.lua): the attach's, and an fd's
+    if msg.method == "stream.attach" or api.SENDS_OWN_REPLY[msg.method] then params._rpc_id = id end
     local sid = params.sandbox or params.id
     if type(sid) == "string" and self.sandboxes[sid] then
       conn.uses = conn.uses or {}
       conn.uses[sid] = true -- not idle while that box lives
     end
+    local line = POOL_METHODS[msg.method]
+    if line then pool_turn(conn, line) end
     local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
+    if line then pool_done(conn, line) end
     conn.inflight = conn.inflight - 1
     if not is_call then return end
     if not ok then
@@ -135,6 +181,7 @@ function Daemon:_request(conn, msg)
       return conn:error(id, rpc.INTERNAL_ERROR, "internal error")
     end
     if res == nil then return conn:error(id, code or rpc.INTERNAL_ERROR, message or "failed", data) end
+    if res == api.SENT then return end -- the handler sent its reply itself (with an fd)
     if msg.method == "sandbox.create" and type(res.id) == "string" then
       conn.uses = conn.uses or {}
       conn.uses[res.id] = true

@@ -197,6 +197,8 @@ function Sandbox:_frame(t, id, f)
     self.net_give = (math.tointeger(f.flags) or 0) & core.NET.READY_FD ~= 0
     -- whether it looks an EXEC's USER up itself (agent_acct.c)
     self.exec_user = (math.tointeger(f.flags) or 0) & core.NET.READY_EXEC_USER ~= 0
+    -- whether it hands an open file over (FS_OPEN: api_stream.lua's fs.*_fd)
+    self.fs_fd = (math.tointeger(f.flags) or 0) & core.NET.READY_FS_FD ~= 0
     if self._ready then
       if f.version ~= core.AGENT_PROTO then
         self._ready(false, "agent speaks protocol " .. tostring(f.version))

@@ -28,6 +28,8 @@ M.FILE_METHODS = {
   ["fs.write"] = { op = "write", paths = { "path" } },
   ["fs.read_stream"] = { op = "read", paths = { "path" } },
   ["fs.write_stream"] = { op = "write", paths = { "path" } },
+  ["fs.read_fd"] = { op = "read", paths = { "path" } },
+  ["fs.write_fd"] = { op = "write", paths = { "path" } },
   ["fs.list"] = { op = "list", paths = { "path" } },
   ["fs.stat"] = { op = "stat", paths = { "path" } },
   ["fs.mkdir"] = { op = "mkdir", paths = { "path" } },

@@ -304,6 +304,17 @@ M.methods = {
                required = { "sandbox", "path" } },
     result = { "stream" },
   },
+  ["fs.read_fd"] = {
+    doc = "Opens a file of a linux sandbox for reading and hands the open file to the client with the reply (SCM_RIGHTS on a unix socket).",
+    params = { sandbox = ID, user = USER, path = PATH, required = { "sandbox", "path" } },
+    result = { "size", "mode" },
+  },
+  ["fs.write_fd"] = {
+    doc = "Opens (creates, truncates) a file of a linux sandbox for writing and hands the open file to the client with the reply (SCM_RIGHTS on a unix socket).",
+    params = { sandbox = ID, user = USER, path = PATH, append = { type = "boolean" }, truncate = { type = "boolean" },
+               mode = { type = "integer", min = 0, max = 4095 }, required = { "sandbox", "path" } },
+    result = { "size", "mode" },
+  },
   ["stream.channel"] = {
     doc = "Gives a single-use token for opening this connection's data connection.",
     params = { token = { type = "string", min = 32, max = 32 } },
