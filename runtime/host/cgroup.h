@@ -207,7 +207,9 @@ int tp_cgroup_stats(const tp_cgroup_t *cg, tp_cgroup_stats_t *st, tp_error_t *er
 int64_t tp_cgroup_oom_kills(const tp_cgroup_t *cg);
 
 /* Kills everything in cg, removes its subs and then cg itself in every
- * hierarchy (ENOENT counts as removed) and frees cg.  Idempotent: a freed cg
+ * hierarchy (ENOENT counts as removed) and frees cg.  An rmdir is tried
+ * first in each: a cgroup the kernel lets go held no process and no sub,
+ * and only one it refuses is listed and killed.  Idempotent: a freed cg
  * is a no-op.  On failure cg is left intact for a retry (or tp_cgroup_free).
  * The "tupper" parent stays: see tp_cgroup_prune. */
 int tp_cgroup_destroy(tp_cgroup_t *cg, tp_error_t *err);

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <lauxlib.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -87,6 +88,23 @@ static int tp_lcore_ignore_stop_signals(lua_State *L) {
   return 0;
 }
 
+/* core.keep_heap(): glibc's malloc keeps up to 4 MiB free at the top of
+ * its heap instead of handing back every 128 KiB or more at once, and
+ * serves blocks up to 1 MiB from it.  For the daemon, whose loop frees
+ * each call's garbage in bursts (Lua's collector): with glibc's defaults
+ * it shrank and regrew its heap about 7 times a box under churn, each a
+ * brk() that unmaps pages and flushes the TLB, and then as many page faults
+ * (docs/benchmarks.md, "Churn").  Returns whether glibc took both. */
+static int tp_lcore_keep_heap(lua_State *L) {
+#if defined(M_TRIM_THRESHOLD) && defined(M_MMAP_THRESHOLD)
+  lua_pushboolean(L, mallopt(M_TRIM_THRESHOLD, 4 << 20) == 1 &&
+                         mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1);
+#else
+  lua_pushboolean(L, 0);
+#endif
+  return 1;
+}
+
 static int tp_lcore_umask(lua_State *L) {
   lua_pushinteger(L, umask((mode_t) luaL_checkinteger(L, 1)));
   return 1;
@@ -163,6 +181,7 @@ void tp_l_util_register(lua_State *L) {
       {"sha256", tp_ldigest_sha256},           {"rmtree", tp_lcore_rmtree},
       {"umask", tp_lcore_umask},               {"ignore_stop_signals", tp_lcore_ignore_stop_signals},
       {"random_hex", tp_lcore_random_hex},     {"lock", tp_lcore_lock},
-      {"log_to", tp_lcore_log_to},             {NULL, NULL}};
+      {"log_to", tp_lcore_log_to},             {"keep_heap", tp_lcore_keep_heap},
+      {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }

@@ -250,6 +250,22 @@ describe("the daemon", function()
     assert.is_nil(listed())
   end)
 
+  it("lists sandboxes by creation time, then id", function()
+    local ids = {}
+    for i = 1, 3 do ids[i] = assert(call("sandbox.create", on_backend())).id end
+    local list = call("sandbox.list", {}).sandboxes
+    assert.truthy(#list >= 3)
+    for i = 2, #list do
+      local a, b = list[i - 1], list[i]
+      assert.truthy(a.created_at < b.created_at or (a.created_at == b.created_at and a.id < b.id),
+        ("%s %s before %s %s"):format(a.created_at, a.id, b.created_at, b.id))
+    end
+    for _, id in ipairs(ids) do assert(call("sandbox.kill", { id = id })) end
+    for _, s in ipairs(call("sandbox.list", {}).sandboxes) do
+      for _, id in ipairs(ids) do assert.are_not.equal(id, s.id) end
+    end
+  end)
+
   it("reads, writes and manages files inside the box", function()
     local id = create()
     local big = string.rep("0123456789abcdef", 65536 * 3) -- 3 MiB

@@ -453,6 +453,45 @@ static void t_limits(const tp_cgroup_root_t *root, const char *id) {
   tp_cgroup_free(&cg);
 }
 
+/* Destroy of an empty box with an empty sub: the box's own rmdir is refused
+ * (it has a sub), so the removal goes the long way; nothing is left.  And a
+ * second create of a live box's id is EEXIST, not a box made over it. */
+static void t_empty_sub(const tp_cgroup_root_t *root, const char *id) {
+  tp_cgroup_t cg = {0}, sub = {0}, twice = {0};
+  tp_error_t err = {0};
+  const char *d[TP_CG_NCTRL], *sd[TP_CG_NCTRL];
+  char *dirs[2 * TP_CG_NCTRL] = {0};
+  int n, sn, r;
+
+  r = tp_cgroup_create(root, id, NULL, &cg, &err);
+  if (r < 0)
+    diag("create", &err);
+  check(r == 0, "create %s (no limits)", id);
+  if (r < 0)
+    return;
+  r = tp_cgroup_create(root, id, NULL, &twice, &err);
+  check(r < 0 && err.code == EEXIST, "a second create of %s is EEXIST (%s)", id, err.msg);
+  r = tp_cgroup_sub(&cg, "s1", &sub, &err);
+  if (r < 0)
+    diag("sub", &err);
+  check(r == 0, "an empty sub s1");
+  n = cg_ndirs(&cg, d);
+  sn = r == 0 ? cg_ndirs(&sub, sd) : 0;
+  for (int i = 0; i < n; i++)
+    dirs[i] = strdup(d[i]);
+  for (int i = 0; i < sn; i++)
+    dirs[n + i] = strdup(sd[i]);
+  tp_cgroup_free(&sub); /* the box's destroy removes it */
+  r = tp_cgroup_destroy(&cg, &err);
+  if (r < 0)
+    diag("destroy", &err);
+  check(r == 0 && cg.id == NULL, "destroy the empty box with its empty sub");
+  check(!any_dir_left(n + sn, (const char *const *) dirs), "no directory left of the box or its sub");
+  for (int i = 0; i < n + sn; i++)
+    free(dirs[i]);
+  tp_cgroup_free(&cg);
+}
+
 int main(void) {
   tp_cgroup_root_t root = {0};
   tp_error_t err = {0};
@@ -474,6 +513,7 @@ int main(void) {
   t_validation(&root);
   t_rollback(&root, id2);
   t_limits(&root, id1);
+  t_empty_sub(&root, id2);
   check(tp_cgroup_prune(&root, &err) == 0, "prune the tupper parents");
   tp_cgroup_root_free(&root);
 

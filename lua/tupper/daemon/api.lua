@@ -174,18 +174,48 @@ local function entry_json(sb)
   return text
 end
 
-local function created_before(a, b)
-  return a.created_at < b.created_at or (a.created_at == b.created_at and a.id < b.id)
+-- The list's order: by created_at, then id.  Each listed box has a sort
+-- key, created_at .. "\0" .. id (kept while its created_at stays: a pooled
+-- box gets a new one when a create takes it), and the keys are sorted by
+-- table.sort's own string order: the same order (a "\0" sorts before any
+-- byte of an id, and a created_at that is a prefix of another's before
+-- it), without a call of a Lua comparator for each comparison.
+local sort_keys = setmetatable({}, { __mode = "k" })
+local keys, by_key = {}, {}
+
+local function sort_key(sb)
+  local e = sort_keys[sb]
+  if e == nil or e.at ~= sb.created_at then
+    e = { at = sb.created_at, key = sb.created_at .. "\0" .. sb.id }
+    sort_keys[sb] = e
+  end
+  return e.key
 end
 
 function h.sandbox_list(d, conn, p)
-  local list = {}
+  -- (emptied as the reply is made; again here, after a call that raised)
+  for i = #keys, 1, -1 do keys[i] = nil end
+  for k in pairs(by_key) do by_key[k] = nil end
+  local n = 0
   for _, sb in pairs(d.sandboxes) do
-    if sb.state == "running" or sb.state == "paused" then list[#list + 1] = sb end
+    if sb.state == "running" or sb.state == "paused" then
+      local k = sort_key(sb)
+      n = n + 1
+      keys[n], by_key[k] = k, sb
+    end
   end
-  table.sort(list, created_before)
-  for i, sb in ipairs(list) do list[i] = entry_json(sb) end
-  return json.raw('{"sandboxes":[' .. table.concat(list, ",") .. "]}")
+  table.sort(keys)
+  -- the reply goes out as these strings (json.raw): the kept entries and
+  -- the commas between them, never joined
+  local parts = { '{"sandboxes":[' }
+  for i = 1, n do
+    local k = keys[i]
+    parts[2 * i] = entry_json(by_key[k])
+    parts[2 * i + 1] = i < n and "," or "]}"
+    keys[i], by_key[k] = nil, nil
+  end
+  if n == 0 then parts[2] = "]}" end
+  return json.raw(parts)
 end
 
 function h.sandbox_set_timeout(d, conn, p)

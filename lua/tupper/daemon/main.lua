@@ -405,6 +405,9 @@ function M.run(opts)
   -- creates (docs/benchmarks.md, "Loop").  The generational collector was
   -- measured and is not taken yet ("The loop's Lua work").
   collectgarbage("incremental", M.GC_PAUSE)
+  -- malloc keeps the heap's top between the collector's bursts of frees
+  -- rather than unmapping and faulting it in again (l_util.c)
+  core.keep_heap()
   local self = setmetatable({ sandboxes = {}, clients = {}, nclients = 0, signals = {}, enforces = {},
     reserved = {}, pulls = {}, setups = {}, pools = {}, creating = {}, dying = {}, dying_waiters = {}, pool_limits = {},
     accounts = {}, -- image digest -> its default account { name, home }

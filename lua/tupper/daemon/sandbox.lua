@@ -830,22 +830,29 @@ local NO_LIMITS = {}
 --- What sandbox.get and sandbox.list say of the box.  into: a table to
 -- fill instead of a new one (every member is set, nil ones too: a table
 -- filled before holds this box's info only).
+-- Its fields are read with rawget: none of them is a method, and a field
+-- that is unset would otherwise go through the class's __index (a Lua
+-- function, util/lazy.lua) each time; sandbox.list reads them for every box
+-- at each call.  An unused procs table is not made for it either.
 function Sandbox:info(into)
+  local raw = rawget
   local n = 0
-  for _ in pairs(self.procs) do n = n + 1 end
+  local procs = raw(self, "procs")
+  if procs then for _ in pairs(procs) do n = n + 1 end end
   -- the deadline's text, made again only when it moves
-  local exp = self.expires_at
-  if exp and exp ~= self.expires_for then
+  local exp = raw(self, "expires_at")
+  if exp and exp ~= raw(self, "expires_for") then
     self.expires_for, self.expires_text = exp, os.date("!%Y-%m-%dT%H:%M:%SZ", exp)
   end
+  local policy = raw(self, "policy_source")
   local t = into or {}
   t.id, t.image, t.backend, t.state, t.created_at = self.id, self.image, self.backend, self.state, self.created_at
-  t.metadata, t.processes, t.limits = self.metadata, n, self.limits or NO_LIMITS
-  t.timeout, t.policy = self.timeout or 0, self.policy_source and self.policy_source.name
-  t.recipe, t.default_user, t.home = self.recipe, self.default_user, self.home
-  t.workdir, t.network, t.volumes = self.workdir, self.network or "none", self.volume_mounts
-  t.persisted = self.persist and true or nil -- paused to disk (daemon/pause.lua)
-  t.expires_at = exp and self.expires_text or nil
+  t.metadata, t.processes, t.limits = raw(self, "metadata"), n, raw(self, "limits") or NO_LIMITS
+  t.timeout, t.policy = raw(self, "timeout") or 0, policy and policy.name
+  t.recipe, t.default_user, t.home = raw(self, "recipe"), raw(self, "default_user"), raw(self, "home")
+  t.workdir, t.network, t.volumes = raw(self, "workdir"), raw(self, "network") or "none", raw(self, "volume_mounts")
+  t.persisted = raw(self, "persist") and true or nil -- paused to disk (daemon/pause.lua)
+  t.expires_at = exp and raw(self, "expires_text") or nil
   return t
 end
 

@@ -81,11 +81,16 @@ end
 local Raw = {}
 
 --- Marks text, made by M.encode (valid JSON and UTF-8), as a reply's result.
+-- text may also be a list of strings whose concatenation is that text: they
+-- go out as they are, never joined into one string (a list of 100 boxes
+-- had been joined into a 30 KiB string, and copied three times more on its
+-- way to the socket, for the collector to walk the whole heap after).
 function M.raw(text)
   return setmetatable({ text = text }, Raw)
 end
 
---- The text of a value marked by M.raw, else nil.
+--- The text of a value marked by M.raw (a string, or a list of strings:
+-- see M.raw), else nil.
 function M.raw_text(v)
   return getmetatable(v) == Raw and v.text or nil
 end

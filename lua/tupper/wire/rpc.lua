@@ -173,7 +173,8 @@ function Conn:_too_long()
 end
 
 --- Sends one object; returns true, or nil and an error.
--- result: JSON text (json.raw) to go in as the member "result"
+-- result: JSON text (json.raw's: a string or a list of strings) to go in
+-- as the member "result"
 function Conn:send(obj, result)
   if self.closed then return nil, "connection closed" end
   local text, err
@@ -188,7 +189,18 @@ function Conn:send(obj, result)
   end
   if not text then return nil, err end
   -- obj has members (jsonrpc at least): text is `{...}`, never `{}`
-  if result then text = '{"result":' .. result .. "," .. text:sub(2) end
+  local out
+  if type(result) == "table" then -- its strings, written as they are (json.raw)
+    out = { '{"result":' }
+    table.move(result, 1, #result, 2, out)
+    out[#out + 1] = ","
+    out[#out + 1] = text:sub(2)
+    out[#out + 1] = "\n"
+  elseif result then
+    out = '{"result":' .. result .. "," .. text:sub(2) .. "\n"
+  else
+    out = text .. "\n"
+  end
   local queued = self.stream:get_write_queue_size()
   if self.max_backlog > 0 and queued > self.max_backlog then
     -- the peer does not read: drop it rather than buffer without bound
@@ -199,7 +211,7 @@ function Conn:send(obj, result)
     self:close()
     return nil, "peer is not reading"
   end
-  self.stream:write(text .. "\n")
+  self.stream:write(out)
   return true
 end
 
