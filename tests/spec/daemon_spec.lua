@@ -725,7 +725,7 @@ describe("the CLI without a daemon", function()
       if os.getenv(k) then env[#env + 1] = k .. "=" .. os.getenv(k) end
     end
     local function started_pid()
-      local p = io.popen("pgrep -o -f 'tupper daemon --socket " .. socket .. "'")
+      local p = io.popen("pgrep -o -f 'tupper(-core)? daemon --socket " .. socket .. "'")
       local pid = p:read("a"):match("%d+")
       p:close()
       return pid
