@@ -14,7 +14,7 @@ traces() {
     grep -E 'tupper' /proc/self/mountinfo 2>/dev/null | awk '{print "mount " $5}'
     find /sys/fs/cgroup -maxdepth 5 -type d -path '*tupper*' 2>/dev/null | sed 's/^/cgroup /'
     ip netns list 2>/dev/null | grep -i tupper | sed 's/^/netns /'
-    pgrep -a -f 'tupper-agent|tupper daemon' 2>/dev/null | sed 's/^/process /'
+    pgrep -a -f 'tupper-agent|tupper(-core)? daemon' 2>/dev/null | sed 's/^/process /'
     # any process running as a sandbox uid (the default range)
     ps -eo uid=,pid=,stat=,comm= 2>/dev/null | awk '$1 >= 100000000 && $1 < 100065536 && $3 !~ /^Z/ {print "process " $2 " " $4}'
     ls -d /tmp/tupper* /run/tupper-test* 2>/dev/null | sed 's/^/file /'
