@@ -390,7 +390,7 @@ int tp_dbox_send_fds(tp_dbox_t *b, tp_buf_t *buf, const int *fds, int n, tp_erro
 
 _Static_assert(TP_CG_NCTRL <= TP_DBOX_SEND_FDS_MAX, "a tree's fds must fit one send");
 
-int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, tp_dbox_tree_t *t, tp_error_t *err) {
+int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_error_t *err) {
   int fds[TP_CG_NCTRL], n, r;
   if (!tp_dbox_running(b)) {
     tp_buf_free(buf);
@@ -400,11 +400,6 @@ int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, tp_dbox_tree_t *t, tp_error_t
     tp_buf_free(buf);
     return tp_error_set(err, EAGAIN, "box channel: busy, no fds can go with this frame");
   }
-  /* the files kept with the tree (opened once, within the cap: a tree made
-   * the held way or recycled opens them at its first EXEC), else opened for
-   * this EXEC alone */
-  if (t->nfds > 0 || tp__dbox_tree_keep_fds(t) == 0)
-    return tp_dbox_send_fds(b, buf, t->fds, t->nfds, err);
   /* the agent's child, single-threaded, writes itself to each: tasks on v1 */
   if ((n = tp_cgroup_enter_fds_self(&t->cg, fds, err)) <= 0) {
     tp_buf_free(buf);

@@ -50,8 +50,6 @@ typedef struct tp_dbox_tree_s {
   int busy;       /* kill jobs in the pool on cg */
   int rm_pending; /* unlinked while busy: the last kill job removes it */
   int spare;      /* made ahead, no process yet: not found by name until taken */
-  int nfds;       /* fds kept open: the files its EXEC sends (tp_dbox_send_tree), 0 if none */
-  int fds[TP_CG_NCTRL];
 } tp_dbox_tree_t;
 
 /* Spare trees a box keeps made ahead (tp_dbox_tree_take) */
@@ -249,14 +247,13 @@ void tp_dbox_tree_refill_to(tp_dbox_t *b, int n);
 /* n spares made here, at once (tests). */
 int tp__dbox_spares_make(tp_dbox_t *b, int n, tp_error_t *err);
 
-/* tp_dbox_send of a frame with the cgroup.procs fds of t (tasks on v1; one
- * per hierarchy, kept open with t from its making as a spare or its first
- * EXEC on, within the daemon's cap for them, else opened here) attached
- * to its first byte (SCM_RIGHTS): for an EXEC with TP_F_EXEC_TREE.  Only while nothing else is queued on the channel (else
+/* tp_dbox_send of a frame with the cgroup.procs fds of t (opened here, one
+ * per hierarchy) attached to its first byte (SCM_RIGHTS): for an EXEC with
+ * TP_F_EXEC_TREE.  Only while nothing else is queued on the channel (else
  * the fds would arrive with other bytes): EAGAIN, and nothing sent, if it
  * is not so or the socket takes no byte now; the caller then starts the
  * process another way.  buf is freed in every case. */
-int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, tp_dbox_tree_t *t, tp_error_t *err);
+int tp_dbox_send_tree(tp_dbox_t *b, tp_buf_t *buf, const tp_dbox_tree_t *t, tp_error_t *err);
 /* tp_dbox_send of a frame with fds[0..n) (n <= TP_DBOX_SEND_FDS_MAX)
  * attached to its first byte, under tp_dbox_send_tree's rules (EAGAIN
  * while other bytes are queued).  The fds stay the caller's (the kernel

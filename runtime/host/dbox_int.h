@@ -21,17 +21,4 @@ void tp__dbox_stop(tp_dbox_t *b);
 /* Removes the box's trees and its cgroup (after its processes are dead). */
 void tp__dbox_drop_cgroups(tp_dbox_t *b, tp_error_t *err);
 
-/* A tree's EXEC files (tp_cgroup_enter_fds_self) opened and kept in t
- * while the daemon's kept fds stay within their cap (a quarter of the soft
- * RLIMIT_NOFILE): 0, or -1 when not kept (the cap, or an open failed). */
-int tp__dbox_tree_keep_fds(tp_dbox_tree_t *t);
-/* Closes what t kept. */
-void tp__dbox_tree_drop_fds(tp_dbox_tree_t *t);
-/* The fds all trees keep now, and their cap set (cap < 0: a quarter of
- * the soft RLIMIT_NOFILE again, as read next): tests. */
-int tp__dbox_kept_fds(void);
-void tp__dbox_kept_cap_set(int cap);
-/* Frees t with what it kept (its cgroup is the caller's). */
-void tp__dbox_tree_free(tp_dbox_tree_t *t);
-
 #endif

@@ -241,7 +241,7 @@ void tp__dbox_drop_cgroups(tp_dbox_t *b, tp_error_t *err) {
     b->trees = t->next;
     tp_cgroup_destroy(&t->cg, err);
     tp_cgroup_free(&t->cg);
-    tp__dbox_tree_free(t);
+    free(t);
   }
   if (b->has_cg) {
     if (tp_cgroup_destroy(&b->cg, err) < 0)

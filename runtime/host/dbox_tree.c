@@ -5,78 +5,13 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <stdatomic.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include "dbox_int.h"
 #include "job.h"
 #include "nspid.h"
 #include "utils.h"
-
-/* ---- the files a tree's EXEC sends, kept open -------------------------------------- */
-
-/* fds kept open by all trees of the daemon (opened in the pool, closed on
- * the loop), and their cap: a quarter of the soft RLIMIT_NOFILE as first
- * read (docs/limits.md), so that boxes and clients keep the rest. */
-static atomic_int kept_fds;
-static atomic_int kept_cap = -1;
-
-static int keep_cap(void) {
-  int cap = atomic_load(&kept_cap);
-  if (cap < 0) {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-      cap = 0; /* none kept: each EXEC opens its files, as before */
-    else if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur / 4 > INT_MAX / 2)
-      cap = INT_MAX / 2;
-    else
-      cap = (int) (rl.rlim_cur / 4);
-    atomic_store(&kept_cap, cap);
-  }
-  return cap;
-}
-
-int tp__dbox_tree_keep_fds(tp_dbox_tree_t *t) {
-  int fds[TP_CG_NCTRL], n;
-  tp_error_t e = {0};
-  if (t->nfds > 0)
-    return 0;
-  /* the most a tree opens, reserved first: a tree past the cap opens its
-   * files at each EXEC instead, as all did before */
-  if (atomic_fetch_add(&kept_fds, TP_CG_NCTRL) + TP_CG_NCTRL > keep_cap()) {
-    atomic_fetch_sub(&kept_fds, TP_CG_NCTRL);
-    return -1;
-  }
-  /* the agent's child, single-threaded, writes itself to each: tasks on v1 */
-  n = tp_cgroup_enter_fds_self(&t->cg, fds, &e);
-  atomic_fetch_sub(&kept_fds, TP_CG_NCTRL - (n > 0 ? n : 0));
-  if (n <= 0)
-    return -1;
-  memcpy(t->fds, fds, sizeof(fds));
-  t->nfds = n;
-  return 0;
-}
-
-void tp__dbox_tree_drop_fds(tp_dbox_tree_t *t) {
-  if (t->nfds <= 0)
-    return;
-  for (int i = 0; i < t->nfds; i++)
-    close(t->fds[i]);
-  atomic_fetch_sub(&kept_fds, t->nfds);
-  t->nfds = 0;
-}
-
-int tp__dbox_kept_fds(void) { return atomic_load(&kept_fds); }
-
-void tp__dbox_kept_cap_set(int cap) { atomic_store(&kept_cap, cap); }
-
-void tp__dbox_tree_free(tp_dbox_tree_t *t) {
-  tp__dbox_tree_drop_fds(t);
-  free(t);
-}
 
 tp_dbox_tree_t *tp_dbox_tree_find(tp_dbox_t *b, const char *name) {
   for (tp_dbox_tree_t *t = b->trees; t != NULL; t = t->next)
@@ -299,7 +234,7 @@ int tp_dbox_tree_remove(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err) {
       if (oom > 0)
         b->oom_gone += oom;
       *pp = t->next;
-      tp__dbox_tree_free(t);
+      free(t);
       return 0;
     }
   }
@@ -352,7 +287,7 @@ static void rm_after(void *data, int status) {
   if (j->ret < 0) { /* the box's destroy removes what is left */
     tp_cgroup_free(&j->t->cg);
   }
-  tp__dbox_tree_free(j->t);
+  free(j->t);
   free(j);
   b->tree_jobs--;
   tp__dbox_jobs_done(b);
@@ -367,7 +302,7 @@ static void rm_here(tp_dbox_t *b, tp_dbox_tree_t *t) {
     tp_cgroup_free(&t->cg);
   else if (oom > 0)
     b->oom_gone += oom;
-  tp__dbox_tree_free(t);
+  free(t);
 }
 
 /* v1 counts an OOM kill in the victim's own memory cgroup only, and a box's
@@ -412,7 +347,6 @@ static int hide_oom(tp_dbox_t *b, tp_dbox_tree_t *t) {
 static int rm_queue(tp_dbox_t *b, tp_dbox_tree_t *t) {
   rm_job_t *j = calloc(1, sizeof(*j));
   int r;
-  tp__dbox_tree_drop_fds(t); /* the pool's removal needs none of them */
   if (j == NULL || hide_oom(b, t) < 0) { /* here, then */
     free(j);
     rm_here(b, t);
@@ -545,9 +479,6 @@ static tp_dbox_tree_t *spare_new(const tp_cgroup_t *cg, tp_error_t *err) {
     free(t);
     return NULL;
   }
-  /* its EXEC's files opened now, in the pool, and kept (within the cap)
-   * instead of opened on the loop at each start */
-  (void) tp__dbox_tree_keep_fds(t);
   return t;
 }
 

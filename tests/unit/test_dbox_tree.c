@@ -100,7 +100,7 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
   tp_error_t err = {0};
   int status, r;
   tp_dbox_tree_t *s1, *s2, *s3;
-  int fds[TP_CG_NCTRL], n, ok = 1, kept, base = tp__dbox_kept_fds();
+  int fds[TP_CG_NCTRL], n, ok = 1;
   pid_t c;
   /* a box's first take finds none and makes none: its tree comes back */
   check(tp_dbox_tree_take(b) == NULL && b->spares == 0 && !b->refilling && b->tree_jobs == 0,
@@ -110,26 +110,10 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
   check(b->refilling == 1 && b->tree_jobs == 1, "%s: a refill up to one queues a job", v);
   uv_run(loop, UV_RUN_DEFAULT);
   check(b->spares == 1 && !b->refilling && b->tree_jobs == 0, "it made one spare, no more");
-  {
-    const char *d[TP_CG_NCTRL];
-    int nd = b->trees != NULL ? cg_ndirs(&b->trees->cg, d) : -1;
-    check(b->trees != NULL && b->trees->nfds == nd && nd > 0 && tp__dbox_kept_fds() == base + nd,
-          "%s: the spare keeps its EXEC's files open, one a hierarchy (%d), counted", v, nd);
-  }
   tp_dbox_tree_refill_to(b, 1);
   check(!b->refilling && b->tree_jobs == 0, "with one there, a refill up to one queues nothing");
-  /* past the cap, a spare keeps none (its EXEC opens them) */
-  tp__dbox_kept_cap_set(tp__dbox_kept_fds() + TP_CG_NCTRL - 1);
   r = tp__dbox_spares_make(b, TP_DBOX_SPARES - 1, &err);
   check(r == 0 && b->spares == TP_DBOX_SPARES, "%s: the box has %d spare trees", v, TP_DBOX_SPARES);
-  check(b->trees != NULL && b->trees->nfds == 0 && tp__dbox_tree_keep_fds(b->trees) < 0 &&
-            b->trees->nfds == 0,
-        "%s: a spare made past the cap keeps no file open, nor can it later", v);
-  kept = tp__dbox_kept_fds();
-  tp__dbox_kept_cap_set(-1);
-  check(b->trees != NULL && tp__dbox_tree_keep_fds(b->trees) == 0 &&
-            tp__dbox_kept_fds() == kept + b->trees->nfds && b->trees->nfds > 0,
-        "%s: within the cap (a quarter of RLIMIT_NOFILE) it opens them at its first EXEC", v);
   s1 = tp_dbox_tree_take(b);
   check(s1 != NULL && !s1->spare && tp_dbox_tree_find(b, s1->name) == s1 && b->spares == 1 &&
             !b->refilling && b->tree_jobs == 0,
@@ -161,31 +145,18 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
     check(all_exist(nd, d), "its cgroup is kept as it is (%d dirs)", nd);
     check(s4 != NULL && tp_dbox_tree_remove(b, s4, &err) == 0, "the other taken tree is removed");
   }
-  /* the agent's child: writes itself to the fds the EXEC brings, the ones
-   * the tree keeps (tp_dbox_send_tree sends them); a second start writes to
-   * the same open files again */
-  n = s1 != NULL && s1->nfds > 0 ? s1->nfds : -1;
-  if (n > 0)
-    memcpy(fds, s1->fds, sizeof(fds));
-  for (int round = 0; round < 2; round++) {
-    c = n > 0 ? fork() : -1;
-    if (c == 0) {
-      for (int i = 0; i < n; i++)
-        if (write(fds[i], "0", 1) != 1)
-          _exit(1);
-      for (;;)
-        pause();
-    }
-    for (long long end = now_ms() + WAIT_MS; c > 0 && in_cgroup(c, &s1->cg) < n && now_ms() < end;)
-      poll(NULL, 0, 2);
-    if (round == 1)
-      break;
-    check(c > 0 && in_cgroup(c, &s1->cg) == n, "round 1: it joins through the kept files");
-    if (c > 0) {
-      kill(c, SIGKILL);
-      waitpid(c, NULL, 0);
-    }
+  /* the agent's child: writes itself to the fds the EXEC brings */
+  n = s1 != NULL ? tp_cgroup_enter_fds_self(&s1->cg, fds, &err) : -1;
+  c = n > 0 ? fork() : -1;
+  if (c == 0) {
+    for (int i = 0; i < n; i++)
+      if (write(fds[i], "0", 1) != 1)
+        _exit(1);
+    for (;;)
+      pause();
   }
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
   for (long long end = now_ms() + WAIT_MS; c > 0 && in_cgroup(c, &s1->cg) < n && now_ms() < end;)
     poll(NULL, 0, 2);
   ok = c > 0 && in_cgroup(c, &s1->cg) == n;
@@ -198,19 +169,7 @@ static void spares_part(uv_loop_t *loop, tp_dbox_t *b, const char *v) {
           "the tree's kill kills it");
     check(tp_dbox_tree_count(b, s1, &k, &err) == 0 && k == 0, "then the tree counts none");
   }
-  kept = tp__dbox_kept_fds();
-  {
-    const char *d[TP_CG_NCTRL];
-    int nd = s1 != NULL ? cg_ndirs(&s1->cg, d) : 0;
-    char *copy[TP_CG_NCTRL];
-    for (int i = 0; i < nd; i++)
-      copy[i] = strdup(d[i]);
-    check(s1 != NULL && tp_dbox_tree_remove(b, s1, &err) == 0, "the tree is removed");
-    check(tp__dbox_kept_fds() == kept - n && !any_dir_left(nd, (const char *const *) copy),
-          "with its files open: its dirs are gone, its %d files closed", n);
-    for (int i = 0; i < nd; i++)
-      free(copy[i]);
-  }
+  check(s1 != NULL && tp_dbox_tree_remove(b, s1, &err) == 0, "the tree is removed");
 }
 
 /* The same on a private cgroup2 mount (a v1 host's v2 code paths), in a
@@ -394,7 +353,6 @@ int main(void) {
         "the tree's and the thaw's callbacks ran first, then the destroy's");
   check(p2 > 0 && wait_pid(p2, WAIT_MS, &status) == 0 && killed(status), "the box's destroy killed its tree");
   check(!listed(&root, id), "the box cgroup is gone");
-  check(tp__dbox_kept_fds() == 0, "no tree keeps a file open");
   tp_dbox_release(b); /* frees it: destroyed, no job */
   b = NULL;
 out:
