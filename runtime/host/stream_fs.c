@@ -62,6 +62,7 @@ typedef struct tp__srelay_s {
   struct tp__sfsjob_s *job; /* the write in the pool, or NULL */
   uint8_t *pend, *spare;
   size_t plen, pcap, spcap;
+  size_t jcap;          /* read: the size of the job's buffer (it becomes spare) */
 } tp__srelay_t;
 
 /* One batch of a write stream's bytes, written by a pool thread. */
@@ -617,6 +618,7 @@ int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *
 #define TP__SFD_READ_MAX (2u * TP_CHUNK_MAX) /* bytes one read job asks for */
 
 static void tp__sfdr_pump(tp__srelay_t *r);
+static int tp__sfdr_queue(tp__srelay_t *r, uint64_t pending);
 
 static void tp__sfdr_work(void *data) {
   tp__sfsjob_t *j = data;
@@ -655,47 +657,65 @@ static void tp__sfdr_after(void *data, int status) {
     tp__srelay_fail(r, e, msg);
     return;
   }
-  if (j->len > 0 && r->d->c != NULL) {
-    long k = tp_sconn_write(r->d->c, r->sid, j->buf, j->len, NULL);
-    if (k != (long) j->len) { /* asked for no more than the credit: the stream is gone */
-      free(j->buf);
-      free(j);
+  uint8_t *buf = j->buf;
+  size_t len = j->len, cap = r->jcap;
+  r->next_off += len;
+  if (len < j->cap)
+    r->eof = 1;
+  free(j);
+  /* the next read goes to the pool before these bytes go out (within the
+   * credit they leave): the box's disk and the socket overlap */
+  if (!r->eof && r->next_off < r->end && r->d->c != NULL && tp__sfdr_queue(r, len) < 0) {
+    free(buf);
+    return; /* r is gone */
+  }
+  if (len > 0 && r->d->c != NULL) {
+    long k = tp_sconn_write(r->d->c, r->sid, buf, len, NULL);
+    if (k != (long) len) { /* asked for no more than the credit: the stream is gone */
+      free(buf);
       tp__srelay_fail(r, EPROTO, "the data connection took less than its credit");
       return;
     }
   }
-  r->done += j->len;
-  r->next_off += j->len;
-  if (j->len < j->cap)
-    r->eof = 1;
-  free(j->buf);
-  free(j);
+  r->done += len;
+  if (r->spare == NULL) { /* kept for the next read */
+    r->spare = buf;
+    r->spcap = cap;
+  } else {
+    free(buf);
+  }
   tp__sfdr_pump(r);
 }
 
-/* Reads as much as the client's credit has room for, one job at a time. */
-static void tp__sfdr_pump(tp__srelay_t *r) {
+/* Queues one read job of what the client's credit has room for, but for
+ * pending bytes read and not yet sent; none when there is no room.  -1:
+ * failed, r is gone. */
+static int tp__sfdr_queue(tp__srelay_t *r, uint64_t pending) {
   tp__sfsjob_t *j;
-  uint64_t want, credit;
+  uint64_t want, credit = tp_sconn_can_write(r->d->c, r->sid);
   int rc;
-  if (r->job != NULL || r->d->c == NULL)
-    return;
-  if (r->eof || r->next_off >= r->end) {
-    tp_sconn_end(r->d->c, r->sid, 1, r->done, NULL);
-    tp__srelay_free(r);
-    return;
-  }
-  if ((credit = tp_sconn_can_write(r->d->c, r->sid)) == 0)
-    return; /* on_writable comes back here */
+  if (credit <= pending)
+    return 0; /* on_writable (or the write of pending) comes back */
+  credit -= pending;
   want = r->end - r->next_off;
   if (want > credit)
     want = credit;
   if (want > TP__SFD_READ_MAX)
     want = TP__SFD_READ_MAX;
-  if ((j = calloc(1, sizeof(*j))) == NULL || (j->buf = malloc((size_t) want)) == NULL) {
+  if ((j = calloc(1, sizeof(*j))) == NULL) {
+    tp__srelay_fail(r, ENOMEM, "out of memory");
+    return -1;
+  }
+  if (r->spare != NULL && r->spcap >= want) { /* the last read's buffer */
+    j->buf = r->spare;
+    r->jcap = r->spcap;
+    r->spare = NULL;
+  } else if ((j->buf = malloc((size_t) want)) != NULL) {
+    r->jcap = (size_t) want;
+  } else {
     free(j);
     tp__srelay_fail(r, ENOMEM, "out of memory");
-    return;
+    return -1;
   }
   j->r = r;
   j->fd = r->fd;
@@ -707,7 +727,21 @@ static void tp__sfdr_pump(tp__srelay_t *r) {
     free(j->buf);
     free(j);
     tp__srelay_fail(r, -rc, "cannot queue the read");
+    return -1;
   }
+  return 0;
+}
+
+/* Reads as much as the client's credit has room for, one job at a time. */
+static void tp__sfdr_pump(tp__srelay_t *r) {
+  if (r->job != NULL || r->d->c == NULL)
+    return;
+  if (r->eof || r->next_off >= r->end) {
+    tp_sconn_end(r->d->c, r->sid, 1, r->done, NULL);
+    tp__srelay_free(r);
+    return;
+  }
+  tp__sfdr_queue(r, 0);
 }
 
 static void tp__sfdr_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t n) {

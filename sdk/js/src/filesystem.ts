@@ -132,16 +132,24 @@ async function* chunksOf(data: WriteEntry['data']): AsyncGenerator<Uint8Array> {
 const PREALLOC_MAX = 1024 * 1024 * 1024;
 
 /**
- * The chunks of a read as one Buffer: copied once into a buffer of the size
- * the daemon saw at the open (a file that grew meanwhile gets the rest
- * joined at the end; one that shrank, the part that came).
+ * The chunks of a read as one Buffer of the size the daemon saw at the open
+ * (a file that grew meanwhile gets the rest joined at the end; one that
+ * shrank, the part that came).  The data connection reads into that buffer
+ * itself where it can (`into`): a piece that is a view of it at the offset
+ * it belongs is there already; any other is copied once.  @internal
+ * (exported for its test)
  */
-async function gather(chunks: AsyncIterable<Buffer[]>, size: number): Promise<Buffer> {
+export async function gather(chunks: AsyncIterable<Buffer[]>, size: number, into?: (b: Buffer) => void): Promise<Buffer> {
   const out = Buffer.allocUnsafe(Number.isSafeInteger(size) && size > 0 ? Math.min(size, PREALLOC_MAX) : 0);
+  if (out.length > 0) into?.(out);
   const more: Buffer[] = [];
   let n = 0;
   for await (const frame of chunks) {
     for (const c of frame) {
+      if (c.buffer === out.buffer && c.byteOffset === out.byteOffset + n && c.length <= out.length - n) {
+        n += c.length; // read into place
+        continue;
+      }
       const k = Math.min(c.length, out.length - n);
       c.copy(out, n, 0, k);
       n += k;
@@ -241,7 +249,7 @@ export class Filesystem {
 
   /** read() on the data plane (stream.ts): binary frames, no base64. */
   private async readFramed(dc: DataConn, path: string, format: ReadFormat, user: string | undefined): Promise<string | Uint8Array | Blob | ReadableStream<Uint8Array>> {
-    const { size, chunks } = await dc.readFile(this.link.conn, asAccount(this.link, user, { sandbox: this.link.sandboxId, path }));
+    const { size, chunks, into } = await dc.readFile(this.link.conn, asAccount(this.link, user, { sandbox: this.link.sandboxId, path }));
     if (format === 'stream') {
       const it = chunks[Symbol.asyncIterator]();
       return new ReadableStream<Uint8Array>(
@@ -261,7 +269,7 @@ export class Filesystem {
         { highWaterMark: 1 },
       );
     }
-    const all = await gather(chunks, size);
+    const all = await gather(chunks, size, into);
     if (format === 'text') return all.toString('utf8');
     if (format === 'blob') return new Blob([all]);
     return new Uint8Array(all.buffer, all.byteOffset, all.byteLength);

@@ -28,6 +28,13 @@ export const T = { OPEN: 1, DATA: 2, END: 3, ERROR: 4, CREDIT: 5 } as const;
 /** a drained stream's credit goes back in pieces of at least this (or a
  * quarter of the window): the daemon keeps three quarters of it meanwhile */
 const CREDIT_AT = 256 * 1024;
+/** one socket read's buffer, where the bytes do not go straight into a reader's own */
+const READ_SIZE = 64 * 1024;
+/**
+ * Node's `onread` (a read lands in a buffer we choose): Node only; Bun and
+ * Deno get the bytes as 'data' events, as before.
+ */
+const ONREAD = typeof process !== 'undefined' && !!process.versions?.node && !('bun' in process.versions) && !('Deno' in globalThis);
 
 const ERRNO_NAMES: Record<number, string> = {
   1: 'EPERM', 2: 'ENOENT', 5: 'EIO', 13: 'EACCES', 17: 'EEXIST', 20: 'ENOTDIR', 21: 'EISDIR',
@@ -48,6 +55,12 @@ interface StreamState {
   /** drained (a process's output): a DATA frame's payload goes to the sink in
    * the pieces the socket gives, before the frame is whole, never joined */
   pieces?: boolean;
+  /** payload bytes of the DATA frames handed on so far */
+  got: number;
+  /** a read as bytes: the buffer the whole file goes into, from offset 0;
+   * a socket read in the middle of a DATA frame lands in it at `got` plus
+   * what came of the frame, so the reader finds those bytes in place */
+  into?: Buffer;
 }
 
 /** The stream ids process.start's reply gives (`streams`). */
@@ -109,6 +122,11 @@ export class DataConn {
   private creditAt = CREDIT_AT;
   private closedWith?: string;
   private active = 0;
+  /** where the socket's bytes go: the attach's reply line, then feed() */
+  private onBytes: (b: Buffer) => void = (b) => this.feed(b);
+  /** the generic buffer of the next socket read, and the slice of a reader's buffer it went to instead */
+  private rbuf?: Buffer;
+  private direct?: Buffer;
 
   private constructor(sock: net.Socket) {
     this.sock = sock;
@@ -117,8 +135,20 @@ export class DataConn {
   /** Opens the data connection of conn; rejects when the daemon has none. */
   static async open(conn: Connection, window = WINDOW): Promise<DataConn> {
     const { token } = await conn.call<{ token: string }>('stream.channel', {});
+    let dc: DataConn | undefined;
+    let early: Buffer[] = []; // before dc exists (none: the daemon speaks after the attach)
+    const onread = ONREAD
+      ? {
+          buffer: (): Buffer => (dc ? dc.nextBuffer() : Buffer.allocUnsafe(READ_SIZE)),
+          callback: (n: number, buf: Buffer): boolean => {
+            if (dc) dc.onRead(n, buf);
+            else early.push(Buffer.from(buf.subarray(0, n)));
+            return true;
+          },
+        }
+      : undefined;
     const sock = await new Promise<net.Socket>((resolve, reject) => {
-      const s = net.createConnection({ path: conn.socketPath });
+      const s = net.createConnection(onread ? { path: conn.socketPath, onread } : { path: conn.socketPath });
       s.once('error', reject);
       s.once('connect', () => {
         s.off('error', reject);
@@ -126,8 +156,8 @@ export class DataConn {
       });
     });
     sock.setNoDelay?.(true);
-    const dc = new DataConn(sock);
-    dc.creditAt = Math.min(CREDIT_AT, Math.floor(window / 4));
+    const d = (dc = new DataConn(sock));
+    d.creditAt = Math.min(CREDIT_AT, Math.floor(window / 4));
     await new Promise<void>((resolve, reject) => {
       let line: Buffer[] = [];
       const onData = (chunk: Buffer): void => {
@@ -138,7 +168,8 @@ export class DataConn {
           line = [all];
           return;
         }
-        sock.off('data', onData);
+        if (!onread) sock.off('data', onData);
+        d.onBytes = (b) => d.feed(b);
         let reply: { result?: unknown; error?: { message?: string } };
         try {
           reply = JSON.parse(all.subarray(0, nl).toString('utf8'));
@@ -150,31 +181,78 @@ export class DataConn {
           reject(new SandboxError(`stream.attach: ${reply.error?.message ?? 'no reply'}`));
           return;
         }
-        dc.listen();
-        if (nl + 1 < all.length) dc.feed(all.subarray(nl + 1));
+        d.listen(!onread);
+        if (nl + 1 < all.length) d.feed(all.subarray(nl + 1));
         resolve();
       };
-      sock.on('data', onData);
+      d.onBytes = onData;
+      if (onread) {
+        for (const b of early) onData(b);
+        early = [];
+      } else {
+        sock.on('data', onData);
+      }
       sock.once('close', () => reject(new SandboxError('stream.attach: the daemon closed the connection')));
       sock.write(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'stream.attach', params: { token, window } }) + '\n');
     });
     // ref'd until attached (the attach is a request in flight: a script whose
     // only wait it is must not end there); from now on only a stream in
     // progress keeps Node alive
-    if (dc.active === 0) sock.unref();
-    return dc;
+    if (d.active === 0) sock.unref();
+    return d;
   }
 
-  private listen(): void {
-    this.sock.on('data', (c: Buffer) => this.feed(c));
+  private listen(data: boolean): void {
+    if (data) this.sock.on('data', (c: Buffer) => this.feed(c));
     this.sock.on('close', () => this.down('the data connection closed'));
     this.sock.on('error', (e) => this.down(e.message));
+  }
+
+  /**
+   * The buffer the next socket read goes into (Node's `onread`): in the
+   * middle of a DATA frame of a stream read into one buffer, the slice of
+   * that buffer where the frame's next bytes belong, no longer than the
+   * frame's rest (so the read never takes the next frame's header); else a
+   * buffer of READ_SIZE.
+   */
+  private nextBuffer(): Buffer {
+    this.direct = undefined;
+    const h = this.hdr;
+    if (h !== undefined && h[5] === T.DATA && !this.closedWith) {
+      const s = this.streams.get(h.readUInt32LE(8));
+      if (s?.into && !s.pieces) {
+        const at = s.got + this.have; // the frame's bytes that came are still in parts
+        const n = Math.min(this.need - this.have, s.into.length - at);
+        if (n > 0) return (this.direct = s.into.subarray(at, at + n));
+      }
+    }
+    this.rbuf ??= Buffer.allocUnsafe(READ_SIZE);
+    return this.rbuf;
+  }
+
+  /** n bytes read into buf (nextBuffer's). */
+  private onRead(n: number, buf: Buffer): void {
+    if (n <= 0) return;
+    if (buf === this.direct) {
+      this.direct = undefined;
+      this.onBytes(buf.subarray(0, n)); // in place already: the reader skips its copy
+      return;
+    }
+    let b: Buffer;
+    if (n >= READ_SIZE / 2) {
+      b = buf.subarray(0, n); // handed on: the next read gets a new buffer
+      if (buf === this.rbuf) this.rbuf = undefined;
+    } else {
+      b = Buffer.allocUnsafe(n); // a small read is copied out: the buffer is read into again
+      buf.copy(b, 0, 0, n);
+    }
+    this.onBytes(b);
   }
 
   private state(sid: number): StreamState {
     let s = this.streams.get(sid);
     if (!s) {
-      s = { queue: [], credit: 0 };
+      s = { queue: [], credit: 0, got: 0 };
       // a late frame of a stream we let go of is not kept
       if (!this.gone.has(sid)) this.streams.set(sid, s);
     }
@@ -214,7 +292,7 @@ export class DataConn {
       if (type === T.DATA && this.streams.get(sid)?.pieces) {
         // a process's output goes on as it comes, before its frame is whole
         const k = Math.min(this.have, this.need);
-        if (k > 0) this.push(sid, { kind: 'data', pieces: this.pieces(k), n: k });
+        if (k > 0) this.pushData(sid, this.pieces(k), k);
         this.need -= k;
         if (this.need > 0) return;
         this.hdr = undefined;
@@ -224,11 +302,16 @@ export class DataConn {
         const len = this.need;
         this.hdr = undefined;
         this.need = HDR;
-        if (type === T.DATA) this.push(sid, { kind: 'data', pieces: this.pieces(len), n: len });
+        if (type === T.DATA) this.pushData(sid, this.pieces(len), len);
         else this.frame(type, sid, this.take(len));
       }
       if (this.closedWith) return;
     }
+  }
+
+  private pushData(sid: number, pieces: Buffer[], n: number): void {
+    this.state(sid).got += n;
+    this.push(sid, { kind: 'data', pieces, n });
   }
 
   /** The next n bytes received, as slices of the socket's reads. */
@@ -362,11 +445,21 @@ export class DataConn {
    * chunks; credit for each chunk goes back once the consumer took it, so
    * no more than the window is ever ahead of the reader.
    */
-  async readFile(conn: Connection, params: Record<string, unknown>): Promise<{ size: number; chunks: AsyncIterable<Buffer[]> }> {
+  async readFile(
+    conn: Connection,
+    params: Record<string, unknown>,
+  ): Promise<{ size: number; chunks: AsyncIterable<Buffer[]>; into: (b: Buffer) => void }> {
     const r = await conn.call<{ stream: number; size: number }>('fs.read_stream', params);
     const sid = r.stream;
     this.begin();
     const self = this;
+    // a reader that gathers the whole file gives its buffer: the socket reads
+    // into it where they can (a piece of a chunk that is a view of it at the
+    // reader's offset is there already)
+    const into = (b: Buffer): void => {
+      const s = self.state(sid);
+      if (!s.over && !self.closedWith) s.into = b;
+    };
     async function* chunks(): AsyncGenerator<Buffer[]> {
       let ended = false;
       try {
@@ -389,7 +482,7 @@ export class DataConn {
         self.finish(sid);
       }
     }
-    return { size: r.size, chunks: chunks() };
+    return { size: r.size, chunks: chunks(), into };
   }
 
   /** Writes the chunks to a file (params as fs.write_stream's); resolves with the bytes written. */
