@@ -476,10 +476,10 @@ static void tp__sfd_after(void *data, int status) {
   }
   r->done += j->len;
   r->next_off += j->len;
-  if (r->spare == NULL) { /* kept for the next batch */
+  if (r->spare == NULL && r->plen > 0) { /* kept for the next batch, while bytes come */
     r->spare = j->buf;
     r->spcap = j->cap;
-  } else {
+  } else { /* a stream that waits for its client holds no buffer it does not need */
     free(j->buf);
   }
   if (r->d->c != NULL && tp_sconn_credit(r->d->c, r->sid, (uint32_t) j->len, NULL) < 0) {
@@ -741,7 +741,15 @@ static void tp__sfdr_pump(tp__srelay_t *r) {
     tp__srelay_free(r);
     return;
   }
-  tp__sfdr_queue(r, 0);
+  if (tp__sfdr_queue(r, 0) < 0)
+    return; /* r is gone */
+  if (r->job == NULL && r->spare != NULL) {
+    /* waiting for the client's credit: no buffer held meanwhile (a client's
+     * 256 streams that give no credit would each keep 2 MiB) */
+    free(r->spare);
+    r->spare = NULL;
+    r->spcap = 0;
+  }
 }
 
 static void tp__sfdr_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t n) {
