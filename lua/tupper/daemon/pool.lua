@@ -14,8 +14,8 @@ local D = {}
 -- default limits, disk cap included (docs/limits.md): a create that keeps
 -- the default disk cap pays nothing for it.  The refill
 -- waits until the daemon has been quiet for the longest delay_ms of the
--- pools that are short: the create that took a box, and the process.start
--- that usually follows it, are answered first.
+-- pools that are short; a create calls for it through D:_pool_hold, once
+-- its box's first process has started.
 function D:_fill_pool()
   if self.filling or self.stopping then return end
   local delay
