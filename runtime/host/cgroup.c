@@ -358,6 +358,14 @@ int tp_cgroup_open(const tp_cgroup_root_t *root, const char *id, tp_cgroup_t *cg
   return 0;
 }
 
+/* v1: the hierarchy a box's trees are subs in (see tp_cgroup_sub): the
+ * freezer's, else the first of pids and memory that cg has. */
+static int v1_tree_ctrl(const tp_cgroup_t *cg) {
+  return cg->path_v1[TP_CG_FREEZER] != NULL ? TP_CG_FREEZER
+         : cg->path_v1[TP_CG_PIDS] != NULL  ? TP_CG_PIDS
+                                            : TP_CG_MEMORY;
+}
+
 int tp_cgroup_sub(const tp_cgroup_t *cg, const char *name, tp_cgroup_t *sub, tp_error_t *err) {
   int made[TP_CG_NCTRL] = {0};
   cg_dirs_t ds;
@@ -377,12 +385,24 @@ int tp_cgroup_sub(const tp_cgroup_t *cg, const char *name, tp_cgroup_t *sub, tp_
   }
   if (set_paths(sub, cg->path_v2, cg->path_v1, name, err) < 0)
     goto fail;
-  /* v1: a tree needs the hierarchies that list, freeze and count it (pids,
-   * freezer, memory); its process stays in the box's own cpu and cpuacct
-   * cgroups, under the same quota, and each start attaches in two fewer */
-  for (int c = TP_CG_CPU; sub->version == 1 && c <= TP_CG_CPUACCT; c++) {
-    free(sub->path_v1[c]);
-    sub->path_v1[c] = NULL;
+  /* v1: a tree is a sub in one hierarchy, the freezer's, which lists it and
+   * freezes it for its kill, as a v2 tree is a sub with no controller
+   * enabled.  Its processes stay in the box's own memory, pids, cpu and
+   * cpuacct cgroups, under the box's limits (all four are hierarchical, so
+   * a sub there was under them too) and counted there: an OOM kill in the
+   * box's memory.oom_control, as v2 counts it in the box's memory.events.
+   * Each tree is one mkdir, one rmdir and one attach, not three, and no
+   * memory cgroup (the costliest to make and to free).  Without a freezer
+   * hierarchy, the first of pids and memory the box has lists it. */
+  if (sub->version == 1) {
+    int keep = v1_tree_ctrl(sub);
+    for (int c = 0; c < TP_CG_NCTRL; c++) {
+      if (c == keep || sub->path_v1[c] == NULL ||
+          (sub->path_v1[keep] != NULL && strcmp(sub->path_v1[c], sub->path_v1[keep]) == 0))
+        continue; /* a controller mounted with the kept one: the same dir */
+      free(sub->path_v1[c]);
+      sub->path_v1[c] = NULL;
+    }
   }
   cg_dirs(sub, &ds);
   if (make_dirs(&ds, sub->version, 0, 0, NULL, made, err) < 0) {
@@ -545,6 +565,10 @@ int tp_cgroup_own_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_
   cg_dirs(cg, &ds);
   if (ds.n == 0)
     return tp_error_set(err, EINVAL, "pids: cgroup closed");
+  /* v1: the hierarchy of the trees, where a tree's processes are not the
+   * box's own (in the others they are) */
+  if (cg->version == 1 && cg->path_v1[v1_tree_ctrl(cg)] != NULL)
+    ds.d[0] = cg->path_v1[v1_tree_ctrl(cg)];
   text = tp__cg_read(ds.d[0], "cgroup.procs", err);
   if (text == NULL)
     return -1;

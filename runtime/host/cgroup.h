@@ -14,12 +14,12 @@
  * while it enables controllers for its children.  The subs therefore have no
  * controllers of their own; everything in them is charged to, and limited by,
  * the box (cgroup.freeze and cgroup.kill are core files and work on them).
- * On v1 a sub exists in the memory, pids and freezer hierarchies of its box
- * (those that list, freeze and count a tree), so attaching a process to a
- * sub keeps it under the box's memory and pids limits (v1 limits are
- * hierarchical; a sub has none of its own); in cpu and cpuacct the process
- * stays in the box cgroup itself, under its quota (a sub there would only
- * cost each start two more attaches).
+ * On v1 a sub exists in the freezer hierarchy of its box only (which lists
+ * and freezes a tree; without a freezer, the first of pids and memory the
+ * box has): in memory, pids, cpu and cpuacct the process stays in the box
+ * cgroup itself, under its limits and counted there, as a v2 sub without
+ * controllers is (a sub in those would only cost each tree a mkdir, an
+ * rmdir and an attach more in each).
  *
  * Writes.  Nothing is written outside the cgroup root given to
  * tp_cgroup_detect() (/sys/fs/cgroup by default): v1 hierarchies mounted
@@ -145,8 +145,8 @@ int tp_cgroup_open(const tp_cgroup_root_t *root, const char *id, tp_cgroup_t *cg
 int tp_cgroup_list(const tp_cgroup_root_t *root, char ***ids, size_t *n, tp_error_t *err);
 void tp_cgroup_list_free(char **ids, size_t n);
 
-/* Creates sub cgroup tupper/<id>/<name> of box cg (v1: not in cpu and
- * cpuacct; EEXIST if present: a tree
+/* Creates sub cgroup tupper/<id>/<name> of box cg (v1: in the freezer
+ * hierarchy only; EEXIST if present: a tree
  * always gets a fresh one; nesting subs is EINVAL).  Destroy it with
  * tp_cgroup_destroy when its tree is gone (the box's destroy removes it too). */
 int tp_cgroup_sub(const tp_cgroup_t *cg, const char *name, tp_cgroup_t *sub, tp_error_t *err);
@@ -194,7 +194,7 @@ int tp_cgroup_kill(const tp_cgroup_t *cg, tp_error_t *err);
 
 /* Sorted, distinct host pids (thread group ids) in cg and its subs. */
 int tp_cgroup_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *err);
-/* The host pids listed in cg's own cgroup.procs (its first hierarchy on v1),
+/* The host pids listed in cg's own cgroup.procs (on v1 the trees' hierarchy),
  * its subs' left out, unsorted: O(1) in the number of subs, where
  * tp_cgroup_pids walks them all (a process the agent just forked is here). */
 int tp_cgroup_own_pids(const tp_cgroup_t *cg, pid_t **pids, size_t *n, tp_error_t *err);

@@ -100,8 +100,9 @@ describe("a process's own cgroup", function()
     d = helper.start_daemon(nil, { pool = 0 })
     c = d.connect()
     id = assert(helper.call(c, "sandbox.create", {})).id
-    -- one hierarchy that lists a tree's processes: v1's pids, or v2's
-    for _, root in ipairs({ "/sys/fs/cgroup/pids", "/sys/fs/cgroup" }) do
+    -- the hierarchy that lists a tree's processes: v1's freezer (a tree's
+    -- sub is in that one only), or v2's
+    for _, root in ipairs({ "/sys/fs/cgroup/freezer", "/sys/fs/cgroup" }) do
       local p = root .. "/tupper/" .. d.tag .. "-" .. id
       if os.rename(p, p) then dir = p; break end
     end
@@ -262,12 +263,12 @@ describe("a pooled box", function()
   end)
 
   it("has one spare tree before its first process, which takes it (no held child)", function()
-    -- one hierarchy that lists a tree's processes: v1's pids, or v2's; its
-    -- "tupper" parent is made with the pool's first box, in the thread
+    -- the hierarchy that lists a tree's processes: v1's freezer, or v2's;
+    -- its "tupper" parent is made with the pool's first box, in the thread
     -- pool (a fresh host has none before), so it is waited for
     local root
     local function find_root()
-      for _, r in ipairs({ "/sys/fs/cgroup/pids", "/sys/fs/cgroup" }) do
+      for _, r in ipairs({ "/sys/fs/cgroup/freezer", "/sys/fs/cgroup" }) do
         if os.rename(r .. "/tupper", r .. "/tupper") then return r .. "/tupper" end
       end
     end

@@ -344,6 +344,38 @@ describe("the data plane", function()
     c2:close()
   end)
 
+  it("holds a connection to 256 open streams: the next is busy (-32004, EMFILE), and free again once one ends", function()
+    local c2 = d.connect()
+    local r, reply = raw_attach(d, c2, 65536)
+    assert(reply and reply.result, json.encode(reply))
+    assert(helper.call(c2, "fs.write", { sandbox = box, path = "/tmp/cap8k", data = string.rep("c", 131072),
+      encoding = "utf8" }))
+    -- 256 reads of 128 KiB with a 64 KiB window: each stays open, waiting for credit
+    local first
+    for i = 1, 256 do
+      local rs = assert(helper.call(c2, "fs.read_stream", { sandbox = box, path = "/tmp/cap8k" }))
+      first = first or rs.stream
+    end
+    local _, err = helper.call(c2, "fs.read_stream", { sandbox = box, path = "/tmp/cap8k" })
+    assert.are.equal(-32004, err and err.code, json.encode(err))
+    assert.are.same({ "EMFILE", "streams", 256 }, { err.data.code, err.data.cap, err.data.value })
+    _, err = helper.call(c2, "fs.write_stream", { sandbox = box, path = "/tmp/cap-w" })
+    assert.are.equal(-32004, err and err.code, json.encode(err))
+    -- the first stream read to its end (credit for the rest) frees a place
+    r.pipe:write(stream.frame(T.CREDIT, first, string.pack("<I4", 65536)))
+    local ok = helper.sync(function()
+      local deadline = helper.now() + 5000
+      while helper.now() < deadline do
+        local rs = helper.call(c2, "fs.read_stream", { sandbox = box, path = "/tmp/cap8k" })
+        if rs then return true end
+        async.sleep(20)
+      end
+    end)
+    assert.is_true(ok, "a place came free")
+    raw_close(r)
+    c2:close()
+  end)
+
   -- ---- process streams (docs/protocol.md, "Process streams") ------------------
 
   -- Reads frames of r until cond(frames) holds or 5 s pass; returns the frames.

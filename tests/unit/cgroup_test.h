@@ -307,8 +307,11 @@ static void body_tree(void) {
   body_pause();
 }
 
-/* Forks a child that runs body once it has been attached to cg. */
-static pid_t spawn_in(const tp_cgroup_t *cg, void (*body)(void)) {
+/* Forks a child that runs body once it has been attached to box (if not
+ * NULL: first, as the daemon's trees are made of the box's processes; on v1
+ * a sub is in one hierarchy, the process in the box's own in the others)
+ * and then to cg. */
+static pid_t spawn_in_tree(const tp_cgroup_t *box, const tp_cgroup_t *cg, void (*body)(void)) {
   int p[2];
   pid_t pid;
   char c = 'x';
@@ -325,7 +328,8 @@ static pid_t spawn_in(const tp_cgroup_t *cg, void (*body)(void)) {
     _exit(0);
   }
   close(p[0]);
-  if (pid < 0 || tp_cgroup_attach(cg, pid, &err) < 0) {
+  if (pid < 0 || (box != NULL && tp_cgroup_attach(box, pid, &err) < 0) ||
+      tp_cgroup_attach(cg, pid, &err) < 0) {
     if (pid > 0) {
       diag("attach", &err);
       kill(pid, SIGKILL);
@@ -339,6 +343,9 @@ static pid_t spawn_in(const tp_cgroup_t *cg, void (*body)(void)) {
   close(p[1]);
   return pid;
 }
+
+/* Forks a child that runs body once it has been attached to cg. */
+static pid_t spawn_in(const tp_cgroup_t *cg, void (*body)(void)) { return spawn_in_tree(NULL, cg, body); }
 
 static void reset_shared(void) {
   S->counter = 0;
@@ -470,7 +477,7 @@ static pid_t t_tree_kill(const tp_cgroup_t *cg) {
 
   reset_shared();
   by = spawn_in(cg, body_pause);
-  top = spawn_in(&sub, body_tree);
+  top = spawn_in_tree(cg, &sub, body_tree);
   check(by > 0 && top > 0, "a bystander in the box, a tree in p1");
   if (by <= 0 || top <= 0)
     goto out;

@@ -158,6 +158,32 @@ static int v1_part(const char *dir, const char *id) {
   snprintf(p, sizeof(p), TP_CGROUP_ROOT "/memory/" TP_CGROUP_PARENT "/%s", id);
   check(!exists(p), "nothing written in the host's memory hierarchy outside the root");
   if (r == 0) {
+    /* a tree's sub: in the freezer hierarchy only; on a host without one,
+     * in pids (the box's freezer path dropped from a copy: the same) */
+    tp_cgroup_t sub = {0}, nofr = {0};
+    const char *sd[TP_CG_NCTRL];
+    r = tp_cgroup_sub(&cg, "t1", &sub, &err);
+    check(r == 0 && cg_ndirs(&sub, sd) == 1 && sub.path_v1[TP_CG_FREEZER] != NULL &&
+              sub.path_v1[TP_CG_PIDS] == NULL,
+          "a tree's sub is in the freezer hierarchy only");
+    if (r == 0)
+      check(tp_cgroup_destroy(&sub, &err) == 0, "and is removed");
+    nofr.version = 1;
+    nofr.id = strdup(cg.id);
+    nofr.path_v1[TP_CG_PIDS] = strdup(cg.path_v1[TP_CG_PIDS]);
+    r = nofr.id != NULL && nofr.path_v1[TP_CG_PIDS] != NULL ? tp_cgroup_sub(&nofr, "t2", &sub, &err) : -1;
+    check(r == 0 && cg_ndirs(&sub, sd) == 1 && sub.path_v1[TP_CG_PIDS] != NULL,
+          "without a freezer hierarchy, a tree's sub is in pids");
+    if (r == 0) {
+      pid = spawn_in_tree(&nofr, &sub, body_pause);
+      check(pid > 0 && in_cgroup(pid, &sub) == 1 && has_own_pid(&sub, pid) == 1 &&
+                has_own_pid(&nofr, pid) == 0,
+            "its process is listed there, not as the box's own");
+      check(tp_cgroup_kill(&sub, &err) == 0 && pid > 0 && wait_pid(pid, WAIT_MS, &st) == 0 && killed(st),
+            "and killed without a freezer");
+      check(tp_cgroup_destroy(&sub, &err) == 0, "the sub is removed");
+    }
+    tp_cgroup_free(&nofr);
     pid = spawn_in(&cg, body_pause);
     check(pid > 0 && in_cgroup(pid, &cg) == 2, "attach in both hierarchies");
     r = tp_cgroup_destroy(&cg, &err);

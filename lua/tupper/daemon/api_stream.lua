@@ -270,6 +270,11 @@ function M.register(h, helpers)
     local sid = next_sid(conn)
     -- a backend that wraps core's box (a microVM's) hands the box itself over as core
     local ok, err, errno = dc:file(sb.box.core or sb.box, sid, write, as(p, spec))
+    if errno == 24 then
+      -- the connection's streams cap (stream.c): a per-client bound, busy
+      -- for now as a cap of requests in flight is (E2B's RateLimitError)
+      return nil, rpc.BUSY, err, { errno = errno, code = "EMFILE", cap = "streams", value = 256 }
+    end
     if not ok then return nil, rpc.FS_ERROR, err, { errno = errno } end
     return sid
   end

@@ -663,9 +663,11 @@ end
 
 -- Whether a process that just ended was killed by the OOM killer (its
 -- memory limit): it died of SIGKILL (or, a shell's way, exited 137) and an
--- OOM kill was counted for it: in its tree's cgroup on v1, which counts a
--- kill in the victim's cgroup only; on v2, where the tree has no memory
--- controller, in the box's memory.events since the last process the daemon
+-- OOM kill was counted for it: in its tree's cgroup where a v1 tree has a
+-- memory cgroup (a host without freezer and pids hierarchies), which counts
+-- a kill in the victim's cgroup only; else (v2, where the tree has no memory
+-- controller; v1, where it is in the freezer hierarchy only) in the box's
+-- memory.events or memory.oom_control since the last process the daemon
 -- found OOM-killed (two processes killed at once: the first to end is
 -- told, as far as the kernel lets anyone tell).
 -- A microVM's guest kernel kills on its own: its agent says so in the
