@@ -15,10 +15,9 @@ M.agent_frozen = false -- a pause freezes the box's processes, not its agent
 M.guest_pids = false   -- the pids limit needs the host's pids controller
 M.live_limits = true   -- memory, pids and cpus of a live box can change (set_limits)
 -- boxes kept started and idle for fast creates (tupper daemon --pool N).
--- Starting a box blocks the loop for a few milliseconds (the clone and its
--- mounts), so the refill waits until the daemon has been quiet for
--- delay_ms: the create that took a box, and the process.start that
--- usually follows it, are answered first.
+-- A box starts in the thread pool; its refill waits for the first process
+-- of the box a create took to start (daemon/pool.lua), then for delay_ms
+-- of quiet.
 M.pool = { option = "pool", size = 2, delay_ms = 0, label = "pool" }
 -- state dir -> the btrfs pool mounted for it (daemon/disk_pool.lua): a box
 -- with a disk cap gets its upper dir there

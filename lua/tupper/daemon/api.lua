@@ -307,17 +307,24 @@ local function start(sb, conn, argv, p, x)
   return { pid = proc.pid, streams = streams }
 end
 
+-- A start's reply as it is; the refill the box's create held goes now,
+-- after the agent's answer (daemon/pool.lua), started or failed.
+local function started(d, sb, ...)
+  d:_pool_release(sb)
+  return ...
+end
+
 function h.process_start(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
-  return start(sb, conn, p.argv or { "/bin/sh", "-c", p.cmd }, p, {})
+  return started(d, sb, start(sb, conn, p.argv or { "/bin/sh", "-c", p.cmd }, p, {}))
 end
 
 function h.pty_create(d, conn, p)
   local sb, code, msg = get_sandbox(d, p.sandbox)
   if not sb then return nil, code, msg end
   p.encoding, p.stdin = "base64", nil -- terminal bytes are bytes; input goes to the terminal
-  return start(sb, conn, p.argv or { "/bin/sh", "-i", "-l" }, p, { pty = { cols = p.cols, rows = p.rows } })
+  return started(d, sb, start(sb, conn, p.argv or { "/bin/sh", "-i", "-l" }, p, { pty = { cols = p.cols, rows = p.rows } }))
 end
 
 local function get_proc(d, p)

@@ -377,7 +377,7 @@ function D:_finish_create(p, b, lim, plan, img, image, vols)
     sb:destroy()
     return nil, "the daemon is shutting down"
   end
-  self:_fill_pool()
+  self:_pool_hold(sb) -- the refill, once its first process has started (pool.lua)
   if p.network ~= nil and p.network ~= "none" then
     local ok, nerr = sb:set_network(p.network, self:policy_networks(p._policy))
     if not ok then

@@ -89,6 +89,7 @@ function D:kill_sandbox(id)
   self.sandboxes[id] = nil
   self.dying[id] = not sb.dormant and sb.limits and sb.limits.memory or 0
   stop_life_timer(sb)
+  self:_pool_release(sb) -- a box killed before it started anything (pool.lua)
   self:unsave(id)
   async.wait(function(dead)
     async.spawn(function()
@@ -128,6 +129,7 @@ end
 -- A box died on its own (its agent exited or misbehaved): remove it.
 function D:_sandbox_down(sb, reason)
   log("sandbox %s went down: %s", sb.id, reason)
+  self:_pool_release(sb)
   -- paused to disk: its files are kept, it stays listed as paused
   if sb.persist and self.sandboxes[sb.id] == sb then
     return async.spawn(function() self:_pause_park(sb) end)

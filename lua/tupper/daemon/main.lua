@@ -334,6 +334,7 @@ function Daemon:shutdown()
       elseif sb.destroy then self:kill_sandbox(id) end
     end
     if self.pool_timer then self.pool_timer:close(); self.pool_timer = nil end
+    if self.pool_hold_timer then self.pool_hold_timer:close(); self.pool_hold_timer = nil end
     if self.idle_timer then self.idle_timer:close(); self.idle_timer = nil end
     require("tupper.daemon.metrics").stop(self)
     if self.lag_timer then self.lag_timer:close(); self.lag_timer = nil end
