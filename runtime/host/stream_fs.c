@@ -23,6 +23,11 @@
  * btrfs pool), so that a stream alone on the channel is never copied into
  * the daemon, and one whose agent lags holds at most this. */
 #define TP__SFS_WRITE_WINDOW (3u * TP_DBOX_CHAN_SNDBUF / 2u)
+/* What the write streams of one data connection may hold in the daemon in
+ * all: a new write stream's window is what is left of it, at least
+ * TP_SCONN_WINDOW_MIN (so 256 streams hold at most this plus 256 times
+ * that minimum, not 256 full windows). */
+#define TP__SFS_WRITE_BUDGET (64u * 1024u * 1024u)
 /* agent requests in flight per relay: a read stream asks for at most the
  * client's window (TP_SCONN_WINDOW_MAX) in chunks; a write stream has at
  * most its window in flight, in pieces of TP__SFS_DIRECT_MIN or more, plus
@@ -63,7 +68,18 @@ typedef struct tp__srelay_s {
   uint8_t *pend, *spare;
   size_t plen, pcap, spcap;
   size_t jcap;          /* read: the size of the job's buffer (it becomes spare) */
+  uint32_t win;         /* write: the window its OPEN gave (counted in d->write_windows) */
 } tp__srelay_t;
+
+/* The window of a new write stream of d (TP__SFS_WRITE_BUDGET). */
+static uint32_t tp__sfs_write_window(const tp_sdc_t *d) {
+  uint64_t left = d->write_windows < TP__SFS_WRITE_BUDGET ? TP__SFS_WRITE_BUDGET - d->write_windows : 0;
+  if (left > TP__SFS_WRITE_WINDOW)
+    left = TP__SFS_WRITE_WINDOW;
+  if (left < TP_SCONN_WINDOW_MIN)
+    left = TP_SCONN_WINDOW_MIN;
+  return (uint32_t) left;
+}
 
 /* One batch of a write stream's bytes, written by a pool thread. */
 typedef struct tp__sfsjob_s {
@@ -93,6 +109,7 @@ static void tp__srelay_free(tp__srelay_t *r) {
   if (*pp == r) {
     *pp = r->dnext;
     r->d->nrelays--;
+    r->d->write_windows -= r->win;
   }
   if (r->job != NULL) { /* the pool still writes: the job closes the fd when done */
     r->job->r = NULL;
@@ -410,8 +427,8 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
   r->next_off = spec->offset;
   r->end = write || spec->length > UINT64_MAX - spec->offset ? UINT64_MAX : spec->offset + spec->length;
   r->first = 1;
-  if (tp_sconn_open(d->c, sid, write ? TP_SK_FILE_WRITE : TP_SK_FILE_READ,
-                    write ? TP__SFS_WRITE_WINDOW : 0, 1, r, err) < 0) {
+  r->win = write ? tp__sfs_write_window(d) : 0;
+  if (tp_sconn_open(d->c, sid, write ? TP_SK_FILE_WRITE : TP_SK_FILE_READ, r->win, 1, r, err) < 0) {
     free(r->path);
     free(r);
     return -1;
@@ -423,6 +440,7 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
   r->dnext = d->relays;
   d->relays = r;
   d->nrelays++;
+  d->write_windows += r->win;
   if (!write)
     tp__srelay_pump_read(r);
   return 0;
@@ -531,7 +549,7 @@ static void tp__sfd_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t 
   (void) sid;
   if (n == 0)
     return;
-  if (r->plen + n > TP__SFS_WRITE_WINDOW) { /* the client's credit bounds it: a client that overran */
+  if (r->plen + n > r->win) { /* the client's credit bounds it: a client that overran */
     tp__srelay_fail(r, EPROTO, "more than the window");
     return;
   }
@@ -597,7 +615,8 @@ int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *
   r->append = append;
   r->next_off = offset;
   r->end = UINT64_MAX;
-  if (tp_sconn_open(d->c, sid, TP_SK_FILE_WRITE, TP__SFS_WRITE_WINDOW, 1, r, err) < 0) {
+  r->win = tp__sfs_write_window(d);
+  if (tp_sconn_open(d->c, sid, TP_SK_FILE_WRITE, r->win, 1, r, err) < 0) {
     close(r->fd);
     free(r->path);
     free(r);
@@ -610,6 +629,7 @@ int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *
   r->dnext = d->relays;
   d->relays = r;
   d->nrelays++;
+  d->write_windows += r->win;
   return 0;
 }
 
@@ -811,6 +831,7 @@ int tp_sdc_file_fd_read(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const c
   r->dnext = d->relays;
   d->relays = r;
   d->nrelays++;
+  d->write_windows += r->win;
   tp__sfdr_pump(r);
   return 0;
 }

@@ -30,6 +30,7 @@ struct tp_sdc_s {
   size_t nrelays;
   struct tp__sproc_s *procs;    /* process relays bound here */
   size_t nprocs;
+  uint64_t write_windows;       /* the windows of its live file write streams (stream_fs.c) */
   tp_sdc_close_cb on_close;
 };
 

@@ -376,6 +376,39 @@ describe("the data plane", function()
     c2:close()
   end)
 
+  it("gives a connection's write streams 64 MiB of windows in all: later ones get what is left, at least 64 KiB", function()
+    local c2 = d.connect()
+    local r, reply = raw_attach(d, c2, 65536)
+    assert(reply and reply.result, json.encode(reply))
+    local sids = {}
+    for i = 1, 14 do
+      local ws = assert(helper.call(c2, "fs.write_stream", { sandbox = box, path = "/tmp/budget" .. i }))
+      sids[#sids + 1] = ws.stream
+    end
+    local wins = {}
+    wait_for(r, function(x)
+      while #x.buf >= 12 do
+        local len, _, type_, _, sid = string.unpack("<I4BBI2I4", x.buf)
+        if #x.buf < 12 + len then return false end
+        if type_ == T.OPEN then wins[sid] = select(2, string.unpack("<I4I4", x.buf:sub(13, 12 + len))) end
+        x.buf = x.buf:sub(13 + len)
+      end
+      for _, sid in ipairs(sids) do if not wins[sid] then return false end end
+      return true
+    end)
+    local sum = 0
+    for _, sid in ipairs(sids) do
+      assert.truthy(wins[sid], "an OPEN for stream " .. sid)
+      assert.truthy(wins[sid] >= 65536, wins[sid])
+      sum = sum + wins[sid]
+    end
+    assert.truthy(sum <= 64 * 1048576 + 14 * 65536, sum)
+    assert.are.equal(wins[sids[1]], 6 * 1048576, "the first gets the full window")
+    assert.are.equal(65536, wins[sids[#sids]], "the last gets the least")
+    raw_close(r)
+    c2:close()
+  end)
+
   -- ---- process streams (docs/protocol.md, "Process streams") ------------------
 
   -- Reads frames of r until cond(frames) holds or 5 s pass; returns the frames.
