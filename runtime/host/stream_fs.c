@@ -584,43 +584,47 @@ static const tp__sdc_ops_t tp__sfd_ops = {
   tp__sfd_on_data, tp__sfd_on_end, tp__sfs_on_writable, tp__sfs_on_error,
 };
 
-int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, uint64_t offset,
-                   int append, tp_error_t *err) {
+/* A relay of the box's file fd (opened by its agent, for acc: O_WRONLY or
+ * O_RDONLY) as stream sid of d, its OPEN sent with window win and linked
+ * to b and d; or NULL (err).  The caller sets what is its own before any
+ * frame of the client can come (none comes before the loop turns). */
+static tp__srelay_t *tp__sfd_new(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, int acc,
+                                 const tp__sdc_ops_t *ops, uint64_t offset, tp_error_t *err) {
   tp__srelay_t *r;
   struct stat st;
   if (d->c == NULL)
-    return tp_error_set(err, EPIPE, "the data connection is closed");
+    return tp_error_set(err, EPIPE, "the data connection is closed"), NULL;
   if (!tp_dbox_running(b))
-    return tp_error_set(err, EPIPE, "sandbox is not running");
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (fcntl(fd, F_GETFL) & O_ACCMODE) != O_WRONLY)
-    return tp_error_set(err, EINVAL, "stream %u: not a regular file open for writing", sid);
+    return tp_error_set(err, EPIPE, "sandbox is not running"), NULL;
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (fcntl(fd, F_GETFL) & O_ACCMODE) != acc)
+    return tp_error_set(err, EINVAL, "stream %u: not a regular file open for %s", sid,
+                        acc == O_WRONLY ? "writing" : "reading"), NULL;
   if ((r = calloc(1, sizeof(*r))) == NULL || (r->path = strdup(path)) == NULL) {
     if (r != NULL)
       free(r->path);
     free(r);
-    return tp_error_set(err, ENOMEM, "out of memory");
+    return tp_error_set(err, ENOMEM, "out of memory"), NULL;
   }
   if ((r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
     int e = errno;
     free(r->path);
     free(r);
-    return tp_error_errno(err, e, "stream %u: dup", sid);
+    return tp_error_errno(err, e, "stream %u: dup", sid), NULL;
   }
-  r->hdr.ops = &tp__sfd_ops;
+  r->hdr.ops = ops;
   r->spec.path = r->path;
   r->d = d;
   r->b = b;
   r->sid = sid;
-  r->write = 1;
-  r->append = append;
+  r->write = acc == O_WRONLY;
   r->next_off = offset;
-  r->end = UINT64_MAX;
-  r->win = tp__sfs_write_window(d);
-  if (tp_sconn_open(d->c, sid, TP_SK_FILE_WRITE, r->win, 1, r, err) < 0) {
+  r->end = (uint64_t) st.st_size; /* a read's: the size as opened, nothing is asked for past it */
+  r->win = r->write ? tp__sfs_write_window(d) : 0;
+  if (tp_sconn_open(d->c, sid, r->write ? TP_SK_FILE_WRITE : TP_SK_FILE_READ, r->win, 1, r, err) < 0) {
     close(r->fd);
     free(r->path);
     free(r);
-    return -1;
+    return NULL;
   }
   r->bnext = b->c_data;
   b->c_data = r;
@@ -630,6 +634,16 @@ int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *
   d->relays = r;
   d->nrelays++;
   d->write_windows += r->win;
+  return r;
+}
+
+int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, uint64_t offset,
+                   int append, tp_error_t *err) {
+  tp__srelay_t *r = tp__sfd_new(d, b, sid, fd, path, O_WRONLY, &tp__sfd_ops, offset, err);
+  if (r == NULL)
+    return -1;
+  r->append = append;
+  r->end = UINT64_MAX;
   return 0;
 }
 
@@ -789,49 +803,11 @@ static const tp__sdc_ops_t tp__sfdr_ops = {
 
 int tp_sdc_file_fd_read(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, uint64_t offset,
                         uint64_t length, tp_error_t *err) {
-  tp__srelay_t *r;
-  struct stat st;
-  if (d->c == NULL)
-    return tp_error_set(err, EPIPE, "the data connection is closed");
-  if (!tp_dbox_running(b))
-    return tp_error_set(err, EPIPE, "sandbox is not running");
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY)
-    return tp_error_set(err, EINVAL, "stream %u: not a regular file open for reading", sid);
-  if ((r = calloc(1, sizeof(*r))) == NULL || (r->path = strdup(path)) == NULL) {
-    if (r != NULL)
-      free(r->path);
-    free(r);
-    return tp_error_set(err, ENOMEM, "out of memory");
-  }
-  if ((r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
-    int e = errno;
-    free(r->path);
-    free(r);
-    return tp_error_errno(err, e, "stream %u: dup", sid);
-  }
-  r->hdr.ops = &tp__sfdr_ops;
-  r->spec.path = r->path;
-  r->d = d;
-  r->b = b;
-  r->sid = sid;
-  r->next_off = offset;
-  r->end = length > UINT64_MAX - offset ? UINT64_MAX : offset + length;
-  if ((uint64_t) st.st_size < r->end) /* the size as opened: nothing is asked for past it */
-    r->end = (uint64_t) st.st_size;
-  if (tp_sconn_open(d->c, sid, TP_SK_FILE_READ, 0, 1, r, err) < 0) {
-    close(r->fd);
-    free(r->path);
-    free(r);
+  tp__srelay_t *r = tp__sfd_new(d, b, sid, fd, path, O_RDONLY, &tp__sfdr_ops, offset, err);
+  if (r == NULL)
     return -1;
-  }
-  r->bnext = b->c_data;
-  b->c_data = r;
-  b->c_frame = tp__sfs_frame;
-  b->c_down = tp__sfs_down;
-  r->dnext = d->relays;
-  d->relays = r;
-  d->nrelays++;
-  d->write_windows += r->win;
+  if (length <= UINT64_MAX - offset && offset + length < r->end)
+    r->end = offset + length;
   tp__sfdr_pump(r);
   return 0;
 }
