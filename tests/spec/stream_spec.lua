@@ -498,6 +498,19 @@ describe("the data plane", function()
     assert.are.equal(32, #b.result.token)
     assert.are.equal(3, e.id)
     assert.are.equal(-32601, e.error.code)
+    -- 300 calls in one write answer with more than the 64 KiB a read's
+    -- replies are held to: all of them, in order
+    local many = {}
+    for i = 1, 300 do
+      many[i] = json.encode({ jsonrpc = "2.0", id = 100 + i, method = "hello", params = { protocol = 1 } })
+    end
+    r.pipe:write(table.concat(many, "\n") .. "\n")
+    local in_order = 0
+    for i = 1, 300 do
+      local m = raw_line(r)
+      if m and m.id == 100 + i and m.result and m.result.server == "tupper" then in_order = in_order + 1 end
+    end
+    assert.are.equal(300, in_order)
     -- a hello then the attach with that token, in one write on a second
     -- connection: hello's reply first, then the attach's, then frames
     local r2 = raw_connect(d.socket)

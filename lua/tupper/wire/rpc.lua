@@ -14,6 +14,9 @@ M.PROTOCOL = 1
 
 M.MAX_LINE = 16 * 1024 * 1024
 M.MAX_BACKLOG = 64 * 1024 * 1024
+-- most bytes of replies held for one write (hold_replies): past it they go
+-- as they come, into the write queue that MAX_BACKLOG bounds
+M.HOLD_MAX = 64 * 1024
 
 M.PARSE_ERROR = -32700
 M.INVALID_REQUEST = -32600
@@ -147,7 +150,7 @@ end
 
 function Conn:_feed(chunk)
   if not self.hold_replies then return self:_feed_lines(chunk) end
-  self.held = {}
+  self.held, self.held_bytes = {}, 0
   local ok, err = pcall(self._feed_lines, self, chunk)
   self:flush()
   if not ok then error(err, 0) end
@@ -233,12 +236,23 @@ function Conn:send(obj, result)
   end
   local held = self.held
   if held then -- in order, with the others of this read (Conn:flush)
+    local n = 0
     if type(out) == "table" then
-      table.move(out, 1, #out, #held + 1, held)
+      for i = 1, #out do n = n + #out[i] end
     else
-      held[#held + 1] = out
+      n = #out
     end
-    return true
+    if self.held_bytes + n <= M.HOLD_MAX then
+      if type(out) == "table" then
+        table.move(out, 1, #out, #held + 1, held)
+      else
+        held[#held + 1] = out
+      end
+      self.held_bytes = self.held_bytes + n
+      return true
+    end
+    self:flush() -- too much to hold: what waits goes first, this one after it
+    self.held, self.held_bytes = {}, 0
   end
   self.stream:write(out)
   return true
