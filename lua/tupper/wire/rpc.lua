@@ -161,7 +161,7 @@ end
 function Conn:flush()
   local held = self.held
   self.held = nil
-  if held and #held > 0 and not self.closed then self.stream:write(held) end
+  if held and #held > 0 and not self.closed and not self.stream:is_closing() then self.stream:write(held) end
 end
 
 function Conn:_feed_lines(chunk)
