@@ -44,6 +44,9 @@ struct tp_sconn_s {
   unsigned nrecent;
   uint8_t *rbuf;
   size_t rlen;
+  int corked;        /* small frames wait in cbuf (tp_sconn_cork) */
+  size_t clen;
+  uint8_t cbuf[256];
 };
 
 typedef struct tp__swrite_s {
@@ -152,26 +155,20 @@ static void tp__sconn_write_cb(uv_write_t *req, int status) {
     tp__sconn_unhold(c);
 }
 
-/* Sends one frame: header for a payload of len bytes, then p.  What the
- * socket takes at once goes from p itself (one writev, when nothing is
- * queued before it); only the rest is copied and queued.  The copy's room
- * is taken first, so that a frame is never cut in two by a failed malloc
- * (untouched, it costs no page of memory). */
-static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void *p, size_t len) {
-  uint8_t hdr[TP_SF_HDR];
+/* Writes the bytes of b[0..nb) (total in all): what the socket takes at
+ * once goes from them (one writev, when nothing is queued before it); only
+ * the rest is copied and queued.  The copy's room is taken first, so that a
+ * frame is never cut in two by a failed malloc (untouched, it costs no page
+ * of memory). */
+static int tp__sconn_put(tp_sconn_t *c, const uv_buf_t *b, unsigned nb, size_t total) {
   tp__swrite_t *w;
-  uv_buf_t b[2];
-  size_t total = TP_SF_HDR + len, done = 0;
+  uv_buf_t rest;
+  size_t done = 0, at = 0;
   int r;
-  if (c->closing)
-    return -EPIPE;
   if ((w = malloc(sizeof(*w) + total)) == NULL)
     return -ENOMEM;
-  tp_sframe_header(hdr, type, sid, (uint32_t) len);
   if (c->queued == 0) {
-    b[0] = uv_buf_init((char *) hdr, TP_SF_HDR);
-    b[1] = uv_buf_init((char *) p, (unsigned) len);
-    r = uv_try_write((uv_stream_t *) &c->pipe, b, len ? 2 : 1);
+    r = uv_try_write((uv_stream_t *) &c->pipe, b, nb);
     if (r > 0)
       done = (size_t) r; /* an error other than EAGAIN: uv_write below reports it */
     c->last_progress = uv_now(c->loop); /* the wait for what is left starts now */
@@ -180,23 +177,68 @@ static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void 
       return 0;
     }
   }
-  if (done < TP_SF_HDR) {
-    memcpy(w->bytes, hdr + done, TP_SF_HDR - done);
-    if (len)
-      memcpy(w->bytes + TP_SF_HDR - done, p, len);
-  } else {
-    memcpy(w->bytes, (const uint8_t *) p + (done - TP_SF_HDR), total - done);
+  for (unsigned i = 0; i < nb; i++) { /* the bytes past done, in order */
+    size_t from = done > at ? done - at : 0;
+    if (from < b[i].len) {
+      memcpy(w->bytes + (at + from - done), b[i].base + from, b[i].len - from);
+    }
+    at += b[i].len;
   }
   w->c = c;
   w->len = total - done;
-  b[0] = uv_buf_init((char *) w->bytes, (unsigned) w->len);
-  r = uv_write(&w->req, (uv_stream_t *) &c->pipe, b, 1, tp__sconn_write_cb);
+  rest = uv_buf_init((char *) w->bytes, (unsigned) w->len);
+  r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &rest, 1, tp__sconn_write_cb);
   if (r < 0) {
     free(w);
     return r;
   }
   c->queued += w->len;
   return 0;
+}
+
+/* The frames held by a cork, out in one write. */
+static int tp__sconn_flush(tp_sconn_t *c) {
+  uv_buf_t b;
+  size_t n = c->clen;
+  if (n == 0)
+    return 0;
+  c->clen = 0;
+  if (c->closing)
+    return -EPIPE;
+  b = uv_buf_init((char *) c->cbuf, (unsigned) n);
+  return tp__sconn_put(c, &b, 1, n);
+}
+
+void tp_sconn_cork(tp_sconn_t *c) { c->corked = 1; }
+
+void tp_sconn_uncork(tp_sconn_t *c) {
+  c->corked = 0;
+  (void) tp__sconn_flush(c); /* a failed write ends the connection (its callback, its reader) */
+}
+
+/* Sends one frame: header for a payload of len bytes, then p.  Corked, a
+ * small frame waits with the others for tp_sconn_uncork. */
+static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void *p, size_t len) {
+  uint8_t hdr[TP_SF_HDR];
+  uv_buf_t b[2];
+  int r;
+  if (c->closing)
+    return -EPIPE;
+  tp_sframe_header(hdr, type, sid, (uint32_t) len);
+  if (c->corked) {
+    if (c->clen + TP_SF_HDR + len <= sizeof(c->cbuf)) {
+      memcpy(c->cbuf + c->clen, hdr, TP_SF_HDR);
+      if (len)
+        memcpy(c->cbuf + c->clen + TP_SF_HDR, p, len);
+      c->clen += TP_SF_HDR + len;
+      return 0;
+    }
+    if ((r = tp__sconn_flush(c)) < 0) /* in order: what the cork holds first */
+      return r;
+  }
+  b[0] = uv_buf_init((char *) hdr, TP_SF_HDR);
+  b[1] = uv_buf_init((char *) p, (unsigned) len);
+  return tp__sconn_put(c, b, len ? 2 : 1, TP_SF_HDR + len);
 }
 
 static void tp__sconn_send_error(tp_sconn_t *c, uint32_t sid, int errnum, const char *msg) {
