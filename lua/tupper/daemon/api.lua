@@ -146,29 +146,39 @@ end
 -- Each listed sandbox's entry as JSON, kept until its info changes (by
 -- the sandbox, weak: it goes with the sandbox).  Encoding the entries, and
 -- collecting a table a box each list, made most of a sandbox.list's CPU:
--- 15 ms at 1,000 boxes (docs/benchmarks.md, "Churn").  A change is seen by
--- filling one table with the box's info and comparing each member with the
--- kept one; a member that is a table (metadata, limits, volumes) is
--- replaced when it changes, never changed in place, so its identity says
--- whether it changed.
+-- 15 ms at 1,000 boxes (docs/benchmarks.md, "Churn").  A sandbox's entry is
+-- kept with what its info is made of (Sandbox:info_inputs), which is
+-- compared at each list in one C call (Sandbox:info_same).  Another kind
+-- of listed box (one paused to disk: daemon/pause.lua) has its info filled
+-- into one table and compared member by member with the kept one; a
+-- member that is a table (metadata, limits, volumes) is replaced when it
+-- changes, never changed in place, so its identity says whether it changed.
 local entries = setmetatable({}, { __mode = "k" })
 local scratch = {}
 
 local function entry_json(sb)
-  local info = sb:info(scratch)
   local e = entries[sb]
-  local n = 0
   if e then
-    local kept, same = e.info, true
-    for k, v in pairs(info) do
-      n = n + 1
-      if kept[k] ~= v then same = false; break end
+    if e.same then
+      if e.same(sb, e.inputs) then return e.text end
+    else
+      local info, kept, same, n = sb:info(scratch), e.info, true, 0
+      for k, v in pairs(info) do
+        n = n + 1
+        if kept[k] ~= v then same = false; break end
+      end
+      if same and n == e.n then return e.text end
     end
-    if same and n == e.n then return e.text end
   end
-  local copy = {}
-  n = 0
-  for k, v in pairs(info) do copy[k] = v; n = n + 1 end
+  local same = sb.info_same
+  if same then
+    local inputs = sb:info_inputs()
+    local text = assert(json.encode(sb:info(scratch)))
+    entries[sb] = { same = same, inputs = inputs, text = text }
+    return text
+  end
+  local copy, n = {}, 0
+  for k, v in pairs(sb:info(scratch)) do copy[k] = v; n = n + 1 end
   local text = assert(json.encode(copy))
   entries[sb] = { info = copy, n = n, text = text }
   return text

@@ -858,6 +858,43 @@ function Sandbox:info(into)
   return t
 end
 
+-- What Sandbox:info is made of, besides the count of its processes and its
+-- policy's name: these fields, read raw (the deadline's text follows
+-- expires_at).  A member that is a table (metadata, limits, recipe,
+-- volume_mounts, policy_source, persist) is replaced when it changes, never
+-- changed in place, so its identity says whether it changed.
+local INFO_FIELDS = { "state", "id", "image", "backend", "created_at", "metadata", "limits", "timeout",
+                      "policy_source", "recipe", "default_user", "home", "workdir", "network",
+                      "volume_mounts", "persist", "expires_at" }
+local fields_same = core.fields_same
+
+local function procs_count(self)
+  local procs, n = rawget(self, "procs"), 0
+  if procs then for _ in pairs(procs) do n = n + 1 end end
+  return n
+end
+
+--- What the box's info is made of now, for Sandbox:info_same: sandbox.list
+-- keeps each box's entry with it (daemon/api.lua) and makes the entry
+-- again only when the info would differ, without filling an info table
+-- for each box at each call.
+function Sandbox:info_inputs()
+  local t = {}
+  for _, k in ipairs(INFO_FIELDS) do t[k] = rawget(self, k) end
+  local policy = rawget(self, "policy_source")
+  t[1], t[2] = procs_count(self), policy and policy.name
+  return t
+end
+
+--- Whether the box's info is still the one made from inputs (a table
+-- Sandbox:info_inputs returned).  The fields are compared in C, in one call.
+function Sandbox:info_same(inputs)
+  if procs_count(self) ~= inputs[1] then return false end
+  local policy = rawget(self, "policy_source")
+  if (policy and policy.name) ~= inputs[2] then return false end
+  return fields_same(self, inputs, INFO_FIELDS)
+end
+
 --- Kills everything in the box and removes it; waits until done.
 -- keep_upper: move the box's writable layer there first (recipe layers).
 -- on_dead (not with keep_upper): called once every process of the box is
