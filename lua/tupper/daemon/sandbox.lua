@@ -146,16 +146,20 @@ function M.adopt(opts)
   return self
 end
 
---- What a restarted daemon needs to re-adopt this sandbox.
+--- What a restarted daemon needs to re-adopt this sandbox.  Its fields
+-- are read with rawget, as Sandbox:info's are: none is a method, and an
+-- unset one would go through the class's __index (a Lua function).
 function Sandbox:record()
-  return { id = self.id, image = self.image, layers = self.layers, image_digest = self.image_digest,
-           backend = self.backend,
-           user = self.user, created_at = self.created_at, metadata = self.metadata,
-           env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
-           timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
-           policy = self.policy_source, cred = self.cred, recipe = self.recipe,
-           network = self.network, default_user = self.default_user, home = self.home,
-           workdir = self.workdir, volumes = self.volume_mounts,
+  local raw = rawget
+  return { id = self.id, image = self.image, layers = raw(self, "layers"),
+           image_digest = raw(self, "image_digest"), backend = self.backend,
+           user = raw(self, "user"), created_at = self.created_at, metadata = raw(self, "metadata"),
+           env = raw(self, "env"), cwd = raw(self, "cwd"), limits = raw(self, "limits"), pid = raw(self, "pid"),
+           cgroup = raw(self, "cgroup"), timeout = raw(self, "timeout"), expires_at = raw(self, "expires_at"),
+           paused = self.state == "paused" or nil,
+           policy = raw(self, "policy_source"), cred = raw(self, "cred"), recipe = raw(self, "recipe"),
+           network = raw(self, "network"), default_user = raw(self, "default_user"), home = raw(self, "home"),
+           workdir = raw(self, "workdir"), volumes = raw(self, "volume_mounts"),
            -- the backend's own (a microVM's QEMU: what proves its pid is still it)
            vm = self.impl.record(self.box) }
 end
