@@ -680,9 +680,16 @@ M.SENT = api_stream.SENT
 -- volume.create, volume.list, volume.get, volume.destroy
 for k, fn in pairs(require("tupper.daemon.volumes").handlers) do h[k] = fn end
 
+-- (by method name: a name is made into a handler's once)
+local handlers = {}
+
 function M.lookup(method)
+  local fn = handlers[method]
+  if fn then return fn end
   if not schema.methods[method] then return nil end
-  return h[(method:gsub("%.", "_"))]
+  fn = h[(method:gsub("%.", "_"))]
+  if fn then handlers[method] = fn end
+  return fn
 end
 
 return M
