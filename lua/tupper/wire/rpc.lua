@@ -211,7 +211,25 @@ function Conn:send(obj, result)
     self:close()
     return nil, "peer is not reading"
   end
-  self.stream:write(out)
+  -- written at once where the socket takes it all (uv_try_write: libuv
+  -- queues nothing, then, and calls nothing back; it refuses while
+  -- anything is queued, so the order holds), else queued as before
+  local n = self.stream:try_write(out)
+  if n == nil then
+    self.stream:write(out)
+  else
+    local len = 0
+    if type(out) == "table" then
+      for i = 1, #out do len = len + #out[i] end
+    else
+      len = #out
+    end
+    -- the rest of a partial write (a reply larger than the socket's room)
+    if n < len then
+      if type(out) == "table" then out = table.concat(out) end
+      self.stream:write(out:sub(n + 1))
+    end
+  end
   return true
 end
 
