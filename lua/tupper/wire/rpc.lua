@@ -211,24 +211,16 @@ function Conn:send(obj, result)
     self:close()
     return nil, "peer is not reading"
   end
-  -- written at once where the socket takes it all (uv_try_write: libuv
-  -- queues nothing, then, and calls nothing back; it refuses while
-  -- anything is queued, so the order holds), else queued as before
-  local n = self.stream:try_write(out)
-  if n == nil then
+  -- a reply of one string is written at once where the socket takes it
+  -- all (uv_try_write: libuv queues nothing, then, and calls nothing back;
+  -- it refuses while anything is queued, so the order holds), else queued
+  -- as before.  A list of strings (json.raw's) is queued as it is: its
+  -- length, to tell a partial write, would be summed in Lua for each call.
+  local n = type(out) == "string" and self.stream:try_write(out)
+  if not n then
     self.stream:write(out)
-  else
-    local len = 0
-    if type(out) == "table" then
-      for i = 1, #out do len = len + #out[i] end
-    else
-      len = #out
-    end
-    -- the rest of a partial write (a reply larger than the socket's room)
-    if n < len then
-      if type(out) == "table" then out = table.concat(out) end
-      self.stream:write(out:sub(n + 1))
-    end
+  elseif n < #out then -- the rest of a partial write
+    self.stream:write(out:sub(n + 1))
   end
   return true
 end
