@@ -893,8 +893,11 @@ end
 --- Whether the box's info is still the one made from inputs (a table
 -- Sandbox:info_inputs returned).  The fields are compared in C, in one call.
 function Sandbox:info_same(inputs)
-  if procs_count(self) ~= inputs[1] then return false end
-  local policy = rawget(self, "policy_source")
+  local raw = rawget
+  local procs, n = raw(self, "procs"), 0
+  if procs then for _ in pairs(procs) do n = n + 1 end end
+  if n ~= inputs[1] then return false end
+  local policy = raw(self, "policy_source")
   if (policy and policy.name) ~= inputs[2] then return false end
   return fields_same(self, inputs, INFO_FIELDS)
 end
