@@ -46,8 +46,8 @@ function D:save(sb)
     uv.fs_write(fd, text)
   end
   uv.fs_close(fd)
-  uv.fs_rename(tmp, path)
-  sb.record_len = #text
+  -- (the length of the record now on disk, when this one took its place)
+  sb.record_len = uv.fs_rename(tmp, path) and #text or nil
 end
 
 --- The record of box id goes (its sandbox is killed).  len: the record's
