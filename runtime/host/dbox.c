@@ -46,7 +46,10 @@ static void tp__dbox_close_cb(uv_handle_t *h) {
   tp__dbox_maybe_free(b);
 }
 
-void tp__dbox_stop(tp_dbox_t *b) {
+/* The relays are told, and the agent's channel closed; the exit poll is
+ * left to the caller (a started box's).  Returns whether the box had been
+ * started (its handles made). */
+int tp__dbox_stop_chan(tp_dbox_t *b) {
   if (b->c_down != NULL)
     b->c_down(b, "sandbox stopped");
   if (b->n_down != NULL)
@@ -54,11 +57,17 @@ void tp__dbox_stop(tp_dbox_t *b) {
   if (b->p_down != NULL)
     b->p_down(b, "sandbox stopped");
   if (!b->started)
-    return;
+    return 0;
   b->started = 0;
   uv_read_stop((uv_stream_t *) &b->chan);
   uv_close((uv_handle_t *) &b->chan, tp__dbox_close_cb); /* closes chan_fd */
   b->box.chan_fd = -1;
+  return 1;
+}
+
+void tp__dbox_stop(tp_dbox_t *b) {
+  if (!tp__dbox_stop_chan(b))
+    return;
   uv_close((uv_handle_t *) &b->exitp, tp__dbox_close_cb);
   /* uv_poll made the pidfd non-blocking; destroy waits on it */
   int fl = fcntl(b->box.pidfd, F_GETFL);

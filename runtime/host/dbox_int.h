@@ -18,6 +18,7 @@ void tp__dbox_maybe_free(tp_dbox_t *b);
 void tp__dbox_jobs_done(tp_dbox_t *b);
 /* Closes the channel and the exit poll (if tp_dbox_on ran). */
 void tp__dbox_stop(tp_dbox_t *b);
+int tp__dbox_stop_chan(tp_dbox_t *b);
 /* Removes the box's trees and its cgroup (after its processes are dead). */
 void tp__dbox_drop_cgroups(tp_dbox_t *b, tp_error_t *err);
 

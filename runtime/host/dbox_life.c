@@ -320,7 +320,8 @@ static void tp__dbox_dead_cb(uv_poll_t *p, int status, int events) {
   tp_dbox_t *b = p->data;
   tp_dbox_done_cb dead = b->on_dead;
   (void) events;
-  uv_close((uv_handle_t *) &b->deadp, tp__dbox_deadp_closed);
+  /* p: the exit poll, taken over by the destroy, or deadp */
+  uv_close((uv_handle_t *) p, tp__dbox_deadp_closed);
   b->on_dead = NULL;
   /* uv_poll made the pidfd non-blocking: the reap in the pool waits on it */
   int fl = fcntl(b->box.pidfd, F_GETFL);
@@ -349,6 +350,20 @@ int tp_dbox_destroy(tp_dbox_t *b, const char *keep_upper, tp_dbox_done_cb done, 
     return tp_error_set(err, ENOMEM, "out of memory");
   b->destroyed = 1;
   b->down = 1;
+  if (b->on_dead != NULL && keep_upper == NULL && b->started && b->box.pidfd >= 0) {
+    /* the wait for the box's end on the loop, on the exit poll the box
+     * already has: its callback changes, it is not closed and made again
+     * on the same pidfd (which cost the kill eight system calls) */
+    tp__dbox_stop_chan(b);
+    if (b->box.pid > 0)
+      kill(b->box.pid, SIGKILL);
+    b->on_done = done;
+    b->work_pending = 1;
+    *queued = 1;
+    if ((r = uv_poll_start(&b->exitp, UV_READABLE, tp__dbox_dead_cb)) < 0)
+      tp__dbox_dead_cb(&b->exitp, r, 0);
+    return 0;
+  }
   tp__dbox_stop(b); /* closes the exit poll: the pidfd is free for deadp */
   if (b->box.pid > 0)
     kill(b->box.pid, SIGKILL); /* at once; reaping and rm happen in the pool */

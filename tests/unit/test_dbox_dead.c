@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -86,6 +87,18 @@ static void done_cb(tp_dbox_t *b, int ret, const tp_error_t *err) {
   done_ret = ret;
   if (ret < 0)
     diag("destroy", err);
+}
+
+static int frame_cb(tp_dbox_t *b, unsigned type, uint32_t id, const tp_field_t *fields, int n,
+                    tp_field_t *scratch, int scratch_max) {
+  (void) b, (void) type, (void) id, (void) fields, (void) n, (void) scratch, (void) scratch_max;
+  return 0;
+}
+
+static int downs;
+static void down_cb(tp_dbox_t *b, const char *reason) {
+  (void) b, (void) reason;
+  downs++;
 }
 
 /* A box object for dir with a cgroup id and, when with_pid, a PID 1 (and
@@ -159,6 +172,38 @@ int main(void) {
   check(dead_dir_there && dead_cg_there, "at dead, the dir and the cgroup are still there");
   check(!exists(box_dir) && !listed(&root, id), "at done, the dir and the cgroup are gone");
   check(b->work_pending == 0 && b->open_handles == 0, "no job, no handle left");
+  tp_dbox_release(b);
+  uv_run(&loop, UV_RUN_DEFAULT);
+
+  /* a started box (its channel and exit poll on the loop): the exit poll
+   * waits for the end, as deadp does for a box never started */
+  order = dead_seen = done_seen = 0;
+  if (mkdir(box_dir, 0700) < 0) {
+    check(0, "the dir again: %s", strerror(errno));
+    goto out;
+  }
+  b = box_new(&loop, lx, &root, id, box_dir, 1);
+  {
+    int sp[2];
+    check(b != NULL && b->box.pidfd >= 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0,
+          "a box with a PID 1 and a channel");
+    if (b == NULL || b->box.pidfd < 0)
+      goto out;
+    b->box.chan_fd = sp[0];
+    check(tp_dbox_on(b, frame_cb, down_cb, &err) == 0 && b->open_handles == 2, "started: two handles");
+    tp_dbox_on_dead(b, dead_cb);
+    r = tp_dbox_destroy(b, NULL, done_cb, &queued, &err);
+    check(r == 0 && queued == 1 && b->work_pending == 1 && b->open_handles == 2,
+          "its destroy waits on its exit poll (the channel closing), nothing in the pool yet");
+    uv_run(&loop, UV_RUN_DEFAULT);
+    close(sp[1]);
+  }
+  check(dead_seen == 1 && done_seen == 2 && done_ret == 0, "dead ran first, then done (ok)");
+  check(dead_pids == 0, "at dead, no process is left in the box cgroup");
+  check(dead_dir_there && dead_cg_there, "at dead, the dir and the cgroup are still there");
+  check(!exists(box_dir) && !listed(&root, id), "at done, the dir and the cgroup are gone");
+  check(b->work_pending == 0 && b->open_handles == 0, "no job, no handle left");
+  check(downs == 0, "the owner was not told the box went down: it destroyed it");
   tp_dbox_release(b);
   uv_run(&loop, UV_RUN_DEFAULT);
 

@@ -146,53 +146,48 @@ function h.sandbox_get(d, conn, p)
   return sb:info()
 end
 
--- Each listed sandbox's entry as JSON, kept until its info changes (by
--- the sandbox, weak: it goes with the sandbox).  Encoding the entries, and
--- collecting a table a box each list, made most of a sandbox.list's CPU:
--- 15 ms at 1,000 boxes (docs/benchmarks.md, "Churn").  A change is seen by
--- filling one table with the box's info and comparing each member with the
--- kept one; a member that is a table (metadata, limits, volumes) is
--- replaced when it changes, never changed in place, so its identity says
--- whether it changed.
-local entries = setmetatable({}, { __mode = "k" })
+-- What sandbox.list keeps of each listed box (by the box, weak: it goes
+-- with the box): its sort key and its entry as JSON, kept until its info
+-- changes.  Encoding the entries, and collecting a table a box each list,
+-- made most of a sandbox.list's CPU: 15 ms at 1,000 boxes
+-- (docs/benchmarks.md, "Churn").  A sandbox's entry is kept with what its
+-- info is made of (Sandbox:info_inputs), compared at each list in one C
+-- call (Sandbox:info_same).  Another kind of listed box (one paused to
+-- disk: daemon/pause.lua) has its info filled into one table and compared
+-- member by member with the kept one; a member that is a table (metadata,
+-- limits, volumes) is replaced when it changes, never changed in place, so
+-- its identity says whether it changed.
+--
+-- The list's order: by created_at, then id.  The sort key is created_at ..
+-- "\0" .. id (made again when created_at moves: a pooled box gets a new one
+-- when a create takes it), and the keys are sorted by table.sort's own
+-- string order: the same order (a "\0" sorts before any byte of an id, and
+-- a created_at that is a prefix of another's before it), without a call of
+-- a Lua comparator for each comparison.
+local kept = setmetatable({}, { __mode = "k" })
 local scratch = {}
+local keys, by_key = {}, {}
 
-local function entry_json(sb)
-  local info = sb:info(scratch)
-  local e = entries[sb]
-  local n = 0
-  if e then
-    local kept, same = e.info, true
+-- The entry of sb, whose kept record e did not match (or has none yet).
+local function entry_json(sb, e)
+  if e.info then -- not a Sandbox: its info compared member by member
+    local info, old, same, n = sb:info(scratch), e.info, true, 0
     for k, v in pairs(info) do
       n = n + 1
-      if kept[k] ~= v then same = false; break end
+      if old[k] ~= v then same = false; break end
     end
     if same and n == e.n then return e.text end
   end
-  local copy = {}
-  n = 0
-  for k, v in pairs(info) do copy[k] = v; n = n + 1 end
-  local text = assert(json.encode(copy))
-  entries[sb] = { info = copy, n = n, text = text }
-  return text
-end
-
--- The list's order: by created_at, then id.  Each listed box has a sort
--- key, created_at .. "\0" .. id (kept while its created_at stays: a pooled
--- box gets a new one when a create takes it), and the keys are sorted by
--- table.sort's own string order: the same order (a "\0" sorts before any
--- byte of an id, and a created_at that is a prefix of another's before
--- it), without a call of a Lua comparator for each comparison.
-local sort_keys = setmetatable({}, { __mode = "k" })
-local keys, by_key = {}, {}
-
-local function sort_key(sb)
-  local e = sort_keys[sb]
-  if e == nil or e.at ~= sb.created_at then
-    e = { at = sb.created_at, key = sb.created_at .. "\0" .. sb.id }
-    sort_keys[sb] = e
+  local same = sb.info_same
+  if same then
+    e.same, e.inputs = same, sb:info_inputs()
+    e.text = assert(json.encode(sb:info(scratch)))
+    return e.text
   end
-  return e.key
+  local copy, n = {}, 0
+  for k, v in pairs(sb:info(scratch)) do copy[k] = v; n = n + 1 end
+  e.info, e.n, e.text = copy, n, assert(json.encode(copy))
+  return e.text
 end
 
 function h.sandbox_list(d, conn, p)
@@ -201,10 +196,18 @@ function h.sandbox_list(d, conn, p)
   for k in pairs(by_key) do by_key[k] = nil end
   local n = 0
   for _, sb in pairs(d.sandboxes) do
-    if sb.state == "running" or sb.state == "paused" then
-      local k = sort_key(sb)
+    local state = sb.state
+    if state == "running" or state == "paused" then
+      local e, at = kept[sb], sb.created_at
+      if e == nil or e.at ~= at then
+        e = { at = at, key = at .. "\0" .. sb.id }
+        kept[sb] = e
+      end
+      local same, text = e.same, e.text
+      if not (same and same(sb, e.inputs)) then text = entry_json(sb, e) end
       n = n + 1
-      keys[n], by_key[k] = k, sb
+      local k = e.key
+      keys[n], by_key[k] = k, text
     end
   end
   table.sort(keys)
@@ -213,7 +216,7 @@ function h.sandbox_list(d, conn, p)
   local parts = { '{"sandboxes":[' }
   for i = 1, n do
     local k = keys[i]
-    parts[2 * i] = entry_json(by_key[k])
+    parts[2 * i] = by_key[k]
     parts[2 * i + 1] = i < n and "," or "]}"
     keys[i], by_key[k] = nil, nil
   end
@@ -673,9 +676,16 @@ M.SENT = api_stream.SENT
 -- volume.create, volume.list, volume.get, volume.destroy
 for k, fn in pairs(require("tupper.daemon.volumes").handlers) do h[k] = fn end
 
+-- (by method name: a name is made into a handler's once)
+local handlers = {}
+
 function M.lookup(method)
+  local fn = handlers[method]
+  if fn then return fn end
   if not schema.methods[method] then return nil end
-  return h[(method:gsub("%.", "_"))]
+  fn = h[(method:gsub("%.", "_"))]
+  if fn then handlers[method] = fn end
+  return fn
 end
 
 return M

@@ -32,10 +32,13 @@ function M.track()
     local make = uv[name]
     if make then
       originals[name] = make
+      -- (a constructor returns a handle, a handle and a pid, or nil, a
+      -- message and an error name: three values at most, passed on without
+      -- a table a call)
       uv[name] = function(...)
-        local r = table.pack(make(...))
-        if type(r[1]) == "userdata" then owned[r[1]] = true end
-        return table.unpack(r, 1, r.n)
+        local h, a, b = make(...)
+        if type(h) == "userdata" then owned[h] = true end
+        return h, a, b
       end
     end
   end

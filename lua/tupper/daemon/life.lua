@@ -16,35 +16,50 @@ function D:save(sb)
   if sb.state ~= "running" and sb.state ~= "paused" then return end
   local path = self.boxes .. "/" .. sb.id .. ".json"
   local rec = sb:record()
+  -- (read raw where sb may be a Sandbox, whose unset fields go through its
+  -- class's __index, a Lua function: Sandbox:record)
+  local raw = rawget
   -- a box that goes with its client: a restarted daemon kills it
-  rec.kill_on_disconnect = sb.kill_on_disconnect
+  rec.kill_on_disconnect = raw(sb, "kill_on_disconnect")
   -- a pause to disk and the snapshot it holds (daemon/pause.lua)
-  rec.persist, rec.pause_snapshot = sb.persist, sb.pause_snapshot
+  rec.persist, rec.pause_snapshot = raw(sb, "persist"), raw(sb, "pause_snapshot")
   local text = json.encode(rec)
   -- a removed box's record file where one is spare (D:unsave): no inode
-  -- made (daemon/recover.lua); written over and cut to length after, not
-  -- truncated first (which frees its block for the write to take again)
+  -- made (daemon/recover.lua).  It is written over from offset 0 where it
+  -- lies, cut only when the record it held was longer (not truncated first,
+  -- which frees its block for the write to take again), and renamed over
+  -- the record once whole: a daemon killed meanwhile leaves a spare, which
+  -- the next one removes, and the old record or none.
   local spare = self.spare_records and table.remove(self.spare_records)
-  local fd = spare and uv.fs_rename(spare, path .. ".tmp") and uv.fs_open(path .. ".tmp", "r+", 0)
-  if fd then
-    uv.fs_write(fd, text, 0)
-    uv.fs_ftruncate(fd, #text)
-  else
-    fd = uv.fs_open(path .. ".tmp", "w", tonumber("600", 8))
+  local tmp, fd = spare and spare.path, nil
+  if spare then
+    fd = uv.fs_open(tmp, "r+", 0)
+    if fd then
+      uv.fs_write(fd, text, 0)
+      if not spare.len or spare.len > #text then uv.fs_ftruncate(fd, #text) end
+    end
+  end
+  if not fd then
+    tmp = path .. ".tmp"
+    fd = uv.fs_open(tmp, "w", tonumber("600", 8))
     if not fd then return end
     uv.fs_write(fd, text)
   end
   uv.fs_close(fd)
-  uv.fs_rename(path .. ".tmp", path)
+  -- (the length of the record now on disk, when this one took its place)
+  sb.record_len = uv.fs_rename(tmp, path) and #text or nil
 end
 
-function D:unsave(id)
+--- The record of box id goes (its sandbox is killed).  len: the record's
+-- length in bytes, when known (sb.record_len): the file is kept as a spare
+-- for the next box's record (D:save), up to SPARE_RECORDS of them.
+function D:unsave(id, len)
   local path = self.boxes .. "/" .. id .. ".json"
   if self.spare_dir and #self.spare_records < SPARE_RECORDS then
     self.spare_seq = self.spare_seq + 1
     local spare = ("%s/r%d"):format(self.spare_dir, self.spare_seq)
     if uv.fs_rename(path, spare) then
-      self.spare_records[#self.spare_records + 1] = spare
+      self.spare_records[#self.spare_records + 1] = { path = spare, len = len }
       return
     end
   end
@@ -90,7 +105,7 @@ function D:kill_sandbox(id)
   self.dying[id] = not sb.dormant and sb.limits and sb.limits.memory or 0
   stop_life_timer(sb)
   self:_pool_release(sb) -- a box killed before it started anything (pool.lua)
-  self:unsave(id)
+  self:unsave(id, sb.record_len)
   async.wait(function(dead)
     async.spawn(function()
       -- an error must not leave the box counted (and creates at the cap

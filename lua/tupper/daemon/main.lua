@@ -167,8 +167,7 @@ function Daemon:_request(conn, msg)
     if msg.method == "stream.attach" or api.SENDS_OWN_REPLY[msg.method] then params._rpc_id = id end
     local sid = params.sandbox or params.id
     if type(sid) == "string" and self.sandboxes[sid] then
-      conn.uses = conn.uses or {}
-      conn.uses[sid] = true -- not idle while that box lives
+      self:_use(conn, sid) -- not idle while that box lives
     end
     local line = POOL_METHODS[msg.method]
     if line then pool_turn(conn, line) end
@@ -183,14 +182,37 @@ function Daemon:_request(conn, msg)
     if res == nil then return conn:error(id, code or rpc.INTERNAL_ERROR, message or "failed", data) end
     if res == api.SENT then return end -- the handler sent its reply itself (with an fd)
     if msg.method == "sandbox.create" and type(res.id) == "string" then
-      conn.uses = conn.uses or {}
-      conn.uses[res.id] = true
+      self:_use(conn, res.id)
     elseif msg.method == "sandbox.expose" then
       conn.exposes = conn.exposes or {}
       conn.exposes[params.id .. ":" .. params.port] = params.id
     end
     conn:reply(id, res)
   end)
+end
+
+-- conn used sandbox id: the connection is not idle while it lives
+-- (Daemon:_idle).  The ids of sandboxes gone are dropped once the set has
+-- doubled since the last time, so that a client that creates and kills in
+-- a loop (and so is never idle) keeps a set the size of what it holds, not
+-- of every box it ever made.
+function Daemon:_use(conn, id)
+  local uses = conn.uses
+  if not uses then
+    uses = {}
+    conn.uses, conn.uses_n, conn.uses_cap = uses, 0, 16
+  end
+  if uses[id] then return end
+  uses[id] = true
+  local n = conn.uses_n + 1
+  if n > conn.uses_cap then
+    n = 0
+    for k in pairs(uses) do
+      if self.sandboxes[k] then n = n + 1 else uses[k] = nil end
+    end
+    conn.uses_cap = math.max(16, 2 * n)
+  end
+  conn.uses_n = n
 end
 
 -- The fs watches, process attachments (process.connect) and port forwards

@@ -146,16 +146,21 @@ function M.adopt(opts)
   return self
 end
 
---- What a restarted daemon needs to re-adopt this sandbox.
+--- What a restarted daemon needs to re-adopt this sandbox.  Its fields
+-- are read with rawget, as Sandbox:info's are: none is a method, and an
+-- unset one would go through the class's __index (a Lua function).
 function Sandbox:record()
-  return { id = self.id, image = self.image, layers = self.layers, image_digest = self.image_digest,
-           backend = self.backend,
-           user = self.user, created_at = self.created_at, metadata = self.metadata,
-           env = self.env, cwd = self.cwd, limits = self.limits, pid = self.pid, cgroup = self.cgroup,
-           timeout = self.timeout, expires_at = self.expires_at, paused = self.state == "paused" or nil,
-           policy = self.policy_source, cred = self.cred, recipe = self.recipe,
-           network = self.network, default_user = self.default_user, home = self.home,
-           workdir = self.workdir, volumes = self.volume_mounts,
+  local raw = rawget
+  return { id = self.id, image = self.image, layers = raw(self, "layers"),
+           image_digest = raw(self, "image_digest"), backend = self.backend,
+           user = raw(self, "user"), created_at = self.created_at, metadata = raw(self, "metadata"),
+           env = raw(self, "env"), cwd = raw(self, "cwd"), limits = raw(self, "limits"),
+           pid = raw(self, "pid"),
+           cgroup = raw(self, "cgroup"), timeout = raw(self, "timeout"), expires_at = raw(self, "expires_at"),
+           paused = self.state == "paused" or nil,
+           policy = raw(self, "policy_source"), cred = raw(self, "cred"), recipe = raw(self, "recipe"),
+           network = raw(self, "network"), default_user = raw(self, "default_user"), home = raw(self, "home"),
+           workdir = raw(self, "workdir"), volumes = raw(self, "volume_mounts"),
            -- the backend's own (a microVM's QEMU: what proves its pid is still it)
            vm = self.impl.record(self.box) }
 end
@@ -856,6 +861,46 @@ function Sandbox:info(into)
   t.persisted = raw(self, "persist") and true or nil -- paused to disk (daemon/pause.lua)
   t.expires_at = exp and raw(self, "expires_text") or nil
   return t
+end
+
+-- What Sandbox:info is made of, besides the count of its processes and its
+-- policy's name: these fields, read raw (the deadline's text follows
+-- expires_at).  A member that is a table (metadata, limits, recipe,
+-- volume_mounts, policy_source, persist) is replaced when it changes, never
+-- changed in place, so its identity says whether it changed.
+local INFO_FIELDS = { "state", "id", "image", "backend", "created_at", "metadata", "limits", "timeout",
+                      "policy_source", "recipe", "default_user", "home", "workdir", "network",
+                      "volume_mounts", "persist", "expires_at" }
+local fields_same = core.fields_same
+
+local function procs_count(self)
+  local procs, n = rawget(self, "procs"), 0
+  if procs then for _ in pairs(procs) do n = n + 1 end end
+  return n
+end
+
+--- What the box's info is made of now, for Sandbox:info_same: sandbox.list
+-- keeps each box's entry with it (daemon/api.lua) and makes the entry
+-- again only when the info would differ, without filling an info table
+-- for each box at each call.
+function Sandbox:info_inputs()
+  local t = {}
+  for _, k in ipairs(INFO_FIELDS) do t[k] = rawget(self, k) end
+  local policy = rawget(self, "policy_source")
+  t[1], t[2] = procs_count(self), policy and policy.name
+  return t
+end
+
+--- Whether the box's info is still the one made from inputs (a table
+-- Sandbox:info_inputs returned).  The fields are compared in C, in one call.
+function Sandbox:info_same(inputs)
+  local raw = rawget
+  local procs, n = raw(self, "procs"), 0
+  if procs then for _ in pairs(procs) do n = n + 1 end end
+  if n ~= inputs[1] then return false end
+  local policy = raw(self, "policy_source")
+  if (policy and policy.name) ~= inputs[2] then return false end
+  return fields_same(self, inputs, INFO_FIELDS)
 end
 
 --- Kills everything in the box and removes it; waits until done.

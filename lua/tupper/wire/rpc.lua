@@ -254,7 +254,17 @@ function Conn:send(obj, result)
     self:flush() -- too much to hold: what waits goes first, this one after it
     self.held, self.held_bytes = {}, 0
   end
-  self.stream:write(out)
+  -- a reply of one string is written at once where the socket takes it
+  -- all (uv_try_write: libuv queues nothing, then, and calls nothing back;
+  -- it refuses while anything is queued, so the order holds), else queued
+  -- as before.  A list of strings (json.raw's) is queued as it is: its
+  -- length, to tell a partial write, would be summed in Lua for each call.
+  local n = type(out) == "string" and self.stream:try_write(out)
+  if not n then
+    self.stream:write(out)
+  elseif n < #out then -- the rest of a partial write
+    self.stream:write(out:sub(n + 1))
+  end
   return true
 end
 
