@@ -1,12 +1,27 @@
 /* tp_sconn_t: a data connection of the data plane (stream.h). */
+#define _GNU_SOURCE /* splice */
 #include "stream.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+typedef struct tp__swrite_s tp__swrite_t;
+
+/* A DATA frame whose payload goes from a pipe into the socket (tp_sconn_splice). */
+typedef struct tp__ssplice_s {
+  int pfd;              /* the pipe's read end (a dup: the owner may close its own) */
+  size_t left;          /* payload bytes still in the pipe */
+  uint8_t hdr[TP_SF_HDR];
+  size_t hdone;         /* header bytes written */
+  tp_sconn_splice_cb cb;
+  void *arg;
+} tp__ssplice_t;
 
 typedef struct tp__sstream_s {
   struct tp__sstream_s *next;
@@ -44,14 +59,20 @@ struct tp_sconn_s {
   unsigned nrecent;
   uint8_t *rbuf;
   size_t rlen;
+  size_t inuv;        /* of queued: bytes in libuv's write queue */
+  tp__ssplice_t *sp;  /* a spliced frame waiting for inuv to drain, or going out */
+  tp__swrite_t *hq, **hq_tail; /* frames made while sp is there: sent after it */
+  uv_poll_t wpoll;    /* sp's wait for room in the socket, on wfd */
+  int wfd;            /* a dup of the socket for wpoll (libuv keeps one handle an fd); -1 */
 };
 
-typedef struct tp__swrite_s {
+struct tp__swrite_s {
   uv_write_t req;
   tp_sconn_t *c;
+  tp__swrite_t *next; /* in hq */
   size_t len;
   uint8_t bytes[];
-} tp__swrite_t;
+};
 
 void *tp_sconn_data(const tp_sconn_t *c) { return c->data; }
 size_t tp_sconn_streams(const tp_sconn_t *c) { return c->nstreams; }
@@ -79,6 +100,21 @@ static void tp__sconn_close_handles(tp_sconn_t *c) {
   if (c->closing)
     return;
   c->closing = 1;
+  if (c->sp != NULL) {
+    close(c->sp->pfd);
+    free(c->sp);
+    c->sp = NULL;
+  }
+  while (c->hq != NULL) {
+    tp__swrite_t *w = c->hq;
+    c->hq = w->next;
+    free(w);
+  }
+  if (c->wfd >= 0) { /* epoll forgets wfd in uv_close: it can be closed now */
+    uv_close((uv_handle_t *) &c->wpoll, tp__sconn_close_cb);
+    close(c->wfd);
+    c->wfd = -1;
+  }
   uv_close((uv_handle_t *) &c->pipe, tp__sconn_close_cb);
   uv_close((uv_handle_t *) &c->timer, tp__sconn_close_cb);
 }
@@ -141,14 +177,19 @@ static void tp__sconn_unhold(tp_sconn_t *c) {
   }
 }
 
+static void tp__sconn_splice_go(tp_sconn_t *c);
+
 static void tp__sconn_write_cb(uv_write_t *req, int status) {
   tp__swrite_t *w = (tp__swrite_t *) req;
   tp_sconn_t *c = w->c;
   c->queued -= w->len;
+  c->inuv -= w->len;
   if (status == 0)
     c->last_progress = uv_now(c->loop);
   free(w);
-  if (status == 0 && c->queued < c->queued_max)
+  if (status == 0 && c->sp != NULL && c->inuv == 0 && !c->closing)
+    tp__sconn_splice_go(c); /* what came before the spliced frame is out */
+  else if (status == 0 && c->queued < c->queued_max)
     tp__sconn_unhold(c);
 }
 
@@ -168,6 +209,18 @@ static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void 
   if ((w = malloc(sizeof(*w) + total)) == NULL)
     return -ENOMEM;
   tp_sframe_header(hdr, type, sid, (uint32_t) len);
+  if (c->sp != NULL) { /* behind a spliced frame: sent once it is out */
+    memcpy(w->bytes, hdr, TP_SF_HDR);
+    if (len)
+      memcpy(w->bytes + TP_SF_HDR, p, len);
+    w->c = c;
+    w->len = total;
+    w->next = NULL;
+    *c->hq_tail = w;
+    c->hq_tail = &w->next;
+    c->queued += total;
+    return 0;
+  }
   if (c->queued == 0) {
     b[0] = uv_buf_init((char *) hdr, TP_SF_HDR);
     b[1] = uv_buf_init((char *) p, (unsigned) len);
@@ -196,6 +249,7 @@ static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void 
     return r;
   }
   c->queued += w->len;
+  c->inuv += w->len;
   return 0;
 }
 
@@ -253,7 +307,7 @@ static void tp__sconn_down(tp_sconn_t *c, int errnum, const char *reason, int te
 static void tp__sconn_timer_cb(uv_timer_t *t) {
   tp_sconn_t *c = t->data;
   uint64_t now = uv_now(c->loop);
-  int waiting = c->queued > 0;
+  int waiting = c->queued > 0 || c->sp != NULL;
   for (tp__sstream_t *s = c->streams; s != NULL && !waiting; s = s->next)
     if (s->sends && !s->sent_end && s->send_credit == 0)
       waiting = 1;
@@ -439,6 +493,8 @@ tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle
   }
   c->data = data;
   c->loop = loop;
+  c->wfd = -1;
+  c->hq_tail = &c->hq;
   c->cbs = *cbs;
   c->window = window;
   c->queued_max = TP_SCONN_QUEUED_MAX;
@@ -488,6 +544,7 @@ int tp_sconn_preface(tp_sconn_t *c, const void *p, size_t n, tp_error_t *err) {
     return tp_error_set(err, -r, "data connection: %s", uv_strerror(r));
   }
   c->queued += n;
+  c->inuv += n;
   return 0;
 }
 
@@ -629,4 +686,146 @@ void tp_sconn_close(tp_sconn_t *c) {
   c->down = 1;
   tp__sconn_free_streams(c);
   tp__sconn_close_handles(c);
+}
+
+/* ---- a DATA frame spliced from a pipe (tp_sconn_splice) ---------------------------- */
+
+static void tp__sconn_wpoll_cb(uv_poll_t *h, int status, int events) {
+  tp_sconn_t *c = h->data;
+  (void) events;
+  if (c->sp == NULL || c->closing)
+    return;
+  if (status < 0) {
+    tp__sconn_down(c, -status, uv_strerror(status), 0);
+    return;
+  }
+  tp__sconn_splice_go(c);
+}
+
+/* The spliced frame's header and payload, as far as the socket takes them
+ * now; then what was held behind it goes to libuv's queue, and the owner
+ * hears that the pipe is drained.  A failure is the connection's: a frame
+ * cut in two cannot be mended. */
+static void tp__sconn_splice_go(tp_sconn_t *c) {
+  tp__ssplice_t *sp = c->sp;
+  uv_os_fd_t fd;
+  int e = 0;
+  if (uv_fileno((uv_handle_t *) &c->pipe, &fd) < 0) {
+    tp__sconn_down(c, EBADF, "the data connection has no socket", 0);
+    return;
+  }
+  while (sp->hdone < TP_SF_HDR) {
+    ssize_t w = send(fd, sp->hdr + sp->hdone, TP_SF_HDR - sp->hdone, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      goto wait;
+    if (w <= 0) {
+      e = w < 0 ? errno : EPIPE;
+      goto fail;
+    }
+    sp->hdone += (size_t) w;
+  }
+  while (sp->left > 0) {
+    /* the pipe holds all of left (checked when queued): EAGAIN is the socket's */
+    ssize_t n = splice(sp->pfd, NULL, fd, NULL, sp->left, SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      goto wait;
+    if (n <= 0) {
+      e = n < 0 ? errno : EPIPE;
+      goto fail;
+    }
+    sp->left -= (size_t) n;
+    c->last_progress = uv_now(c->loop);
+  }
+  if (c->wfd >= 0)
+    uv_poll_stop(&c->wpoll);
+  c->sp = NULL;
+  close(sp->pfd);
+  while (c->hq != NULL) { /* in order, behind the frame */
+    tp__swrite_t *w = c->hq;
+    uv_buf_t b = uv_buf_init((char *) w->bytes, (unsigned) w->len);
+    int r;
+    c->hq = w->next;
+    if ((r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &b, 1, tp__sconn_write_cb)) < 0) {
+      c->queued -= w->len;
+      free(w);
+      free(sp);
+      tp__sconn_down(c, -r, uv_strerror(r), 0);
+      return;
+    }
+    c->inuv += w->len;
+  }
+  c->hq_tail = &c->hq;
+  if (sp->cb != NULL)
+    sp->cb(sp->arg, 0);
+  free(sp);
+  if (!c->closing && c->queued < c->queued_max)
+    tp__sconn_unhold(c);
+  return;
+wait:
+  if (c->wfd < 0) {
+    int r;
+    if ((c->wfd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+      e = errno;
+      goto fail;
+    }
+    if ((r = uv_poll_init(c->loop, &c->wpoll, c->wfd)) < 0) {
+      close(c->wfd);
+      c->wfd = -1;
+      e = -r;
+      goto fail;
+    }
+    c->wpoll.data = c;
+    c->open_handles++;
+  }
+  if (uv_poll_start(&c->wpoll, UV_WRITABLE, tp__sconn_wpoll_cb) == 0)
+    return;
+  e = EIO;
+fail:
+  {
+    char why[128];
+    snprintf(why, sizeof(why), "a spliced frame: %s", strerror(e));
+    tp__sconn_down(c, e, why, 0);
+  }
+}
+
+int tp_sconn_splice(tp_sconn_t *c, uint32_t sid, int pfd, size_t len, tp_sconn_splice_cb cb, void *arg,
+                    tp_error_t *err) {
+  tp__sstream_t *s = tp__sconn_find(c, sid);
+  tp__ssplice_t *sp;
+  int inpipe = 0;
+  if (c->down || c->closing)
+    return tp_error_set(err, EPIPE, "data connection is closed");
+  if (s == NULL || !s->sends || s->sent_end)
+    return tp_error_set(err, ENOENT, "stream %u: not a stream this side sends on", sid);
+  if (c->sp != NULL)
+    return tp_error_set(err, EBUSY, "stream %u: another frame is being spliced", sid);
+  if (len == 0 || len > TP_SF_DATA_MAX || len > s->send_credit)
+    return tp_error_set(err, EINVAL, "stream %u: %zu bytes are not within one frame and the credit", sid, len);
+  if (ioctl(pfd, FIONREAD, &inpipe) < 0 || inpipe < 0 || (size_t) inpipe < len)
+    return tp_error_set(err, EINVAL, "stream %u: the pipe holds %d of %zu bytes", sid, inpipe, len);
+  if ((sp = calloc(1, sizeof(*sp))) == NULL)
+    return tp_error_set(err, ENOMEM, "out of memory");
+  if ((sp->pfd = fcntl(pfd, F_DUPFD_CLOEXEC, 3)) < 0) {
+    int e = errno;
+    free(sp);
+    return tp_error_errno(err, e, "stream %u: dup", sid);
+  }
+  tp_sframe_header(sp->hdr, TP_SF_DATA, sid, (uint32_t) len);
+  sp->left = len;
+  sp->cb = cb;
+  sp->arg = arg;
+  s->send_credit -= len;
+  c->sp = sp;
+  if (c->inuv == 0)
+    tp__sconn_splice_go(c); /* else once libuv's queue is out (tp__sconn_write_cb) */
+  return 0;
+}
+
+void tp_sconn_splice_forget(tp_sconn_t *c, void *arg) {
+  if (c->sp != NULL && c->sp->arg == arg)
+    c->sp->cb = NULL;
 }

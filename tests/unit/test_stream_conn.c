@@ -476,6 +476,109 @@ static void test_queue_cap_reading(void) {
   pump(5);
 }
 
+
+static int spliced_calls, spliced_err = -1;
+static void on_spliced(void *arg, int err) {
+  (void) arg;
+  spliced_calls++;
+  spliced_err = err;
+}
+
+static int nfds_self(void) {
+  int n = 0;
+  for (int fd = 0; fd < 1024; fd++)
+    if (fcntl(fd, F_GETFD) >= 0)
+      n++;
+  return n;
+}
+
+/* Fills the connection's socket until libuv queues (streams 2.. get DATA). */
+static int fill(tp_sconn_t *c, const uint8_t *p, uint32_t *sid) {
+  for (*sid = 2; *sid < 40 && tp_sconn_queued(c) == 0; (*sid)++) {
+    if (tp_sconn_open(c, *sid, TP_SK_STDOUT, 0, 1, NULL, NULL) < 0 ||
+        tp_sconn_write(c, *sid, p, TP_SCONN_WINDOW_MIN, NULL) != (long) TP_SCONN_WINDOW_MIN)
+      return -1;
+  }
+  return tp_sconn_queued(c) > 0 ? 0 : -1;
+}
+
+/* A DATA frame spliced from a pipe goes out whole, after what was queued
+ * before it and before what was made after it; a closed connection calls
+ * nobody back and leaves no fd. */
+static void test_splice(void) {
+  owner_t o;
+  int peer, pp[2], fds0 = nfds_self();
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 0);
+  tp_error_t err = { 0 };
+  tp_sframe_t f;
+  static uint8_t pat[TP_SCONN_WINDOW_MIN], zeros[TP_SCONN_WINDOW_MIN];
+  uint32_t last = 0, seen_max = 1;
+  int order_ok = 1, got_splice = 0, got_end = 0, exact = 0;
+  for (size_t i = 0; i < sizeof(pat); i++)
+    pat[i] = (uint8_t) (i * 13 + 5);
+  check(pipe2(pp, O_CLOEXEC | O_NONBLOCK) == 0 && write(pp[1], pat, sizeof(pat)) == (ssize_t) sizeof(pat),
+        "a pipe with 64 KiB");
+  check(tp_sconn_open(c, 1, TP_SK_FILE_READ, 0, 1, NULL, NULL) == 0, "open the spliced stream");
+  check(tp_sconn_splice(c, 1, pp[0], sizeof(pat) + 1, on_spliced, NULL, &err) < 0 && err.code == EINVAL,
+        "more than the credit (or the pipe) is refused: EINVAL");
+  {
+    int full = fill(c, zeros, &last);
+    check(full == 0, "the socket is full (%u streams of 64 KiB), libuv queues", last - 2);
+  }
+  memset(&err, 0, sizeof(err));
+  check(tp_sconn_splice(c, 1, pp[0], sizeof(pat), on_spliced, NULL, &err) == 0, "splice queued: %s", err.msg);
+  close(pp[0]); /* the connection keeps its own */
+  check(tp_sconn_splice(c, 1, pp[0] >= 0 ? pp[1] : -1, 1, on_spliced, NULL, &err) < 0 && err.code == EBUSY,
+        "one spliced frame at a time: EBUSY");
+  check(tp_sconn_end(c, 2, 0, 0, NULL) == 0, "END of stream 2 is made behind it");
+  check(spliced_calls == 0, "not out yet: the socket is full");
+  for (int i = 0; i < 100 && !got_end; i++) {
+    long r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+    if (r <= 0)
+      break;
+    if (f.type == TP_SF_OPEN)
+      continue;
+    if (f.type == TP_SF_DATA && f.sid != 1) {
+      if (got_splice)
+        order_ok = 0; /* queued before the splice: must come before it */
+      if (f.sid > seen_max)
+        seen_max = f.sid;
+    } else if (f.type == TP_SF_DATA && f.sid == 1) {
+      got_splice = 1;
+      exact = f.len == sizeof(pat) && memcmp(f.payload, pat, sizeof(pat)) == 0;
+    } else if (f.type == TP_SF_END && f.sid == 2) {
+      got_end = 1;
+      if (!got_splice)
+        order_ok = 0;
+    }
+  }
+  pump(5);
+  check(got_splice && exact, "the spliced frame arrives whole, byte for byte");
+  check(order_ok && got_end, "what was queued came before it, what was made after it came after");
+  check(spliced_calls == 1 && spliced_err == 0, "the owner heard once that it is out");
+  tp_sconn_close(c);
+  close(peer);
+  close(pp[1]);
+  pump(5);
+
+  /* a connection closed while its spliced frame waits for room */
+  spliced_calls = 0;
+  c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 0);
+  check(pipe2(pp, O_CLOEXEC | O_NONBLOCK) == 0 && write(pp[1], pat, sizeof(pat)) == (ssize_t) sizeof(pat),
+        "another pipe");
+  tp_sconn_open(c, 1, TP_SK_FILE_READ, 0, 1, NULL, NULL);
+  check(fill(c, zeros, &last) == 0, "the socket is full again");
+  check(tp_sconn_splice(c, 1, pp[0], sizeof(pat), on_spliced, NULL, &err) == 0, "splice queued");
+  pump(5);
+  tp_sconn_close(c);
+  close(pp[0]);
+  close(pp[1]);
+  close(peer);
+  pump(10);
+  check(spliced_calls == 0, "no callback after the owner closed it");
+  check(nfds_self() == fds0, "no fd left (%d, was %d)", nfds_self(), fds0);
+}
+
 int main(void) {
   uv_loop_init(&loop);
   test_send_flow();
@@ -487,6 +590,7 @@ int main(void) {
   test_waiting_is_not_idle();
   test_queue_cap_streams();
   test_queue_cap_reading();
+  test_splice();
   pump(10);
   check(uv_loop_close(&loop) == 0, "the loop closes: every handle was freed");
   return tap_done();
