@@ -512,10 +512,10 @@ static void tp__sfd_after(void *data, int status) {
   }
   r->done += j->len;
   r->next_off += j->len;
-  if (r->spare == NULL && r->plen > 0) { /* kept for the next batch, while bytes come */
+  if (r->spare == NULL) { /* kept for the next batch: a fresh buffer's pages fault in again */
     r->spare = j->buf;
     r->spcap = j->cap;
-  } else { /* a stream that waits for its client holds no buffer it does not need */
+  } else {
     free(j->buf);
   }
   if (r->d->c != NULL && tp_sconn_credit(r->d->c, r->sid, (uint32_t) j->len, NULL) < 0) {
