@@ -60,8 +60,8 @@ struct tp_sconn_s {
   uint8_t *rbuf;
   size_t rlen;
   size_t inuv;        /* of queued: bytes in libuv's write queue */
-  tp__ssplice_t *sp;  /* a spliced frame waiting for inuv to drain, or going out */
-  tp__swrite_t *hq, **hq_tail; /* frames made while sp is there: sent after it */
+  tp__ssplice_t *sp;  /* the spliced frame going out */
+  tp__swrite_t *hq, **hq_tail; /* behind it, in order: frames (copied) and spliced frames to come */
   uv_poll_t wpoll;    /* sp's wait for room in the socket, on wfd */
   int wfd;            /* a dup of the socket for wpoll (libuv keeps one handle an fd); -1 */
 };
@@ -70,6 +70,7 @@ struct tp__swrite_s {
   uv_write_t req;
   tp_sconn_t *c;
   tp__swrite_t *next; /* in hq */
+  tp__ssplice_t *sp;  /* in hq: a spliced frame (len 0), not bytes */
   size_t len;
   uint8_t bytes[];
 };
@@ -108,6 +109,10 @@ static void tp__sconn_close_handles(tp_sconn_t *c) {
   while (c->hq != NULL) {
     tp__swrite_t *w = c->hq;
     c->hq = w->next;
+    if (w->sp != NULL) {
+      close(w->sp->pfd);
+      free(w->sp);
+    }
     free(w);
   }
   if (c->wfd >= 0) { /* epoll forgets wfd in uv_close: it can be closed now */
@@ -178,6 +183,7 @@ static void tp__sconn_unhold(tp_sconn_t *c) {
 }
 
 static void tp__sconn_splice_go(tp_sconn_t *c);
+static void tp__sconn_flush(tp_sconn_t *c);
 
 static void tp__sconn_write_cb(uv_write_t *req, int status) {
   tp__swrite_t *w = (tp__swrite_t *) req;
@@ -187,8 +193,8 @@ static void tp__sconn_write_cb(uv_write_t *req, int status) {
   if (status == 0)
     c->last_progress = uv_now(c->loop);
   free(w);
-  if (status == 0 && c->sp != NULL && c->inuv == 0 && !c->closing)
-    tp__sconn_splice_go(c); /* what came before the spliced frame is out */
+  if (status == 0 && c->sp == NULL && c->hq != NULL && c->inuv == 0 && !c->closing)
+    tp__sconn_flush(c); /* what came before a spliced frame is out */
   else if (status == 0 && c->queued < c->queued_max)
     tp__sconn_unhold(c);
 }
@@ -209,12 +215,13 @@ static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void 
   if ((w = malloc(sizeof(*w) + total)) == NULL)
     return -ENOMEM;
   tp_sframe_header(hdr, type, sid, (uint32_t) len);
-  if (c->sp != NULL) { /* behind a spliced frame: sent once it is out */
+  if (c->sp != NULL || c->hq != NULL) { /* behind a spliced frame: sent once it is out */
     memcpy(w->bytes, hdr, TP_SF_HDR);
     if (len)
       memcpy(w->bytes + TP_SF_HDR, p, len);
     w->c = c;
     w->len = total;
+    w->sp = NULL;
     w->next = NULL;
     *c->hq_tail = w;
     c->hq_tail = &w->next;
@@ -307,7 +314,7 @@ static void tp__sconn_down(tp_sconn_t *c, int errnum, const char *reason, int te
 static void tp__sconn_timer_cb(uv_timer_t *t) {
   tp_sconn_t *c = t->data;
   uint64_t now = uv_now(c->loop);
-  int waiting = c->queued > 0 || c->sp != NULL;
+  int waiting = c->queued > 0 || c->sp != NULL || c->hq != NULL;
   for (tp__sstream_t *s = c->streams; s != NULL && !waiting; s = s->next)
     if (s->sends && !s->sent_end && s->send_credit == 0)
       waiting = 1;
@@ -744,26 +751,11 @@ static void tp__sconn_splice_go(tp_sconn_t *c) {
     uv_poll_stop(&c->wpoll);
   c->sp = NULL;
   close(sp->pfd);
-  while (c->hq != NULL) { /* in order, behind the frame */
-    tp__swrite_t *w = c->hq;
-    uv_buf_t b = uv_buf_init((char *) w->bytes, (unsigned) w->len);
-    int r;
-    c->hq = w->next;
-    if ((r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &b, 1, tp__sconn_write_cb)) < 0) {
-      c->queued -= w->len;
-      free(w);
-      free(sp);
-      tp__sconn_down(c, -r, uv_strerror(r), 0);
-      return;
-    }
-    c->inuv += w->len;
-  }
-  c->hq_tail = &c->hq;
   if (sp->cb != NULL)
-    sp->cb(sp->arg, 0);
+    sp->cb(sp->arg, 0); /* what it makes goes behind what is held */
   free(sp);
-  if (!c->closing && c->queued < c->queued_max)
-    tp__sconn_unhold(c);
+  if (!c->closing)
+    tp__sconn_flush(c);
   return;
 wait:
   if (c->wfd < 0) {
@@ -792,26 +784,62 @@ fail:
   }
 }
 
+/* What is held goes out in order: frames to libuv's queue, up to the next
+ * spliced frame, which starts once that queue is out (tp__sconn_write_cb
+ * comes back here) and, the socket full, goes on from the poll. */
+static void tp__sconn_flush(tp_sconn_t *c) {
+  while (c->sp == NULL && c->hq != NULL && !c->closing) {
+    tp__swrite_t *w = c->hq;
+    if (w->sp != NULL) {
+      if (c->inuv > 0)
+        return;
+      c->hq = w->next;
+      if (c->hq == NULL)
+        c->hq_tail = &c->hq;
+      c->sp = w->sp;
+      free(w);
+      tp__sconn_splice_go(c); /* may call back, and flush on */
+      return;
+    }
+    uv_buf_t b = uv_buf_init((char *) w->bytes, (unsigned) w->len);
+    int r;
+    c->hq = w->next;
+    if (c->hq == NULL)
+      c->hq_tail = &c->hq;
+    if ((r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &b, 1, tp__sconn_write_cb)) < 0) {
+      c->queued -= w->len;
+      free(w);
+      tp__sconn_down(c, -r, uv_strerror(r), 0);
+      return;
+    }
+    c->inuv += w->len;
+  }
+  if (c->sp == NULL && c->hq == NULL && !c->closing && c->queued < c->queued_max)
+    tp__sconn_unhold(c);
+}
+
 int tp_sconn_splice(tp_sconn_t *c, uint32_t sid, int pfd, size_t len, tp_sconn_splice_cb cb, void *arg,
                     tp_error_t *err) {
   tp__sstream_t *s = tp__sconn_find(c, sid);
   tp__ssplice_t *sp;
+  tp__swrite_t *w;
   int inpipe = 0;
   if (c->down || c->closing)
     return tp_error_set(err, EPIPE, "data connection is closed");
   if (s == NULL || !s->sends || s->sent_end)
     return tp_error_set(err, ENOENT, "stream %u: not a stream this side sends on", sid);
-  if (c->sp != NULL)
-    return tp_error_set(err, EBUSY, "stream %u: another frame is being spliced", sid);
   if (len == 0 || len > TP_SF_DATA_MAX || len > s->send_credit)
     return tp_error_set(err, EINVAL, "stream %u: %zu bytes are not within one frame and the credit", sid, len);
   if (ioctl(pfd, FIONREAD, &inpipe) < 0 || inpipe < 0 || (size_t) inpipe < len)
     return tp_error_set(err, EINVAL, "stream %u: the pipe holds %d of %zu bytes", sid, inpipe, len);
-  if ((sp = calloc(1, sizeof(*sp))) == NULL)
+  if ((sp = calloc(1, sizeof(*sp))) == NULL || (w = calloc(1, sizeof(*w))) == NULL) {
+    free(sp);
     return tp_error_set(err, ENOMEM, "out of memory");
+  }
   if ((sp->pfd = fcntl(pfd, F_DUPFD_CLOEXEC, 3)) < 0) {
     int e = errno;
     free(sp);
+    free(w);
     return tp_error_errno(err, e, "stream %u: dup", sid);
   }
   tp_sframe_header(sp->hdr, TP_SF_DATA, sid, (uint32_t) len);
@@ -819,13 +847,19 @@ int tp_sconn_splice(tp_sconn_t *c, uint32_t sid, int pfd, size_t len, tp_sconn_s
   sp->cb = cb;
   sp->arg = arg;
   s->send_credit -= len;
-  c->sp = sp;
-  if (c->inuv == 0)
-    tp__sconn_splice_go(c); /* else once libuv's queue is out (tp__sconn_write_cb) */
+  w->c = c;
+  w->sp = sp;
+  *c->hq_tail = w; /* behind what is held already */
+  c->hq_tail = &w->next;
+  if (c->sp == NULL)
+    tp__sconn_flush(c); /* now, or once libuv's queue is out */
   return 0;
 }
 
 void tp_sconn_splice_forget(tp_sconn_t *c, void *arg) {
   if (c->sp != NULL && c->sp->arg == arg)
     c->sp->cb = NULL;
+  for (tp__swrite_t *w = c->hq; w != NULL; w = w->next)
+    if (w->sp != NULL && w->sp->arg == arg)
+      w->sp->cb = NULL;
 }

@@ -91,9 +91,9 @@ typedef void (*tp_sconn_splice_cb)(void *arg, int err);
 /* Sends the len bytes that wait in the pipe pfd as one DATA frame of sid
  * (len <= TP_SF_DATA_MAX and the credit; the pipe must hold them all),
  * spliced from the pipe into the socket without a copy, after what is
- * queued; frames made meanwhile are held behind it, in order.  pfd is
- * dup'ed: the caller may close its own.  One such frame at a time on a
- * connection (EBUSY). */
+ * queued; frames made meanwhile (and other streams' spliced frames) are
+ * held behind it, in order.  pfd is dup'ed: the caller may close its own,
+ * but must not read it, nor write it, before cb. */
 int tp_sconn_splice(tp_sconn_t *c, uint32_t sid, int pfd, size_t len, tp_sconn_splice_cb cb, void *arg,
                     tp_error_t *err);
 /* The owner of arg goes: its splice's cb will not run (the frame still goes out whole). */
