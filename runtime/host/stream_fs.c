@@ -65,6 +65,7 @@ typedef struct tp__srelay_s {
    * the thread pool; its credit goes back once written. */
   int fd;
   int append;
+  int fdw;              /* a write into the box's file: counted in tp__sfd_live */
   struct tp__sfsjob_s *job; /* the write in the pool, or NULL */
   uint8_t *pend, *spare;
   size_t plen, pcap, spcap;
@@ -104,6 +105,8 @@ void *tp_sdc_data(const tp_sdc_t *d) { return d->data; }
 int tp_sdc_alive(const tp_sdc_t *d) { return d->c != NULL; }
 size_t tp_sdc_streams(const tp_sdc_t *d) { return d->nrelays + d->nprocs; }
 
+static void tp__sfd_gone(void);
+
 /* Unlinks r from its box and connection and frees it. */
 static void tp__srelay_free(tp__srelay_t *r) {
   tp__srelay_t **pp = (tp__srelay_t **) &r->b->c_data;
@@ -137,6 +140,8 @@ static void tp__srelay_free(tp__srelay_t *r) {
   free(r->spare);
   free(r->wbuf);
   free(r->path);
+  if (r->fdw)
+    tp__sfd_gone();
   free(r);
 }
 
@@ -468,6 +473,45 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
 
 static void tp__sfd_start(tp__srelay_t *r);
 
+/* Buffers of written batches kept for the next ones, of any write stream
+ * into a box's file: a fresh buffer's pages fault in again (a fifth of the
+ * daemon's CPU in a 100 MiB write).  At most TP__SFD_KEEP of them, and
+ * none once no such stream is live, so an idle daemon keeps nothing and a
+ * stream waiting for its client holds no buffer it does not need. */
+#define TP__SFD_KEEP 2
+static struct {
+  uint8_t *buf;
+  size_t cap;
+} tp__sfd_kept[TP__SFD_KEEP];
+static int tp__sfd_nkept, tp__sfd_live; /* live: write streams into a box's file */
+
+static void tp__sfd_put(uint8_t *buf, size_t cap) {
+  if (buf != NULL && tp__sfd_live > 0 && tp__sfd_nkept < TP__SFD_KEEP) {
+    tp__sfd_kept[tp__sfd_nkept].buf = buf;
+    tp__sfd_kept[tp__sfd_nkept++].cap = cap;
+  } else {
+    free(buf);
+  }
+}
+
+static uint8_t *tp__sfd_get(size_t *cap) {
+  if (tp__sfd_nkept == 0) {
+    *cap = 0;
+    return NULL;
+  }
+  tp__sfd_nkept--;
+  *cap = tp__sfd_kept[tp__sfd_nkept].cap;
+  return tp__sfd_kept[tp__sfd_nkept].buf;
+}
+
+/* A write stream into a box's file ends: the last one frees what is kept. */
+static void tp__sfd_gone(void) {
+  if (--tp__sfd_live > 0)
+    return;
+  while (tp__sfd_nkept > 0)
+    free(tp__sfd_kept[--tp__sfd_nkept].buf);
+}
+
 static void tp__sfd_work(void *data) {
   tp__sfsjob_t *j = data;
   size_t done = 0;
@@ -512,12 +556,7 @@ static void tp__sfd_after(void *data, int status) {
   }
   r->done += j->len;
   r->next_off += j->len;
-  if (r->spare == NULL) { /* kept for the next batch: a fresh buffer's pages fault in again */
-    r->spare = j->buf;
-    r->spcap = j->cap;
-  } else {
-    free(j->buf);
-  }
+  tp__sfd_put(j->buf, j->cap); /* for the next batch: a fresh buffer's pages fault in again */
   if (r->d->c != NULL && tp_sconn_credit(r->d->c, r->sid, (uint32_t) j->len, NULL) < 0) {
     free(j);
     tp__srelay_fail(r, EPROTO, "credit");
@@ -549,10 +588,8 @@ static void tp__sfd_start(tp__srelay_t *r) {
   j->cap = r->pcap;
   j->len = r->plen;
   j->off = r->next_off;
-  r->pend = r->spare;
-  r->pcap = r->spcap;
-  r->spare = NULL;
-  r->spcap = 0;
+  r->pend = NULL; /* the next bytes take a kept buffer (tp__sfd_on_data) */
+  r->pcap = 0;
   r->plen = 0;
   r->job = j;
   if ((rc = tp_job_queue_long(r->b->loop, tp__sfd_work, tp__sfd_after, j)) < 0) {
@@ -572,6 +609,8 @@ static void tp__sfd_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t 
     tp__srelay_fail(r, EPROTO, "more than the window");
     return;
   }
+  if (r->pend == NULL)
+    r->pend = tp__sfd_get(&r->pcap);
   if (r->plen + n > r->pcap) {
     size_t cap = r->pcap ? r->pcap : TP_CHUNK_MAX;
     uint8_t *nb;
@@ -662,6 +701,8 @@ int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *
   tp__srelay_t *r = tp__sfd_new(d, b, sid, fd, path, O_WRONLY, &tp__sfd_ops, offset, err);
   if (r == NULL)
     return -1;
+  r->fdw = 1;
+  tp__sfd_live++;
   r->append = append;
   r->end = UINT64_MAX;
   return 0;
