@@ -1,7 +1,7 @@
 /* tupper: the installed command.  `tupper exec ID -- CMD` and `tupper run
- * -- CMD` run here, in the C client (runtime/client/fast.h), in a process
- * that maps libc alone: no Lua, libuv, seccomp or embedded payloads to
- * map and relocate at every start.  Every other command line is handed,
+ * -- CMD` run here, in the C client (runtime/client/fast.h), in a
+ * static-pie process (runtime/CMakeLists.txt): no dynamic loader, no Lua,
+ * libuv, seccomp or embedded payloads to map and relocate at every start.  Every other command line is handed,
  * argv as given, to tupper-core (runtime/main.c: the daemon, the Lua CLI
  * and the same C client), an exec of the binary next to this one
  * (docs/cli.md, "The C client"). */

@@ -734,6 +734,21 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   close_fd(&in_r);
   close_fd(&out_w);
   close_fd(&err_w);
+  /* Our ends made ready while the child sets itself up (on another core,
+   * where there is one), not between its exec and the reply: fd flags and
+   * the pipes' size only, nothing in the memory a CLONE_VM child reads
+   * (spec, tree_set) changes before its exec. */
+  set_nonblock(out_r);
+  if (err_r >= 0)
+    set_nonblock(err_r);
+  if (in_w >= 0)
+    set_nonblock(in_w);
+  if ((flags & TP_F_EXEC_CREDIT) && !pty) {
+    /* its output is read in frames of up to TP_CHUNK_MAX: a pipe that holds
+     * as much (best effort: a box with a lower pipe-max-size keeps 64 KiB) */
+    (void) fcntl(out_r, F_SETPIPE_SZ, (int) TP_CHUNK_MAX);
+    (void) fcntl(err_r, F_SETPIPE_SZ, (int) TP_CHUNK_MAX);
+  }
   /* Without HOLD, EOF means it exec'd; with HOLD, it must say it is held. */
   rc = status_wait(pid, st_r, &st);
   if (hold ? rc != 1 || st.stage != AGENT_STAGE_HELD : rc != 0) {
@@ -746,15 +761,6 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return status_error(&st, "exec", argv[0], cwd, err);
   }
 
-  set_nonblock(out_r);
-  if (err_r >= 0)
-    set_nonblock(err_r);
-  if ((flags & TP_F_EXEC_CREDIT) && !pty) {
-    /* its output is read in frames of up to TP_CHUNK_MAX: a pipe that holds
-     * as much (best effort: a box with a lower pipe-max-size keeps 64 KiB) */
-    (void) fcntl(out_r, F_SETPIPE_SZ, (int) TP_CHUNK_MAX);
-    (void) fcntl(err_r, F_SETPIPE_SZ, (int) TP_CHUNK_MAX);
-  }
   *p = (agent_proc_t){.pid = pid, .out_fd = out_r, .err_fd = err_r, .in_fd = in_w,
                       .hold_fd = hold_w, .status_fd = hold ? st_r : -1, .argv = argv, .pty = pty,
                       .tree = tree, .credit = (flags & TP_F_EXEC_CREDIT) != 0,
@@ -763,8 +769,6 @@ int agent_proc_exec(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   if (hold)
     st_r = -1;
   argv = NULL;
-  if (p->in_fd >= 0)
-    set_nonblock(p->in_fd);
   a->nprocs++;
   tp_frame_add_int(&a->out, TP_TAG_PID, pid);
   if (acct_by_name) {

@@ -59,6 +59,9 @@ struct tp_sconn_s {
   unsigned nrecent;
   uint8_t *rbuf;
   size_t rlen;
+  int corked;        /* small frames wait in cbuf (tp_sconn_cork) */
+  size_t clen;
+  uint8_t cbuf[256];
   size_t inuv;        /* of queued: bytes in libuv's write queue */
   tp__ssplice_t *sp;  /* the spliced frame going out */
   tp__swrite_t *hq, **hq_tail; /* behind it, in order: frames (copied) and spliced frames to come */
@@ -183,7 +186,7 @@ static void tp__sconn_unhold(tp_sconn_t *c) {
 }
 
 static void tp__sconn_splice_go(tp_sconn_t *c);
-static void tp__sconn_flush(tp_sconn_t *c);
+static void tp__sconn_hq_flush(tp_sconn_t *c);
 
 static void tp__sconn_write_cb(uv_write_t *req, int status) {
   tp__swrite_t *w = (tp__swrite_t *) req;
@@ -194,31 +197,28 @@ static void tp__sconn_write_cb(uv_write_t *req, int status) {
     c->last_progress = uv_now(c->loop);
   free(w);
   if (status == 0 && c->sp == NULL && c->hq != NULL && c->inuv == 0 && !c->closing)
-    tp__sconn_flush(c); /* what came before a spliced frame is out */
+    tp__sconn_hq_flush(c); /* what came before a spliced frame is out */
   else if (status == 0 && c->queued < c->queued_max)
     tp__sconn_unhold(c);
 }
 
-/* Sends one frame: header for a payload of len bytes, then p.  What the
- * socket takes at once goes from p itself (one writev, when nothing is
- * queued before it); only the rest is copied and queued.  The copy's room
- * is taken first, so that a frame is never cut in two by a failed malloc
- * (untouched, it costs no page of memory). */
-static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void *p, size_t len) {
-  uint8_t hdr[TP_SF_HDR];
+/* Writes the bytes of b[0..nb) (total in all): what the socket takes at
+ * once goes from them (one writev, when nothing is queued before it); only
+ * the rest is copied and queued.  The copy's room is taken first, so that a
+ * frame is never cut in two by a failed malloc (untouched, it costs no page
+ * of memory). */
+static int tp__sconn_put(tp_sconn_t *c, const uv_buf_t *b, unsigned nb, size_t total) {
   tp__swrite_t *w;
-  uv_buf_t b[2];
-  size_t total = TP_SF_HDR + len, done = 0;
+  uv_buf_t rest;
+  size_t done = 0, at = 0;
   int r;
-  if (c->closing)
-    return -EPIPE;
   if ((w = malloc(sizeof(*w) + total)) == NULL)
     return -ENOMEM;
-  tp_sframe_header(hdr, type, sid, (uint32_t) len);
   if (c->sp != NULL || c->hq != NULL) { /* behind a spliced frame: sent once it is out */
-    memcpy(w->bytes, hdr, TP_SF_HDR);
-    if (len)
-      memcpy(w->bytes + TP_SF_HDR, p, len);
+    for (unsigned i = 0; i < nb; i++) {
+      memcpy(w->bytes + at, b[i].base, b[i].len);
+      at += b[i].len;
+    }
     w->c = c;
     w->len = total;
     w->sp = NULL;
@@ -229,9 +229,7 @@ static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void 
     return 0;
   }
   if (c->queued == 0) {
-    b[0] = uv_buf_init((char *) hdr, TP_SF_HDR);
-    b[1] = uv_buf_init((char *) p, (unsigned) len);
-    r = uv_try_write((uv_stream_t *) &c->pipe, b, len ? 2 : 1);
+    r = uv_try_write((uv_stream_t *) &c->pipe, b, nb);
     if (r > 0)
       done = (size_t) r; /* an error other than EAGAIN: uv_write below reports it */
     c->last_progress = uv_now(c->loop); /* the wait for what is left starts now */
@@ -240,17 +238,17 @@ static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void 
       return 0;
     }
   }
-  if (done < TP_SF_HDR) {
-    memcpy(w->bytes, hdr + done, TP_SF_HDR - done);
-    if (len)
-      memcpy(w->bytes + TP_SF_HDR - done, p, len);
-  } else {
-    memcpy(w->bytes, (const uint8_t *) p + (done - TP_SF_HDR), total - done);
+  for (unsigned i = 0; i < nb; i++) { /* the bytes past done, in order */
+    size_t from = done > at ? done - at : 0;
+    if (from < b[i].len) {
+      memcpy(w->bytes + (at + from - done), b[i].base + from, b[i].len - from);
+    }
+    at += b[i].len;
   }
   w->c = c;
   w->len = total - done;
-  b[0] = uv_buf_init((char *) w->bytes, (unsigned) w->len);
-  r = uv_write(&w->req, (uv_stream_t *) &c->pipe, b, 1, tp__sconn_write_cb);
+  rest = uv_buf_init((char *) w->bytes, (unsigned) w->len);
+  r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &rest, 1, tp__sconn_write_cb);
   if (r < 0) {
     free(w);
     return r;
@@ -258,6 +256,51 @@ static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void 
   c->queued += w->len;
   c->inuv += w->len;
   return 0;
+}
+
+/* The frames held by a cork, out in one write. */
+static int tp__sconn_flush(tp_sconn_t *c) {
+  uv_buf_t b;
+  size_t n = c->clen;
+  if (n == 0)
+    return 0;
+  c->clen = 0;
+  if (c->closing)
+    return -EPIPE;
+  b = uv_buf_init((char *) c->cbuf, (unsigned) n);
+  return tp__sconn_put(c, &b, 1, n);
+}
+
+void tp_sconn_cork(tp_sconn_t *c) { c->corked = 1; }
+
+void tp_sconn_uncork(tp_sconn_t *c) {
+  c->corked = 0;
+  (void) tp__sconn_flush(c); /* a failed write ends the connection (its callback, its reader) */
+}
+
+/* Sends one frame: header for a payload of len bytes, then p.  Corked, a
+ * small frame waits with the others for tp_sconn_uncork. */
+static int tp__sconn_send(tp_sconn_t *c, uint8_t type, uint32_t sid, const void *p, size_t len) {
+  uint8_t hdr[TP_SF_HDR];
+  uv_buf_t b[2];
+  int r;
+  if (c->closing)
+    return -EPIPE;
+  tp_sframe_header(hdr, type, sid, (uint32_t) len);
+  if (c->corked) {
+    if (c->clen + TP_SF_HDR + len <= sizeof(c->cbuf)) {
+      memcpy(c->cbuf + c->clen, hdr, TP_SF_HDR);
+      if (len)
+        memcpy(c->cbuf + c->clen + TP_SF_HDR, p, len);
+      c->clen += TP_SF_HDR + len;
+      return 0;
+    }
+    if ((r = tp__sconn_flush(c)) < 0) /* in order: what the cork holds first */
+      return r;
+  }
+  b[0] = uv_buf_init((char *) hdr, TP_SF_HDR);
+  b[1] = uv_buf_init((char *) p, (unsigned) len);
+  return tp__sconn_put(c, b, len ? 2 : 1, TP_SF_HDR + len);
 }
 
 static void tp__sconn_send_error(tp_sconn_t *c, uint32_t sid, int errnum, const char *msg) {
@@ -755,7 +798,7 @@ static void tp__sconn_splice_go(tp_sconn_t *c) {
     sp->cb(sp->arg, 0); /* what it makes goes behind what is held */
   free(sp);
   if (!c->closing)
-    tp__sconn_flush(c);
+    tp__sconn_hq_flush(c);
   return;
 wait:
   if (c->wfd < 0) {
@@ -787,7 +830,7 @@ fail:
 /* What is held goes out in order: frames to libuv's queue, up to the next
  * spliced frame, which starts once that queue is out (tp__sconn_write_cb
  * comes back here) and, the socket full, goes on from the poll. */
-static void tp__sconn_flush(tp_sconn_t *c) {
+static void tp__sconn_hq_flush(tp_sconn_t *c) {
   while (c->sp == NULL && c->hq != NULL && !c->closing) {
     tp__swrite_t *w = c->hq;
     if (w->sp != NULL) {
@@ -823,7 +866,7 @@ int tp_sconn_splice(tp_sconn_t *c, uint32_t sid, int pfd, size_t len, tp_sconn_s
   tp__sstream_t *s = tp__sconn_find(c, sid);
   tp__ssplice_t *sp;
   tp__swrite_t *w;
-  int inpipe = 0;
+  int inpipe = 0, r;
   if (c->down || c->closing)
     return tp_error_set(err, EPIPE, "data connection is closed");
   if (s == NULL || !s->sends || s->sent_end)
@@ -832,6 +875,8 @@ int tp_sconn_splice(tp_sconn_t *c, uint32_t sid, int pfd, size_t len, tp_sconn_s
     return tp_error_set(err, EINVAL, "stream %u: %zu bytes are not within one frame and the credit", sid, len);
   if (ioctl(pfd, FIONREAD, &inpipe) < 0 || inpipe < 0 || (size_t) inpipe < len)
     return tp_error_set(err, EINVAL, "stream %u: the pipe holds %d of %zu bytes", sid, inpipe, len);
+  if (c->clen > 0 && (r = tp__sconn_flush(c)) < 0) /* what a cork holds goes before it */
+    return tp_error_set(err, -r, "stream %u: %s", sid, uv_strerror(r));
   if ((sp = calloc(1, sizeof(*sp))) == NULL || (w = calloc(1, sizeof(*w))) == NULL) {
     free(sp);
     return tp_error_set(err, ENOMEM, "out of memory");
@@ -852,7 +897,7 @@ int tp_sconn_splice(tp_sconn_t *c, uint32_t sid, int pfd, size_t len, tp_sconn_s
   *c->hq_tail = w; /* behind what is held already */
   c->hq_tail = &w->next;
   if (c->sp == NULL)
-    tp__sconn_flush(c); /* now, or once libuv's queue is out */
+    tp__sconn_hq_flush(c); /* now, or once libuv's queue is out */
   return 0;
 }
 

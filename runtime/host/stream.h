@@ -111,6 +111,12 @@ int tp_sconn_finish(tp_sconn_t *c, uint32_t sid, int has_size, uint64_t size, tp
 /* Forgets sid without a frame and without a callback (works while the
  * connection goes down: its on_stream_error for sid will not come). */
 void tp_sconn_drop(tp_sconn_t *c, uint32_t sid);
+/* Between these two, small frames (OPEN, END, CREDIT, ERROR) wait in the
+ * connection and go out together in one write at tp_sconn_uncork: a
+ * process's two or three OPENs, its ENDs, wake the peer once.  A frame too
+ * big to wait sends what waits before it. */
+void tp_sconn_cork(tp_sconn_t *c);
+void tp_sconn_uncork(tp_sconn_t *c);
 /* Live streams, and bytes queued for the peer. */
 size_t tp_sconn_streams(const tp_sconn_t *c);
 size_t tp_sconn_queued(const tp_sconn_t *c);

@@ -228,6 +228,7 @@ static int tp__sproc_maybe_end(tp__sproc_t *r) {
     tp__sproc_free(r);
     return 1;
   }
+  tp_sconn_cork(c); /* the ENDs in one write */
   for (int s = 0; s < 2; s++) {
     uint32_t sid = s == TP__OUT ? r->sids.out : r->sids.err;
     if (!r->live[s] || r->plen[s] > 0)
@@ -242,6 +243,7 @@ static int tp__sproc_maybe_end(tp__sproc_t *r) {
     r->live[TP__IN] = 0;
     tp_sconn_finish(c, r->sids.in, 0, 0, NULL);
   }
+  tp_sconn_uncork(c);
   if (!r->live[TP__OUT] && !r->live[TP__ERR]) {
     tp__sproc_unlink_d(r);
     if (r->kept)
@@ -488,6 +490,7 @@ int tp_sdc_proc(tp_sdc_t *d, tp_dbox_t *b, int64_t pid, const tp_sproc_sids_t *s
   ids[0] = sids->out;
   ids[1] = sids->err;
   ids[2] = sids->in;
+  tp_sconn_cork(d->c); /* the OPENs in one write */
   for (int i = 0; i < 3; i++) {
     uint32_t kind = sids->pty ? TP_SK_PTY : i == 0 ? TP_SK_STDOUT : i == 1 ? TP_SK_STDERR : TP_SK_STDIN;
     uint32_t win = (sids->pty || i == TP__IN) ? TP_SPROC_IN_WINDOW : 0;
@@ -497,10 +500,12 @@ int tp_sdc_proc(tp_sdc_t *d, tp_dbox_t *b, int64_t pid, const tp_sproc_sids_t *s
       for (int j = 0; j < i; j++)
         if (opened & (1 << j))
           tp_sconn_fail(d->c, ids[j], ECANCELED, "the process's other streams could not be opened");
+      tp_sconn_uncork(d->c);
       return -1;
     }
     opened |= 1 << i;
   }
+  tp_sconn_uncork(d->c);
   r->sids = *sids;
   for (int i = 0; i < 3; i++)
     r->live[i] = (opened >> i) & 1;

@@ -551,6 +551,50 @@ describe("the data plane", function()
     c2:close()
   end)
 
+  it("answers the calls of one write in order, and what came before an attach before the attach's reply", function()
+    -- hello, a channel and a bad call in one write: the replies held for
+    -- one write (rpc.lua's hold_replies) arrive, all of them, in order
+    local r = raw_connect(d.socket)
+    local lines = {
+      json.encode({ jsonrpc = "2.0", id = 1, method = "hello", params = { protocol = 1 } }),
+      json.encode({ jsonrpc = "2.0", id = 2, method = "stream.channel", params = {} }),
+      json.encode({ jsonrpc = "2.0", id = 3, method = "no.such.method", params = {} }),
+    }
+    r.pipe:write(table.concat(lines, "\n") .. "\n")
+    local a, b, e = raw_line(r), raw_line(r), raw_line(r)
+    assert.are.equal(1, a.id)
+    assert.are.equal("tupper", a.result.server)
+    assert.are.equal(2, b.id)
+    assert.are.equal(32, #b.result.token)
+    assert.are.equal(3, e.id)
+    assert.are.equal(-32601, e.error.code)
+    -- 300 calls in one write answer with more than the 64 KiB a read's
+    -- replies are held to: all of them, in order
+    local many = {}
+    for i = 1, 300 do
+      many[i] = json.encode({ jsonrpc = "2.0", id = 100 + i, method = "hello", params = { protocol = 1 } })
+    end
+    r.pipe:write(table.concat(many, "\n") .. "\n")
+    local in_order = 0
+    for i = 1, 300 do
+      local m = raw_line(r)
+      if m and m.id == 100 + i and m.result and m.result.server == "tupper" then in_order = in_order + 1 end
+    end
+    assert.are.equal(300, in_order)
+    -- a hello then the attach with that token, in one write on a second
+    -- connection: hello's reply first, then the attach's, then frames
+    local r2 = raw_connect(d.socket)
+    r2.pipe:write(json.encode({ jsonrpc = "2.0", id = 4, method = "hello", params = { protocol = 1 } }) .. "\n" ..
+      json.encode({ jsonrpc = "2.0", id = 5, method = "stream.attach", params = { token = b.result.token } }) .. "\n")
+    local h, at = raw_line(r2), raw_line(r2)
+    assert.are.equal(4, h.id)
+    assert.are.equal("tupper", h.result.server)
+    assert.are.equal(5, at.id)
+    assert.truthy(at.result and at.result.window)
+    raw_close(r2)
+    raw_close(r)
+  end)
+
   it("bounds attaches waiting for their stream.channel per connection: one client's take no other's place", function()
     -- one connection sends 80 attaches of tokens nobody named
     local hostile = raw_connect(d.socket)

@@ -586,6 +586,48 @@ static void test_splice(void) {
   check(nfds_self() == fds0, "no fd left (%d, was %d)", nfds_self(), fds0);
 }
 
+/* A cork: OPENs and ENDs wait until the uncork, then arrive in order; a
+ * frame too big to wait sends what waits before it; nothing is lost. */
+static void test_cork(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 0);
+  tp_sframe_t f;
+  uint8_t one[1];
+  static uint8_t big[4096];
+  long r;
+  int order_ok = 1;
+  tp_sconn_cork(c);
+  check(tp_sconn_open(c, 1, TP_SK_STDOUT, 0, 1, NULL, NULL) == 0 &&
+            tp_sconn_open(c, 2, TP_SK_STDERR, 0, 1, NULL, NULL) == 0,
+        "corked: two OPENs taken");
+  check(read(peer, one, 1) < 0 && errno == EAGAIN, "corked: nothing on the socket yet");
+  tp_sconn_uncork(c);
+  for (uint32_t sid = 1; sid <= 2; sid++) {
+    r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+    if (r <= 0 || f.type != TP_SF_OPEN || f.sid != sid)
+      order_ok = 0;
+  }
+  check(order_ok, "uncorked: both OPENs arrive, in order");
+  tp_sconn_cork(c);
+  check(tp_sconn_end(c, 1, 1, 0, NULL) == 0, "corked: END of stream 1 taken");
+  check(tp_sconn_write(c, 2, big, sizeof(big), NULL) == (long) sizeof(big),
+        "corked: a DATA frame too big to wait is taken");
+  check(tp_sconn_end(c, 2, 1, sizeof(big), NULL) == 0, "corked: END of stream 2 taken");
+  tp_sconn_uncork(c);
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_END && f.sid == 1, "the END that waited comes first");
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_DATA && f.sid == 2 && f.len == sizeof(big), "then the DATA, whole");
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_END && f.sid == 2 && tp_sconn_streams(c) == 0,
+        "then the last END: no stream is left");
+  check(read(peer, one, 1) < 0 && errno == EAGAIN, "and nothing more");
+  tp_sconn_close(c);
+  close(peer);
+  pump(5);
+}
+
 int main(void) {
   uv_loop_init(&loop);
   test_send_flow();
@@ -598,6 +640,7 @@ int main(void) {
   test_queue_cap_streams();
   test_queue_cap_reading();
   test_splice();
+  test_cork();
   pump(10);
   check(uv_loop_close(&loop) == 0, "the loop closes: every handle was freed");
   return tap_done();

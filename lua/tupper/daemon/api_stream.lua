@@ -171,7 +171,9 @@ function M.register(h, helpers)
     local reply = json.encode({ jsonrpc = "2.0", id = p._rpc_id or 1,
       result = { protocol = M.VERSION, window = window, frame_max = M.FRAME_MAX } }) .. "\n"
     -- from here the socket is C's: luv lets go of it without a shutdown
-    -- (that would end the dup'ed descriptor's writes too)
+    -- (that would end the dup'ed descriptor's writes too); what Lua
+    -- answered on it before goes first
+    conn:flush()
     conn.stream:read_stop()
     local fd = conn.stream:fileno()
     local dc, err = core.stream_attach(fd, window, M.IDLE_MS, reply, function() end)
@@ -348,6 +350,7 @@ function M.register(h, helpers)
   -- true, or nil and why.
   local function send_with_fd(conn, text, f)
     local deadline = uv.now() + M.FD_SEND_WAIT_MS
+    conn:flush() -- replies held from the same read go before (rpc.lua)
     while true do
       if conn.closed or not conn.stream or conn.stream:is_closing() then return nil, "the client went away" end
       if conn.stream:get_write_queue_size() == 0 then

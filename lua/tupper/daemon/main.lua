@@ -310,7 +310,7 @@ function Daemon:_accept()
       end
       conn.watches = nil
     end,
-  }, { max_backlog = caps.queued, on_backlog = function(_, bytes)
+  }, { max_backlog = caps.queued, hold_replies = true, on_backlog = function(_, bytes)
     -- nobody reads: the client cannot be told, the log says why
     log("%s", (limits.cap_error("queued", caps.queued,
       ("a client closed: %d bytes queued on its connection, not read"):format(bytes))))

@@ -14,6 +14,9 @@ M.PROTOCOL = 1
 
 M.MAX_LINE = 16 * 1024 * 1024
 M.MAX_BACKLOG = 64 * 1024 * 1024
+-- most bytes of replies held for one write (hold_replies): past it they go
+-- as they come, into the write queue that MAX_BACKLOG bounds
+M.HOLD_MAX = 64 * 1024
 
 M.PARSE_ERROR = -32700
 M.INVALID_REQUEST = -32600
@@ -115,6 +118,10 @@ function M.wrap(stream, handlers, opts)
     max_line = opts and opts.max_line or M.MAX_LINE,
     max_backlog = opts and opts.max_backlog or M.MAX_BACKLOG, -- 0: no bound
     on_backlog = opts and opts.on_backlog, -- called (conn, bytes) before the drop
+    -- the replies the lines of one read make at once go out in one write
+    -- (the daemon's side: `tupper exec` sends hello, stream.channel and
+    -- process.start together, and is woken once for the first two replies)
+    hold_replies = opts and opts.hold_replies,
   }, Conn)
   stream:read_start(function(err, chunk)
     if err or not chunk then
@@ -142,6 +149,22 @@ function Conn:_line(line)
 end
 
 function Conn:_feed(chunk)
+  if not self.hold_replies then return self:_feed_lines(chunk) end
+  self.held, self.held_bytes = {}, 0
+  local ok, err = pcall(self._feed_lines, self, chunk)
+  self:flush()
+  if not ok then error(err, 0) end
+end
+
+--- Writes what the lines read so far answered at once (hold_replies),
+-- before anything else writes to the socket (an fd's reply, a handover).
+function Conn:flush()
+  local held = self.held
+  self.held = nil
+  if held and #held > 0 and not self.closed and not self.stream:is_closing() then self.stream:write(held) end
+end
+
+function Conn:_feed_lines(chunk)
   local start = 1
   while not self.closed do
     local nl = chunk:find("\n", start, true)
@@ -211,6 +234,26 @@ function Conn:send(obj, result)
     self:close()
     return nil, "peer is not reading"
   end
+  local held = self.held
+  if held then -- in order, with the others of this read (Conn:flush)
+    local n = 0
+    if type(out) == "table" then
+      for i = 1, #out do n = n + #out[i] end
+    else
+      n = #out
+    end
+    if self.held_bytes + n <= M.HOLD_MAX then
+      if type(out) == "table" then
+        table.move(out, 1, #out, #held + 1, held)
+      else
+        held[#held + 1] = out
+      end
+      self.held_bytes = self.held_bytes + n
+      return true
+    end
+    self:flush() -- too much to hold: what waits goes first, this one after it
+    self.held, self.held_bytes = {}, 0
+  end
   self.stream:write(out)
   return true
 end
@@ -236,6 +279,7 @@ end
 
 function Conn:close()
   if self.closed then return end
+  self:flush()
   self.closed = true
   if not self.stream:is_closing() then
     self.stream:read_stop()
