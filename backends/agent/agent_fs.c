@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fdpass.h"
 #include "utils.h"
 
 #define RM_DEPTH_MAX 512
@@ -234,31 +235,6 @@ int agent_fs_write(agent_t *a, const agent_req_t *r, tp_error_t *err) {
   return 0;
 }
 
-/* Sends fd over the socket sock (one byte with SCM_RIGHTS): the host's end
- * of the socketpair that came with the request. */
-static int send_fd(int sock, int fd) {
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } cm;
-  char byte = 0;
-  struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                      .msg_controllen = sizeof(cm.buf)};
-  struct cmsghdr *c;
-  ssize_t n;
-  memset(cm.buf, 0, sizeof(cm.buf));
-  c = CMSG_FIRSTHDR(&mh);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  do
-    n = sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
-  return n == 1 ? 0 : -1;
-}
-
 static void fdset_close(agent_fdset_t *s) {
   for (int i = 0; i < s->n; i++)
     close(s->fd[i]);
@@ -321,7 +297,9 @@ int agent_fs_open(agent_t *a, const agent_req_t *r, tp_error_t *err) {
     return tp_error_errno(err, EISDIR, "%s '%s'", what, path);
   if (!S_ISREG(st.st_mode))
     return tp_error_set(err, EINVAL, "%s '%s': not a regular file", what, path);
-  if (send_fd(set.fd[0], fd) < 0)
+  /* one byte with the fd (SCM_RIGHTS) on the host's end of the socketpair
+   * that came with the request */
+  if (tp_fd_send(set.fd[0], "", 1, fd) != 1)
     return tp_error_errno(err, errno ? errno : EPIPE, "fs_open: cannot hand '%s' over", path);
   add_stat(&a->out, &st);
   return 0;

@@ -1,12 +1,27 @@
 /* tp_sconn_t: a data connection of the data plane (stream.h). */
+#define _GNU_SOURCE /* splice */
 #include "stream.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+typedef struct tp__swrite_s tp__swrite_t;
+
+/* A DATA frame whose payload goes from a pipe into the socket (tp_sconn_splice). */
+typedef struct tp__ssplice_s {
+  int pfd;              /* the pipe's read end (a dup: the owner may close its own) */
+  size_t left;          /* payload bytes still in the pipe */
+  uint8_t hdr[TP_SF_HDR];
+  size_t hdone;         /* header bytes written */
+  tp_sconn_splice_cb cb;
+  void *arg;
+} tp__ssplice_t;
 
 typedef struct tp__sstream_s {
   struct tp__sstream_s *next;
@@ -47,14 +62,21 @@ struct tp_sconn_s {
   int corked;        /* small frames wait in cbuf (tp_sconn_cork) */
   size_t clen;
   uint8_t cbuf[256];
+  size_t inuv;        /* of queued: bytes in libuv's write queue */
+  tp__ssplice_t *sp;  /* the spliced frame going out */
+  tp__swrite_t *hq, **hq_tail; /* behind it, in order: frames (copied) and spliced frames to come */
+  uv_poll_t wpoll;    /* sp's wait for room in the socket, on wfd */
+  int wfd;            /* a dup of the socket for wpoll (libuv keeps one handle an fd); -1 */
 };
 
-typedef struct tp__swrite_s {
+struct tp__swrite_s {
   uv_write_t req;
   tp_sconn_t *c;
+  tp__swrite_t *next; /* in hq */
+  tp__ssplice_t *sp;  /* in hq: a spliced frame (len 0), not bytes */
   size_t len;
   uint8_t bytes[];
-} tp__swrite_t;
+};
 
 void *tp_sconn_data(const tp_sconn_t *c) { return c->data; }
 size_t tp_sconn_streams(const tp_sconn_t *c) { return c->nstreams; }
@@ -82,6 +104,25 @@ static void tp__sconn_close_handles(tp_sconn_t *c) {
   if (c->closing)
     return;
   c->closing = 1;
+  if (c->sp != NULL) {
+    close(c->sp->pfd);
+    free(c->sp);
+    c->sp = NULL;
+  }
+  while (c->hq != NULL) {
+    tp__swrite_t *w = c->hq;
+    c->hq = w->next;
+    if (w->sp != NULL) {
+      close(w->sp->pfd);
+      free(w->sp);
+    }
+    free(w);
+  }
+  if (c->wfd >= 0) { /* epoll forgets wfd in uv_close: it can be closed now */
+    uv_close((uv_handle_t *) &c->wpoll, tp__sconn_close_cb);
+    close(c->wfd);
+    c->wfd = -1;
+  }
   uv_close((uv_handle_t *) &c->pipe, tp__sconn_close_cb);
   uv_close((uv_handle_t *) &c->timer, tp__sconn_close_cb);
 }
@@ -144,14 +185,20 @@ static void tp__sconn_unhold(tp_sconn_t *c) {
   }
 }
 
+static void tp__sconn_splice_go(tp_sconn_t *c);
+static void tp__sconn_hq_flush(tp_sconn_t *c);
+
 static void tp__sconn_write_cb(uv_write_t *req, int status) {
   tp__swrite_t *w = (tp__swrite_t *) req;
   tp_sconn_t *c = w->c;
   c->queued -= w->len;
+  c->inuv -= w->len;
   if (status == 0)
     c->last_progress = uv_now(c->loop);
   free(w);
-  if (status == 0 && c->queued < c->queued_max)
+  if (status == 0 && c->sp == NULL && c->hq != NULL && c->inuv == 0 && !c->closing)
+    tp__sconn_hq_flush(c); /* what came before a spliced frame is out */
+  else if (status == 0 && c->queued < c->queued_max)
     tp__sconn_unhold(c);
 }
 
@@ -167,6 +214,20 @@ static int tp__sconn_put(tp_sconn_t *c, const uv_buf_t *b, unsigned nb, size_t t
   int r;
   if ((w = malloc(sizeof(*w) + total)) == NULL)
     return -ENOMEM;
+  if (c->sp != NULL || c->hq != NULL) { /* behind a spliced frame: sent once it is out */
+    for (unsigned i = 0; i < nb; i++) {
+      memcpy(w->bytes + at, b[i].base, b[i].len);
+      at += b[i].len;
+    }
+    w->c = c;
+    w->len = total;
+    w->sp = NULL;
+    w->next = NULL;
+    *c->hq_tail = w;
+    c->hq_tail = &w->next;
+    c->queued += total;
+    return 0;
+  }
   if (c->queued == 0) {
     r = uv_try_write((uv_stream_t *) &c->pipe, b, nb);
     if (r > 0)
@@ -193,6 +254,7 @@ static int tp__sconn_put(tp_sconn_t *c, const uv_buf_t *b, unsigned nb, size_t t
     return r;
   }
   c->queued += w->len;
+  c->inuv += w->len;
   return 0;
 }
 
@@ -295,7 +357,7 @@ static void tp__sconn_down(tp_sconn_t *c, int errnum, const char *reason, int te
 static void tp__sconn_timer_cb(uv_timer_t *t) {
   tp_sconn_t *c = t->data;
   uint64_t now = uv_now(c->loop);
-  int waiting = c->queued > 0;
+  int waiting = c->queued > 0 || c->sp != NULL || c->hq != NULL;
   for (tp__sstream_t *s = c->streams; s != NULL && !waiting; s = s->next)
     if (s->sends && !s->sent_end && s->send_credit == 0)
       waiting = 1;
@@ -481,6 +543,8 @@ tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle
   }
   c->data = data;
   c->loop = loop;
+  c->wfd = -1;
+  c->hq_tail = &c->hq;
   c->cbs = *cbs;
   c->window = window;
   c->queued_max = TP_SCONN_QUEUED_MAX;
@@ -530,6 +594,7 @@ int tp_sconn_preface(tp_sconn_t *c, const void *p, size_t n, tp_error_t *err) {
     return tp_error_set(err, -r, "data connection: %s", uv_strerror(r));
   }
   c->queued += n;
+  c->inuv += n;
   return 0;
 }
 
@@ -671,4 +736,175 @@ void tp_sconn_close(tp_sconn_t *c) {
   c->down = 1;
   tp__sconn_free_streams(c);
   tp__sconn_close_handles(c);
+}
+
+/* ---- a DATA frame spliced from a pipe (tp_sconn_splice) ---------------------------- */
+
+static void tp__sconn_wpoll_cb(uv_poll_t *h, int status, int events) {
+  tp_sconn_t *c = h->data;
+  (void) events;
+  if (c->sp == NULL || c->closing)
+    return;
+  if (status < 0) {
+    tp__sconn_down(c, -status, uv_strerror(status), 0);
+    return;
+  }
+  tp__sconn_splice_go(c);
+}
+
+/* The spliced frame's header and payload, as far as the socket takes them
+ * now; then what was held behind it goes to libuv's queue, and the owner
+ * hears that the pipe is drained.  A failure is the connection's: a frame
+ * cut in two cannot be mended. */
+static void tp__sconn_splice_go(tp_sconn_t *c) {
+  tp__ssplice_t *sp = c->sp;
+  uv_os_fd_t fd;
+  int e = 0;
+  if (uv_fileno((uv_handle_t *) &c->pipe, &fd) < 0) {
+    tp__sconn_down(c, EBADF, "the data connection has no socket", 0);
+    return;
+  }
+  while (sp->hdone < TP_SF_HDR) {
+    ssize_t w = send(fd, sp->hdr + sp->hdone, TP_SF_HDR - sp->hdone, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      goto wait;
+    if (w <= 0) {
+      e = w < 0 ? errno : EPIPE;
+      goto fail;
+    }
+    sp->hdone += (size_t) w;
+  }
+  while (sp->left > 0) {
+    /* the pipe holds all of left (checked when queued): EAGAIN is the socket's */
+    ssize_t n = splice(sp->pfd, NULL, fd, NULL, sp->left, SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      goto wait;
+    if (n <= 0) {
+      e = n < 0 ? errno : EPIPE;
+      goto fail;
+    }
+    sp->left -= (size_t) n;
+    c->last_progress = uv_now(c->loop);
+  }
+  if (c->wfd >= 0)
+    uv_poll_stop(&c->wpoll);
+  c->sp = NULL;
+  close(sp->pfd);
+  if (sp->cb != NULL)
+    sp->cb(sp->arg, 0); /* what it makes goes behind what is held */
+  free(sp);
+  if (!c->closing)
+    tp__sconn_hq_flush(c);
+  return;
+wait:
+  if (c->wfd < 0) {
+    int r;
+    if ((c->wfd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+      e = errno;
+      goto fail;
+    }
+    if ((r = uv_poll_init(c->loop, &c->wpoll, c->wfd)) < 0) {
+      close(c->wfd);
+      c->wfd = -1;
+      e = -r;
+      goto fail;
+    }
+    c->wpoll.data = c;
+    c->open_handles++;
+  }
+  if (uv_poll_start(&c->wpoll, UV_WRITABLE, tp__sconn_wpoll_cb) == 0)
+    return;
+  e = EIO;
+fail:
+  {
+    char why[128];
+    snprintf(why, sizeof(why), "a spliced frame: %s", strerror(e));
+    tp__sconn_down(c, e, why, 0);
+  }
+}
+
+/* What is held goes out in order: frames to libuv's queue, up to the next
+ * spliced frame, which starts once that queue is out (tp__sconn_write_cb
+ * comes back here) and, the socket full, goes on from the poll. */
+static void tp__sconn_hq_flush(tp_sconn_t *c) {
+  while (c->sp == NULL && c->hq != NULL && !c->closing) {
+    tp__swrite_t *w = c->hq;
+    if (w->sp != NULL) {
+      if (c->inuv > 0)
+        return;
+      c->hq = w->next;
+      if (c->hq == NULL)
+        c->hq_tail = &c->hq;
+      c->sp = w->sp;
+      free(w);
+      tp__sconn_splice_go(c); /* may call back, and flush on */
+      return;
+    }
+    uv_buf_t b = uv_buf_init((char *) w->bytes, (unsigned) w->len);
+    int r;
+    c->hq = w->next;
+    if (c->hq == NULL)
+      c->hq_tail = &c->hq;
+    if ((r = uv_write(&w->req, (uv_stream_t *) &c->pipe, &b, 1, tp__sconn_write_cb)) < 0) {
+      c->queued -= w->len;
+      free(w);
+      tp__sconn_down(c, -r, uv_strerror(r), 0);
+      return;
+    }
+    c->inuv += w->len;
+  }
+  if (c->sp == NULL && c->hq == NULL && !c->closing && c->queued < c->queued_max)
+    tp__sconn_unhold(c);
+}
+
+int tp_sconn_splice(tp_sconn_t *c, uint32_t sid, int pfd, size_t len, tp_sconn_splice_cb cb, void *arg,
+                    tp_error_t *err) {
+  tp__sstream_t *s = tp__sconn_find(c, sid);
+  tp__ssplice_t *sp;
+  tp__swrite_t *w;
+  int inpipe = 0, r;
+  if (c->down || c->closing)
+    return tp_error_set(err, EPIPE, "data connection is closed");
+  if (s == NULL || !s->sends || s->sent_end)
+    return tp_error_set(err, ENOENT, "stream %u: not a stream this side sends on", sid);
+  if (len == 0 || len > TP_SF_DATA_MAX || len > s->send_credit)
+    return tp_error_set(err, EINVAL, "stream %u: %zu bytes are not within one frame and the credit", sid, len);
+  if (ioctl(pfd, FIONREAD, &inpipe) < 0 || inpipe < 0 || (size_t) inpipe < len)
+    return tp_error_set(err, EINVAL, "stream %u: the pipe holds %d of %zu bytes", sid, inpipe, len);
+  if (c->clen > 0 && (r = tp__sconn_flush(c)) < 0) /* what a cork holds goes before it */
+    return tp_error_set(err, -r, "stream %u: %s", sid, uv_strerror(r));
+  if ((sp = calloc(1, sizeof(*sp))) == NULL || (w = calloc(1, sizeof(*w))) == NULL) {
+    free(sp);
+    return tp_error_set(err, ENOMEM, "out of memory");
+  }
+  if ((sp->pfd = fcntl(pfd, F_DUPFD_CLOEXEC, 3)) < 0) {
+    int e = errno;
+    free(sp);
+    free(w);
+    return tp_error_errno(err, e, "stream %u: dup", sid);
+  }
+  tp_sframe_header(sp->hdr, TP_SF_DATA, sid, (uint32_t) len);
+  sp->left = len;
+  sp->cb = cb;
+  sp->arg = arg;
+  s->send_credit -= len;
+  w->c = c;
+  w->sp = sp;
+  *c->hq_tail = w; /* behind what is held already */
+  c->hq_tail = &w->next;
+  if (c->sp == NULL)
+    tp__sconn_hq_flush(c); /* now, or once libuv's queue is out */
+  return 0;
+}
+
+void tp_sconn_splice_forget(tp_sconn_t *c, void *arg) {
+  if (c->sp != NULL && c->sp->arg == arg)
+    c->sp->cb = NULL;
+  for (tp__swrite_t *w = c->hq; w != NULL; w = w->next)
+    if (w->sp != NULL && w->sp->arg == arg)
+      w->sp->cb = NULL;
 }

@@ -84,6 +84,20 @@ uint64_t tp_sconn_can_write(const tp_sconn_t *c, uint32_t sid);
 /* Sends up to n bytes of p as DATA; returns how many it took (at most the
  * credit; 0 when there is none), or -1 and err (ENOENT, EPIPE). */
 long tp_sconn_write(tp_sconn_t *c, uint32_t sid, const void *p, size_t n, tp_error_t *err);
+/* The pipe's bytes are out (err 0); not called once the connection went
+ * down (the streams' on_stream_error tell it), nor after
+ * tp_sconn_splice_forget. */
+typedef void (*tp_sconn_splice_cb)(void *arg, int err);
+/* Sends the len bytes that wait in the pipe pfd as one DATA frame of sid
+ * (len <= TP_SF_DATA_MAX and the credit; the pipe must hold them all),
+ * spliced from the pipe into the socket without a copy, after what is
+ * queued; frames made meanwhile (and other streams' spliced frames) are
+ * held behind it, in order.  pfd is dup'ed: the caller may close its own,
+ * but must not read it, nor write it, before cb. */
+int tp_sconn_splice(tp_sconn_t *c, uint32_t sid, int pfd, size_t len, tp_sconn_splice_cb cb, void *arg,
+                    tp_error_t *err);
+/* The owner of arg goes: its splice's cb will not run (the frame still goes out whole). */
+void tp_sconn_splice_forget(tp_sconn_t *c, void *arg);
 /* This side sends no more on sid (END, with a size when has_size). */
 int tp_sconn_end(tp_sconn_t *c, uint32_t sid, int has_size, uint64_t size, tp_error_t *err);
 /* The owner took n bytes of what the peer sent on sid: CREDIT. */

@@ -1,4 +1,5 @@
 /* File relays between a data connection and a box's agent (stream_fs.h). */
+#define _GNU_SOURCE /* splice, F_SETPIPE_SZ */
 #include "stream_fs.h"
 #include "stream_int.h"
 #include "job.h"
@@ -64,10 +65,15 @@ typedef struct tp__srelay_s {
    * the thread pool; its credit goes back once written. */
   int fd;
   int append;
+  int fdw;              /* a write into the box's file: counted in tp__sfd_live */
   struct tp__sfsjob_s *job; /* the write in the pool, or NULL */
   uint8_t *pend, *spare;
   size_t plen, pcap, spcap;
   size_t jcap;          /* read: the size of the job's buffer (it becomes spare) */
+  int pipe[2];          /* read: the job splices the file into it, the connection out of it; -1 */
+  size_t pipecap;       /* its capacity */
+  int spl;              /* read: a frame of the pipe is going out */
+  size_t splen;         /* its bytes */
   uint32_t win;         /* write: the window its OPEN gave (counted in d->write_windows) */
 } tp__srelay_t;
 
@@ -83,8 +89,11 @@ static uint32_t tp__sfs_write_window(const tp_sdc_t *d) {
 
 /* One batch of a write stream's bytes, written by a pool thread. */
 typedef struct tp__sfsjob_s {
-  tp__srelay_t *r;      /* NULL once the relay is gone: the job then owns fd */
+  tp__srelay_t *r;      /* NULL once the relay is gone: the job then owns fd (and pipe) */
   int fd;
+  int pipe[2];          /* read: splice into pipe[1] (-1: pread into buf) */
+  int eof;              /* read: the file ended */
+  int nosplice;         /* read: the file cannot be spliced; buf has its bytes */
   int append;
   uint8_t *buf;
   size_t len, cap;
@@ -95,6 +104,8 @@ typedef struct tp__sfsjob_s {
 void *tp_sdc_data(const tp_sdc_t *d) { return d->data; }
 int tp_sdc_alive(const tp_sdc_t *d) { return d->c != NULL; }
 size_t tp_sdc_streams(const tp_sdc_t *d) { return d->nrelays + d->nprocs; }
+
+static void tp__sfd_gone(void);
 
 /* Unlinks r from its box and connection and frees it. */
 static void tp__srelay_free(tp__srelay_t *r) {
@@ -111,15 +122,26 @@ static void tp__srelay_free(tp__srelay_t *r) {
     r->d->nrelays--;
     r->d->write_windows -= r->win;
   }
-  if (r->job != NULL) { /* the pool still writes: the job closes the fd when done */
+  if (r->spl && r->d->c != NULL)
+    tp_sconn_splice_forget(r->d->c, r); /* the frame still goes out whole */
+  if (r->job != NULL) { /* the pool still works: the job closes the fd (and pipe) when done */
     r->job->r = NULL;
-  } else if (r->fd >= 0) {
-    close(r->fd);
+    r->job->pipe[0] = r->pipe[0];
+    r->job->pipe[1] = r->pipe[1];
+  } else {
+    if (r->fd >= 0)
+      close(r->fd);
+    if (r->pipe[0] >= 0) {
+      close(r->pipe[0]);
+      close(r->pipe[1]);
+    }
   }
   free(r->pend);
   free(r->spare);
   free(r->wbuf);
   free(r->path);
+  if (r->fdw)
+    tp__sfd_gone();
   free(r);
 }
 
@@ -416,6 +438,7 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
   }
   r->hdr.ops = &tp__sfs_ops;
   r->fd = -1;
+  r->pipe[0] = r->pipe[1] = -1;
   r->spec = *spec;
   r->spec.path = r->path;
   if (spec->glen)
@@ -449,6 +472,45 @@ int tp_sdc_file(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int write, const tp_sfs
 /* ---- a write into the box's file itself (tp_sdc_file_fd) ------------------------- */
 
 static void tp__sfd_start(tp__srelay_t *r);
+
+/* Buffers of written batches kept for the next ones, of any write stream
+ * into a box's file: a fresh buffer's pages fault in again (a fifth of the
+ * daemon's CPU in a 100 MiB write).  At most TP__SFD_KEEP of them, and
+ * none once no such stream is live, so an idle daemon keeps nothing and a
+ * stream waiting for its client holds no buffer it does not need. */
+#define TP__SFD_KEEP 2
+static struct {
+  uint8_t *buf;
+  size_t cap;
+} tp__sfd_kept[TP__SFD_KEEP];
+static int tp__sfd_nkept, tp__sfd_live; /* live: write streams into a box's file */
+
+static void tp__sfd_put(uint8_t *buf, size_t cap) {
+  if (buf != NULL && tp__sfd_live > 0 && tp__sfd_nkept < TP__SFD_KEEP) {
+    tp__sfd_kept[tp__sfd_nkept].buf = buf;
+    tp__sfd_kept[tp__sfd_nkept++].cap = cap;
+  } else {
+    free(buf);
+  }
+}
+
+static uint8_t *tp__sfd_get(size_t *cap) {
+  if (tp__sfd_nkept == 0) {
+    *cap = 0;
+    return NULL;
+  }
+  tp__sfd_nkept--;
+  *cap = tp__sfd_kept[tp__sfd_nkept].cap;
+  return tp__sfd_kept[tp__sfd_nkept].buf;
+}
+
+/* A write stream into a box's file ends: the last one frees what is kept. */
+static void tp__sfd_gone(void) {
+  if (--tp__sfd_live > 0)
+    return;
+  while (tp__sfd_nkept > 0)
+    free(tp__sfd_kept[--tp__sfd_nkept].buf);
+}
 
 static void tp__sfd_work(void *data) {
   tp__sfsjob_t *j = data;
@@ -494,12 +556,7 @@ static void tp__sfd_after(void *data, int status) {
   }
   r->done += j->len;
   r->next_off += j->len;
-  if (r->spare == NULL && r->plen > 0) { /* kept for the next batch, while bytes come */
-    r->spare = j->buf;
-    r->spcap = j->cap;
-  } else { /* a stream that waits for its client holds no buffer it does not need */
-    free(j->buf);
-  }
+  tp__sfd_put(j->buf, j->cap); /* for the next batch: a fresh buffer's pages fault in again */
   if (r->d->c != NULL && tp_sconn_credit(r->d->c, r->sid, (uint32_t) j->len, NULL) < 0) {
     free(j);
     tp__srelay_fail(r, EPROTO, "credit");
@@ -525,15 +582,14 @@ static void tp__sfd_start(tp__srelay_t *r) {
   }
   j->r = r;
   j->fd = r->fd;
+  j->pipe[0] = j->pipe[1] = -1;
   j->append = r->append;
   j->buf = r->pend;
   j->cap = r->pcap;
   j->len = r->plen;
   j->off = r->next_off;
-  r->pend = r->spare;
-  r->pcap = r->spcap;
-  r->spare = NULL;
-  r->spcap = 0;
+  r->pend = NULL; /* the next bytes take a kept buffer (tp__sfd_on_data) */
+  r->pcap = 0;
   r->plen = 0;
   r->job = j;
   if ((rc = tp_job_queue_long(r->b->loop, tp__sfd_work, tp__sfd_after, j)) < 0) {
@@ -553,6 +609,8 @@ static void tp__sfd_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t 
     tp__srelay_fail(r, EPROTO, "more than the window");
     return;
   }
+  if (r->pend == NULL)
+    r->pend = tp__sfd_get(&r->pcap);
   if (r->plen + n > r->pcap) {
     size_t cap = r->pcap ? r->pcap : TP_CHUNK_MAX;
     uint8_t *nb;
@@ -612,6 +670,7 @@ static tp__srelay_t *tp__sfd_new(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd
     return tp_error_errno(err, e, "stream %u: dup", sid), NULL;
   }
   r->hdr.ops = ops;
+  r->pipe[0] = r->pipe[1] = -1;
   r->spec.path = r->path;
   r->d = d;
   r->b = b;
@@ -642,6 +701,8 @@ int tp_sdc_file_fd(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *
   tp__srelay_t *r = tp__sfd_new(d, b, sid, fd, path, O_WRONLY, &tp__sfd_ops, offset, err);
   if (r == NULL)
     return -1;
+  r->fdw = 1;
+  tp__sfd_live++;
   r->append = append;
   r->end = UINT64_MAX;
   return 0;
@@ -657,6 +718,38 @@ static int tp__sfdr_queue(tp__srelay_t *r, uint64_t pending);
 static void tp__sfdr_work(void *data) {
   tp__sfsjob_t *j = data;
   size_t got = 0;
+  /* into the pipe: the page cache's pages are lent, not copied (the
+   * connection splices them on); a full pipe (an offset that is not a
+   * page's start fills its buffers partly) ends this job short */
+  while (j->pipe[1] >= 0 && got < j->cap) {
+    loff_t o = (loff_t) (j->off + got);
+    ssize_t n = splice(j->fd, &o, j->pipe[1], NULL, j->cap - got, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && got == 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+      j->nosplice = 1; /* a file without splice_read: read below */
+      break;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && got > 0)
+      break;
+    if (n < 0) {
+      j->err = errno == EAGAIN ? EIO : errno;
+      return;
+    }
+    if (n == 0) {
+      j->eof = 1;
+      break;
+    }
+    got += (size_t) n;
+  }
+  if (j->pipe[1] >= 0 && !j->nosplice) {
+    j->len = got;
+    return;
+  }
+  if (j->buf == NULL && (j->buf = malloc(j->cap)) == NULL) {
+    j->err = ENOMEM;
+    return;
+  }
   while (got < j->cap) {
     ssize_t n = pread(j->fd, j->buf + got, j->cap - got, (off_t) (j->off + got));
     if (n < 0 && errno == EINTR)
@@ -665,11 +758,22 @@ static void tp__sfdr_work(void *data) {
       j->err = errno;
       break;
     }
-    if (n == 0)
+    if (n == 0) {
+      j->eof = 1;
       break;
+    }
     got += (size_t) n;
   }
   j->len = got;
+}
+
+/* The pipe's frame is out. */
+static void tp__sfdr_spliced(void *arg, int err) {
+  tp__srelay_t *r = arg;
+  (void) err; /* 0: a failed connection does not call */
+  r->spl = 0;
+  r->done += r->splen;
+  tp__sfdr_pump(r);
 }
 
 static void tp__sfdr_after(void *data, int status) {
@@ -677,11 +781,39 @@ static void tp__sfdr_after(void *data, int status) {
   tp__srelay_t *r = j->r;
   if (r == NULL) {
     close(j->fd);
+    if (j->pipe[0] >= 0) {
+      close(j->pipe[0]);
+      close(j->pipe[1]);
+    }
     free(j->buf);
     free(j);
     return;
   }
   r->job = NULL;
+  if (status == 0 && j->err == 0 && j->nosplice && r->pipe[0] >= 0) {
+    close(r->pipe[0]); /* this file's and the next reads go through a buffer */
+    close(r->pipe[1]);
+    r->pipe[0] = r->pipe[1] = -1;
+  }
+  if (status == 0 && j->err == 0 && r->pipe[0] >= 0) {
+    tp_error_t e = { 0 };
+    size_t len = j->len;
+    r->next_off += len;
+    if (j->eof)
+      r->eof = 1;
+    free(j);
+    if (len > 0 && r->d->c != NULL) {
+      r->spl = 1; /* before: a socket with room sends it all, and calls back, at once */
+      r->splen = len;
+      if (tp_sconn_splice(r->d->c, r->sid, r->pipe[0], len, tp__sfdr_spliced, r, &e) < 0) {
+        r->spl = 0;
+        tp__srelay_fail(r, e.code ? e.code : EIO, "the data connection did not take the file's bytes");
+      }
+      return; /* tp__sfdr_spliced goes on */
+    }
+    tp__sfdr_pump(r);
+    return;
+  }
   if (status != 0 || j->err != 0) {
     char msg[TP_SF_MSG_MAX + 1];
     int e = status != 0 ? ECANCELED : j->err;
@@ -692,9 +824,9 @@ static void tp__sfdr_after(void *data, int status) {
     return;
   }
   uint8_t *buf = j->buf;
-  size_t len = j->len, cap = r->jcap;
+  size_t len = j->len, cap = j->nosplice ? j->cap : r->jcap;
   r->next_off += len;
-  if (len < j->cap)
+  if (j->eof || len < j->cap)
     r->eof = 1;
   free(j);
   /* the next read goes to the pool before these bytes go out (within the
@@ -736,11 +868,17 @@ static int tp__sfdr_queue(tp__srelay_t *r, uint64_t pending) {
     want = credit;
   if (want > TP__SFD_READ_MAX)
     want = TP__SFD_READ_MAX;
+  if (r->pipe[0] >= 0 && want > r->pipecap)
+    want = r->pipecap; /* one frame of the pipe at a time */
   if ((j = calloc(1, sizeof(*j))) == NULL) {
     tp__srelay_fail(r, ENOMEM, "out of memory");
     return -1;
   }
-  if (r->spare != NULL && r->spcap >= want) { /* the last read's buffer */
+  j->pipe[0] = -1;
+  j->pipe[1] = r->pipe[0] >= 0 ? r->pipe[1] : -1;
+  if (j->pipe[1] >= 0) { /* no buffer: the pipe (one made by the job if it must read) */
+    r->jcap = 0;
+  } else if (r->spare != NULL && r->spcap >= want) { /* the last read's buffer */
     j->buf = r->spare;
     r->jcap = r->spcap;
     r->spare = NULL;
@@ -768,7 +906,7 @@ static int tp__sfdr_queue(tp__srelay_t *r, uint64_t pending) {
 
 /* Reads as much as the client's credit has room for, one job at a time. */
 static void tp__sfdr_pump(tp__srelay_t *r) {
-  if (r->job != NULL || r->d->c == NULL)
+  if (r->job != NULL || r->spl || r->d->c == NULL)
     return;
   if (r->eof || r->next_off >= r->end) {
     tp_sconn_end(r->d->c, r->sid, 1, r->done, NULL);
@@ -808,6 +946,22 @@ int tp_sdc_file_fd_read(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const c
     return -1;
   if (length <= UINT64_MAX - offset && offset + length < r->end)
     r->end = offset + length;
+  /* the file's pages go through a pipe of one frame into the connection
+   * (no copy in the daemon); without one (no fds left), through a buffer */
+  if (pipe2(r->pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
+    int cap = fcntl(r->pipe[1], F_SETPIPE_SZ, (int) TP_SF_DATA_MAX);
+    if (cap < 0)
+      cap = fcntl(r->pipe[1], F_GETPIPE_SZ);
+    if (cap > 0) {
+      r->pipecap = (size_t) cap < TP_SF_DATA_MAX ? (size_t) cap : TP_SF_DATA_MAX;
+    } else {
+      close(r->pipe[0]);
+      close(r->pipe[1]);
+      r->pipe[0] = r->pipe[1] = -1;
+    }
+  } else {
+    r->pipe[0] = r->pipe[1] = -1;
+  }
   tp__sfdr_pump(r);
   return 0;
 }

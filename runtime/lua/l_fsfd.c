@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fdpass.h"
 #include "l_core.h"
 
 #define TP_L_FILE_MT "tupper.file"
@@ -109,12 +110,15 @@ static int tp__fd_arg(lua_State *L, int idx) {
 
 int tp_l_file_fd(lua_State *L, int idx) { return tp__check_file(L, idx)->fd; }
 
-static int tp_lfile_close(lua_State *L) {
-  tp_lfile_t *u = luaL_checkudata(L, 1, TP_L_FILE_MT);
+static void tp_lfile_close_fd(tp_lfile_t *u) {
   if (u->fd >= 0) {
     close(u->fd);
     u->fd = -1;
   }
+}
+
+static int tp_lfile_close(lua_State *L) {
+  tp_lfile_close_fd(luaL_checkudata(L, 1, TP_L_FILE_MT));
   return 0;
 }
 
@@ -176,37 +180,16 @@ static int tp_lfdpair_close(lua_State *L) {
  * regular file; anything else is closed and refused. */
 static int tp_lfdpair_take(lua_State *L) {
   tp_lfdpair_t *u = luaL_checkudata(L, 1, TP_L_FDPAIR_MT);
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int) * 4)];
-  } cm;
   char byte;
-  struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                      .msg_controllen = sizeof(cm.buf)};
-  int fds[4], n = 0;
+  int fds[TP_FDPASS_MAX], n = 0, cut = 0;
   struct stat st;
   ssize_t r;
   if (u->near < 0)
     return luaL_error(L, "fd pair is closed");
-  do
-    r = recvmsg(u->near, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  while (r < 0 && errno == EINTR);
-  for (struct cmsghdr *c = r >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-      continue;
-    for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
-      int fd;
-      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
-      if (n < 4)
-        fds[n++] = fd;
-      else
-        close(fd);
-    }
-  }
+  r = tp_fd_recv(u->near, &byte, 1, 0, fds, TP_FDPASS_MAX, &n, &cut);
   if (r < 0)
     return tp__push_errno(L, errno == EAGAIN ? EPROTO : errno, "the agent's file");
-  if (n != 1 || (mh.msg_flags & MSG_CTRUNC) || fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode)) {
+  if (n != 1 || cut || fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode)) {
     for (int i = 0; i < n; i++)
       close(fds[i]);
     lua_pushnil(L);
@@ -239,16 +222,8 @@ static int tp_lcore_send_fd(lua_State *L) {
   size_t len;
   const char *text = luaL_checklstring(L, 2, &len);
   int fd = tp__check_file(L, 3)->fd;
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } cm;
-  struct iovec iov = {.iov_base = (void *) text, .iov_len = len};
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                      .msg_controllen = sizeof(cm.buf)};
   struct sockaddr_storage sa;
   socklen_t sl = sizeof(sa);
-  struct cmsghdr *c;
   ssize_t w;
   luaL_argcheck(L, sock >= 0 && sock <= 0x7fffffff, 1, "not an fd");
   luaL_argcheck(L, len > 0, 2, "empty");
@@ -256,17 +231,8 @@ static int tp_lcore_send_fd(lua_State *L) {
     return tp__push_errno(L, errno, "the client's connection");
   if (sa.ss_family != AF_UNIX)
     return tp__push_errno(L, EOPNOTSUPP, "the client's connection");
-  memset(cm.buf, 0, sizeof(cm.buf));
-  c = CMSG_FIRSTHDR(&mh);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  do
-    w = sendmsg((int) sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-  while (w < 0 && errno == EINTR);
-  if (w <= 0)
-    return tp__push_errno(L, w < 0 ? errno : EAGAIN, "the client's connection");
+  if ((w = tp_fd_send((int) sock, text, len, fd)) < 0)
+    return tp__push_errno(L, errno, "the client's connection");
   lua_pushinteger(L, (lua_Integer) w);
   return 1;
 }
@@ -310,27 +276,27 @@ static int tp_lcore_fd_call(lua_State *L) {
   lua_Integer timeout = luaL_checkinteger(L, 3);
   long long deadline = tp__now_ms() + (timeout > 0 ? timeout : 0);
   char *buf;
+  tp_lfile_t *file;
   int got = -1, e = 0;
   const char *why = NULL;
   while (off < len) {
     ssize_t w = send(sock, text + off, len - off, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR)
       continue;
-    if (w < 0)
-      return tp__push_errno(L, errno, "send");
+    if (w <= 0)
+      return tp__push_errno(L, w < 0 ? errno : EPIPE, "send");
     off += (size_t) w;
   }
-  if ((buf = malloc(TP__FD_LINE_MAX)) == NULL)
-    return tp__push_errno(L, ENOMEM, "reply");
+  /* what may hold a descriptor or memory is the collector's from the start:
+   * a Lua error on the way (out of memory) leaks neither */
+  buf = lua_newuserdatauv(L, TP__FD_LINE_MAX, 0);
+  file = lua_newuserdatauv(L, sizeof(*file), 0);
+  file->fd = -1;
+  luaL_setmetatable(L, TP_L_FILE_MT);
   for (;;) {
-    union {
-      struct cmsghdr h;
-      char b[CMSG_SPACE(sizeof(int) * 4)];
-    } cm;
-    struct iovec iov = {.iov_base = buf + have, .iov_len = TP__FD_LINE_MAX - have};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof(cm.b)};
     struct pollfd pfd = {.fd = sock, .events = POLLIN};
     long long left = deadline - tp__now_ms();
+    int fds[TP_FDPASS_MAX], nfds = 0, cut = 0;
     ssize_t r;
     char *nl;
     if (have == TP__FD_LINE_MAX) {
@@ -348,20 +314,14 @@ static int tp_lcore_fd_call(lua_State *L) {
     }
     if (r <= 0)
       continue;
-    r = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN))
+    r = tp_fd_recv(sock, buf + have, TP__FD_LINE_MAX - have, 0, fds, TP_FDPASS_MAX, &nfds, &cut);
+    if (r < 0 && errno == EAGAIN)
       continue;
-    for (struct cmsghdr *c = r >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL; c = CMSG_NXTHDR(&mh, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-        continue;
-      for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
-        int fd;
-        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
-        if (got < 0)
-          got = fd;
-        else
-          close(fd);
-      }
+    for (int i = 0; i < nfds; i++) { /* the first is the reply's; any other is closed */
+      if (file->fd < 0)
+        file->fd = got = fds[i];
+      else
+        close(fds[i]);
     }
     if (r <= 0) {
       e = r < 0 ? errno : ECONNRESET, why = "the daemon closed the connection";
@@ -375,17 +335,14 @@ static int tp_lcore_fd_call(lua_State *L) {
         break;
       }
       lua_pushlstring(L, buf, (size_t) (nl - buf));
-      free(buf);
       if (got >= 0)
-        tp__push_file(L, got);
+        lua_pushvalue(L, -2); /* the file */
       else
         lua_pushnil(L);
       return 2;
     }
   }
-  free(buf);
-  if (got >= 0)
-    close(got);
+  tp_lfile_close_fd(file);
   return tp__push_errno(L, e, why);
 }
 
@@ -401,12 +358,15 @@ static const char *tp__side(int e) {
 /* core.file_copy(src, dst [, limit]): copies from src's position to dst's
  * until src's end (or limit bytes): copy_file_range, else sendfile, else
  * read and write.  The bytes copied, or nil, msg, errno, side ("read",
- * "write" or "copy": which end failed, where the call tells). */
+ * "write" or "copy": which end failed, where the call tells).  It opens
+ * nothing; its one buffer (the read/write way) is freed on every exit. */
 static int tp_lcore_file_copy(lua_State *L) {
   int src = tp__fd_arg(L, 1), dst = tp__fd_arg(L, 2);
   lua_Integer lim = luaL_optinteger(L, 3, -1);
   uint64_t left = lim < 0 ? UINT64_MAX : (uint64_t) lim, done = 0;
   int how = 0; /* 0 copy_file_range, 1 sendfile, 2 read/write */
+  int e = 0;
+  const char *side = NULL;
   char *buf = NULL;
   while (left > 0) {
     size_t step = left < TP__COPY_STEP ? (size_t) left : TP__COPY_STEP;
@@ -419,46 +379,41 @@ static int tp_lcore_file_copy(lua_State *L) {
       }
     } else if (how == 1) {
       n = sendfile(dst, src, NULL, step);
-      if (n < 0 && (errno == EINVAL || errno == ENOSYS)) {
+      if (n < 0 && (errno == EINVAL || errno == ENOSYS)) { /* positions moved as copied */
         how = 2;
         continue;
       }
     } else {
       size_t k = step < TP__COPY_BUF ? step : TP__COPY_BUF, w = 0;
-      if (buf == NULL && (buf = malloc(TP__COPY_BUF)) == NULL)
-        return tp__push_errno(L, ENOMEM, "copy");
+      if (buf == NULL && (buf = malloc(TP__COPY_BUF)) == NULL) {
+        e = ENOMEM, side = "copy";
+        break;
+      }
       n = read(src, buf, k);
       if (n < 0 && errno == EINTR)
         continue;
       if (n < 0) {
-        int e = errno;
-        free(buf);
-        tp__push_errno(L, e, "read");
-        lua_pushstring(L, "read");
-        return 4;
+        e = errno, side = "read";
+        break;
       }
       while (w < (size_t) n) {
         ssize_t m = write(dst, buf + w, (size_t) n - w);
         if (m < 0 && errno == EINTR)
           continue;
-        if (m < 0) {
-          int e = errno;
-          free(buf);
-          tp__push_errno(L, e, "write");
-          lua_pushstring(L, "write");
-          return 4;
+        if (m <= 0) { /* 0 for a write of more than 0 bytes: never taken, never retried */
+          e = m < 0 ? errno : EIO, side = "write";
+          break;
         }
         w += (size_t) m;
       }
+      if (side != NULL)
+        break;
     }
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0) {
-      int e = errno;
-      free(buf);
-      tp__push_errno(L, e, tp__side(e));
-      lua_pushstring(L, tp__side(e));
-      return 4;
+      e = errno, side = tp__side(e);
+      break;
     }
     if (n == 0)
       break;
@@ -466,6 +421,11 @@ static int tp_lcore_file_copy(lua_State *L) {
     left -= (uint64_t) n;
   }
   free(buf);
+  if (side != NULL) {
+    tp__push_errno(L, e, side);
+    lua_pushstring(L, side);
+    return 4;
+  }
   lua_pushinteger(L, (lua_Integer) done);
   return 1;
 }

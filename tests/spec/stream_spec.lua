@@ -126,6 +126,76 @@ describe("the data plane", function()
     dc:close()
   end)
 
+  it("reads three streams and writes one at once on one connection, one reader slow, every byte in place", function()
+    local a = {}
+    for i = 1, 6 do a[i] = string.rep(string.char(i, 255 - i, 7, i * 3 % 256), 262144 + 3) end
+    local wa = table.concat(a)
+    local wb = string.rep("0123456789abcdef", 65536 * 3 + 5) -- 3 MiB and a bit
+    local dc = assert(helper.sync(stream.open, c))
+    for _, f in ipairs({ { "/tmp/cc_a", wa }, { "/tmp/cc_b", wb } }) do
+      local once = false
+      local n = helper.sync(function()
+        return dc:write_file(c, { sandbox = box, path = f[1] }, function()
+          if once then return nil end
+          once = true
+          return f[2]
+        end)
+      end)
+      assert.are.equal(#f[2], n)
+    end
+    local got_a, got_b, got_b2 = {}, {}, {}
+    local ra, rb, rb2, wc
+    local i = 0
+    helper.sync(function()
+      async.all({
+        function()
+          -- a slow reader: the socket fills, and the others' frames wait their turn behind its
+          ra = { dc:read_file(c, { sandbox = box, path = "/tmp/cc_a", offset = 5 }, function(chunk)
+            got_a[#got_a + 1] = chunk
+            async.sleep(3)
+            return true
+          end) }
+        end,
+        function()
+          rb = { dc:read_file(c, { sandbox = box, path = "/tmp/cc_b" }, function(chunk)
+            got_b[#got_b + 1] = chunk
+            return true
+          end) }
+        end,
+        function()
+          rb2 = { dc:read_file(c, { sandbox = box, path = "/tmp/cc_b", offset = 3 }, function(chunk)
+            got_b2[#got_b2 + 1] = chunk
+            return true
+          end) }
+        end,
+        function()
+          wc = { dc:write_file(c, { sandbox = box, path = "/tmp/cc_c" }, function()
+            i = i + 1
+            return a[i]
+          end) }
+        end,
+      })
+    end)
+    assert.is_nil(ra[2])
+    assert.is_nil(rb[2])
+    assert.is_nil(wc[2])
+    assert.are.equal(#wa - 5, ra[1])
+    assert.is_true(table.concat(got_a) == wa:sub(6), "the first file's bytes differ (from offset 5)")
+    assert.is_true(table.concat(got_b) == wb, "the second file's bytes differ")
+    assert.is_nil(rb2[2])
+    assert.is_true(table.concat(got_b2) == wb:sub(4), "the second file's bytes differ (from offset 3)")
+    assert.are.equal(#wa, wc[1])
+    local back = {}
+    helper.sync(function()
+      return dc:read_file(c, { sandbox = box, path = "/tmp/cc_c" }, function(chunk)
+        back[#back + 1] = chunk
+        return true
+      end)
+    end)
+    assert.is_true(table.concat(back) == wa, "the file written alongside differs")
+    dc:close()
+  end)
+
   it("writes frames of every size in order: small ones gathered, large ones as they come", function()
     -- sizes around the daemon's 256 KiB cut (tp__sfs_on_data) and its 1 MiB piece
     local sizes = { 1, 262143, 262144, 5, 1048576, 100000, 300000, 1048575, 2, 700000 }

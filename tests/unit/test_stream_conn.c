@@ -476,6 +476,116 @@ static void test_queue_cap_reading(void) {
   pump(5);
 }
 
+
+static int spliced_calls, spliced_err = -1;
+static void on_spliced(void *arg, int err) {
+  (void) arg;
+  spliced_calls++;
+  spliced_err = err;
+}
+
+static int nfds_self(void) {
+  int n = 0;
+  for (int fd = 0; fd < 1024; fd++)
+    if (fcntl(fd, F_GETFD) >= 0)
+      n++;
+  return n;
+}
+
+/* Fills the connection's socket until libuv queues (streams 2.. get DATA). */
+static int fill(tp_sconn_t *c, const uint8_t *p, uint32_t *sid) {
+  for (*sid = 2; *sid < 40 && tp_sconn_queued(c) == 0; (*sid)++) {
+    if (tp_sconn_open(c, *sid, TP_SK_STDOUT, 0, 1, NULL, NULL) < 0 ||
+        tp_sconn_write(c, *sid, p, TP_SCONN_WINDOW_MIN, NULL) != (long) TP_SCONN_WINDOW_MIN)
+      return -1;
+  }
+  return tp_sconn_queued(c) > 0 ? 0 : -1;
+}
+
+/* A DATA frame spliced from a pipe goes out whole, after what was queued
+ * before it and before what was made after it; a closed connection calls
+ * nobody back and leaves no fd. */
+static void test_splice(void) {
+  owner_t o;
+  int peer, pp[2], pq[2], fds0 = nfds_self();
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 0);
+  tp_error_t err = { 0 };
+  tp_sframe_t f;
+  static uint8_t pat[TP_SCONN_WINDOW_MIN], zeros[TP_SCONN_WINDOW_MIN];
+  uint32_t last = 0, seen_max = 1;
+  int order_ok = 1, got_splice = 0, got_second = 0, got_end = 0, exact = 0;
+  for (size_t i = 0; i < sizeof(pat); i++)
+    pat[i] = (uint8_t) (i * 13 + 5);
+  check(pipe2(pp, O_CLOEXEC | O_NONBLOCK) == 0 && write(pp[1], pat, sizeof(pat)) == (ssize_t) sizeof(pat),
+        "a pipe with 64 KiB");
+  check(tp_sconn_open(c, 1, TP_SK_FILE_READ, 0, 1, NULL, NULL) == 0, "open the spliced stream");
+  check(tp_sconn_splice(c, 1, pp[0], sizeof(pat) + 1, on_spliced, NULL, &err) < 0 && err.code == EINVAL,
+        "more than the credit (or the pipe) is refused: EINVAL");
+  {
+    int full = fill(c, zeros, &last);
+    check(full == 0, "the socket is full (%u streams of 64 KiB), libuv queues", last - 2);
+  }
+  memset(&err, 0, sizeof(err));
+  check(tp_sconn_splice(c, 1, pp[0], sizeof(pat), on_spliced, NULL, &err) == 0, "splice queued: %s", err.msg);
+  close(pp[0]); /* the connection keeps its own */
+  check(pipe2(pq, O_CLOEXEC | O_NONBLOCK) == 0 && write(pq[1], pat + 1, 1000) == 1000, "a second pipe");
+  check(tp_sconn_open(c, 90, TP_SK_FILE_READ, 0, 1, NULL, NULL) == 0 &&
+            tp_sconn_splice(c, 90, pq[0], 1000, on_spliced, NULL, &err) == 0,
+        "a second stream's spliced frame queues behind the first");
+  close(pq[0]);
+  check(tp_sconn_end(c, 2, 0, 0, NULL) == 0, "END of stream 2 is made behind them");
+  check(spliced_calls == 0, "not out yet: the socket is full");
+  for (int i = 0; i < 100 && !got_end; i++) {
+    long r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+    if (r <= 0)
+      break;
+    if (f.type == TP_SF_OPEN)
+      continue;
+    if (f.type == TP_SF_DATA && f.sid == 90) {
+      got_second = got_splice && f.len == 1000 && memcmp(f.payload, pat + 1, 1000) == 0;
+    } else if (f.type == TP_SF_DATA && f.sid != 1) {
+      if (got_splice)
+        order_ok = 0; /* queued before the splice: must come before it */
+      if (f.sid > seen_max)
+        seen_max = f.sid;
+    } else if (f.type == TP_SF_DATA && f.sid == 1) {
+      got_splice = 1;
+      exact = f.len == sizeof(pat) && memcmp(f.payload, pat, sizeof(pat)) == 0;
+    } else if (f.type == TP_SF_END && f.sid == 2) {
+      got_end = 1;
+      if (!got_splice || !got_second)
+        order_ok = 0;
+    }
+  }
+  pump(5);
+  check(got_splice && exact, "the spliced frame arrives whole, byte for byte");
+  check(got_second, "the second stream's spliced frame came after it, whole");
+  check(order_ok && got_end, "what was queued came before it, what was made after it came after");
+  check(spliced_calls == 2 && spliced_err == 0, "the owners heard once each that theirs is out");
+  tp_sconn_close(c);
+  close(peer);
+  close(pp[1]);
+  close(pq[1]);
+  pump(5);
+
+  /* a connection closed while its spliced frame waits for room */
+  spliced_calls = 0;
+  c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 0);
+  check(pipe2(pp, O_CLOEXEC | O_NONBLOCK) == 0 && write(pp[1], pat, sizeof(pat)) == (ssize_t) sizeof(pat),
+        "another pipe");
+  tp_sconn_open(c, 1, TP_SK_FILE_READ, 0, 1, NULL, NULL);
+  check(fill(c, zeros, &last) == 0, "the socket is full again");
+  check(tp_sconn_splice(c, 1, pp[0], sizeof(pat), on_spliced, NULL, &err) == 0, "splice queued");
+  pump(5);
+  tp_sconn_close(c);
+  close(pp[0]);
+  close(pp[1]);
+  close(peer);
+  pump(10);
+  check(spliced_calls == 0, "no callback after the owner closed it");
+  check(nfds_self() == fds0, "no fd left (%d, was %d)", nfds_self(), fds0);
+}
+
 /* A cork: OPENs and ENDs wait until the uncork, then arrive in order; a
  * frame too big to wait sends what waits before it; nothing is lost. */
 static void test_cork(void) {
@@ -529,6 +639,7 @@ int main(void) {
   test_waiting_is_not_idle();
   test_queue_cap_streams();
   test_queue_cap_reading();
+  test_splice();
   test_cork();
   pump(10);
   check(uv_loop_close(&loop) == 0, "the loop closes: every handle was freed");
