@@ -29,6 +29,13 @@
  * TP_SCONN_WINDOW_MIN (so 256 streams hold at most this plus 256 times
  * that minimum, not 256 full windows). */
 #define TP__SFS_WRITE_BUDGET (64u * 1024u * 1024u)
+/* Read streams that splice through a pipe of their own, daemon-wide; the
+ * others read through a buffer.  A pipe of TP_SF_DATA_MAX counts against
+ * its owner's pipe pages (fs.pipe-user-pages-soft, 64 MiB on most hosts):
+ * past that soft limit the kernel gives every new pipe of the same user
+ * (the daemon's root: any root process on the host) one page, so the
+ * daemon keeps well under it. */
+#define TP__SFD_PIPES_MAX 16
 /* agent requests in flight per relay: a read stream asks for at most the
  * client's window (TP_SCONN_WINDOW_MAX) in chunks; a write stream has at
  * most its window in flight, in pieces of TP__SFS_DIRECT_MIN or more, plus
@@ -36,6 +43,18 @@
 #define TP__SFS_INFLIGHT ((int) (TP_SCONN_WINDOW_MAX / TP_CHUNK_MAX) + 2)
 _Static_assert(TP__SFS_WRITE_WINDOW / TP__SFS_DIRECT_MIN + 2 <= TP__SFS_INFLIGHT,
                "a write stream's requests in flight must fit TP__SFS_INFLIGHT");
+
+static int tp__sfd_pipes; /* read streams' pipes open (TP__SFD_PIPES_MAX) */
+
+/* Closes a read stream's pipe p (if open) and gives back its place. */
+static void tp__sfd_pipe_close(int p[2]) {
+  if (p[0] < 0)
+    return;
+  close(p[0]);
+  close(p[1]);
+  p[0] = p[1] = -1;
+  tp__sfd_pipes--;
+}
 
 typedef struct tp__srelay_s {
   tp__sdc_stream_t hdr;               /* the connection's callbacks reach it through this */
@@ -131,10 +150,7 @@ static void tp__srelay_free(tp__srelay_t *r) {
   } else {
     if (r->fd >= 0)
       close(r->fd);
-    if (r->pipe[0] >= 0) {
-      close(r->pipe[0]);
-      close(r->pipe[1]);
-    }
+    tp__sfd_pipe_close(r->pipe);
   }
   free(r->pend);
   free(r->spare);
@@ -781,20 +797,14 @@ static void tp__sfdr_after(void *data, int status) {
   tp__srelay_t *r = j->r;
   if (r == NULL) {
     close(j->fd);
-    if (j->pipe[0] >= 0) {
-      close(j->pipe[0]);
-      close(j->pipe[1]);
-    }
+    tp__sfd_pipe_close(j->pipe);
     free(j->buf);
     free(j);
     return;
   }
   r->job = NULL;
-  if (status == 0 && j->err == 0 && j->nosplice && r->pipe[0] >= 0) {
-    close(r->pipe[0]); /* this file's and the next reads go through a buffer */
-    close(r->pipe[1]);
-    r->pipe[0] = r->pipe[1] = -1;
-  }
+  if (status == 0 && j->err == 0 && j->nosplice)
+    tp__sfd_pipe_close(r->pipe); /* this file's and the next reads go through a buffer */
   if (status == 0 && j->err == 0 && r->pipe[0] >= 0) {
     tp_error_t e = { 0 };
     size_t len = j->len;
@@ -947,20 +957,18 @@ int tp_sdc_file_fd_read(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const c
   if (length <= UINT64_MAX - offset && offset + length < r->end)
     r->end = offset + length;
   /* the file's pages go through a pipe of one frame into the connection
-   * (no copy in the daemon); without one (no fds left), through a buffer */
-  if (pipe2(r->pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
+   * (no copy in the daemon); without one (TP__SFD_PIPES_MAX in use, no fds
+   * left), through a buffer */
+  r->pipe[0] = r->pipe[1] = -1;
+  if (tp__sfd_pipes < TP__SFD_PIPES_MAX && pipe2(r->pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
+    tp__sfd_pipes++;
     int cap = fcntl(r->pipe[1], F_SETPIPE_SZ, (int) TP_SF_DATA_MAX);
     if (cap < 0)
       cap = fcntl(r->pipe[1], F_GETPIPE_SZ);
-    if (cap > 0) {
+    if (cap > 0)
       r->pipecap = (size_t) cap < TP_SF_DATA_MAX ? (size_t) cap : TP_SF_DATA_MAX;
-    } else {
-      close(r->pipe[0]);
-      close(r->pipe[1]);
-      r->pipe[0] = r->pipe[1] = -1;
-    }
-  } else {
-    r->pipe[0] = r->pipe[1] = -1;
+    else
+      tp__sfd_pipe_close(r->pipe);
   }
   tp__sfdr_pump(r);
   return 0;
