@@ -138,10 +138,14 @@ static int agent_listen(tp__child_t *c, const tp__op_t *op) {
 }
 
 /* mkdir dst unless present; either way it must be a directory and not a
- * symlink, so no mount below can be redirected by the image. */
+ * symlink, so no mount below can be redirected by the image.  A dir this
+ * mkdir made is one (and has its mode: the child's umask is 0); only one
+ * that was there is looked at. */
 static int real_dir(const char *dst, mode_t mode) {
   int fd;
-  if (mkdir(dst, mode) < 0 && errno != EEXIST)
+  if (mkdir(dst, mode) == 0)
+    return 0;
+  if (errno != EEXIST)
     return -1;
   fd = open(dst, O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
@@ -232,7 +236,6 @@ static int sysfs_mount(const tp__plan_t *plan, const tp__op_t *op) {
 }
 
 static int run_op(tp__child_t *c, const tp__op_t *op) {
-  int fd;
   switch (op->kind) {
   case TP__OP_CGROUP:
     return write_file(op->dst, "0");
@@ -249,13 +252,11 @@ static int run_op(tp__child_t *c, const tp__op_t *op) {
   case TP__OP_OWN:
     if (fchownat(AT_FDCWD, op->dst, op->uid, op->gid, AT_SYMLINK_NOFOLLOW) < 0)
       return -1;
-    return chmod(op->dst, op->mode);
+    return op->flags != 0 ? chmod(op->dst, op->mode) : 0;
   case TP__OP_FILE:
-    fd = open(op->dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, op->mode);
-    if (fd < 0)
-      return -1;
-    close(fd);
-    return 0;
+    /* a regular file: one call, no open file; like O_CREAT | O_EXCL, it
+     * fails on anything there, a symlink included */
+    return mknod(op->dst, S_IFREG | op->mode, 0);
   case TP__OP_SYMLINK:
     return symlink(op->src, op->dst);
   case TP__OP_CHDIR:
@@ -413,6 +414,9 @@ int tp__box_child(void *arg) {
   if (close_daemon_fds(c) < 0)
     fail(c, errno, "close the daemon's fds", NULL);
 
+  /* The plan's modes are the modes made (mkdir, mknod): no chmod after
+   * each.  The agent gets 022 back before its exec. */
+  umask(0);
   for (int i = 0; i < plan->n_ops; i++)
     if (run_op(c, &plan->ops[i]) < 0)
       fail(c, errno, plan->ops[i].step, plan->ops[i].dst);

@@ -31,9 +31,11 @@ enum tp__op_kind {
   TP__OP_SYSFS,    /* mount sysfs at dst with flags from the plan's sysfs_netns (the
                       namespace's, one superblock for all boxes), or from the box's
                       own namespace if that is -1 */
-  TP__OP_DIR,      /* mkdir dst (EEXIST is fine), then insist it is a real dir */
-  TP__OP_OWN,      /* chown dst to uid:gid, then chmod it to mode */
-  TP__OP_FILE,     /* create an empty file dst (a bind mount target) */
+  TP__OP_DIR,      /* mkdir dst with mode (the child's umask is 0); one that was there
+                      (EEXIST) must be a real dir, not a symlink */
+  TP__OP_OWN,      /* chown dst to uid:gid; then, if flags, chmod it to mode (a dir
+                      the child made has its mode already) */
+  TP__OP_FILE,     /* create an empty regular file dst with mode (a bind mount target) */
   TP__OP_SYMLINK,  /* symlink(src, dst) */
   TP__OP_HOSTNAME, /* sethostname(src) */
   TP__OP_LO_UP,    /* bring the loopback interface of the new netns up */
