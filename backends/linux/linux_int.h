@@ -6,13 +6,16 @@
  * by tp__plan_build() in the parent before the clone, and the child replays
  * the plan's ops in order (bubblewrap's SetupOp list, in spirit).
  *
- * The child is cloned with CLONE_VM | CLONE_VFORK, like posix_spawn: no page
- * tables are copied and exec has no address space to tear down, which on a
- * VM guest is most of the cost of a start (about 2-4 ms of fork + exec).
- * The price: the parent is suspended until the exec, so it cannot write the
- * user namespace's id maps itself.  The child clones a helper (CLONE_VM,
- * still real root in the host user namespace) before unsharing its user
- * namespace; the helper writes /proc/1/uid_map and gid_map and exits. */
+ * The child is cloned with CLONE_VM, as posix_spawn does: no page tables are
+ * copied and exec has no address space to tear down, which on a VM guest is
+ * most of the cost of a start (about 2-4 ms of fork + exec).  Without
+ * CLONE_VFORK, so that the calling thread (real root of the host user
+ * namespace) writes the id maps of the user namespace the child unshares:
+ * the thread waits on a socketpair (the child's end close-on-exec) for the
+ * child's "u", writes /proc/<pid>/uid_map and gid_map, answers "m", and
+ * reads on to the end, the exec or the child's death, before it leaves the
+ * frame the child uses.  (An id-map helper the child cloned did that while
+ * a CLONE_VFORK parent was suspended: one process more a box.) */
 #ifndef TP_LINUX_INT_H
 #define TP_LINUX_INT_H
 
@@ -74,7 +77,7 @@ typedef struct tp__plan_s {
   int n_ops;
   char *strs[TP__STRS_MAX]; /* strings the ops point into, owned */
   int n_strs;
-  char *uid_map; /* "0 <base> <count>\n", written by the id-map helper */
+  char *uid_map; /* "0 <base> <count>\n", written by the parent (box.c) */
   char *gid_map;
   char disk_dev[32]; /* "/dev/loopN" of the disk cap, filled in by the parent after
                         tp__disk_make; the "mount disk" op's source */
@@ -136,30 +139,27 @@ int tp__run_tool(const char *exe, char *const argv[], const char *pkg, int *stat
  * returns the device's fd (CLOEXEC) and its path in dev. */
 int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err);
 
-/* A failed step, as the child (or its helper) leaves it for the parent. */
+/* A failed step, as the child leaves it for the parent. */
 typedef struct tp__child_report_s {
   int32_t err;
   char msg[252];
 } tp__child_report_t;
 
-/* Shared by the parent and the child: the child runs with CLONE_VM |
- * CLONE_VFORK, so it lives in the parent's memory while the parent waits
- * (suspended) for its exec or exit.  The child writes only its own fields
- * (sync_*, listen) and, just before it exits, the reports. */
+/* Shared by the parent and the child: the child runs with CLONE_VM, so it
+ * lives in the parent's memory while the parent waits for its exec or exit
+ * (on the sync socket).  The child writes only its own field (listen) and,
+ * just before it exits, the report. */
 typedef struct tp__child_s {
   const tp__plan_t *plan;
   int chan;           /* child end of the agent channel -> TP_AGENT_FD */
   int agent;          /* the agent executable */
-  void *helper_stack; /* top of the id-map helper's stack */
-  int sync_r;         /* child -> helper: "the user ns exists" */
-  int sync_w;
+  int sync;           /* child end of the parent's sync socket (close on exec) */
   int listen;         /* the agent socket (TP__OP_LISTEN) -> TP_AGENT_LISTEN_FD */
-  tp__child_report_t report;        /* set by a failed child step */
-  tp__child_report_t helper_report; /* set by a failed helper step */
+  tp__child_report_t report; /* set by a failed child step */
 } tp__child_t;
 
 /* Entry point for clone(): runs the plan, enters a user namespace (its maps
- * are written by a helper it clones first, still in the host one), becomes
+ * written by the parent, asked on the sync socket), becomes
  * root in it, lowers its rlimits, loads the seccomp filter and execs the
  * agent.  Returns only through _exit. */
 int tp__box_child(void *child);
