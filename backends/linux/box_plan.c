@@ -229,6 +229,7 @@ static void host_proc_probe(void) {
 static void plan_proc(builder_t *b, const char *proc, const char *stage) {
   const char *null = str(b, "%s/null", stage);
   const char *proc_ro = str(b, "%s/proc", stage);
+  const char *empty = str(b, "%s/empty", stage);
   size_t k = 0, n_masked = 0, n_ro = 0;
 
   pthread_once(&host_proc_once, host_proc_probe);
@@ -250,8 +251,8 @@ static void plan_proc(builder_t *b, const char *proc, const char *stage) {
   /* Hardware dirs: the stage's empty dir over them (read-only with it). */
   for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_emptied); i++, k++)
     if (host_proc[k])
-      mnt(b, "hide /proc dir", str(b, "%s/empty", stage),
-          str(b, "%s/%s", proc, tp_box_proc_emptied[i]), NULL, MS_BIND, NULL);
+      mnt(b, "hide /proc dir", empty, str(b, "%s/%s", proc, tp_box_proc_emptied[i]), NULL,
+          MS_BIND, NULL);
   /* Kernel knobs: readable, never writable (from the read-only /proc). */
   if (n_ro > 0) {
     mnt(b, "bind /proc for its read-only dirs", proc, proc_ro, NULL, MS_BIND, NULL);
@@ -406,6 +407,23 @@ static const char *lowerdir(builder_t *b, const tp_box_spec_t *s) {
   return str(b, "%s", buf);
 }
 
+/* The "tasks" file beside a cgroup.procs, or NULL: on a v1 hierarchy the
+ * child joins through it.  It moves the writer's thread only, which is the
+ * whole child (a process of one thread; the box's later threads and
+ * processes are born in the cgroup), and for "0", the writer itself, the
+ * kernel takes no write lock on every thread group of the host: a
+ * cgroup.procs write does, and that lock's writer waits for an RCU grace
+ * period, some milliseconds on a loaded host (docs/benchmarks.md).  v2 has
+ * no tasks file: there the child's open fails ENOENT and it writes
+ * cgroup.procs. */
+static const char *tasks_of(builder_t *b, const char *procs) {
+  static const char leaf[] = "/cgroup.procs";
+  size_t n = strlen(procs), l = sizeof(leaf) - 1;
+  if (n <= l || strcmp(procs + n - l, leaf) != 0)
+    return NULL;
+  return str(b, "%.*s/tasks", (int) (n - l), procs);
+}
+
 int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   builder_t b = {p, 0};
   const char *rootfs, *proc, *sys, *stage;
@@ -430,7 +448,8 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
    * mounts below are charged there already), then a cgroup namespace rooted
    * at them: inside, /proc/self/cgroup says "/". */
   for (int i = 0; s->cgroup_procs != NULL && s->cgroup_procs[i] != NULL; i++)
-    op(&b, TP__OP_CGROUP, "join cgroup", NULL, s->cgroup_procs[i], NULL, 0, NULL, 0);
+    op(&b, TP__OP_CGROUP, "join cgroup", tasks_of(&b, s->cgroup_procs[i]), s->cgroup_procs[i],
+       NULL, 0, NULL, 0);
   op(&b, TP__OP_UNSHARE, "unshare cgroup namespace", NULL, NULL, NULL, CLONE_NEWCGROUP, NULL,
      0);
   /* Bound as host root while box_dir is still visible: a restarted daemon

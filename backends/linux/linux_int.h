@@ -26,7 +26,8 @@
 #include "proto.h" /* TP_AGENT_FD, TP_AGENT_LISTEN_FD */
 
 enum tp__op_kind {
-  TP__OP_CGROUP,   /* write "0" to dst (a cgroup.procs or tasks file): join that cgroup */
+  TP__OP_CGROUP,   /* join a cgroup: write "0" to src (its v1 tasks file) if not NULL,
+                      else or where src does not exist (v2) to dst (its cgroup.procs) */
   TP__OP_UNSHARE,  /* unshare(flags) */
   TP__OP_LISTEN,   /* unix stream socket bound at dst/src (0600), listening: the
                       agent's TP_AGENT_LISTEN_FD */
@@ -64,7 +65,7 @@ typedef struct tp__op_s {
 
 /* each layer adds a link op and its name (plan_layer_links) */
 #define TP__OPS_MAX (192 + TP_LAYERS_MAX)
-#define TP__STRS_MAX (96 + TP_LAYERS_MAX)
+#define TP__STRS_MAX (96 + TP__CGROUPS_MAX + TP_LAYERS_MAX)
 #define TP__CGROUPS_MAX 16    /* entries of spec.cgroup_procs */
 #define TP__PATH_MAX_LEN 1024 /* box_dir, layers, cgroup files */
 #define TP__LAYER_LINKS "l" /* in the stage: l/<i> -> layers[i], the overlay's short lower names */
