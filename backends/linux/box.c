@@ -11,8 +11,10 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
@@ -182,6 +184,59 @@ static int await_exec(pid_t pid, int pidfd, int agent_fd, siginfo_t *si, tp_erro
                       TP__EXEC_WAIT_MS);
 }
 
+#define TP__CLONE_NS (CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET)
+
+/* The plan's first join of a cgroup2 cgroup (its dir's statfs says so),
+ * opened for CLONE_INTO_CGROUP: the op's index, or -1 (none, or v1 only).
+ * The child then is born there and skips that join, so the only write of
+ * a cgroup.procs a box needed on v2 goes, with the kernel's write lock on
+ * every thread group of the host it takes (v1 joins use tasks, which does
+ * not: box_plan.c). */
+static int v2_join(const tp__plan_t *plan, int *fd) {
+  for (int i = 0; i < plan->n_ops; i++) {
+    const tp__op_t *op = &plan->ops[i];
+    char dir[TP__PATH_MAX_LEN + 1];
+    const char *slash;
+    struct statfs sf;
+    if (op->kind != TP__OP_CGROUP)
+      continue;
+    slash = strrchr(op->dst, '/');
+    if (slash == NULL || (size_t) (slash - op->dst) >= sizeof(dir))
+      continue;
+    memcpy(dir, op->dst, (size_t) (slash - op->dst));
+    dir[slash - op->dst] = '\0';
+    if (statfs(dir, &sf) < 0 || sf.f_type != CGROUP2_SUPER_MAGIC)
+      continue;
+    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    return *fd >= 0 ? i : -1;
+  }
+  return -1;
+}
+
+/* The child, born in plan's cgroup2 cgroup where there is one and the
+ * kernel (5.7) and this architecture allow, else cloned as before and left
+ * to join it.  Signals are blocked by the caller. */
+static pid_t clone_child(tp__plan_t *plan, tp__child_t *child, const stacks_t *stacks, int *pfd) {
+  cleanup_close int cg = -1;
+  int op = v2_join(plan, &cg);
+  if (op >= 0) {
+    tp__clone_args_t a = {.flags = CLONE_VM | CLONE_PIDFD | TP__CLONE_NS | CLONE_INTO_CGROUP,
+                          .pidfd = (uint64_t) (uintptr_t) pfd,
+                          .exit_signal = SIGCHLD,
+                          .stack = (uint64_t) (uintptr_t) (stacks->base + TP__GUARD_SIZE),
+                          .stack_size = TP__STACK_SIZE,
+                          .cgroup = (uint64_t) cg};
+    pid_t pid;
+    plan->born_in = op; /* before the clone: the child reads it */
+    pid = tp__clone3(&a, tp__box_child, child);
+    if (pid >= 0)
+      return pid;
+    plan->born_in = -1; /* no child: clone as before, it joins */
+  }
+  return clone(tp__box_child, stack_top(stacks), CLONE_VM | CLONE_PIDFD | TP__CLONE_NS | SIGCHLD,
+               child, pfd);
+}
+
 static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) {
   cleanup_plan tp__plan_t plan;
   cleanup_box_dir const char *dir_guard = NULL; /* declared early: runs after the reap */
@@ -273,10 +328,7 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
    * there. */
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  ret = clone(tp__box_child, stack_top(&stacks),
-              CLONE_VM | CLONE_PIDFD | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
-                  CLONE_NEWNET | SIGCHLD,
-              &child, &pfd);
+  ret = clone_child(&plan, &child, &stacks, &pfd);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (ret < 0)
     return tp_error_errno(err, errno, "clone");

@@ -386,7 +386,7 @@ int tp__box_child(void *arg) {
    * each.  The agent gets 022 back before its exec. */
   umask(0);
   for (int i = 0; i < plan->n_ops; i++)
-    if (run_op(c, &plan->ops[i]) < 0)
+    if (i != plan->born_in && run_op(c, &plan->ops[i]) < 0)
       fail(c, errno, plan->ops[i].step, plan->ops[i].dst);
 
   /* Only now, with every mount in place, the user namespace: the mount, net,

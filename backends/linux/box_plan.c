@@ -432,6 +432,7 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   if (check_spec(s, err) < 0)
     return -1;
   p->seccomp = s->seccomp;
+  p->born_in = -1;
   p->sysfs_netns = tp__sysfs_netns();
 
   /* The stage, where the box's tmpfs goes (plan_tmpfs), in the child's

@@ -84,6 +84,8 @@ typedef struct tp__plan_s {
                         tp__disk_make; the "mount disk" op's source */
   char vol_dev[TP_VOLUMES_MAX][32]; /* the volumes' loop devices, likewise */
   const struct sock_fprog *seccomp; /* spec's filter, or NULL */
+  int born_in; /* the TP__OP_CGROUP step the child skips, -1 if none: the parent
+                  cloned it into that cgroup (box.c, CLONE_INTO_CGROUP) */
   int sysfs_netns; /* tp__sysfs_netns(), for TP__OP_SYSFS */
 } tp__plan_t;
 
@@ -158,6 +160,20 @@ typedef struct tp__child_s {
   int listen;         /* the agent socket (TP__OP_LISTEN) -> TP_AGENT_LISTEN_FD */
   tp__child_report_t report; /* set by a failed child step */
 } tp__child_t;
+
+/* clone3(2)'s arguments (linux/sched.h's struct clone_args, up to cgroup:
+ * kernel 5.7). */
+typedef struct tp__clone_args_s {
+  uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+      set_tid_size, cgroup;
+} tp__clone_args_t;
+#ifndef CLONE_INTO_CGROUP
+#define CLONE_INTO_CGROUP 0x200000000ULL
+#endif
+/* clone3 with fn(arg) run in the child on args->stack (clone3.c); the
+ * child's pid, or -1 with errno (ENOSYS where the architecture has no
+ * trampoline here, or the kernel no clone3). */
+pid_t tp__clone3(tp__clone_args_t *args, int (*fn)(void *), void *arg);
 
 /* Entry point for clone(): runs the plan, enters a user namespace (its maps
  * written by the parent, asked on the sync socket), becomes
