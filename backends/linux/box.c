@@ -186,14 +186,17 @@ static int await_exec(pid_t pid, int pidfd, int agent_fd, siginfo_t *si, tp_erro
 
 #define TP__CLONE_NS (CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET)
 
-/* The plan's first join of a cgroup2 cgroup (its dir's statfs says so),
- * opened for CLONE_INTO_CGROUP: the op's index, or -1 (none, or v1 only).
+/* The plan's last join, if of a cgroup2 cgroup (its dir's statfs says so),
+ * opened for CLONE_INTO_CGROUP: the op's index, or -1.  The last only: a
+ * host has one cgroup2 hierarchy, and the daemon's list is all v1 or one
+ * v2 dir (a test's mixes v1 dirs and a cgroup2 one, that one last): one
+ * statfs a start.
  * The child then is born there and skips that join, so the only write of
  * a cgroup.procs a box needed on v2 goes, with the kernel's write lock on
  * every thread group of the host it takes (v1 joins use tasks, which does
  * not: box_plan.c). */
 static int v2_join(const tp__plan_t *plan, int *fd) {
-  for (int i = 0; i < plan->n_ops; i++) {
+  for (int i = plan->n_ops - 1; i >= 0; i--) {
     const tp__op_t *op = &plan->ops[i];
     char dir[TP__PATH_MAX_LEN + 1];
     const char *slash;
@@ -202,11 +205,11 @@ static int v2_join(const tp__plan_t *plan, int *fd) {
       continue;
     slash = strrchr(op->dst, '/');
     if (slash == NULL || (size_t) (slash - op->dst) >= sizeof(dir))
-      continue;
+      return -1;
     memcpy(dir, op->dst, (size_t) (slash - op->dst));
     dir[slash - op->dst] = '\0';
     if (statfs(dir, &sf) < 0 || sf.f_type != CGROUP2_SUPER_MAGIC)
-      continue;
+      return -1;
     *fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     return *fd >= 0 ? i : -1;
   }
