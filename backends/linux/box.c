@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -11,7 +12,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <linux/magic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -140,10 +140,13 @@ static int child_sync(pid_t pid, int sync, const tp__plan_t *plan, tp_error_t *e
     for (int i = 0; i < 2; i++) {
       cleanup_close int fd = -1;
       size_t len = strlen(map[i]);
+      ssize_t w = -1;
       snprintf(path, sizeof(path), "/proc/%d/%s", (int) pid, file[i]);
       fd = open(path, O_WRONLY | O_CLOEXEC);
-      if (fd < 0 || write(fd, map[i], len) != (ssize_t) len)
-        return tp_error_errno(err, fd < 0 || errno != 0 ? errno : EIO, "write %s", file[i]);
+      if (fd >= 0)
+        w = write(fd, map[i], len);
+      if (w != (ssize_t) len)
+        return tp_error_errno(err, w < 0 ? errno : EIO, "write %s", file[i]);
     }
     if (send(sync, "m", 1, MSG_NOSIGNAL) != 1)
       return 0; /* it died meanwhile: its end is closed */
