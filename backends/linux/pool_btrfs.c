@@ -318,19 +318,25 @@ static int subvol_destroy(int parent, const char *name, tp_error_t *err) {
  * and a BTRFS_IOC_SUBVOL_CREATE then.  The deletion is the costly part:
  * the btrfs cleaner thread's work on each deleted subvolume took about a
  * third as much CPU as the boxes' starts and removals themselves under
- * churn (docs/benchmarks.md, "A box's set-up").  Kept only when nothing of
- * the box is left to carry over: upper/ empty (then made anew: the box's
- * "/" had its owner, mode and xattrs there), work/ holding at most
- * overlayfs's empty work/, nothing else beside the agent's socket, and the
- * qgroup's committed count of referenced bytes under TP__SPARE_RFER_MAX
- * (a box that wrote and then deleted more still counts it until the next
- * commit: a next box must not find its cap taken).  A daemon's start
+ * churn (docs/benchmarks.md, "A box's set-up").  Kept only when the box
+ * left little, and nothing of it is left to carry over: upper/ holding at
+ * most TP__SPARE_ENTRIES_MAX entries and TP__SPARE_BYTES_MAX of files (the
+ * agent writes etc/resolv.conf in every box), all removed, upper/ itself
+ * made anew (the box's "/" had its owner, mode and xattrs there); work/
+ * holding only overlayfs's marks (removed); nothing else beside the
+ * agent's socket; and the qgroup's committed count of referenced bytes
+ * under TP__SPARE_RFER_MAX (a box that wrote and then deleted more still
+ * counts it until the next commit: a next box must not find its cap
+ * taken).  A daemon's start
  * removes every name of boxes/ that no box owns (daemon/disk_pool.lua), so
  * spares a crash left go then.  The list is the process's, by path, under
  * a lock (starts and removals run in the thread pool). */
 #define TP__SPARE_SV_MAX 64
 #define TP__SPARE_SV_PREFIX ".spare-"
 #define TP__SPARE_RFER_MAX (1LL << 20)
+#define TP__SPARE_ENTRIES_MAX 64 /* in upper/: the agent's etc/resolv.conf and the like */
+#define TP__SPARE_BYTES_MAX (64 << 10) /* their files' blocks */
+#define TP__SPARE_DEPTH_MAX 8
 static pthread_mutex_t sv_lock = PTHREAD_MUTEX_INITIALIZER;
 static char *sv_spare[TP__SPARE_SV_MAX]; /* "<pool dir>/boxes/.spare-<old id>" */
 static int n_sv_spare;
@@ -351,6 +357,49 @@ static int empty(int dfd) {
     ok = -1;
   close(dfd);
   return ok;
+}
+
+/* Removes what is in the dir open at dfd (kept open), never following a
+ * symlink, at most *budget entries in all, their files' blocks at most
+ * *bytes, TP__SPARE_DEPTH_MAX deep: 0, or -1 (more than that, or an
+ * error: some may be gone by then). */
+static int clear(int dfd, int depth, int *budget, int64_t *bytes) {
+  char buf[1024];
+  long n;
+  if (depth > TP__SPARE_DEPTH_MAX || lseek(dfd, 0, SEEK_SET) < 0)
+    return -1;
+  while ((n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+    int removed = 0;
+    for (long off = 0; off < n; off += ((struct dirent64 *) (buf + off))->d_reclen) {
+      struct dirent64 *de = (struct dirent64 *) (buf + off);
+      int sub, r;
+      if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+        continue;
+      struct stat st;
+      if (--*budget < 0 || fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return -1;
+      if (!S_ISDIR(st.st_mode)) {
+        *bytes -= (int64_t) st.st_blocks * 512;
+        if (*bytes < 0 || unlinkat(dfd, de->d_name, 0) < 0)
+          return -1;
+        removed = 1;
+        continue;
+      }
+      sub = openat(dfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0)
+        return -1;
+      r = clear(sub, depth + 1, budget, bytes);
+      close(sub);
+      if (r < 0 || unlinkat(dfd, de->d_name, AT_REMOVEDIR) < 0)
+        return -1;
+      removed = 1;
+    }
+    /* entries removed under the listing: read it from the start again,
+     * until a pass finds only . and .. */
+    if (removed && lseek(dfd, 0, SEEK_SET) < 0)
+      return -1;
+  }
+  return n < 0 ? -1 : 0;
 }
 
 /* The referenced bytes the quota tree holds for the subvolume open at sv
@@ -394,7 +443,8 @@ static int box_keep(const char *dir, const char *id) {
   char spare[sizeof(TP__SPARE_SV_PREFIX) + 256], *path = NULL;
   struct stat st;
   int64_t rfer;
-  int full, d;
+  int64_t bytes;
+  int full, d, budget, r;
 
   pthread_mutex_lock(&sv_lock);
   full = n_sv_spare >= TP__SPARE_SV_MAX;
@@ -406,8 +456,13 @@ static int box_keep(const char *dir, const char *id) {
     return -1;
   if (unlinkat(sv, TP__AGENT_SOCK, 0) < 0 && errno != ENOENT)
     return -1;
-  if ((d = openat(sv, "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-      empty(d) != 1)
+  if ((d = openat(sv, "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+    return -1;
+  budget = TP__SPARE_ENTRIES_MAX;
+  bytes = TP__SPARE_BYTES_MAX;
+  r = clear(d, 0, &budget, &bytes);
+  close(d);
+  if (r < 0)
     return -1;
   /* work/: only overlayfs's work_dirs, which go (an rmdir fails on
    * anything more in them) */

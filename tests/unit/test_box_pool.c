@@ -103,11 +103,11 @@ out:
   free(sock);
 }
 
-/* Spare subvolumes (pool_btrfs.c): a destroyed box that left nothing in
- * its subvolume has it renamed to boxes/.spare-<id>, its upper/ made anew
- * (the box had chmod'ed its "/"), and the next box gets that very
- * subvolume (its st_dev) with its own cap and a clean "/"; a box that left
- * a file has its subvolume deleted. */
+/* Spare subvolumes (pool_btrfs.c): a destroyed box that left little in
+ * its subvolume (a small file, a dir) has it renamed to boxes/.spare-<id>,
+ * emptied and its upper/ made anew (the box had chmod'ed its "/"), and the
+ * next box gets that very subvolume (its st_dev) with its own cap and a
+ * clean "/"; a box that left 32 MiB has its subvolume deleted. */
 static void spare_subvol_part(const env_t *e, const char *pool) {
   tp_error_t err = {0};
   char *a = path_in(tmp_root, "va"), *b = path_in(tmp_root, "vb"), path[400], *o;
@@ -124,8 +124,8 @@ static void spare_subvol_part(const env_t *e, const char *pool) {
   if (r < 0)
     goto out;
   c.fd = box.chan_fd;
-  o = box_out(&c, "chmod 700 / && stat -c %a /");
-  check(strcmp(o, "700") == 0, "spare subvolume: the box chmod'ed its / ('%s')", o);
+  o = box_out(&c, "chmod 700 / && mkdir -p /etc/zz && echo left > /zzz && stat -c %a /");
+  check(strcmp(o, "700") == 0, "spare subvolume: the box chmod'ed its /, left a file ('%s')", o);
   free(o);
   r = tp_linux_box_destroy(&box, a, &err);
   snprintf(path, sizeof(path), "%s/boxes/.spare-va", pool);
@@ -134,8 +134,8 @@ static void spare_subvol_part(const env_t *e, const char *pool) {
   snprintf(path, sizeof(path), "%s/boxes/.spare-va/upper", pool);
   memset(&st_up, 0, sizeof(st_up));
   r = stat(path, &st_up);
-  check(r == 0 && (st_up.st_mode & 07777) == 0755 && st_up.st_uid == 0,
-        "spare subvolume: its upper/ made anew (%o, uid %u)", (unsigned) (st_up.st_mode & 07777),
+  check(r == 0 && (st_up.st_mode & 07777) == 0755 && st_up.st_uid == 0 && other_entries(path) == 0,
+        "spare subvolume: its upper/ made anew, empty (%o, uid %u)", (unsigned) (st_up.st_mode & 07777),
         (unsigned) st_up.st_uid);
   snprintf(path, sizeof(path), "%s/boxes/.spare-va/agent.sock", pool);
   check(!exists(path), "spare subvolume: without the agent's socket");
@@ -155,11 +155,12 @@ static void spare_subvol_part(const env_t *e, const char *pool) {
         "spare subvolume: the second box took it (the same subvolume)");
   snprintf(path, sizeof(path), "%s/boxes/.spare-va", pool);
   check(!exists(path), "spare subvolume: no longer a spare");
-  o = box_out(&c, "stat -c '%a %u' /; ls -A / | grep -c zzz; "
+  o = box_out(&c, "stat -c '%a %u' /; ls -A / /etc | grep -c zz; "
                   "dd if=/dev/zero of=/big bs=1M count=40 2>&1 | grep -o 'Disk quota exceeded'"
                   " | head -1");
   check(strcmp(o, "755 0\n0\nDisk quota exceeded") == 0,
-        "spare subvolume: a clean / (mode 755, root's) and the second box's own 32 MiB cap ('%s')",
+        "spare subvolume: a clean / (mode 755, root's, nothing the first left) and the "
+        "second box's own 32 MiB cap ('%s')",
         o);
   free(o);
   r = tp_linux_box_destroy(&box, b, &err);
@@ -167,7 +168,7 @@ static void spare_subvol_part(const env_t *e, const char *pool) {
   check(r == 0 && !exists(path), "spare subvolume: the second box destroyed (%s)",
         r < 0 ? err.msg : "ok");
   snprintf(path, sizeof(path), "%s/boxes/.spare-vb", pool);
-  check(!exists(path), "spare subvolume: one a box left a file in is deleted, not kept");
+  check(!exists(path), "spare subvolume: one a box left 32 MiB in is deleted, not kept");
 out:
   free(c.buf);
   free(a);
