@@ -113,7 +113,7 @@ int tp__disk_make(int box_dfd, const char *box_dir, int64_t bytes, char *dev, si
 int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid, gid_t gid,
                       tp_error_t *err);
 /* The destroy's end of a box's subvolume, its box gone: kept as a spare
- * for a next tp__pool_box_make where nothing of the box is left in it
+ * for a next tp__pool_box_make where the box left little (then removed)
  * (pool_btrfs.c), else deleted (tp_linux_pool_drop). */
 int tp__pool_box_keep(const char *pool, const char *id, tp_error_t *err);
 /* <pool>/boxes/<id>, for the destroy: an xattr of box_dir (no inode of
