@@ -137,8 +137,9 @@ int tp_linux_box_destroy(tp_box_t *box, const char *box_dir, tp_error_t *err) {
   }
   if (tp_box_destroy(box, NULL, err) < 0)
     return -1;
-  /* every process of the box is gone: nothing writes to its subvolume */
-  if (name != NULL && tp_linux_pool_drop(link, "boxes", name, err) < 0 && err->code != ENOENT)
+  /* every process of the box is gone: nothing writes to its subvolume,
+   * kept as a spare where the box left nothing in it, else deleted */
+  if (name != NULL && tp__pool_box_keep(link, name, err) < 0 && err->code != ENOENT)
     return tp_error_prefix(err, "destroy box");
   /* emptied and kept for the next start where it can be, else removed */
   if (box_dir != NULL && tp__spare_dir_keep(box_dir) < 0 && tp_rmtree(box_dir, err) < 0)

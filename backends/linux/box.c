@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -13,6 +14,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
@@ -89,7 +91,7 @@ static int make_box_subdirs(int dfd, const tp_box_spec_t *s, tp_error_t *err) {
 #define TP__UNPOISON(p, n) ((void) 0)
 #endif
 
-/* Stacks for the child and its id-map helper, each above a guard page. */
+/* The child's stack, above a guard page. */
 #define TP__STACK_SIZE (64 * 1024)
 #define TP__GUARD_SIZE 4096
 
@@ -105,30 +107,58 @@ static void cleanup_stacksp(stacks_t *s) {
 #define cleanup_stacks __attribute__((cleanup(cleanup_stacksp)))
 
 static int stacks_map(stacks_t *s, tp_error_t *err) {
-  const size_t slot = TP__GUARD_SIZE + TP__STACK_SIZE;
-  s->len = 2 * slot;
+  s->len = TP__GUARD_SIZE + TP__STACK_SIZE;
   s->base = mmap(NULL, s->len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (s->base == MAP_FAILED) {
     s->base = NULL;
-    return tp_error_errno(err, errno, "mmap child stacks");
+    return tp_error_errno(err, errno, "mmap child stack");
   }
-  if (mprotect(s->base + TP__GUARD_SIZE, TP__STACK_SIZE, PROT_READ | PROT_WRITE) < 0 ||
-      mprotect(s->base + slot + TP__GUARD_SIZE, TP__STACK_SIZE, PROT_READ | PROT_WRITE) < 0)
-    return tp_error_errno(err, errno, "mprotect child stacks");
+  if (mprotect(s->base + TP__GUARD_SIZE, TP__STACK_SIZE, PROT_READ | PROT_WRITE) < 0)
+    return tp_error_errno(err, errno, "mprotect child stack");
   TP__UNPOISON(s->base, s->len);
   return 0;
 }
-/* Stacks grow down: hand out the top of each slot. */
-static void *stack_top(const stacks_t *s, int i) {
-  return s->base + (size_t) (i + 1) * (TP__GUARD_SIZE + TP__STACK_SIZE);
+/* Stacks grow down: hand out the top. */
+static void *stack_top(const stacks_t *s) { return s->base + s->len; }
+
+/* The child's side of the set-up, from the parent: reads the sync socket
+ * until the child asks for its id maps ("u": written to /proc/<pid>/uid_map
+ * and gid_map, then "m" sent) and until its end closes, at the exec or the
+ * child's death (the caller tells which).  -1 only when the maps could not
+ * be written: the caller kills the child. */
+static int child_sync(pid_t pid, int sync, const tp__plan_t *plan, tp_error_t *err) {
+  char b, path[64];
+  const char *file[] = {"uid_map", "gid_map"};
+  const char *map[] = {plan->uid_map, plan->gid_map};
+  ssize_t n;
+  for (;;) {
+    do
+      n = read(sync, &b, 1);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0 || b != 'u')
+      return 0; /* its end closed (or broke): exec'd or dying */
+    for (int i = 0; i < 2; i++) {
+      cleanup_close int fd = -1;
+      size_t len = strlen(map[i]);
+      ssize_t w = -1;
+      snprintf(path, sizeof(path), "/proc/%d/%s", (int) pid, file[i]);
+      fd = open(path, O_WRONLY | O_CLOEXEC);
+      if (fd >= 0)
+        w = write(fd, map[i], len);
+      if (w != (ssize_t) len)
+        return tp_error_errno(err, w < 0 ? errno : EIO, "write %s", file[i]);
+    }
+    if (send(sync, "m", 1, MSG_NOSIGNAL) != 1)
+      return 0; /* it died meanwhile: its end is closed */
+  }
 }
 
 #define TP__EXEC_WAIT_MS 5000 /* bound of await_exec */
 
-/* Did the child exec the agent, or is it dying?  CLONE_VFORK wakes us as
- * early in an exit as in an exec (the child is killed by a signal, say the
- * seccomp filter refusing execveat): in both it happens before the child's
- * mm is switched, so right now its /proc/<pid>/exe may still be ours.  Wait
+/* Did the child exec the agent, or is it dying?  The end of the sync
+ * socket wakes us in an exit as in an exec (the child is killed by a
+ * signal, say the seccomp filter refusing execveat), so its /proc/<pid>/exe
+ * may still be ours.  Wait
  * until it is the agent's file (exec'd: 0) or the child is a zombie (< 0,
  * si filled in).  A /proc that cannot tell (not ENOENT) counts as exec'd. */
 static int await_exec(pid_t pid, int pidfd, int agent_fd, siginfo_t *si, tp_error_t *err) {
@@ -157,6 +187,62 @@ static int await_exec(pid_t pid, int pidfd, int agent_fd, siginfo_t *si, tp_erro
                       TP__EXEC_WAIT_MS);
 }
 
+#define TP__CLONE_NS (CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET)
+
+/* The plan's last join, if of a cgroup2 cgroup (its dir's statfs says so),
+ * opened for CLONE_INTO_CGROUP: the op's index, or -1.  The last only: a
+ * host has one cgroup2 hierarchy, and the daemon's list is all v1 or one
+ * v2 dir (a test's mixes v1 dirs and a cgroup2 one, that one last): one
+ * statfs a start.
+ * The child then is born there and skips that join, so the only write of
+ * a cgroup.procs a box needed on v2 goes, with the kernel's write lock on
+ * every thread group of the host it takes (v1 joins use tasks, which does
+ * not: box_plan.c). */
+static int v2_join(const tp__plan_t *plan, int *fd) {
+  for (int i = plan->n_ops - 1; i >= 0; i--) {
+    const tp__op_t *op = &plan->ops[i];
+    char dir[TP__PATH_MAX_LEN + 1];
+    const char *slash;
+    struct statfs sf;
+    if (op->kind != TP__OP_CGROUP)
+      continue;
+    slash = strrchr(op->dst, '/');
+    if (slash == NULL || (size_t) (slash - op->dst) >= sizeof(dir))
+      return -1;
+    memcpy(dir, op->dst, (size_t) (slash - op->dst));
+    dir[slash - op->dst] = '\0';
+    if (statfs(dir, &sf) < 0 || sf.f_type != CGROUP2_SUPER_MAGIC)
+      return -1;
+    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    return *fd >= 0 ? i : -1;
+  }
+  return -1;
+}
+
+/* The child, born in plan's cgroup2 cgroup where there is one and the
+ * kernel (5.7) and this architecture allow, else cloned as before and left
+ * to join it.  Signals are blocked by the caller. */
+static pid_t clone_child(tp__plan_t *plan, tp__child_t *child, const stacks_t *stacks, int *pfd) {
+  cleanup_close int cg = -1;
+  int op = v2_join(plan, &cg);
+  if (op >= 0) {
+    tp__clone_args_t a = {.flags = CLONE_VM | CLONE_PIDFD | TP__CLONE_NS | CLONE_INTO_CGROUP,
+                          .pidfd = (uint64_t) (uintptr_t) pfd,
+                          .exit_signal = SIGCHLD,
+                          .stack = (uint64_t) (uintptr_t) (stacks->base + TP__GUARD_SIZE),
+                          .stack_size = TP__STACK_SIZE,
+                          .cgroup = (uint64_t) cg};
+    pid_t pid;
+    plan->born_in = op; /* before the clone: the child reads it */
+    pid = tp__clone3(&a, tp__box_child, child);
+    if (pid >= 0)
+      return pid;
+    plan->born_in = -1; /* no child: clone as before, it joins */
+  }
+  return clone(tp__box_child, stack_top(stacks), CLONE_VM | CLONE_PIDFD | TP__CLONE_NS | SIGCHLD,
+               child, pfd);
+}
+
 static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) {
   cleanup_plan tp__plan_t plan;
   cleanup_box_dir const char *dir_guard = NULL; /* declared early: runs after the reap */
@@ -169,6 +255,7 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
   cleanup_fds fds_t vol_fds = {{-1}, 0}; /* the volumes' loop devices, likewise */
   cleanup_stacks stacks_t stacks = {NULL, 0};
   cleanup_close int chan_p = -1, chan_c = -1;
+  cleanup_close int sync_p = -1, sync_c = -1;
   cleanup_close int pidfd = -1;
   cleanup_pid pid_t pid = -1;
   tp__child_t child;
@@ -228,31 +315,39 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
     return tp_error_errno(err, errno, "socketpair");
   chan_p = pair[0];
   chan_c = pair[1];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0)
+    return tp_error_errno(err, errno, "socketpair");
+  sync_p = pair[0];
+  sync_c = pair[1];
 
   memset(&child, 0, sizeof(child));
   child.plan = &plan;
   child.chan = chan_c;
   child.agent = spec->agent_fd;
-  child.helper_stack = stack_top(&stacks, 0);
-  child.sync_r = child.sync_w = -1;
+  child.sync = sync_c;
   child.listen = -1;
 
   /* No handler of the daemon may run in the child: block everything across
-   * the clone; the child resets dispositions before unblocking.  With
-   * CLONE_VFORK this returns once the child exec'd the agent or died.  The
-   * cgroup namespace comes later (a plan step): after the child has joined
-   * the box's cgroups, so that it is rooted there. */
+   * the clone (the child keeps that mask); the child resets dispositions
+   * before unblocking.  The cgroup namespace comes later (a plan step):
+   * after the child has joined the box's cgroups, so that it is rooted
+   * there. */
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  ret = clone(tp__box_child, stack_top(&stacks, 1),
-              CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS |
-                  CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD,
-              &child, &pfd);
+  ret = clone_child(&plan, &child, &stacks, &pfd);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (ret < 0)
     return tp_error_errno(err, errno, "clone");
   pid = ret;
   pidfd = pfd;
+  /* Its end is the child's alone now: the read below ends when the child
+   * execs the agent (close on exec) or dies.  Until then this thread waits
+   * in child_sync: the child uses the plan, its stack and child, all of
+   * this frame, and the cleanups (a kill and a reap first) run only after. */
+  close(sync_c);
+  sync_c = -1;
+  if (child_sync(pid, sync_p, &plan, err) < 0)
+    return -1;
 
   if (child.report.err != 0) {
     child.report.msg[sizeof(child.report.msg) - 1] = '\0';

@@ -1,5 +1,5 @@
 /* The cloned child of tp_linux_box_start.  It runs in the daemon's memory
- * (CLONE_VM | CLONE_VFORK) while the calling thread is suspended and the
+ * (CLONE_VM) while the calling thread waits for it (linux_int.h) and the
  * daemon's other threads keep running, so only async-signal-safe calls are
  * allowed: plain syscall wrappers, no malloc, no stdio, nothing that takes a
  * lock.  glibc's setresuid & co. would try to signal the daemon's threads
@@ -28,9 +28,10 @@
 
 #define TP__HIGH_FD 10 /* fds are parked at or above this while being arranged */
 #define TP__AGENT_EXEC_FD (TP_AGENT_LISTEN_FD + 1) /* the agent's fd, waiting for execveat */
+#define TP__SYNC_FD (TP__AGENT_EXEC_FD + 1) /* the parent's sync socket, until the exec */
 #define TP__NOFILE_MAX 1048576 /* RLIMIT_NOFILE of the box, if the daemon's hard limit is higher */
 _Static_assert(TP_AGENT_FD > 2 && TP_AGENT_LISTEN_FD == TP_AGENT_FD + 1 &&
-                   TP__AGENT_EXEC_FD + 1 < TP__HIGH_FD,
+                   TP__SYNC_FD + 1 < TP__HIGH_FD,
                "fd layout");
 
 /* Bounded copy; returns the new end.  No strlcpy/snprintf here. */
@@ -138,10 +139,14 @@ static int agent_listen(tp__child_t *c, const tp__op_t *op) {
 }
 
 /* mkdir dst unless present; either way it must be a directory and not a
- * symlink, so no mount below can be redirected by the image. */
+ * symlink, so no mount below can be redirected by the image.  A dir this
+ * mkdir made is one (and has its mode: the child's umask is 0); only one
+ * that was there is looked at. */
 static int real_dir(const char *dst, mode_t mode) {
   int fd;
-  if (mkdir(dst, mode) < 0 && errno != EEXIST)
+  if (mkdir(dst, mode) == 0)
+    return 0;
+  if (errno != EEXIST)
     return -1;
   fd = open(dst, O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
@@ -232,9 +237,15 @@ static int sysfs_mount(const tp__plan_t *plan, const tp__op_t *op) {
 }
 
 static int run_op(tp__child_t *c, const tp__op_t *op) {
-  int fd;
   switch (op->kind) {
   case TP__OP_CGROUP:
+    /* v1: through its tasks file (box_plan.c); ENOENT there is v2 */
+    if (op->src != NULL) {
+      if (write_file(op->src, "0") == 0)
+        return 0;
+      if (errno != ENOENT)
+        return -1;
+    }
     return write_file(op->dst, "0");
   case TP__OP_UNSHARE:
     return unshare((int) op->flags);
@@ -249,13 +260,11 @@ static int run_op(tp__child_t *c, const tp__op_t *op) {
   case TP__OP_OWN:
     if (fchownat(AT_FDCWD, op->dst, op->uid, op->gid, AT_SYMLINK_NOFOLLOW) < 0)
       return -1;
-    return chmod(op->dst, op->mode);
+    return op->flags != 0 ? chmod(op->dst, op->mode) : 0;
   case TP__OP_FILE:
-    fd = open(op->dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, op->mode);
-    if (fd < 0)
-      return -1;
-    close(fd);
-    return 0;
+    /* a regular file: one call, no open file; like O_CREAT | O_EXCL, it
+     * fails on anything there, a symlink included */
+    return mknod(op->dst, S_IFREG | op->mode, 0);
   case TP__OP_SYMLINK:
     return symlink(op->src, op->dst);
   case TP__OP_CHDIR:
@@ -291,14 +300,15 @@ static void reset_signals(void) {
 static int park(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, TP__HIGH_FD); }
 
 /* Closes every fd of this copy of the daemon's fd table but 0-2 and the
- * ones the set-up uses (the channel, the agent, the sysfs namespace): the
+ * ones the set-up uses (the channel, the agent, the parent's sync socket,
+ * the sysfs namespace): the
  * daemon's listening socket and its clients' connections first of all.  A
  * clone without exec inherits them whatever their close-on-exec flag, and
  * the set-up takes milliseconds: should the daemon crash meanwhile, a
  * client connecting to its socket would reach a listener nobody answers
  * until this child died of its parent-death signal. */
 static int close_daemon_fds(const tp__child_t *c) {
-  int keep[] = {c->chan, c->agent, c->plan->sysfs_netns};
+  int keep[] = {c->chan, c->agent, c->sync, c->plan->sysfs_netns};
   int n = (int) (sizeof(keep) / sizeof(keep[0]));
   unsigned from = 3;
   for (int i = 1; i < n; i++) /* insertion sort: no qsort here */
@@ -329,67 +339,26 @@ static int lower_rlimits(void) {
   return setrlimit(RLIMIT_NOFILE, &nofile);
 }
 
-/* The id-map helper: PID 2 of the box, real root of the host user
- * namespace, sharing the child's memory.  It waits until PID 1 (the child)
- * has its user namespace, writes the maps and exits. */
-static int helper(void *arg) {
-  tp__child_t *c = arg;
-  char b;
-  ssize_t n;
-  close(c->sync_w);
-  do
-    n = read(c->sync_r, &b, 1);
-  while (n < 0 && errno == EINTR);
-  if (n != 1)
-    _exit(1); /* the child failed first and reports why */
-  if (write_file("/proc/1/uid_map", c->plan->uid_map) < 0) {
-    report(&c->helper_report, errno, "write uid_map", NULL);
-    _exit(2);
-  }
-  if (write_file("/proc/1/gid_map", c->plan->gid_map) < 0) {
-    report(&c->helper_report, errno, "write gid_map", NULL);
-    _exit(2);
-  }
-  _exit(0);
-}
-
-/* unshare a user namespace and have the helper map it (root -> uid_base). */
+/* unshare a user namespace and have the parent map it (root -> uid_base):
+ * the parent is still real root of the host user namespace, which this
+ * child stops being here.  "u" says the namespace exists; the parent
+ * answers "m" once both maps are written, or kills this child. */
 static void enter_user_ns(tp__child_t *c) {
-  int p[2], status, e;
-  pid_t h;
+  char b = 'u';
   ssize_t n;
 
-  if (pipe2(p, O_CLOEXEC) < 0)
-    fail(c, errno, "pipe", NULL);
-  c->sync_r = p[0];
-  c->sync_w = p[1];
-  /* Cloned before the unshare, so it keeps CAP_SETUID over the host user
-   * namespace.  Signals are blocked and stay so in the helper. */
-  h = clone(helper, c->helper_stack, CLONE_VM | SIGCHLD, c);
-  if (h < 0)
-    fail(c, errno, "clone id-map helper", NULL);
-  close(p[0]);
-  if (unshare(CLONE_NEWUSER) < 0) {
-    e = errno;
-    close(p[1]); /* the helper sees EOF and leaves */
-    waitpid(h, &status, 0);
-    fail(c, e, "unshare user namespace", NULL);
-  }
+  if (unshare(CLONE_NEWUSER) < 0)
+    fail(c, errno, "unshare user namespace", NULL);
   do
-    n = write(p[1], "u", 1);
+    n = write(c->sync, &b, 1);
   while (n < 0 && errno == EINTR);
-  e = errno;
-  close(p[1]);
-  while (waitpid(h, &status, 0) < 0 && errno == EINTR)
-    ;
   if (n != 1)
-    fail(c, e, "wake id-map helper", NULL);
-  if (c->helper_report.err != 0) {
-    c->report = c->helper_report;
-    _exit(127);
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    fail(c, ECHILD, "id-map helper died", NULL);
+    fail(c, n < 0 ? errno : EIO, "ask for the id maps", NULL);
+  do
+    n = read(c->sync, &b, 1);
+  while (n < 0 && errno == EINTR);
+  if (n != 1 || b != 'm')
+    fail(c, n < 0 ? errno : ECHILD, "wait for the id maps", NULL);
 }
 
 int tp__box_child(void *arg) {
@@ -397,7 +366,7 @@ int tp__box_child(void *arg) {
   const tp__plan_t *plan = c->plan;
   char *const argv[] = {"tupper-agent", NULL};
   char *const envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
-  int chan, listen_fd, agent, null_fd;
+  int chan, listen_fd, agent, sync, null_fd;
   sigset_t none;
 
   /* Signals stay blocked (the parent blocked them around clone) until exec;
@@ -413,8 +382,11 @@ int tp__box_child(void *arg) {
   if (close_daemon_fds(c) < 0)
     fail(c, errno, "close the daemon's fds", NULL);
 
+  /* The plan's modes are the modes made (mkdir, mknod): no chmod after
+   * each.  The agent gets 022 back before its exec. */
+  umask(0);
   for (int i = 0; i < plan->n_ops; i++)
-    if (run_op(c, &plan->ops[i]) < 0)
+    if (i != plan->born_in && run_op(c, &plan->ops[i]) < 0)
       fail(c, errno, plan->ops[i].step, plan->ops[i].dst);
 
   /* Only now, with every mount in place, the user namespace: the mount, net,
@@ -430,18 +402,21 @@ int tp__box_child(void *arg) {
     fail(c, errno, "setsid", NULL);
 
   /* Arrange 0-2 = /dev/null, TP_AGENT_FD = channel, TP_AGENT_LISTEN_FD =
-   * the agent socket, the next = agent (close on exec), close the rest: the
-   * daemon's fds.  Park everything high first so no dup2 clobbers a source. */
+   * the agent socket, the next = agent and then the sync socket (both close
+   * on exec: the parent's read of the sync socket ends at the exec), close
+   * the rest: the daemon's fds.  Park everything high first so no dup2
+   * clobbers a source. */
   null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null_fd < 0)
     fail(c, errno, "open /dev/null", NULL);
   if ((null_fd = park(null_fd)) < 0 || (chan = park(c->chan)) < 0 ||
-      (listen_fd = park(c->listen)) < 0 || (agent = park(c->agent)) < 0)
+      (listen_fd = park(c->listen)) < 0 || (agent = park(c->agent)) < 0 ||
+      (sync = park(c->sync)) < 0)
     fail(c, errno, "arrange fds", NULL);
   if (dup2(null_fd, 0) < 0 || dup2(null_fd, 1) < 0 || dup2(null_fd, 2) < 0 ||
       dup2(chan, TP_AGENT_FD) < 0 || dup2(listen_fd, TP_AGENT_LISTEN_FD) < 0 ||
-      dup3(agent, TP__AGENT_EXEC_FD, O_CLOEXEC) < 0 ||
-      syscall(SYS_close_range, TP__AGENT_EXEC_FD + 1, ~0U, 0) < 0)
+      dup3(agent, TP__AGENT_EXEC_FD, O_CLOEXEC) < 0 || dup3(sync, TP__SYNC_FD, O_CLOEXEC) < 0 ||
+      syscall(SYS_close_range, TP__SYNC_FD + 1, ~0U, 0) < 0)
     fail(c, errno, "arrange fds", NULL);
   /* No daemon fd is left: from here on the box outlives a crashed daemon,
    * and the next one re-adopts it through the agent socket

@@ -3,6 +3,7 @@
  * allocate or format (see linux_int.h). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -63,9 +64,10 @@ static void mnt(builder_t *b, const char *step, const char *src, const char *dst
   op(b, TP__OP_MOUNT, step, src, dst, fstype, flags, data, 0);
 }
 
+/* chown dst; chmod too where the child did not make it (chmod != 0). */
 static void own(builder_t *b, const char *step, const char *dst, uid_t uid, gid_t gid,
-                mode_t mode) {
-  op(b, TP__OP_OWN, step, NULL, dst, NULL, 0, NULL, mode);
+                mode_t mode, int chmod) {
+  op(b, TP__OP_OWN, step, NULL, dst, NULL, (unsigned long) chmod, NULL, mode);
   if (!b->failed) {
     b->p->ops[b->p->n_ops - 1].uid = uid;
     b->p->ops[b->p->n_ops - 1].gid = gid;
@@ -189,7 +191,14 @@ static int check_spec(const tp_box_spec_t *s, tp_error_t *err) {
 }
 
 /* /proc of the box (box_proc.h).  The box's proc is the host kernel's, so
- * what exists is decided here by looking at the daemon's /proc. */
+ * what exists is decided by looking at the daemon's /proc: once, the first
+ * time a plan is built (a kernel's /proc entries do not come and go). */
+
+#define TP__PROC_MASKS                                                                   \
+  (TP_BOX_PROC_N(tp_box_proc_masked) + TP_BOX_PROC_N(tp_box_proc_emptied) +            \
+   TP_BOX_PROC_N(tp_box_proc_readonly))
+static unsigned char host_proc[TP__PROC_MASKS]; /* masked, then emptied, then readonly */
+static pthread_once_t host_proc_once = PTHREAD_ONCE_INIT;
 
 static int host_proc_has(const char *name, int dir) {
   char path[64];
@@ -198,39 +207,71 @@ static int host_proc_has(const char *name, int dir) {
   return stat(path, &st) == 0 && (S_ISDIR(st.st_mode) != 0) == (dir != 0);
 }
 
-static void plan_proc(builder_t *b, const char *proc, const char *empty) {
+static void host_proc_probe(void) {
+  size_t k = 0;
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_masked); i++)
+    host_proc[k++] = (unsigned char) host_proc_has(tp_box_proc_masked[i], 0);
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_emptied); i++)
+    host_proc[k++] = (unsigned char) host_proc_has(tp_box_proc_emptied[i], 1);
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_readonly); i++)
+    host_proc[k++] = (unsigned char) host_proc_has(tp_box_proc_readonly[i], 1);
+}
+
+/* The masks take their flags from three read-only sources, so that no
+ * mask needs a remount of its own (a bind copies its source mount's
+ * flags): the stage itself, remounted ro,nosuid,nodev,noexec once
+ * everything in it is made (its empty/ goes over the hardware dirs);
+ * /dev/null bound on its null file and made read-only (over the masked
+ * files); and a bind of the box's /proc on its proc/, made read-only (its
+ * kernel knob dirs go over the same in the box's /proc).  A mask was a
+ * bind and a remount each: 20 mount calls on this kernel came to 15, and
+ * at most 22 instead of 34 where all 17 entries exist. */
+static void plan_proc(builder_t *b, const char *proc, const char *stage) {
+  const char *null = str(b, "%s/null", stage);
+  const char *proc_ro = str(b, "%s/proc", stage);
+  const char *empty = str(b, "%s/empty", stage);
+  size_t k = 0, n_masked = 0, n_ro = 0;
+
+  pthread_once(&host_proc_once, host_proc_probe);
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_masked); i++)
+    n_masked += host_proc[i];
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_readonly); i++)
+    n_ro += host_proc[TP__PROC_MASKS - TP_BOX_PROC_N(tp_box_proc_readonly) + i];
+
+  mnt(b, "make tmpfs stage read-only", NULL, stage, NULL, TP__RO_REMOUNT, NULL);
   /* Files: /dev/null over them, read-only and nodev, so opening fails. */
-  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_masked); i++) {
-    if (!host_proc_has(tp_box_proc_masked[i], 0))
-      continue;
-    const char *dst = str(b, "%s/%s", proc, tp_box_proc_masked[i]);
-    mnt(b, "mask /proc file", "/dev/null", dst, NULL, MS_BIND, NULL);
-    mnt(b, "make /proc mask read-only", NULL, dst, NULL, TP__RO_REMOUNT, NULL);
+  if (n_masked > 0) {
+    mnt(b, "bind /dev/null for /proc masks", "/dev/null", null, NULL, MS_BIND, NULL);
+    mnt(b, "make /proc masks' /dev/null read-only", NULL, null, NULL, TP__RO_REMOUNT, NULL);
   }
-  /* Hardware dirs: the box's empty dir (plan_tmpfs) over them, read-only. */
-  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_emptied); i++) {
-    if (!host_proc_has(tp_box_proc_emptied[i], 1))
-      continue;
-    const char *dst = str(b, "%s/%s", proc, tp_box_proc_emptied[i]);
-    mnt(b, "hide /proc dir", empty, dst, NULL, MS_BIND, NULL);
-    mnt(b, "make /proc dir hidden read-only", NULL, dst, NULL, TP__RO_REMOUNT, NULL);
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_masked); i++, k++)
+    if (host_proc[k])
+      mnt(b, "mask /proc file", null, str(b, "%s/%s", proc, tp_box_proc_masked[i]), NULL, MS_BIND,
+          NULL);
+  /* Hardware dirs: the stage's empty dir over them (read-only with it). */
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_emptied); i++, k++)
+    if (host_proc[k])
+      mnt(b, "hide /proc dir", empty, str(b, "%s/%s", proc, tp_box_proc_emptied[i]), NULL,
+          MS_BIND, NULL);
+  /* Kernel knobs: readable, never writable (from the read-only /proc). */
+  if (n_ro > 0) {
+    mnt(b, "bind /proc for its read-only dirs", proc, proc_ro, NULL, MS_BIND, NULL);
+    mnt(b, "make /proc's bind read-only", NULL, proc_ro, NULL, TP__RO_REMOUNT, NULL);
   }
-  /* Kernel knobs: readable, never writable (a self-bind made read-only). */
-  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_readonly); i++) {
-    if (!host_proc_has(tp_box_proc_readonly[i], 1))
-      continue;
-    const char *dst = str(b, "%s/%s", proc, tp_box_proc_readonly[i]);
-    mnt(b, "bind /proc dir", dst, dst, NULL, MS_BIND, NULL);
-    mnt(b, "make /proc dir read-only", NULL, dst, NULL, TP__RO_REMOUNT, NULL);
-  }
+  for (size_t i = 0; i < TP_BOX_PROC_N(tp_box_proc_readonly); i++, k++)
+    if (host_proc[k])
+      mnt(b, "bind /proc dir read-only", str(b, "%s/%s", proc_ro, tp_box_proc_readonly[i]),
+          str(b, "%s/%s", proc, tp_box_proc_readonly[i]), NULL, MS_BIND, NULL);
 }
 
 /* The box's one tmpfs (64 MiB, nosuid,nodev,noexec), mounted at stage
  * (box_dir or box_dir/tmpfs: tp__plan_build; dropped with the old root at
  * pivot_root) and holding three dirs the box sees: dev/ (the box's /dev,
- * owned by its root), shm/ (its /dev/shm, 1777) and empty/ (the read-only
- * empty dir over /proc's hardware dirs), each bound where the box sees it;
- * and the mount points and links of the setup, which it never sees:
+ * owned by its root), shm/ (its /dev/shm, 1777) and empty/ (the empty dir
+ * over /proc's hardware dirs, read-only with the stage: plan_proc), each
+ * bound where the box sees it; and the mount points and links of the
+ * setup, which it never sees: null and proc/ (plan_proc's read-only
+ * sources),
  * rootfs/ (the overlay), l/ (the layer links), disk/ (the disk cap) and
  * v<i>/ (the volumes).  They cost the state dir's filesystem nothing: it
  * had made and removed them per box, about half of the inodes a box made
@@ -247,11 +288,13 @@ static void plan_tmpfs(builder_t *b, const tp_box_spec_t *s, const char *stage) 
   mnt(b, "mount tmpfs", "tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
       "mode=0700,size=64m");
   op(b, TP__OP_DIR, "mkdir tmpfs dev", NULL, dev, NULL, 0, NULL, 0755);
-  own(b, "own tmpfs dev", dev, s->uid_base, s->gid_base, 0755);
+  own(b, "own tmpfs dev", dev, s->uid_base, s->gid_base, 0755, 0);
   op(b, TP__OP_DIR, "mkdir tmpfs shm", NULL, shm, NULL, 0, NULL, 01777);
-  own(b, "own tmpfs shm", shm, s->uid_base, s->gid_base, 01777);
+  own(b, "own tmpfs shm", shm, s->uid_base, s->gid_base, 01777, 0);
   op(b, TP__OP_DIR, "mkdir tmpfs empty", NULL, empty, NULL, 0, NULL, 0555);
-  own(b, "own tmpfs empty", empty, 0, 0, 0555);
+  own(b, "own tmpfs empty", empty, 0, 0, 0555, 0);
+  op(b, TP__OP_FILE, "create tmpfs null", NULL, str(b, "%s/null", stage), NULL, 0, NULL, 0);
+  op(b, TP__OP_DIR, "mkdir tmpfs proc", NULL, str(b, "%s/proc", stage), NULL, 0, NULL, 0555);
   op(b, TP__OP_DIR, "mkdir rootfs", NULL, str(b, "%s/rootfs", stage), NULL, 0, NULL, 0755);
 }
 
@@ -319,7 +362,7 @@ static void plan_disk(builder_t *b, const tp_box_spec_t *s, const char *stage) {
     mnt(b, "mount disk", b->p->disk_dev, disk, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME,
         "noinit_itable");
   op(b, TP__OP_DIR, "mkdir disk upper", NULL, upper, NULL, 0, NULL, 0755);
-  own(b, "own disk upper", upper, s->uid_base, s->gid_base, 0755);
+  own(b, "own disk upper", upper, s->uid_base, s->gid_base, 0755, 0);
   op(b, TP__OP_DIR, "mkdir disk work", NULL, work, NULL, 0, NULL, 0700);
 }
 
@@ -336,7 +379,7 @@ static void plan_volumes(builder_t *b, const tp_box_spec_t *s, const char *rootf
     op(b, TP__OP_DIR, "mkdir volume stage", NULL, vol, NULL, 0, NULL, 0700);
     mnt(b, "mount volume", b->p->vol_dev[i], vol, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME,
         NULL);
-    own(b, "own volume root", vol, s->uid_base, s->gid_base, 01777);
+    own(b, "own volume root", vol, s->uid_base, s->gid_base, 01777, 1);
     op(b, TP__OP_VOLUME, "bind volume", vol, s->volumes[i].target + 1, NULL, 0, rootfs, 0755);
     if (!b->failed) {
       b->p->ops[b->p->n_ops - 1].uid = s->uid_base;
@@ -364,6 +407,23 @@ static const char *lowerdir(builder_t *b, const tp_box_spec_t *s) {
   return str(b, "%s", buf);
 }
 
+/* The "tasks" file beside a cgroup.procs, or NULL: on a v1 hierarchy the
+ * child joins through it.  It moves the writer's thread only, which is the
+ * whole child (a process of one thread; the box's later threads and
+ * processes are born in the cgroup), and for "0", the writer itself, the
+ * kernel takes no write lock on every thread group of the host: a
+ * cgroup.procs write does, and that lock's writer waits for an RCU grace
+ * period, some milliseconds on a loaded host (docs/benchmarks.md).  v2 has
+ * no tasks file: there the child's open fails ENOENT and it writes
+ * cgroup.procs. */
+static const char *tasks_of(builder_t *b, const char *procs) {
+  static const char leaf[] = "/cgroup.procs";
+  size_t n = strlen(procs), l = sizeof(leaf) - 1;
+  if (n <= l || strcmp(procs + n - l, leaf) != 0)
+    return NULL;
+  return str(b, "%.*s/tasks", (int) (n - l), procs);
+}
+
 int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   builder_t b = {p, 0};
   const char *rootfs, *proc, *sys, *stage;
@@ -372,6 +432,7 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
   if (check_spec(s, err) < 0)
     return -1;
   p->seccomp = s->seccomp;
+  p->born_in = -1;
   p->sysfs_netns = tp__sysfs_netns();
 
   /* The stage, where the box's tmpfs goes (plan_tmpfs), in the child's
@@ -388,7 +449,8 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
    * mounts below are charged there already), then a cgroup namespace rooted
    * at them: inside, /proc/self/cgroup says "/". */
   for (int i = 0; s->cgroup_procs != NULL && s->cgroup_procs[i] != NULL; i++)
-    op(&b, TP__OP_CGROUP, "join cgroup", NULL, s->cgroup_procs[i], NULL, 0, NULL, 0);
+    op(&b, TP__OP_CGROUP, "join cgroup", tasks_of(&b, s->cgroup_procs[i]), s->cgroup_procs[i],
+       NULL, 0, NULL, 0);
   op(&b, TP__OP_UNSHARE, "unshare cgroup namespace", NULL, NULL, NULL, CLONE_NEWCGROUP, NULL,
      0);
   /* Bound as host root while box_dir is still visible: a restarted daemon
@@ -427,7 +489,6 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
 
   op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 0, NULL, 0555);
   mnt(&b, "mount /proc", "proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-  plan_proc(&b, proc, str(&b, "%s/empty", stage));
 
   /* A sysfs that shows only a lo: mounted from a namespace that holds
    * nothing else, one superblock for every box (sysfs_net.c). */
@@ -436,6 +497,9 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
      MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, 0);
 
   plan_volumes(&b, s, rootfs, stage);
+  /* /proc's masks last: the stage is made read-only there, when nothing
+   * more is made in it. */
+  plan_proc(&b, proc, stage);
 
   op(&b, TP__OP_HOSTNAME, "sethostname", s->id, NULL, NULL, 0, NULL, 0);
   op(&b, TP__OP_LO_UP, "bring lo up", NULL, NULL, NULL, 0, NULL, 0);

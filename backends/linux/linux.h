@@ -6,8 +6,8 @@
  * read-only image, per-box upper dir), mounts a fresh /proc, a minimal /dev and
  * a read-only /sys, sets the hostname, brings `lo` up and pivot_roots.  Only
  * then does it unshare a user namespace, become root in it (0..count-1 inside
- * -> base..base+count-1 on the host; the maps are written by a helper it
- * cloned while still real root) and exec the agent from a sealed memfd as
+ * -> base..base+count-1 on the host; the maps are written by the thread
+ * that cloned it, real root of the host) and exec the agent from a sealed memfd as
  * PID 1, with the channel at fd 3.
  * So every namespace but the user one is owned by the host user namespace:
  * root in the box holds no capability over its own mounts, network or

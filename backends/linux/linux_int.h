@@ -6,13 +6,16 @@
  * by tp__plan_build() in the parent before the clone, and the child replays
  * the plan's ops in order (bubblewrap's SetupOp list, in spirit).
  *
- * The child is cloned with CLONE_VM | CLONE_VFORK, like posix_spawn: no page
- * tables are copied and exec has no address space to tear down, which on a
- * VM guest is most of the cost of a start (about 2-4 ms of fork + exec).
- * The price: the parent is suspended until the exec, so it cannot write the
- * user namespace's id maps itself.  The child clones a helper (CLONE_VM,
- * still real root in the host user namespace) before unsharing its user
- * namespace; the helper writes /proc/1/uid_map and gid_map and exits. */
+ * The child is cloned with CLONE_VM, as posix_spawn does: no page tables are
+ * copied and exec has no address space to tear down, which on a VM guest is
+ * most of the cost of a start (about 2-4 ms of fork + exec).  Without
+ * CLONE_VFORK, so that the calling thread (real root of the host user
+ * namespace) writes the id maps of the user namespace the child unshares:
+ * the thread waits on a socketpair (the child's end close-on-exec) for the
+ * child's "u", writes /proc/<pid>/uid_map and gid_map, answers "m", and
+ * reads on to the end, the exec or the child's death, before it leaves the
+ * frame the child uses.  (An id-map helper the child cloned did that while
+ * a CLONE_VFORK parent was suspended: one process more a box.) */
 #ifndef TP_LINUX_INT_H
 #define TP_LINUX_INT_H
 
@@ -23,7 +26,8 @@
 #include "proto.h" /* TP_AGENT_FD, TP_AGENT_LISTEN_FD */
 
 enum tp__op_kind {
-  TP__OP_CGROUP,   /* write "0" to dst (a cgroup.procs or tasks file): join that cgroup */
+  TP__OP_CGROUP,   /* join a cgroup: write "0" to src (its v1 tasks file) if not NULL,
+                      else or where src does not exist (v2) to dst (its cgroup.procs) */
   TP__OP_UNSHARE,  /* unshare(flags) */
   TP__OP_LISTEN,   /* unix stream socket bound at dst/src (0600), listening: the
                       agent's TP_AGENT_LISTEN_FD */
@@ -31,9 +35,11 @@ enum tp__op_kind {
   TP__OP_SYSFS,    /* mount sysfs at dst with flags from the plan's sysfs_netns (the
                       namespace's, one superblock for all boxes), or from the box's
                       own namespace if that is -1 */
-  TP__OP_DIR,      /* mkdir dst (EEXIST is fine), then insist it is a real dir */
-  TP__OP_OWN,      /* chown dst to uid:gid, then chmod it to mode */
-  TP__OP_FILE,     /* create an empty file dst (a bind mount target) */
+  TP__OP_DIR,      /* mkdir dst with mode (the child's umask is 0); one that was there
+                      (EEXIST) must be a real dir, not a symlink */
+  TP__OP_OWN,      /* chown dst to uid:gid; then, if flags, chmod it to mode (a dir
+                      the child made has its mode already) */
+  TP__OP_FILE,     /* create an empty regular file dst with mode (a bind mount target) */
   TP__OP_SYMLINK,  /* symlink(src, dst) */
   TP__OP_HOSTNAME, /* sethostname(src) */
   TP__OP_LO_UP,    /* bring the loopback interface of the new netns up */
@@ -59,7 +65,7 @@ typedef struct tp__op_s {
 
 /* each layer adds a link op and its name (plan_layer_links) */
 #define TP__OPS_MAX (192 + TP_LAYERS_MAX)
-#define TP__STRS_MAX (96 + TP_LAYERS_MAX)
+#define TP__STRS_MAX (96 + TP__CGROUPS_MAX + TP_LAYERS_MAX)
 #define TP__CGROUPS_MAX 16    /* entries of spec.cgroup_procs */
 #define TP__PATH_MAX_LEN 1024 /* box_dir, layers, cgroup files */
 #define TP__LAYER_LINKS "l" /* in the stage: l/<i> -> layers[i], the overlay's short lower names */
@@ -72,12 +78,14 @@ typedef struct tp__plan_s {
   int n_ops;
   char *strs[TP__STRS_MAX]; /* strings the ops point into, owned */
   int n_strs;
-  char *uid_map; /* "0 <base> <count>\n", written by the id-map helper */
+  char *uid_map; /* "0 <base> <count>\n", written by the parent (box.c) */
   char *gid_map;
   char disk_dev[32]; /* "/dev/loopN" of the disk cap, filled in by the parent after
                         tp__disk_make; the "mount disk" op's source */
   char vol_dev[TP_VOLUMES_MAX][32]; /* the volumes' loop devices, likewise */
   const struct sock_fprog *seccomp; /* spec's filter, or NULL */
+  int born_in; /* the TP__OP_CGROUP step the child skips, -1 if none: the parent
+                  cloned it into that cgroup (box.c, CLONE_INTO_CGROUP) */
   int sysfs_netns; /* tp__sysfs_netns(), for TP__OP_SYSFS */
 } tp__plan_t;
 
@@ -104,6 +112,10 @@ int tp__disk_make(int box_dfd, const char *box_dir, int64_t bytes, char *dev, si
  * 0755) and work/ (0700) in it.  On failure nothing is left. */
 int tp__pool_box_make(const char *pool, const char *id, int64_t bytes, uid_t uid, gid_t gid,
                       tp_error_t *err);
+/* The destroy's end of a box's subvolume, its box gone: kept as a spare
+ * for a next tp__pool_box_make where the box left little (then removed)
+ * (pool_btrfs.c), else deleted (tp_linux_pool_drop). */
+int tp__pool_box_keep(const char *pool, const char *id, tp_error_t *err);
 /* <pool>/boxes/<id>, for the destroy: an xattr of box_dir (no inode of
  * its own), or a link in box_dir where the state dir's filesystem has no
  * trusted xattrs */
@@ -134,30 +146,41 @@ int tp__run_tool(const char *exe, char *const argv[], const char *pkg, int *stat
  * returns the device's fd (CLOEXEC) and its path in dev. */
 int tp__loop_attach(int img, char *dev, size_t dev_len, tp_error_t *err);
 
-/* A failed step, as the child (or its helper) leaves it for the parent. */
+/* A failed step, as the child leaves it for the parent. */
 typedef struct tp__child_report_s {
   int32_t err;
   char msg[252];
 } tp__child_report_t;
 
-/* Shared by the parent and the child: the child runs with CLONE_VM |
- * CLONE_VFORK, so it lives in the parent's memory while the parent waits
- * (suspended) for its exec or exit.  The child writes only its own fields
- * (sync_*, listen) and, just before it exits, the reports. */
+/* Shared by the parent and the child: the child runs with CLONE_VM, so it
+ * lives in the parent's memory while the parent waits for its exec or exit
+ * (on the sync socket).  The child writes only its own field (listen) and,
+ * just before it exits, the report. */
 typedef struct tp__child_s {
   const tp__plan_t *plan;
   int chan;           /* child end of the agent channel -> TP_AGENT_FD */
   int agent;          /* the agent executable */
-  void *helper_stack; /* top of the id-map helper's stack */
-  int sync_r;         /* child -> helper: "the user ns exists" */
-  int sync_w;
+  int sync;           /* child end of the parent's sync socket (close on exec) */
   int listen;         /* the agent socket (TP__OP_LISTEN) -> TP_AGENT_LISTEN_FD */
-  tp__child_report_t report;        /* set by a failed child step */
-  tp__child_report_t helper_report; /* set by a failed helper step */
+  tp__child_report_t report; /* set by a failed child step */
 } tp__child_t;
 
+/* clone3(2)'s arguments (linux/sched.h's struct clone_args, up to cgroup:
+ * kernel 5.7). */
+typedef struct tp__clone_args_s {
+  uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+      set_tid_size, cgroup;
+} tp__clone_args_t;
+#ifndef CLONE_INTO_CGROUP
+#define CLONE_INTO_CGROUP 0x200000000ULL
+#endif
+/* clone3 with fn(arg) run in the child on args->stack (clone3.c); the
+ * child's pid, or -1 with errno (ENOSYS where the architecture has no
+ * trampoline here, or the kernel no clone3). */
+pid_t tp__clone3(tp__clone_args_t *args, int (*fn)(void *), void *arg);
+
 /* Entry point for clone(): runs the plan, enters a user namespace (its maps
- * are written by a helper it clones first, still in the host one), becomes
+ * written by the parent, asked on the sync socket), becomes
  * root in it, lowers its rlimits, loads the seccomp filter and execs the
  * agent.  Returns only through _exit. */
 int tp__box_child(void *child);

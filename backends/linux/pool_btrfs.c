@@ -23,20 +23,25 @@
  * only in its mount namespace, dropped with the old root at pivot_root. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/btrfs.h>
+#include <linux/btrfs_tree.h>
 #include <linux/loop.h>
 #include <linux/magic.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -307,17 +312,271 @@ static int subvol_destroy(int parent, const char *name, tp_error_t *err) {
   return 0;
 }
 
+/* Spare box subvolumes: a removed box's subvolume that it left empty,
+ * renamed to boxes/.spare-<its id> (never a box id: ids have no dot) and
+ * renamed to the next box's name instead of a BTRFS_IOC_SNAP_DESTROY now
+ * and a BTRFS_IOC_SUBVOL_CREATE then.  The deletion is the costly part:
+ * the btrfs cleaner thread's work on each deleted subvolume took about a
+ * third as much CPU as the boxes' starts and removals themselves under
+ * churn (docs/benchmarks.md, "A box's set-up").  Kept only when the box
+ * left little, and nothing of it is left to carry over: upper/ holding at
+ * most TP__SPARE_ENTRIES_MAX entries and TP__SPARE_BYTES_MAX of files (the
+ * agent writes etc/resolv.conf in every box), all removed, upper/ itself
+ * made anew (the box's "/" had its owner, mode and xattrs there); work/
+ * holding only overlayfs's marks (removed); nothing else beside the
+ * agent's socket; and the qgroup's committed count of referenced bytes
+ * under TP__SPARE_RFER_MAX (a box that wrote and then deleted more still
+ * counts it until the next commit: a next box must not find its cap
+ * taken).  A daemon's start
+ * removes every name of boxes/ that no box owns (daemon/disk_pool.lua), so
+ * spares a crash left go then.  The list is the process's, by path, under
+ * a lock (starts and removals run in the thread pool). */
+#define TP__SPARE_SV_MAX 64
+#define TP__SPARE_SV_PREFIX ".spare-"
+#define TP__SPARE_RFER_MAX (1LL << 20)
+#define TP__SPARE_ENTRIES_MAX 64 /* in upper/: the agent's etc/resolv.conf and the like */
+#define TP__SPARE_BYTES_MAX (64 << 10) /* their files' blocks */
+#define TP__SPARE_DEPTH_MAX 8
+static pthread_mutex_t sv_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *sv_spare[TP__SPARE_SV_MAX]; /* "<pool dir>/boxes/.spare-<old id>" */
+static int n_sv_spare;
+
+/* 1 if the dir open at dfd (consumed) holds nothing but . and ..; else 0
+ * (or -1). */
+static int empty(int dfd) {
+  char buf[512];
+  long n;
+  int ok = 1;
+  while (ok == 1 && (n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0)
+    for (long off = 0; off < n; off += ((struct dirent64 *) (buf + off))->d_reclen) {
+      const char *name = ((struct dirent64 *) (buf + off))->d_name;
+      if (strcmp(name, ".") != 0 && strcmp(name, "..") != 0)
+        ok = 0;
+    }
+  if (ok == 1 && n < 0)
+    ok = -1;
+  close(dfd);
+  return ok;
+}
+
+/* Removes what is in the dir open at dfd (kept open), never following a
+ * symlink, at most *budget entries in all, their files' blocks at most
+ * *bytes, TP__SPARE_DEPTH_MAX deep: 0, or -1 (more than that, or an
+ * error: some may be gone by then). */
+static int clear(int dfd, int depth, int *budget, int64_t *bytes) {
+  char buf[1024];
+  long n;
+  if (depth > TP__SPARE_DEPTH_MAX || lseek(dfd, 0, SEEK_SET) < 0)
+    return -1;
+  while ((n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+    int removed = 0;
+    for (long off = 0; off < n; off += ((struct dirent64 *) (buf + off))->d_reclen) {
+      struct dirent64 *de = (struct dirent64 *) (buf + off);
+      int sub, r;
+      if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+        continue;
+      struct stat st;
+      if (--*budget < 0 || fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return -1;
+      if (!S_ISDIR(st.st_mode)) {
+        *bytes -= (int64_t) st.st_blocks * 512;
+        if (*bytes < 0 || unlinkat(dfd, de->d_name, 0) < 0)
+          return -1;
+        removed = 1;
+        continue;
+      }
+      sub = openat(dfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0)
+        return -1;
+      r = clear(sub, depth + 1, budget, bytes);
+      close(sub);
+      if (r < 0 || unlinkat(dfd, de->d_name, AT_REMOVEDIR) < 0)
+        return -1;
+      removed = 1;
+    }
+    /* entries removed under the listing: read it from the start again,
+     * until a pass finds only . and .. */
+    if (removed && lseek(dfd, 0, SEEK_SET) < 0)
+      return -1;
+  }
+  return n < 0 ? -1 : 0;
+}
+
+/* The referenced bytes the quota tree holds for the subvolume open at sv
+ * (its committed count), or -1. */
+static int64_t rfer_of(int sv) {
+  struct btrfs_ioctl_ino_lookup_args il;
+  struct btrfs_ioctl_search_args sa;
+  struct btrfs_ioctl_search_key *k = &sa.key;
+  struct btrfs_ioctl_search_header sh;
+  struct btrfs_qgroup_info_item qi;
+
+  memset(&il, 0, sizeof(il));
+  il.objectid = BTRFS_FIRST_FREE_OBJECTID;
+  if (ioctl(sv, BTRFS_IOC_INO_LOOKUP, &il) < 0)
+    return -1;
+  memset(&sa, 0, sizeof(sa));
+  k->tree_id = BTRFS_QUOTA_TREE_OBJECTID;
+  k->min_type = k->max_type = BTRFS_QGROUP_INFO_KEY;
+  k->min_offset = k->max_offset = il.treeid; /* level 0: the subvolume's own qgroup */
+  k->max_transid = (uint64_t) -1;
+  k->nr_items = 1;
+  if (ioctl(sv, BTRFS_IOC_TREE_SEARCH, &sa) < 0 || k->nr_items < 1)
+    return -1;
+  memcpy(&sh, sa.buf, sizeof(sh));
+  if (sh.type != BTRFS_QGROUP_INFO_KEY || sh.offset != il.treeid || sh.len < sizeof(qi))
+    return -1;
+  memcpy(&qi, sa.buf + sizeof(sh), sizeof(qi));
+  return (int64_t) le64toh(qi.rfer);
+}
+
+/* What overlayfs leaves in a box's work/ (a volatile mount marks it so
+ * that no next mount takes it unawares: its "dirty" a file or, on some
+ * kernels, a dir), deepest first. */
+static const char *const work_dirs[] = {"work/incompat/volatile/dirty", "work/incompat/volatile",
+                                        "work/incompat", "work"};
+
+/* Keeps boxes/<id> of the pool at dir as a spare, its box gone: 0, or -1
+ * and it is left as it was (the caller deletes it). */
+static int box_keep(const char *dir, const char *id) {
+  cleanup_close int boxes = -1, sv = -1;
+  char spare[sizeof(TP__SPARE_SV_PREFIX) + 256], *path = NULL;
+  struct stat st;
+  int64_t rfer;
+  int64_t bytes;
+  int full, d, budget, r;
+
+  pthread_mutex_lock(&sv_lock);
+  full = n_sv_spare >= TP__SPARE_SV_MAX;
+  pthread_mutex_unlock(&sv_lock);
+  if (full || !plain_name(id) || (boxes = open_in_pool(dir, "boxes", &(tp_error_t){0})) < 0)
+    return -1;
+  sv = openat(boxes, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (sv < 0 || fstat(sv, &st) < 0 || st.st_ino != TP__SUBVOL_ROOT_INO)
+    return -1;
+  if (unlinkat(sv, TP__AGENT_SOCK, 0) < 0 && errno != ENOENT)
+    return -1;
+  if ((d = openat(sv, "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+    return -1;
+  budget = TP__SPARE_ENTRIES_MAX;
+  bytes = TP__SPARE_BYTES_MAX;
+  r = clear(d, 0, &budget, &bytes);
+  close(d);
+  if (r < 0)
+    return -1;
+  /* work/: only overlayfs's work_dirs, which go (an rmdir fails on
+   * anything more in them) */
+  if ((d = openat(sv, "work", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+    return -1;
+  for (size_t i = 0; i < sizeof(work_dirs) / sizeof(work_dirs[0]); i++)
+    if (unlinkat(d, work_dirs[i], i == 0 ? 0 : AT_REMOVEDIR) < 0 && errno != ENOENT &&
+        (errno != EISDIR || unlinkat(d, work_dirs[i], AT_REMOVEDIR) < 0)) {
+      close(d);
+      return -1;
+    }
+  if (empty(d) != 1)
+    return -1;
+  /* upper/ and work/ only (a dup: sv stays open, its offset unread) */
+  if ((d = dup(sv)) < 0)
+    return -1;
+  {
+    char buf[512];
+    long n;
+    int ok = 1;
+    while (ok && (n = syscall(SYS_getdents64, d, buf, sizeof(buf))) > 0)
+      for (long off = 0; off < n; off += ((struct dirent64 *) (buf + off))->d_reclen) {
+        const char *name = ((struct dirent64 *) (buf + off))->d_name;
+        if (strcmp(name, ".") != 0 && strcmp(name, "..") != 0 && strcmp(name, "upper") != 0 &&
+            strcmp(name, "work") != 0)
+          ok = 0;
+      }
+    close(d);
+    if (!ok || n < 0)
+      return -1;
+  }
+  rfer = rfer_of(sv);
+  if (rfer < 0 || rfer >= TP__SPARE_RFER_MAX)
+    return -1;
+  if (unlinkat(sv, "upper", AT_REMOVEDIR) < 0 || mkdirat(sv, "upper", 0755) < 0)
+    return -1;
+  snprintf(spare, sizeof(spare), TP__SPARE_SV_PREFIX "%s", id);
+  if (asprintf(&path, "%s/boxes/%s", dir, spare) < 0)
+    return -1;
+  if (renameat2(boxes, id, boxes, spare, RENAME_NOREPLACE) < 0) {
+    free(path);
+    return -1;
+  }
+  pthread_mutex_lock(&sv_lock);
+  if (n_sv_spare < TP__SPARE_SV_MAX) {
+    sv_spare[n_sv_spare++] = path;
+    path = NULL;
+  }
+  pthread_mutex_unlock(&sv_lock);
+  if (path != NULL) { /* filled meanwhile */
+    free(path);
+    close(sv);
+    sv = -1;
+    subvol_destroy(boxes, spare, &(tp_error_t){0});
+  }
+  return 0;
+}
+
+/* A spare of the pool at dir renamed to boxes/<id>: its fd, or -1 (none,
+ * or it could not be had: then it is deleted). */
+static int box_take(int boxes, const char *dir, const char *id) {
+  size_t plen = strlen(dir);
+  char *got = NULL;
+  const char *name;
+  int sv;
+
+  pthread_mutex_lock(&sv_lock);
+  for (int i = n_sv_spare - 1; i >= 0 && got == NULL; i--)
+    if (strncmp(sv_spare[i], dir, plen) == 0 && strncmp(sv_spare[i] + plen, "/boxes/", 7) == 0 &&
+        strchr(sv_spare[i] + plen + 7, '/') == NULL) {
+      got = sv_spare[i];
+      memmove(&sv_spare[i], &sv_spare[i + 1], (size_t) (n_sv_spare - i - 1) * sizeof(sv_spare[0]));
+      n_sv_spare--;
+    }
+  pthread_mutex_unlock(&sv_lock);
+  if (got == NULL)
+    return -1;
+  name = got + plen + 7;
+  if (renameat2(boxes, name, boxes, id, RENAME_NOREPLACE) < 0) {
+    subvol_destroy(boxes, name, &(tp_error_t){0});
+    free(got);
+    return -1;
+  }
+  free(got);
+  sv = openat(boxes, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (sv < 0)
+    subvol_destroy(boxes, id, &(tp_error_t){0});
+  return sv;
+}
+
+int tp__pool_box_keep(const char *dir, const char *id, tp_error_t *err) {
+  if (box_keep(dir, id) == 0)
+    return 0;
+  return tp_linux_pool_drop(dir, "boxes", id, err);
+}
+
 int tp__pool_box_make(const char *dir, const char *id, int64_t bytes, uid_t uid, gid_t gid,
                       tp_error_t *err) {
   cleanup_close int boxes = -1, sv = -1;
   struct btrfs_ioctl_vol_args va;
   struct btrfs_ioctl_qgroup_limit_args ql;
+  int spare = 0;
 
   if (!plain_name(id))
     return tp_error_set(err, EINVAL, "bad box id for the pool");
   boxes = open_in_pool(dir, "boxes", err);
   if (boxes < 0)
     return -1;
+  /* a spare has upper/ (made anew, root's) and work/ already; it is taken
+   * only with a cap to set, which replaces its last box's */
+  if (bytes > 0 && (sv = box_take(boxes, dir, id)) >= 0) {
+    spare = 1;
+    goto limit;
+  }
   memset(&va, 0, sizeof(va));
   snprintf(va.name, sizeof(va.name), "%s", id);
   if (ioctl(boxes, BTRFS_IOC_SUBVOL_CREATE, &va) < 0)
@@ -327,6 +586,7 @@ int tp__pool_box_make(const char *dir, const char *id, int64_t bytes, uid_t uid,
     tp_error_errno(err, errno, "open subvolume boxes/%s", id);
     goto fail;
   }
+limit:
   /* qgroupid 0: the subvolume sv is; referenced bytes, so what the box
    * shares with a snapshot of it counts too, as on its own disk */
   memset(&ql, 0, sizeof(ql));
@@ -337,8 +597,9 @@ int tp__pool_box_make(const char *dir, const char *id, int64_t bytes, uid_t uid,
                    (long long) bytes);
     goto fail;
   }
-  if (mkdirat(sv, "upper", 0755) < 0 || fchmodat(sv, "upper", 0755, 0) < 0 ||
-      fchownat(sv, "upper", uid, gid, AT_SYMLINK_NOFOLLOW) < 0 || mkdirat(sv, "work", 0700) < 0) {
+  if ((!spare && mkdirat(sv, "upper", 0755) < 0) || fchmodat(sv, "upper", 0755, 0) < 0 ||
+      fchownat(sv, "upper", uid, gid, AT_SYMLINK_NOFOLLOW) < 0 ||
+      (!spare && mkdirat(sv, "work", 0700) < 0)) {
     tp_error_errno(err, errno, "make upper/ and work/ in boxes/%s", id);
     goto fail;
   }

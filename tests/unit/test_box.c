@@ -208,6 +208,18 @@ static void test_box_hardening(conn_t *c, const char *id) {
               has_opt(m.opts, "nodev") && has_opt(m.opts, "noexec"),
           "inside: %s mounted ro,nosuid,nodev,noexec ('%s')", *d, m.opts);
   }
+  /* each mask takes its flags from a read-only source (box_plan.c) */
+  for (size_t i = 0; i < sizeof(masked) / sizeof(masked[0]) + sizeof(emptied) / sizeof(emptied[0]);
+       i++) {
+    int is_dir = i >= sizeof(masked) / sizeof(masked[0]);
+    const char *name = is_dir ? emptied[i - sizeof(masked) / sizeof(masked[0])] : masked[i];
+    snprintf(path, sizeof(path), "/proc/%s", name);
+    if (stat(path, &st) < 0 || (S_ISDIR(st.st_mode) != 0) != is_dir)
+      continue;
+    check(find_mnt(mi, path, &m) == 0 && has_opt(m.opts, "ro") && has_opt(m.opts, "nosuid") &&
+              has_opt(m.opts, "nodev") && has_opt(m.opts, "noexec"),
+          "inside: %s masked ro,nosuid,nodev,noexec ('%s')", path, m.opts);
+  }
   check(find_mnt(mi, "/dev/shm", &m) == 0 && has_opt(m.opts, "rw") &&
             has_opt(m.opts, "nosuid") && has_opt(m.opts, "nodev") &&
             has_opt(m.opts, "noexec") && strstr(m.super, "size=65536k") != NULL,

@@ -103,6 +103,78 @@ out:
   free(sock);
 }
 
+/* Spare subvolumes (pool_btrfs.c): a destroyed box that left little in
+ * its subvolume (a small file, a dir) has it renamed to boxes/.spare-<id>,
+ * emptied and its upper/ made anew (the box had chmod'ed its "/"), and the
+ * next box gets that very subvolume (its st_dev) with its own cap and a
+ * clean "/"; a box that left 32 MiB has its subvolume deleted. */
+static void spare_subvol_part(const env_t *e, const char *pool) {
+  tp_error_t err = {0};
+  char *a = path_in(tmp_root, "va"), *b = path_in(tmp_root, "vb"), path[400], *o;
+  tp_box_spec_t s = spec_for(e, "va", a);
+  tp_box_t box;
+  conn_t c = {-1, NULL, 0, 0, 0};
+  struct stat st_kept, st_b, st_up;
+  int r;
+
+  s.disk_bytes = 32 << 20;
+  s.pool = pool;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r == 0, "spare subvolume: a box started (%s)", r < 0 ? err.msg : "ok");
+  if (r < 0)
+    goto out;
+  c.fd = box.chan_fd;
+  o = box_out(&c, "chmod 700 / && mkdir -p /etc/zz && echo left > /zzz && stat -c %a /");
+  check(strcmp(o, "700") == 0, "spare subvolume: the box chmod'ed its /, left a file ('%s')", o);
+  free(o);
+  r = tp_linux_box_destroy(&box, a, &err);
+  snprintf(path, sizeof(path), "%s/boxes/.spare-va", pool);
+  check(r == 0 && tp_linux_pool_is_subvol(path) == 1 && stat(path, &st_kept) == 0,
+        "spare subvolume: kept as boxes/.spare-va (%s)", r < 0 ? err.msg : "ok");
+  snprintf(path, sizeof(path), "%s/boxes/.spare-va/upper", pool);
+  memset(&st_up, 0, sizeof(st_up));
+  r = stat(path, &st_up);
+  check(r == 0 && (st_up.st_mode & 07777) == 0755 && st_up.st_uid == 0 && other_entries(path) == 0,
+        "spare subvolume: its upper/ made anew, empty (%o, uid %u)", (unsigned) (st_up.st_mode & 07777),
+        (unsigned) st_up.st_uid);
+  snprintf(path, sizeof(path), "%s/boxes/.spare-va/agent.sock", pool);
+  check(!exists(path), "spare subvolume: without the agent's socket");
+
+  free(c.buf);
+  c = (conn_t){-1, NULL, 0, 0, 0};
+  s = spec_for(e, "vb", b);
+  s.disk_bytes = 32 << 20;
+  s.pool = pool;
+  r = tp_linux_box_start(&s, &box, &err);
+  check(r == 0, "spare subvolume: a second box started (%s)", r < 0 ? err.msg : "ok");
+  if (r < 0)
+    goto out;
+  c.fd = box.chan_fd;
+  snprintf(path, sizeof(path), "%s/boxes/vb", pool);
+  check(stat(path, &st_b) == 0 && st_b.st_dev == st_kept.st_dev,
+        "spare subvolume: the second box took it (the same subvolume)");
+  snprintf(path, sizeof(path), "%s/boxes/.spare-va", pool);
+  check(!exists(path), "spare subvolume: no longer a spare");
+  o = box_out(&c, "stat -c '%a %u' /; ls -A / /etc | grep -c zz; "
+                  "dd if=/dev/zero of=/big bs=1M count=40 2>&1 | grep -o 'Disk quota exceeded'"
+                  " | head -1");
+  check(strcmp(o, "755 0\n0\nDisk quota exceeded") == 0,
+        "spare subvolume: a clean / (mode 755, root's, nothing the first left) and the "
+        "second box's own 32 MiB cap ('%s')",
+        o);
+  free(o);
+  r = tp_linux_box_destroy(&box, b, &err);
+  snprintf(path, sizeof(path), "%s/boxes/vb", pool);
+  check(r == 0 && !exists(path), "spare subvolume: the second box destroyed (%s)",
+        r < 0 ? err.msg : "ok");
+  snprintf(path, sizeof(path), "%s/boxes/.spare-vb", pool);
+  check(!exists(path), "spare subvolume: one a box left 32 MiB in is deleted, not kept");
+out:
+  free(c.buf);
+  free(a);
+  free(b);
+}
+
 static void test_pool(const env_t *e) {
   tp_error_t err = {0};
   char *pool = path_in(tmp_root, "pool"), *box_dir = path_in(tmp_root, "pbox");
@@ -184,6 +256,7 @@ static void test_pool(const env_t *e) {
   snprintf(path, sizeof(path), "%s/snaps/snap1/upper/data", pool);
   check(exists(path), "snapshot: outlives the box");
   spare_part(e, pool);
+  spare_subvol_part(e, pool);
 
   adopted = -1;
   r = tp_linux_pool_open(pool, 2LL << 30, &adopted, &err);
