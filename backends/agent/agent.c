@@ -84,8 +84,37 @@ void agent_event_begin(agent_t *a, uint8_t type) {
   tp_frame_begin(&a->out, type, 0);
 }
 
+int agent_held_flush(agent_t *a) {
+  int rc = 0;
+  if (a->held.len == 0)
+    return 0;
+  if (a->dead || a->chan < 0) {
+    rc = -1;
+  } else if (write_all(a->chan, a->held.data, a->held.len) < 0) {
+    agent_log("channel write: %s", strerror(errno));
+    a->dead = 1;
+    rc = -1;
+  }
+  tp_buf_reset(&a->held);
+  if (rc < 0)
+    agent_proc_requeue_held(a);
+  a->held_nexits = 0;
+  return rc;
+}
+
+void agent_hold(agent_t *a) {
+  a->holding = 1;
+}
+
+int agent_release(agent_t *a) {
+  a->holding = 0;
+  return agent_held_flush(a);
+}
+
 int agent_write_chan(agent_t *a, const uint8_t *p, size_t n) {
   if (a->dead || a->chan < 0)
+    return -1;
+  if (agent_held_flush(a) < 0)
     return -1;
   if (write_all(a->chan, p, n) < 0) {
     agent_log("channel write: %s", strerror(errno));
@@ -103,6 +132,16 @@ int agent_send(agent_t *a) {
   }
   if (a->dead || a->chan < 0)
     return -1;
+  if (a->holding && a->held.len + a->out.len <= AGENT_HELD_MAX) {
+    if (tp_buf_append(&a->held, a->out.data, a->out.len) == 0) {
+      tp_buf_reset(&a->out);
+      return 0;
+    }
+  }
+  if (agent_held_flush(a) < 0) {
+    tp_buf_reset(&a->out);
+    return -1;
+  }
   if (write_all(a->chan, a->out.data, a->out.len) < 0) {
     agent_log("channel write: %s", strerror(errno));
     a->dead = 1;
@@ -259,6 +298,16 @@ static void dispatch(agent_t *a, const tp_frame_t *f) {
   if (tp_frame_end(&a->out) < 0) {
     tp_error_set(&err, ENOMEM, "reply too large or out of memory");
     reply_err(a, f->id, &err);
+    return;
+  }
+  if (f->type == TP_MSG_EXEC || f->type == TP_MSG_RELEASE) {
+    /* A short process (busybox's `true`: 0.5 ms) has often exited by the
+     * time its start is answered: its output and EXIT go in the OK's write,
+     * one wakeup of the daemon, not two (EXIT still after its output). */
+    agent_hold(a);
+    agent_send(a);
+    agent_proc_reap(a);
+    agent_release(a);
     return;
   }
   agent_send(a);
@@ -444,6 +493,7 @@ static int agent_init(agent_t *a, int chan, long long grace_s, tp_error_t *err) 
    * AGENT_PROC_MAX slots here would make ~100 KiB of every idle box's
    * agent resident (docs/benchmarks.md, "Loop"). */
   tp_buf_init(&a->out);
+  tp_buf_init(&a->held);
 
   if (fcntl(chan, F_GETFD) < 0)
     return tp_error_errno(err, errno, "channel fd %d", chan);
@@ -602,6 +652,8 @@ static void trim(agent_t *a) {
     drop_pages(a->rbuf + a->rlen, a->rbuf + TP_FRAME_HDR + TP_FRAME_MAX);
   if (a->out.data != NULL)
     drop_pages(a->out.data + a->out.len, a->out.data + a->out.cap);
+  if (a->held.data != NULL)
+    drop_pages(a->held.data + a->held.len, a->held.data + a->held.cap);
   drop_pages(a->iobuf, a->iobuf + sizeof(a->iobuf));
 }
 

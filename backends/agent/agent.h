@@ -52,6 +52,8 @@
 #define AGENT_WATCH_DIRS_MAX 8192           /* directories per watch (recursive) */
 #define AGENT_POLL_MAX (AGENT_POLL_FIRST + 3 * AGENT_PROC_MAX + AGENT_WATCH_MAX + AGENT_NET_POLL_MAX)
 #define AGENT_EXITQ_MAX 1024                /* EXIT events kept while detached */
+#define AGENT_HELD_MAX (64u * 1024u)        /* frames held for one write (agent_hold) */
+#define AGENT_HELD_EXITS 64                 /* EXITs among them, requeued should the write fail */
 #define AGENT_GRACE_DEFAULT_S 60            /* detached: wait this long for a daemon */
 #define AGENT_GRACE_MAX_S 86400
 #define AGENT_CHAN_SNDBUF (4u * 1024u * 1024u) /* the channel socket's send buffer (agent.c) */
@@ -168,6 +170,10 @@ typedef struct agent_s {
   int nfdsets;
   agent_fdset_t fdsets[AGENT_FDSETS_MAX];
   tp_buf_t out;               /* the frame being built and sent */
+  int holding;                /* agent_hold: whole frames wait in held for one write */
+  tp_buf_t held;
+  int held_nexits;            /* the EXITs in held, in order */
+  agent_exit_t held_exits[AGENT_HELD_EXITS];
   struct rlimit nofile;       /* RLIMIT_NOFILE as inherited, restored in children */
   mode_t umask;               /* umask as inherited, restored in children */
   int bset_empty;             /* agent_cred_init: our bounding set is empty, so a child's is */
@@ -201,6 +207,17 @@ int agent_send(agent_t *a);
 /* Writes n bytes on the channel, whole (part of a frame whose rest the
  * caller sends); on a channel error marks the agent dead.  0 or -1. */
 int agent_write_chan(agent_t *a, const uint8_t *p, size_t n);
+/* agent_hold: agent_send appends whole frames to a->held instead of writing
+ * them (past AGENT_HELD_MAX it writes what waits first, then the frame);
+ * anything written on the channel directly (agent_write_chan, a spliced
+ * frame's head) writes what waits first, so order holds.  agent_release
+ * writes what waits, in one write, and stops holding.  An EXIT sent while
+ * held is noted (held_exits): should the write fail, it is queued for the
+ * next daemon as one that could not be sent (agent_proc_requeue_held). */
+void agent_hold(agent_t *a);
+int agent_release(agent_t *a);
+/* 0, or -1 when the write of what was held failed. */
+int agent_held_flush(agent_t *a);
 /* CLOCK_MONOTONIC in milliseconds, in microseconds. */
 long long agent_now_ms(void);
 long long agent_now_us(void);
@@ -237,6 +254,8 @@ void agent_proc_poll_handle(agent_t *a, int first, int n);
 void agent_proc_reap(agent_t *a);
 /* Sends the EXIT events queued while detached, oldest first. */
 void agent_proc_flush_exits(agent_t *a);
+/* The EXITs of a held write that failed, queued again (oldest first). */
+void agent_proc_requeue_held(agent_t *a);
 /* Channel gone: SIGKILLs every process group, reaps what it can. */
 void agent_proc_kill_all(agent_t *a);
 

@@ -1183,13 +1183,19 @@ void agent_proc_poll_handle(agent_t *a, int first, int n) {
 }
 
 static int send_exit(agent_t *a, const agent_exit_t *e) {
+  int rc;
+  if (a->holding && a->held_nexits == AGENT_HELD_EXITS && agent_held_flush(a) < 0)
+    return -1;
   agent_event_begin(a, TP_MSG_EXIT);
   tp_frame_add_int(&a->out, TP_TAG_PID, e->pid);
   tp_frame_add_int(&a->out, TP_TAG_CODE, e->code);
   tp_frame_add_int(&a->out, TP_TAG_SIGNAL, e->sig);
   if (e->oom)
     tp_frame_add_int(&a->out, TP_TAG_FLAGS, TP_F_EXIT_OOM);
-  return agent_send(a);
+  rc = agent_send(a);
+  if (rc == 0 && a->held.len > 0) /* held, not yet written */
+    a->held_exits[a->held_nexits++] = *e;
+  return rc;
 }
 
 /* OOM kills in a microVM guest.  The guest's kernel, not the host's
@@ -1252,6 +1258,12 @@ static void exit_queue(agent_t *a, const agent_exit_t *e) {
   }
   a->exitq[(a->exitq_head + a->exitq_len) % AGENT_EXITQ_MAX] = *e;
   a->exitq_len++;
+}
+
+void agent_proc_requeue_held(agent_t *a) {
+  for (int i = 0; i < a->held_nexits; i++)
+    exit_queue(a, &a->held_exits[i]);
+  a->held_nexits = 0;
 }
 
 void agent_proc_flush_exits(agent_t *a) {

@@ -100,6 +100,26 @@ static void test_exec(host_t *h, const char *tmp) {
   check(p != NULL && out_is(p, 1, "0027\n"), "the child gets the agent's inherited umask");
 }
 
+/* Quick processes: one that has exited by the time its start is answered
+ * has its output and EXIT in the OK's write (agent.c's dispatch), the EXIT
+ * still after all its output, and nothing of it before the OK (the client
+ * counts any such frame as stray). */
+static void test_exec_quick(host_t *h) {
+  const char *sh[] = {"/bin/sh", "-c", "echo out; echo err >&2; exit 5", NULL};
+  int good = 0, early = 0;
+  for (int i = 0; i < 16; i++) {
+    int64_t pid = run(h, sh, NULL, NULL, 0);
+    tproc_t *p = pid > 0 ? tproc_get(h, pid) : NULL;
+    if (p != NULL && p->exited)
+      early++; /* came with the OK, or in the same read */
+    p = pid > 0 ? wait_exit(h, pid) : NULL;
+    if (p != NULL && out_is(p, 1, "out\n") && out_is(p, 2, "err\n") && p->code == 5)
+      good++;
+  }
+  check(good == 16, "16 quick processes: all output before EXIT, code 5 (%d)", good);
+  diag("%d of 16 had exited when their OK was read", early);
+}
+
 /* EXEC with USER: the agent looks the name up in the files of its root (here
  * the host's; agent_acct.c and test_agent_acct.c for hostile ones). */
 static msg_t *exec_user(host_t *h, const char *const *argv, const char *const *env, const char *cwd,
@@ -868,6 +888,7 @@ int main(void) {
     return 1;
   test_ready(&h, stray_rd);
   test_exec(&h, tmp);
+  test_exec_quick(&h);
   test_exec_errors(&h, tmp);
   test_exec_user(&h, tmp);
   test_stdin(&h);

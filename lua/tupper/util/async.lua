@@ -18,6 +18,47 @@ function M.spawn(fn, ...)
   return co
 end
 
+-- Finished coroutines of M.run, kept for the next fn: a daemon request
+-- then allocates no new coroutine and no new stack (a coroutine's stack
+-- grows to what its handler needs once, not at every request:
+-- docs/benchmarks.md, "`tupper exec ID -- true`").
+M.FREE_MAX = 16
+local free = {}
+
+local function worker(fn)
+  local me = coroutine.running()
+  while true do
+    -- a fn that failed, or says it may have left something keyed on its
+    -- coroutine, ends it: nothing of it reaches the next fn
+    if fn() ~= true or #free >= M.FREE_MAX then return end
+    free[#free + 1] = me
+    fn = coroutine.yield()
+  end
+end
+
+--- Runs fn() as spawn does, on a finished coroutine of an earlier fn when
+-- one is kept.  fn returns true when its coroutine may run another fn
+-- (else it ends as spawn's would).  An error fn raises is reported as
+-- spawn reports it, and ends that coroutine.  Nothing may resume the
+-- coroutine after fn returned: async.wait's callbacks resume once.
+function M.run(fn)
+  local n = #free
+  local co
+  if n > 0 then
+    co = free[n]
+    free[n] = nil
+  else
+    co = coroutine.create(worker)
+  end
+  report(co, coroutine.resume(co, fn))
+  return co
+end
+
+--- The number of finished coroutines M.run keeps now.
+function M.free_count()
+  return #free
+end
+
 --- Waits inside a coroutine until start's callback fires; returns the values
 -- given to the callback.  start(cb) must call cb exactly once (it may call it
 -- at once).
