@@ -777,14 +777,19 @@ static void test_box_setup_fds(const env_t *e) {
   check(started, "setup fds: start in a thread");
   if (!started)
     goto out;
-  /* the child, once it has opened the FIFO (and waits to write to it) */
-  for (int i = 0; i < 2000 && held < 0; i++) {
+  /* the child, once it has opened the FIFO (and waits to write to it).  A
+   * child just cloned holds the FIFO too, through its copy of this
+   * process's rd and wr, and the daemon's fds with it until its first step
+   * closes them: so the fds are read until they are gone, or for as long
+   * as it may take; a child that never closes them waits on the full pipe
+   * with them all that time. */
+  for (int i = 0; i < 2000 && held != 0; i++) {
     if (child < 0)
       child = find_child(getpid(), "");
     if (child > 0 && holds_fd(child, fifo_link) == 1)
       held = holds_fd(child, sock_link) == 1 || holds_fd(child, conn_link) == 1 ||
              holds_fd(child, file_link) == 1;
-    else
+    if (held != 0)
       usleep(5000);
   }
   check(held == 0, "setup fds: the set-up child (pid %d) holds no listening socket, connection "
