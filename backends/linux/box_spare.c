@@ -39,14 +39,16 @@ static int spare_path(const char *box_dir, const char *name, char *out, size_t l
   return n < 0 || (size_t) n >= len ? -1 : 0;
 }
 
-/* 1 if the dir open at dfd holds nothing but . and .., else 0 (or -1). */
-static int dir_empty(int dfd) {
+int tp__dir_only(int dfd, const char *const *names) {
   char buf[512];
   long n;
   while ((n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0)
     for (long off = 0; off < n;) {
       struct dirent64 *d = (struct dirent64 *) (buf + off);
-      if (strcmp(d->d_name, ".") != 0 && strcmp(d->d_name, "..") != 0)
+      int known = strcmp(d->d_name, ".") == 0 || strcmp(d->d_name, "..") == 0;
+      for (int i = 0; !known && names != NULL && names[i] != NULL; i++)
+        known = strcmp(d->d_name, names[i]) == 0;
+      if (!known)
         return 0;
       off += d->d_reclen;
     }
@@ -106,7 +108,7 @@ int tp__spare_dir_keep(const char *box_dir) {
     return -1;
   if (fremovexattr(dfd, TP__POOL_XATTR) < 0 && errno != ENODATA && errno != EOPNOTSUPP)
     return -1;
-  if (dir_empty(dfd) != 1)
+  if (tp__dir_only(dfd, NULL) != 1)
     return -1;
   copy = strdup(to);
   if (copy == NULL)

@@ -134,6 +134,10 @@ ssize_t tp__pool_name(const char *box_dir, char *buf, size_t len);
 #define TP__SPARE_DIRS_MAX 64
 int tp__spare_dir_take(const char *box_dir);
 int tp__spare_dir_keep(const char *box_dir);
+/* 1 if the dir open at dfd (read from its offset) holds nothing but . and ..
+ * and the names of the NULL-ended list names (may be NULL); else 0, or -1
+ * (box_spare.c). */
+int tp__dir_only(int dfd, const char *const *names);
 
 /* Runs the tool at exe with argv (fixed PATH, stdin/stdout /dev/null) and
  * reaps it: 0 with its wait status in *status and the start of its stderr in

@@ -341,24 +341,6 @@ static pthread_mutex_t sv_lock = PTHREAD_MUTEX_INITIALIZER;
 static char *sv_spare[TP__SPARE_SV_MAX]; /* "<pool dir>/boxes/.spare-<old id>" */
 static int n_sv_spare;
 
-/* 1 if the dir open at dfd (consumed) holds nothing but . and ..; else 0
- * (or -1). */
-static int empty(int dfd) {
-  char buf[512];
-  long n;
-  int ok = 1;
-  while (ok == 1 && (n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0)
-    for (long off = 0; off < n; off += ((struct dirent64 *) (buf + off))->d_reclen) {
-      const char *name = ((struct dirent64 *) (buf + off))->d_name;
-      if (strcmp(name, ".") != 0 && strcmp(name, "..") != 0)
-        ok = 0;
-    }
-  if (ok == 1 && n < 0)
-    ok = -1;
-  close(dfd);
-  return ok;
-}
-
 /* Removes what is in the dir open at dfd (kept open), never following a
  * symlink, at most *budget entries in all, their files' blocks at most
  * *bytes, TP__SPARE_DEPTH_MAX deep: 0, or -1 (more than that, or an
@@ -474,26 +456,17 @@ static int box_keep(const char *dir, const char *id) {
       close(d);
       return -1;
     }
-  if (empty(d) != 1)
+  r = tp__dir_only(d, NULL);
+  close(d);
+  if (r != 1)
     return -1;
   /* upper/ and work/ only (a dup: sv stays open, its offset unread) */
   if ((d = dup(sv)) < 0)
     return -1;
-  {
-    char buf[512];
-    long n;
-    int ok = 1;
-    while (ok && (n = syscall(SYS_getdents64, d, buf, sizeof(buf))) > 0)
-      for (long off = 0; off < n; off += ((struct dirent64 *) (buf + off))->d_reclen) {
-        const char *name = ((struct dirent64 *) (buf + off))->d_name;
-        if (strcmp(name, ".") != 0 && strcmp(name, "..") != 0 && strcmp(name, "upper") != 0 &&
-            strcmp(name, "work") != 0)
-          ok = 0;
-      }
-    close(d);
-    if (!ok || n < 0)
-      return -1;
-  }
+  r = tp__dir_only(d, (const char *const[]){"upper", "work", NULL});
+  close(d);
+  if (r != 1)
+    return -1;
   rfer = rfer_of(sv);
   if (rfer < 0 || rfer >= TP__SPARE_RFER_MAX)
     return -1;
