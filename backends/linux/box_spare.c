@@ -23,9 +23,40 @@
 #include "linux_int.h"
 #include "utils.h"
 
-static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
-static char *spare[TP__SPARE_DIRS_MAX]; /* "<parent>/.spare/<old id>", newest last */
-static int n_spare;
+static tp__spares_t spares = TP__SPARES_INIT; /* "<parent>/.spare/<old id>" */
+
+int tp__spares_full(tp__spares_t *s) {
+  int full;
+  pthread_mutex_lock(&s->lock);
+  full = s->n >= TP__SPARES_MAX;
+  pthread_mutex_unlock(&s->lock);
+  return full;
+}
+
+int tp__spares_put(tp__spares_t *s, char *path) {
+  int r = -1;
+  pthread_mutex_lock(&s->lock);
+  if (s->n < TP__SPARES_MAX) {
+    s->path[s->n++] = path;
+    r = 0;
+  }
+  pthread_mutex_unlock(&s->lock);
+  return r;
+}
+
+char *tp__spares_take(tp__spares_t *s, const char *prefix) {
+  size_t plen = strlen(prefix);
+  char *got = NULL;
+  pthread_mutex_lock(&s->lock);
+  for (int i = s->n - 1; i >= 0 && got == NULL; i--)
+    if (strncmp(s->path[i], prefix, plen) == 0 && strchr(s->path[i] + plen, '/') == NULL) {
+      got = s->path[i];
+      memmove(&s->path[i], &s->path[i + 1], (size_t) (s->n - i - 1) * sizeof(s->path[0]));
+      s->n--;
+    }
+  pthread_mutex_unlock(&s->lock);
+  return got;
+}
 
 /* "<parent of box_dir>/.spare/" + (name ? name : ""), or -1 if too long or
  * box_dir has no parent. */
@@ -57,21 +88,12 @@ int tp__dir_only(int dfd, const char *const *names) {
 
 int tp__spare_dir_take(const char *box_dir) {
   char prefix[TP__PATH_MAX_LEN + 96];
-  char *got = NULL;
-  size_t plen;
+  char *got;
   int r, e;
 
   if (spare_path(box_dir, NULL, prefix, sizeof(prefix)) < 0)
     return -1;
-  plen = strlen(prefix);
-  pthread_mutex_lock(&spare_lock);
-  for (int i = n_spare - 1; i >= 0 && got == NULL; i--)
-    if (strncmp(spare[i], prefix, plen) == 0 && strchr(spare[i] + plen, '/') == NULL) {
-      got = spare[i];
-      memmove(&spare[i], &spare[i + 1], (size_t) (n_spare - i - 1) * sizeof(spare[0]));
-      n_spare--;
-    }
-  pthread_mutex_unlock(&spare_lock);
+  got = tp__spares_take(&spares, prefix);
   if (got == NULL)
     return -1;
   r = rename(got, box_dir);
@@ -88,14 +110,10 @@ int tp__spare_dir_keep(const char *box_dir) {
   const char *name = strrchr(box_dir, '/');
   cleanup_close int dfd = -1;
   char *copy;
-  int full;
 
   if (name == NULL || spare_path(box_dir, name + 1, to, sizeof(to)) < 0)
     return -1;
-  pthread_mutex_lock(&spare_lock);
-  full = n_spare >= TP__SPARE_DIRS_MAX;
-  pthread_mutex_unlock(&spare_lock);
-  if (full)
+  if (tp__spares_full(&spares))
     return -1;
   /* What a box with a disk cap leaves: the agent's socket and the pool's
    * name (box.c).  Anything else (a box without one: upper/, work/) is
@@ -118,13 +136,7 @@ int tp__spare_dir_keep(const char *box_dir) {
     free(copy);
     return -1;
   }
-  pthread_mutex_lock(&spare_lock);
-  if (n_spare < TP__SPARE_DIRS_MAX) {
-    spare[n_spare++] = copy;
-    copy = NULL;
-  }
-  pthread_mutex_unlock(&spare_lock);
-  if (copy != NULL) { /* filled meanwhile: removed after all */
+  if (tp__spares_put(&spares, copy) < 0) { /* filled meanwhile: removed after all */
     rmdir(copy);
     free(copy);
   }

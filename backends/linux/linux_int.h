@@ -19,6 +19,7 @@
 #ifndef TP_LINUX_INT_H
 #define TP_LINUX_INT_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -129,11 +130,25 @@ ssize_t tp__pool_name(const char *box_dir, char *buf, size_t len);
  * removed box's emptied dir is moved there (keep: 0, or -1 and the caller
  * removes it) and a start renames one to its box_dir (take: 0, or -1 and
  * the caller makes it), so that no inode is made or freed on the state
- * dir's filesystem for it.  At most TP__SPARE_DIRS_MAX are kept. */
+ * dir's filesystem for it.  At most TP__SPARES_MAX are kept. */
 #define TP__SPARE_DIR ".spare"
-#define TP__SPARE_DIRS_MAX 64
 int tp__spare_dir_take(const char *box_dir);
 int tp__spare_dir_keep(const char *box_dir);
+/* A process-wide list of spare paths, newest last, under its lock (starts
+ * and removals run in the thread pool): box_spare.c's dirs, pool_btrfs.c's
+ * subvolumes.  put: 0 and the list owns path, or -1 (full: the caller
+ * still does); take: the newest path "<prefix><name>" whose name has no
+ * '/', the caller's to free, or NULL (box_spare.c). */
+#define TP__SPARES_MAX 64
+typedef struct {
+  pthread_mutex_t lock;
+  char *path[TP__SPARES_MAX];
+  int n;
+} tp__spares_t;
+#define TP__SPARES_INIT {PTHREAD_MUTEX_INITIALIZER, {NULL}, 0}
+int tp__spares_full(tp__spares_t *s);
+int tp__spares_put(tp__spares_t *s, char *path);
+char *tp__spares_take(tp__spares_t *s, const char *prefix);
 /* 1 if the dir open at dfd (read from its offset) holds nothing but . and ..
  * and the names of the NULL-ended list names (may be NULL); else 0, or -1
  * (box_spare.c). */

@@ -331,15 +331,12 @@ static int subvol_destroy(int parent, const char *name, tp_error_t *err) {
  * removes every name of boxes/ that no box owns (daemon/disk_pool.lua), so
  * spares a crash left go then.  The list is the process's, by path, under
  * a lock (starts and removals run in the thread pool). */
-#define TP__SPARE_SV_MAX 64
 #define TP__SPARE_SV_PREFIX ".spare-"
 #define TP__SPARE_RFER_MAX (1LL << 20)
 #define TP__SPARE_ENTRIES_MAX 64 /* in upper/: the agent's etc/resolv.conf and the like */
 #define TP__SPARE_BYTES_MAX (64 << 10) /* their files' blocks */
 #define TP__SPARE_DEPTH_MAX 8
-static pthread_mutex_t sv_lock = PTHREAD_MUTEX_INITIALIZER;
-static char *sv_spare[TP__SPARE_SV_MAX]; /* "<pool dir>/boxes/.spare-<old id>" */
-static int n_sv_spare;
+static tp__spares_t sv_spares = TP__SPARES_INIT; /* "<pool dir>/boxes/.spare-<old id>" */
 
 /* Removes what is in the dir open at dfd (kept open), never following a
  * symlink, at most *budget entries in all, their files' blocks at most
@@ -426,12 +423,10 @@ static int box_keep(const char *dir, const char *id) {
   struct stat st;
   int64_t rfer;
   int64_t bytes;
-  int full, d, budget, r;
+  int d, budget, r;
 
-  pthread_mutex_lock(&sv_lock);
-  full = n_sv_spare >= TP__SPARE_SV_MAX;
-  pthread_mutex_unlock(&sv_lock);
-  if (full || !plain_name(id) || (boxes = open_in_pool(dir, "boxes", &(tp_error_t){0})) < 0)
+  if (tp__spares_full(&sv_spares) || !plain_name(id) ||
+      (boxes = open_in_pool(dir, "boxes", &(tp_error_t){0})) < 0)
     return -1;
   sv = openat(boxes, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (sv < 0 || fstat(sv, &st) < 0 || st.st_ino != TP__SUBVOL_ROOT_INO)
@@ -479,13 +474,7 @@ static int box_keep(const char *dir, const char *id) {
     free(path);
     return -1;
   }
-  pthread_mutex_lock(&sv_lock);
-  if (n_sv_spare < TP__SPARE_SV_MAX) {
-    sv_spare[n_sv_spare++] = path;
-    path = NULL;
-  }
-  pthread_mutex_unlock(&sv_lock);
-  if (path != NULL) { /* filled meanwhile */
+  if (tp__spares_put(&sv_spares, path) < 0) { /* filled meanwhile */
     free(path);
     close(sv);
     sv = -1;
@@ -497,23 +486,17 @@ static int box_keep(const char *dir, const char *id) {
 /* A spare of the pool at dir renamed to boxes/<id>: its fd, or -1 (none,
  * or it could not be had: then it is deleted). */
 static int box_take(int boxes, const char *dir, const char *id) {
-  size_t plen = strlen(dir);
-  char *got = NULL;
+  char *prefix = NULL, *got;
   const char *name;
   int sv;
 
-  pthread_mutex_lock(&sv_lock);
-  for (int i = n_sv_spare - 1; i >= 0 && got == NULL; i--)
-    if (strncmp(sv_spare[i], dir, plen) == 0 && strncmp(sv_spare[i] + plen, "/boxes/", 7) == 0 &&
-        strchr(sv_spare[i] + plen + 7, '/') == NULL) {
-      got = sv_spare[i];
-      memmove(&sv_spare[i], &sv_spare[i + 1], (size_t) (n_sv_spare - i - 1) * sizeof(sv_spare[0]));
-      n_sv_spare--;
-    }
-  pthread_mutex_unlock(&sv_lock);
+  if (asprintf(&prefix, "%s/boxes/", dir) < 0)
+    return -1;
+  got = tp__spares_take(&sv_spares, prefix);
+  name = got != NULL ? got + strlen(prefix) : NULL;
+  free(prefix);
   if (got == NULL)
     return -1;
-  name = got + plen + 7;
   if (renameat2(boxes, name, boxes, id, RENAME_NOREPLACE) < 0) {
     subvol_destroy(boxes, name, &(tp_error_t){0});
     free(got);
