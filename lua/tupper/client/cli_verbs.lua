@@ -150,19 +150,33 @@ local function start_failed(err)
 end
 
 -- Forwards ^C and friends to the process, as docker run does; returns the
--- signal handles (closed by the caller).
+-- signal handles (closed by the caller).  Taken before process.start: a
+-- signal that comes before its reply is held, and sent by sigs.started()
+-- once the pid is known (the process's first output can reach us, and be
+-- written, before that reply is read: a signal then must not find us
+-- without a handler).
 local function forward_signals(c, id, get_pid)
-  local sigs = {}
+  local sigs, early = {}, {}
+  local function send(sig)
+    async.spawn(function() c:call("process.signal", { sandbox = id, pid = get_pid(), signal = sig }) end)
+  end
   for _, name in ipairs({ "sigint", "sigterm", "sighup" }) do
     local s = uv.new_signal()
     s:start(name, function(signame)
-      async.spawn(function()
-        c:call("process.signal", { sandbox = id, pid = get_pid(), signal = signame:upper():sub(4) })
-      end)
+      local sig = signame:upper():sub(4)
+      if get_pid() then send(sig) else early[#early + 1] = sig end
     end)
     sigs[#sigs + 1] = s
   end
+  function sigs.started()
+    for _, sig in ipairs(early) do send(sig) end
+    early = {}
+  end
   return sigs
+end
+
+local function close_signals(sigs)
+  for _, s in ipairs(sigs) do s:close() end
 end
 
 -- The exit code of a process's exit notification.
@@ -192,10 +206,12 @@ local function run_streamed(c, dc, id, argv, o)
     if p.sandbox == id and p.pid == pid then exited = p; wake() end
   end)
   c.on_close = wake
+  local sigs = forward_signals(c, id, function() return pid end)
   local r, err = c:call("process.start", { sandbox = id, argv = argv, env = o.env,
     cwd = o.workdir, stdin = o.interactive, streams = true })
-  if not r then dc:close(); return start_failed(err) end
+  if not r then close_signals(sigs); dc:close(); return start_failed(err) end
   pid = r.pid
+  sigs.started()
   local st = r.streams
   io.stdout:flush() -- the pump writes fd 1 itself: nothing of ours may come after its bytes
   for _, which in ipairs({ "stdout", "stderr" }) do
@@ -222,7 +238,6 @@ local function run_streamed(c, dc, id, argv, o)
       wake()
     end)
   end
-  local sigs = forward_signals(c, id, function() return pid end)
   if o.interactive and st.stdin then
     local input = dc:input(st.stdin)
     -- a file on our stdin goes from C; a pipe or a terminal through Lua
@@ -231,7 +246,7 @@ local function run_streamed(c, dc, id, argv, o)
     end
   end
   while (not exited or pending > 0) and not c.closed and not broken do async.wait(function(cb) done_cb = cb end) end
-  for _, s in ipairs(sigs) do s:close() end
+  close_signals(sigs)
   dc:close()
   if broken then
     if broken.data and broken.data.code == "EPIPE" then return 141 end
@@ -269,14 +284,15 @@ local function run_in(c, id, argv, o)
     end
   end)
   c.on_close = function() if done_cb then done_cb() end end
+  local sigs = forward_signals(c, id, function() return pid end)
   local r, err = c:call("process.start", { sandbox = id, argv = argv, env = o.env,
     cwd = o.workdir, stdin = o.interactive })
-  if not r then return start_failed(err) end
+  if not r then close_signals(sigs); return start_failed(err) end
   pid = r.pid
-  local sigs = forward_signals(c, id, function() return pid end)
+  sigs.started()
   if o.interactive then async.spawn(pump_stdin_json, c, id, pid) end
   if not exited and not c.closed then async.wait(function(cb) done_cb = cb end) end
-  for _, s in ipairs(sigs) do s:close() end
+  close_signals(sigs)
   if not exited then
     io.stderr:write("tupper: lost the connection to the daemon\n")
     return 125
