@@ -149,19 +149,17 @@ function Daemon:_request(conn, msg)
     end
   end
   conn.inflight = inflight + 1
-  -- on a coroutine of an earlier request (async.run), given back when
-  -- neither the policy check nor the handler raised
-  async.run(function()
+  async.spawn(function()
     -- the policies first (an fs call's account is looked up in the box)
     local gok, checked, gerr, gcode, gdata = xpcall(guard.check, debug.traceback, self, msg.method, params)
     if not gok or not checked then
       conn.inflight = conn.inflight - 1
       if not gok then log("internal error in the policy check of %s: %s", msg.method, tostring(checked)) end
       if is_call then
-        if not gok then conn:error(id, rpc.INTERNAL_ERROR, "internal error"); return end
-        conn:error(id, gcode or rpc.POLICY_DENIED, gerr, gdata)
+        if not gok then return conn:error(id, rpc.INTERNAL_ERROR, "internal error") end
+        return conn:error(id, gcode or rpc.POLICY_DENIED, gerr, gdata)
       end
-      return gok
+      return
     end
     params = checked
     if loaded then params._recipe = loaded end -- internal, after the policies
@@ -176,14 +174,13 @@ function Daemon:_request(conn, msg)
     local ok, res, code, message, data = xpcall(handler, debug.traceback, self, conn, params)
     if line then pool_done(conn, line) end
     conn.inflight = conn.inflight - 1
-    if not is_call then return ok end
+    if not is_call then return end
     if not ok then
       log("internal error in %s: %s", msg.method, tostring(res))
-      conn:error(id, rpc.INTERNAL_ERROR, "internal error")
-      return
+      return conn:error(id, rpc.INTERNAL_ERROR, "internal error")
     end
-    if res == nil then conn:error(id, code or rpc.INTERNAL_ERROR, message or "failed", data); return true end
-    if res == api.SENT then return true end -- the handler sent its reply itself (with an fd)
+    if res == nil then return conn:error(id, code or rpc.INTERNAL_ERROR, message or "failed", data) end
+    if res == api.SENT then return end -- the handler sent its reply itself (with an fd)
     if msg.method == "sandbox.create" and type(res.id) == "string" then
       self:_use(conn, res.id)
     elseif msg.method == "sandbox.expose" then
@@ -191,7 +188,6 @@ function Daemon:_request(conn, msg)
       conn.exposes[params.id .. ":" .. params.port] = params.id
     end
     conn:reply(id, res)
-    return true
   end)
 end
 
