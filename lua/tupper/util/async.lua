@@ -20,9 +20,12 @@ end
 
 --- Waits inside a coroutine until start's callback fires; returns the values
 -- given to the callback.  start(cb) must call cb exactly once (it may call it
--- at once).
+-- at once).  Outside a coroutine only a callback called at once can be
+-- waited for: else it raises, and the callback, when it comes, finds the
+-- wait gone (it used to resume the main thread: "cannot resume
+-- non-suspended coroutine").
 function M.wait(start)
-  local co = assert(coroutine.running(), "async.wait outside a coroutine")
+  local co, main = coroutine.running()
   local sync, done, res = true, false, nil
   start(function(...)
     if done then return end
@@ -35,6 +38,10 @@ function M.wait(start)
   end)
   sync = false
   if res then return table.unpack(res, 1, res.n) end
+  if main or not coroutine.isyieldable() then
+    done = true
+    error("async.wait outside a coroutine", 2)
+  end
   return coroutine.yield()
 end
 
