@@ -304,7 +304,11 @@ int tp_cgroup_create(const tp_cgroup_root_t *root, const char *id, const tp_cgro
     return -1;
   if (check_limits(lim, err) < 0)
     goto fail;
-  period = lim->cpu_period ? lim->cpu_period : 100000;
+  /* v1: a new cgroup's period is the kernel's default, 100 ms, whatever
+   * its parent's: the default is not written (0), one write a box fewer,
+   * each a bandwidth update of the kernel's.  v2's cpu.max takes both in
+   * one write. */
+  period = lim->cpu_period ? lim->cpu_period : root->version == 2 ? 100000 : 0;
   need = limits_need(lim);
   for (int c = TP_CG_MEMORY; c <= TP_CG_CPU; c++)
     if ((need & (1u << c)) && !(root->avail & (1u << c))) {

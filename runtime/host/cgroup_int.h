@@ -28,6 +28,7 @@ int tp__cg_is_dir(const char *p);
 
 /* cgroup_v1.c */
 int tp__cg_v1_detect(tp_cgroup_root_t *root, tp_error_t *err);
+/* period 0: cpu.cfs_period_us is left as it is (a new cgroup's, 100 ms). */
 int tp__cg_v1_limits(const tp_cgroup_t *cg, const tp_cgroup_limits_t *lim, int64_t period,
                      tp_error_t *err);
 int tp__cg_v1_wait_state(const char *dir, const char *want, long long deadline, tp_error_t *err);

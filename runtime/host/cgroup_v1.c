@@ -108,7 +108,7 @@ int tp__cg_v1_limits(const tp_cgroup_t *cg, const tp_cgroup_limits_t *lim, int64
   }
   if (lim->cpu_quota) {
     snprintf(v, sizeof(v), "%" PRId64, period);
-    if (tp__cg_write(cg->path_v1[TP_CG_CPU], "cpu.cfs_period_us", v, 0, err) < 0)
+    if (period != 0 && tp__cg_write(cg->path_v1[TP_CG_CPU], "cpu.cfs_period_us", v, 0, err) < 0)
       return -1;
     snprintf(v, sizeof(v), "%" PRId64, lim->cpu_quota);
     if (tp__cg_write(cg->path_v1[TP_CG_CPU], "cpu.cfs_quota_us", v, 0, err) < 0)

@@ -135,7 +135,8 @@ typedef struct tp_dbox_start_s {
  * copies what the job needs and queues it: in the pool, the box cgroup
  * (tupper/<cgroup>, with the limits) when the daemon has cgroups, then
  * be->start, whose PID 1 joins that cgroup before anything of the box runs,
- * then (TP_BACKEND_OOM_PROTECT) tp_oom_protect.  cb(data, ...) runs on the
+ * then (TP_BACKEND_OOM_PROTECT) tp_oom_protect, then (TP_BACKEND_CG_BOX)
+ * one spare tree for the box's first process (tp_dbox_tree_take).  cb(data, ...) runs on the
  * loop when it is done.  -1 and err (EINVAL from the check) if nothing was
  * queued: then cb never runs.  req->spec is normalised in place. */
 int tp_dbox_start(tp_daemon_t *d, uv_loop_t *loop, const tp_backend_t *be, tp_dbox_start_t *req,
@@ -222,17 +223,18 @@ int tp_dbox_tree_remove_start(tp_dbox_t *b, tp_dbox_tree_t *t, tp_error_t *err);
 int tp_dbox_tree_recycle(tp_dbox_t *b, tp_dbox_tree_t *t);
 
 /* Spare trees (per-process cgroups made ahead, so that a process.start
- * makes none: one EXEC, no HOLD and RELEASE).  A box has none until it
- * needs them: its first take gets none and queues nothing (its owner takes
- * the held way with tp_dbox_tree_start), a take that finds none after that
+ * makes none: one EXEC, no HOLD and RELEASE).  A box has one from its
+ * start (made in the start's job, tp_dbox_start), which its first take gets
+ * (a take that finds none takes the held way with tp_dbox_tree_start); its
+ * first take queues nothing, a take that finds none after that
  * (a second process while the first runs) queues a job in the pool that
  * makes up TP_DBOX_SPARES, and a tree whose processes ended comes back as
  * a spare (tp_dbox_tree_recycle), so a take that leaves none queues
  * nothing either.  So a box that runs one process at a time (`tupper run`,
  * `exec` after `exec`, the churn of create, run, kill) makes one tree in
- * all, and an idle box none (on v1 a mkdir or an rmdir takes the kernel
- * 2-3 ms here, in each of three hierarchies); a box that starts processes
- * faster than they end or the pool refills takes the held way too.
+ * all, and an idle box one (on v1 in the freezer hierarchy only); a box
+ * that starts processes faster than they end or the pool refills takes the
+ * held way too.
  *
  * tp_dbox_tree_take hands one over: it is a tree like any other from then
  * on (found by name, t->name), NULL if none is spare.  Send the EXEC that

@@ -137,6 +137,17 @@ static void tp__start_work(void *data) {
     tp_error_t oerr = {0};
     tp_oom_protect(b->box.pid, &oerr);
   }
+  if (j->ret == 0 && b->has_cg && (b->be->flags & TP_BACKEND_CG_BOX)) {
+    /* One spare process cgroup, made in this job (the loop knows nothing
+     * of b yet): the box's first process takes it, one EXEC whose child
+     * the agent starts in its own memory, instead of a child held (a fork
+     * of the agent, then its copy-on-write faults) while its tree is made
+     * and attached, then a RELEASE.  None made: the first start takes the
+     * held way. */
+    tp_error_t serr = {0};
+    if (tp__dbox_spares_make(b, 1, &serr) < 0)
+      fprintf(stderr, "tupper: box %s: a spare process cgroup: %s\n", j->id, serr.msg);
+  }
   if (j->ret < 0 && b->has_cg) {
     tp_error_t e2 = {0};
     if (tp_cgroup_destroy(&b->cg, &e2) < 0)

@@ -634,9 +634,10 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
 end
 
 --- Has one spare process cgroup made in the thread pool now, ahead of the
--- box's first process (a box otherwise makes spares only when a second
--- process runs beside another): a pooled box's first start takes it, not
--- the held way (one agent round trip, not two and a cgroup made meanwhile).
+-- box's first process, where the box has none (its start's job makes one:
+-- runtime/host/dbox_life.c; none if that failed): a pooled box's first
+-- start takes it, not the held way (one agent round trip, not two and a
+-- cgroup made meanwhile).
 function Sandbox:make_spares()
   if self.state == "running" and self.box:has_cgroup() and not self.impl.guest_kernel
      and self.box.tree_refill then
