@@ -901,13 +901,13 @@ int tp_oom_protect(pid_t pid, tp_error_t *err) {
   if (fd < 0)
     return tp_error_errno(err, errno, "open '%s'", p);
   do
-    w = write(fd, "-1000", 5);
+    w = write(fd, "-999", 4);
   while (w < 0 && errno == EINTR);
   if (w < 0 && errno == EACCES)
     return tp_error_set(err, EACCES,
-                        "write -1000 to '%s': permission denied (lowering it needs CAP_SYS_RESOURCE)", p);
+                        "write -999 to '%s': permission denied (lowering it needs CAP_SYS_RESOURCE)", p);
   if (w < 0)
-    return tp_error_errno(err, errno, "write -1000 to '%s'", p);
+    return tp_error_errno(err, errno, "write -999 to '%s'", p);
   if (w != 5)
     return tp_error_set(err, EIO, "short write to '%s'", p);
   return 0;

@@ -27,17 +27,20 @@
  *
  * Out of memory.  A box's memory limit is enforced by the kernel's OOM killer
  * inside the box cgroup (left enabled; memory.oom.group stays 0 so only the
- * offender dies).  The agent must never be the victim: the daemon calls
- * tp_oom_protect(agent) (oom_score_adj -1000) right after the box starts, and
- * the agent sets oom_score_adj back to 0 in each child it forks, before exec.
- * Lowering oom_score_adj needs CAP_SYS_RESOURCE; without it tp_oom_protect
- * fails with EACCES, and the daemon should carry on (log it): the agent is
- * small, so it is rarely the largest process in its box anyway.  Note that a
- * -1000 set by a privileged daemon becomes the floor every box process may
- * lower itself back to (oom_score_adj_min is inherited); a box process doing
- * so only makes its own box hang on OOM instead of losing a process, the
- * limit still holds and destroy still kills it.  (-999 would avoid that, at
- * the price of an agent that the OOM killer may pick on a tie.)
+ * offender dies).  The agent must not be the victim: the daemon calls
+ * tp_oom_protect(agent) (oom_score_adj -999) right after the box starts, and
+ * each child of the agent is set back to 0 (a forked one before its exec, a
+ * CLONE_VM one by the agent right after it: agent_proc.c).  Lowering
+ * oom_score_adj needs CAP_SYS_RESOURCE; without it tp_oom_protect fails with
+ * EACCES, and the daemon carries on: the agent is small, so it is rarely the
+ * largest process in its box anyway.  -999, not -1000 (the OOM killer's
+ * "never"): a value set by a privileged writer becomes the floor every box
+ * process may lower itself back to (oom_score_adj_min is inherited), and a
+ * box of processes at -1000 would hang on OOM instead of losing one.  At
+ * -999 the agent's score is about its size minus 99.9% of the limit, so the
+ * OOM killer takes any process at 0 first, and of the processes that went
+ * down to -999 the one using the most memory; the agent only when nothing
+ * else is left to take.
  *
  * Every function taking `err` returns < 0 and sets it on failure. */
 #ifndef TP_CGROUP_H
@@ -221,7 +224,7 @@ void tp_cgroup_free(tp_cgroup_t *cg);
  * a parent still holding boxes is left. */
 int tp_cgroup_prune(const tp_cgroup_root_t *root, tp_error_t *err);
 
-/* Writes -1000 to /proc/<pid>/oom_score_adj: the OOM killer never picks pid.
+/* Writes -999 to /proc/<pid>/oom_score_adj: the OOM killer picks pid last.
  * EACCES (with a hint) without CAP_SYS_RESOURCE.  See the top of this file. */
 int tp_oom_protect(pid_t pid, tp_error_t *err);
 

@@ -449,7 +449,7 @@ static void t_limits(const tp_cgroup_root_t *root, const char *id) {
     snprintf(p, sizeof(p), "/proc/%d", (int) pid);
     r = tp_oom_protect(pid, &err);
     if (has_cap(CAP_SYS_RESOURCE))
-      check(r == 0 && file_is(p, "oom_score_adj", "-1000"), "tp_oom_protect sets -1000");
+      check(r == 0 && file_is(p, "oom_score_adj", "-999"), "tp_oom_protect sets -999");
     else
       check(r < 0 && err.code == EACCES && strstr(err.msg, "CAP_SYS_RESOURCE") != NULL,
             "without CAP_SYS_RESOURCE tp_oom_protect says so (%s)", err.msg);
