@@ -1,7 +1,9 @@
 /* The daemon's worker threads (workers.h): a bounded queue under one
- * mutex, N threads, completions on a list and one eventfd the loop polls. */
+ * mutex, N threads, completions on a lock-free list and one eventfd the
+ * loop polls. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
@@ -21,9 +23,12 @@ struct tp_workers_s {
   pthread_cond_t cv;
   tp_workers_req_t *head, *tail; /* queued, oldest first */
   size_t queued, max_queued;
-  tp_workers_req_t *done_head, *done_tail; /* finished, for the loop */
-  int rung;    /* the eventfd was written since the loop last took done_* */
   int closing; /* the threads leave; nothing more is queued */
+  /* finished, newest first: a worker pushes with a compare-and-swap and
+   * writes the eventfd when the list was empty; the loop takes the whole
+   * list at once.  No lock that the loop could wait on for a worker that
+   * is descheduled holding it. */
+  _Atomic(tp_workers_req_t *) done;
   int nthreads;
   pthread_t threads[];
 };
@@ -41,8 +46,7 @@ static void *tp__workers_main(void *arg) {
   tp_workers_t *w = arg;
   pthread_mutex_lock(&w->mu);
   for (;;) {
-    tp_workers_req_t *req;
-    int ring;
+    tp_workers_req_t *req, *old;
     while (w->head == NULL && !w->closing)
       pthread_cond_wait(&w->cv, &w->mu);
     if (w->closing)
@@ -56,22 +60,13 @@ static void *tp__workers_main(void *arg) {
 
     req->work(req);
 
+    old = atomic_load(&w->done);
+    do
+      req->next = old;
+    while (!atomic_compare_exchange_weak(&w->done, &old, req));
+    if (old == NULL)
+      tp__workers_ring(w); /* wakes the loop; this thread holds nothing */
     pthread_mutex_lock(&w->mu);
-    req->next = NULL;
-    if (w->done_tail != NULL)
-      w->done_tail->next = req;
-    else
-      w->done_head = req;
-    w->done_tail = req;
-    ring = !w->rung;
-    w->rung = 1;
-    if (ring) {
-      /* the write wakes the loop and may preempt this thread: never
-       * with the lock held */
-      pthread_mutex_unlock(&w->mu);
-      tp__workers_ring(w);
-      pthread_mutex_lock(&w->mu);
-    }
   }
   pthread_mutex_unlock(&w->mu);
   return NULL;
@@ -91,19 +86,21 @@ static void tp__workers_ref(tp_workers_t *w) {
 
 /* The finished requests' done(), in the order they finished. */
 static void tp__workers_drain(tp_workers_t *w) {
-  tp_workers_req_t *req;
+  tp_workers_req_t *req, *next, *oldest = NULL;
   uint64_t n;
   ssize_t r;
   do
     r = read(w->efd, &n, sizeof(n));
   while (r < 0 && errno == EINTR);
-  pthread_mutex_lock(&w->mu);
-  req = w->done_head;
-  w->done_head = w->done_tail = NULL;
-  w->rung = 0;
-  pthread_mutex_unlock(&w->mu);
+  /* newest first: turned round, they are done in the order they finished */
+  for (req = atomic_exchange(&w->done, NULL); req != NULL; req = next) {
+    next = req->next;
+    req->next = oldest;
+    oldest = req;
+  }
+  req = oldest;
   while (req != NULL) {
-    tp_workers_req_t *next = req->next;
+    next = req->next;
     w->pending--;
     req->done(req, 0);
     req = next;
@@ -144,6 +141,7 @@ tp_workers_t *tp_workers_new(uv_loop_t *loop, int nthreads, size_t max_queued, i
     return NULL;
   }
   w->loop = loop;
+  atomic_init(&w->done, NULL);
   w->max_queued = max_queued;
   w->nthreads = nthreads;
   pthread_mutex_init(&w->mu, NULL);

@@ -1,14 +1,16 @@
 /* tupper: the daemon's worker threads, in place of libuv's thread pool.
  *
  * A request's work() runs on one of N threads; its done() then runs on the
- * loop.  Completions come back on a list under a mutex and one eventfd the
- * loop polls: a worker appends under the lock, lets it go, and only then
- * writes the eventfd (when the list was empty), so the loop never waits on
- * a worker that the wake-up itself preempted.  (libuv 1.44's pool signals
- * with uv_async_send while holding the loop's completion mutex, and its
- * loop spins in uv__async_spin while a signal is half sent: on a loaded
- * host a descheduled worker held the loop for milliseconds,
- * docs/benchmarks.md.)
+ * loop.  A worker hands a finished request back on a lock-free list (a
+ * compare-and-swap) and writes one eventfd that the loop polls when that
+ * list was empty: the loop takes the whole list with one atomic exchange,
+ * and never waits on a lock that a worker holds, nor on a signal half
+ * sent.  (libuv 1.44's pool signals with uv_async_send while holding the
+ * loop's completion mutex, and its loop spins in uv__async_spin while a
+ * signal is half sent: on a loaded host a worker preempted by the very
+ * wake-up it sent held the loop for milliseconds, docs/benchmarks.md.)
+ * The queue of requests waiting for a thread is under a mutex that a
+ * worker holds only to take one off.
  *
  * The request is the caller's, untouched by the workers but for `next`,
  * until done() runs; done() may free it and may submit more. */
