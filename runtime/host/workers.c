@@ -3,6 +3,7 @@
  * loop polls. */
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,7 +21,12 @@ struct tp_workers_s {
   int refd;
   /* under mu */
   pthread_mutex_t mu;
-  pthread_cond_t cv;
+  /* one post a request queued, nthreads at close: the loop wakes a
+   * worker with sem_post, which never waits (a condition variable's
+   * signal can: glibc 2.36's waits in __condvar_quiesce_and_switch_g1
+   * for woken waiters that have not run yet, and libuv's pool held the
+   * loop 27.7 ms there once, docs/benchmarks.md) */
+  sem_t ready;
   tp_workers_req_t *head, *tail; /* queued, oldest first */
   size_t queued, max_queued;
   int closing; /* the threads leave; nothing more is queued */
@@ -44,14 +50,19 @@ static void tp__workers_ring(tp_workers_t *w) {
 
 static void *tp__workers_main(void *arg) {
   tp_workers_t *w = arg;
-  pthread_mutex_lock(&w->mu);
   for (;;) {
     tp_workers_req_t *req, *old;
-    while (w->head == NULL && !w->closing)
-      pthread_cond_wait(&w->cv, &w->mu);
-    if (w->closing)
+    while (sem_wait(&w->ready) < 0 && errno == EINTR)
+      ;
+    pthread_mutex_lock(&w->mu);
+    if (w->closing) {
+      pthread_mutex_unlock(&w->mu);
       break; /* what is still queued is the closer's to cancel */
-    req = w->head;
+    }
+    if ((req = w->head) == NULL) {
+      pthread_mutex_unlock(&w->mu);
+      continue;
+    }
     w->head = req->next;
     if (w->head == NULL)
       w->tail = NULL;
@@ -66,9 +77,7 @@ static void *tp__workers_main(void *arg) {
     while (!atomic_compare_exchange_weak(&w->done, &old, req));
     if (old == NULL)
       tp__workers_ring(w); /* wakes the loop; this thread holds nothing */
-    pthread_mutex_lock(&w->mu);
   }
-  pthread_mutex_unlock(&w->mu);
   return NULL;
 }
 
@@ -113,17 +122,19 @@ static void tp__workers_poll_cb(uv_poll_t *h, int status, int events) {
 }
 
 static void tp__workers_free(tp_workers_t *w) {
-  pthread_cond_destroy(&w->cv);
+  sem_destroy(&w->ready);
   pthread_mutex_destroy(&w->mu);
   free(w);
 }
 
-/* Stops the first n threads (they are started, none is busy). */
+/* Stops the first n threads: each leaves at its next post (a busy one
+ * once its request is done). */
 static void tp__workers_join(tp_workers_t *w, int n) {
   pthread_mutex_lock(&w->mu);
   w->closing = 1;
-  pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
+  for (int i = 0; i < n; i++)
+    sem_post(&w->ready);
   for (int i = 0; i < n; i++)
     pthread_join(w->threads[i], NULL);
 }
@@ -145,7 +156,7 @@ tp_workers_t *tp_workers_new(uv_loop_t *loop, int nthreads, size_t max_queued, i
   w->max_queued = max_queued;
   w->nthreads = nthreads;
   pthread_mutex_init(&w->mu, NULL);
-  pthread_cond_init(&w->cv, NULL);
+  sem_init(&w->ready, 0, 0);
   w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (w->efd < 0) {
     *err = -errno;
@@ -197,7 +208,7 @@ int tp_workers_submit(tp_workers_t *w, tp_workers_req_t *req) {
   w->queued++;
   pthread_mutex_unlock(&w->mu);
   /* after the unlock: the thread it wakes does not wait on the lock */
-  pthread_cond_signal(&w->cv);
+  sem_post(&w->ready);
   w->pending++;
   tp__workers_ref(w);
   return 0;
@@ -215,11 +226,8 @@ void tp_workers_close(tp_workers_t *w) {
   tp_workers_req_t *req;
   pthread_mutex_lock(&w->mu);
   if (!w->closing) {
-    w->closing = 1;
-    pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
-    for (int i = 0; i < w->nthreads; i++)
-      pthread_join(w->threads[i], NULL);
+    tp__workers_join(w, w->nthreads);
   } else {
     pthread_mutex_unlock(&w->mu); /* tp_workers_new's failure: joined there */
   }

@@ -10,7 +10,8 @@
  * signal is half sent: on a loaded host a worker preempted by the very
  * wake-up it sent held the loop for milliseconds, docs/benchmarks.md.)
  * The queue of requests waiting for a thread is under a mutex that a
- * worker holds only to take one off.
+ * worker holds only to take one off; the loop wakes a worker with a
+ * semaphore's post, which never waits.
  *
  * The request is the caller's, untouched by the workers but for `next`,
  * until done() runs; done() may free it and may submit more. */
