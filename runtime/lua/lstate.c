@@ -228,6 +228,8 @@ int tp_main(int argc, char **argv) {
   tp_job_stop(&loop);
   uv_walk(&loop, tp__close_walk_cb, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
+  tp_job_stop(&loop); /* workers made again by a close callback's job */
+  uv_run(&loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&loop) != 0)
     fprintf(stderr, "tupper: event loop still busy at exit\n");
   return code;
