@@ -1,7 +1,7 @@
 /* tupper: one bounded HTTP GET over libcurl, for the registry client.
  *
- * Blocking: the Lua binding (lhttp.c) runs it in libuv's thread pool.  Every
- * byte from the server is hostile: the body is capped (max_bytes), the
+ * Blocking: the Lua binding (lhttp.c) runs it on the loop's worker
+ * threads (job.h).  Every byte from the server is hostile: the body is capped (max_bytes), the
  * headers are capped, redirects are few and never go from https to http,
  * a stalled or dripping transfer ends (low-speed limit), and the whole
  * transfer has a deadline.  A body going to a file is hashed (SHA-256) as it

@@ -1,12 +1,14 @@
-/* tp_job_queue: a uv_work_t of its own around the caller's data; long
- * jobs wait in a lane of their own for their turn (job.h). */
+/* tp_job_queue: a request of its own to the loop's workers around the
+ * caller's data; long jobs wait in a lane of their own for their turn
+ * (job.h). */
 #include <stdlib.h>
 
 #include "job.h"
+#include "workers.h"
 
 typedef struct tp__job_s tp__job_t;
 struct tp__job_s {
-  uv_work_t req;
+  tp_workers_req_t req; /* first: the request is the job */
   uv_loop_t *loop;
   tp_job_work_fn work;
   tp_job_after_fn after;
@@ -15,29 +17,73 @@ struct tp__job_s {
   tp__job_t *next; /* waiting in the long lane */
 };
 
-/* The long lane: what libuv's pool is, one for the process. */
+/* The long lane: one for the process (the daemon has one loop). */
 static struct {
   tp__job_t *head, *tail;
   int running;
 } tp__long;
 
-int tp_job_long_max(void) {
-  /* as libuv sizes its pool (src/threadpool.c): 1..1024, default 4 */
+/* The loop's workers, made at its first job (one loop in the daemon; a
+ * test makes a few, one after another). */
+static struct tp__job_loop_s {
+  uv_loop_t *loop;
+  tp_workers_t *w;
+  struct tp__job_loop_s *next;
+} *tp__loops;
+
+int tp_job_threads(void) {
+  /* sized as libuv sized its pool (src/threadpool.c): 1..1024, default 4 */
   const char *v = getenv("UV_THREADPOOL_SIZE");
   long n = v != NULL ? strtol(v, NULL, 10) : 4;
   if (n < 1)
     n = 1;
   if (n > 1024)
     n = 1024;
-  return n / 2 > 0 ? (int) (n / 2) : 1;
+  return (int) n;
 }
 
-static void tp__job_work(uv_work_t *req) {
-  tp__job_t *j = req->data;
+int tp_job_long_max(void) {
+  int n = tp_job_threads();
+  return n / 2 > 0 ? n / 2 : 1;
+}
+
+static int tp__job_submit(tp__job_t *j) {
+  struct tp__job_loop_s *l = tp__loops;
+  int err = 0;
+  while (l != NULL && l->loop != j->loop)
+    l = l->next;
+  if (l == NULL) {
+    if ((l = malloc(sizeof(*l))) == NULL)
+      return UV_ENOMEM;
+    l->w = tp_workers_new(j->loop, tp_job_threads(), TP_JOB_MAX_QUEUED, &err);
+    if (l->w == NULL) {
+      free(l);
+      return err;
+    }
+    l->loop = j->loop;
+    l->next = tp__loops;
+    tp__loops = l;
+  }
+  return tp_workers_submit(l->w, &j->req);
+}
+
+void tp_job_stop(uv_loop_t *loop) {
+  struct tp__job_loop_s **p = &tp__loops, *l;
+  while (*p != NULL && (*p)->loop != loop)
+    p = &(*p)->next;
+  if ((l = *p) == NULL)
+    return;
+  *p = l->next;
+  tp_workers_close(l->w);
+  free(l);
+}
+
+static void tp__job_work(tp_workers_req_t *req) {
+  tp__job_t *j = (tp__job_t *) req;
   j->work(j->data);
 }
 
-static void tp__job_after(uv_work_t *req, int status);
+static void tp__job_after(tp_workers_req_t *req, int status);
 
 /* The next long jobs that may run now, to the pool; one that cannot be
  * queued there is answered with that error (its caller was told 0). */
@@ -50,14 +96,13 @@ static void tp__long_next(void) {
       tp__long.tail = NULL;
     j->next = NULL;
     tp__long.running++;
-    r = uv_queue_work(j->loop, &j->req, tp__job_work, tp__job_after);
-    if (r < 0)
+    if ((r = tp__job_submit(j)) < 0)
       tp__job_after(&j->req, r);
   }
 }
 
-static void tp__job_after(uv_work_t *req, int status) {
-  tp__job_t *j = req->data;
+static void tp__job_after(tp_workers_req_t *req, int status) {
+  tp__job_t *j = (tp__job_t *) req;
   tp_job_after_fn after = j->after;
   void *data = j->data;
   int is_long = j->is_long;
@@ -74,7 +119,8 @@ static tp__job_t *tp__job_new(uv_loop_t *loop, tp_job_work_fn work, tp_job_after
   tp__job_t *j = malloc(sizeof(*j));
   if (j == NULL)
     return NULL;
-  j->req.data = j;
+  j->req.work = tp__job_work;
+  j->req.done = tp__job_after;
   j->loop = loop;
   j->work = work;
   j->after = after;
@@ -89,8 +135,7 @@ int tp_job_queue(uv_loop_t *loop, tp_job_work_fn work, tp_job_after_fn after, vo
   int r;
   if (j == NULL)
     return UV_ENOMEM;
-  r = uv_queue_work(loop, &j->req, tp__job_work, tp__job_after);
-  if (r < 0)
+  if ((r = tp__job_submit(j)) < 0)
     free(j);
   return r;
 }
@@ -101,8 +146,7 @@ int tp_job_queue_long(uv_loop_t *loop, tp_job_work_fn work, tp_job_after_fn afte
   if (tp__long.running < tp_job_long_max() && tp__long.head == NULL) {
     if ((j = tp__job_new(loop, work, after, data, 1)) == NULL)
       return UV_ENOMEM;
-    r = uv_queue_work(loop, &j->req, tp__job_work, tp__job_after);
-    if (r < 0) {
+    if ((r = tp__job_submit(j)) < 0) {
       free(j);
       return r;
     }

@@ -1,5 +1,5 @@
 /* tupper.core's HTTP binding for the registry client
- * (lua/tupper/registry.lua).  Each fetch runs in libuv's thread pool so the
+ * (lua/tupper/registry.lua).  Each fetch runs on the loop's worker threads so the
  * daemon keeps serving while a layer downloads; its callback runs on the
  * loop.  Arguments are checked before any C resource is taken (STYLE 12). */
 #include <errno.h>

@@ -1,6 +1,7 @@
 /* The image store's C half, for lua/tupper/images.lua: layer unpacking,
  * blob hashing and tarring a rootfs dir (backends/linux/layer.c), each run
- * in libuv's thread pool so the daemon keeps serving meanwhile.
+ * on the loop's worker threads (job.h) so the daemon keeps serving
+ * meanwhile.
  *
  *   core.layer_unpack({ blob=, dir= (layers dir), uid_base=, gid_base=,
  *                       id_count=, max_tar_bytes=, max_bytes=, max_entries=,

@@ -15,6 +15,7 @@
 
 #include "embed.h"
 #include "fast.h"
+#include "job.h"
 
 int tp_lua_pcall(lua_State *L, int nargs, int nresults, int flags) {
   int base = lua_gettop(L) - nargs; /* index of the function */
@@ -219,10 +220,15 @@ int tp_main(int argc, char **argv) {
   }
   /* Shutdown order: Lua's main has closed its handles and drained the loop;
    * closing the state collects what is left (a box's __gc kills it), the
-   * loop runs the close callbacks, then any stray handle is closed. */
+   * loop runs the close callbacks and the jobs that queued (a box's
+   * removal), the worker threads are joined, then any stray handle is
+   * closed. */
   tp_lua_close(L);
   uv_run(&loop, UV_RUN_DEFAULT);
+  tp_job_stop(&loop);
   uv_walk(&loop, tp__close_walk_cb, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  tp_job_stop(&loop); /* workers made again by a close callback's job */
   uv_run(&loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&loop) != 0)
     fprintf(stderr, "tupper: event loop still busy at exit\n");

@@ -188,6 +188,8 @@ static void test_job(void) {
   uv_run(&loop, UV_RUN_DEFAULT);
   check(atomic_load(&job_runs) == 4 && job_afters == 4 && job_status_sum == 0,
         "job: each ran once in the pool, then on the loop");
+  tp_job_stop(&loop); /* the loop's workers, made at its first job */
+  uv_run(&loop, UV_RUN_DEFAULT);
   check(uv_loop_close(&loop) == 0, "job: the loop closes (the helper freed its requests)");
 }
 
@@ -237,6 +239,8 @@ static void test_job_long(void) {
   uv_run(&loop, UV_RUN_DEFAULT);
   check(long_afters == 6 && atomic_load(&long_most) <= max,
         "job: all six ran, at most %d at once (%d)", max, atomic_load(&long_most));
+  tp_job_stop(&loop); /* the loop's workers, made at its first job */
+  uv_run(&loop, UV_RUN_DEFAULT);
   check(uv_loop_close(&loop) == 0, "job: the loop closes");
 }
 
@@ -272,6 +276,8 @@ static void test_start_refused(void) {
   uv_run(&loop, UV_RUN_DEFAULT);
   check(!called, "start: a refused start never calls back");
   tp_daemon_close(&d);
+  tp_job_stop(&loop); /* the loop's workers, made at its first job */
+  uv_run(&loop, UV_RUN_DEFAULT);
   check(uv_loop_close(&loop) == 0, "start: the loop closes");
 }
 

@@ -28,6 +28,7 @@
 #include "backend.h"
 #include "cgroup.h"
 #include "dbox.h"
+#include "job.h"
 #include "dbox_int.h"
 #include "utils.h"
 
@@ -226,6 +227,8 @@ int main(void) {
   check(!exists(box_dir) && !listed(&root, id2), "the dir and the cgroup are gone");
   tp_dbox_release(b);
 out:
+  uv_run(&loop, UV_RUN_DEFAULT);
+  tp_job_stop(&loop); /* the loop's workers, made at its first job */
   uv_run(&loop, UV_RUN_DEFAULT);
   check(uv_loop_close(&loop) == 0, "the loop closes");
   rmdir(box_dir);

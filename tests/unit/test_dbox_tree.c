@@ -30,6 +30,7 @@
 #include "backend.h"
 #include "cgroup.h"
 #include "dbox.h"
+#include "job.h"
 #include "dbox_int.h"
 #include "utils.h"
 
@@ -223,6 +224,8 @@ static void v2_private(const tp_backend_t *lx, const char *host_id) {
     }
     tp_dbox_release(b);
     uv_run(&loop, UV_RUN_DEFAULT);
+    tp_job_stop(&loop); /* the loop's workers, made at its first job */
+    uv_run(&loop, UV_RUN_DEFAULT);
     check(uv_loop_close(&loop) == 0, "v2: the loop closes");
     tp_cgroup_prune(&root, NULL);
     tp_cgroup_root_free(&root);
@@ -359,6 +362,8 @@ out:
   if (b != NULL) {
     tp_dbox_release(b);
   }
+  uv_run(&loop, UV_RUN_DEFAULT);
+  tp_job_stop(&loop); /* the loop's workers, made at its first job */
   uv_run(&loop, UV_RUN_DEFAULT);
   check(uv_loop_close(&loop) == 0, "the loop closes");
   rmdir(dir);

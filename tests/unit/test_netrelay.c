@@ -33,6 +33,7 @@
 #include <uv.h>
 
 #include "dbox.h"
+#include "job.h"
 #include "dbox_int.h"
 #include "frame.h"
 #include "netrelay.h"
@@ -378,6 +379,8 @@ static void test_give(void) {
   close(ag.fd);
   tp_dbox_release(b);
   uv_run(&loop, UV_RUN_DEFAULT);
+  tp_job_stop(&loop); /* the loop's workers, made at its first job */
+  uv_run(&loop, UV_RUN_DEFAULT);
   check(uv_loop_close(&loop) == 0, "the loop closes: every handle is gone");
   close(l);
   rmdir(dir);
@@ -617,6 +620,8 @@ int main(void) {
 
   tp_netrelay_release(nr);
   tp_dbox_release(b);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  tp_job_stop(&loop); /* the loop's workers, made at its first job */
   uv_run(&loop, UV_RUN_DEFAULT);
   check(uv_loop_close(&loop) == 0, "the loop closes: every handle is gone");
   rmdir(dir);
