@@ -71,3 +71,64 @@ describe("timeouts", function()
     assert(call("sandbox.kill", { id = sb.id }))
   end)
 end)
+
+describe("a request to a box's agent", function()
+  local d, c
+  local TIMEOUT = 500 -- TUPPER_AGENT_TIMEOUT_MS: the daemon's own is 120 s
+
+  setup(function()
+    local env = {}
+    local p = io.popen("env")
+    for line in p:read("a"):gmatch("[^\n]+") do
+      if line:find("=", 1, true) and not line:match("^TUPPER_AGENT_TIMEOUT_MS=") then env[#env + 1] = line end
+    end
+    p:close()
+    env[#env + 1] = "TUPPER_AGENT_TIMEOUT_MS=" .. TIMEOUT
+    d = helper.start_daemon(nil, { pool = 0, env = env })
+    c = assert(d.connect())
+  end)
+  teardown(function()
+    helper.stop_daemon_and_client(d, c)
+    helper.drain()
+  end)
+
+  local function agent_pid(id)
+    local f = assert(io.open(d.state .. "/boxes/" .. id .. ".json"))
+    local pid = f:read("a"):match('"pid"%s*:%s*(%d+)')
+    f:close()
+    return assert(math.tointeger(tonumber(pid)))
+  end
+
+  it("fails once its agent has not answered in time, each request at its own time", function()
+    local id = assert(helper.call(c, "sandbox.create", {})).id
+    assert(helper.call(c, "fs.stat", { sandbox = id, path = "/" }))
+    local apid = agent_pid(id)
+    assert.are.equal(0, helper.sh_status("kill -STOP " .. apid))
+    local done = {}
+    local function stat(name, path)
+      local t0 = helper.now()
+      local r, err = c:call("fs.stat", { sandbox = id, path = path })
+      done[name] = { r = r, err = err, ms = helper.now() - t0 }
+    end
+    helper.sync(function()
+      async.spawn(stat, "first", "/")
+      async.sleep(TIMEOUT // 2)
+      async.spawn(stat, "second", "/etc")
+      helper.poll(function() return done.first and done.second end)
+      -- in flight alone, after the others' timer has gone
+      stat("third", "/bin")
+    end)
+    helper.sh_status("kill -CONT " .. apid)
+    for _, name in ipairs({ "first", "second", "third" }) do
+      local r = done[name]
+      assert.is_nil(r.r, name)
+      local msg = type(r.err) == "table" and r.err.message or tostring(r.err)
+      assert.truthy(msg:find("did not answer in time", 1, true), name .. ": " .. msg)
+      -- not before its own due time (the second was sent half a timeout
+      -- after the first), and not the daemon's 120 s
+      assert.truthy(r.ms >= TIMEOUT - 20, name .. " " .. r.ms)
+      assert.truthy(r.ms < 20000, name .. " " .. r.ms)
+    end
+    assert.truthy(done.second.ms >= TIMEOUT - 20)
+  end)
+end)
