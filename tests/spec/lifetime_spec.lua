@@ -70,6 +70,38 @@ describe("timeouts", function()
     assert.truthy(helper.now() - t0 < 20000) -- not the sleep's 100 s
     assert(call("sandbox.kill", { id = sb.id }))
   end)
+
+  it("kills each process at its own timeout, one without a timeout never", function()
+    -- one deadline timer a box (sandbox.lua): armed for the long one
+    -- first, then earlier for the short one started after it
+    local sb = assert(call("sandbox.create", {}))
+    local exits, waiter = {}, nil
+    c:on("process.exit", function(p)
+      exits[#exits + 1] = { pid = p.pid, timed_out = p.timed_out, signal = p.signal, at = helper.now() }
+      if waiter then waiter() end
+    end)
+    local free = assert(call("process.start", { sandbox = sb.id, argv = { "sleep", "100" } }))
+    local t0 = helper.now()
+    local long = assert(call("process.start", { sandbox = sb.id, argv = { "sleep", "100" }, timeout = 1.5 }))
+    local short = assert(call("process.start", { sandbox = sb.id, argv = { "sleep", "100" }, timeout = 0.2 }))
+    sync(function()
+      while #exits < 2 do async.wait(function(cb) waiter = cb end) end
+    end)
+    waiter = nil
+    assert.are.equal(short.pid, exits[1].pid)
+    assert.are.equal(long.pid, exits[2].pid)
+    for _, e in ipairs(exits) do
+      assert.is_true(e.timed_out)
+      assert.are.equal(9, e.signal)
+    end
+    assert.truthy(exits[1].at - t0 < 1400, "the short one waited for the long one")
+    assert.truthy(exits[2].at - t0 >= 1480, "the long one went early")
+    local list = assert(call("process.list", { sandbox = sb.id }))
+    local alive = false
+    for _, p in ipairs(list.processes) do alive = alive or p.pid == free.pid end
+    assert.is_true(alive, "the process without a timeout was killed")
+    assert(call("sandbox.kill", { id = sb.id }))
+  end)
 end)
 
 describe("a request to a box's agent", function()

@@ -32,11 +32,7 @@ local Sandbox = {}
 Sandbox.__index = lazy.index(Sandbox, { "pending", "procs", "exited", "watches" })
 
 local function release(proc)
-  if proc.timer then
-    proc.timer:stop()
-    proc.timer:close()
-    proc.timer = nil
-  end
+  proc.kill_due = nil
 end
 
 local function now_iso()
@@ -312,7 +308,7 @@ end
 function Sandbox:_fail_all(reason)
   local pending = self.pending
   self.pending = nil
-  if self._req_timer then self._req_timer:close(); self._req_timer = nil end
+  if self._due_timer then self._due_timer:close(); self._due_timer = nil end
   for _, p in pairs(pending) do
     p.cb(nil, "sandbox stopped: " .. reason, 0)
   end
@@ -341,26 +337,39 @@ function Sandbox:request(type_, fields, tree)
   local ok, err, code = self.box:send(type_, id, fields, tree)
   if not ok then return nil, err, 0, code end
   return async.wait(function(cb)
-    self.pending[id] = { cb = cb, due = uv.now() + M.REQUEST_TIMEOUT_MS }
-    local timer = self._req_timer
-    if not timer then
-      timer = uv.new_timer()
-      self._req_timer = timer
-    end
-    -- armed already for an earlier request, which is due first
-    if not timer:is_active() then
-      timer:start(M.REQUEST_TIMEOUT_MS, 0, function() self:_requests_due() end)
-    end
+    local due = uv.now() + M.REQUEST_TIMEOUT_MS
+    self.pending[id] = { cb = cb, due = due }
+    self:_due_by(due)
   end)
 end
 
--- The box's one deadline timer for its requests to the agent (a timer a
--- request cost a start its making and closing: docs/benchmarks.md, "`tupper
--- exec ID -- true`"): it fails the requests past their due time and is
--- armed again for the next one due; with none in flight it is closed, so an
--- idle box holds none.
-function Sandbox:_requests_due()
-  local now, next_due, late = uv.now(), nil, nil
+-- The box's one deadline timer, for its requests to the agent and its
+-- processes' timeouts (a luv timer each cost a start its making and
+-- closing: docs/benchmarks.md, "`tupper exec ID -- true`"): each records
+-- its due time (uv.now()'s clock), and the timer is armed for the earliest.
+-- When it goes off it fails the requests past due, kills the processes past
+-- theirs, and is armed again for the next; with nothing left to wait for it
+-- is closed, so an idle box holds none.
+function Sandbox:_due_by(due)
+  local timer = self._due_timer
+  if not timer then
+    timer = uv.new_timer()
+    self._due_timer = timer
+  elseif timer:is_active() and self._due_at <= due then
+    return
+  end
+  self._due_at = due
+  timer:start(math.max(due - uv.now(), 0), 0, function() self:_due() end)
+end
+
+--- Kills proc (SIGKILL, its group too) ms from now, unless it has exited.
+function Sandbox:kill_after(proc, ms)
+  proc.kill_due = uv.now() + ms
+  self:_due_by(proc.kill_due)
+end
+
+function Sandbox:_due()
+  local now, next_due, late, killed = uv.now(), nil, nil, nil
   for id, p in pairs(rawget(self, "pending") or {}) do
     if p.due <= now then
       late = late or {}
@@ -369,22 +378,38 @@ function Sandbox:_requests_due()
       next_due = p.due
     end
   end
-  if next_due then
-    self._req_timer:start(next_due - now, 0, function() self:_requests_due() end)
-  else
-    self._req_timer:close()
-    self._req_timer = nil
-  end
-  if not late then return end
-  table.sort(late)
-  for _, id in ipairs(late) do
-    local pending = rawget(self, "pending")
-    local p = pending and pending[id]
-    if p then
-      self.pending[id] = nil
-      if next(self.pending) == nil then self.pending = nil end
-      p.cb(nil, "the agent did not answer in time", 0)
+  for _, proc in pairs(rawget(self, "procs") or {}) do
+    local due = proc.kill_due
+    if due and due <= now then
+      killed = killed or {}
+      killed[#killed + 1] = proc
+    elseif due and (not next_due or due < next_due) then
+      next_due = due
     end
+  end
+  if next_due then
+    self._due_at = next_due
+    self._due_timer:start(next_due - now, 0, function() self:_due() end)
+  else
+    self._due_timer:close()
+    self._due_timer = nil
+  end
+  if late then
+    table.sort(late)
+    for _, id in ipairs(late) do
+      local pending = rawget(self, "pending")
+      local p = pending and pending[id]
+      if p then
+        self.pending[id] = nil
+        if next(self.pending) == nil then self.pending = nil end
+        p.cb(nil, "the agent did not answer in time", 0)
+      end
+    end
+  end
+  for _, proc in ipairs(killed or {}) do
+    proc.kill_due = nil
+    proc.timed_out = true
+    async.spawn(function() self:signal(proc, 9) end)
   end
 end
 
