@@ -11,6 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+/* A connection's first read buffer: a 64 KiB frame and its header */
+#define TP__SCONN_RBUF_FIRST (64u * 1024u + TP_SF_HDR)
+
 typedef struct tp__swrite_s tp__swrite_t;
 
 /* A DATA frame whose payload goes from a pipe into the socket (tp_sconn_splice). */
@@ -59,6 +62,7 @@ struct tp_sconn_s {
   unsigned nrecent;
   uint8_t *rbuf;
   size_t rlen;
+  size_t rcap;       /* rbuf's size: TP__SCONN_RBUF_FIRST, the largest frame once one needs it */
   int corked;        /* small frames wait in cbuf (tp_sconn_cork) */
   size_t clen;
   uint8_t cbuf[256];
@@ -374,11 +378,22 @@ static void tp__sconn_timer_cb(uv_timer_t *t) {
   tp__sconn_down(c, ETIMEDOUT, "the client took nothing for the idle time", 1);
 }
 
+/* A full read buffer holds a part of one frame (whole ones are parsed after
+ * each read): it grows to the largest frame's size, once.  Past that a
+ * full buffer cannot happen; a failed growth is libuv's UV_ENOBUFS, which
+ * ends the connection. */
 static void tp__sconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   tp_sconn_t *c = h->data;
   (void) suggested;
+  if (c->rlen == c->rcap && c->rcap < TP_SF_HDR + TP_SF_DATA_MAX) {
+    uint8_t *b = realloc(c->rbuf, TP_SF_HDR + TP_SF_DATA_MAX);
+    if (b != NULL) {
+      c->rbuf = b;
+      c->rcap = TP_SF_HDR + TP_SF_DATA_MAX;
+    }
+  }
   buf->base = (char *) c->rbuf + c->rlen;
-  buf->len = TP_SF_HDR + TP_SF_DATA_MAX - c->rlen;
+  buf->len = c->rcap - c->rlen;
 }
 
 /* One whole, valid frame from the peer. */
@@ -526,7 +541,10 @@ tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle
     return NULL;
   }
   c = calloc(1, sizeof(*c));
-  if (c == NULL || (c->rbuf = malloc(TP_SF_HDR + TP_SF_DATA_MAX)) == NULL) {
+  /* a small buffer first (from the heap: a buffer of the largest frame's
+   * size was a mmap, a page fault and a munmap every connection, and
+   * `tupper exec` makes one a start); it grows when a frame needs it */
+  if (c == NULL || (c->rbuf = malloc(c->rcap = TP__SCONN_RBUF_FIRST)) == NULL) {
     free(c);
     close(fd);
     tp_error_set(err, ENOMEM, "data connection: out of memory");

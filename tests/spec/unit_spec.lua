@@ -153,3 +153,39 @@ describe("inputs the fuzzer found", function()
     assert.is_nil((schema.validate("process.start", { sandbox = "a", cmd = "x", env = { A = string.rep("x", 40000) } })))
   end)
 end)
+
+describe("deadlines", function()
+  local uv = require("luv")
+  local deadlines = require("tupper.util.deadlines")
+
+  it("calls each entry at its own time on one timer, earliest first, a cancelled one never", function()
+    local set = deadlines.new()
+    local got, t0 = {}, helper.now()
+    local function at(name) return function() got[#got + 1] = { name = name, ms = helper.now() - t0 } end end
+    set:add(300, at("late"))
+    local first = set.timer
+    set:add(100, at("early")) -- sooner than the armed one: armed again
+    local gone = set:add(200, at("cancelled"))
+    set:cancel(gone)
+    assert.are.equal(first, set.timer, "one timer for all")
+    helper.sync(function()
+      while #got < 2 do require("tupper.util.async").sleep(10) end
+    end)
+    assert.are.equal("early", got[1].name)
+    assert.are.equal("late", got[2].name)
+    assert.truthy(got[1].ms >= 90 and got[1].ms < 290, "early at " .. got[1].ms)
+    assert.truthy(got[2].ms >= 290, "late at " .. got[2].ms)
+    assert.is_nil(set.timer, "closed with nothing left")
+    -- and made again for the next entry
+    local again = false
+    set:add(10, function() again = true end)
+    helper.sync(function() while not again do require("tupper.util.async").sleep(5) end end)
+    assert.is_true(again)
+    local called = false
+    set:cancel(set:add(10, function() called = true end))
+    helper.sync(function() require("tupper.util.async").sleep(50) end)
+    assert.is_false(called, "a cancelled entry was called")
+    assert.is_nil(set.timer)
+    uv.run("nowait")
+  end)
+end)

@@ -308,6 +308,36 @@ static void test_bad_length(void) {
   pump(5);
 }
 
+/* The read buffer starts small and grows for a frame larger than it:
+ * small frames, a frame of the largest size, small frames again, all whole
+ * and in order. */
+static void test_large_frame(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_DEFAULT, 0);
+  tp_sframe_t f;
+  uint8_t *big = malloc(TP_SF_DATA_MAX);
+  uint8_t small[10];
+  uint64_t want = 0;
+  for (uint32_t i = 0; i < TP_SF_DATA_MAX; i++)
+    want += (big[i] = (uint8_t) (i * 13 + (i >> 11)));
+  memset(small, 5, sizeof(small));
+  want += 2 * 5 * sizeof(small);
+  check(tp_sconn_open(c, 9, TP_SK_FILE_WRITE, 2 * TP_SF_DATA_MAX, 1, NULL, NULL) == 0,
+        "open a receiving stream of 2 MiB");
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  peer_data(peer, 9, small, sizeof(small));
+  peer_data(peer, 9, big, TP_SF_DATA_MAX);
+  peer_data(peer, 9, small, sizeof(small));
+  pump(20);
+  check(o.got == TP_SF_DATA_MAX + 2 * sizeof(small) && o.sum == want && o.errors == 0 && o.closed == 0,
+        "10 bytes, 1 MiB and 10 bytes arrive whole (%zu bytes)", (size_t) o.got);
+  tp_sconn_close(c);
+  close(peer);
+  free(big);
+  pump(5);
+}
+
 /* A half-written frame, then the client goes. */
 static void test_half_frame(void) {
   owner_t o;
@@ -635,6 +665,7 @@ int main(void) {
   test_unknown();
   test_bad_length();
   test_half_frame();
+  test_large_frame();
   test_never_reads();
   test_waiting_is_not_idle();
   test_queue_cap_streams();

@@ -1,14 +1,12 @@
 --- The socket API's methods.  Each handler runs in its own coroutine with
 -- validated params (tupper.schema) and returns a result table, or nil, code,
 -- message[, data] for a JSON-RPC error.
-local uv = require("luv")
 local core = require("tupper.core")
 local json = require("tupper.util.json")
 local rpc = require("tupper.wire.rpc")
 local schema = require("tupper.wire.schema")
 local guard = require("tupper.recipe.guard")
 local sandbox = require("tupper.daemon.sandbox")
-local async = require("tupper.util.async")
 local build = require("tupper.recipe.build")
 local backends = require("tupper.backend.registry")
 local paths = require("tupper.util.paths")
@@ -302,13 +300,7 @@ local function start(sb, conn, argv, p, x)
   proc.encoding = p.encoding or "base64"
   if p.timeout and p.timeout > 0 then
     -- the process (and its group) is killed when its time is up
-    proc.timer = uv.new_timer()
-    proc.timer:start(math.ceil(p.timeout * 1000), 0, function()
-      proc.timer:close()
-      proc.timer = nil
-      proc.timed_out = true
-      async.spawn(function() sb:signal(proc, 9) end)
-    end)
+    sb:kill_after(proc, math.ceil(p.timeout * 1000))
   end
   return { pid = proc.pid, streams = streams }
 end

@@ -9,6 +9,7 @@ local core = require("tupper.core")
 local json = require("tupper.util.json")
 local rpc = require("tupper.wire.rpc")
 local async = require("tupper.util.async")
+local deadlines = require("tupper.util.deadlines")
 
 local M = {}
 
@@ -33,6 +34,10 @@ M.FILE_FDS = 1                -- hello's `file_fds`: fs.read_fd and fs.write_fd 
 M.FD_SEND_WAIT_MS = 2000      -- how long an fd's reply waits for the connection to take it
 M.WRITE_FD = true             -- fs.write_stream into a linux box's file itself (stream_fs.c)
 M.READ_FD = true              -- fs.read_stream of a linux box's file itself (stream_fs.c)
+
+-- the waits for an attach (M.await_data_conn) and for a channel (an early
+-- attach), on one timer
+local waits = deadlines.new()
 M.SENDS_OWN_REPLY = { ["fs.read_fd"] = true, ["fs.write_fd"] = true }
 M.SENT = setmetatable({}, { __name = "sent" }) -- a handler's result: its reply went out already
 
@@ -138,18 +143,18 @@ function M.register(h, helpers)
       d.early_attaches = (d.early_attaches or 0) + 1
       conn.early_attaches = (conn.early_attaches or 0) + 1
       async.wait(function(cb)
-        local t = uv.new_timer()
+        local entry
         d.early_attach = d.early_attach or {}
         local waiting = d.early_attach[p.token] or {}
         d.early_attach[p.token] = waiting
         local function done()
           waiting[done] = nil
           if next(waiting) == nil and d.early_attach[p.token] == waiting then d.early_attach[p.token] = nil end
-          if not t:is_closing() then t:close() end
+          waits:cancel(entry)
           cb()
         end
         waiting[done] = true
-        t:start(M.EARLY_ATTACH_MS, 0, done)
+        entry = waits:add(M.EARLY_ATTACH_MS, done)
       end)
       d.early_attaches = d.early_attaches - 1
       conn.early_attaches = conn.early_attaches - 1
@@ -223,15 +228,15 @@ function M.register(h, helpers)
     if last and not conn.closed then
       on_control_close(conn) -- its close ends the wait
       async.wait(function(cb)
-        local t = uv.new_timer()
+        local entry
         local function done()
           if conn._attach_waiters then conn._attach_waiters[done] = nil end
-          if not t:is_closing() then t:close() end
+          waits:cancel(entry)
           cb()
         end
         conn._attach_waiters = conn._attach_waiters or {}
         conn._attach_waiters[done] = true
-        t:start(math.min(last - now, M.ATTACH_WAIT_MS), 0, done)
+        entry = waits:add(math.min(last - now, M.ATTACH_WAIT_MS), done)
       end)
     end
     return M.data_conn(conn)

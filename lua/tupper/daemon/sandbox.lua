@@ -13,7 +13,14 @@ local lazy = require("tupper.util.lazy")
 local MSG = core.MSG
 local M = {}
 
+-- How long a request to the agent may wait for its answer.  The daemon
+-- takes a shorter one from TUPPER_AGENT_TIMEOUT_MS (for tests: a stopped
+-- agent's request then fails in a test's time), never a longer one.
 M.REQUEST_TIMEOUT_MS = 120000
+do
+  local v = math.tointeger(tonumber(os.getenv("TUPPER_AGENT_TIMEOUT_MS") or ""))
+  if v and v >= 10 and v < M.REQUEST_TIMEOUT_MS then M.REQUEST_TIMEOUT_MS = v end
+end
 M.ID_COUNT = 65536 -- uids and gids mapped into each box
 -- TP_WE_* of proto.h, by number
 M.WATCH_EVENTS = { "create", "write", "remove", "rename", "chmod", "overflow", "end" }
@@ -25,11 +32,7 @@ local Sandbox = {}
 Sandbox.__index = lazy.index(Sandbox, { "pending", "procs", "exited", "watches" })
 
 local function release(proc)
-  if proc.timer then
-    proc.timer:stop()
-    proc.timer:close()
-    proc.timer = nil
-  end
+  proc.kill_due = nil
 end
 
 local function now_iso()
@@ -218,7 +221,6 @@ function Sandbox:_frame(t, id, f)
     if not p then return self:_hostile("reply to an unknown request " .. id) end
     self.pending[id] = nil
     if next(self.pending) == nil then self.pending = nil end
-    p.timer:stop(); p.timer:close()
     if t == MSG.OK then p.cb(f) else p.cb(nil, f.msg or "agent error", f.errno or 0) end
   elseif t == MSG.OUTPUT then
     local proc = self.procs[f.pid]
@@ -306,8 +308,8 @@ end
 function Sandbox:_fail_all(reason)
   local pending = self.pending
   self.pending = nil
+  if self._due_timer then self._due_timer:close(); self._due_timer = nil end
   for _, p in pairs(pending) do
-    p.timer:stop(); p.timer:close()
     p.cb(nil, "sandbox stopped: " .. reason, 0)
   end
   local watches = self.watches
@@ -335,17 +337,80 @@ function Sandbox:request(type_, fields, tree)
   local ok, err, code = self.box:send(type_, id, fields, tree)
   if not ok then return nil, err, 0, code end
   return async.wait(function(cb)
-    local timer = uv.new_timer()
-    self.pending[id] = { cb = cb, timer = timer }
-    timer:start(M.REQUEST_TIMEOUT_MS, 0, function()
-      if self.pending[id] then
+    local due = uv.now() + M.REQUEST_TIMEOUT_MS
+    self.pending[id] = { cb = cb, due = due }
+    self:_due_by(due)
+  end)
+end
+
+-- The box's one deadline timer, for its requests to the agent and its
+-- processes' timeouts (a luv timer each cost a start its making and
+-- closing: docs/benchmarks.md, "`tupper exec ID -- true`"): each records
+-- its due time (uv.now()'s clock), and the timer is armed for the earliest.
+-- When it goes off it fails the requests past due, kills the processes past
+-- theirs, and is armed again for the next; with nothing left to wait for it
+-- is closed, so an idle box holds none.
+function Sandbox:_due_by(due)
+  local timer = self._due_timer
+  if not timer then
+    timer = uv.new_timer()
+    self._due_timer = timer
+  elseif timer:is_active() and self._due_at <= due then
+    return
+  end
+  self._due_at = due
+  timer:start(math.max(due - uv.now(), 0), 0, function() self:_due() end)
+end
+
+--- Kills proc (SIGKILL, its group too) ms from now, unless it has exited.
+function Sandbox:kill_after(proc, ms)
+  proc.kill_due = uv.now() + ms
+  self:_due_by(proc.kill_due)
+end
+
+function Sandbox:_due()
+  local now, next_due, late, killed = uv.now(), nil, nil, nil
+  for id, p in pairs(rawget(self, "pending") or {}) do
+    if p.due <= now then
+      late = late or {}
+      late[#late + 1] = id
+    elseif not next_due or p.due < next_due then
+      next_due = p.due
+    end
+  end
+  for _, proc in pairs(rawget(self, "procs") or {}) do
+    local due = proc.kill_due
+    if due and due <= now then
+      killed = killed or {}
+      killed[#killed + 1] = proc
+    elseif due and (not next_due or due < next_due) then
+      next_due = due
+    end
+  end
+  if next_due then
+    self._due_at = next_due
+    self._due_timer:start(next_due - now, 0, function() self:_due() end)
+  else
+    self._due_timer:close()
+    self._due_timer = nil
+  end
+  if late then
+    table.sort(late)
+    for _, id in ipairs(late) do
+      local pending = rawget(self, "pending")
+      local p = pending and pending[id]
+      if p then
         self.pending[id] = nil
         if next(self.pending) == nil then self.pending = nil end
-        timer:close()
-        cb(nil, "the agent did not answer in time", 0)
+        p.cb(nil, "the agent did not answer in time", 0)
       end
-    end)
-  end)
+    end
+  end
+  for _, proc in ipairs(killed or {}) do
+    proc.kill_due = nil
+    proc.timed_out = true
+    async.spawn(function() self:signal(proc, 9) end)
+  end
 end
 
 M.USER_FILE_MAX = 1048576 -- /etc/passwd and /etc/group, read through the agent
