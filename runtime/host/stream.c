@@ -74,6 +74,8 @@ struct tp_sconn_s {
   uint32_t dx_sid;
   uint8_t *dx_dst;
   size_t dx_len, dx_got;
+  int hdr_first;      /* after a direct payload: the next read takes a header only, so that
+                         the next large payload goes to its room whole, not partly through rbuf */
 };
 
 struct tp__swrite_s {
@@ -399,6 +401,8 @@ static void tp__sconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) 
   }
   buf->base = (char *) c->rbuf + c->rlen;
   buf->len = TP_SF_HDR + TP_SF_DATA_MAX - c->rlen;
+  if (c->hdr_first && c->rlen < TP_SF_HDR)
+    buf->len = TP_SF_HDR - c->rlen;
 }
 
 /* One whole, valid frame from the peer. */
@@ -530,6 +534,7 @@ static void tp__sconn_direct_read(tp_sconn_t *c, size_t nread) {
   if (c->dx_got < c->dx_len)
     return;
   c->dx = 0;
+  c->hdr_first = 1;
   if (c->dx_dst == NULL || (s = tp__sconn_find(c, c->dx_sid)) == NULL)
     return; /* its stream ended meanwhile: dropped, as a late frame of it */
   if (c->cbs.on_data != NULL && !c->released)
@@ -595,6 +600,8 @@ static void tp__sconn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *bu
     return;
   }
   c->rlen += (size_t) nread;
+  if (c->rlen >= TP_SF_HDR)
+    c->hdr_first = 0; /* a header is in: as large a read as rbuf takes, or a direct payload */
   tp__sconn_parse(c);
 }
 
