@@ -71,6 +71,15 @@ struct tp_sconn_s {
   tp__swrite_t *hq, **hq_tail; /* behind it, in order: frames (copied) and spliced frames to come */
   uv_poll_t wpoll;    /* sp's wait for room in the socket, on wfd */
   int wfd;            /* a dup of the socket for wpoll (libuv keeps one handle an fd); -1 */
+  /* a DATA payload read straight into its owner's room (cbs.data_buf):
+   * the socket's reads go to dx_dst + dx_got, never past the frame; once
+   * its stream is over, dx_dst is NULL and the rest is read and dropped */
+  int dx;
+  uint32_t dx_sid;
+  uint8_t *dx_dst;
+  size_t dx_len, dx_got;
+  int hdr_first;      /* after a direct payload: the next read takes a header only, so that
+                         the next large payload goes to its room whole, not partly through rbuf */
 };
 
 struct tp__swrite_s {
@@ -144,6 +153,8 @@ static void tp__sconn_forget(tp_sconn_t *c, tp__sstream_t *s) {
     pp = &(*pp)->next;
   *pp = s->next;
   c->nstreams--;
+  if (c->dx && c->dx_sid == s->sid)
+    c->dx_dst = NULL; /* the owner may free its room: the rest of the payload is dropped */
   c->recent[c->nrecent++ % TP_SCONN_RECENT] = s->sid;
   free(s);
 }
@@ -385,6 +396,17 @@ static void tp__sconn_timer_cb(uv_timer_t *t) {
 static void tp__sconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   tp_sconn_t *c = h->data;
   (void) suggested;
+  if (c->dx) { /* the payload's rest, and not a byte past it */
+    size_t left = c->dx_len - c->dx_got;
+    if (c->dx_dst != NULL) {
+      buf->base = (char *) c->dx_dst + c->dx_got;
+      buf->len = left;
+    } else { /* dropped: rbuf is empty meanwhile */
+      buf->base = (char *) c->rbuf;
+      buf->len = left < c->rcap ? left : c->rcap;
+    }
+    return;
+  }
   if (c->rlen == c->rcap && c->rcap < TP_SF_HDR + TP_SF_DATA_MAX) {
     uint8_t *b = realloc(c->rbuf, TP_SF_HDR + TP_SF_DATA_MAX);
     if (b != NULL) {
@@ -394,6 +416,8 @@ static void tp__sconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) 
   }
   buf->base = (char *) c->rbuf + c->rlen;
   buf->len = c->rcap - c->rlen;
+  if (c->hdr_first && c->rlen < TP_SF_HDR)
+    buf->len = TP_SF_HDR - c->rlen;
 }
 
 /* One whole, valid frame from the peer. */
@@ -481,6 +505,57 @@ static void tp__sconn_frame(tp_sconn_t *c, const tp_sframe_t *f) {
   }
 }
 
+/* rbuf starts with a frame's valid header and part of its payload: a
+ * DATA frame of a stream whose owner has room for it (cbs.data_buf) has
+ * the rest read straight into that room (the part here copied there).
+ * Checked as tp__sconn_frame would once it is whole; any other frame
+ * waits in rbuf as before. */
+static void tp__sconn_direct(tp_sconn_t *c) {
+  uint32_t len, sid;
+  tp__sstream_t *s;
+  uint8_t *dst;
+  if (c->dx || c->rlen < TP_SF_HDR || c->rbuf[5] != TP_SF_DATA || c->cbs.data_buf == NULL ||
+      c->released || c->down)
+    return;
+  len = (uint32_t) c->rbuf[0] | (uint32_t) c->rbuf[1] << 8 | (uint32_t) c->rbuf[2] << 16 |
+        (uint32_t) c->rbuf[3] << 24;
+  sid = (uint32_t) c->rbuf[8] | (uint32_t) c->rbuf[9] << 8 | (uint32_t) c->rbuf[10] << 16 |
+        (uint32_t) c->rbuf[11] << 24;
+  if (len < TP_SCONN_DIRECT_MIN || len > TP_SF_DATA_MAX || c->rlen - TP_SF_HDR >= len)
+    return;
+  s = tp__sconn_find(c, sid);
+  if (s == NULL || !s->peer_sends || s->peer_end || len > s->recv_left)
+    return; /* its error once it is whole */
+  if ((dst = c->cbs.data_buf(c, sid, s->data, len)) == NULL)
+    return;
+  memcpy(dst, c->rbuf + TP_SF_HDR, c->rlen - TP_SF_HDR);
+  c->dx = 1;
+  c->dx_sid = sid;
+  c->dx_dst = dst;
+  c->dx_len = len;
+  c->dx_got = c->rlen - TP_SF_HDR;
+  c->rlen = 0;
+  s->recv_left -= len;
+  c->last_progress = uv_now(c->loop);
+}
+
+/* nread more bytes of the direct payload (tp__sconn_direct); once it is
+ * all there, the owner gets it. */
+static void tp__sconn_direct_read(tp_sconn_t *c, size_t nread) {
+  tp__sstream_t *s;
+  c->dx_got += nread;
+  if (nread > 0)
+    c->last_progress = uv_now(c->loop);
+  if (c->dx_got < c->dx_len)
+    return;
+  c->dx = 0;
+  c->hdr_first = 1;
+  if (c->dx_dst == NULL || (s = tp__sconn_find(c, c->dx_sid)) == NULL)
+    return; /* its stream ended meanwhile: dropped, as a late frame of it */
+  if (c->cbs.on_data != NULL && !c->released)
+    c->cbs.on_data(c, s->sid, s->data, c->dx_dst, c->dx_len);
+}
+
 /* The whole frames read so far, one by one, while the queue is under its
  * cap: a frame's answer (an ERROR, a CREDIT) is queued before the next
  * is looked at, so the cap is passed by one frame's answer at most.  At
@@ -488,12 +563,15 @@ static void tp__sconn_frame(tp_sconn_t *c, const tp_sframe_t *f) {
  * tp__sconn_unhold comes back here once the queue is down. */
 static void tp__sconn_parse(tp_sconn_t *c) {
   size_t off = 0;
+  int partial = 0;
   while (!c->down && c->queued < c->queued_max) {
     tp_sframe_t f;
     const char *why = "malformed frame";
     long n = tp_sframe_parse(c->rbuf + off, c->rlen - off, &f, &why);
-    if (n == 0)
+    if (n == 0) {
+      partial = 1;
       break;
+    }
     if (n < 0) {
       tp__sconn_down(c, EPROTO, why, 1);
       return;
@@ -507,6 +585,8 @@ static void tp__sconn_parse(tp_sconn_t *c) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;
   }
+  if (partial)
+    tp__sconn_direct(c);
   if (c->queued >= c->queued_max && !c->read_paused) {
     /* the peer does not read what is queued: nothing more is read from it
      * (what it sends waits in its socket) until the queue is down again;
@@ -520,13 +600,23 @@ static void tp__sconn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *bu
   tp_sconn_t *c = st->data;
   (void) buf;
   if (nread < 0) {
+    int mid = c->rlen > 0 || c->dx;
+    c->dx = 0;
     tp__sconn_down(c, nread == UV_EOF ? 0 : -(int) nread,
-                   nread == UV_EOF ? (c->rlen ? "the client left in the middle of a frame"
-                                              : "the client closed it")
+                   nread == UV_EOF ? (mid ? "the client left in the middle of a frame"
+                                          : "the client closed it")
                                    : uv_strerror((int) nread), 0);
     return;
   }
+  if (c->dx) {
+    tp__sconn_direct_read(c, (size_t) nread);
+    if (!c->dx && !c->down)
+      tp__sconn_parse(c); /* the cap's pause, as after any frame */
+    return;
+  }
   c->rlen += (size_t) nread;
+  if (c->rlen >= TP_SF_HDR)
+    c->hdr_first = 0; /* a header is in: as large a read as rbuf takes, or a direct payload */
   tp__sconn_parse(c);
 }
 

@@ -61,7 +61,19 @@ typedef struct tp_sconn_cbs_s {
   void (*on_stream_error)(tp_sconn_t *c, uint32_t sid, void *sdata, int err, const char *msg);
   /* The connection went down on its own; c is freed after this returns. */
   void (*on_close)(tp_sconn_t *c, int err, const char *reason);
+  /* Optional: room for the payload of a DATA frame of len bytes on sid
+   * (TP_SCONN_DIRECT_MIN or more, within the stream's credit) whose
+   * header came before the rest of it: the connection reads the payload
+   * straight into it, and on_data then gets p = that room.  The owner
+   * keeps it until that on_data, or until sid is over (tp_sconn_fail,
+   * finish, drop, the connection's end: the rest of the payload is then
+   * read and dropped); NULL: the payload goes through the read buffer. */
+  uint8_t *(*data_buf)(tp_sconn_t *c, uint32_t sid, void *sdata, size_t len);
 } tp_sconn_cbs_t;
+
+/* A DATA payload this long or longer may be read into the owner's room
+ * (data_buf above). */
+#define TP_SCONN_DIRECT_MIN (64u * 1024u)
 
 /* Takes over fd (a connected socket; closed on failure too).  window: the
  * credit the peer gave for what this side sends on each stream

@@ -94,6 +94,7 @@ typedef struct tp__srelay_s {
   int spl;              /* read: a frame of the pipe is going out */
   size_t splen;         /* its bytes */
   uint32_t win;         /* write: the window its OPEN gave (counted in d->write_windows) */
+  int dxres;            /* write: the connection reads a payload into pend + plen (data_buf) */
 } tp__srelay_t;
 
 /* The window of a new write stream of d (TP__SFS_WRITE_BUDGET). */
@@ -377,7 +378,7 @@ static void tp__sfs_on_error(void *sdata, uint32_t sid, int err, const char *msg
 }
 
 static const tp__sdc_ops_t tp__sfs_ops = {
-  tp__sfs_on_data, tp__sfs_on_end, tp__sfs_on_writable, tp__sfs_on_error,
+  tp__sfs_on_data, tp__sfs_on_end, tp__sfs_on_writable, tp__sfs_on_error, NULL,
 };
 
 /* The data connection's callbacks: to the relay in sdata. */
@@ -409,8 +410,15 @@ static void tp__sdc_on_close(tp_sconn_t *c, int err, const char *reason) {
     d->on_close(d, err, reason);
 }
 
+static uint8_t *tp__sdc_data_buf(tp_sconn_t *c, uint32_t sid, void *sdata, size_t len) {
+  const tp__sdc_ops_t *ops = ((tp__sdc_stream_t *) sdata)->ops;
+  (void) c;
+  return ops->data_buf != NULL ? ops->data_buf(sdata, sid, len) : NULL;
+}
+
 static const tp_sconn_cbs_t tp__sdc_cbs = {
   tp__sdc_on_data, tp__sdc_on_end, tp__sdc_on_writable, tp__sdc_on_stream_error, tp__sdc_on_close,
+  tp__sdc_data_buf,
 };
 
 tp_sdc_t *tp_sdc_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle_ms,
@@ -579,6 +587,8 @@ static void tp__sfd_after(void *data, int status) {
     return;
   }
   free(j);
+  if (r->dxres)
+    return; /* pend is being read into: its on_data starts the next batch */
   if (r->plen > 0)
     tp__sfd_start(r);
   else
@@ -616,15 +626,8 @@ static void tp__sfd_start(tp__srelay_t *r) {
   }
 }
 
-static void tp__sfd_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t n) {
-  tp__srelay_t *r = sdata;
-  (void) sid;
-  if (n == 0)
-    return;
-  if (r->plen + n > r->win) { /* the client's credit bounds it: a client that overran */
-    tp__srelay_fail(r, EPROTO, "more than the window");
-    return;
-  }
+/* Room in pend for n more bytes; -1: out of memory. */
+static int tp__sfd_room(tp__srelay_t *r, size_t n) {
   if (r->pend == NULL)
     r->pend = tp__sfd_get(&r->pcap);
   if (r->plen + n > r->pcap) {
@@ -634,14 +637,48 @@ static void tp__sfd_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t 
       cap *= 2;
     if (cap > TP__SFS_WRITE_WINDOW)
       cap = TP__SFS_WRITE_WINDOW;
-    if ((nb = realloc(r->pend, cap)) == NULL) {
-      tp__srelay_fail(r, ENOMEM, "out of memory");
-      return;
-    }
+    if ((nb = realloc(r->pend, cap)) == NULL)
+      return -1;
     r->pend = nb;
     r->pcap = cap;
   }
-  memcpy(r->pend + r->plen, p, n);
+  return 0;
+}
+
+/* The connection reads a large DATA payload straight into the next batch
+ * (no copy on the loop); pend is neither moved nor handed to a job until
+ * it is there (tp__sfd_on_data), or the stream is over. */
+static uint8_t *tp__sfd_data_buf(void *sdata, uint32_t sid, size_t n) {
+  tp__srelay_t *r = sdata;
+  (void) sid;
+  if (r->dxres || r->plen + n > r->win || tp__sfd_room(r, n) < 0)
+    return NULL; /* the copy's path then tells what is wrong */
+  r->dxres = 1;
+  return r->pend + r->plen;
+}
+
+static void tp__sfd_on_data(void *sdata, uint32_t sid, const uint8_t *p, size_t n) {
+  tp__srelay_t *r = sdata;
+  (void) sid;
+  if (r->dxres) { /* in place (tp__sfd_data_buf): checked and made room for there */
+    r->dxres = 0;
+    if (p != r->pend + r->plen) {
+      tp__srelay_fail(r, EIO, "a payload not where its room was");
+      return;
+    }
+  } else {
+    if (n == 0)
+      return;
+    if (r->plen + n > r->win) { /* the client's credit bounds it: a client that overran */
+      tp__srelay_fail(r, EPROTO, "more than the window");
+      return;
+    }
+    if (tp__sfd_room(r, n) < 0) {
+      tp__srelay_fail(r, ENOMEM, "out of memory");
+      return;
+    }
+    memcpy(r->pend + r->plen, p, n);
+  }
   r->plen += n;
   if (r->job == NULL)
     tp__sfd_start(r);
@@ -655,7 +692,7 @@ static void tp__sfd_on_end(void *sdata, uint32_t sid) {
 }
 
 static const tp__sdc_ops_t tp__sfd_ops = {
-  tp__sfd_on_data, tp__sfd_on_end, tp__sfs_on_writable, tp__sfs_on_error,
+  tp__sfd_on_data, tp__sfd_on_end, tp__sfs_on_writable, tp__sfs_on_error, tp__sfd_data_buf,
 };
 
 /* A relay of the box's file fd (opened by its agent, for acc: O_WRONLY or
@@ -946,7 +983,7 @@ static void tp__sfdr_on_writable(void *sdata, uint32_t sid) {
 }
 
 static const tp__sdc_ops_t tp__sfdr_ops = {
-  tp__sfdr_on_data, tp__sfdr_on_end, tp__sfdr_on_writable, tp__sfs_on_error,
+  tp__sfdr_on_data, tp__sfdr_on_end, tp__sfdr_on_writable, tp__sfs_on_error, NULL,
 };
 
 int tp_sdc_file_fd_read(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const char *path, uint64_t offset,

@@ -13,6 +13,8 @@ typedef struct tp__sdc_ops_s {
   void (*on_end)(void *r, uint32_t sid);
   void (*on_writable)(void *r, uint32_t sid);
   void (*on_error)(void *r, uint32_t sid, int err, const char *msg);
+  /* optional: room for a DATA payload of n bytes (stream.h's data_buf) */
+  uint8_t *(*data_buf)(void *r, uint32_t sid, size_t n);
 } tp__sdc_ops_t;
 
 /* Every relay's sdata starts with this. */

@@ -440,7 +440,7 @@ static void tp__sproc_on_error(void *sdata, uint32_t sid, int err, const char *m
 }
 
 static const tp__sdc_ops_t tp__sproc_ops = {
-  tp__sproc_on_data, tp__sproc_on_end, tp__sproc_on_writable, tp__sproc_on_error,
+  tp__sproc_on_data, tp__sproc_on_end, tp__sproc_on_writable, tp__sproc_on_error, NULL,
 };
 
 static uint32_t tp__sproc_new_tag(tp_dbox_t *b) {

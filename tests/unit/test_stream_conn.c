@@ -28,6 +28,10 @@ typedef struct owner_s {
   uint32_t last_err_sid;
   char close_reason[256];
   int credit_back;        /* on_data grants credit right away */
+  uint8_t *room;          /* data_buf's room (cbs_direct), its size, and what it saw */
+  size_t room_cap;
+  int bufs, in_room;      /* data_buf calls; on_data calls with p in the room */
+  size_t last_buf;
 } owner_t;
 
 static void on_data(tp_sconn_t *c, uint32_t sid, void *sdata, const uint8_t *p, size_t n) {
@@ -36,6 +40,8 @@ static void on_data(tp_sconn_t *c, uint32_t sid, void *sdata, const uint8_t *p, 
   for (size_t i = 0; i < n; i++)
     o->sum += p[i];
   o->got += n;
+  if (o->room != NULL && p == o->room)
+    o->in_room++;
   if (o->credit_back)
     tp_sconn_credit(c, sid, (uint32_t) n, NULL);
 }
@@ -60,7 +66,15 @@ static void on_close(tp_sconn_t *c, int err, const char *reason) {
   o->close_err = err;
   snprintf(o->close_reason, sizeof(o->close_reason), "%s", reason);
 }
-static const tp_sconn_cbs_t cbs = { on_data, on_end, on_writable, on_stream_error, on_close };
+static const tp_sconn_cbs_t cbs = { on_data, on_end, on_writable, on_stream_error, on_close, NULL };
+static uint8_t *data_buf(tp_sconn_t *c, uint32_t sid, void *sdata, size_t len) {
+  owner_t *o = tp_sconn_data(c);
+  (void) sid, (void) sdata;
+  o->bufs++;
+  o->last_buf = len;
+  return len <= o->room_cap ? o->room : NULL;
+}
+static const tp_sconn_cbs_t cbs_direct = { on_data, on_end, on_writable, on_stream_error, on_close, data_buf };
 
 static uv_loop_t loop;
 
@@ -122,7 +136,14 @@ static void peer_data(int fd, uint32_t sid, const uint8_t *p, uint32_t n) {
   peer_send(fd, p, n);
 }
 
+static tp_sconn_t *pair_cbs(owner_t *o, int *peer, uint32_t window, uint64_t idle_ms,
+                            const tp_sconn_cbs_t *cb);
 static tp_sconn_t *pair(owner_t *o, int *peer, uint32_t window, uint64_t idle_ms) {
+  return pair_cbs(o, peer, window, idle_ms, &cbs);
+}
+
+static tp_sconn_t *pair_cbs(owner_t *o, int *peer, uint32_t window, uint64_t idle_ms,
+                            const tp_sconn_cbs_t *cb) {
   int sv[2];
   tp_error_t err = { 0 };
   tp_sconn_t *c;
@@ -131,7 +152,7 @@ static tp_sconn_t *pair(owner_t *o, int *peer, uint32_t window, uint64_t idle_ms
     return NULL;
   fcntl(sv[1], F_SETFL, O_NONBLOCK);
   *peer = sv[1];
-  c = tp_sconn_new(&loop, sv[0], window, idle_ms, &cbs, o, &err);
+  c = tp_sconn_new(&loop, sv[0], window, idle_ms, cb, o, &err);
   if (c == NULL)
     diag("tp_sconn_new: %s", err.msg);
   return c;
@@ -658,6 +679,99 @@ static void test_cork(void) {
   pump(5);
 }
 
+/* Large DATA payloads read straight into the owner's room (data_buf):
+ * exact bytes, the next frame read apart from it, a stream that ends in
+ * the middle (the rest dropped, the room untouched), a payload longer than
+ * its header said, DATA beyond the credit, a client gone mid-payload. */
+static void test_direct(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair_cbs(&o, &peer, TP_SCONN_WINDOW_DEFAULT, 0, &cbs_direct);
+  tp_sframe_t f;
+  size_t big = 300 * 1024, ok = 1;
+  uint8_t *src = malloc(big + 64), *room = malloc(TP_SF_DATA_MAX);
+  uint64_t want = 0;
+  for (size_t i = 0; i < big; i++)
+    want += (src[i] = (uint8_t) (i * 13 + (i >> 11)));
+  o.room = room;
+  o.room_cap = TP_SF_DATA_MAX;
+  tp_sconn_open(c, 8, TP_SK_FILE_WRITE, TP_SF_DATA_MAX, 1, NULL, NULL);
+  tp_sconn_open(c, 9, TP_SK_FILE_WRITE, TP_SF_DATA_MAX, 1, NULL, NULL);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  /* the header and 10 bytes, then the rest with a small frame behind it in one write */
+  tp_sframe_header(fbuf, TP_SF_DATA, 8, (uint32_t) big);
+  memcpy(fbuf + TP_SF_HDR, src, 10);
+  peer_send(peer, fbuf, TP_SF_HDR + 10);
+  check(o.bufs == 1 && o.last_buf == big && o.got == 0, "a 300 KiB DATA's header: the owner is asked for room");
+  memcpy(fbuf, src + 10, big - 10);
+  tp_sframe_header(fbuf + big - 10, TP_SF_DATA, 8, 5);
+  memcpy(fbuf + big - 10 + TP_SF_HDR, "hello", 5);
+  peer_send(peer, fbuf, big - 10 + TP_SF_HDR + 5);
+  check(o.in_room == 1 && memcmp(room, src, big) == 0, "the payload is in the room, byte for byte");
+  check(o.got == big + 5 && o.sum == want + 'h' + 'e' + 'l' + 'l' + 'o' && o.bufs == 1,
+        "and the small frame behind it came apart (through the read buffer)");
+
+  /* the stream ends while its payload is read into the room */
+  o.got = 0;
+  tp_sframe_header(fbuf, TP_SF_DATA, 9, 200 * 1024);
+  memset(fbuf + TP_SF_HDR, 1, 1000);
+  peer_send(peer, fbuf, TP_SF_HDR + 1000);
+  check(o.bufs == 2 && tp_sconn_fail(c, 9, EIO, "the owner's write failed") == 0, "the owner fails stream 9 mid-payload");
+  memset(room, 0xee, TP_SF_DATA_MAX);
+  memset(fbuf, 1, 200 * 1024 - 1000);
+  tp_sframe_header(fbuf + 200 * 1024 - 1000, TP_SF_DATA, 8, 7);
+  memcpy(fbuf + 200 * 1024 - 1000 + TP_SF_HDR, "goodbye", 7);
+  peer_send(peer, fbuf, 200 * 1024 - 1000 + TP_SF_HDR + 7);
+  for (size_t i = 0; i < TP_SF_DATA_MAX && ok; i++)
+    ok = room[i] == 0xee;
+  check(ok, "the rest of its payload was dropped: the room is untouched after the failure");
+  long r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_ERROR && f.sid == 9 && f.err == EIO, "the client hears stream 9's error");
+  check(o.got == 7 && o.in_room == 1 && o.closed == 0, "the next frame, of stream 8, came whole: the connection lives");
+
+  /* beyond the credit: not read into the room, the error once it is whole */
+  tp_sconn_open(c, 10, TP_SK_FILE_WRITE, 65536, 1, NULL, NULL);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  memset(fbuf, 2, 128 * 1024);
+  peer_data(peer, 10, fbuf, 128 * 1024);
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(o.bufs == 2 && r > 0 && f.type == TP_SF_ERROR && f.sid == 10 && f.err == EPROTO,
+        "DATA beyond the credit: no room asked for, EPROTO for that stream");
+
+  /* a payload longer than its header said: the bytes past it are the next header */
+  o.got = 0;
+  tp_sframe_header(fbuf, TP_SF_DATA, 8, TP_SCONN_DIRECT_MIN);
+  memset(fbuf + TP_SF_HDR, 4, TP_SCONN_DIRECT_MIN + 16);
+  peer_send(peer, fbuf, TP_SF_HDR + 8);
+  peer_send(peer, fbuf + TP_SF_HDR + 8, TP_SCONN_DIRECT_MIN + 8);
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(o.got == TP_SCONN_DIRECT_MIN && o.in_room == 2, "the announced 64 KiB went to the room, no byte more");
+  check(r > 0 && f.type == TP_SF_ERROR && f.sid == 0 && f.err == EPROTO && o.closed == 1 &&
+            o.close_err == EPROTO, "the 16 bytes past it: a malformed frame, the connection's error (%s)",
+        o.close_reason);
+  close(peer);
+  pump(5);
+
+  /* the client goes in the middle of a payload read into the room */
+  c = pair_cbs(&o, &peer, TP_SCONN_WINDOW_DEFAULT, 0, &cbs_direct);
+  o.room = room;
+  o.room_cap = TP_SF_DATA_MAX;
+  tp_sconn_open(c, 3, TP_SK_FILE_WRITE, TP_SF_DATA_MAX, 1, NULL, NULL);
+  peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  tp_sframe_header(fbuf, TP_SF_DATA, 3, 512 * 1024);
+  memset(fbuf + TP_SF_HDR, 5, 100 * 1024);
+  peer_send(peer, fbuf, TP_SF_HDR + 100 * 1024);
+  close(peer);
+  pump(20);
+  check(o.bufs == 1 && o.got == 0, "nothing of the cut payload was delivered");
+  check(o.closed == 1 && strstr(o.close_reason, "middle of a frame") != NULL && o.errors == 1 &&
+            o.last_err == ECONNRESET, "the stream ended (ECONNRESET), then the connection: %s", o.close_reason);
+  pump(5);
+  free(src);
+  free(room);
+}
+
 int main(void) {
   uv_loop_init(&loop);
   test_send_flow();
@@ -672,6 +786,7 @@ int main(void) {
   test_queue_cap_reading();
   test_splice();
   test_cork();
+  test_direct();
   pump(10);
   check(uv_loop_close(&loop) == 0, "the loop closes: every handle was freed");
   return tap_done();
