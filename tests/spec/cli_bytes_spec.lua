@@ -464,6 +464,17 @@ describe("tupper CLI byte paths", function()
       assert.is_true(r.ok, json.encode(r.failed) .. r.out)
       assert.are.equal(0, r.exit, r.out)
       assert.are.equal(0, (cli({ "exec", id, "kill", "-9", pid })))
+      -- the kill's own exit can come before the killed process's: until the
+      -- daemon has it, an attach would follow the process to its end (137)
+      local function running()
+        local _, list = cli({ "logs", id })
+        local line = list:match("\n" .. pid .. " [^\n]*") or ""
+        return line:find(" running ", 1, true) ~= nil, list
+      end
+      local deadline = helper.now() + 10000
+      while running() and helper.now() < deadline do uv.sleep(20) end
+      local still, list = running()
+      assert.is_false(still, list)
       local err
       code, _, err = cli({ "attach", id, pid })
       assert.are.equal(125, code)
