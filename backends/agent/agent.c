@@ -36,6 +36,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -418,7 +419,7 @@ static void channel_tune(int fd) {
 
 static void close_fds(unsigned lo, unsigned hi) {
   long max;
-  if (lo > hi || close_range(lo, hi, 0) == 0)
+  if (lo > hi || syscall(SYS_close_range, lo, hi, 0) == 0) /* musl has no wrapper */
     return;
   max = sysconf(_SC_OPEN_MAX);
   if (max <= 0 || max > 65536)
@@ -638,6 +639,16 @@ static void drop_pages(void *from, void *to) {
     madvise((void *) lo, hi - lo, MADV_DONTNEED);
 }
 
+/* glibc's malloc keeps freed memory at the top of its heap until told
+ * otherwise; musl's (the agent is built against it where it is installed:
+ * backends/agent/CMakeLists.txt) unmaps or madvises a freed group's pages
+ * itself, and has no malloc_trim. */
+static void heap_trim(void) {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
 /* Gives the kernel back the pages of a quiet agent's buffers: the free
  * heap, the channel's read buffer past what it holds and the buffer frames
  * are built in (both made resident by 1 MiB frames), and the one processes'
@@ -647,7 +658,7 @@ static void drop_pages(void *from, void *to) {
  * thousands of boxes (malloc keeps up to its trim threshold, which grows
  * to twice the largest block it has freed). */
 static void trim(agent_t *a) {
-  malloc_trim(0);
+  heap_trim();
   if (a->rbuf != NULL)
     drop_pages(a->rbuf + a->rlen, a->rbuf + TP_FRAME_HDR + TP_FRAME_MAX);
   if (a->out.data != NULL)
@@ -791,7 +802,7 @@ int main(int argc, char **argv) {
    * relay's table, 70 KiB, at every box's start) is fresh memory from the
    * kernel, which calloc does not write through: only the pages it uses
    * become resident. */
-  malloc_trim(0);
+  heap_trim();
   tp_error_clear(&err);
   if (agent_init(&agent, (int) chan, grace, &err) < 0) {
     agent_log("%s", err.msg);

@@ -29,6 +29,7 @@
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -218,11 +219,11 @@ static int close_fds_except(int keep1, int keep2) {
   for (int i = 0; i < 2; i++) {
     if (keep[i] < (int) lo)
       continue;
-    if ((unsigned) keep[i] > lo && close_range(lo, (unsigned) keep[i] - 1, 0) < 0)
+    if ((unsigned) keep[i] > lo && syscall(SYS_close_range, lo, (unsigned) keep[i] - 1, 0) < 0)
       return -1;
     lo = (unsigned) keep[i] + 1;
   }
-  return close_range(lo, ~0u, 0);
+  return (int) syscall(SYS_close_range, lo, ~0u, 0); /* musl has no wrapper */
 }
 
 static void status_write(int fd, const exec_status_t *st) {
