@@ -101,8 +101,11 @@ function M.start(opts)
   local box, err = opts.backend_impl.start(opts)
   if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
   local self, aerr = attach(box, opts)
-  if self and not self.net_error then
-    -- names resolve through the agent's DNS port, by the sandbox's rules
+  -- names resolve through the agent's DNS port, by the sandbox's rules:
+  -- the box's set-up wrote its /etc/resolv.conf (a linux box whose image's
+  -- /etc and file are no links), else the agent writes it (the same text
+  -- as backends/api/backend.h's TP_RESOLV_CONF)
+  if self and not self.net_error and not box:resolv() then
     local ok, werr = self:request(MSG.FS_WRITE, { path = "/etc/resolv.conf", flags = 1 | 4, mode = 420,
                                                   data = "nameserver 127.0.0.1\n" })
     if not ok then self.net_error = "cannot write /etc/resolv.conf: " .. tostring(werr) end
