@@ -317,7 +317,7 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs,
   const char *shm = str(b, "%s/dev/shm", rootfs);
   const char *pts_opts;
 
-  op(b, TP__OP_DIR, "mkdir /dev", NULL, dev, NULL, 0, NULL, 0755);
+  op(b, TP__OP_DIR, "mkdir /dev", NULL, dev, NULL, 1, NULL, 0755); /* the image's, most times */
   /* A bind keeps the tmpfs's nosuid,nodev,noexec: only the mounts below
    * hold device nodes. */
   mnt(b, "bind /dev", str(b, "%s/dev", stage), dev, NULL, MS_BIND, NULL);
@@ -363,9 +363,10 @@ static void plan_disk(builder_t *b, const tp_box_spec_t *s, const char *stage) {
   else
     mnt(b, "mount disk", b->p->disk_dev, disk, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME,
         "noinit_itable");
-  op(b, TP__OP_DIR, "mkdir disk upper", NULL, upper, NULL, 0, NULL, 0755);
+  /* on the pool, tp__pool_box_make made both */
+  op(b, TP__OP_DIR, "mkdir disk upper", NULL, upper, NULL, s->pool != NULL, NULL, 0755);
   own(b, "own disk upper", upper, s->uid_base, s->gid_base, 0755, 0);
-  op(b, TP__OP_DIR, "mkdir disk work", NULL, work, NULL, 0, NULL, 0700);
+  op(b, TP__OP_DIR, "mkdir disk work", NULL, work, NULL, s->pool != NULL, NULL, 0700);
 }
 
 /* The volumes: each image's loop device (attached by the parent, which
@@ -512,12 +513,12 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
    * df and the like name it by. */
   plan_dev(&b, s, rootfs, stage);
 
-  op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 0, NULL, 0555);
+  op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 1, NULL, 0555);
   mnt(&b, "mount /proc", "proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 
   /* A sysfs that shows only a lo: mounted from a namespace that holds
    * nothing else, one superblock for every box (sysfs_net.c). */
-  op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 0, NULL, 0555);
+  op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 1, NULL, 0555);
   op(&b, TP__OP_SYSFS, "mount /sys", "sysfs", sys, "sysfs",
      MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, 0);
 

@@ -37,7 +37,8 @@ enum tp__op_kind {
                       namespace's, one superblock for all boxes), or from the box's
                       own namespace if that is -1 */
   TP__OP_DIR,      /* mkdir dst with mode (the child's umask is 0); one that was there
-                      (EEXIST) must be a real dir, not a symlink */
+                      (EEXIST) must be a real dir, not a symlink.  flags != 0: it is
+                      likely there (lstat'ed first, made only on ENOENT) */
   TP__OP_OWN,      /* chown dst to uid:gid; then, if flags, chmod it to mode (a dir
                       the child made has its mode already) */
   TP__OP_FILE,     /* create an empty regular file dst with mode (a bind mount target) */
