@@ -830,6 +830,38 @@ static void test_box_resolv(const env_t *e) {
   free(box_dir);
 }
 
+/* An image whose /dev, /proc or /sys is a link (to a host dir) or a file:
+ * the start fails at that step, nothing is mounted through it. */
+static void test_box_mount_points(const env_t *e) {
+  static const char *const names[] = {"dev", "proc", "sys"};
+  char *host = path_in(tmp_root, "mhost"), *box_dir = path_in(tmp_root, "mbox");
+  mkdir(host, 0755);
+  for (int i = 0; i < 6; i++) {
+    char *l = path_in(tmp_root, "mlayer"), path[1024], want[64];
+    const char *layers[3] = {e->image, l, NULL};
+    tp_box_spec_t s = spec_for(e, "mpoints", box_dir);
+    tp_box_t box;
+    tp_error_t err = {0};
+    int r;
+    mkdir(l, 0755);
+    snprintf(path, sizeof(path), "%s/%s", l, names[i % 3]);
+    r = i < 3 ? symlink(host, path) : layer_put(l, names[i % 3], "a file\n");
+    s.layers = layers;
+    r = r == 0 ? tp_linux_box_start(&s, &box, &err) : 99;
+    snprintf(want, sizeof(want), "mkdir /%s", names[i % 3]);
+    check(r < 0 && strstr(err.msg, want) != NULL && !exists(box_dir),
+          "mount points: /%s a %s refused (%s)", names[i % 3], i < 3 ? "link" : "file",
+          r < 0 ? err.msg : "started");
+    if (r == 0)
+      tp_box_destroy(&box, box_dir, &err);
+    tp_rmtree(l, NULL);
+    free(l);
+  }
+  check(rmdir(host) == 0, "mount points: nothing mounted or made in the host dir");
+  free(host);
+  free(box_dir);
+}
+
 /* ------------------------------------------------------------ the set-up child's fds */
 
 typedef struct {
@@ -964,6 +996,7 @@ int main(void) {
     test_box_failures(&env);
     test_box_layers(&env);
     test_box_resolv(&env);
+    test_box_mount_points(&env);
     test_box_setup_fds(&env);
   }
   return r > 0 ? r : linux_test_end(&env, 1);
