@@ -82,11 +82,15 @@ local function attach(box, opts, adopting)
     return nil, "sandbox " .. opts.id .. ": " .. tostring(herr) .. words
   end
   -- the network relay: the agent binds its proxy, SOCKS and DNS ports
-  -- before any box process runs (docs/network.md).  An agent without it (a
-  -- box an older daemon started) keeps working with no network.
+  -- before any box process runs (docs/network.md); a linux box's agent
+  -- did before its READY (which said so), others do on NET_LISTEN.  An
+  -- agent without it (a box an older daemon started) keeps working with
+  -- no network.
   self.net = netrelay.new(self)
-  local nok, nerr = self:request(MSG.NET_LISTEN, {})
-  if not nok then self.net_error = nerr end
+  if not self.net_listening then
+    local nok, nerr = self:request(MSG.NET_LISTEN, {})
+    if not nok then self.net_error = nerr end
+  end
   return self
 end
 
@@ -210,6 +214,8 @@ function Sandbox:_frame(t, id, f)
     self.exec_user = (math.tointeger(f.flags) or 0) & core.NET.READY_EXEC_USER ~= 0
     -- whether it hands an open file over (FS_OPEN: api_stream.lua's fs.*_fd)
     self.fs_fd = (math.tointeger(f.flags) or 0) & core.NET.READY_FS_FD ~= 0
+    -- whether it listens on its network ports already (no NET_LISTEN)
+    self.net_listening = (math.tointeger(f.flags) or 0) & core.NET.READY_LISTEN ~= 0
     if self._ready then
       if f.version ~= core.AGENT_PROTO then
         self._ready(false, "agent speaks protocol " .. tostring(f.version))
