@@ -286,7 +286,8 @@ static void plan_tmpfs(builder_t *b, const tp_box_spec_t *s, const char *stage) 
   const char *shm = str(b, "%s/shm", stage);
   const char *empty = str(b, "%s/empty", stage);
 
-  op(b, TP__OP_DIR, "mkdir tmpfs stage", NULL, stage, NULL, 0, NULL, 0700);
+  /* with a disk cap the stage is box_dir, which the parent made */
+  op(b, TP__OP_DIR, "mkdir tmpfs stage", NULL, stage, NULL, s->disk_bytes > 0, NULL, 0700);
   mnt(b, "mount tmpfs", "tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
       "mode=0700,size=64m");
   op(b, TP__OP_DIR, "mkdir tmpfs dev", NULL, dev, NULL, 0, NULL, 0755);
