@@ -568,7 +568,8 @@ void tp_l_box_register(lua_State *L) {
       {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
       {"tree_oom", tp_lbox_tree_oom}, {"tree_take", tp_lbox_tree_take},
       {"tree_refill", tp_lbox_tree_refill},
-      {"has_cgroup", tp_lbox_has_cgroup}, {"resolv", tp_lbox_resolv}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
+      {"has_cgroup", tp_lbox_has_cgroup}, {"resolv", tp_lbox_resolv},
+      {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
   if (luaL_newmetatable(L, TP_L_BOX_MT)) {
     luaL_newlib(L, box_methods);
     lua_setfield(L, -2, "__index");
