@@ -572,7 +572,8 @@ static void send_ready(agent_t *a) {
   tp_frame_add_int(&a->out, TP_TAG_PID, getpid());
   /* FS_OPEN's fd needs a socket channel: a microVM guest's port carries none */
   tp_frame_add_int(&a->out, TP_TAG_FLAGS, TP_F_READY_NET_DOWN | TP_F_READY_EXEC_USER | TP_F_READY_NET_FD |
-                                              (a->vm_port < 0 ? TP_F_READY_FS_FD : 0));
+                                              (a->vm_port < 0 ? TP_F_READY_FS_FD : 0) |
+                                              (a->net != NULL ? TP_F_READY_NET_LISTEN : 0));
   agent_send(a);
 }
 
@@ -690,6 +691,15 @@ static int poll_timeout(const agent_t *a, long long now, int listen_paused, long
 
 static int agent_run(agent_t *a) {
   long long trim_at = 0;
+  /* a linux box's: its network ports bound before READY says so (a guest's
+   * waits for the host's NET_LISTEN, after its VM_INIT); should it fail,
+   * the host's NET_LISTEN tries again and reports it */
+  if (a->vm_port < 0) {
+    tp_error_t err;
+    tp_error_clear(&err);
+    if (agent_net_listen_now(a, &err) < 0)
+      agent_log("network ports: %s", err.msg);
+  }
   send_ready(a);
 
   for (;;) {

@@ -312,6 +312,9 @@ int agent_as_leave(const agent_as_t *as);
 
 /* agent_net.c: the network relay (docs/network.md). */
 int agent_net_listen(agent_t *a, const agent_req_t *r, tp_error_t *err);
+/* NET_LISTEN's work, without a request: a linux box's agent does it before
+ * its first READY (TP_F_READY_NET_LISTEN), a round trip a box fewer */
+int agent_net_listen_now(agent_t *a, tp_error_t *err);
 /* A stream frame from the host (NET_DATA, NET_ACK, ...: id 0, no reply). */
 void agent_net_frame(agent_t *a, const tp_frame_t *f);
 /* Moves the payloads of relayed downloads' NET_DATA frames from the channel

@@ -281,9 +281,13 @@ static int listen_one(int port, int type, tp_error_t *err) {
 }
 
 int agent_net_listen(agent_t *a, const agent_req_t *r, tp_error_t *err) {
-  struct agent_net_s *net;
   if (agent_req_check(r, 0, 0, "net listen", err) < 0)
     return -1;
+  return agent_net_listen_now(a, err);
+}
+
+int agent_net_listen_now(agent_t *a, tp_error_t *err) {
+  struct agent_net_s *net;
   if (a->net != NULL) /* a re-attached daemon asks again */
     return 0;
   net = calloc(1, sizeof(*net));

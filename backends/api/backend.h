@@ -29,7 +29,13 @@ typedef struct tp_box_s {
   pid_t pid;   /* host pid of the box's PID 1 (linux: the agent; microvm: QEMU) */
   int pidfd;   /* pidfd of pid (CLOEXEC); readable when it exits */
   int chan_fd; /* host end of the agent channel (CLOEXEC, non-blocking) */
+  int resolv;  /* 1: the box's set-up wrote its /etc/resolv.conf (tp_start_spec_t.resolv) */
 } tp_box_t;
+
+/* A box's /etc/resolv.conf: names resolve through the agent's DNS port
+ * (docs/network.md) */
+#define TP_RESOLV_CONF "nameserver 127.0.0.1\n"
+
 
 #define TP_SPEC_UNSET INT64_MIN /* an integer field the caller did not give */
 #define TP_SPEC_LIST_MAX 512    /* items of one list field (layers, argv, fds) */
@@ -51,6 +57,9 @@ typedef struct tp_start_spec_s {
   int64_t uid_base, gid_base, id_count; /* the mapped range of root in the box */
   int64_t disk_bytes;                   /* 0: no disk cap */
   const char *pool; /* the btrfs pool the box's upper dir goes on (with a disk cap), or NULL */
+  /* 1: the set-up writes TP_RESOLV_CONF to the box's /etc/resolv.conf where
+   * it can do so without following a link (tp_box_t.resolv says if it did) */
+  int resolv;
   /* volumes mounted in the box: pairs image, target ("/abs/path" in the
    * box), n_volumes strings in all (even), or NULL */
   const char *const *volumes;

@@ -88,6 +88,7 @@ static int linux_start(void *state, const tp_start_spec_t *spec, tp_box_t *box, 
       .seccomp = &s->seccomp,
       .volumes = vols,
       .n_volumes = nv,
+      .resolv = spec->resolv ? TP_RESOLV_CONF : NULL,
   };
   return tp_linux_box_start(&bs, box, err);
 }

@@ -362,6 +362,7 @@ static int box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err) 
   box->pid = pid;
   box->pidfd = pidfd;
   box->chan_fd = chan_p;
+  box->resolv = child.resolv;
   pid = -1;
   pidfd = -1;
   chan_p = -1;
@@ -377,6 +378,7 @@ int tp_linux_box_start(const tp_box_spec_t *spec, tp_box_t *box, tp_error_t *err
   box->pid = 0;
   box->pidfd = -1;
   box->chan_fd = -1;
+  box->resolv = 0;
   if (box_start(spec, box, err) < 0) {
     /* The id was validated unless the plan said otherwise; print it safely. */
     return tp_error_prefix(err, "start box %.63s", spec->id ? spec->id : "(null)");

@@ -142,8 +142,21 @@ static int agent_listen(tp__child_t *c, const tp__op_t *op) {
  * symlink, so no mount below can be redirected by the image.  A dir this
  * mkdir made is one (and has its mode: the child's umask is 0); only one
  * that was there is looked at. */
-static int real_dir(const char *dst, mode_t mode) {
+static int real_dir(const char *dst, mode_t mode, int likely) {
+  struct stat st;
   int fd;
+  /* one there most times (the image's /dev, a subvolume's upper/): a look
+   * first, one call instead of a failed mkdir, an open and a close */
+  if (likely) {
+    if (fstatat(AT_FDCWD, dst, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      if (S_ISDIR(st.st_mode))
+        return 0;
+      errno = ENOTDIR;
+      return -1;
+    }
+    if (errno != ENOENT)
+      return -1;
+  }
   if (mkdir(dst, mode) == 0)
     return 0;
   if (errno != EEXIST)
@@ -209,6 +222,58 @@ fail:
   return -1;
 }
 
+/* TP__OP_RESOLV: data written to etc/resolv.conf under the rootfs op->dst
+ * (nothing mounted under it yet but the overlay), each component opened
+ * from the one above with O_NOFOLLOW: a symlink (to a host path, to a file
+ * of the box, dangling), an /etc that is not a dir, a file that is not a
+ * regular one (a FIFO, a device node) is left alone and c->resolv stays 0;
+ * the daemon then has the agent write it, as root of the box, inside it.
+ * A missing /etc (only on ENOENT) or file is made, owned op->uid:op->gid. */
+static void resolv_write(tp__child_t *c, const tp__op_t *op) {
+  const int dirfl = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+  /* O_TRUNC: overlayfs copies a lower file up without its data; it does
+   * nothing to what is not a regular file (refused below, unwritten) */
+  const int filefl = O_WRONLY | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+  size_t len = strlen(op->data), done = 0;
+  int root, etc, fd = -1;
+  struct stat st;
+
+  root = open(op->dst, dirfl);
+  if (root < 0)
+    return;
+  etc = openat(root, "etc", dirfl);
+  if (etc < 0 && errno == ENOENT && mkdirat(root, "etc", 0755) == 0 &&
+      fchownat(root, "etc", op->uid, op->gid, AT_SYMLINK_NOFOLLOW) == 0)
+    etc = openat(root, "etc", dirfl);
+  close(root);
+  if (etc < 0)
+    return;
+  fd = openat(etc, "resolv.conf", filefl);
+  if (fd < 0 && errno == ENOENT) {
+    fd = openat(etc, "resolv.conf", filefl | O_CREAT | O_EXCL, op->mode);
+    if (fd >= 0 && fchown(fd, op->uid, op->gid) < 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  close(etc);
+  if (fd < 0)
+    return;
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+    goto out;
+  while (done < len) {
+    ssize_t n = write(fd, op->data + done, len - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      goto out;
+    done += (size_t) n;
+  }
+  c->resolv = 1;
+out:
+  close(fd);
+}
+
 /* TP__OP_SYSFS: the mount made while in the plan's sysfs namespace, then
  * back to the box's own (named by an fd taken first); where that namespace
  * cannot be entered, a sysfs of the box's own, as before.  Should the way
@@ -256,7 +321,7 @@ static int run_op(tp__child_t *c, const tp__op_t *op) {
   case TP__OP_SYSFS:
     return sysfs_mount(c->plan, op);
   case TP__OP_DIR:
-    return real_dir(op->dst, op->mode);
+    return real_dir(op->dst, op->mode, op->flags != 0);
   case TP__OP_OWN:
     if (fchownat(AT_FDCWD, op->dst, op->uid, op->gid, AT_SYMLINK_NOFOLLOW) < 0)
       return -1;
@@ -269,6 +334,9 @@ static int run_op(tp__child_t *c, const tp__op_t *op) {
     return symlink(op->src, op->dst);
   case TP__OP_CHDIR:
     return chdir(op->dst);
+  case TP__OP_RESOLV:
+    resolv_write(c, op);
+    return 0;
   case TP__OP_VOLUME:
     return volume_bind(op);
   case TP__OP_HOSTNAME:

@@ -183,6 +183,8 @@ static int check_spec(const tp_box_spec_t *s, tp_error_t *err) {
     return -1;
   if (check_volumes(s, err) < 0)
     return -1;
+  if (s->resolv != NULL && strlen(s->resolv) > TP_RESOLV_MAX)
+    return tp_error_set(err, E2BIG, "resolv: more than %d bytes", TP_RESOLV_MAX);
   if (s->seccomp != NULL &&
       (s->seccomp->filter == NULL || s->seccomp->len == 0 || s->seccomp->len > BPF_MAXINSNS))
     return tp_error_set(err, EINVAL, "seccomp filter must have 1..%d instructions",
@@ -284,7 +286,8 @@ static void plan_tmpfs(builder_t *b, const tp_box_spec_t *s, const char *stage) 
   const char *shm = str(b, "%s/shm", stage);
   const char *empty = str(b, "%s/empty", stage);
 
-  op(b, TP__OP_DIR, "mkdir tmpfs stage", NULL, stage, NULL, 0, NULL, 0700);
+  /* with a disk cap the stage is box_dir, which the parent made */
+  op(b, TP__OP_DIR, "mkdir tmpfs stage", NULL, stage, NULL, s->disk_bytes > 0, NULL, 0700);
   mnt(b, "mount tmpfs", "tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
       "mode=0700,size=64m");
   op(b, TP__OP_DIR, "mkdir tmpfs dev", NULL, dev, NULL, 0, NULL, 0755);
@@ -315,7 +318,7 @@ static void plan_dev(builder_t *b, const tp_box_spec_t *s, const char *rootfs,
   const char *shm = str(b, "%s/dev/shm", rootfs);
   const char *pts_opts;
 
-  op(b, TP__OP_DIR, "mkdir /dev", NULL, dev, NULL, 0, NULL, 0755);
+  op(b, TP__OP_DIR, "mkdir /dev", NULL, dev, NULL, 1, NULL, 0755); /* the image's, most times */
   /* A bind keeps the tmpfs's nosuid,nodev,noexec: only the mounts below
    * hold device nodes. */
   mnt(b, "bind /dev", str(b, "%s/dev", stage), dev, NULL, MS_BIND, NULL);
@@ -361,9 +364,10 @@ static void plan_disk(builder_t *b, const tp_box_spec_t *s, const char *stage) {
   else
     mnt(b, "mount disk", b->p->disk_dev, disk, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME,
         "noinit_itable");
-  op(b, TP__OP_DIR, "mkdir disk upper", NULL, upper, NULL, 0, NULL, 0755);
+  /* on the pool, tp__pool_box_make made both */
+  op(b, TP__OP_DIR, "mkdir disk upper", NULL, upper, NULL, s->pool != NULL, NULL, 0755);
   own(b, "own disk upper", upper, s->uid_base, s->gid_base, 0755, 0);
-  op(b, TP__OP_DIR, "mkdir disk work", NULL, work, NULL, 0, NULL, 0700);
+  op(b, TP__OP_DIR, "mkdir disk work", NULL, work, NULL, s->pool != NULL, NULL, 0700);
 }
 
 /* The volumes: each image's loop device (attached by the parent, which
@@ -422,6 +426,16 @@ static const char *tasks_of(builder_t *b, const char *procs) {
   if (n <= l || strcmp(procs + n - l, leaf) != 0)
     return NULL;
   return str(b, "%.*s/tasks", (int) (n - l), procs);
+}
+
+/* 1 if a volume's mount point is /etc or /etc/resolv.conf (checked by
+ * check_target: no "//", "." or "..", no trailing "/") */
+static int resolv_under_volume(const tp_box_spec_t *s) {
+  for (int i = 0; i < s->n_volumes; i++)
+    if (strcmp(s->volumes[i].target, "/etc") == 0 ||
+        strcmp(s->volumes[i].target, "/etc/resolv.conf") == 0)
+      return 1;
+  return 0;
 }
 
 int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
@@ -483,16 +497,29 @@ int tp__plan_build(tp__plan_t *p, const tp_box_spec_t *s, tp_error_t *err) {
           : str(&b, "lowerdir=%s,upperdir=../upper,workdir=../work,index=off,xino=off,volatile",
                 lowerdir(&b, s)));
 
+  /* The box's /etc/resolv.conf, while the overlay is the only mount under
+   * the rootfs; not where a volume goes over /etc or the file (the agent
+   * writes it there, into the volume, as before).  The agent did it on
+   * request: a round trip a create, and its /etc mkdir
+   * (docs/benchmarks.md, "Churn"). */
+  if (s->resolv != NULL && !resolv_under_volume(s)) {
+    op(&b, TP__OP_RESOLV, "write /etc/resolv.conf", NULL, rootfs, NULL, 0, s->resolv, 0644);
+    if (!b.failed) {
+      b.p->ops[b.p->n_ops - 1].uid = s->uid_base;
+      b.p->ops[b.p->n_ops - 1].gid = s->gid_base;
+    }
+  }
+
   /* /dev before /proc's masks: the first mount of the tmpfs is the one
    * df and the like name it by. */
   plan_dev(&b, s, rootfs, stage);
 
-  op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 0, NULL, 0555);
+  op(&b, TP__OP_DIR, "mkdir /proc", NULL, proc, NULL, 1, NULL, 0555);
   mnt(&b, "mount /proc", "proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 
   /* A sysfs that shows only a lo: mounted from a namespace that holds
    * nothing else, one superblock for every box (sysfs_net.c). */
-  op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 0, NULL, 0555);
+  op(&b, TP__OP_DIR, "mkdir /sys", NULL, sys, NULL, 1, NULL, 0555);
   op(&b, TP__OP_SYSFS, "mount /sys", "sysfs", sys, "sysfs",
      MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, 0);
 

@@ -115,17 +115,21 @@ int tp__spare_dir_keep(const char *box_dir) {
     return -1;
   if (tp__spares_full(&spares))
     return -1;
-  /* What a box with a disk cap leaves: the agent's socket and the pool's
-   * name (box.c).  Anything else (a box without one: upper/, work/) is
-   * the rmtree's. */
+  /* What a box with a disk cap leaves: the pool's name (box.c), an xattr
+   * or a link, and, off the pool, the agent's socket.  Anything else (a
+   * box without one: upper/, work/) is the rmtree's.  A box named by the
+   * xattr is on the pool: its socket was in its subvolume and it has no
+   * link, so nothing is unlinked (each was a failed call a destroy). */
   dfd = open(box_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0)
     return -1;
-  if ((unlinkat(dfd, TP__AGENT_SOCK, 0) < 0 && errno != ENOENT) ||
-      (unlinkat(dfd, TP__POOL_LINK, 0) < 0 && errno != ENOENT))
-    return -1;
-  if (fremovexattr(dfd, TP__POOL_XATTR) < 0 && errno != ENODATA && errno != EOPNOTSUPP)
-    return -1;
+  if (fremovexattr(dfd, TP__POOL_XATTR) < 0) {
+    if (errno != ENODATA && errno != EOPNOTSUPP)
+      return -1;
+    if ((unlinkat(dfd, TP__AGENT_SOCK, 0) < 0 && errno != ENOENT) ||
+        (unlinkat(dfd, TP__POOL_LINK, 0) < 0 && errno != ENOENT))
+      return -1;
+  }
   if (tp__dir_only(dfd, NULL) != 1)
     return -1;
   copy = strdup(to);

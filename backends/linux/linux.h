@@ -72,7 +72,14 @@ typedef struct tp_box_spec_s {
   const struct sock_fprog *seccomp; /* NULL = none; loaded with no_new_privs just before the agent's exec */
   const tp_box_volume_t *volumes;   /* n_volumes of them (0..TP_VOLUMES_MAX) */
   int n_volumes;
+  /* NULL, or the text of the box's /etc/resolv.conf, written by the set-up
+   * right after the overlay's mount (at most TP_RESOLV_MAX bytes).  Never
+   * through a link: where /etc or the file is a symlink (or not a dir, not
+   * a regular file) it is left alone and box->resolv stays 0.  A file it
+   * makes (and /etc, if missing) is owned by root in the box, 0644 (0755). */
+  const char *resolv;
 } tp_box_spec_t;
+#define TP_RESOLV_MAX 4096
 
 /* Makes a volume's image: path (must not exist) created 0600, sparse,
  * `bytes` long, formatted ext4 with a journal (mkfs.ext4), fsync'd. */

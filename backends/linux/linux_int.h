@@ -37,7 +37,8 @@ enum tp__op_kind {
                       namespace's, one superblock for all boxes), or from the box's
                       own namespace if that is -1 */
   TP__OP_DIR,      /* mkdir dst with mode (the child's umask is 0); one that was there
-                      (EEXIST) must be a real dir, not a symlink */
+                      (EEXIST) must be a real dir, not a symlink.  flags != 0: it is
+                      likely there (lstat'ed first, made only on ENOENT) */
   TP__OP_OWN,      /* chown dst to uid:gid; then, if flags, chmod it to mode (a dir
                       the child made has its mode already) */
   TP__OP_FILE,     /* create an empty regular file dst with mode (a bind mount target) */
@@ -46,6 +47,9 @@ enum tp__op_kind {
   TP__OP_LO_UP,    /* bring the loopback interface of the new netns up */
   TP__OP_PIVOT,    /* pivot_root into dst, detach the old root */
   TP__OP_CHDIR,    /* chdir dst (relative paths of later mounts start there) */
+  TP__OP_RESOLV,   /* write data (the spec's resolv) to etc/resolv.conf under the rootfs
+                      dst, never through a link; uid:gid own what it makes.  Not
+                      fatal: the child's resolv says whether it was written */
   TP__OP_VOLUME,   /* bind-mount src (a volume mounted in box_dir) at dst, a path under
                       the rootfs (named by data), each missing component made (owned
                       uid:gid) and none followed if it is a symlink */
@@ -173,7 +177,7 @@ typedef struct tp__child_report_s {
 
 /* Shared by the parent and the child: the child runs with CLONE_VM, so it
  * lives in the parent's memory while the parent waits for its exec or exit
- * (on the sync socket).  The child writes only its own field (listen) and,
+ * (on the sync socket).  The child writes only its own fields (listen, resolv) and,
  * just before it exits, the report. */
 typedef struct tp__child_s {
   const tp__plan_t *plan;
@@ -181,6 +185,7 @@ typedef struct tp__child_s {
   int agent;          /* the agent executable */
   int sync;           /* child end of the parent's sync socket (close on exec) */
   int listen;         /* the agent socket (TP__OP_LISTEN) -> TP_AGENT_LISTEN_FD */
+  int resolv;         /* 1: TP__OP_RESOLV wrote the box's /etc/resolv.conf */
   tp__child_report_t report; /* set by a failed child step */
 } tp__child_t;
 

@@ -338,30 +338,39 @@ static int subvol_destroy(int parent, const char *name, tp_error_t *err) {
 #define TP__SPARE_DEPTH_MAX 8
 static tp__spares_t sv_spares = TP__SPARES_INIT; /* "<pool dir>/boxes/.spare-<old id>" */
 
-/* Removes what is in the dir open at dfd (kept open), never following a
- * symlink, at most *budget entries in all, their files' blocks at most
- * *bytes, TP__SPARE_DEPTH_MAX deep: 0, or -1 (more than that, or an
- * error: some may be gone by then). */
+/* Removes what is in the dir open at dfd (kept open, not read yet),
+ * never following a symlink, at most *budget entries in all, their files'
+ * blocks at most *bytes, TP__SPARE_DEPTH_MAX deep: 0, or -1 (more than
+ * that, or an error: some may be gone by then).  One pass: a listing goes
+ * on past the entries it removed (an entry it missed would make the rmdir
+ * of its dir, or of upper/, fail, and the subvolume go), and the type
+ * getdents gives spares the dirs' and links' fstatat; a regular file's
+ * blocks are counted with one. */
 static int clear(int dfd, int depth, int *budget, int64_t *bytes) {
   char buf[1024];
   long n;
-  if (depth > TP__SPARE_DEPTH_MAX || lseek(dfd, 0, SEEK_SET) < 0)
+  if (depth > TP__SPARE_DEPTH_MAX)
     return -1;
   while ((n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
-    int removed = 0;
     for (long off = 0; off < n; off += ((struct dirent64 *) (buf + off))->d_reclen) {
       struct dirent64 *de = (struct dirent64 *) (buf + off);
+      unsigned char type = de->d_type;
       int sub, r;
       if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
         continue;
-      struct stat st;
-      if (--*budget < 0 || fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+      if (--*budget < 0)
         return -1;
-      if (!S_ISDIR(st.st_mode)) {
-        *bytes -= (int64_t) st.st_blocks * 512;
-        if (*bytes < 0 || unlinkat(dfd, de->d_name, 0) < 0)
+      if (type == DT_REG || type == DT_UNKNOWN) {
+        struct stat st;
+        if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
           return -1;
-        removed = 1;
+        type = S_ISDIR(st.st_mode) ? DT_DIR : DT_REG;
+        if (type == DT_REG && (*bytes -= (int64_t) st.st_blocks * 512) < 0)
+          return -1;
+      }
+      if (type != DT_DIR) {
+        if (unlinkat(dfd, de->d_name, 0) < 0)
+          return -1;
         continue;
       }
       sub = openat(dfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -371,12 +380,7 @@ static int clear(int dfd, int depth, int *budget, int64_t *bytes) {
       close(sub);
       if (r < 0 || unlinkat(dfd, de->d_name, AT_REMOVEDIR) < 0)
         return -1;
-      removed = 1;
     }
-    /* entries removed under the listing: read it from the start again,
-     * until a pass finds only . and .. */
-    if (removed && lseek(dfd, 0, SEEK_SET) < 0)
-      return -1;
   }
   return n < 0 ? -1 : 0;
 }

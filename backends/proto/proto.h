@@ -207,6 +207,9 @@ enum tp_net_kind { TP_NET_HTTP = 1, TP_NET_SOCKS = 2, TP_NET_DNS_TCP = 3, TP_NET
                                       stream's box socket to the host) */
 #define TP_F_READY_FS_FD 0x8u     /* READY (FLAGS): this agent answers FS_OPEN (hands an open file
                                       of the box to the host over a socket of the request) */
+#define TP_F_READY_NET_LISTEN 0x10u /* READY (FLAGS): this agent listens on its proxy, SOCKS
+                                        and DNS ports already (a linux box's agent binds them
+                                        before its first READY): the host sends no NET_LISTEN */
 #define TP_F_EXIT_OOM 0x1u        /* EXIT (FLAGS, microVM guest agents): the guest kernel's OOM killer
                                      killed it (died of SIGKILL, or exited 137, and /proc/vmstat's
                                      oom_kill rose since the last process found so) */

@@ -15,6 +15,7 @@
 #include <linux/magic.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -889,6 +890,11 @@ int tp_cgroup_prune(const tp_cgroup_root_t *root, tp_error_t *err) {
 
 /* ---- OOM -------------------------------------------------------------------------- */
 
+/* Set once a write failed EACCES: the daemon's capabilities do not come
+ * back, and each box's start tried again (an open, a failed write and a
+ * close a box: docs/benchmarks.md, "Churn"). */
+static atomic_int oom_denied;
+
 int tp_oom_protect(pid_t pid, tp_error_t *err) {
   char p[64];
   cleanup_close int fd = -1;
@@ -897,18 +903,24 @@ int tp_oom_protect(pid_t pid, tp_error_t *err) {
   snprintf(p, sizeof(p), "/proc/%d/oom_score_adj", (int) pid);
   if (pid <= 0)
     return tp_error_set(err, EINVAL, "oom protect: bad pid %d", (int) pid);
+  if (atomic_load_explicit(&oom_denied, memory_order_relaxed))
+    return tp_error_set(err, EACCES,
+                        "write -999 to '%s': permission denied before (lowering it needs "
+                        "CAP_SYS_RESOURCE), not tried again", p);
   fd = open(p, O_WRONLY | O_CLOEXEC);
   if (fd < 0)
     return tp_error_errno(err, errno, "open '%s'", p);
   do
     w = write(fd, "-999", 4);
   while (w < 0 && errno == EINTR);
-  if (w < 0 && errno == EACCES)
+  if (w < 0 && errno == EACCES) {
+    atomic_store_explicit(&oom_denied, 1, memory_order_relaxed);
     return tp_error_set(err, EACCES,
                         "write -999 to '%s': permission denied (lowering it needs CAP_SYS_RESOURCE)", p);
+  }
   if (w < 0)
     return tp_error_errno(err, errno, "write -999 to '%s'", p);
-  if (w != 5)
+  if (w != 4)
     return tp_error_set(err, EIO, "short write to '%s'", p);
   return 0;
 }

@@ -32,7 +32,9 @@
  * each child of the agent is set back to 0 (a forked one before its exec, a
  * CLONE_VM one by the agent right after it: agent_proc.c).  Lowering
  * oom_score_adj needs CAP_SYS_RESOURCE; without it tp_oom_protect fails with
- * EACCES, and the daemon carries on: the agent is small, so it is rarely the
+ * EACCES (and from then on at once, without trying: the daemon's
+ * capabilities do not come back), and the daemon carries on: the agent is
+ * small, so it is rarely the
  * largest process in its box anyway.  -999, not -1000 (the OOM killer's
  * "never"): a value set by a privileged writer becomes the floor every box
  * process may lower itself back to (oom_score_adj_min is inherited), and a

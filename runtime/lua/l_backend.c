@@ -104,7 +104,8 @@ static void tp__lstart_done(void *data, tp_dbox_t *b, const tp_error_t *err) {
  * and the backend's own fields:
  *   linux: layers = { dir, ... } (lowest first), uid_base=, gid_base=, id_count=,
  *     volumes = { image, target, ... } (pairs: an ext4 image, where it goes),
- *     pool = the btrfs pool's dir (core.pool_open) for the disk cap, or nil
+ *     pool = the btrfs pool's dir (core.pool_open) for the disk cap, or nil,
+ *     resolv = true: the set-up writes the box's /etc/resolv.conf (box:resolv())
  *   microvm: argv = { qemu, ... }, fds = { fd, ... } (QEMU's 4, 5, ...; the
  *     caller closes its own once cb ran), uid=, gid=, console_fd=,
  *     die_with_parent= (a VM that is never re-adopted)
@@ -161,6 +162,9 @@ static int tp_lcore_start(lua_State *L) {
   req.spec.console_fd = tp__opt_int(L, 1, "console_fd");
   lua_getfield(L, 1, "die_with_parent");
   req.spec.die_with_parent = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  lua_getfield(L, 1, "resolv");
+  req.spec.resolv = lua_toboolean(L, -1);
   lua_pop(L, 1);
   req.spec.disk_bytes = TP_SPEC_UNSET;
   if (lua_getfield(L, 1, "limits") == LUA_TTABLE)

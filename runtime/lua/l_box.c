@@ -452,6 +452,13 @@ static int tp_lbox_has_cgroup(lua_State *L) {
   return 1;
 }
 
+/* box:resolv() -> true if the box's set-up wrote its /etc/resolv.conf
+ * (core.start's resolv): the daemon need not have the agent write it */
+static int tp_lbox_resolv(lua_State *L) {
+  lua_pushboolean(L, tp__check_box(L)->box.resolv);
+  return 1;
+}
+
 static int tp_lbox_pid(lua_State *L) {
   lua_pushinteger(L, tp__check_box(L)->box.pid);
   return 1;
@@ -561,7 +568,8 @@ void tp_l_box_register(lua_State *L) {
       {"tree_count", tp_lbox_tree_count}, {"tree_remove", tp_lbox_tree_remove},
       {"tree_oom", tp_lbox_tree_oom}, {"tree_take", tp_lbox_tree_take},
       {"tree_refill", tp_lbox_tree_refill},
-      {"has_cgroup", tp_lbox_has_cgroup}, {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
+      {"has_cgroup", tp_lbox_has_cgroup}, {"resolv", tp_lbox_resolv},
+      {"set_limits", tp_lbox_set_limits}, {NULL, NULL}};
   if (luaL_newmetatable(L, TP_L_BOX_MT)) {
     luaL_newlib(L, box_methods);
     lua_setfield(L, -2, "__index");

@@ -105,7 +105,8 @@ int luaopen_tupper_core(lua_State *L) {
         {"DNS_PORT", TP_NET_DNS_PORT}, {"HTTP", TP_NET_HTTP},
         {"SOCKS", TP_NET_SOCKS},       {"DNS_TCP", TP_NET_DNS_TCP},
         {"CONNECTED", TP_NET_CONNECTED}, {"READY_DOWN", TP_F_READY_NET_DOWN}, {"READY_FD", TP_F_READY_NET_FD},
-        {"READY_EXEC_USER", TP_F_READY_EXEC_USER}, {"READY_FS_FD", TP_F_READY_FS_FD}};
+        {"READY_EXEC_USER", TP_F_READY_EXEC_USER}, {"READY_FS_FD", TP_F_READY_FS_FD},
+        {"READY_LISTEN", TP_F_READY_NET_LISTEN}};
     lua_newtable(L);
     for (size_t i = 0; i < TP_ARRAY_SIZE(net); i++) {
       lua_pushinteger(L, net[i].v);

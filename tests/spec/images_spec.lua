@@ -343,6 +343,39 @@ describe("the image store", function()
     assert.truthy(e.message:find("cannot be removed", 1, true))
   end)
 
+  it("writes a box's /etc/resolv.conf inside it, never through an image's link to the host", function()
+    -- the host side the links point at
+    local host = dir .. "/rhost"
+    assert(uv.fs_mkdir(host, 493))
+    write(host .. "/host-file", "host\n")
+    local shadow = { name = "etc/shadow", data = "root:secret:1::::::\n", mode = 384 }
+    local cases = {
+      { "shadow", { shadow, { name = "etc/resolv.conf", type = "2", link = "/etc/shadow" } } },
+      { "hostfile", { { name = "etc/resolv.conf", type = "2", link = host .. "/host-file" } } },
+      { "dangling", { { name = "etc/resolv.conf", type = "2", link = host .. "/made-by-box" } } },
+      { "etclink", { { name = "etc", type = "2", link = host } } },
+      { "etcfile", { { name = "etc", data = "not a dir\n" } } },
+    }
+    for _, case in ipairs(cases) do
+      local name, layer = case[1], case[2]
+      local top_layer = name:find("^etc") and { { name = ".wh.etc", data = "" }, layer[1] } or layer
+      oci_layout(dir .. "/r-" .. name, { base, top_layer }, { Env = { "PATH=/bin" } })
+      assert(call(c, "image.import", { path = dir .. "/r-" .. name, ref = "resolv-" .. name .. ":1" }))
+      local sb = assert(call(c, "sandbox.create", { image = "resolv-" .. name .. ":1" }))
+      local r = run(sb.id, "cat /etc/resolv.conf 2>/dev/null; echo; cat /etc/shadow 2>/dev/null; exit 0")
+      assert.are.equal(0, r.exit_code, name .. ": " .. tostring(r.stderr))
+      if name == "shadow" then
+        -- the agent, root of the box, wrote through the link: inside the box only
+        assert.are.equal("nameserver 127.0.0.1\n\nnameserver 127.0.0.1\n", r.stdout)
+      end
+      assert(call(c, "sandbox.kill", { id = sb.id }))
+      assert.are.equal("host\n", sh("cat '" .. host .. "/host-file'"), name)
+      assert.are.equal("host-file", ls(host), name)
+      assert(call(c, "image.remove", { ref = "resolv-" .. name .. ":1" }))
+    end
+    helper.rmrf(host)
+  end)
+
   it("unpacks a layer once for two creates at the same time", function()
     local info = assert(call(c, "image.inspect", { ref = "example.org/team/dock:2" }))
     for _, l in ipairs(info.layers) do helper.rmrf(images .. "/layers/" .. l.diff_id:sub(8)) end

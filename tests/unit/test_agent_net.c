@@ -133,6 +133,8 @@ static void send_net(uint8_t type, uint32_t id, int64_t sid, uint16_t tag, int64
   send_buf(&b);
 }
 
+static int frame_of(frame_t *fr, int64_t sid, int ms);
+
 static int listen_req(uint32_t id) {
   frame_t fr;
   send_net(TP_MSG_NET_LISTEN, id, -1, 0, 0, NULL, 0);
@@ -651,8 +653,21 @@ int main(void) {
   check(next_frame(&fr, TIMEOUT_MS) && fr.type == TP_MSG_READY &&
             (fint(fr.n, TP_TAG_FLAGS, 0) & TP_F_READY_NET_FD) != 0,
         "the agent says READY, and that it answers NET_GIVE");
-  check(tcp_connect(TP_NET_HTTP_PORT) < 0, "no proxy port before NET_LISTEN");
-  check(listen_req(1), "NET_LISTEN binds the proxy, SOCKS and DNS ports");
+  check((fint(fr.n, TP_TAG_FLAGS, 0) & TP_F_READY_NET_LISTEN) != 0,
+        "READY says the agent listens on its network ports already");
+  {
+    int early = tcp_connect(TP_NET_HTTP_PORT);
+    check(early >= 0, "its proxy port takes a connection before any NET_LISTEN");
+    if (early >= 0) {
+      frame_t of, x;
+      check(wait_type(&of, TP_MSG_NET_OPEN, TIMEOUT_MS), "and the agent opens a stream for it");
+      close(early);
+      send_net(TP_MSG_NET_CLOSE, 0, of.sid, 0, 0, NULL, 0);
+      while (frame_of(&x, of.sid, 300)) /* its end's frames */
+        ;
+    }
+  }
+  check(listen_req(1), "NET_LISTEN (an older daemon's) is still answered OK");
   check(listen_req(2), "NET_LISTEN again (a re-attached daemon) is fine");
   test_stream();
   test_flow_control();

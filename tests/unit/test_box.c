@@ -692,6 +692,176 @@ static void test_box_layers(const env_t *e) {
   free(box_dir);
 }
 
+
+/* ------------------------------------------------------------ /etc/resolv.conf */
+
+#define RESOLV_TEXT "nameserver 127.0.0.1\n"
+
+/* lays one hostile (or plain) /etc out in layer dir l; host: a dir of the
+ * host the links point at */
+typedef struct {
+  const char *name;
+  int want; /* box.resolv expected */
+} resolv_case_t;
+
+static int resolv_lay(const char *l, int i, const char *host) {
+  char path[1024], target[1024];
+  mkdir(l, 0755);
+  if (lchown(l, UID_BASE, UID_BASE) < 0)
+    return -1;
+  switch (i) {
+  case 0: /* the image's own file */
+    return 0;
+  case 1: /* a link to a host file */
+    snprintf(path, sizeof(path), "%s/etc", l);
+    snprintf(target, sizeof(target), "%s/host-file", host);
+    return mkdir(path, 0755) == 0 && strcat(path, "/resolv.conf") != NULL &&
+                   symlink(target, path) == 0
+               ? 0
+               : -1;
+  case 2: /* a link to the box's /etc/shadow */
+    snprintf(path, sizeof(path), "%s/etc/resolv.conf", l);
+    return layer_put(l, "etc/shadow", "root:secret\n") == 0 && symlink("/etc/shadow", path) == 0
+               ? 0
+               : -1;
+  case 3: /* dangling, to a host path that does not exist */
+    snprintf(path, sizeof(path), "%s/etc/resolv.conf", l);
+    snprintf(target, sizeof(target), "%s/made-by-box", host);
+    return layer_put(l, "etc/x", "x\n") == 0 && symlink(target, path) == 0 ? 0 : -1;
+  case 4: /* /etc a link to a host dir */
+    snprintf(path, sizeof(path), "%s/etc", l);
+    return symlink(host, path);
+  case 5: /* /etc a file */
+    return layer_put(l, "etc", "not a dir\n");
+  case 6: /* a FIFO: no open may hang */
+    snprintf(path, sizeof(path), "%s/etc/resolv.conf", l);
+    return layer_put(l, "etc/x", "x\n") == 0 && mkfifo(path, 0644) == 0 &&
+                   lchown(path, UID_BASE, UID_BASE) == 0
+               ? 0
+               : -1;
+  case 7: /* no file (a whiteout) */
+    return layer_put(l, "etc/resolv.conf", NULL);
+  case 8: /* no /etc at all */
+    return layer_put(l, "etc", NULL);
+  }
+  return -1;
+}
+
+/* The set-up writes /etc/resolv.conf only inside the box's root and never
+ * through a link: each hostile image leaves the host and the box's other
+ * files as they were, and box.resolv 0 (the daemon then asks the agent). */
+static void test_box_resolv(const env_t *e) {
+  static const resolv_case_t cases[] = {
+      {"the image's file", 1},      {"a link to a host file", 0},
+      {"a link to /etc/shadow", 0}, {"a dangling link to a host path", 0},
+      {"/etc a link to a host dir", 0}, {"/etc a file", 0},
+      {"a FIFO", 0},                {"no file", 1},
+      {"no /etc", 1}};
+  char *host = path_in(tmp_root, "rhost"), *hfile = path_in(host, "host-file");
+  char *made = path_in(host, "made-by-box"), *hres = path_in(host, "resolv.conf");
+  char *box_dir = path_in(tmp_root, "rbox");
+
+  mkdir(host, 0755);
+  check(write_text(hfile, "host\n", 0644) == 0, "resolv: host file laid out");
+  for (int i = 0; i < (int) (sizeof(cases) / sizeof(cases[0])); i++) {
+    char lname[32], up[1024];
+    char *l;
+    const char *layers[3];
+    tp_box_spec_t s;
+    tp_box_t box;
+    tp_error_t err = {0};
+    struct stat st;
+    size_t len;
+    char *t;
+    int r;
+
+    snprintf(lname, sizeof(lname), "rlayer%d", i);
+    l = path_in(tmp_root, lname);
+    layers[0] = e->image;
+    layers[1] = l;
+    layers[2] = NULL;
+    check(resolv_lay(l, i, host) == 0, "resolv (%s): layer laid out", cases[i].name);
+    s = spec_for(e, "resolv", box_dir);
+    s.layers = layers;
+    s.resolv = RESOLV_TEXT;
+    r = tp_linux_box_start(&s, &box, &err);
+    check(r == 0, "resolv (%s): the box starts (%s)", cases[i].name, r < 0 ? err.msg : "ok");
+    if (r == 0) {
+      check(box.resolv == cases[i].want, "resolv (%s): written %d, want %d", cases[i].name,
+            box.resolv, cases[i].want);
+      /* the box's upper dir, seen from the host */
+      snprintf(up, sizeof(up), "%s/upper/etc/resolv.conf", box_dir);
+      if (cases[i].want) {
+        t = slurp(up, &len);
+        check(t != NULL && strcmp(t, RESOLV_TEXT) == 0 && lstat(up, &st) == 0 &&
+                  S_ISREG(st.st_mode) && st.st_uid == UID_BASE && st.st_gid == UID_BASE &&
+                  (st.st_mode & 07777) == 0644,
+              "resolv (%s): the box's file, root's, 0644 ('%s')", cases[i].name,
+              t != NULL ? t : "?");
+        free(t);
+        snprintf(up, sizeof(up), "%s/upper/etc", box_dir);
+        check(lstat(up, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == UID_BASE,
+              "resolv (%s): /etc a dir of the box's root", cases[i].name);
+      } else {
+        check(lstat(up, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size == 0 ||
+                  (i == 2 && st.st_size == 0),
+              "resolv (%s): nothing written in the box", cases[i].name);
+      }
+      t = slurp(hfile, &len);
+      check(t != NULL && strcmp(t, "host\n") == 0 && !exists(made) && !exists(hres),
+            "resolv (%s): the host's files untouched", cases[i].name);
+      free(t);
+      if (i == 2) {
+        snprintf(up, sizeof(up), "%s/upper/etc/shadow", box_dir);
+        check(!exists(up), "resolv (%s): the box's /etc/shadow untouched", cases[i].name);
+      }
+      r = tp_box_destroy(&box, box_dir, &err);
+      check(r == 0 && !exists(box_dir), "resolv (%s): destroyed (%s)", cases[i].name,
+            r < 0 ? err.msg : "ok");
+    }
+    tp_rmtree(l, NULL);
+    free(l);
+  }
+  tp_rmtree(host, NULL);
+  free(host);
+  free(hfile);
+  free(made);
+  free(hres);
+  free(box_dir);
+}
+
+/* An image whose /dev, /proc or /sys is a link (to a host dir) or a file:
+ * the start fails at that step, nothing is mounted through it. */
+static void test_box_mount_points(const env_t *e) {
+  static const char *const names[] = {"dev", "proc", "sys"};
+  char *host = path_in(tmp_root, "mhost"), *box_dir = path_in(tmp_root, "mbox");
+  mkdir(host, 0755);
+  for (int i = 0; i < 6; i++) {
+    char *l = path_in(tmp_root, "mlayer"), path[1024], want[64];
+    const char *layers[3] = {e->image, l, NULL};
+    tp_box_spec_t s = spec_for(e, "mpoints", box_dir);
+    tp_box_t box;
+    tp_error_t err = {0};
+    int r;
+    mkdir(l, 0755);
+    snprintf(path, sizeof(path), "%s/%s", l, names[i % 3]);
+    r = i < 3 ? symlink(host, path) : layer_put(l, names[i % 3], "a file\n");
+    s.layers = layers;
+    r = r == 0 ? tp_linux_box_start(&s, &box, &err) : 99;
+    snprintf(want, sizeof(want), "mkdir /%s", names[i % 3]);
+    check(r < 0 && strstr(err.msg, want) != NULL && !exists(box_dir),
+          "mount points: /%s a %s refused (%s)", names[i % 3], i < 3 ? "link" : "file",
+          r < 0 ? err.msg : "started");
+    if (r == 0)
+      tp_box_destroy(&box, box_dir, &err);
+    tp_rmtree(l, NULL);
+    free(l);
+  }
+  check(rmdir(host) == 0, "mount points: nothing mounted or made in the host dir");
+  free(host);
+  free(box_dir);
+}
+
 /* ------------------------------------------------------------ the set-up child's fds */
 
 typedef struct {
@@ -825,6 +995,8 @@ int main(void) {
     test_box(&env);
     test_box_failures(&env);
     test_box_layers(&env);
+    test_box_resolv(&env);
+    test_box_mount_points(&env);
     test_box_setup_fds(&env);
   }
   return r > 0 ? r : linux_test_end(&env, 1);

@@ -78,7 +78,7 @@ static int recv_fd(int sock, pid_t *pid) {
 static void test_box_outlives_daemon(const env_t *e) {
   char *box_dir = path_in(tmp_root, "orphan");
   tp_error_t err = {0};
-  tp_box_t box = {-1, -1, -1};
+  tp_box_t box = {-1, -1, -1, 0};
   conn_t c = {-1, NULL, 0, 0, 0};
   pid_t kid;
   int sp[2], status, r;
@@ -273,7 +273,7 @@ static void test_box_readopt(const env_t *e) {
   t0 = now_ms();
   kid = fork();
   if (kid == 0) {
-    tp_box_t b = {box.pid, -1, -1};
+    tp_box_t b = {box.pid, -1, -1, 0};
     tp_error_t e2 = {0};
     if (keeps) {
       if ((r = adopt_and_talk(box_dir, box.pid, &b)) != 0)

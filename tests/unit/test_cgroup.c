@@ -455,6 +455,14 @@ static void t_limits(const tp_cgroup_root_t *root, const char *id) {
             "without CAP_SYS_RESOURCE tp_oom_protect says so (%s)", err.msg);
     kill(pid, SIGKILL);
     wait_pid(pid, WAIT_MS, &status);
+    /* denied once, never tried again: a pid that is gone says EACCES too,
+     * not ENOENT (no open of its /proc file) */
+    if (!has_cap(CAP_SYS_RESOURCE)) {
+      tp_error_t e2 = {0};
+      r = tp_oom_protect(pid, &e2);
+      check(r < 0 && e2.code == EACCES && strstr(e2.msg, "not tried again") != NULL,
+            "tp_oom_protect does not try again after EACCES (%s)", e2.msg);
+    }
   }
 
   pid = t_tree_kill(&cg);

@@ -30,7 +30,10 @@ M.pools = {}
 function M.start(opts)
   local spec = { id = opts.id, layers = opts.layers, dir = opts.dir,
     uid_base = opts.uid_base, gid_base = opts.uid_base, id_count = opts.id_count,
-    cgroup = opts.cgroup, limits = opts.limits, volumes = opts.volumes }
+    cgroup = opts.cgroup, limits = opts.limits, volumes = opts.volumes,
+    -- the box's set-up writes its /etc/resolv.conf (sandbox.lua asks
+    -- box:resolv() whether it did)
+    resolv = true }
   if opts.limits and (opts.limits.disk or 0) > 0 then spec.pool = M.pools[opts.state_dir or ""] end
   -- the start runs in the thread pool: the loop keeps serving meanwhile
   return async.wait(function(cb)

@@ -82,11 +82,15 @@ local function attach(box, opts, adopting)
     return nil, "sandbox " .. opts.id .. ": " .. tostring(herr) .. words
   end
   -- the network relay: the agent binds its proxy, SOCKS and DNS ports
-  -- before any box process runs (docs/network.md).  An agent without it (a
-  -- box an older daemon started) keeps working with no network.
+  -- before any box process runs (docs/network.md); a linux box's agent
+  -- did before its READY (which said so), others do on NET_LISTEN.  An
+  -- agent without it (a box an older daemon started) keeps working with
+  -- no network.
   self.net = netrelay.new(self)
-  local nok, nerr = self:request(MSG.NET_LISTEN, {})
-  if not nok then self.net_error = nerr end
+  if not self.net_listening then
+    local nok, nerr = self:request(MSG.NET_LISTEN, {})
+    if not nok then self.net_error = nerr end
+  end
   return self
 end
 
@@ -101,8 +105,11 @@ function M.start(opts)
   local box, err = opts.backend_impl.start(opts)
   if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
   local self, aerr = attach(box, opts)
-  if self and not self.net_error then
-    -- names resolve through the agent's DNS port, by the sandbox's rules
+  -- names resolve through the agent's DNS port, by the sandbox's rules:
+  -- the box's set-up wrote its /etc/resolv.conf (a linux box whose image's
+  -- /etc and file are no links), else the agent writes it (the same text
+  -- as backends/api/backend.h's TP_RESOLV_CONF)
+  if self and not self.net_error and not box:resolv() then
     local ok, werr = self:request(MSG.FS_WRITE, { path = "/etc/resolv.conf", flags = 1 | 4, mode = 420,
                                                   data = "nameserver 127.0.0.1\n" })
     if not ok then self.net_error = "cannot write /etc/resolv.conf: " .. tostring(werr) end
@@ -207,6 +214,8 @@ function Sandbox:_frame(t, id, f)
     self.exec_user = (math.tointeger(f.flags) or 0) & core.NET.READY_EXEC_USER ~= 0
     -- whether it hands an open file over (FS_OPEN: api_stream.lua's fs.*_fd)
     self.fs_fd = (math.tointeger(f.flags) or 0) & core.NET.READY_FS_FD ~= 0
+    -- whether it listens on its network ports already (no NET_LISTEN)
+    self.net_listening = (math.tointeger(f.flags) or 0) & core.NET.READY_LISTEN ~= 0
     if self._ready then
       if f.version ~= core.AGENT_PROTO then
         self._ready(false, "agent speaks protocol " .. tostring(f.version))
