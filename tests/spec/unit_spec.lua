@@ -253,3 +253,50 @@ describe("the daemon's caps totals", function()
     assert.are.same({ 1, 0 }, { d:_caps_walk() })
   end)
 end)
+
+-- schema.validate runs each method's params compiled into closures
+-- (wire/schema.lua); validate_interpreted is check alone, spec by spec, as
+-- before.  Random hostile params, method by method: the same answer from
+-- both, the same error message to the byte.
+describe("schema.validate compiled", function()
+  local hostile = { 0, -1, 1, 1.5, 0 / 0, 1 / 0, -1 / 0, 2 ^ 53, math.maxinteger, math.mininteger, "",
+    "0", "unlimited", "abc", "ABC/..", "a\0b", "x=y", ("a"):rep(64), ("b"):rep(300), ("c"):rep(5000),
+    ("d"):rep(40000), "64M", "-5M", "1.5G", "10s", "5m", "bogus", "kvm", "base64", "utf8", "KILL",
+    "SIGTERM", "none", "all", "/", "/x", true, false, {}, { 1, 2 }, { "a", "b\0" }, { "true" },
+    { a = "b" }, { [1] = "x", [3] = "y" }, { memory = "64M", cpus = 0.5 }, { memory = 1 },
+    { bogus = 1 }, { source = "x", name = "y" }, { ["a=b"] = "c" }, { [""] = "x" }, { k = 1 },
+    { allow = { "10.0.0.0/8" } }, { deny = { "bad rule" } }, { timeout = "nope" }, { pids = 0 },
+    { disk = "unlimited" }, { cpus = 0 / 0 } }
+  local function pick(t) return t[math.random(#t)] end
+  it("gives the same answer as the interpreted check to random hostile params", function()
+    local names = {}
+    for name in pairs(schema.methods) do names[#names + 1] = name end
+    table.sort(names)
+    local compared, refused = 0, 0
+    for seed = 1, 30 do
+      math.randomseed(seed)
+      for _, method in ipairs(names) do
+        local keys = { "bogus", "required", "one_of", 1 }
+        for k in pairs(schema.methods[method].params) do keys[#keys + 1] = k end
+        table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+        for _ = 1, 10 do
+          local p = {}
+          for _ = 1, math.random(0, 4) do
+            local k = pick(keys)
+            if math.random(4) > 1 and k ~= 1 then p[k] = pick(hostile) end
+          end
+          if math.random(20) == 1 then p = pick({ "nope", 7, true }) end
+          local a, aerr = schema.validate(method, p)
+          local b, berr = schema.validate_interpreted(method, p)
+          assert.are.same(b, a, method)
+          assert.are.equal(berr, aerr, method)
+          compared = compared + 1
+          if aerr then refused = refused + 1 end
+        end
+      end
+    end
+    -- the run is hostile: most params are refused, and some are not
+    assert.is_true(refused > compared / 2 and refused < compared, refused .. " of " .. compared)
+    assert.are.same({ nil, "unknown method" }, { schema.validate("no.such", {}) })
+  end)
+end)
