@@ -426,7 +426,9 @@ function M.run(opts)
   -- the RSS, which keeps its high-water mark) grow by as much garbage
   -- again as the boxes hold: 1.3 MiB less at 1,000 idle boxes, no slower
   -- creates (docs/benchmarks.md, "Loop").  The generational collector was
-  -- measured and is not taken yet ("The loop's Lua work").
+  -- measured and is not taken yet ("The loop's Lua work"; again, with pause
+  -- 200, under churn beside 1,000 idle boxes: no faster, "The loop's Lua
+  -- per create and start").
   collectgarbage("incremental", M.GC_PAUSE)
   -- malloc keeps the heap's top between the collector's bursts of frees
   -- rather than unmapping and faulting it in again (l_util.c)
