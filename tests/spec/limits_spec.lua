@@ -304,6 +304,38 @@ describe("a daemon's caps", function()
     assert.are.same({ cap = "sandboxes", value = 2, option = "--max-sandboxes" }, err.data)
   end)
 
+  -- the caps' running totals (daemon/caps.lua): creates pipelined on four
+  -- connections at once, round after round with kills between, never get
+  -- past the cap, and the totals come back each time to what a kill left
+  it("hold against pipelined creates from several connections, round after round", function()
+    for round = 1, 3 do
+      local conns, ok, refused = {}, 0, 0
+      for i = 1, 4 do
+        conns[i] = assert(raw(d.socket))
+        conns[i].send_all({ { jsonrpc = "2.0", id = 1, method = "sandbox.create", params = {} },
+                            { jsonrpc = "2.0", id = 2, method = "sandbox.create", params = {} } })
+      end
+      for i = 1, 4 do
+        for _ = 1, 2 do
+          local m = assert(conns[i].next_msg(20000), "a reply to each create")
+          if m.error then
+            assert.are.equal(-32004, m.error.code, m.error.message)
+            refused = refused + 1
+          else
+            ok = ok + 1
+          end
+        end
+        conns[i].close()
+      end
+      assert.are.same({ 2, 6 }, { ok, refused }, "round " .. round)
+      assert.are.equal(2, #assert(call(c, "sandbox.list", {})).sandboxes)
+      kill_all(c)
+    end
+    -- and after the kills, the cap's two fit again
+    assert(call(c, "sandbox.create", {}))
+    assert(call(c, "sandbox.create", {}))
+  end)
+
   it("refuse memory limits totalling more than --max-memory (an unlimited box commits none)", function()
     assert(call(c, "sandbox.create", {}))
     local _, err = call(c, "sandbox.create", { limits = { memory = "150M" } })

@@ -189,3 +189,114 @@ describe("deadlines", function()
     uv.run("nowait")
   end)
 end)
+
+-- The caps' running totals (daemon/caps.lua) against a walk of the
+-- tables they sum, after a random run of creates, replacements (a pause to
+-- disk, a resume), kills and removals.
+describe("the daemon's caps totals", function()
+  local D = require("tupper.daemon.caps")
+  local function daemon(caps)
+    local d = setmetatable({ sandboxes = {}, creating = {}, dying = {}, caps = caps }, { __index = D })
+    d:_caps_init()
+    return d
+  end
+  local function sb(mem, dormant) return { limits = mem and { memory = mem } or nil, dormant = dormant } end
+
+  it("equal a walk after a random run of creates, replacements, kills and removals", function()
+    for seed = 1, 20 do
+      math.randomseed(seed)
+      local d, tokens = daemon({ sandboxes = 0, memory = 0 }), {}
+      for _ = 1, 500 do
+        local id = ("s%d"):format(math.random(40))
+        local op, mem = math.random(7), ({ nil, 0, 4194304, 67108864, 1 << 33 })[math.random(5)]
+        if op == 1 then -- a create starts
+          local t = {}
+          tokens[#tokens + 1] = t
+          d:_creating_put(t, mem or 0)
+        elseif op == 2 and #tokens > 0 then -- one ends
+          d:_creating_put(table.remove(tokens, math.random(#tokens)), nil)
+        elseif op == 3 then -- a sandbox made, or one that takes an id's place (pause, resume)
+          d:_sb_put(id, sb(mem, math.random(4) == 1))
+        elseif op == 4 and d.sandboxes[id] then -- a kill
+          local s = d.sandboxes[id]
+          d:_sb_put(id, nil)
+          d:_dying_put(id, not s.dormant and s.limits and s.limits.memory or 0)
+        elseif op == 5 then -- a removal ends (or none was under way)
+          d:_dying_put(id, nil)
+        elseif op == 6 then -- an id put to nothing twice
+          d:_sb_put(id, nil)
+        end
+        local n, m = d:_caps_walk()
+        assert.are.equal(n, d.cap_n)
+        assert.are.equal(m, d.cap_mem)
+      end
+    end
+  end)
+
+  it("deny at the caps, and count a replaced sandbox out", function()
+    local d = daemon({ sandboxes = 2, memory = 100 * 1048576 })
+    d:_sb_put("a", sb(40 * 1048576))
+    assert.is_true(d:_check_caps({ memory = 60 * 1048576 }))
+    local ok, err, data = d:_check_caps({ memory = 61 * 1048576 })
+    assert.is_nil(ok)
+    assert.matches("memory limits would total 101M", err, 1, true)
+    assert.are.equal("memory", data.cap)
+    d:_creating_put("t", 0)
+    ok, err = d:_check_caps({})
+    assert.is_nil(ok)
+    assert.matches("too many sandboxes (2 live)", err, 1, true)
+    -- the create that resumes "a" takes its place
+    assert.is_true(d:_check_caps({ memory = 100 * 1048576 }, "a"))
+    d:_creating_put("t", nil)
+    d:_sb_put("a", sb(40 * 1048576, true)) -- paused to disk: no memory committed
+    assert.is_true(d:_check_caps({ memory = 100 * 1048576 }))
+    assert.are.same({ 1, 0 }, { d:_caps_walk() })
+  end)
+end)
+
+-- schema.validate runs each method's params compiled into closures
+-- (wire/schema.lua); validate_interpreted is check alone, spec by spec, as
+-- before.  Random hostile params, method by method: the same answer from
+-- both, the same error message to the byte.
+describe("schema.validate compiled", function()
+  local hostile = { 0, -1, 1, 1.5, 0 / 0, 1 / 0, -1 / 0, 2 ^ 53, math.maxinteger, math.mininteger, "",
+    "0", "unlimited", "abc", "ABC/..", "a\0b", "x=y", ("a"):rep(64), ("b"):rep(300), ("c"):rep(5000),
+    ("d"):rep(40000), "64M", "-5M", "1.5G", "10s", "5m", "bogus", "kvm", "base64", "utf8", "KILL",
+    "SIGTERM", "none", "all", "/", "/x", true, false, {}, { 1, 2 }, { "a", "b\0" }, { "true" },
+    { a = "b" }, { [1] = "x", [3] = "y" }, { memory = "64M", cpus = 0.5 }, { memory = 1 },
+    { bogus = 1 }, { source = "x", name = "y" }, { ["a=b"] = "c" }, { [""] = "x" }, { k = 1 },
+    { allow = { "10.0.0.0/8" } }, { deny = { "bad rule" } }, { timeout = "nope" }, { pids = 0 },
+    { disk = "unlimited" }, { cpus = 0 / 0 } }
+  local function pick(t) return t[math.random(#t)] end
+  it("gives the same answer as the interpreted check to random hostile params", function()
+    local names = {}
+    for name in pairs(schema.methods) do names[#names + 1] = name end
+    table.sort(names)
+    local compared, refused = 0, 0
+    for seed = 1, 30 do
+      math.randomseed(seed)
+      for _, method in ipairs(names) do
+        local keys = { "bogus", "required", "one_of", 1 }
+        for k in pairs(schema.methods[method].params) do keys[#keys + 1] = k end
+        table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+        for _ = 1, 10 do
+          local p = {}
+          for _ = 1, math.random(0, 4) do
+            local k = pick(keys)
+            if math.random(4) > 1 and k ~= 1 then p[k] = pick(hostile) end
+          end
+          if math.random(20) == 1 then p = pick({ "nope", 7, true }) end
+          local a, aerr = schema.validate(method, p)
+          local b, berr = schema.validate_interpreted(method, p)
+          assert.are.same(b, a, method)
+          assert.are.equal(berr, aerr, method)
+          compared = compared + 1
+          if aerr then refused = refused + 1 end
+        end
+      end
+    end
+    -- the run is hostile: most params are refused, and some are not
+    assert.is_true(refused > compared / 2 and refused < compared, refused .. " of " .. compared)
+    assert.are.same({ nil, "unknown method" }, { schema.validate("no.such", {}) })
+  end)
+end)

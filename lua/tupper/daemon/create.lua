@@ -15,7 +15,6 @@ local templates = require("tupper.daemon.templates")
 local backends = require("tupper.backend.registry")
 local limits = require("tupper.daemon.limits")
 local volumes = require("tupper.daemon.volumes")
-local units = require("tupper.util.units")
 local log = require("tupper.daemon.log").log
 
 local D = {}
@@ -220,35 +219,6 @@ local function default_account(sb)
   return "root", "/", errno == 2
 end
 
--- Whether one more sandbox with limits lim fits the daemon's caps (live
--- sandboxes, those being made and those being removed; their committed memory: an unlimited
--- box commits none).  replaces: the id of a sandbox the create takes the
--- place of.  Returns true or nil, message, data.
-function D:_check_caps(lim, replaces)
-  local count, mem = 0, lim.memory or 0
-  for id, sb in pairs(self.sandboxes) do
-    -- replaces: the sandbox paused to disk this create resumes (daemon/pause.lua)
-    if id ~= replaces then
-      count = count + 1
-      -- paused to disk, no box: no memory committed (its files are on disk: it counts)
-      if not sb.dormant then mem = mem + (sb.limits and sb.limits.memory or 0) end
-    end
-  end
-  for _, m in pairs(self.creating) do count, mem = count + 1, mem + m end
-  -- killed, their removal still in the pool (life.lua): they count until gone
-  for _, m in pairs(self.dying) do count, mem = count + 1, mem + m end
-  local caps = self.caps
-  if caps.sandboxes > 0 and count >= caps.sandboxes then
-    return nil, limits.cap_error("sandboxes", caps.sandboxes, ("too many sandboxes (%d live)"):format(count))
-  end
-  if caps.memory > 0 and mem > caps.memory then
-    return nil, limits.cap_error("memory", caps.memory,
-      ("the sandboxes' memory limits would total %s, over the daemon's cap"):format(
-        units.format_size(mem // 1048576 * 1048576)))
-  end
-  return true
-end
-
 -- A box of backend b for a create with effective limits lim: a pooled one
 -- when the pool's boxes (made with the default limits, disk cap included)
 -- fit, else a new one.  Returns the sandbox or nil, err.
@@ -352,12 +322,12 @@ function D:create_sandbox(p)
     if not vclaim then return nil, verr, vdata end
   end
   local token = {}
-  self.creating[token] = lim.memory or 0
+  self:_creating_put(token, lim.memory or 0)
   local sb, err = self:_finish_create(p, b, lim, plan, img, image, vclaim and vclaim.spec)
-  self.creating[token] = nil
+  self:_creating_put(token, nil)
   if sb then
     sb.volume_mounts = vclaim and vclaim.mounts
-    self.sandboxes[sb.id] = sb
+    self:_sb_put(sb.id, sb)
     sb.kill_on_disconnect = p.kill_on_disconnect == true or nil -- in the record (daemon/recover.lua)
     volumes.of(self):release(vclaim)
     self:set_timeout(sb, lim.timeout) -- also writes the record

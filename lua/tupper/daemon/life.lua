@@ -101,8 +101,8 @@ end
 function D:kill_sandbox(id)
   local sb = self.sandboxes[id]
   if not sb or not sb.destroy then return false end
-  self.sandboxes[id] = nil
-  self.dying[id] = not sb.dormant and sb.limits and sb.limits.memory or 0
+  self:_sb_put(id, nil)
+  self:_dying_put(id, not sb.dormant and sb.limits and sb.limits.memory or 0)
   stop_life_timer(sb)
   self:_pool_release(sb) -- a box killed before it started anything (pool.lua)
   self:unsave(id, sb.record_len)
@@ -115,7 +115,7 @@ function D:kill_sandbox(id)
       local early = not (sb.persist and sb.persist.snapshot) and not sb.pause_snapshot
       local pok, ok, err = pcall(sb.destroy, sb, nil, early and dead or nil)
       if not pok then ok, err = false, ok end
-      self.dying[id] = nil
+      self:_dying_put(id, nil)
       local waiters = self.dying_waiters
       self.dying_waiters = {}
       for _, w in ipairs(waiters) do w() end

@@ -22,7 +22,7 @@ local activation = require("tupper.daemon.activation")
 local limits = require("tupper.daemon.limits")
 local handles = require("tupper.daemon.handles")
 -- the daemon's methods, by what they do (mixed into Daemon below)
-local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"),
+local PARTS = { require("tupper.daemon.pool"), require("tupper.daemon.create"), require("tupper.daemon.caps"),
                 require("tupper.daemon.life"), require("tupper.daemon.events"),
                 require("tupper.daemon.recover"), require("tupper.daemon.pause"),
                 require("tupper.daemon.vmsnap"),
@@ -426,7 +426,9 @@ function M.run(opts)
   -- the RSS, which keeps its high-water mark) grow by as much garbage
   -- again as the boxes hold: 1.3 MiB less at 1,000 idle boxes, no slower
   -- creates (docs/benchmarks.md, "Loop").  The generational collector was
-  -- measured and is not taken yet ("The loop's Lua work").
+  -- measured and is not taken yet ("The loop's Lua work"; again, with pause
+  -- 200, under churn beside 1,000 idle boxes: no faster, "The loop's Lua
+  -- per create and start").
   collectgarbage("incremental", M.GC_PAUSE)
   -- malloc keeps the heap's top between the collector's bursts of frees
   -- rather than unmapping and faulting it in again (l_util.c)
@@ -436,6 +438,7 @@ function M.run(opts)
     accounts = {}, -- image digest -> its default account { name, home }
     socket = opts.socket or paths.socket(), state = opts.state_dir or paths.state_dir(),
     uid_base = opts.uid_base or M.UID_BASE }, Daemon)
+  self:_caps_init()
   -- before anything starts a process: these variables must not leak to it
   local activated, aerr = activation.listen_socket()
   self.notify = activation.notifier()

@@ -216,7 +216,7 @@ function D:_pause_park(sb)
   if not ok then return nil, "park the sandbox: " .. tostring(err) end
   local dsb = dormant(self, rec, snap, sb.policy)
   dsb.paused_left = sb.paused_left
-  if self.sandboxes[sb.id] == sb then self.sandboxes[sb.id] = dsb end
+  if self.sandboxes[sb.id] == sb then self:_sb_put(sb.id, dsb) end
   local dok, derr = sb:destroy()
   if not dok then log("sandbox %s: remove its box: %s", sb.id, tostring(derr)) end
   self:_pause_drop(old)
@@ -253,7 +253,7 @@ function D:resume_persisted(sb)
   self.snapshot_starting[snap.id] = n > 0 and n or nil
   sb.reviving = nil
   if not child then
-    if self.sandboxes[sb.id] == nil and sb.state ~= "gone" then self.sandboxes[sb.id] = sb end
+    if self.sandboxes[sb.id] == nil and sb.state ~= "gone" then self:_sb_put(sb.id, sb) end
     return nil, "resume: " .. tostring(err), data
   end
   if sb.state == "gone" then -- killed while its box was made
@@ -316,7 +316,7 @@ function D:_pause_adopt_dormant(rec, persist, pol)
   rec.pid, rec.vm, rec.paused = nil, nil, true
   local dsb = dormant(self, rec, self.snapshots[persist.snapshot], pol)
   dsb.paused_left = persist.left
-  self.sandboxes[id] = dsb
+  self:_sb_put(id, dsb)
   self:_save_durable(dsb, dsb:record())
   if rec.expires_at then
     local left = math.tointeger(rec.expires_at) and rec.expires_at - os.time() or 1

@@ -68,10 +68,10 @@ function D:_recover_one(id, name, doomed)
     sb = self:_pause_adopt_dormant(rec, persist, pol)
     if rec.kill_on_disconnect == true then doomed[#doomed + 1] = id end
   elseif sb and rec.kill_on_disconnect == true then
-    self.sandboxes[id] = sb
+    self:_sb_put(id, sb)
     doomed[#doomed + 1] = id -- killed below, once the sweep of boxes/ is done
   elseif sb then
-    self.sandboxes[id] = sb
+    self:_sb_put(id, sb)
     if pol then sb.policy, sb.policy_source = pol, rec.policy end
     if type(rec.volumes) == "table" then sb.volume_mounts = rec.volumes end -- daemon/volumes.lua
     self:_hook_connect(sb)
