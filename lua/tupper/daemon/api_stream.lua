@@ -270,7 +270,7 @@ function M.register(h, helpers)
       return nil, errno == 16 and rpc.BUSY or rpc.PROCESS_ERROR, err, data
     end
     if pty then return { pty = ids.stdout } end
-    return { stdout = ids.stdout, stderr = ids.stderr, stdin = ids.stdin }
+    return ids -- {stdout, stderr, stdin} already: the reply's own table
   end
 
   local take_file -- below: the box's file from its agent (FS_OPEN)
