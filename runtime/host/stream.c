@@ -43,6 +43,7 @@ struct tp_sconn_s {
   uv_loop_t *loop;
   uv_pipe_t pipe;
   uv_timer_t timer;
+  uv_prepare_t turn; /* ends tp_sconn_hold_turn's cork before the loop waits */
   uv_shutdown_t shut;
   tp_sconn_cbs_t cbs;
   int open_handles;
@@ -63,7 +64,8 @@ struct tp_sconn_s {
   uint8_t *rbuf;
   size_t rlen;
   size_t rcap;       /* rbuf's size: TP__SCONN_RBUF_FIRST, the largest frame once one needs it */
-  int corked;        /* small frames wait in cbuf (tp_sconn_cork) */
+  int corked;        /* small frames wait in cbuf: tp_sconn_cork's depth */
+  int turn_held;     /* one of those corks is tp_sconn_hold_turn's */
   size_t clen;
   uint8_t cbuf[256];
   size_t inuv;        /* of queued: bytes in libuv's write queue */
@@ -138,6 +140,7 @@ static void tp__sconn_close_handles(tp_sconn_t *c) {
   }
   uv_close((uv_handle_t *) &c->pipe, tp__sconn_close_cb);
   uv_close((uv_handle_t *) &c->timer, tp__sconn_close_cb);
+  uv_close((uv_handle_t *) &c->turn, tp__sconn_close_cb);
 }
 
 static tp__sstream_t *tp__sconn_find(tp_sconn_t *c, uint32_t sid) {
@@ -286,11 +289,31 @@ static int tp__sconn_flush(tp_sconn_t *c) {
   return tp__sconn_put(c, &b, 1, n);
 }
 
-void tp_sconn_cork(tp_sconn_t *c) { c->corked = 1; }
+void tp_sconn_cork(tp_sconn_t *c) { c->corked++; }
 
 void tp_sconn_uncork(tp_sconn_t *c) {
-  c->corked = 0;
+  if (c->corked > 0 && --c->corked > 0)
+    return; /* an outer cork still holds them */
   (void) tp__sconn_flush(c); /* a failed write ends the connection (its callback, its reader) */
+}
+
+void tp_sconn_flush(tp_sconn_t *c) { (void) tp__sconn_flush(c); }
+
+static void tp__sconn_turn_cb(uv_prepare_t *h) {
+  tp_sconn_t *c = h->data;
+  uv_prepare_stop(h);
+  if (c->turn_held) {
+    c->turn_held = 0;
+    tp_sconn_uncork(c);
+  }
+}
+
+void tp_sconn_hold_turn(tp_sconn_t *c) {
+  if (c->turn_held || c->closing)
+    return;
+  c->turn_held = 1;
+  c->corked++;
+  uv_prepare_start(&c->turn, tp__sconn_turn_cb); /* cannot fail on an initialized handle */
 }
 
 /* Sends one frame: header for a payload of len bytes, then p.  Corked, a
@@ -668,7 +691,9 @@ tp_sconn_t *tp_sconn_new(uv_loop_t *loop, int fd, uint32_t window, uint64_t idle
   c->open_handles = 1;
   uv_timer_init(loop, &c->timer); /* cannot fail */
   c->timer.data = c;
-  c->open_handles = 2;
+  uv_prepare_init(loop, &c->turn); /* cannot fail */
+  c->turn.data = c;
+  c->open_handles = 3;
   if ((r = uv_pipe_open(&c->pipe, fd)) < 0 ||
       (r = uv_read_start((uv_stream_t *) &c->pipe, tp__sconn_alloc_cb, tp__sconn_read_cb)) < 0) {
     close(fd);

@@ -127,8 +127,16 @@ void tp_sconn_drop(tp_sconn_t *c, uint32_t sid);
  * connection and go out together in one write at tp_sconn_uncork: a
  * process's two or three OPENs, its ENDs, wake the peer once.  A frame too
  * big to wait sends what waits before it. */
-void tp_sconn_cork(tp_sconn_t *c);
+void tp_sconn_cork(tp_sconn_t *c); /* corks nest: the last uncork sends */
 void tp_sconn_uncork(tp_sconn_t *c);
+/* A cork that holds until tp_sconn_flush, or at the latest until the loop
+ * is about to wait (a uv_prepare): a process's OPENs wait for its start's
+ * reply, its ENDs for its exit, and the daemon writes the frames right
+ * before the control connection's line, so that the client finds both
+ * readable in one poll (docs/protocol.md, Process streams). */
+void tp_sconn_hold_turn(tp_sconn_t *c);
+/* Sends what the corks hold now (they keep holding what comes next). */
+void tp_sconn_flush(tp_sconn_t *c);
 /* Live streams, and bytes queued for the peer. */
 size_t tp_sconn_streams(const tp_sconn_t *c);
 size_t tp_sconn_queued(const tp_sconn_t *c);

@@ -124,6 +124,10 @@ typedef struct tp__sfsjob_s {
 void *tp_sdc_data(const tp_sdc_t *d) { return d->data; }
 int tp_sdc_alive(const tp_sdc_t *d) { return d->c != NULL; }
 size_t tp_sdc_streams(const tp_sdc_t *d) { return d->nrelays + d->nprocs; }
+void tp_sdc_flush(tp_sdc_t *d) {
+  if (d->c != NULL)
+    tp_sconn_flush(d->c);
+}
 
 static void tp__sfd_gone(void);
 

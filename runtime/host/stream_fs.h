@@ -69,6 +69,10 @@ int tp_sdc_file_fd_read(tp_sdc_t *d, tp_dbox_t *b, uint32_t sid, int fd, const c
                         uint64_t length, tp_error_t *err);
 /* Streams live on d. */
 size_t tp_sdc_streams(const tp_sdc_t *d);
+/* Sends the frames its connection holds for the loop turn (a process's
+ * OPENs, its ENDs: tp_sconn_hold_turn) now: right before the control
+ * connection's reply or notification that goes with them. */
+void tp_sdc_flush(tp_sdc_t *d);
 /* The owner lets go: relays stop (their streams get ERROR ECONNRESET when
  * the connection is still up), the connection closes, d is freed. */
 void tp_sdc_close(tp_sdc_t *d);

@@ -228,7 +228,8 @@ static int tp__sproc_maybe_end(tp__sproc_t *r) {
     tp__sproc_free(r);
     return 1;
   }
-  tp_sconn_cork(c); /* the ENDs in one write */
+  tp_sconn_hold_turn(c); /* the ENDs wait for the exit's notification (tp_sdc_flush) */
+  tp_sconn_cork(c);      /* the ENDs in one write */
   for (int s = 0; s < 2; s++) {
     uint32_t sid = s == TP__OUT ? r->sids.out : r->sids.err;
     if (!r->live[s] || r->plen[s] > 0)
@@ -490,7 +491,8 @@ int tp_sdc_proc(tp_sdc_t *d, tp_dbox_t *b, int64_t pid, const tp_sproc_sids_t *s
   ids[0] = sids->out;
   ids[1] = sids->err;
   ids[2] = sids->in;
-  tp_sconn_cork(d->c); /* the OPENs in one write */
+  tp_sconn_hold_turn(d->c); /* the OPENs wait for the start's reply (tp_sdc_flush) */
+  tp_sconn_cork(d->c);      /* the OPENs in one write */
   for (int i = 0; i < 3; i++) {
     uint32_t kind = sids->pty ? TP_SK_PTY : i == 0 ? TP_SK_STDOUT : i == 1 ? TP_SK_STDERR : TP_SK_STDIN;
     uint32_t win = (sids->pty || i == TP__IN) ? TP_SPROC_IN_WINDOW : 0;

@@ -270,6 +270,14 @@ static int tp_lsdc_streams(lua_State *L) {
   return 1;
 }
 
+/* dc:flush(): the frames held for the loop turn go now (before a reply). */
+static int tp_lsdc_flush(lua_State *L) {
+  tp_lsdc_t *u = luaL_checkudata(L, 1, TP_L_SDC_MT);
+  if (u->d != NULL)
+    tp_sdc_flush(u->d);
+  return 0;
+}
+
 static int tp_lsdc_alive(lua_State *L) {
   tp_lsdc_t *u = luaL_checkudata(L, 1, TP_L_SDC_MT);
   lua_pushboolean(L, u->d != NULL && tp_sdc_alive(u->d));
@@ -292,7 +300,8 @@ void tp_l_stream_register(lua_State *L) {
   static const luaL_Reg methods[] = {{"file", tp_lsdc_file},   {"process", tp_lsdc_process},
                                      {"file_fd", tp_lsdc_file_fd}, {"file_fd_read", tp_lsdc_file_fd_read},
                                      {"streams", tp_lsdc_streams},
-                                     {"alive", tp_lsdc_alive}, {"close", tp_lsdc_close},
+                                     {"alive", tp_lsdc_alive}, {"flush", tp_lsdc_flush},
+                                     {"close", tp_lsdc_close},
                                      {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"stream_attach", tp_lcore_stream_attach},
                                    {"stream_proc_known", tp_lcore_stream_proc_known},

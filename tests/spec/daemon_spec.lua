@@ -91,6 +91,31 @@ describe("the daemon", function()
     assert.truthy(call("sandbox.kill", { id = id }).killed)
   end)
 
+  it("gives each start the environment of its own call, account and network", function()
+    -- a start without env of its own reuses the list the last such start
+    -- made (sandbox.lua): one with env, another account or other network
+    -- rules must not see it, nor leave anything in it
+    local id = create()
+    local show = 'echo "$FOO|$HOME|$USER|${HTTP_PROXY:+proxy}"'
+    local r = run(id, show)
+    assert.are.equal("|/root||\n", r.stdout)
+    r = run(id, show, { env = { FOO = "bar", HOME = "/x" } })
+    assert.are.equal("bar|/x||\n", r.stdout)
+    r = run(id, show)
+    assert.are.equal("|/root||\n", r.stdout)
+    r = run(id, show, { user = "user" })
+    assert.are.equal("|/home/user|user|\n", r.stdout)
+    r = run(id, show)
+    assert.are.equal("|/root||\n", r.stdout)
+    assert(call("sandbox.update_network", { id = id, network = { allow = { "example.com:443" } } }))
+    r = run(id, show)
+    assert.are.equal("|/root||proxy\n", r.stdout)
+    assert(call("sandbox.update_network", { id = id, network = { allow = {} } }))
+    r = run(id, show)
+    assert.are.equal("|/root||\n", r.stdout)
+    assert.truthy(call("sandbox.kill", { id = id }).killed)
+  end)
+
   it("isolates the box from the host", function()
     local id = create()
     local marker = d.dir .. "/host-only-file"

@@ -679,6 +679,53 @@ static void test_cork(void) {
   pump(5);
 }
 
+/* Corks nest (the last uncork sends); a hold for the loop turn keeps
+ * small frames until tp_sconn_flush, which sends them and holds what comes
+ * after, or until the loop is about to wait, which sends the rest. */
+static void test_hold_turn(void) {
+  owner_t o;
+  int peer;
+  tp_sconn_t *c = pair(&o, &peer, TP_SCONN_WINDOW_MIN, 0);
+  tp_sframe_t f;
+  uint8_t one[1];
+  long r;
+  tp_sconn_cork(c);
+  tp_sconn_cork(c);
+  check(tp_sconn_open(c, 1, TP_SK_STDOUT, 0, 1, NULL, NULL) == 0, "nested corks: an OPEN taken");
+  tp_sconn_uncork(c);
+  check(read(peer, one, 1) < 0 && errno == EAGAIN, "the inner uncork sends nothing");
+  tp_sconn_uncork(c);
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_OPEN && f.sid == 1, "the outer uncork sends it");
+
+  tp_sconn_hold_turn(c);
+  tp_sconn_hold_turn(c); /* once a turn: one cork */
+  tp_sconn_cork(c);
+  check(tp_sconn_open(c, 2, TP_SK_STDERR, 0, 1, NULL, NULL) == 0, "held: an OPEN taken");
+  tp_sconn_uncork(c);
+  check(read(peer, one, 1) < 0 && errno == EAGAIN, "held: the inner uncork sends nothing");
+  tp_sconn_flush(c);
+  /* read without running the loop (peer_frame does: its turn ends the hold) */
+  r = read(peer, fbuf, sizeof(fbuf));
+  check(r == TP_SF_HDR + 8 && tp_sframe_parse(fbuf, (size_t) r, &f, NULL) == r && f.type == TP_SF_OPEN &&
+            f.sid == 2,
+        "the flush sends what the hold kept, at once");
+  check(tp_sconn_end(c, 1, 1, 0, NULL) == 0, "held still: an END taken");
+  check(read(peer, one, 1) < 0 && errno == EAGAIN, "after a flush the hold keeps holding");
+  uv_run(&loop, UV_RUN_NOWAIT); /* the loop about to wait: the hold ends */
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_END && f.sid == 1, "the loop's turn sends the rest");
+  check(tp_sconn_end(c, 2, 1, 0, NULL) == 0, "an END after the turn");
+  r = peer_frame(peer, fbuf, sizeof(fbuf), &f);
+  check(r > 0 && f.type == TP_SF_END && f.sid == 2, "goes at once: the hold is over");
+
+  tp_sconn_hold_turn(c); /* closed while held: nothing left behind */
+  check(tp_sconn_open(c, 3, TP_SK_STDOUT, 0, 1, NULL, NULL) == 0, "held again: an OPEN taken");
+  tp_sconn_close(c);
+  close(peer);
+  pump(5);
+}
+
 /* Large DATA payloads read straight into the owner's room (data_buf):
  * exact bytes, the next frame read apart from it, a stream that ends in
  * the middle (the rest dropped, the room untouched), a payload longer than
@@ -786,6 +833,7 @@ int main(void) {
   test_queue_cap_reading();
   test_splice();
   test_cork();
+  test_hold_turn();
   test_direct();
   pump(10);
   check(uv_loop_close(&loop) == 0, "the loop closes: every handle was freed");

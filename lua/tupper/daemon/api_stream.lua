@@ -53,6 +53,13 @@ local function wake_waiters(conn)
   for done in pairs(w or {}) do done() end
 end
 
+-- Before a line of the control connection: what its data connection holds
+-- for the loop turn (tp_sconn_hold_turn: a process's OPENs, its ENDs).
+local function flush_data(c)
+  local dc = c.data_conn
+  if dc then dc:flush() end
+end
+
 -- The control connection's data connection goes with it, and a call that
 -- waits for an attach stops waiting.
 local function on_control_close(conn)
@@ -187,6 +194,7 @@ function M.register(h, helpers)
     if conn.handlers.close then conn.handlers.close(conn) end
     if not dc then return nil, rpc.INTERNAL_ERROR, "stream.attach: " .. tostring(err) end
     control.data_conn = dc
+    control.before_write = flush_data
     on_control_close(control)
     wake_waiters(control)
     return {} -- not sent: the reply went out as the data connection's first bytes
@@ -262,7 +270,7 @@ function M.register(h, helpers)
       return nil, errno == 16 and rpc.BUSY or rpc.PROCESS_ERROR, err, data
     end
     if pty then return { pty = ids.stdout } end
-    return { stdout = ids.stdout, stderr = ids.stderr, stdin = ids.stdin }
+    return ids -- {stdout, stderr, stdin} already: the reply's own table
   end
 
   local take_file -- below: the box's file from its agent (FS_OPEN)

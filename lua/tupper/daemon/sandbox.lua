@@ -626,17 +626,37 @@ function Sandbox:exec(argv, env, cwd, stdin, owner, cred, x)
   end
   cred = cred or self.cred
   x = x or {}
-  local envl = {}
   local by_agent = cred and cred.by_agent
   -- by_agent: the agent adds HOME, USER and LOGNAME where env has none
-  local merged = { PATH = paths.DEFAULT_PATH, HOME = not by_agent and (cred and cred.home or "/root") or nil,
-                   HOSTNAME = self.id, TERM = "xterm", USER = not by_agent and cred and cred.name or nil,
-                   LOGNAME = not by_agent and cred and cred.name or nil }
-  for k, v in pairs(self:proxy_env()) do merged[k] = v end
-  for k, v in pairs(self.env) do merged[k] = v end
-  for k, v in pairs(env or {}) do merged[k] = v end
-  for k, v in pairs(merged) do envl[#envl + 1] = k .. "=" .. v end
-  table.sort(envl)
+  local home = not by_agent and (cred and cred.home or "/root") or nil
+  local uname = not by_agent and cred and cred.name or nil
+  -- a start without env of its own gets the list the last such start of
+  -- this box made, while what it is made of is the same (the box's env,
+  -- its network's rules, the account's home and name): about 0.7 KiB of
+  -- tables and strings a start less (docs/benchmarks.md).  Nothing
+  -- changes the list once made: it only goes into the EXEC's fields.
+  local own = env ~= nil and next(env) ~= nil
+  local net = self.net
+  local rules, net_error = net and net.rules, self.net_error
+  local kept = rawget(self, "_envl")
+  local envl
+  if not own and kept and kept.env == self.env and kept.net == net and kept.rules == rules
+     and kept.net_error == net_error and kept.home == home and kept.uname == uname then
+    envl = kept.list
+  else
+    envl = {}
+    local merged = { PATH = paths.DEFAULT_PATH, HOME = home, HOSTNAME = self.id, TERM = "xterm",
+                     USER = uname, LOGNAME = uname }
+    for k, v in pairs(self:proxy_env()) do merged[k] = v end
+    for k, v in pairs(self.env) do merged[k] = v end
+    for k, v in pairs(env or {}) do merged[k] = v end
+    for k, v in pairs(merged) do envl[#envl + 1] = k .. "=" .. v end
+    table.sort(envl)
+    if not own then
+      self._envl = { env = self.env, net = net, rules = rules, net_error = net_error, home = home,
+                     uname = uname, list = envl }
+    end
+  end
   -- a guest's processes are in its own kernel: no host cgroup per tree
   local hold = self.box:has_cgroup() and not self.impl.guest_kernel
   local tree = hold and self.box:tree_take() or nil

@@ -234,6 +234,11 @@ function Conn:send(obj, result)
     self:close()
     return nil, "peer is not reading"
   end
+  -- the daemon's: a data connection's frames held for this line (a
+  -- process's OPENs before its start's reply, its ENDs before its exit)
+  -- go right before it, so that the client finds both in one poll
+  local before = self.before_write
+  if before then before(self) end
   local held = self.held
   if held then -- in order, with the others of this read (Conn:flush)
     local n = 0
