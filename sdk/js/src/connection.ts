@@ -48,7 +48,9 @@ interface Pending {
   resolve: (v: unknown) => void;
   reject: (e: Error) => void;
   onResult?: (v: unknown) => void;
-  timer?: NodeJS.Timeout;
+  /** when it times out (Date.now() ms; 0: never) and after how long */
+  deadline: number;
+  timeout: number;
 }
 
 export class Connection {
@@ -64,6 +66,16 @@ export class Connection {
   private readonly subs = new Map<string, Notification>();
   private readonly closeHandlers = new Set<(err: Error) => void>();
   private holds = 0;
+  /** the socket is ref'd (changed only when the want changes: a ref() per request costs) */
+  private reffed = true;
+  /**
+   * One timer for every request's deadline, armed at `armedAt` (or before):
+   * a request only re-arms it when its deadline comes sooner, a reply does
+   * not touch it; when it fires it fails what is due and arms again at the
+   * next deadline.
+   */
+  private watchdog: NodeJS.Timeout | undefined;
+  private armedAt = 0;
   private closedWith: Error | undefined;
 
   private constructor(sock: net.Socket, socketPath: string, requestTimeoutMs: number) {
@@ -131,23 +143,18 @@ export class Connection {
     const id = this.nextId++;
     const line = JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n';
     return new Promise<T>((resolve, reject) => {
+      const timeout = opts.timeoutMs ?? this.requestTimeoutMs;
+      const deadline = timeout > 0 ? Date.now() + timeout : 0;
       const p: Pending = {
         method,
         resolve: resolve as (v: unknown) => void,
         reject,
         onResult: opts.onResult as ((v: unknown) => void) | undefined,
+        deadline,
+        timeout,
       };
-      const timeout = opts.timeoutMs ?? this.requestTimeoutMs;
-      if (timeout > 0) {
-        p.timer = setTimeout(() => {
-          if (this.pending.delete(id)) {
-            this.updateRef();
-            reject(new TimeoutError(`[canceled] ${method}: no answer from the daemon in ${timeout} ms: This error is likely due to exceeding 'requestTimeoutMs'.`));
-          }
-        }, timeout);
-        p.timer.unref();
-      }
       this.pending.set(id, p);
+      if (deadline > 0 && (this.watchdog === undefined || deadline < this.armedAt)) this.arm(deadline);
       this.updateRef();
       this.sock.write(line);
     });
@@ -197,17 +204,50 @@ export class Connection {
 
   private updateRef(): void {
     if (this.closedWith) return;
-    if (this.pending.size > 0 || this.holds > 0) this.sock.ref();
+    const want = this.pending.size > 0 || this.holds > 0;
+    if (want === this.reffed) return;
+    this.reffed = want;
+    if (want) this.sock.ref();
     else this.sock.unref();
+  }
+
+  /** Arms the watchdog at deadline (a Date.now() time). */
+  private arm(deadline: number): void {
+    if (this.watchdog !== undefined) clearTimeout(this.watchdog);
+    this.armedAt = deadline;
+    this.watchdog = setTimeout(() => this.expire(), Math.max(1, deadline - Date.now()));
+    this.watchdog.unref();
+  }
+
+  /** The watchdog fired: the requests whose deadline passed fail, and it is armed at the next one. */
+  private expire(): void {
+    this.watchdog = undefined;
+    if (this.closedWith) return;
+    const now = Date.now();
+    let next = 0;
+    for (const [id, p] of this.pending) {
+      if (p.deadline === 0) continue;
+      if (p.deadline <= now) {
+        this.pending.delete(id);
+        p.reject(
+          new TimeoutError(
+            `[canceled] ${p.method}: no answer from the daemon in ${p.timeout} ms: This error is likely due to exceeding 'requestTimeoutMs'.`,
+          ),
+        );
+      } else if (next === 0 || p.deadline < next) {
+        next = p.deadline;
+      }
+    }
+    if (next > 0) this.arm(next);
+    this.updateRef();
   }
 
   private shutdown(err: Error): void {
     if (this.closedWith) return;
     this.closedWith = err;
-    for (const p of this.pending.values()) {
-      if (p.timer) clearTimeout(p.timer);
-      p.reject(err);
-    }
+    if (this.watchdog !== undefined) clearTimeout(this.watchdog);
+    this.watchdog = undefined;
+    for (const p of this.pending.values()) p.reject(err);
     this.pending.clear();
     const handlers = [...this.closeHandlers];
     this.closeHandlers.clear();
@@ -250,7 +290,6 @@ export class Connection {
     const p = this.pending.get(id);
     if (!p) return; // a late reply to a request that timed out
     this.pending.delete(id);
-    if (p.timer) clearTimeout(p.timer);
     this.updateRef();
     if (msg.error !== undefined && msg.error !== null) {
       p.reject(fromRpcError(msg.error as Record<string, unknown>, p.method));
