@@ -61,7 +61,7 @@ interface Pending {
   resolve: (v: unknown) => void;
   reject: (e: Error) => void;
   onResult?: (v: unknown) => void;
-  /** when it times out (Date.now() ms; 0: never) and after how long */
+  /** when it times out (performance.now() ms, a clock that never goes back; 0: never) and after how long */
   deadline: number;
   timeout: number;
 }
@@ -171,7 +171,7 @@ export class Connection {
     const line = JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n';
     return new Promise<T>((resolve, reject) => {
       const timeout = opts.timeoutMs ?? this.requestTimeoutMs;
-      const deadline = timeout > 0 ? Date.now() + timeout : 0;
+      const deadline = timeout > 0 ? performance.now() + timeout : 0;
       const p: Pending = {
         method,
         resolve: resolve as (v: unknown) => void,
@@ -238,11 +238,11 @@ export class Connection {
     else this.sock.unref();
   }
 
-  /** Arms the watchdog at deadline (a Date.now() time). */
+  /** Arms the watchdog at deadline (a performance.now() time). */
   private arm(deadline: number): void {
     if (this.watchdog !== undefined) clearTimeout(this.watchdog);
     this.armedAt = deadline;
-    this.watchdog = setTimeout(() => this.expire(), Math.max(1, deadline - Date.now()));
+    this.watchdog = setTimeout(() => this.expire(), Math.max(1, Math.ceil(deadline - performance.now())));
     this.watchdog.unref();
   }
 
@@ -250,7 +250,7 @@ export class Connection {
   private expire(): void {
     this.watchdog = undefined;
     if (this.closedWith) return;
-    const now = Date.now();
+    const now = performance.now();
     let next = 0;
     for (const [id, p] of this.pending) {
       if (p.deadline === 0) continue;
