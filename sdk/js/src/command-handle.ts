@@ -330,8 +330,11 @@ export class CommandHandle implements Partial<CommandResult> {
     const cb = stream === 'stdout' ? this.onStdout : this.onStderr;
     (stream === 'stdout' ? this.out : this.err).add(text);
     if (!cb) return undefined;
-    const p = Promise.resolve(cb(text)).catch(() => {});
-    return p;
+    try {
+      return Promise.resolve(cb(text)).catch(() => {});
+    } catch {
+      return undefined; // a callback that throws loses its chunk
+    }
   }
 
   private flush(): void {
@@ -353,7 +356,11 @@ export class CommandHandle implements Partial<CommandResult> {
       const bytes = decodeData(p.data, p.encoding);
       if (this.onData) {
         const u8 = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-        void Promise.resolve(this.onData(u8)).catch(() => {});
+        try {
+          void Promise.resolve(this.onData(u8)).catch(() => {});
+        } catch {
+          // a callback that throws loses its chunk
+        }
         return;
       }
       this.push(stream, this.decoders[stream].write(bytes));

@@ -10,7 +10,6 @@
  */
 import * as net from 'node:net';
 import * as path from 'node:path';
-import { StringDecoder } from 'node:string_decoder';
 import { SandboxError, TimeoutError, fromRpcError } from './errors';
 import { clientSocket } from './sockets';
 
@@ -18,6 +17,20 @@ export const PROTOCOL = 1;
 export const CLIENT = '@tupper/sdk/0.1.0';
 /** How long a request may wait for its reply, unless told otherwise. */
 export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
+
+/** one socket read's buffer (Node's `onread`: reused while no line is left half read in it) */
+const READ_SIZE = 64 * 1024;
+/**
+ * The longest line the daemon may send (its longest reply, an fs.read of
+ * its most, base64, is far below): a peer that sends more without a
+ * newline is cut off, not kept in memory without end.
+ */
+export const LINE_MAX = 256 * 1024 * 1024;
+/**
+ * Node's `onread` (a read lands in a buffer we choose, no stream between):
+ * Node only; Bun and Deno get the bytes as 'data' events.
+ */
+const ONREAD = typeof process !== 'undefined' && !!process.versions?.node && !('bun' in process.versions) && !('Deno' in globalThis);
 
 export interface ConnectionOpts {
   /** The daemon's socket; default: $TUPPER_SOCKET, else the daemon's own default, then the system's (sockets.ts). */
@@ -48,7 +61,9 @@ interface Pending {
   resolve: (v: unknown) => void;
   reject: (e: Error) => void;
   onResult?: (v: unknown) => void;
-  timer?: NodeJS.Timeout;
+  /** when it times out (performance.now() ms, a clock that never goes back; 0: never) and after how long */
+  deadline: number;
+  timeout: number;
 }
 
 export class Connection {
@@ -57,20 +72,33 @@ export class Connection {
   processStreams = 0;
   readonly requestTimeoutMs: number;
   private readonly sock: net.Socket;
-  private readonly decoder = new StringDecoder('utf8');
-  private partial = '';
+  /** a line's first bytes, read before its newline came */
+  private partial: Buffer[] = [];
+  private partialLen = 0;
+  /** the buffer socket reads go into (onread), until a read leaves part of a line in it */
+  private rbuf: Buffer | undefined;
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
   private readonly subs = new Map<string, Notification>();
   private readonly closeHandlers = new Set<(err: Error) => void>();
   private holds = 0;
+  /** the socket is ref'd (changed only when the want changes: a ref() per request costs) */
+  private reffed = true;
+  /**
+   * One timer for every request's deadline, armed at `armedAt` (or before):
+   * a request only re-arms it when its deadline comes sooner, a reply does
+   * not touch it; when it fires it fails what is due and arms again at the
+   * next deadline.
+   */
+  private watchdog: NodeJS.Timeout | undefined;
+  private armedAt = 0;
   private closedWith: Error | undefined;
 
   private constructor(sock: net.Socket, socketPath: string, requestTimeoutMs: number) {
     this.sock = sock;
     this.socketPath = socketPath;
     this.requestTimeoutMs = requestTimeoutMs;
-    sock.on('data', (chunk: Buffer) => this.onData(chunk));
+    if (!ONREAD) sock.on('data', (chunk: Buffer) => this.onRead(chunk.length, chunk));
     sock.on('error', (e) => this.shutdown(new SandboxError(`connection to the tupper daemon failed: ${e.message}`, { cause: e })));
     sock.on('close', () => this.shutdown(new SandboxError('the connection to the tupper daemon closed')));
     this.updateRef();
@@ -82,8 +110,19 @@ export class Connection {
     const socketPath = picked.path;
     const timeout = opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
     if (!Number.isFinite(timeout) || timeout < 0) throw new SandboxError(`bad requestTimeoutMs: ${timeout}`);
+    let conn: Connection | undefined;
+    const onread = ONREAD
+      ? {
+          buffer: (): Buffer => (conn ? conn.nextBuffer() : Buffer.allocUnsafe(READ_SIZE)),
+          // the daemon speaks only after hello: nothing is read before conn exists
+          callback: (n: number, buf: Buffer): boolean => {
+            conn?.onRead(n, buf);
+            return true;
+          },
+        }
+      : undefined;
     const sock = await new Promise<net.Socket>((resolve, reject) => {
-      const s = net.createConnection({ path: socketPath });
+      const s = net.createConnection(onread ? { path: socketPath, onread } : { path: socketPath });
       const fail = (e: NodeJS.ErrnoException) => {
         s.destroy();
         reject(
@@ -100,7 +139,7 @@ export class Connection {
         resolve(s);
       });
     });
-    const conn = new Connection(sock, socketPath, timeout);
+    conn = new Connection(sock, socketPath, timeout);
     try {
       const hello = await conn.call<{ protocol: number; server: string; process_streams?: number }>('hello', { protocol: PROTOCOL, client: CLIENT });
       if (hello.protocol !== PROTOCOL) throw new SandboxError(`the daemon speaks protocol ${hello.protocol}, not ${PROTOCOL}`);
@@ -131,23 +170,18 @@ export class Connection {
     const id = this.nextId++;
     const line = JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n';
     return new Promise<T>((resolve, reject) => {
+      const timeout = opts.timeoutMs ?? this.requestTimeoutMs;
+      const deadline = timeout > 0 ? performance.now() + timeout : 0;
       const p: Pending = {
         method,
         resolve: resolve as (v: unknown) => void,
         reject,
         onResult: opts.onResult as ((v: unknown) => void) | undefined,
+        deadline,
+        timeout,
       };
-      const timeout = opts.timeoutMs ?? this.requestTimeoutMs;
-      if (timeout > 0) {
-        p.timer = setTimeout(() => {
-          if (this.pending.delete(id)) {
-            this.updateRef();
-            reject(new TimeoutError(`[canceled] ${method}: no answer from the daemon in ${timeout} ms: This error is likely due to exceeding 'requestTimeoutMs'.`));
-          }
-        }, timeout);
-        p.timer.unref();
-      }
       this.pending.set(id, p);
+      if (deadline > 0 && (this.watchdog === undefined || deadline < this.armedAt)) this.arm(deadline);
       this.updateRef();
       this.sock.write(line);
     });
@@ -197,17 +231,50 @@ export class Connection {
 
   private updateRef(): void {
     if (this.closedWith) return;
-    if (this.pending.size > 0 || this.holds > 0) this.sock.ref();
+    const want = this.pending.size > 0 || this.holds > 0;
+    if (want === this.reffed) return;
+    this.reffed = want;
+    if (want) this.sock.ref();
     else this.sock.unref();
+  }
+
+  /** Arms the watchdog at deadline (a performance.now() time). */
+  private arm(deadline: number): void {
+    if (this.watchdog !== undefined) clearTimeout(this.watchdog);
+    this.armedAt = deadline;
+    this.watchdog = setTimeout(() => this.expire(), Math.max(1, Math.ceil(deadline - performance.now())));
+    this.watchdog.unref();
+  }
+
+  /** The watchdog fired: the requests whose deadline passed fail, and it is armed at the next one. */
+  private expire(): void {
+    this.watchdog = undefined;
+    if (this.closedWith) return;
+    const now = performance.now();
+    let next = 0;
+    for (const [id, p] of this.pending) {
+      if (p.deadline === 0) continue;
+      if (p.deadline <= now) {
+        this.pending.delete(id);
+        p.reject(
+          new TimeoutError(
+            `[canceled] ${p.method}: no answer from the daemon in ${p.timeout} ms: This error is likely due to exceeding 'requestTimeoutMs'.`,
+          ),
+        );
+      } else if (next === 0 || p.deadline < next) {
+        next = p.deadline;
+      }
+    }
+    if (next > 0) this.arm(next);
+    this.updateRef();
   }
 
   private shutdown(err: Error): void {
     if (this.closedWith) return;
     this.closedWith = err;
-    for (const p of this.pending.values()) {
-      if (p.timer) clearTimeout(p.timer);
-      p.reject(err);
-    }
+    if (this.watchdog !== undefined) clearTimeout(this.watchdog);
+    this.watchdog = undefined;
+    for (const p of this.pending.values()) p.reject(err);
     this.pending.clear();
     const handlers = [...this.closeHandlers];
     this.closeHandlers.clear();
@@ -215,19 +282,60 @@ export class Connection {
     this.sock.destroy();
   }
 
-  private onData(chunk: Buffer): void {
-    const s = this.decoder.write(chunk);
-    let start = 0;
-    let nl = s.indexOf('\n');
-    while (nl >= 0) {
-      const line = this.partial + s.slice(start, nl);
-      this.partial = '';
-      if (line.length > 0) this.onLine(line);
-      if (this.closedWith) return;
-      start = nl + 1;
-      nl = s.indexOf('\n', start);
+  /** The buffer the next socket read goes into (Node's `onread`). */
+  private nextBuffer(): Buffer {
+    this.rbuf ??= Buffer.allocUnsafe(READ_SIZE);
+    return this.rbuf;
+  }
+
+  /**
+   * n bytes read into buf: each whole line is parsed from where it lies;
+   * the bytes of a line whose newline is still to come are kept (the buffer
+   * itself when they fill most of it, else a copy).  Never throws: it runs
+   * in Node's read callback, where a throw would be an uncaught exception.
+   */
+  private onRead(n: number, buf: Buffer): void {
+    if (n <= 0 || this.closedWith) return;
+    try {
+      const b = n === buf.length ? buf : buf.subarray(0, n); // a reused buffer: nothing past n is this read's
+      let start = 0;
+      let nl = b.indexOf(0x0a, 0);
+      while (nl >= 0) {
+        let line: string;
+        if (this.partialLen > 0) {
+          this.partial.push(b.subarray(start, nl));
+          line = Buffer.concat(this.partial, this.partialLen + nl - start).toString('utf8');
+          this.partial = [];
+          this.partialLen = 0;
+        } else {
+          line = b.toString('utf8', start, nl);
+        }
+        if (line.length > 0) this.onLine(line);
+        if (this.closedWith) return;
+        start = nl + 1;
+        nl = b.indexOf(0x0a, start);
+      }
+      if (start < n) this.keep(buf, start, n);
+    } catch (e) {
+      this.shutdown(new SandboxError(`reading the daemon's replies failed: ${(e as Error).message}`, { cause: e }));
     }
-    this.partial += s.slice(start);
+  }
+
+  /** Keeps bytes start..n of buf: the first part of a line. */
+  private keep(buf: Buffer, start: number, n: number): void {
+    const k = n - start;
+    if (this.partialLen + k > LINE_MAX) {
+      this.shutdown(new SandboxError(`the daemon sent a line of more than ${LINE_MAX} bytes`));
+      return;
+    }
+    if (buf !== this.rbuf || k >= READ_SIZE / 2) {
+      // a chunk of its own ('data'), or most of the read buffer: kept as it is
+      this.partial.push(buf.subarray(start, n));
+      if (buf === this.rbuf) this.rbuf = undefined; // the next read gets a new buffer
+    } else {
+      this.partial.push(Buffer.from(buf.subarray(start, n)));
+    }
+    this.partialLen += k;
   }
 
   private onLine(line: string): void {
@@ -236,6 +344,10 @@ export class Connection {
       msg = JSON.parse(line) as Record<string, unknown>;
     } catch {
       this.shutdown(new SandboxError('the daemon sent a line that is not JSON'));
+      return;
+    }
+    if (typeof msg !== 'object' || msg === null || Array.isArray(msg)) {
+      this.shutdown(new SandboxError('the daemon sent a line that is not a JSON object'));
       return;
     }
     if (typeof msg.method === 'string' && msg.id === undefined) {
@@ -250,7 +362,6 @@ export class Connection {
     const p = this.pending.get(id);
     if (!p) return; // a late reply to a request that timed out
     this.pending.delete(id);
-    if (p.timer) clearTimeout(p.timer);
     this.updateRef();
     if (msg.error !== undefined && msg.error !== null) {
       p.reject(fromRpcError(msg.error as Record<string, unknown>, p.method));

@@ -28,6 +28,8 @@ export const T = { OPEN: 1, DATA: 2, END: 3, ERROR: 4, CREDIT: 5 } as const;
 /** a drained stream's credit goes back in pieces of at least this (or a
  * quarter of the window): the daemon keeps three quarters of it meanwhile */
 const CREDIT_AT = 256 * 1024;
+/** the attach's reply is a short line: a daemon that sends more without a newline is cut off */
+const ATTACH_REPLY_MAX = 64 * 1024;
 /** one socket read's buffer, where the bytes do not go straight into a reader's own */
 const READ_SIZE = 64 * 1024;
 /**
@@ -103,6 +105,35 @@ function u32(n: number): Buffer {
   return b;
 }
 
+const EPROTO = 71;
+/** the most a CREDIT may give */
+const CREDIT_MAX = 2 ** 30;
+
+/**
+ * Why the header at off of b (len, type read from it) breaks the frame rules
+ * (docs/protocol.md, "Frames"), else undefined: the version and flags, the
+ * type, and the payload's size for the type.  A frame that passes has a
+ * payload its reader can read in full without looking again.
+ */
+export function badHeader(b: Buffer, off: number, len: number, type: number): string | undefined {
+  if (b[off + 4] !== STREAMS_VERSION) return `version ${b[off + 4]}, not ${STREAMS_VERSION}`;
+  if (b[off + 6] !== 0 || b[off + 7] !== 0) return 'flags not 0';
+  switch (type) {
+    case T.DATA:
+      return len > DATA_MAX ? `DATA of ${len} bytes (at most ${DATA_MAX})` : undefined;
+    case T.OPEN:
+      return len === 8 ? undefined : `OPEN of ${len} bytes (8)`;
+    case T.CREDIT:
+      return len === 4 ? undefined : `CREDIT of ${len} bytes (4)`;
+    case T.END:
+      return len === 0 || len === 8 ? undefined : `END of ${len} bytes (0 or 8)`;
+    case T.ERROR:
+      return len >= 4 && len <= 4100 ? undefined : `ERROR of ${len} bytes (4 to 4100)`;
+    default:
+      return `unknown type ${type}`;
+  }
+}
+
 function streamError(ev: { errno: number; msg: string }, method: string): SandboxError {
   return fromRpcError({ code: -32002, message: ev.msg, data: { errno: ev.errno, code: ERRNO_NAMES[ev.errno] ?? `E${ev.errno}` } }, method);
 }
@@ -122,8 +153,9 @@ export class DataConn {
   private creditAt = CREDIT_AT;
   private closedWith?: string;
   private active = 0;
+  private readonly feedBound = (b: Buffer): void => this.feed(b);
   /** where the socket's bytes go: the attach's reply line, then feed() */
-  private onBytes: (b: Buffer) => void = (b) => this.feed(b);
+  private onBytes: (b: Buffer) => void = this.feedBound;
   /** the generic buffer of the next socket read, and the slice of a reader's buffer it went to instead */
   private rbuf?: Buffer;
   private direct?: Buffer;
@@ -166,19 +198,24 @@ export class DataConn {
         const nl = all.indexOf(0x0a);
         if (nl < 0) {
           line = [all];
+          if (all.length > ATTACH_REPLY_MAX) {
+            sock.destroy();
+            reject(new SandboxError(`stream.attach: the daemon's reply is over ${ATTACH_REPLY_MAX} bytes`));
+          }
           return;
         }
         if (!onread) sock.off('data', onData);
-        d.onBytes = (b) => d.feed(b);
-        let reply: { result?: unknown; error?: { message?: string } };
+        d.onBytes = d.feedBound;
+        let reply: { result?: unknown; error?: { message?: unknown } } | null;
         try {
           reply = JSON.parse(all.subarray(0, nl).toString('utf8'));
         } catch {
           reply = { error: { message: 'not JSON' } };
         }
-        if (!reply.result) {
+        if (typeof reply !== 'object' || reply === null || !reply.result) {
           sock.destroy();
-          reject(new SandboxError(`stream.attach: ${reply.error?.message ?? 'no reply'}`));
+          const m = reply?.error?.message;
+          reject(new SandboxError(`stream.attach: ${typeof m === 'string' ? m : 'no reply'}`));
           return;
         }
         d.listen(!onread);
@@ -203,7 +240,15 @@ export class DataConn {
   }
 
   private listen(data: boolean): void {
-    if (data) this.sock.on('data', (c: Buffer) => this.feed(c));
+    if (data) {
+      this.sock.on('data', (c: Buffer) => {
+        try {
+          this.feed(c);
+        } catch (e) {
+          this.down(`reading the data connection failed: ${(e as Error).message}`);
+        }
+      });
+    }
     this.sock.on('close', () => this.down('the data connection closed'));
     this.sock.on('error', (e) => this.down(e.message));
   }
@@ -230,21 +275,48 @@ export class DataConn {
     return this.rbuf;
   }
 
-  /** n bytes read into buf (nextBuffer's). */
+  /** n bytes read into buf (nextBuffer's); never throws (it runs in Node's read callback). */
   private onRead(n: number, buf: Buffer): void {
     if (n <= 0) return;
+    try {
+      this.readInto(n, buf);
+    } catch (e) {
+      this.down(`reading the data connection failed: ${(e as Error).message}`);
+    }
+  }
+
+  private readInto(n: number, buf: Buffer): void {
     if (buf === this.direct) {
       this.direct = undefined;
       this.onBytes(buf.subarray(0, n)); // in place already: the reader skips its copy
       return;
     }
+    let off = 0;
+    if (this.parts.length === 0 && this.hdr === undefined && this.onBytes === this.feedBound) {
+      // frames other than DATA that the read holds whole are read where they
+      // are (a command's OPENs and ENDs): no copy, no slice
+      while (n - off >= HDR) {
+        const len = buf.readUInt32LE(off);
+        const type = buf[off + 5];
+        const bad = badHeader(buf, off, len, type);
+        if (bad !== undefined) {
+          this.bad(bad);
+          return;
+        }
+        if (type === T.DATA || n - off - HDR < len) break;
+        this.frame(type, buf.readUInt32LE(off + 8), buf, off + HDR, len);
+        if (this.closedWith) return;
+        off += HDR + len;
+      }
+      if (off === n) return;
+    }
     let b: Buffer;
-    if (n >= READ_SIZE / 2) {
+    if (off === 0 && n >= READ_SIZE / 2) {
       b = buf.subarray(0, n); // handed on: the next read gets a new buffer
       if (buf === this.rbuf) this.rbuf = undefined;
     } else {
-      b = Buffer.allocUnsafe(n); // a small read is copied out: the buffer is read into again
-      buf.copy(b, 0, 0, n);
+      b = Buffer.allocUnsafe(n - off); // a small read is copied out: the buffer is read into again
+      buf.copy(b, 0, off, n);
     }
     this.onBytes(b);
   }
@@ -278,8 +350,9 @@ export class DataConn {
       if (this.hdr === undefined) {
         const h = this.take(HDR);
         const len = h.readUInt32LE(0);
-        if (h[4] !== STREAMS_VERSION || h.readUInt16LE(6) !== 0 || len > DATA_MAX + 8192) {
-          this.down('the daemon sent a bad frame');
+        const bad = badHeader(h, 0, len, h[5]);
+        if (bad !== undefined) {
+          this.bad(bad);
           return;
         }
         this.hdr = h;
@@ -303,7 +376,7 @@ export class DataConn {
         this.hdr = undefined;
         this.need = HDR;
         if (type === T.DATA) this.pushData(sid, this.pieces(len), len);
-        else this.frame(type, sid, this.take(len));
+        else this.frame(type, sid, this.take(len), 0, len);
       }
       if (this.closedWith) return;
     }
@@ -345,25 +418,30 @@ export class DataConn {
     w?.();
   }
 
-  private frame(type: number, sid: number, p: Buffer): void {
+  /**
+   * A whole frame other than DATA, its payload the len bytes of b at off
+   * (badHeader passed it: the sizes are the protocol's, every read below is
+   * within them).
+   */
+  private frame(type: number, sid: number, b: Buffer, off: number, len: number): void {
     switch (type) {
       case T.OPEN: {
         const s = this.state(sid);
-        s.credit = p.readUInt32LE(4);
+        s.credit = b.readUInt32LE(off + 4);
         if (s.input) this.wakeInput(s);
-        else this.push(sid, { kind: 'credit' });
+        else if (!s.pieces) this.push(sid, { kind: 'credit' }); // a drained stream sends nothing
         break;
       }
       case T.END: {
         const s = this.state(sid);
         s.over ??= 'the process takes no more input';
         this.wakeInput(s);
-        this.push(sid, { kind: 'end', size: p.length === 8 ? Number(p.readBigUInt64LE(0)) : undefined });
+        this.push(sid, { kind: 'end', size: len === 8 ? Number(b.readBigUInt64LE(off)) : undefined });
         break;
       }
       case T.ERROR: {
-        const errno = p.readUInt32LE(0);
-        const msg = p.subarray(4).toString('utf8');
+        const errno = b.readUInt32LE(off);
+        const msg = b.toString('utf8', off + 4, off + len);
         if (sid === 0) {
           this.down(msg || 'the daemon closed the data connection', errno);
         } else {
@@ -375,15 +453,36 @@ export class DataConn {
         break;
       }
       case T.CREDIT: {
+        const n = b.readUInt32LE(off);
+        if (n === 0 || n > CREDIT_MAX) {
+          this.bad(`CREDIT of ${n} bytes on stream ${sid} (1 to 2^30)`);
+          return;
+        }
         const s = this.state(sid);
-        s.credit += p.readUInt32LE(0);
+        s.credit += n;
         if (s.input) this.wakeInput(s);
-        else this.push(sid, { kind: 'credit' });
+        else if (!s.pieces) this.push(sid, { kind: 'credit' });
         break;
       }
       default:
         break;
     }
+  }
+
+  /**
+   * The daemon broke the frame rules (docs/protocol.md, "Frames"): it hears
+   * why (ERROR EPROTO on sid 0, as it would say it), the connection closes
+   * and every stream on it fails with that reason.
+   */
+  private bad(rule: string): void {
+    if (this.closedWith) return;
+    const why = `the daemon sent a bad frame: ${rule}`;
+    try {
+      this.sock.write(frame(T.ERROR, 0, Buffer.concat([u32(EPROTO), Buffer.from(why)])));
+    } catch {
+      // the connection is going anyway
+    }
+    this.down(why, EPROTO);
   }
 
   private down(why: string, errno = 104): void {
@@ -527,7 +626,9 @@ export class DataConn {
    */
   async drain(sid: number, sink: (b: Buffer) => void | Promise<void>, method: string): Promise<number> {
     this.begin();
-    this.state(sid).pieces = true;
+    const st = this.state(sid);
+    st.pieces = true;
+    st.queue = st.queue.filter((e) => e.kind !== 'credit'); // its OPEN may be in already
     let owed = 0;
     try {
       for (;;) {
