@@ -300,3 +300,32 @@ describe("schema.validate compiled", function()
     assert.are.same({ nil, "unknown method" }, { schema.validate("no.such", {}) })
   end)
 end)
+
+-- Every backend's box has the methods the daemon calls on any box
+-- (backend/registry.lua's BOX_METHODS): core's box, which the linux backend
+-- returns, and the microVM backend's wrapper around it.  A method missing
+-- from one was once an internal error in every microVM create.  The
+-- backends load in the tupper binary only (tupper.core): through its REPL.
+describe("the box contract", function()
+  it("holds for core's box and the microVM backend's", function()
+    local code, out, err = helper.cli({ "repl", "-e", [[
+      local registry = require("tupper.backend.registry")
+      require("tupper.core")
+      local mt = debug.getregistry()["tupper.box"]
+      local calls = {}
+      local inner = setmetatable({}, { __index = function(_, name)
+        return function() calls[#calls + 1] = name; return name end
+      end })
+      local w = require("tupper.backend.microvm")._wrap(inner, 0, nil, nil)
+      local missing = {}
+      for _, name in ipairs(registry.BOX_METHODS) do
+        if type(mt.__index[name]) ~= "function" then missing[#missing + 1] = "core:" .. name end
+        if type(w[name]) ~= "function" then missing[#missing + 1] = "microvm:" .. name end
+      end
+      -- the plain ones reach the inner box
+      print(#registry.BOX_METHODS, table.concat(missing, ","), w:resolv(), w:pid(), table.concat(calls, ","))
+    ]] })
+    assert.are.equal(0, code, err)
+    assert.are.equal("10\t\tresolv\tpid\tresolv,pid\n", out)
+  end)
+end)

@@ -21,6 +21,11 @@
 --   pool_park(sb, stopping)  optional: readies a started box for the pool
 --   gc(state_dir)       optional: removes what removed images leave
 --
+-- A box (what start and adopt return) has at least M.BOX_METHODS; one
+-- whose backend has no host cgroup per process tree (guest_kernel) need not
+-- have core's tree_* methods.  tests/spec/unit_spec.lua holds every backend
+-- to this.
+--
 -- The list of names is here, not in the backends: `tupper ls` and the
 -- schema need it without loading a backend.
 local M = {}
@@ -29,6 +34,10 @@ local M = {}
 -- tupper.backend.<name>, and its name here.
 M.NAMES = { "linux", "microvm" }
 M.DEFAULT = "linux"
+
+--- The methods every box has (see above).
+M.BOX_METHODS = { "on", "send", "pid", "queued", "destroy", "freeze", "stats", "has_cgroup",
+                  "set_limits", "resolv" }
 
 local MODULES = {}
 for _, name in ipairs(M.NAMES) do MODULES[name] = "tupper.backend." .. name end

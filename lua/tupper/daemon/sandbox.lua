@@ -104,15 +104,25 @@ function M.start(opts)
   opts.backend_impl = backends.get(opts.backend)
   local box, err = opts.backend_impl.start(opts)
   if not box then return nil, "start sandbox " .. opts.id .. ": " .. tostring(err) end
-  local self, aerr = attach(box, opts)
-  -- names resolve through the agent's DNS port, by the sandbox's rules:
-  -- the box's set-up wrote its /etc/resolv.conf (a linux box whose image's
-  -- /etc and file are no links), else the agent writes it (the same text
-  -- as backends/api/backend.h's TP_RESOLV_CONF)
-  if self and not self.net_error and not box:resolv() then
-    local ok, werr = self:request(MSG.FS_WRITE, { path = "/etc/resolv.conf", flags = 1 | 4, mode = 420,
-                                                  data = "nameserver 127.0.0.1\n" })
-    if not ok then self.net_error = "cannot write /etc/resolv.conf: " .. tostring(werr) end
+  -- a fault below (a bug: a backend's box without a method) must not leave
+  -- a started box behind: its processes, cgroup and dir go, then the error
+  -- goes on up as the internal error it is
+  local ok, self, aerr = pcall(function()
+    local sb, why = attach(box, opts)
+    -- names resolve through the agent's DNS port, by the sandbox's rules:
+    -- the box's set-up wrote its /etc/resolv.conf (a linux box whose
+    -- image's /etc and file are no links), else the agent writes it (the
+    -- same text as backends/api/backend.h's TP_RESOLV_CONF)
+    if sb and not sb.net_error and not box:resolv() then
+      local wok, werr = sb:request(MSG.FS_WRITE, { path = "/etc/resolv.conf", flags = 1 | 4, mode = 420,
+                                                   data = "nameserver 127.0.0.1\n" })
+      if not wok then sb.net_error = "cannot write /etc/resolv.conf: " .. tostring(werr) end
+    end
+    return sb, why
+  end)
+  if not ok then
+    pcall(async.wait, function(cb) box:destroy(cb) end)
+    error(self, 0)
   end
   return self, aerr
 end
