@@ -120,11 +120,13 @@ suite() {
     # every top-level test() of the file ran and passed: a runner that
     # skipped some (or the whole file) fails here.  Runners count tests in
     # a describe() differently (bun each, deno the describe as one, a
-    # skipped one not at all): a file with describe() blocks must have
-    # passed at least one.
-    want=$(grep -c '^test(' "$f")
+    # skipped one not at all): a file with describe() blocks, or with
+    # tests made in a top-level loop, must have passed at least one and at
+    # least its literal top-level ones (test(), or a file's own shorthand
+    # for it such as ttest()).
+    want=$(grep -cE '^t?test\(' "$f")
     got=$(passed "$logs/$b.log")
-    if grep -q '^describe(' "$f"; then
+    if grep -qE '^(describe|for) ?\(' "$f"; then
       [ "${got:-0}" -ge 1 ] && [ "${got:-0}" -ge "$want" ]
     else
       [ "${got:-0}" -eq "$want" ]
