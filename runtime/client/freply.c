@@ -14,14 +14,43 @@
 static size_t tp__freply_left = SIZE_MAX;
 static int tp__freply_spent;
 
+/* jansson's blocks (a request's and a reply's objects, strings and
+ * tables: a few hundred small ones a command) come first from this arena
+ * in .bss, handed out in order and taken back whole once none is in use;
+ * what does not fit goes to malloc.  musl's allocator maps and unmaps a
+ * page for most of them when the process is young (an `exec` made 35 such
+ * system calls, each page also faulted in); the arena makes none.  The
+ * client is single-threaded. */
+#define TP__FREPLY_ARENA (64u << 10)
+static _Alignas(16) unsigned char tp__freply_arena[TP__FREPLY_ARENA];
+static size_t tp__freply_used; /* bytes handed out since it was last empty */
+static size_t tp__freply_live; /* its blocks not freed yet */
+
 static void *tp__freply_malloc(size_t n) {
+  size_t a = (n + 15) & ~(size_t) 15;
   if (n > tp__freply_left) {
     tp__freply_spent = 1;
     return NULL;
   }
   if (tp__freply_left != SIZE_MAX)
     tp__freply_left -= n;
+  if (a >= n && a <= TP__FREPLY_ARENA - tp__freply_used) {
+    void *p = tp__freply_arena + tp__freply_used;
+    tp__freply_used += a;
+    tp__freply_live++;
+    return p;
+  }
   return malloc(n);
+}
+
+static void tp__freply_free(void *p) {
+  uintptr_t u = (uintptr_t) p, base = (uintptr_t) tp__freply_arena;
+  if (u >= base && u < base + TP__FREPLY_ARENA) {
+    if (--tp__freply_live == 0)
+      tp__freply_used = 0;
+    return;
+  }
+  free(p);
 }
 
 /* Walks v at level depth: 0, or -1 with err. */
@@ -51,7 +80,7 @@ static int tp__freply_walk(json_t *v, int depth, long *count, tp_error_t *err) {
 
 void tp_freply_init(void) {
   uint32_t seed = 0;
-  json_set_alloc_funcs(tp__freply_malloc, free);
+  json_set_alloc_funcs(tp__freply_malloc, tp__freply_free);
   /* 0 (or no getrandom) leaves it to jansson */
   if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) == (ssize_t) sizeof(seed))
     json_object_seed(seed);
@@ -61,7 +90,7 @@ json_t *tp_freply_parse(const char *s, size_t n, tp_error_t *err) {
   json_error_t je;
   json_t *v;
   long count = 0;
-  json_set_alloc_funcs(tp__freply_malloc, free);
+  json_set_alloc_funcs(tp__freply_malloc, tp__freply_free);
   tp__freply_left = TP_FREPLY_ALLOC;
   tp__freply_spent = 0;
   v = json_loadb(s, n, JSON_DECODE_INT_AS_REAL, &je);
