@@ -199,6 +199,9 @@ int tp_fast_mine(int argc, char **argv, tp_fargv_t *a) {
     return 0;
   if (a->verb == TP_FV_EXEC && strlen(a->id) >= TP_FAST_ID_MAX)
     return 0;
+  /* jansson's blocks from the client's arena from here on, these checks'
+   * strings too (from malloc, each was a page mapped and unmapped) */
+  tp_freply_init();
   return tp__fast_words_utf8(a);
 }
 
@@ -215,14 +218,14 @@ int tp_fast_main(int argc, char **argv, int *code) {
   tp_fargv_t a;
   tp__fast_t c;
   int ret;
+  static char ctl_first[TP__FLINE_FIRST];
   if (!tp_fast_mine(argc, argv, &a))
     return only_c ? tp__fast_refuse(code) : 0;
-  tp_freply_init();
   memset(&c, 0, sizeof(c));
   c.a = &a;
   c.next_id = 1;
   c.att.fd = -1;
-  c.ctl.fd = tp__fast_ctl(&c);
+  tp__fline_init(&c.ctl, tp__fast_ctl(&c), ctl_first);
   if (c.ctl.fd < 0)
     return only_c ? tp__fast_refuse(code) : 0;
   ret = tp__fast_talk(&c, code);
@@ -233,6 +236,6 @@ int tp_fast_main(int argc, char **argv, int *code) {
   tp_spump_free(c.dc);
   free(c.in_buf);
   close(c.ctl.fd);
-  free(c.ctl.buf);
+  tp__fline_free(&c.ctl);
   return ret == 0 && only_c ? tp__fast_refuse(code) : ret;
 }

@@ -18,11 +18,15 @@
 #define TP__FAST_WINDOW (4u * 1024u * 1024u) /* stream.attach's window, the Lua client's */
 #define TP__FAST_REQ_MAX (64u * 1024u * 1024u) /* bytes of one request we write */
 
-/* A connection's reader of JSON lines. */
+/* A connection's reader of JSON lines: buf is first the connection's
+ * 64 KiB in .bss (tp__fline_init), then, for a longer line, the heap
+ * (owned: the heap's). */
+#define TP__FLINE_FIRST 65536
 typedef struct tp__fline_s {
   int fd;
   char *buf;
   size_t have, cap;
+  int owned;
 } tp__fline_t;
 
 typedef struct tp__fast_s {
@@ -65,13 +69,18 @@ int tp__fast_policy_near(void);
 int tp__fast_send(int fd, const char *b, size_t n, tp_error_t *err);
 char *tp__fline_take(tp__fline_t *l, size_t *len, size_t *used);
 void tp__fline_drop(tp__fline_t *l, size_t used);
+void tp__fline_init(tp__fline_t *l, int fd, char *first);
+void tp__fline_free(tp__fline_t *l);
 int tp__fline_fill(tp__fline_t *l, tp_error_t *err);
 int tp__fast_parse(tp__fast_t *c, const char *line, size_t len, tp_error_t *err);
-/* Requests, one compact JSON line each, gathered to be written at once. */
+/* Requests, one compact JSON line each, gathered to be written at once:
+ * in 8 KiB of .bss while they fit and no other request holds it (a
+ * start's lines are a few hundred bytes), else on the heap. */
 typedef struct tp__fout_s {
   char *b;
   size_t len;
   int failed; /* latched: out of memory, a string jansson refused, past TP__FAST_REQ_MAX */
+  int in_bss; /* b is the .bss buffer */
 } tp__fout_t;
 void tp__fout_add(tp__fout_t *o, json_t *msg);
 void tp__fout_free(tp__fout_t *o);

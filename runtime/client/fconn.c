@@ -149,22 +149,44 @@ void tp__fline_drop(tp__fline_t *l, size_t used) {
   l->have -= used;
 }
 
+/* A reader of fd whose first TP__FLINE_FIRST bytes are first's (in .bss:
+ * a buffer from malloc is a mapping of its own at that size, made and
+ * unmapped once a command, each a page-table change that a virtualised
+ * host pays dearly for). */
+void tp__fline_init(tp__fline_t *l, int fd, char *first) {
+  memset(l, 0, sizeof(*l));
+  l->fd = fd;
+  l->buf = first;
+  l->cap = first != NULL ? TP__FLINE_FIRST : 0;
+}
+
+void tp__fline_free(tp__fline_t *l) {
+  if (l->owned)
+    free(l->buf);
+  l->buf = NULL;
+  l->have = l->cap = 0;
+  l->owned = 0;
+}
+
 /* One read into l: 1 bytes came, 0 the end, -1 an error. */
 int tp__fline_fill(tp__fline_t *l, tp_error_t *err) {
   ssize_t r;
   if (l->have == l->cap) {
-    size_t ncap = l->cap ? l->cap * 2 : 65536;
+    size_t ncap = l->cap ? l->cap * 2 : TP__FLINE_FIRST;
     char *nb;
     if (l->cap >= TP_FAST_LINE_MAX)
       return tp_error_set(err, EMSGSIZE, "a message of the daemon is longer than %d bytes",
                           TP_FAST_LINE_MAX);
     if (ncap > TP_FAST_LINE_MAX)
       ncap = TP_FAST_LINE_MAX;
-    nb = realloc(l->buf, ncap);
+    nb = l->owned ? realloc(l->buf, ncap) : malloc(ncap);
     if (nb == NULL)
       return tp_error_set(err, ENOMEM, "out of memory");
+    if (!l->owned && l->have > 0)
+      memcpy(nb, l->buf, l->have);
     l->buf = nb;
     l->cap = ncap;
+    l->owned = 1;
   }
   do
     r = read(l->fd, l->buf + l->have, l->cap - l->have);
@@ -189,12 +211,39 @@ int tp__fast_parse(tp__fast_t *c, const char *line, size_t len, tp_error_t *err)
 
 /* ------------------------------------------------------------- requests */
 
+/* The requests' first bytes (tp__fout_t), and whether a tp__fout_t
+ * holds them: the client is single-threaded. */
+#define TP__FOUT_BSS 8192
+static char tp__fout_bss[TP__FOUT_BSS];
+static int tp__fout_bss_taken;
+
+/* o's buffer with room for need bytes, or NULL (o unchanged). */
+static char *tp__fout_room(tp__fout_t *o, size_t need) {
+  char *nb;
+  if (o->b == NULL && !tp__fout_bss_taken && need <= TP__FOUT_BSS) {
+    tp__fout_bss_taken = 1;
+    o->in_bss = 1;
+    return tp__fout_bss;
+  }
+  if (o->in_bss) {
+    if (need <= TP__FOUT_BSS)
+      return o->b;
+    if ((nb = malloc(need)) == NULL)
+      return NULL;
+    memcpy(nb, o->b, o->len);
+    tp__fout_bss_taken = 0;
+    o->in_bss = 0;
+    return nb;
+  }
+  return realloc(o->b, need);
+}
+
 /* Appends msg (taken; NULL: a pack that failed) as one line. */
 void tp__fout_add(tp__fout_t *o, json_t *msg) {
   size_t n = msg ? json_dumpb(msg, NULL, 0, JSON_COMPACT | JSON_REAL_PRECISION(14)) : 0;
   char *nb;
   if (o->failed || n == 0 || n > TP__FAST_REQ_MAX - o->len - 1 ||
-      (nb = realloc(o->b, o->len + n + 1)) == NULL) {
+      (nb = tp__fout_room(o, o->len + n + 1)) == NULL) {
     o->failed = 1;
     json_decref(msg);
     return;
@@ -206,7 +255,10 @@ void tp__fout_add(tp__fout_t *o, json_t *msg) {
 }
 
 void tp__fout_free(tp__fout_t *o) {
-  free(o->b);
+  if (o->in_bss)
+    tp__fout_bss_taken = 0;
+  else
+    free(o->b);
   memset(o, 0, sizeof(*o));
 }
 

@@ -20,11 +20,13 @@
 /* Connects the data connection and sends stream.attach with token; its
  * reply is tp__fast_attached's to read.  0, or -1 on an error. */
 int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
+  static char first[TP__FLINE_FIRST]; /* one attach reads at a time */
   tp__fout_t w = { 0 };
-  int e = 0, r;
-  c->att.fd = tp__fast_connect(c->socket, &e);
-  if (c->att.fd < 0)
+  int e = 0, r, fd;
+  fd = tp__fast_connect(c->socket, &e);
+  if (fd < 0)
     return tp_error_errno(err, e, "connect %s", c->socket);
+  tp__fline_init(&c->att, fd, first);
   tp__fout_add(&w, json_pack("{s:s, s:i, s:s, s:{s:s, s:I}}", "jsonrpc", "2.0", "id", 1, "method",
                              "stream.attach", "params", "token", token, "window", (json_int_t) TP__FAST_WINDOW));
   r = tp__fast_write(c->att.fd, &w, err);
@@ -35,8 +37,7 @@ int tp__fast_attach(tp__fast_t *c, const char *token, tp_error_t *err) {
 void tp__fast_att_free(tp__fast_t *c) {
   if (c->att.fd >= 0)
     close(c->att.fd);
-  free(c->att.buf);
-  memset(&c->att, 0, sizeof(c->att));
+  tp__fline_free(&c->att);
   c->att.fd = -1;
 }
 

@@ -349,6 +349,15 @@ static void tp__fill(tp_spump_t *p, tp_spump_cb cb, void *data) {
   }
 }
 
+/* The process's first pump at a time lives in .bss: a `tupper exec` makes
+ * one, and from malloc its 2 MiB buffer was a mapping made and unmapped
+ * each command (page-table work a virtualised host pays dearly for); in
+ * .bss only the pages a command's frames touch are ever mapped.  Pumps are
+ * made and freed on one thread (the C client's, the Lua CLI's). */
+static struct tp_spump_s tp__spump_first;
+static uint8_t tp__spump_first_in[TP__SPUMP_BUF];
+static int tp__spump_first_taken;
+
 tp_spump_t *tp_spump_new(int fd, const uint8_t *pre, size_t plen, tp_error_t *err) {
   tp_spump_t *p;
   int fl;
@@ -361,8 +370,12 @@ tp_spump_t *tp_spump_new(int fd, const uint8_t *pre, size_t plen, tp_error_t *er
     tp_error_errno(err, errno, "data connection: fcntl");
     return NULL;
   }
-  p = calloc(1, sizeof(*p));
-  if (p == NULL || (p->in = malloc(TP__SPUMP_BUF)) == NULL) {
+  if (!tp__spump_first_taken) {
+    tp__spump_first_taken = 1;
+    p = &tp__spump_first;
+    memset(p, 0, sizeof(*p));
+    p->in = tp__spump_first_in;
+  } else if ((p = calloc(1, sizeof(*p))) == NULL || (p->in = malloc(TP__SPUMP_BUF)) == NULL) {
     free(p);
     tp_error_set(err, ENOMEM, "data connection: out of memory");
     return NULL;
@@ -379,8 +392,12 @@ void tp_spump_free(tp_spump_t *p) {
     return;
   if (p->fd >= 0)
     close(p->fd);
-  free(p->in);
   free(p->out);
+  if (p == &tp__spump_first) {
+    tp__spump_first_taken = 0;
+    return;
+  }
+  free(p->in);
   free(p);
 }
 

@@ -169,6 +169,81 @@ static void test_json(void) {
   }
 }
 
+/* --------------------------------------------------------------- buffers */
+
+/* The readers' and the requests' first bytes are in .bss: a line longer
+ * than a reader's 64 KiB moves to the heap with what was read, and a
+ * second request while the first holds the .bss bytes gets the heap. */
+static void test_buffers(void) {
+  static char first[TP__FLINE_FIRST];
+  tp_error_t err;
+  int sv[2];
+  size_t big = TP__FLINE_FIRST + 40000, len, used;
+  char *line, *text = malloc(big + 8);
+  int ok = 1, r;
+
+  check(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "buffers: socketpair");
+  for (size_t i = 0; i < big; i++)
+    text[i] = (char) ('a' + i % 26);
+  memcpy(text + big, "\nok\n", 4);
+  /* a writer in a child: the socket holds less than the line */
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(sv[0]);
+    for (size_t off = 0; off < big + 4;) {
+      ssize_t w = write(sv[1], text + off, big + 4 - off);
+      if (w <= 0)
+        _exit(1);
+      off += (size_t) w;
+    }
+    _exit(0);
+  }
+  close(sv[1]);
+  tp__fline_t l;
+  tp__fline_init(&l, sv[0], first);
+  tp_error_clear(&err);
+  while ((line = tp__fline_take(&l, &len, &used)) == NULL && (r = tp__fline_fill(&l, &err)) > 0)
+    ;
+  check(line != NULL && len == big && memcmp(line, text, big) == 0 && l.owned && l.buf != first,
+        "buffers: a line of %zu bytes is read whole, the reader's .bss bytes moved to the heap (%s)", big,
+        err.msg);
+  if (line != NULL)
+    tp__fline_drop(&l, used);
+  while ((line = tp__fline_take(&l, &len, &used)) == NULL && tp__fline_fill(&l, &err) > 0)
+    ;
+  check(line != NULL && len == 2 && memcmp(line, "ok", 2) == 0, "buffers: the next line follows it");
+  tp__fline_free(&l);
+  close(sv[0]);
+  waitpid(pid, NULL, 0);
+  tp__fline_init(&l, -1, first);
+  check(l.buf == first && l.cap == TP__FLINE_FIRST && !l.owned, "buffers: a new reader starts in .bss again");
+  tp__fline_free(&l);
+
+  {
+    tp__fout_t w1 = { 0 }, w2 = { 0 }, w3 = { 0 };
+    char *six = strndup(text, 6000);
+    json_t *s = json_string(six); /* 6000 bytes: ["..."] and its newline are 6005 */
+    free(six);
+    tp__fout_add(&w1, json_pack("[i]", 1));
+    tp__fout_add(&w2, json_pack("[i]", 2));
+    check(w1.in_bss && !w2.in_bss && w1.len == 4 && w2.len == 4 && memcmp(w1.b, "[1]\n", 4) == 0 &&
+              memcmp(w2.b, "[2]\n", 4) == 0,
+          "buffers: a request while another holds the .bss bytes gets the heap");
+    tp__fout_add(&w1, json_pack("[O]", s));
+    tp__fout_add(&w1, json_pack("[O]", s));
+    ok = !w1.failed && !w1.in_bss && w1.len == 4 + 2 * 6005 && memcmp(w1.b, "[1]\n[\"", 6) == 0 &&
+         w1.b[w1.len - 1] == '\n';
+    check(ok, "buffers: a request past 8 KiB moves to the heap with what it held (%zu bytes)", w1.len);
+    tp__fout_add(&w3, json_pack("[i]", 3));
+    check(w3.in_bss, "buffers: and leaves the .bss bytes to the next");
+    tp__fout_free(&w1);
+    tp__fout_free(&w2);
+    tp__fout_free(&w3);
+    json_decref(s);
+  }
+  free(text);
+}
+
 /* ------------------------------------------------------------------ argv */
 
 /* Splits a command line at spaces (no quoting: the cases need none). */
@@ -683,6 +758,7 @@ int main(void) {
     return 1;
   }
   test_json();
+  test_buffers();
   test_argv();
   test_mine(dir);
   test_daemon(dir);

@@ -264,6 +264,39 @@ static void test_passthrough_and_bad(void) {
   close(sv[1]);
 }
 
+/* The first pump at a time lives in .bss, the others on the heap: two at
+ * once each get their own bytes (the pre bytes and a frame each), and
+ * once the first is freed the next takes its place. */
+static void test_two_at_once(void) {
+  int sa[2], sb[2];
+  evs_t ea = { 0 }, eb = { 0 };
+  tp_error_t err = { 0 };
+  uint8_t fa[64], fb[64];
+  tp_spump_t *pa, *pb, *pc;
+  socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sa);
+  socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sb);
+  tp_sframe_header(fa, TP_SF_DATA, 3, 5);
+  memcpy(fa + TP_SF_HDR, "first", 5);
+  tp_sframe_header(fb, TP_SF_DATA, 4, 6);
+  memcpy(fb + TP_SF_HDR, "second", 6);
+  pa = tp_spump_new(sa[0], fa, 6, &err);
+  pb = tp_spump_new(sb[0], fb, 7, &err);
+  check(pa != NULL && pb != NULL && pa != pb, "two pumps at once");
+  write_all(sb[1], fb + 7, TP_SF_HDR + 6 - 7);
+  write_all(sa[1], fa + 6, TP_SF_HDR + 5 - 6);
+  drive(pb, &eb, has_data);
+  drive(pa, &ea, has_data);
+  check(ea.dlen == 5 && memcmp(ea.data, "first", 5) == 0 && ea.last_sid == 3 && eb.dlen == 6 &&
+            memcmp(eb.data, "second", 6) == 0 && eb.last_sid == 4,
+        "each reads its own frame after its own pre bytes");
+  tp_spump_free(pa);
+  pc = tp_spump_new(sa[1], NULL, 0, &err);
+  check(pc == pa, "the first's place is the next pump's once it is freed");
+  tp_spump_free(pc);
+  tp_spump_free(pb);
+  close(sb[1]);
+}
+
 /* A sink past its limit, and a sink whose reader went: one local event
  * each, and an ERROR to the daemon. */
 static void test_sink_failures(void) {
@@ -480,6 +513,7 @@ int main(void) {
   test_sink(0);
   test_sink(1);
   test_passthrough_and_bad();
+  test_two_at_once();
   test_sink_failures();
   test_source();
   test_hostile();
