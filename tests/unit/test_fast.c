@@ -180,9 +180,14 @@ static void test_buffers(void) {
   int sv[2];
   size_t big = TP__FLINE_FIRST + 40000, len, used;
   char *line, *text = malloc(big + 8);
-  int ok = 1, r;
+  int ok;
 
-  check(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "buffers: socketpair");
+  ok = text != NULL && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0;
+  check(ok, "buffers: socketpair");
+  if (!ok) {
+    free(text);
+    return;
+  }
   for (size_t i = 0; i < big; i++)
     text[i] = (char) ('a' + i % 26);
   memcpy(text + big, "\nok\n", 4);
@@ -202,7 +207,7 @@ static void test_buffers(void) {
   tp__fline_t l;
   tp__fline_init(&l, sv[0], first);
   tp_error_clear(&err);
-  while ((line = tp__fline_take(&l, &len, &used)) == NULL && (r = tp__fline_fill(&l, &err)) > 0)
+  while ((line = tp__fline_take(&l, &len, &used)) == NULL && tp__fline_fill(&l, &err) > 0)
     ;
   check(line != NULL && len == big && memcmp(line, text, big) == 0 && l.owned && l.buf != first,
         "buffers: a line of %zu bytes is read whole, the reader's .bss bytes moved to the heap (%s)", big,
